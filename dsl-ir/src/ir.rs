@@ -1,0 +1,698 @@
+//! The tile IR data structures: values, ops, regions and kernel functions.
+//!
+//! The IR is SSA with structured control flow. A [`Function`] owns a table of values
+//! ([`ValueData`], indexed by [`ValueId`]) and a body [`Region`]. A region is a list of
+//! [`Op`]s with block arguments; ops that hold regions (`for`, `if`, `while`) end each
+//! region with a terminator (`yield` or `condition`). Values defined in an enclosing
+//! region are visible in nested regions. Every op carries the [`Span`] of the user's
+//! source that produced it.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::types::{ScalarType, Type};
+
+/// A position in the user's source: file, 1-based line and 1-based column.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Span {
+    /// Path of the source file as the Rust compiler reports it.
+    pub file: Arc<str>,
+    /// 1-based line.
+    pub line: u32,
+    /// 1-based column.
+    pub col: u32,
+}
+
+impl Span {
+    /// Builds a span.
+    pub fn new(file: impl Into<Arc<str>>, line: u32, col: u32) -> Span {
+        Span {
+            file: file.into(),
+            line,
+            col,
+        }
+    }
+
+    /// A span for IR that has no user source (built by hand or by a pass).
+    pub fn unknown() -> Span {
+        Span::new("<unknown>", 0, 0)
+    }
+
+    /// The caller's location (through `#[track_caller]` chains).
+    #[track_caller]
+    pub fn caller() -> Span {
+        let l = std::panic::Location::caller();
+        Span::new(l.file(), l.line(), l.column())
+    }
+
+    /// True for [`Span::unknown`].
+    pub fn is_unknown(&self) -> bool {
+        self.line == 0
+    }
+}
+
+impl fmt::Display for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file, self.line, self.col)
+    }
+}
+
+/// An SSA value: an index into [`Function::values`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ValueId(pub u32);
+
+impl ValueId {
+    /// The index into the value table.
+    pub fn index(self) -> usize {
+        self.0 as usize
+    }
+}
+
+impl fmt::Display for ValueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "%{}", self.0)
+    }
+}
+
+/// What the function knows about a value.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueData {
+    /// Its type.
+    pub ty: Type,
+    /// A name for printing (parameters keep the user's names).
+    pub name: Option<String>,
+}
+
+/// A constant scalar, splatted over the result's shape by [`OpKind::Const`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ConstValue {
+    /// A boolean (`i1`).
+    Bool(bool),
+    /// An integer; unsigned 64-bit values are stored by their bit pattern.
+    Int(i64),
+    /// A float; narrower float types hold the value rounded to their precision.
+    Float(f64),
+}
+
+impl ConstValue {
+    /// Bit-exact equality (so `NaN == NaN` and `0.0 != -0.0`), for CSE and folding.
+    pub fn bit_eq(&self, other: &ConstValue) -> bool {
+        match (self, other) {
+            (ConstValue::Bool(a), ConstValue::Bool(b)) => a == b,
+            (ConstValue::Int(a), ConstValue::Int(b)) => a == b,
+            (ConstValue::Float(a), ConstValue::Float(b)) => a.to_bits() == b.to_bits(),
+            _ => false,
+        }
+    }
+}
+
+/// Elementwise binary operations. Both operands and the result have the same type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    Add,
+    Sub,
+    Mul,
+    /// Float division; integer division truncates toward zero.
+    Div,
+    /// Remainder with the sign of the dividend (as Rust's `%`).
+    Rem,
+    Min,
+    Max,
+    /// Bitwise and (logical for `i1`).
+    And,
+    Or,
+    Xor,
+    /// Shift left; the shift amount is taken modulo the bit width.
+    Shl,
+    /// Shift right: arithmetic for signed, logical for unsigned integers.
+    Shr,
+}
+
+impl BinaryOp {
+    /// Every binary op.
+    pub const ALL: [BinaryOp; 12] = [
+        BinaryOp::Add,
+        BinaryOp::Sub,
+        BinaryOp::Mul,
+        BinaryOp::Div,
+        BinaryOp::Rem,
+        BinaryOp::Min,
+        BinaryOp::Max,
+        BinaryOp::And,
+        BinaryOp::Or,
+        BinaryOp::Xor,
+        BinaryOp::Shl,
+        BinaryOp::Shr,
+    ];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            BinaryOp::Add => "add",
+            BinaryOp::Sub => "sub",
+            BinaryOp::Mul => "mul",
+            BinaryOp::Div => "div",
+            BinaryOp::Rem => "rem",
+            BinaryOp::Min => "min",
+            BinaryOp::Max => "max",
+            BinaryOp::And => "and",
+            BinaryOp::Or => "or",
+            BinaryOp::Xor => "xor",
+            BinaryOp::Shl => "shl",
+            BinaryOp::Shr => "shr",
+        }
+    }
+
+    /// True for ops that only make sense on integers and booleans.
+    pub fn is_bitwise(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::And | BinaryOp::Or | BinaryOp::Xor | BinaryOp::Shl | BinaryOp::Shr
+        )
+    }
+
+    /// True when `a op b == b op a`.
+    pub fn is_commutative(self) -> bool {
+        matches!(
+            self,
+            BinaryOp::Add
+                | BinaryOp::Mul
+                | BinaryOp::Min
+                | BinaryOp::Max
+                | BinaryOp::And
+                | BinaryOp::Or
+                | BinaryOp::Xor
+        )
+    }
+}
+
+/// Elementwise unary operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum UnaryOp {
+    /// Negation (wrapping for integers).
+    Neg,
+    /// Bitwise not (logical for `i1`).
+    Not,
+    /// Absolute value (wrapping for `iN::MIN`).
+    Abs,
+    // Float-only math:
+    Exp,
+    Exp2,
+    Log,
+    Log2,
+    Sqrt,
+    Rsqrt,
+    Sin,
+    Cos,
+    Tanh,
+    Erf,
+    Floor,
+    Ceil,
+}
+
+impl UnaryOp {
+    /// Every unary op.
+    pub const ALL: [UnaryOp; 15] = [
+        UnaryOp::Neg,
+        UnaryOp::Not,
+        UnaryOp::Abs,
+        UnaryOp::Exp,
+        UnaryOp::Exp2,
+        UnaryOp::Log,
+        UnaryOp::Log2,
+        UnaryOp::Sqrt,
+        UnaryOp::Rsqrt,
+        UnaryOp::Sin,
+        UnaryOp::Cos,
+        UnaryOp::Tanh,
+        UnaryOp::Erf,
+        UnaryOp::Floor,
+        UnaryOp::Ceil,
+    ];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnaryOp::Neg => "neg",
+            UnaryOp::Not => "not",
+            UnaryOp::Abs => "abs",
+            UnaryOp::Exp => "exp",
+            UnaryOp::Exp2 => "exp2",
+            UnaryOp::Log => "log",
+            UnaryOp::Log2 => "log2",
+            UnaryOp::Sqrt => "sqrt",
+            UnaryOp::Rsqrt => "rsqrt",
+            UnaryOp::Sin => "sin",
+            UnaryOp::Cos => "cos",
+            UnaryOp::Tanh => "tanh",
+            UnaryOp::Erf => "erf",
+            UnaryOp::Floor => "floor",
+            UnaryOp::Ceil => "ceil",
+        }
+    }
+
+    /// True for transcendental and rounding functions, defined on floats only.
+    pub fn is_float_only(self) -> bool {
+        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs)
+    }
+}
+
+/// Comparison predicates. Signedness follows the operand type; float comparisons are
+/// ordered (false when either side is NaN) except `ne`, which is true for NaN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CmpPred {
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+}
+
+impl CmpPred {
+    /// Every predicate.
+    pub const ALL: [CmpPred; 6] = [
+        CmpPred::Eq,
+        CmpPred::Ne,
+        CmpPred::Lt,
+        CmpPred::Le,
+        CmpPred::Gt,
+        CmpPred::Ge,
+    ];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            CmpPred::Eq => "eq",
+            CmpPred::Ne => "ne",
+            CmpPred::Lt => "lt",
+            CmpPred::Le => "le",
+            CmpPred::Gt => "gt",
+            CmpPred::Ge => "ge",
+        }
+    }
+}
+
+/// Combining functions of `reduce`, `scan` and atomics.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    Sum,
+    Prod,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+}
+
+impl ReduceOp {
+    /// Every combining function.
+    pub const ALL: [ReduceOp; 7] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Min,
+        ReduceOp::Max,
+        ReduceOp::And,
+        ReduceOp::Or,
+        ReduceOp::Xor,
+    ];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            ReduceOp::Sum => "sum",
+            ReduceOp::Prod => "prod",
+            ReduceOp::Min => "min",
+            ReduceOp::Max => "max",
+            ReduceOp::And => "and",
+            ReduceOp::Or => "or",
+            ReduceOp::Xor => "xor",
+        }
+    }
+
+    /// The binary op that combines two partial results.
+    pub fn binary(self) -> BinaryOp {
+        match self {
+            ReduceOp::Sum => BinaryOp::Add,
+            ReduceOp::Prod => BinaryOp::Mul,
+            ReduceOp::Min => BinaryOp::Min,
+            ReduceOp::Max => BinaryOp::Max,
+            ReduceOp::And => BinaryOp::And,
+            ReduceOp::Or => BinaryOp::Or,
+            ReduceOp::Xor => BinaryOp::Xor,
+        }
+    }
+}
+
+/// Atomic read-modify-write functions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AtomicOp {
+    Add,
+    Min,
+    Max,
+    And,
+    Or,
+    Xor,
+    /// Exchange: store the operand, return the old value.
+    Xchg,
+}
+
+impl AtomicOp {
+    /// Every atomic RMW function.
+    pub const ALL: [AtomicOp; 7] = [
+        AtomicOp::Add,
+        AtomicOp::Min,
+        AtomicOp::Max,
+        AtomicOp::And,
+        AtomicOp::Or,
+        AtomicOp::Xor,
+        AtomicOp::Xchg,
+    ];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            AtomicOp::Add => "add",
+            AtomicOp::Min => "min",
+            AtomicOp::Max => "max",
+            AtomicOp::And => "and",
+            AtomicOp::Or => "or",
+            AtomicOp::Xor => "xor",
+            AtomicOp::Xchg => "xchg",
+        }
+    }
+}
+
+/// Memory ordering of atomics (and, later, of communication ops).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemOrder {
+    Relaxed,
+    Acquire,
+    Release,
+    AcqRel,
+}
+
+impl MemOrder {
+    /// Every ordering.
+    pub const ALL: [MemOrder; 4] = [
+        MemOrder::Relaxed,
+        MemOrder::Acquire,
+        MemOrder::Release,
+        MemOrder::AcqRel,
+    ];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemOrder::Relaxed => "relaxed",
+            MemOrder::Acquire => "acquire",
+            MemOrder::Release => "release",
+            MemOrder::AcqRel => "acq_rel",
+        }
+    }
+}
+
+/// The set of threads an atomic or fence synchronizes with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MemScope {
+    /// The threads of one program instance (CUDA block, HIP workgroup).
+    Block,
+    /// All threads of the device.
+    Device,
+    /// The whole system: other devices and the host.
+    System,
+}
+
+impl MemScope {
+    /// Every scope.
+    pub const ALL: [MemScope; 3] = [MemScope::Block, MemScope::Device, MemScope::System];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            MemScope::Block => "block",
+            MemScope::Device => "device",
+            MemScope::System => "system",
+        }
+    }
+}
+
+/// The operation an [`Op`] performs. The operand and result conventions of each kind
+/// are given on its variant; [`crate::infer`] computes result types from operand types
+/// for every kind without regions.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpKind {
+    /// `program_id axis`: the index of this program instance along grid axis 0, 1 or 2.
+    /// No operands; result `i32`.
+    ProgramId { axis: u8 },
+    /// `num_programs axis`: the grid size along an axis. No operands; result `i32`.
+    NumPrograms { axis: u8 },
+    /// A constant splatted over the result type's shape. No operands.
+    Const(ConstValue),
+    /// `arange start, end`: the 1-D tile `[start, start+1, ..., end-1]` of `i32`.
+    /// `end - start` must be a power of two. No operands.
+    Arange { start: i64, end: i64 },
+    /// Scalar to tile: operand rank 0, result the same element with the result shape.
+    Splat,
+    /// Broadcast dimensions of size 1 to the result shape (same rank).
+    Broadcast,
+    /// Insert a dimension of size 1 at `axis`.
+    ExpandDims { axis: u8 },
+    /// Same elements in row-major order, another shape of equal element count.
+    Reshape,
+    /// Permute dimensions: result dim `i` is operand dim `order[i]`.
+    Permute { order: Vec<u8> },
+    /// Elementwise binary op; operands and result share one type.
+    Binary(BinaryOp),
+    /// Elementwise unary op; operand and result share one type.
+    Unary(UnaryOp),
+    /// Fused multiply-add `a * b + c` (floats), one rounding.
+    Fma,
+    /// Elementwise comparison; operands share a type, result is `i1` of their shape.
+    Cmp(CmpPred),
+    /// `select cond, a, b`: `cond` is `i1`, `a` and `b` share the result type.
+    Select,
+    /// Elementwise conversion to the result's scalar type. Float to int saturates and
+    /// maps NaN to 0 (as Rust's `as`); int to float rounds to nearest even.
+    Cast,
+    /// `addptr ptrs, offsets`: pointer tile plus integer offsets (in elements).
+    AddPtr,
+    /// `load ptrs [, mask [, other]]`: reads pointed-to elements. Lanes whose mask is
+    /// false are not accessed and yield `other` (or zero when absent).
+    Load { has_mask: bool, has_other: bool },
+    /// `store ptrs, value [, mask]`: writes elements; masked-off lanes are not accessed.
+    /// No results.
+    Store { has_mask: bool },
+    /// `atomic_rmw ptrs, value [, mask]`: returns the old values.
+    AtomicRmw {
+        op: AtomicOp,
+        order: MemOrder,
+        scope: MemScope,
+        has_mask: bool,
+    },
+    /// `atomic_cas ptrs, expected, desired [, mask]`: returns the old values.
+    AtomicCas {
+        order: MemOrder,
+        scope: MemScope,
+        has_mask: bool,
+    },
+    /// `dot a, b, acc`: `a` is `MxK`, `b` is `KxN`, `acc` and result `MxN`. Inputs
+    /// f16/bf16/f32 accumulate in f32 (`acc` must be f32), f64 in f64, i8 in i32.
+    Dot,
+    /// Reduces along `axis`, removing it.
+    Reduce { axis: u8, op: ReduceOp },
+    /// Inclusive prefix combine along `axis` (from the end when `reverse`).
+    Scan {
+        axis: u8,
+        op: ReduceOp,
+        reverse: bool,
+    },
+    /// `for lb, ub, step, inits...`: one region with arguments `(iv, iters...)` ending in
+    /// `yield iters...`; results are the final iteration values. Bounds are `i32` or
+    /// `i64` scalars of one type; `step` must be positive.
+    For,
+    /// `if cond`: two regions (then, else), each ending in `yield` of the result types.
+    If,
+    /// `while inits...`: region 0 (`before`) takes the carried values and ends in
+    /// `condition cond, forwarded...`; region 1 (`after`) takes the forwarded values
+    /// and ends in `yield carried...`. Results are the forwarded values at exit.
+    While,
+    /// Region terminator: yields values to the parent op.
+    Yield,
+    /// Terminator of a `while` before-region: `condition cond, values...`.
+    Condition,
+    /// Synchronizes all threads of the program instance (GPU block barrier). A no-op
+    /// for the interpreter, which runs each program instance as one thread.
+    Barrier,
+}
+
+impl OpKind {
+    /// The IR mnemonic (without attributes).
+    pub fn mnemonic(&self) -> &'static str {
+        match self {
+            OpKind::ProgramId { .. } => "program_id",
+            OpKind::NumPrograms { .. } => "num_programs",
+            OpKind::Const(_) => "const",
+            OpKind::Arange { .. } => "arange",
+            OpKind::Splat => "splat",
+            OpKind::Broadcast => "broadcast",
+            OpKind::ExpandDims { .. } => "expand_dims",
+            OpKind::Reshape => "reshape",
+            OpKind::Permute { .. } => "permute",
+            OpKind::Binary(op) => op.name(),
+            OpKind::Unary(op) => op.name(),
+            OpKind::Fma => "fma",
+            OpKind::Cmp(_) => "cmp",
+            OpKind::Select => "select",
+            OpKind::Cast => "cast",
+            OpKind::AddPtr => "addptr",
+            OpKind::Load { .. } => "load",
+            OpKind::Store { .. } => "store",
+            OpKind::AtomicRmw { .. } => "atomic_rmw",
+            OpKind::AtomicCas { .. } => "atomic_cas",
+            OpKind::Dot => "dot",
+            OpKind::Reduce { .. } => "reduce",
+            OpKind::Scan { .. } => "scan",
+            OpKind::For => "for",
+            OpKind::If => "if",
+            OpKind::While => "while",
+            OpKind::Yield => "yield",
+            OpKind::Condition => "condition",
+            OpKind::Barrier => "barrier",
+        }
+    }
+
+    /// True when the op has no effect besides its results, so CSE may merge two
+    /// identical ones and DCE may delete an unused one.
+    pub fn is_pure(&self) -> bool {
+        !matches!(
+            self,
+            OpKind::Load { .. }
+                | OpKind::Store { .. }
+                | OpKind::AtomicRmw { .. }
+                | OpKind::AtomicCas { .. }
+                | OpKind::For
+                | OpKind::If
+                | OpKind::While
+                | OpKind::Yield
+                | OpKind::Condition
+                | OpKind::Barrier
+        )
+    }
+
+    /// True for region terminators.
+    pub fn is_terminator(&self) -> bool {
+        matches!(self, OpKind::Yield | OpKind::Condition)
+    }
+}
+
+/// One operation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Op {
+    /// What it does.
+    pub kind: OpKind,
+    /// Values read.
+    pub operands: Vec<ValueId>,
+    /// Values defined.
+    pub results: Vec<ValueId>,
+    /// Nested regions (`for`: 1, `if`: 2, `while`: 2).
+    pub regions: Vec<Region>,
+    /// The user's source location.
+    pub span: Span,
+}
+
+/// A list of ops with block arguments.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Region {
+    /// Values bound on entry (loop induction variable, iteration values).
+    pub args: Vec<ValueId>,
+    /// The ops, in order; nested regions end in a terminator.
+    pub ops: Vec<Op>,
+}
+
+/// Facts a kernel declares about a parameter.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ParamAttrs {
+    /// The kernel never writes through this pointer.
+    pub readonly: bool,
+    /// For pointers: the address is a multiple of this many bytes; for integers: the
+    /// value is a multiple of this. Enables wide memory accesses in codegen.
+    pub divisibility: Option<u32>,
+}
+
+/// A kernel parameter.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Param {
+    /// The user's name.
+    pub name: String,
+    /// The SSA value that holds it in the body.
+    pub value: ValueId,
+    /// Declared facts.
+    pub attrs: ParamAttrs,
+}
+
+/// A kernel: parameters, a value table and a body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Function {
+    /// Kernel name (the Rust function's name).
+    pub name: String,
+    /// Parameters in launch order.
+    pub params: Vec<Param>,
+    /// Every value's type, indexed by [`ValueId`].
+    pub values: Vec<ValueData>,
+    /// The body (no arguments, no terminator).
+    pub body: Region,
+    /// Where the kernel is defined.
+    pub span: Span,
+}
+
+impl Function {
+    /// An empty kernel.
+    pub fn new(name: impl Into<String>, span: Span) -> Function {
+        Function {
+            name: name.into(),
+            params: Vec::new(),
+            values: Vec::new(),
+            body: Region::default(),
+            span,
+        }
+    }
+
+    /// The type of a value.
+    pub fn ty(&self, v: ValueId) -> &Type {
+        &self.values[v.index()].ty
+    }
+
+    /// Allocates a new value of type `ty`.
+    pub fn new_value(&mut self, ty: Type) -> ValueId {
+        let id = ValueId(self.values.len() as u32);
+        self.values.push(ValueData { ty, name: None });
+        id
+    }
+
+    /// The scalar type of a value's elements; `None` for pointers.
+    pub fn scalar_type(&self, v: ValueId) -> Option<ScalarType> {
+        self.ty(v).scalar_type()
+    }
+
+    /// Calls `f` on every op, in program order, descending into regions before
+    /// moving on (pre-order).
+    pub fn walk(&self, f: &mut impl FnMut(&Op)) {
+        fn go(r: &Region, f: &mut impl FnMut(&Op)) {
+            for op in &r.ops {
+                f(op);
+                for sub in &op.regions {
+                    go(sub, f);
+                }
+            }
+        }
+        go(&self.body, f);
+    }
+
+    /// Number of ops, counting nested ones.
+    pub fn num_ops(&self) -> usize {
+        let mut n = 0;
+        self.walk(&mut |_| n += 1);
+        n
+    }
+}

@@ -1,0 +1,28 @@
+//! # tessera-ir
+//!
+//! The tile IR of Tessera and everything that works on it without a GPU or LLVM:
+//!
+//! - [`types`] and [`ir`]: scalar/pointer/tile types, SSA values, ops with structured
+//!   control flow, every op carrying the user's [`ir::Span`];
+//! - [`infer`]: the result-type rule of every op; [`builder`]: appends ops;
+//! - [`verify`]: the verifier, whose errors name the op's span;
+//! - [`printer`] and [`parser`]: the stable text form that snapshot tests hold;
+//! - [`passes`]: canonicalization/constant folding, CSE and DCE;
+//! - [`interp`]: the reference interpreter (the semantics every backend must match),
+//!   with a sanitizer for out-of-bounds accesses;
+//! - [`dsl`]: the typed tracing front-end that `#[kernel]` code calls.
+
+pub mod builder;
+pub mod dsl;
+pub mod infer;
+pub mod interp;
+pub mod ir;
+pub mod parser;
+pub mod passes;
+pub mod printer;
+pub mod types;
+pub mod verify;
+
+pub use builder::{BuildError, FunctionBuilder};
+pub use ir::{Function, Op, OpKind, Region, Span, ValueId};
+pub use types::{AddrSpace, Elem, ScalarType, Type};
