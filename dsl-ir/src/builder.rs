@@ -165,6 +165,12 @@ impl FunctionBuilder {
         self.func
     }
 
+    /// A value with no defining op, standing in for an op that failed to build so
+    /// that tracing can continue; the function is discarded with the error.
+    pub fn push_placeholder(&mut self, ty: Type) -> ValueId {
+        self.func.new_value(ty)
+    }
+
     /// Scalar `i32` constant, a common helper.
     pub fn const_i32(&mut self, v: i32, span: Span) -> Result<ValueId, BuildError> {
         self.constant(

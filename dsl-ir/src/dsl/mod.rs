@@ -1,0 +1,397 @@
+//! The typed tracing front-end that `#[kernel]` functions are written against.
+//!
+//! A kernel body is ordinary Rust that runs once, at IR-build time, inside [`trace`].
+//! Comptime values (const generics, `#[comptime]` parameters, Rust integers) are plain
+//! Rust values; runtime values are [`Tile`]s: typed handles to IR values whose element
+//! type and static shape live in the Rust type (`Tile<f32, S2<64, 32>>`). Operators and
+//! methods on tiles append ops to the kernel being traced, each with the caller's
+//! source location (`#[track_caller]`), so every op carries the user's file:line:col.
+//!
+//! Shapes are tuples of dimensions: `()` for a scalar, `(D<N>,)`, `(D<M>, D<N>)`, ...
+//! with the aliases [`S1`], [`S2`], [`S3`]. A dimension is either `D<N>` (N a power of
+//! two, enforced by the trait bound `Const<N>: Pow2`) or [`One`], the size-1 dimension
+//! made by `expand_dims`, which broadcasts against any `D<N>`. Shape mismatches, `dot`
+//! inner-dimension mismatches, stores of the wrong element type and non-power-of-two
+//! dimensions are therefore Rust type errors with Tessera's own messages.
+//!
+//! Errors that only appear while building (a reshape that changes the element count,
+//! a comptime value assigned in a runtime loop) are recorded with their span; the op
+//! yields a placeholder value so tracing can continue, and [`trace`] returns the first
+//! error.
+
+mod control;
+mod ops;
+mod shape;
+
+pub use control::{
+    Carry, CondBranch, CtInt, ForRange, LoopIndex, RtBound, WhileCond, for_range, if_else,
+    while_loop,
+};
+pub use ops::*;
+pub use shape::*;
+
+use std::cell::RefCell;
+use std::marker::PhantomData;
+
+use half::{bf16, f16};
+
+use crate::builder::{BuildError, FunctionBuilder};
+use crate::ir::{ConstValue, Function, OpKind, ParamAttrs, Span, ValueId};
+use crate::types::{ScalarType, Type};
+
+// ---------------------------------------------------------------------------------
+// Element types
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A Tessera element type: `bool`, `i8`..`i64`, `u8`..`u64`, `f16`, `bf16`, `f32`,
+/// `f64`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a Tessera element type",
+    label = "expected one of bool, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64",
+    note = "kernel scalar parameters and buffer elements must be element types"
+)]
+pub trait DType: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// The IR scalar type.
+    const TY: ScalarType;
+    /// This value as an IR constant.
+    fn to_const(self) -> ConstValue;
+}
+
+/// Integer element types (not `bool`).
+pub trait Int: DType {}
+/// Float element types.
+pub trait Float: DType {}
+/// Numeric element types (integers and floats).
+pub trait Num: DType {}
+
+macro_rules! dtype_int {
+    ($($t:ty => $s:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl DType for $t {
+            const TY: ScalarType = ScalarType::$s;
+            fn to_const(self) -> ConstValue { ConstValue::Int(self as i64) }
+        }
+        impl Int for $t {}
+        impl Num for $t {}
+    )*};
+}
+dtype_int!(i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16, u32 => U32, u64 => U64);
+
+macro_rules! dtype_float {
+    ($($t:ty => $s:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl DType for $t {
+            const TY: ScalarType = ScalarType::$s;
+            fn to_const(self) -> ConstValue { ConstValue::Float(f64::from(self)) }
+        }
+        impl Float for $t {}
+        impl Num for $t {}
+    )*};
+}
+dtype_float!(f16 => F16, bf16 => BF16, f32 => F32, f64 => F64);
+
+impl sealed::Sealed for bool {}
+impl DType for bool {
+    const TY: ScalarType = ScalarType::I1;
+    fn to_const(self) -> ConstValue {
+        ConstValue::Bool(self)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// The tracing context
+
+struct Ctx {
+    b: FunctionBuilder,
+    error: Option<BuildError>,
+}
+
+thread_local! {
+    static CTX: RefCell<Option<Ctx>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the kernel builder. Panics when no kernel is being traced: tiles only
+/// exist inside [`trace`].
+fn with<R>(f: impl FnOnce(&mut Ctx) -> R) -> R {
+    CTX.with(|c| {
+        let mut c = c.borrow_mut();
+        let ctx = c
+            .as_mut()
+            .expect("Tessera tile operations can only run while a #[kernel] is being built");
+        f(ctx)
+    })
+}
+
+/// Records `err` unless an earlier error is already recorded.
+pub(crate) fn record_error(err: BuildError) {
+    with(|c| {
+        if c.error.is_none() {
+            c.error = Some(err);
+        }
+    })
+}
+
+/// Appends an op with one result; on a type error, records it and returns a
+/// placeholder of type `fallback` so tracing can go on.
+pub(crate) fn emit1(
+    kind: OpKind,
+    operands: &[ValueId],
+    hint: Option<&Type>,
+    fallback: Type,
+    span: Span,
+) -> ValueId {
+    with(|c| match c.b.op1(kind, operands, hint, span) {
+        Ok(v) => v,
+        Err(e) => {
+            if c.error.is_none() {
+                c.error = Some(e);
+            }
+            c.b.push_placeholder(fallback)
+        }
+    })
+}
+
+/// Appends an op without results (store, barrier).
+pub(crate) fn emit0(kind: OpKind, operands: &[ValueId], span: Span) {
+    with(|c| {
+        if let Err(e) = c.b.op(kind, operands, None, span)
+            && c.error.is_none()
+        {
+            c.error = Some(e);
+        }
+    })
+}
+
+/// Runs `f` with direct access to the builder (control flow).
+pub(crate) fn with_builder<R>(f: impl FnOnce(&mut FunctionBuilder) -> R) -> R {
+    with(|c| f(&mut c.b))
+}
+
+/// The type of a value of the kernel being traced.
+pub(crate) fn type_of(v: ValueId) -> Type {
+    with(|c| c.b.ty(v).clone())
+}
+
+/// Builds the IR of one kernel: sets up the tracing context, lets `body` declare the
+/// parameters (through [`KernelParams`]) and trace the body, and returns the function
+/// or the first error recorded while tracing. Nested calls are an error.
+pub fn trace(
+    name: &str,
+    span: Span,
+    body: impl FnOnce(&mut KernelParams),
+) -> Result<Function, BuildError> {
+    let busy = CTX.with(|c| c.borrow().is_some());
+    if busy {
+        return Err(BuildError::new(
+            span,
+            format!("cannot build kernel `{name}` while another kernel is being built"),
+        ));
+    }
+    CTX.with(|c| {
+        *c.borrow_mut() = Some(Ctx {
+            b: FunctionBuilder::new(name, span.clone()),
+            error: None,
+        })
+    });
+    // Clear the context even if the body panics, so the thread stays usable.
+    struct Reset;
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            CTX.with(|c| *c.borrow_mut() = None);
+        }
+    }
+    let reset = Reset;
+    let mut params = KernelParams { _private: () };
+    body(&mut params);
+    let ctx = CTX
+        .with(|c| c.borrow_mut().take())
+        .expect("context set above");
+    drop(reset);
+    if let Some(e) = ctx.error {
+        return Err(e);
+    }
+    Ok(ctx.b.finish())
+}
+
+/// Declares kernel parameters, in launch order, while tracing.
+pub struct KernelParams {
+    _private: (),
+}
+
+impl KernelParams {
+    /// A buffer parameter: a pointer to global memory of `T`.
+    pub fn buffer<T: DType>(&mut self, name: &str, readonly: bool) -> Global<T> {
+        let id = with_builder(|b| {
+            b.param(
+                name,
+                Type::global_ptr(T::TY),
+                ParamAttrs {
+                    readonly,
+                    divisibility: None,
+                },
+            )
+        });
+        Global {
+            ptr: id,
+            _t: PhantomData,
+        }
+    }
+
+    /// A runtime scalar parameter.
+    pub fn scalar<T: DType>(&mut self, name: &str) -> Scalar<T> {
+        let id = with_builder(|b| b.param(name, Type::scalar(T::TY), ParamAttrs::default()));
+        Tile::from_id(id)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Tiles and buffers
+
+/// A runtime value: a tile of `T` with static shape `S` (a scalar when `S = ()`).
+/// Tiles are cheap `Copy` handles to IR values.
+pub struct Tile<T: DType, S: Shape> {
+    id: ValueId,
+    _t: PhantomData<fn() -> (T, S)>,
+}
+
+impl<T: DType, S: Shape> Clone for Tile<T, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T: DType, S: Shape> Copy for Tile<T, S> {}
+
+impl<T: DType, S: Shape> std::fmt::Debug for Tile<T, S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tile<{}, {:?}>({})", T::TY, S::dims(), self.id)
+    }
+}
+
+/// A runtime scalar.
+pub type Scalar<T> = Tile<T, ()>;
+
+impl<T: DType, S: Shape> Tile<T, S> {
+    /// Wraps an IR value (the caller guarantees its type).
+    pub fn from_id(id: ValueId) -> Self {
+        Tile {
+            id,
+            _t: PhantomData,
+        }
+    }
+
+    /// The IR value.
+    pub fn id(self) -> ValueId {
+        self.id
+    }
+
+    /// The IR type of tiles of this Rust type.
+    pub fn ir_type() -> Type {
+        Type::tile(T::TY, &S::dims())
+    }
+}
+
+/// A kernel buffer parameter: a pointer to `T` elements in global memory. Kernel
+/// signatures take `&Global<T>` (read-only) or `&mut Global<T>` (written); stores and
+/// atomics need `&mut`.
+pub struct Global<T: DType> {
+    ptr: ValueId,
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T: DType> std::fmt::Debug for Global<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Global<{}>({})", T::TY, self.ptr)
+    }
+}
+
+impl<T: DType> Global<T> {
+    /// The pointer value.
+    pub fn id(&self) -> ValueId {
+        self.ptr
+    }
+}
+
+/// Makes a constant tile of `T` with shape `S` from an IR constant.
+#[track_caller]
+pub(crate) fn constant<T: DType, S: Shape>(c: ConstValue) -> Tile<T, S> {
+    let ty = Tile::<T, S>::ir_type();
+    Tile::from_id(emit1(
+        OpKind::Const(c),
+        &[],
+        Some(&ty),
+        ty.clone(),
+        Span::caller(),
+    ))
+}
+
+/// Converts a Rust literal or comptime number into a constant of type `T`, checking
+/// that it is representable.
+pub(crate) fn literal_const(
+    ty: ScalarType,
+    lit: LitValue,
+    span: &Span,
+) -> Result<ConstValue, BuildError> {
+    let err = |m: String| BuildError::new(span.clone(), m);
+    match (lit, ty) {
+        (LitValue::Bool(b), ScalarType::I1) => Ok(ConstValue::Bool(b)),
+        (LitValue::Bool(_), _) => Err(err(format!("a bool cannot be used as {ty}"))),
+        (_, ScalarType::I1) => Err(err("a number cannot be used as a bool (i1)".into())),
+        (LitValue::Int(i), t) if t.is_float() => Ok(ConstValue::Float(round_to(i as f64, t))),
+        (LitValue::Int(i), t) => {
+            let bits = t.bits();
+            let fits = if t.is_signed_int() {
+                let min = -(1i128 << (bits - 1));
+                let max = (1i128 << (bits - 1)) - 1;
+                (min..=max).contains(&i)
+            } else {
+                (0..=((1i128 << bits) - 1)).contains(&i)
+            };
+            if !fits {
+                return Err(err(format!("the constant {i} does not fit in {t}")));
+            }
+            Ok(ConstValue::Int(i as i64))
+        }
+        (LitValue::Float(x), t) if t.is_float() => Ok(ConstValue::Float(round_to(x, t))),
+        (LitValue::Float(x), t) => Err(err(format!(
+            "the float constant {x} cannot be used as the integer type {t}"
+        ))),
+    }
+}
+
+/// Rounds an f64 to the precision of a float type (an IR constant of type `t` holds
+/// exactly the value the type can represent).
+pub(crate) fn round_to(x: f64, t: ScalarType) -> f64 {
+    match t {
+        ScalarType::F16 => f64::from(f16::from_f64(x)),
+        ScalarType::BF16 => f64::from(bf16::from_f64(x)),
+        ScalarType::F32 => f64::from(x as f32),
+        _ => x,
+    }
+}
+
+/// A Rust number or bool used where a tile is expected.
+#[derive(Clone, Copy, Debug)]
+pub enum LitValue {
+    /// Any Rust integer.
+    Int(i128),
+    /// Any Rust float.
+    Float(f64),
+    /// A Rust bool.
+    Bool(bool),
+}
+
+/// Emits the span-carrying constant for a literal operand, recording a conversion
+/// error if it does not fit.
+pub(crate) fn literal_tile<T: DType>(lit: LitValue, span: Span) -> Scalar<T> {
+    let ty = Type::scalar(T::TY);
+    match literal_const(T::TY, lit, &span) {
+        Ok(c) => Tile::from_id(emit1(OpKind::Const(c), &[], Some(&ty), ty.clone(), span)),
+        Err(e) => {
+            record_error(e);
+            Tile::from_id(with_builder(|b| b.push_placeholder(ty)))
+        }
+    }
+}

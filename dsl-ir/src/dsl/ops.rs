@@ -1,0 +1,800 @@
+//! Tile operations: operators, math, comparisons, shape ops, reductions, memory.
+
+use std::ops;
+
+use super::shape::*;
+use super::{
+    DType, Float, Global, Int, LitValue, Num, Scalar, Tile, constant, emit0, emit1, literal_tile,
+    type_of, with_builder,
+};
+use crate::infer::dot_acc_type;
+use crate::ir::{
+    AtomicOp, BinaryOp, CmpPred, ConstValue, MemOrder, MemScope, OpKind, ReduceOp, Span, UnaryOp,
+    ValueId,
+};
+use crate::types::{ScalarType, Type};
+
+// ---------------------------------------------------------------------------------
+// Operands: tiles and Rust literals
+
+/// Something usable as an operand of element type `T`: a tile of `T`, or a Rust
+/// number (integers for any numeric `T`, floats for float `T`) or bool, which becomes a
+/// scalar constant.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an operand of element type `{T}`",
+    label = "expected a tile of `{T}` or a Rust literal convertible to `{T}`",
+    note = "element types never convert implicitly; use `.cast::<{T}>()`"
+)]
+pub trait Operand<T: DType> {
+    /// The operand's shape.
+    type Shape: Shape;
+    /// The IR value (emitting a constant for literals).
+    fn value(self, span: &Span) -> ValueId;
+}
+
+impl<T: DType, S: Shape> Operand<T> for Tile<T, S> {
+    type Shape = S;
+    fn value(self, _span: &Span) -> ValueId {
+        self.id()
+    }
+}
+
+macro_rules! int_operand {
+    ($($t:ty),*) => {$(
+        impl<T: Num> Operand<T> for $t {
+            type Shape = ();
+            fn value(self, span: &Span) -> ValueId {
+                literal_tile::<T>(LitValue::Int(self as i128), span.clone()).id()
+            }
+        }
+    )*};
+}
+int_operand!(i8, i16, i32, i64, isize, u8, u16, u32, u64, usize);
+
+macro_rules! float_operand {
+    ($($t:ty),*) => {$(
+        impl<T: Float> Operand<T> for $t {
+            type Shape = ();
+            fn value(self, span: &Span) -> ValueId {
+                literal_tile::<T>(LitValue::Float(self as f64), span.clone()).id()
+            }
+        }
+    )*};
+}
+float_operand!(f32, f64);
+
+impl Operand<bool> for bool {
+    type Shape = ();
+    fn value(self, span: &Span) -> ValueId {
+        literal_tile::<bool>(LitValue::Bool(self), span.clone()).id()
+    }
+}
+
+/// Broadcasts `v` to `dims` (splat for a scalar), if it does not have them already.
+fn broadcast_value(v: ValueId, dims: &[u32], span: &Span) -> ValueId {
+    let ty = type_of(v);
+    if ty.shape == dims {
+        return v;
+    }
+    let target = ty.with_shape(dims);
+    let kind = if ty.is_scalar() {
+        OpKind::Splat
+    } else {
+        OpKind::Broadcast
+    };
+    emit1(kind, &[v], Some(&target), target.clone(), span.clone())
+}
+
+#[track_caller]
+fn binary<T: DType, S: Shape, R: Operand<T>>(
+    op: BinaryOp,
+    lhs: Tile<T, S>,
+    rhs: R,
+) -> Tile<T, <S as Broadcast<R::Shape>>::Out>
+where
+    S: Broadcast<R::Shape>,
+{
+    let span = Span::caller();
+    let r = rhs.value(&span);
+    let dims = <S as Broadcast<R::Shape>>::Out::dims();
+    let l = broadcast_value(lhs.id(), &dims, &span);
+    let r = broadcast_value(r, &dims, &span);
+    let ty = Type::tile(T::TY, &dims);
+    Tile::from_id(emit1(OpKind::Binary(op), &[l, r], None, ty, span))
+}
+
+/// `lit op tile` for a Rust literal on the left.
+#[track_caller]
+fn binary_rev<T: DType, S: Shape>(op: BinaryOp, lhs: ValueId, rhs: Tile<T, S>) -> Tile<T, S> {
+    let span = Span::caller();
+    let dims = S::dims();
+    let l = broadcast_value(lhs, &dims, &span);
+    let ty = Type::tile(T::TY, &dims);
+    Tile::from_id(emit1(OpKind::Binary(op), &[l, rhs.id()], None, ty, span))
+}
+
+macro_rules! binop {
+    ($Trait:ident, $method:ident, $Assign:ident, $amethod:ident, $op:ident, $bound:ident) => {
+        impl<T: $bound, S: Shape, R: Operand<T>> ops::$Trait<R> for Tile<T, S>
+        where
+            S: Broadcast<R::Shape>,
+        {
+            type Output = Tile<T, <S as Broadcast<R::Shape>>::Out>;
+            #[track_caller]
+            fn $method(self, rhs: R) -> Self::Output {
+                binary(BinaryOp::$op, self, rhs)
+            }
+        }
+        impl<T: $bound, S: Shape, R: Operand<T>> ops::$Assign<R> for Tile<T, S>
+        where
+            S: Broadcast<R::Shape, Out = S>,
+        {
+            #[track_caller]
+            fn $amethod(&mut self, rhs: R) {
+                *self = binary(BinaryOp::$op, *self, rhs);
+            }
+        }
+    };
+}
+binop!(Add, add, AddAssign, add_assign, Add, Num);
+binop!(Sub, sub, SubAssign, sub_assign, Sub, Num);
+binop!(Mul, mul, MulAssign, mul_assign, Mul, Num);
+binop!(Div, div, DivAssign, div_assign, Div, Num);
+binop!(Rem, rem, RemAssign, rem_assign, Rem, Num);
+binop!(BitAnd, bitand, BitAndAssign, bitand_assign, And, Bits);
+binop!(BitOr, bitor, BitOrAssign, bitor_assign, Or, Bits);
+binop!(BitXor, bitxor, BitXorAssign, bitxor_assign, Xor, Bits);
+binop!(Shl, shl, ShlAssign, shl_assign, Shl, Int);
+binop!(Shr, shr, ShrAssign, shr_assign, Shr, Int);
+
+/// Integer and boolean element types: the bitwise operators apply.
+pub trait Bits: DType {}
+impl<T: Int> Bits for T {}
+impl Bits for bool {}
+
+macro_rules! rev_binop {
+    ($lit:ty, $bound:ident, $mk:expr; $($Trait:ident $method:ident $op:ident),*) => {$(
+        impl<T: $bound, S: Shape> ops::$Trait<Tile<T, S>> for $lit {
+            type Output = Tile<T, S>;
+            #[track_caller]
+            fn $method(self, rhs: Tile<T, S>) -> Tile<T, S> {
+                let span = Span::caller();
+                #[allow(clippy::redundant_closure_call)]
+                let lit = ($mk)(self);
+                let l = literal_tile::<T>(lit, span).id();
+                binary_rev(BinaryOp::$op, l, rhs)
+            }
+        }
+    )*};
+}
+macro_rules! rev_int {
+    ($($t:ty),*) => {$(
+        rev_binop!($t, Num, |x: $t| LitValue::Int(x as i128);
+            Add add Add, Sub sub Sub, Mul mul Mul, Div div Div, Rem rem Rem);
+    )*};
+}
+rev_int!(i32, i64, u32, u64, usize);
+macro_rules! rev_float {
+    ($($t:ty),*) => {$(
+        rev_binop!($t, Float, |x: $t| LitValue::Float(x as f64);
+            Add add Add, Sub sub Sub, Mul mul Mul, Div div Div);
+    )*};
+}
+rev_float!(f32, f64);
+
+/// Elementwise negation (wrapping for integers).
+impl<T: Num, S: Shape> ops::Neg for Tile<T, S> {
+    type Output = Tile<T, S>;
+    #[track_caller]
+    fn neg(self) -> Tile<T, S> {
+        self.unary(UnaryOp::Neg)
+    }
+}
+
+/// Bitwise not (logical not for `bool`).
+impl<T: Bits, S: Shape> ops::Not for Tile<T, S> {
+    type Output = Tile<T, S>;
+    #[track_caller]
+    fn not(self) -> Tile<T, S> {
+        self.unary(UnaryOp::Not)
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Methods
+
+macro_rules! cmp_methods {
+    ($($name:ident => $pred:ident, $doc:literal;)*) => {$(
+        #[doc = $doc]
+        #[track_caller]
+        #[allow(clippy::should_implement_trait)]
+        pub fn $name<R: Operand<T>>(self, rhs: R) -> Tile<bool, <S as Broadcast<R::Shape>>::Out>
+        where
+            S: Broadcast<R::Shape>,
+        {
+            let span = Span::caller();
+            let r = rhs.value(&span);
+            let dims = <S as Broadcast<R::Shape>>::Out::dims();
+            let l = broadcast_value(self.id(), &dims, &span);
+            let r = broadcast_value(r, &dims, &span);
+            let ty = Type::tile(ScalarType::I1, &dims);
+            Tile::from_id(emit1(OpKind::Cmp(CmpPred::$pred), &[l, r], None, ty, span))
+        }
+    )*};
+}
+
+macro_rules! float_unary {
+    ($($name:ident => $op:ident, $doc:literal;)*) => {$(
+        #[doc = $doc]
+        #[track_caller]
+        pub fn $name(self) -> Tile<T, S> {
+            self.unary(UnaryOp::$op)
+        }
+    )*};
+}
+
+macro_rules! reductions {
+    ($($name:ident => $op:ident, $doc:literal;)*) => {$(
+        #[doc = $doc]
+        #[track_caller]
+        pub fn $name<const AX: usize>(self) -> Tile<T, <S as RemoveAxis<AX>>::Out>
+        where
+            S: RemoveAxis<AX>,
+        {
+            self.reduce::<AX>(ReduceOp::$op)
+        }
+    )*};
+}
+
+impl<T: DType, S: Shape> Tile<T, S> {
+    #[track_caller]
+    fn unary(self, op: UnaryOp) -> Tile<T, S> {
+        Tile::from_id(emit1(
+            OpKind::Unary(op),
+            &[self.id()],
+            None,
+            Self::ir_type(),
+            Span::caller(),
+        ))
+    }
+
+    cmp_methods! {
+        lt => Lt, "Elementwise `self < rhs` (signedness from the element type).";
+        le => Le, "Elementwise `self <= rhs`.";
+        gt => Gt, "Elementwise `self > rhs`.";
+        ge => Ge, "Elementwise `self >= rhs`.";
+        eq => Eq, "Elementwise `self == rhs`.";
+        ne => Ne, "Elementwise `self != rhs` (true where either side is NaN).";
+    }
+
+    /// Elementwise conversion to `U` (float to int saturates, NaN becomes 0; int to
+    /// float rounds to nearest even; int to int wraps or extends like Rust's `as`).
+    #[track_caller]
+    pub fn cast<U: DType>(self) -> Tile<U, S> {
+        let ty = Tile::<U, S>::ir_type();
+        if T::TY == U::TY {
+            return Tile::from_id(self.id());
+        }
+        Tile::from_id(emit1(
+            OpKind::Cast,
+            &[self.id()],
+            Some(&ty),
+            ty.clone(),
+            Span::caller(),
+        ))
+    }
+
+    /// Adds a size-1 dimension at `AX` (numpy's `x[:, None]` is `expand_dims::<1>()`).
+    #[track_caller]
+    pub fn expand_dims<const AX: usize>(self) -> Tile<T, <S as InsertAxis<AX>>::Out>
+    where
+        S: InsertAxis<AX>,
+    {
+        let ty = Tile::<T, <S as InsertAxis<AX>>::Out>::ir_type();
+        Tile::from_id(emit1(
+            OpKind::ExpandDims { axis: AX as u8 },
+            &[self.id()],
+            None,
+            ty,
+            Span::caller(),
+        ))
+    }
+
+    /// Stretches size-1 dimensions (or a scalar) to shape `R`.
+    #[track_caller]
+    pub fn broadcast_to<R: Shape>(self) -> Tile<T, R>
+    where
+        S: BroadcastTo<R>,
+    {
+        Tile::from_id(broadcast_value(self.id(), &R::dims(), &Span::caller()))
+    }
+
+    /// The same elements (row-major) in shape `R`; the element counts must match
+    /// (checked when the kernel is built).
+    #[track_caller]
+    pub fn reshape<R: Shape>(self) -> Tile<T, R> {
+        let ty = Tile::<T, R>::ir_type();
+        Tile::from_id(emit1(
+            OpKind::Reshape,
+            &[self.id()],
+            Some(&ty),
+            ty.clone(),
+            Span::caller(),
+        ))
+    }
+
+    /// Reduces along axis `AX` with `op`, removing the axis.
+    #[track_caller]
+    pub fn reduce<const AX: usize>(self, op: ReduceOp) -> Tile<T, <S as RemoveAxis<AX>>::Out>
+    where
+        S: RemoveAxis<AX>,
+    {
+        let ty = Tile::<T, <S as RemoveAxis<AX>>::Out>::ir_type();
+        Tile::from_id(emit1(
+            OpKind::Reduce { axis: AX as u8, op },
+            &[self.id()],
+            None,
+            ty,
+            Span::caller(),
+        ))
+    }
+
+    /// Inclusive prefix combine with `op` along axis `AX` (from the end if `reverse`).
+    #[track_caller]
+    pub fn scan<const AX: usize>(self, op: ReduceOp, reverse: bool) -> Tile<T, S>
+    where
+        S: HasAxis<AX>,
+    {
+        Tile::from_id(emit1(
+            OpKind::Scan {
+                axis: AX as u8,
+                op,
+                reverse,
+            },
+            &[self.id()],
+            None,
+            Self::ir_type(),
+            Span::caller(),
+        ))
+    }
+
+    reductions! {
+        sum => Sum, "Sum along axis `AX`.";
+        prod => Prod, "Product along axis `AX`.";
+        max => Max, "Maximum along axis `AX`.";
+        min => Min, "Minimum along axis `AX`.";
+    }
+
+    /// Inclusive prefix sum along axis `AX`.
+    #[track_caller]
+    pub fn cumsum<const AX: usize>(self) -> Tile<T, S>
+    where
+        S: HasAxis<AX>,
+    {
+        self.scan::<AX>(ReduceOp::Sum, false)
+    }
+}
+
+impl<T: Num, S: Shape> Tile<T, S> {
+    /// Elementwise maximum.
+    #[track_caller]
+    pub fn maximum<R: Operand<T>>(self, rhs: R) -> Tile<T, <S as Broadcast<R::Shape>>::Out>
+    where
+        S: Broadcast<R::Shape>,
+    {
+        binary(BinaryOp::Max, self, rhs)
+    }
+
+    /// Elementwise minimum.
+    #[track_caller]
+    pub fn minimum<R: Operand<T>>(self, rhs: R) -> Tile<T, <S as Broadcast<R::Shape>>::Out>
+    where
+        S: Broadcast<R::Shape>,
+    {
+        binary(BinaryOp::Min, self, rhs)
+    }
+
+    /// Elementwise absolute value (wrapping for the most negative integer).
+    #[track_caller]
+    pub fn abs(self) -> Tile<T, S> {
+        self.unary(UnaryOp::Abs)
+    }
+}
+
+impl<T: Float, S: Shape> Tile<T, S> {
+    float_unary! {
+        exp => Exp, "Elementwise e^x.";
+        exp2 => Exp2, "Elementwise 2^x.";
+        log => Log, "Elementwise natural logarithm.";
+        log2 => Log2, "Elementwise base-2 logarithm.";
+        sqrt => Sqrt, "Elementwise square root.";
+        rsqrt => Rsqrt, "Elementwise 1/sqrt(x).";
+        sin => Sin, "Elementwise sine.";
+        cos => Cos, "Elementwise cosine.";
+        tanh => Tanh, "Elementwise hyperbolic tangent.";
+        erf => Erf, "Elementwise error function.";
+        floor => Floor, "Elementwise floor.";
+        ceil => Ceil, "Elementwise ceiling.";
+    }
+
+    /// Fused `self * b + c` with one rounding.
+    #[track_caller]
+    pub fn fma<B: Operand<T>, C: Operand<T>>(self, b: B, c: C) -> Tile<T, S>
+    where
+        B::Shape: BroadcastTo<S>,
+        C::Shape: BroadcastTo<S>,
+    {
+        let span = Span::caller();
+        let dims = S::dims();
+        let b = broadcast_value(b.value(&span), &dims, &span);
+        let c = broadcast_value(c.value(&span), &dims, &span);
+        Tile::from_id(emit1(
+            OpKind::Fma,
+            &[self.id(), b, c],
+            None,
+            Self::ir_type(),
+            span,
+        ))
+    }
+}
+
+impl<T: DType, A: Dim, B: Dim> Tile<T, (A, B)> {
+    /// Transpose of a 2-D tile.
+    #[track_caller]
+    pub fn trans(self) -> Tile<T, (B, A)> {
+        Tile::from_id(emit1(
+            OpKind::Permute { order: vec![1, 0] },
+            &[self.id()],
+            None,
+            Tile::<T, (B, A)>::ir_type(),
+            Span::caller(),
+        ))
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Free functions
+
+/// The index of this program instance along grid axis `axis` (0, 1 or 2).
+#[track_caller]
+pub fn program_id(axis: u32) -> Scalar<i32> {
+    grid_op(OpKind::ProgramId {
+        axis: axis.min(255) as u8,
+    })
+}
+
+/// The number of program instances along grid axis `axis`.
+#[track_caller]
+pub fn num_programs(axis: u32) -> Scalar<i32> {
+    grid_op(OpKind::NumPrograms {
+        axis: axis.min(255) as u8,
+    })
+}
+
+#[track_caller]
+fn grid_op(kind: OpKind) -> Scalar<i32> {
+    let ty = Type::scalar(ScalarType::I32);
+    Tile::from_id(emit1(kind, &[], None, ty, Span::caller()))
+}
+
+/// The 1-D tile `[0, 1, ..., N-1]` of `i32`.
+#[track_caller]
+pub fn arange<const N: usize>() -> Tile<i32, S1<N>>
+where
+    Const<N>: Pow2,
+{
+    let ty = Tile::<i32, S1<N>>::ir_type();
+    Tile::from_id(emit1(
+        OpKind::Arange {
+            start: 0,
+            end: N as i64,
+        },
+        &[],
+        None,
+        ty,
+        Span::caller(),
+    ))
+}
+
+/// A tile of zeros.
+#[track_caller]
+pub fn zeros<T: Num, S: Shape>() -> Tile<T, S> {
+    let c = if T::TY.is_float() {
+        ConstValue::Float(0.0)
+    } else {
+        ConstValue::Int(0)
+    };
+    constant(c)
+}
+
+/// A tile filled with `value`.
+#[track_caller]
+pub fn full<T: DType, S: Shape>(value: T) -> Tile<T, S> {
+    constant(value.to_const())
+}
+
+/// `cond ? a : b`, elementwise.
+#[track_caller]
+pub fn select<T: DType, S: Shape, A: Operand<T>, B: Operand<T>>(
+    cond: Tile<bool, S>,
+    a: A,
+    b: B,
+) -> Tile<T, S>
+where
+    A::Shape: BroadcastTo<S>,
+    B::Shape: BroadcastTo<S>,
+{
+    let span = Span::caller();
+    let dims = S::dims();
+    let a = broadcast_value(a.value(&span), &dims, &span);
+    let b = broadcast_value(b.value(&span), &dims, &span);
+    Tile::from_id(emit1(
+        OpKind::Select,
+        &[cond.id(), a, b],
+        None,
+        Tile::<T, S>::ir_type(),
+        span,
+    ))
+}
+
+/// Input element types of [`dot`] and their accumulator types.
+#[diagnostic::on_unimplemented(
+    message = "`dot` is not defined on `{Self}` inputs",
+    label = "dot takes f16, bf16 or f32 inputs (f32 accumulator), f64 (f64) or i8 (i32)"
+)]
+pub trait DotInput: DType {
+    /// The accumulator element type.
+    type Acc: DType;
+}
+impl DotInput for half::f16 {
+    type Acc = f32;
+}
+impl DotInput for half::bf16 {
+    type Acc = f32;
+}
+impl DotInput for f32 {
+    type Acc = f32;
+}
+impl DotInput for f64 {
+    type Acc = f64;
+}
+impl DotInput for i8 {
+    type Acc = i32;
+}
+
+/// Matrix multiply-accumulate: `a` (M×K) times `b` (K×N) plus `acc` (M×N), computed
+/// in the accumulator type (f32 for f16/bf16/f32 inputs). Runs on tensor cores where
+/// the target has them.
+#[track_caller]
+pub fn dot<T: DotInput, M: Dim, K: Dim, K2: Dim, N: Dim>(
+    a: Tile<T, (M, K)>,
+    b: Tile<T, (K2, N)>,
+    acc: Tile<T::Acc, (M, N)>,
+) -> Tile<T::Acc, (M, N)>
+where
+    K: SameDim<K2>,
+{
+    debug_assert_eq!(dot_acc_type(T::TY), Some(<T::Acc as DType>::TY));
+    Tile::from_id(emit1(
+        OpKind::Dot,
+        &[a.id(), b.id(), acc.id()],
+        None,
+        Tile::<T::Acc, (M, N)>::ir_type(),
+        Span::caller(),
+    ))
+}
+
+/// Synchronizes the threads of the program instance (a GPU block barrier).
+#[track_caller]
+pub fn barrier() {
+    emit0(OpKind::Barrier, &[], Span::caller());
+}
+
+// ---------------------------------------------------------------------------------
+// Memory
+
+/// A value that can be stored into a `Global<T>` at offsets of shape `S`.
+#[diagnostic::on_unimplemented(
+    message = "cannot store `{Self}` into a buffer of `{T}` at offsets of shape `{S}`",
+    label = "the stored tile must have the buffer's element type and the offsets' shape",
+    note = "convert with `.cast::<{T}>()` or broadcast with `.broadcast_to::<SHAPE>()`"
+)]
+pub trait StoreValue<T: DType, S: Shape> {
+    /// The IR value.
+    fn value(self) -> ValueId;
+}
+impl<T: DType, S: Shape> StoreValue<T, S> for Tile<T, S> {
+    fn value(self) -> ValueId {
+        self.id()
+    }
+}
+
+impl<T: DType> Global<T> {
+    /// Pointers `self + offs` (in elements), splatting the base over `S`.
+    fn ptrs<I: Int, S: Shape>(&self, offs: Tile<I, S>, span: &Span) -> ValueId {
+        let dims = S::dims();
+        let base = broadcast_value(self.id(), &dims, span);
+        let ty = with_builder(|b| b.ty(base).clone());
+        emit1(OpKind::AddPtr, &[base, offs.id()], None, ty, span.clone())
+    }
+
+    /// Loads `self[offs]` where `mask` is true; masked-off lanes are not accessed and
+    /// read as zero.
+    #[track_caller]
+    pub fn load<I: Int, S: Shape>(&self, offs: Tile<I, S>, mask: Tile<bool, S>) -> Tile<T, S> {
+        let span = Span::caller();
+        let p = self.ptrs(offs, &span);
+        Tile::from_id(emit1(
+            OpKind::Load {
+                has_mask: true,
+                has_other: false,
+            },
+            &[p, mask.id()],
+            None,
+            Tile::<T, S>::ir_type(),
+            span,
+        ))
+    }
+
+    /// Loads `self[offs]` where `mask` is true and `other` elsewhere.
+    #[track_caller]
+    pub fn load_or<I: Int, S: Shape, O: Operand<T>>(
+        &self,
+        offs: Tile<I, S>,
+        mask: Tile<bool, S>,
+        other: O,
+    ) -> Tile<T, S>
+    where
+        O::Shape: BroadcastTo<S>,
+    {
+        let span = Span::caller();
+        let p = self.ptrs(offs, &span);
+        let o = broadcast_value(other.value(&span), &S::dims(), &span);
+        Tile::from_id(emit1(
+            OpKind::Load {
+                has_mask: true,
+                has_other: true,
+            },
+            &[p, mask.id(), o],
+            None,
+            Tile::<T, S>::ir_type(),
+            span,
+        ))
+    }
+
+    /// Loads `self[offs]` for every lane.
+    #[track_caller]
+    pub fn load_unmasked<I: Int, S: Shape>(&self, offs: Tile<I, S>) -> Tile<T, S> {
+        let span = Span::caller();
+        let p = self.ptrs(offs, &span);
+        Tile::from_id(emit1(
+            OpKind::Load {
+                has_mask: false,
+                has_other: false,
+            },
+            &[p],
+            None,
+            Tile::<T, S>::ir_type(),
+            span,
+        ))
+    }
+
+    /// Stores `value` to `self[offs]` where `mask` is true.
+    #[track_caller]
+    pub fn store<I: Int, S: Shape, V: StoreValue<T, S>>(
+        &mut self,
+        offs: Tile<I, S>,
+        value: V,
+        mask: Tile<bool, S>,
+    ) {
+        let span = Span::caller();
+        let p = self.ptrs(offs, &span);
+        emit0(
+            OpKind::Store { has_mask: true },
+            &[p, value.value(), mask.id()],
+            span,
+        );
+    }
+
+    /// Stores `value` to `self[offs]` for every lane.
+    #[track_caller]
+    pub fn store_unmasked<I: Int, S: Shape, V: StoreValue<T, S>>(
+        &mut self,
+        offs: Tile<I, S>,
+        value: V,
+    ) {
+        let span = Span::caller();
+        let p = self.ptrs(offs, &span);
+        emit0(OpKind::Store { has_mask: false }, &[p, value.value()], span);
+    }
+
+    /// Atomic read-modify-write of `self[offs]` with `value` where `mask` is true;
+    /// returns the old values.
+    #[track_caller]
+    pub fn atomic_rmw<I: Int, S: Shape, V: StoreValue<T, S>>(
+        &mut self,
+        op: AtomicOp,
+        offs: Tile<I, S>,
+        value: V,
+        mask: Tile<bool, S>,
+        order: MemOrder,
+        scope: MemScope,
+    ) -> Tile<T, S> {
+        let span = Span::caller();
+        let p = self.ptrs(offs, &span);
+        Tile::from_id(emit1(
+            OpKind::AtomicRmw {
+                op,
+                order,
+                scope,
+                has_mask: true,
+            },
+            &[p, value.value(), mask.id()],
+            None,
+            Tile::<T, S>::ir_type(),
+            span,
+        ))
+    }
+
+    /// Atomic add (acquire-release, device scope) where `mask` is true; returns the old
+    /// values.
+    #[track_caller]
+    pub fn atomic_add<I: Int, S: Shape, V: StoreValue<T, S>>(
+        &mut self,
+        offs: Tile<I, S>,
+        value: V,
+        mask: Tile<bool, S>,
+    ) -> Tile<T, S> {
+        self.atomic_rmw(
+            AtomicOp::Add,
+            offs,
+            value,
+            mask,
+            MemOrder::AcqRel,
+            MemScope::Device,
+        )
+    }
+
+    /// Atomic max (acquire-release, device scope); returns the old values.
+    #[track_caller]
+    pub fn atomic_max<I: Int, S: Shape, V: StoreValue<T, S>>(
+        &mut self,
+        offs: Tile<I, S>,
+        value: V,
+        mask: Tile<bool, S>,
+    ) -> Tile<T, S> {
+        self.atomic_rmw(
+            AtomicOp::Max,
+            offs,
+            value,
+            mask,
+            MemOrder::AcqRel,
+            MemScope::Device,
+        )
+    }
+
+    /// Atomic compare-and-swap (acquire-release, device scope): where `mask` is true and
+    /// `self[offs] == expected`, writes `desired`; returns the old values.
+    #[track_caller]
+    pub fn atomic_cas<I: Int, S: Shape>(
+        &mut self,
+        offs: Tile<I, S>,
+        expected: Tile<T, S>,
+        desired: Tile<T, S>,
+        mask: Tile<bool, S>,
+    ) -> Tile<T, S> {
+        let span = Span::caller();
+        let p = self.ptrs(offs, &span);
+        Tile::from_id(emit1(
+            OpKind::AtomicCas {
+                order: MemOrder::AcqRel,
+                scope: MemScope::Device,
+                has_mask: true,
+            },
+            &[p, expected.id(), desired.id(), mask.id()],
+            None,
+            Tile::<T, S>::ir_type(),
+            span,
+        ))
+    }
+}

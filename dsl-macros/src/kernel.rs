@@ -1,0 +1,359 @@
+//! Expansion of `#[kernel]` and `#[helper]`.
+
+use proc_macro2::TokenStream;
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{FnArg, GenericParam, Ident, ItemFn, Pat, Type};
+
+use crate::body::{Rewriter, used_in_generic_args};
+
+enum ParamKind {
+    /// `&Global<T>` or `&mut Global<T>`.
+    Buffer { mutable: bool, elem: Type },
+    /// A runtime scalar.
+    Scalar(Type),
+    /// `#[comptime]`.
+    Comptime(Type),
+}
+
+struct Param {
+    name: Ident,
+    kind: ParamKind,
+}
+
+fn errors_to_tokens(errors: Vec<syn::Error>) -> TokenStream {
+    let mut ts = TokenStream::new();
+    for e in errors {
+        ts.extend(e.to_compile_error());
+    }
+    ts
+}
+
+/// `Global<T>` behind a reference: the element type.
+fn global_elem(ty: &Type) -> Option<Type> {
+    let Type::Path(p) = ty else { return None };
+    let seg = p.path.segments.last()?;
+    if seg.ident != "Global" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &seg.arguments else {
+        return None;
+    };
+    match args.args.first() {
+        Some(syn::GenericArgument::Type(t)) if args.args.len() == 1 => Some(t.clone()),
+        _ => None,
+    }
+}
+
+fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
+    let mut params = Vec::new();
+    for arg in f.sig.inputs.iter_mut() {
+        let pt = match arg {
+            FnArg::Receiver(r) => {
+                errors.push(syn::Error::new(
+                    r.span(),
+                    "a kernel cannot take `self`; kernels are free functions",
+                ));
+                continue;
+            }
+            FnArg::Typed(pt) => pt,
+        };
+        let mut comptime = false;
+        pt.attrs.retain(|a| {
+            if a.path().is_ident("comptime") {
+                comptime = true;
+                false
+            } else {
+                true
+            }
+        });
+        let name = match &*pt.pat {
+            Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => pi.ident.clone(),
+            other => {
+                errors.push(syn::Error::new(
+                    other.span(),
+                    "kernel parameters must be plain names",
+                ));
+                continue;
+            }
+        };
+        let ty = (*pt.ty).clone();
+        let kind = if comptime {
+            ParamKind::Comptime(ty)
+        } else if let Type::Reference(r) = &ty {
+            match global_elem(&r.elem) {
+                Some(elem) => {
+                    if r.lifetime.is_some() {
+                        errors.push(syn::Error::new(
+                            r.span(),
+                            "kernel buffer parameters take no lifetime",
+                        ));
+                    }
+                    ParamKind::Buffer {
+                        mutable: r.mutability.is_some(),
+                        elem,
+                    }
+                }
+                None => {
+                    errors.push(syn::Error::new(
+                        ty.span(),
+                        "unsupported kernel parameter type: references are only allowed to \
+                         buffers (`&Global<T>` or `&mut Global<T>`)",
+                    ));
+                    continue;
+                }
+            }
+        } else if global_elem(&ty).is_some() {
+            errors.push(syn::Error::new(
+                ty.span(),
+                "take buffers by reference: `&Global<T>` (read-only) or `&mut Global<T>`",
+            ));
+            continue;
+        } else {
+            ParamKind::Scalar(ty)
+        };
+        params.push(Param { name, kind });
+    }
+    params
+}
+
+fn check_signature(f: &ItemFn, errors: &mut Vec<syn::Error>, what: &str) {
+    let sig = &f.sig;
+    if let Some(t) = &sig.asyncness {
+        errors.push(syn::Error::new(
+            t.span,
+            format!("a {what} cannot be `async`"),
+        ));
+    }
+    if let Some(t) = &sig.unsafety {
+        errors.push(syn::Error::new(
+            t.span,
+            format!("a {what} cannot be `unsafe`"),
+        ));
+    }
+    if let Some(t) = &sig.constness {
+        errors.push(syn::Error::new(
+            t.span,
+            format!("a {what} cannot be `const`"),
+        ));
+    }
+    if let Some(v) = &sig.variadic {
+        errors.push(syn::Error::new(
+            v.span(),
+            format!("a {what} cannot be variadic"),
+        ));
+    }
+}
+
+/// Const generics of type `usize` used as tile dimensions get `Const<N>: Pow2`.
+fn pow2_bounds(f: &ItemFn) -> Vec<TokenStream> {
+    let consts: Vec<Ident> = f
+        .sig
+        .generics
+        .params
+        .iter()
+        .filter_map(|p| match p {
+            GenericParam::Const(c) => match &c.ty {
+                Type::Path(tp) if tp.path.is_ident("usize") => Some(c.ident.clone()),
+                _ => None,
+            },
+            _ => None,
+        })
+        .collect();
+    let mut used = used_in_generic_args(&f.block, &consts);
+    // Helper signatures mention tile shapes too.
+    let mut sig_finder_block = syn::Block {
+        brace_token: Default::default(),
+        stmts: Vec::new(),
+    };
+    for a in &f.sig.inputs {
+        if let FnArg::Typed(t) = a {
+            let ty = &t.ty;
+            sig_finder_block
+                .stmts
+                .push(syn::parse_quote!(let _: ::core::marker::PhantomData<#ty>;));
+        }
+    }
+    if let syn::ReturnType::Type(_, ty) = &f.sig.output {
+        sig_finder_block
+            .stmts
+            .push(syn::parse_quote!(let _: ::core::marker::PhantomData<#ty>;));
+    }
+    for i in used_in_generic_args(&sig_finder_block, &consts) {
+        if !used.iter().any(|u| *u == i) {
+            used.push(i);
+        }
+    }
+    used.iter()
+        .map(|n| quote!(::tessera::__private::Const<#n>: ::tessera::__private::Pow2))
+        .collect()
+}
+
+pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let mut f: ItemFn = match syn::parse2(item) {
+        Ok(f) => f,
+        Err(e) => return e.to_compile_error(),
+    };
+    let mut errors = Vec::new();
+    if !attr.is_empty() {
+        errors.push(syn::Error::new(attr.span(), "#[kernel] takes no arguments"));
+    }
+    check_signature(&f, &mut errors, "kernel");
+    if let syn::ReturnType::Type(arrow, _) = &f.sig.output {
+        errors.push(syn::Error::new(
+            arrow.span(),
+            "a kernel returns nothing; write results into a `&mut Global<T>` buffer",
+        ));
+    }
+    for p in &f.sig.generics.params {
+        if let GenericParam::Lifetime(l) = p {
+            errors.push(syn::Error::new(
+                l.span(),
+                "kernels take no lifetime parameters",
+            ));
+        }
+    }
+    let params = parse_params(&mut f, &mut errors);
+    let mut rw = Rewriter::new();
+    let pow2 = pow2_bounds(&f);
+    rw.visit_block_mut(&mut f.block);
+    errors.extend(rw.errors);
+    if !errors.is_empty() {
+        return errors_to_tokens(errors);
+    }
+
+    let vis = &f.vis;
+    let name = &f.sig.ident;
+    let name_str = name.to_string();
+    let attrs: Vec<_> = f
+        .attrs
+        .iter()
+        .filter(|a| a.path().is_ident("doc"))
+        .collect();
+    let generics = &f.sig.generics;
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let mut where_preds: Vec<TokenStream> = where_clause
+        .map(|w| w.predicates.iter().map(|p| quote!(#p)).collect())
+        .unwrap_or_default();
+    where_preds.extend(pow2);
+    let type_params: Vec<&Ident> = generics.type_params().map(|t| &t.ident).collect();
+    let body = &f.block;
+
+    // Parameter declarations inside the trace, and launch plumbing.
+    let mut declare = Vec::new();
+    let mut arg_types = Vec::new();
+    let mut arg_names = Vec::new();
+    let mut launch_args = Vec::new();
+    let mut ct_types = Vec::new();
+    let mut ct_names = Vec::new();
+    for p in &params {
+        let n = &p.name;
+        let ns = n.to_string();
+        arg_names.push(n.clone());
+        match &p.kind {
+            ParamKind::Buffer {
+                mutable: false,
+                elem,
+            } => {
+                declare.push(quote!(let #n = &__tessera_params.buffer::<#elem>(#ns, true);));
+                arg_types.push(quote!(&::tessera::Buffer<#elem>));
+                launch_args.push(quote!(::tessera::LaunchArg::buffer(#n)));
+            }
+            ParamKind::Buffer {
+                mutable: true,
+                elem,
+            } => {
+                declare.push(quote!(let #n = &mut __tessera_params.buffer::<#elem>(#ns, false);));
+                arg_types.push(quote!(&mut ::tessera::Buffer<#elem>));
+                launch_args.push(quote!(::tessera::LaunchArg::buffer_mut(#n)));
+            }
+            ParamKind::Scalar(ty) => {
+                declare.push(quote!(let #n = __tessera_params.scalar::<#ty>(#ns);));
+                arg_types.push(quote!(#ty));
+                launch_args.push(quote!(::tessera::LaunchArg::scalar::<#ty>(#n)));
+            }
+            ParamKind::Comptime(ty) => {
+                arg_types.push(quote!(#ty));
+                ct_types.push(ty.clone());
+                ct_names.push(n.clone());
+            }
+        }
+    }
+    let fn_span = f.sig.fn_token.span;
+    let span_expr = quote_spanned!(fn_span=>
+        ::tessera::__private::Span::new(::core::file!(), ::core::line!(), ::core::column!())
+    );
+    let doc = format!(
+        "Tessera kernel `{name_str}`: launch with [`{name_str}::launch`]; \
+         the IR is built by its [`tessera::Kernel`] implementation."
+    );
+    let launch_doc = format!(
+        "Launches `{name_str}` on `device` over `grid` program instances with `args` in \
+         the order of the kernel's parameters. The IR is built once per comptime \
+         arguments and cached."
+    );
+
+    quote! {
+        #(#attrs)*
+        #[doc = #doc]
+        #[allow(non_camel_case_types)]
+        #vis struct #name #impl_generics (::core::marker::PhantomData<fn() -> (#(#type_params,)*)>) #where_clause;
+
+        impl #impl_generics ::tessera::Kernel for #name #ty_generics where #(#where_preds,)* {
+            const NAME: &'static str = #name_str;
+            type Comptime = (#(#ct_types,)*);
+
+            #[allow(unused_variables, unused_mut, unused_braces, unused_assignments, clippy::all)]
+            fn build(
+                __tessera_ct: &Self::Comptime,
+            ) -> ::core::result::Result<::tessera::__private::Function, ::tessera::__private::BuildError> {
+                let (#(#ct_names,)*) = ::core::clone::Clone::clone(__tessera_ct);
+                ::tessera::__private::trace(#name_str, #span_expr, |__tessera_params| {
+                    #(#declare)*
+                    #body
+                })
+            }
+        }
+
+        impl #impl_generics #name #ty_generics where #(#where_preds,)* {
+            #[doc = #launch_doc]
+            #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+            pub fn launch(
+                device: &::tessera::Device,
+                grid: impl ::core::convert::Into<::tessera::Grid>,
+                args: (#(#arg_types,)*),
+            ) -> ::core::result::Result<(), ::tessera::Error> {
+                let (#(#arg_names,)*) = args;
+                let __tessera_ct: <Self as ::tessera::Kernel>::Comptime = (#(#ct_names,)*);
+                ::tessera::launch::<Self>(device, grid.into(), &__tessera_ct, &mut [#(#launch_args),*])
+            }
+        }
+    }
+}
+
+pub fn expand_helper(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let mut f: ItemFn = match syn::parse2(item) {
+        Ok(f) => f,
+        Err(e) => return e.to_compile_error(),
+    };
+    let mut errors = Vec::new();
+    if !attr.is_empty() {
+        errors.push(syn::Error::new(attr.span(), "#[helper] takes no arguments"));
+    }
+    check_signature(&f, &mut errors, "helper");
+    let pow2 = pow2_bounds(&f);
+    let mut rw = Rewriter::new();
+    rw.visit_block_mut(&mut f.block);
+    errors.extend(rw.errors);
+    if !errors.is_empty() {
+        return errors_to_tokens(errors);
+    }
+    if !pow2.is_empty() {
+        let wc = f.sig.generics.make_where_clause();
+        for b in pow2 {
+            wc.predicates.push(syn::parse_quote!(#b));
+        }
+    }
+    quote!(#f)
+}

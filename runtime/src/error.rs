@@ -1,0 +1,66 @@
+//! The runtime's error type.
+
+use tessera_ir::BuildError;
+use tessera_ir::interp::InterpError;
+use tessera_ir::verify::VerifyError;
+
+/// Everything that can go wrong building, compiling or launching a kernel.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Tracing the kernel body failed (an op with invalid operands, a comptime value
+    /// assigned in a runtime loop, ...). The message starts with the user's
+    /// file:line:col.
+    #[error("cannot build kernel `{kernel}`: {source}")]
+    Build {
+        /// The kernel.
+        kernel: String,
+        /// The first error, with its span.
+        #[source]
+        source: BuildError,
+    },
+    /// The traced IR is invalid: a bug in Tessera, reported with the op's span.
+    #[error("internal error: kernel `{kernel}` failed IR verification: {source}")]
+    Verify {
+        /// The kernel.
+        kernel: String,
+        /// What the verifier found.
+        #[source]
+        source: VerifyError,
+    },
+    /// The kernel failed while running (out-of-bounds access, division by zero, ...).
+    #[error("{0}")]
+    Exec(#[from] InterpError),
+    /// The launch itself is invalid (grid size, buffer from another device, ...).
+    #[error("invalid launch of kernel `{kernel}`: {reason}")]
+    Launch {
+        /// The kernel.
+        kernel: String,
+        /// Why.
+        reason: String,
+    },
+    /// `TESSERA_DEVICE` names no known device.
+    #[error("unknown device `{0}` (expected one of: cpu, emu-nv, emu-amd, cuda, hip)")]
+    UnknownDevice(String),
+    /// The requested device exists in Tessera's vocabulary but cannot be used here.
+    #[error("device `{device}` is not available: {reason}")]
+    DeviceUnavailable {
+        /// The device name.
+        device: String,
+        /// Why.
+        reason: String,
+    },
+    /// A buffer operation with mismatched sizes.
+    #[error("buffer size mismatch: {0}")]
+    BufferSize(String),
+    /// Writing a dump file failed.
+    #[error("cannot write the {what} dump to {path}: {source}")]
+    Dump {
+        /// Which stage.
+        what: String,
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
