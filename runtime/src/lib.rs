@@ -46,8 +46,8 @@ pub mod prelude {
     pub use crate::{Buffer, Device, Error, Grid, Kernel, helper, kernel};
     pub use half::{bf16, f16};
     pub use tessera_ir::dsl::{
-        Const, D, DType, Float, Global, Int, Num, One, Pow2, S1, S2, S3, Scalar, Tile, arange,
-        barrier, dot, full, num_programs, program_id, select, zeros,
+        Const, D, DType, DotInput, Float, Global, Int, Num, One, Pow2, S1, S2, S3, Scalar, Tile,
+        arange, barrier, dot, full, num_programs, program_id, select, zeros,
     };
     pub use tessera_ir::ir::{AtomicOp, MemOrder, MemScope, ReduceOp};
 }

@@ -60,12 +60,13 @@ pub trait DType: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static
     fn to_const(self) -> ConstValue;
 }
 
+/// Numeric element types (integers and floats): plain old data, so buffers of them
+/// can be viewed as bytes.
+pub trait Num: DType + bytemuck::Pod {}
 /// Integer element types (not `bool`).
-pub trait Int: DType {}
+pub trait Int: Num {}
 /// Float element types.
-pub trait Float: DType {}
-/// Numeric element types (integers and floats).
-pub trait Num: DType {}
+pub trait Float: Num {}
 
 macro_rules! dtype_int {
     ($($t:ty => $s:ident),*) => {$(

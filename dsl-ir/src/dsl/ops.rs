@@ -542,7 +542,7 @@ where
     message = "`dot` is not defined on `{Self}` inputs",
     label = "dot takes f16, bf16 or f32 inputs (f32 accumulator), f64 (f64) or i8 (i32)"
 )]
-pub trait DotInput: DType {
+pub trait DotInput: Num {
     /// The accumulator element type.
     type Acc: DType;
 }
