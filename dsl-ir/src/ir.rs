@@ -38,17 +38,37 @@ impl Span {
         Span::new("<unknown>", 0, 0)
     }
 
-    /// The caller's location (through `#[track_caller]` chains).
+    /// The caller's location (through `#[track_caller]` chains), with `dir/../`
+    /// components of the path folded away.
     #[track_caller]
     pub fn caller() -> Span {
         let l = std::panic::Location::caller();
-        Span::new(l.file(), l.line(), l.column())
+        Span::new(normalize_path(l.file()), l.line(), l.column())
     }
 
     /// True for [`Span::unknown`].
     pub fn is_unknown(&self) -> bool {
         self.line == 0
     }
+}
+
+/// Folds `a/../` and `./` components of a relative or absolute path, lexically.
+fn normalize_path(p: &str) -> String {
+    if !p.contains("..") && !p.contains("./") {
+        return p.to_string();
+    }
+    let sep = if p.contains('\\') && !p.contains('/') { '\\' } else { '/' };
+    let mut parts: Vec<&str> = Vec::new();
+    for c in p.split(sep) {
+        match c {
+            "." => {}
+            ".." if parts.last().is_some_and(|l| *l != ".." && !l.is_empty()) => {
+                parts.pop();
+            }
+            c => parts.push(c),
+        }
+    }
+    parts.join(&sep.to_string())
 }
 
 impl fmt::Display for Span {
@@ -694,5 +714,19 @@ impl Function {
         let mut n = 0;
         self.walk(&mut |_| n += 1);
         n
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::normalize_path;
+
+    #[test]
+    fn paths_are_folded() {
+        assert_eq!(normalize_path("runtime/../examples/a.rs"), "examples/a.rs");
+        assert_eq!(normalize_path("./src/a.rs"), "src/a.rs");
+        assert_eq!(normalize_path("../x/a.rs"), "../x/a.rs");
+        assert_eq!(normalize_path("/w/r/../e/a.rs"), "/w/e/a.rs");
+        assert_eq!(normalize_path("src/lib.rs"), "src/lib.rs");
     }
 }
