@@ -24,10 +24,10 @@ pub struct Span {
 }
 
 impl Span {
-    /// Builds a span.
-    pub fn new(file: impl Into<Arc<str>>, line: u32, col: u32) -> Span {
+    /// Builds a span; `dir/../` and `./` components of the path are folded away.
+    pub fn new(file: &str, line: u32, col: u32) -> Span {
         Span {
-            file: file.into(),
+            file: normalize_path(file).into(),
             line,
             col,
         }
@@ -43,7 +43,7 @@ impl Span {
     #[track_caller]
     pub fn caller() -> Span {
         let l = std::panic::Location::caller();
-        Span::new(normalize_path(l.file()), l.line(), l.column())
+        Span::new(l.file(), l.line(), l.column())
     }
 
     /// True for [`Span::unknown`].
@@ -57,7 +57,11 @@ fn normalize_path(p: &str) -> String {
     if !p.contains("..") && !p.contains("./") {
         return p.to_string();
     }
-    let sep = if p.contains('\\') && !p.contains('/') { '\\' } else { '/' };
+    let sep = if p.contains('\\') && !p.contains('/') {
+        '\\'
+    } else {
+        '/'
+    };
     let mut parts: Vec<&str> = Vec::new();
     for c in p.split(sep) {
         match c {

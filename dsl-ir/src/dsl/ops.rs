@@ -609,19 +609,56 @@ impl<T: DType, S: Shape> StoreValue<T, S> for Tile<T, S> {
     }
 }
 
+/// Element offsets into a buffer: a tile of integers, or a Rust integer (one element).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as buffer offsets",
+    label = "offsets are a tile of integers (e.g. `Tile<i32, S>`) or a Rust integer"
+)]
+pub trait Offsets {
+    /// The shape of the accessed tile.
+    type Shape: Shape;
+    /// The IR value of the offsets.
+    fn value(self, span: &Span) -> ValueId;
+}
+
+impl<I: Int, S: Shape> Offsets for Tile<I, S> {
+    type Shape = S;
+    fn value(self, _span: &Span) -> ValueId {
+        self.id()
+    }
+}
+
+macro_rules! int_offsets {
+    ($($t:ty),*) => {$(
+        impl Offsets for $t {
+            type Shape = ();
+            fn value(self, span: &Span) -> ValueId {
+                let v = self as i128;
+                if i32::try_from(v).is_ok() {
+                    literal_tile::<i32>(LitValue::Int(v), span.clone()).id()
+                } else {
+                    literal_tile::<i64>(LitValue::Int(v), span.clone()).id()
+                }
+            }
+        }
+    )*};
+}
+int_offsets!(i32, i64, u32, usize);
+
 impl<T: DType> Global<T> {
-    /// Pointers `self + offs` (in elements), splatting the base over `S`.
-    fn ptrs<I: Int, S: Shape>(&self, offs: Tile<I, S>, span: &Span) -> ValueId {
-        let dims = S::dims();
+    /// Pointers `self + offs` (in elements), splatting the base over the offsets' shape.
+    fn ptrs<O: Offsets>(&self, offs: O, span: &Span) -> ValueId {
+        let dims = O::Shape::dims();
+        let offs = offs.value(span);
         let base = broadcast_value(self.id(), &dims, span);
         let ty = with_builder(|b| b.ty(base).clone());
-        emit1(OpKind::AddPtr, &[base, offs.id()], None, ty, span.clone())
+        emit1(OpKind::AddPtr, &[base, offs], None, ty, span.clone())
     }
 
     /// Loads `self[offs]` where `mask` is true; masked-off lanes are not accessed and
     /// read as zero.
     #[track_caller]
-    pub fn load<I: Int, S: Shape>(&self, offs: Tile<I, S>, mask: Tile<bool, S>) -> Tile<T, S> {
+    pub fn load<O: Offsets>(&self, offs: O, mask: Tile<bool, O::Shape>) -> Tile<T, O::Shape> {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
         Tile::from_id(emit1(
@@ -631,25 +668,25 @@ impl<T: DType> Global<T> {
             },
             &[p, mask.id()],
             None,
-            Tile::<T, S>::ir_type(),
+            Tile::<T, O::Shape>::ir_type(),
             span,
         ))
     }
 
     /// Loads `self[offs]` where `mask` is true and `other` elsewhere.
     #[track_caller]
-    pub fn load_or<I: Int, S: Shape, O: Operand<T>>(
+    pub fn load_or<O: Offsets, X: Operand<T>>(
         &self,
-        offs: Tile<I, S>,
-        mask: Tile<bool, S>,
-        other: O,
-    ) -> Tile<T, S>
+        offs: O,
+        mask: Tile<bool, O::Shape>,
+        other: X,
+    ) -> Tile<T, O::Shape>
     where
-        O::Shape: BroadcastTo<S>,
+        X::Shape: BroadcastTo<O::Shape>,
     {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
-        let o = broadcast_value(other.value(&span), &S::dims(), &span);
+        let o = broadcast_value(other.value(&span), &O::Shape::dims(), &span);
         Tile::from_id(emit1(
             OpKind::Load {
                 has_mask: true,
@@ -657,14 +694,14 @@ impl<T: DType> Global<T> {
             },
             &[p, mask.id(), o],
             None,
-            Tile::<T, S>::ir_type(),
+            Tile::<T, O::Shape>::ir_type(),
             span,
         ))
     }
 
     /// Loads `self[offs]` for every lane.
     #[track_caller]
-    pub fn load_unmasked<I: Int, S: Shape>(&self, offs: Tile<I, S>) -> Tile<T, S> {
+    pub fn load_unmasked<O: Offsets>(&self, offs: O) -> Tile<T, O::Shape> {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
         Tile::from_id(emit1(
@@ -674,18 +711,18 @@ impl<T: DType> Global<T> {
             },
             &[p],
             None,
-            Tile::<T, S>::ir_type(),
+            Tile::<T, O::Shape>::ir_type(),
             span,
         ))
     }
 
     /// Stores `value` to `self[offs]` where `mask` is true.
     #[track_caller]
-    pub fn store<I: Int, S: Shape, V: StoreValue<T, S>>(
+    pub fn store<O: Offsets, V: StoreValue<T, O::Shape>>(
         &mut self,
-        offs: Tile<I, S>,
+        offs: O,
         value: V,
-        mask: Tile<bool, S>,
+        mask: Tile<bool, O::Shape>,
     ) {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
@@ -698,11 +735,7 @@ impl<T: DType> Global<T> {
 
     /// Stores `value` to `self[offs]` for every lane.
     #[track_caller]
-    pub fn store_unmasked<I: Int, S: Shape, V: StoreValue<T, S>>(
-        &mut self,
-        offs: Tile<I, S>,
-        value: V,
-    ) {
+    pub fn store_unmasked<O: Offsets, V: StoreValue<T, O::Shape>>(&mut self, offs: O, value: V) {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
         emit0(OpKind::Store { has_mask: false }, &[p, value.value()], span);
@@ -711,15 +744,15 @@ impl<T: DType> Global<T> {
     /// Atomic read-modify-write of `self[offs]` with `value` where `mask` is true;
     /// returns the old values.
     #[track_caller]
-    pub fn atomic_rmw<I: Int, S: Shape, V: StoreValue<T, S>>(
+    pub fn atomic_rmw<O: Offsets, V: StoreValue<T, O::Shape>>(
         &mut self,
         op: AtomicOp,
-        offs: Tile<I, S>,
+        offs: O,
         value: V,
-        mask: Tile<bool, S>,
+        mask: Tile<bool, O::Shape>,
         order: MemOrder,
         scope: MemScope,
-    ) -> Tile<T, S> {
+    ) -> Tile<T, O::Shape> {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
         Tile::from_id(emit1(
@@ -731,7 +764,7 @@ impl<T: DType> Global<T> {
             },
             &[p, value.value(), mask.id()],
             None,
-            Tile::<T, S>::ir_type(),
+            Tile::<T, O::Shape>::ir_type(),
             span,
         ))
     }
@@ -739,12 +772,12 @@ impl<T: DType> Global<T> {
     /// Atomic add (acquire-release, device scope) where `mask` is true; returns the old
     /// values.
     #[track_caller]
-    pub fn atomic_add<I: Int, S: Shape, V: StoreValue<T, S>>(
+    pub fn atomic_add<O: Offsets, V: StoreValue<T, O::Shape>>(
         &mut self,
-        offs: Tile<I, S>,
+        offs: O,
         value: V,
-        mask: Tile<bool, S>,
-    ) -> Tile<T, S> {
+        mask: Tile<bool, O::Shape>,
+    ) -> Tile<T, O::Shape> {
         self.atomic_rmw(
             AtomicOp::Add,
             offs,
@@ -757,12 +790,12 @@ impl<T: DType> Global<T> {
 
     /// Atomic max (acquire-release, device scope); returns the old values.
     #[track_caller]
-    pub fn atomic_max<I: Int, S: Shape, V: StoreValue<T, S>>(
+    pub fn atomic_max<O: Offsets, V: StoreValue<T, O::Shape>>(
         &mut self,
-        offs: Tile<I, S>,
+        offs: O,
         value: V,
-        mask: Tile<bool, S>,
-    ) -> Tile<T, S> {
+        mask: Tile<bool, O::Shape>,
+    ) -> Tile<T, O::Shape> {
         self.atomic_rmw(
             AtomicOp::Max,
             offs,
@@ -776,13 +809,13 @@ impl<T: DType> Global<T> {
     /// Atomic compare-and-swap (acquire-release, device scope): where `mask` is true and
     /// `self[offs] == expected`, writes `desired`; returns the old values.
     #[track_caller]
-    pub fn atomic_cas<I: Int, S: Shape>(
+    pub fn atomic_cas<O: Offsets>(
         &mut self,
-        offs: Tile<I, S>,
-        expected: Tile<T, S>,
-        desired: Tile<T, S>,
-        mask: Tile<bool, S>,
-    ) -> Tile<T, S> {
+        offs: O,
+        expected: Tile<T, O::Shape>,
+        desired: Tile<T, O::Shape>,
+        mask: Tile<bool, O::Shape>,
+    ) -> Tile<T, O::Shape> {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
         Tile::from_id(emit1(
@@ -793,7 +826,7 @@ impl<T: DType> Global<T> {
             },
             &[p, expected.id(), desired.id(), mask.id()],
             None,
-            Tile::<T, S>::ir_type(),
+            Tile::<T, O::Shape>::ir_type(),
             span,
         ))
     }
