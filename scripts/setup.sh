@@ -26,6 +26,41 @@ if [ "$(id -u)" -ne 0 ]; then
   if command -v sudo >/dev/null 2>&1; then SUDO=(sudo); else SUDO=(false); fi
 fi
 
+# ---------------------------------------------------------------- Rust (1.95+)
+# The project needs Rust 1.95 (edition 2024). Debian's own cargo is too old, so a missing
+# or old toolchain is installed through rustup.
+rust_ok() {
+  command -v cargo >/dev/null 2>&1 || return 1
+  local v
+  v="$(rustc --version 2>/dev/null | awk '{print $2}')"
+  [ "$(printf '%s\n%s\n' "1.95.0" "$v" | sort -V | head -n1)" = "1.95.0" ]
+}
+if ! rust_ok; then
+  [ -f "$HOME/.cargo/env" ] && . "$HOME/.cargo/env"
+fi
+if ! rust_ok; then
+  if command -v rustup >/dev/null 2>&1; then
+    log "rust: updating the stable toolchain with rustup"
+    rustup toolchain install stable --profile minimal -c clippy,rustfmt
+    rustup default stable
+  else
+    log "rust: installing rustup (stable, minimal + clippy, rustfmt)"
+    command -v curl >/dev/null 2>&1 || {
+      "${SUDO[@]}" apt-get update -qq
+      "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl ca-certificates
+    }
+    curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs |
+      sh -s -- -y --profile minimal -c clippy,rustfmt
+    . "$HOME/.cargo/env"
+  fi
+  rust_ok || { echo "setup.sh: Rust 1.95 or newer is required" >&2; exit 1; }
+fi
+if ! command -v cc >/dev/null 2>&1; then
+  log "apt: installing a C toolchain (build-essential)"
+  "${SUDO[@]}" apt-get update -qq
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends build-essential
+fi
+
 # ---------------------------------------------------------------- apt (LLVM/MLIR 22, HIP)
 # On Debian 12 the *-22 packages come from bookworm-security (1:22.1.8-1~deb12u1);
 # libamdhip64-dev (5.2.3) from bookworm main. No extra apt source is needed.
