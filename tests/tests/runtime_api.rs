@@ -1,0 +1,102 @@
+//! Runtime behaviour: device selection, the IR cache, typed errors, grids.
+
+use std::sync::Arc;
+
+use tessera::prelude::*;
+
+#[kernel]
+fn fill<T: Num, const B: usize>(out: &mut Global<T>, n: i32, #[comptime] value: i32) {
+    let offs = program_id(0) * B + arange::<B>() + program_id(1) * 1000 + program_id(2) * 100_000;
+    out.store(offs, zeros::<T, S1<B>>() + value, offs.lt(n));
+}
+
+#[test]
+fn devices_by_name() {
+    assert_eq!(Device::by_name("cpu").unwrap(), Device::cpu());
+    let e = Device::by_name("tpu").unwrap_err().to_string();
+    assert!(e.contains("unknown device `tpu`"), "{e}");
+    for gpu in ["cuda", "hip", "emu-nv", "emu-amd", "cuda:1"] {
+        let e = Device::by_name(gpu).unwrap_err().to_string();
+        assert!(e.contains("not available"), "{gpu}: {e}");
+    }
+}
+
+#[test]
+fn ir_is_built_once_per_comptime_args() {
+    let a = tessera::kernel_ir::<fill<f32, 64>>(&(3,)).unwrap();
+    let b = tessera::kernel_ir::<fill<f32, 64>>(&(3,)).unwrap();
+    assert!(Arc::ptr_eq(&a, &b), "the same comptime args hit the cache");
+    let c = tessera::kernel_ir::<fill<f32, 64>>(&(4,)).unwrap();
+    assert!(!Arc::ptr_eq(&a, &c), "other comptime args build again");
+    let d = tessera::kernel_ir::<fill<f64, 64>>(&(3,)).unwrap();
+    assert!(!Arc::ptr_eq(&a, &d), "other generic args build again");
+    assert_ne!(
+        tessera::ir::printer::print_function(&a),
+        tessera::ir::printer::print_function(&d)
+    );
+}
+
+#[test]
+fn grids_of_one_two_and_three_dimensions() {
+    let dev = Device::cpu();
+    // 3-D grid: program (i, j, k) writes [i*64 + j*1000 + k*100000, ..+64).
+    let n = 2 * 100_000 + 3 * 1000 + 2 * 64;
+    let mut out = dev.upload(&vec![-1i64; n]).unwrap();
+    fill::<i64, 64>::launch(&dev, (2u32, 3u32, 2u32), (&mut out, n as i32, 7)).unwrap();
+    let got = out.download().unwrap();
+    let mut want = vec![-1i64; n];
+    for k in 0..2 {
+        for j in 0..3 {
+            for i in 0..2 {
+                let base = i * 64 + j * 1000 + k * 100_000;
+                want[base..base + 64].fill(7);
+            }
+        }
+    }
+    assert_eq!(got, want);
+    // Empty grid: nothing runs.
+    let mut out = dev.upload(&vec![-1i32; 8]).unwrap();
+    fill::<i32, 8>::launch(&dev, 0usize, (&mut out, 8, 1)).unwrap();
+    assert_eq!(out.download().unwrap(), vec![-1; 8]);
+}
+
+#[test]
+fn oversized_grid_is_a_launch_error() {
+    let dev = Device::cpu();
+    let mut out = dev.alloc::<i32>(8).unwrap();
+    let e = fill::<i32, 8>::launch(&dev, 1u64 << 33, (&mut out, 8, 1))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("invalid launch of kernel `fill`"), "{e}");
+}
+
+#[kernel]
+fn bad_reshape(out: &mut Global<f32>) {
+    let t = zeros::<f32, S1<8>>().reshape::<S2<4, 4>>(); // MARK: bad-reshape
+    out.store_unmasked(arange::<16>(), t.reshape::<S1<16>>());
+}
+
+#[test]
+fn build_errors_name_the_line() {
+    let dev = Device::cpu();
+    let mut out = dev.alloc::<f32>(16).unwrap();
+    let e = bad_reshape::launch(&dev, 1u32, (&mut out,)).unwrap_err().to_string();
+    let line = tessera_tests::line_of(include_str!("runtime_api.rs"), "MARK: bad-reshape");
+    assert!(e.contains(&format!("runtime_api.rs:{line}:")), "{e}");
+    assert!(e.contains("reshape must keep the element count"), "{e}");
+    assert!(e.contains("cannot build kernel `bad_reshape`"), "{e}");
+}
+
+#[test]
+fn buffers_round_trip_and_check_sizes() {
+    let dev = Device::cpu();
+    let data: Vec<bf16> = (0..100).map(|i| bf16::from_f32(i as f32 * 0.25)).collect();
+    let mut b = dev.upload(&data).unwrap();
+    assert_eq!(b.len(), 100);
+    assert_eq!(b.download().unwrap(), data);
+    assert!(b.copy_from(&data[..10]).is_err());
+    b.fill(bf16::from_f32(2.0)).unwrap();
+    assert!(b.download().unwrap().iter().all(|v| v.to_f32() == 2.0));
+    let z = dev.alloc::<u16>(5).unwrap();
+    assert_eq!(z.download().unwrap(), vec![0; 5]);
+}
