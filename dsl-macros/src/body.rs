@@ -370,7 +370,7 @@ fn rewrite_while(w: &syn::ExprWhile, carried: &[Ident]) -> Expr {
         ::tessera::__private::while_loop(#tuple, #names, |#phase: bool, #vars| {
             let #muts = #vars;
             if #phase {
-                let #c = #cond;
+                let #c = ::tessera::ir::dsl::while_cond(#cond);
                 (#tuple, ::core::option::Option::Some(#c))
             } else {
                 #body;
@@ -387,6 +387,17 @@ fn rewrite_while(w: &syn::ExprWhile, carried: &[Ident]) -> Expr {
 /// Names of `candidates` that appear inside generic argument lists (`::<..>`, `T<..>`)
 /// in `tokens`: const generics used as tile dimensions.
 pub fn used_in_generic_args(block: &syn::Block, candidates: &[Ident]) -> Vec<Ident> {
+    let mut found: Vec<Ident> = Vec::new();
+    for i in used_in_generic_args_all(block, candidates) {
+        if !found.contains(&i) {
+            found.push(i);
+        }
+    }
+    found
+}
+
+/// Every occurrence (with its span) of `candidates` inside generic argument lists.
+pub fn used_in_generic_args_all(block: &syn::Block, candidates: &[Ident]) -> Vec<Ident> {
     struct Finder<'a> {
         candidates: &'a [Ident],
         depth: usize,
@@ -402,10 +413,7 @@ pub fn used_in_generic_args(block: &syn::Block, candidates: &[Ident]) -> Vec<Ide
             self.depth -= 1;
         }
         fn visit_ident(&mut self, i: &Ident) {
-            if self.depth > 0
-                && self.candidates.iter().any(|c| c == i)
-                && !self.found.iter().any(|f| f == i)
-            {
+            if self.depth > 0 && self.candidates.iter().any(|c| c == i) {
                 self.found.push(i.clone());
             }
         }

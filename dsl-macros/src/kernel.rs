@@ -6,7 +6,7 @@ use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{FnArg, GenericParam, Ident, ItemFn, Pat, Type};
 
-use crate::body::{Rewriter, used_in_generic_args};
+use crate::body::{Rewriter, used_in_generic_args, used_in_generic_args_all};
 
 enum ParamKind {
     /// `&Global<T>` or `&mut Global<T>`.
@@ -20,6 +20,8 @@ enum ParamKind {
 struct Param {
     name: Ident,
     kind: ParamKind,
+    /// The declared type, as written.
+    ty: Type,
 }
 
 fn errors_to_tokens(errors: Vec<syn::Error>) -> TokenStream {
@@ -80,7 +82,7 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
         };
         let ty = (*pt.ty).clone();
         let kind = if comptime {
-            ParamKind::Comptime(ty)
+            ParamKind::Comptime(ty.clone())
         } else if let Type::Reference(r) = &ty {
             match global_elem(&r.elem) {
                 Some(elem) => {
@@ -111,9 +113,9 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
             ));
             continue;
         } else {
-            ParamKind::Scalar(ty)
+            ParamKind::Scalar(ty.clone())
         };
-        params.push(Param { name, kind });
+        params.push(Param { name, kind, ty });
     }
     params
 }
@@ -142,6 +144,34 @@ fn check_signature(f: &ItemFn, errors: &mut Vec<syn::Error>, what: &str) {
         errors.push(syn::Error::new(
             v.span(),
             format!("a {what} cannot be variadic"),
+        ));
+    }
+}
+
+/// Value parameters used where Rust needs a constant (`arange::<n>()`): rustc would say
+/// "attempt to use a non-constant value in a constant"; say what to do instead.
+fn check_values_as_consts(f: &ItemFn, params: &[Param], errors: &mut Vec<syn::Error>) {
+    let names: Vec<Ident> = params
+        .iter()
+        .filter(|p| !matches!(p.kind, ParamKind::Buffer { .. }))
+        .map(|p| p.name.clone())
+        .collect();
+    for use_site in used_in_generic_args_all(&f.block, &names) {
+        let Some(p) = params.iter().find(|p| p.name == use_site) else {
+            continue;
+        };
+        let what = match p.kind {
+            ParamKind::Comptime(_) => "a `#[comptime]` parameter, a value known only at launch",
+            _ => "a runtime kernel parameter",
+        };
+        errors.push(syn::Error::new(
+            use_site.span(),
+            format!(
+                "`{use_site}` is {what}, so it cannot be used as a constant here (tile sizes \
+                 and other generic arguments must be known to the Rust compiler); make it a \
+                 const generic of the kernel: `fn {}<const N: usize>(..)`",
+                f.sig.ident
+            ),
         ));
     }
 }
@@ -181,12 +211,17 @@ fn pow2_bounds(f: &ItemFn) -> Vec<TokenStream> {
             .push(syn::parse_quote!(let _: ::core::marker::PhantomData<#ty>;));
     }
     for i in used_in_generic_args(&sig_finder_block, &consts) {
-        if !used.iter().any(|u| *u == i) {
+        if !used.contains(&i) {
             used.push(i);
         }
     }
+    // Spanned at the declaration of the const generic, which notes about an
+    // unsatisfied bound point at.
     used.iter()
-        .map(|n| quote!(::tessera::__private::Const<#n>: ::tessera::__private::Pow2))
+        .map(|n| {
+            let decl = consts.iter().find(|c| *c == n).unwrap_or(n);
+            quote_spanned!(decl.span()=> ::tessera::__private::Const<#n>: ::tessera::__private::Pow2)
+        })
         .collect()
 }
 
@@ -200,9 +235,9 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         errors.push(syn::Error::new(attr.span(), "#[kernel] takes no arguments"));
     }
     check_signature(&f, &mut errors, "kernel");
-    if let syn::ReturnType::Type(arrow, _) = &f.sig.output {
-        errors.push(syn::Error::new(
-            arrow.span(),
+    if let syn::ReturnType::Type(..) = &f.sig.output {
+        errors.push(syn::Error::new_spanned(
+            &f.sig.output,
             "a kernel returns nothing; write results into a `&mut Global<T>` buffer",
         ));
     }
@@ -215,6 +250,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
     }
     let params = parse_params(&mut f, &mut errors);
+    check_values_as_consts(&f, &params, &mut errors);
     let mut rw = Rewriter::new();
     let pow2 = pow2_bounds(&f);
     rw.visit_block_mut(&mut f.block);
@@ -248,6 +284,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut ct_types = Vec::new();
     let mut ct_names = Vec::new();
     for p in &params {
+        let ty = &p.ty;
         let n = &p.name;
         let ns = n.to_string();
         arg_names.push(n.clone());
@@ -256,7 +293,10 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                 mutable: false,
                 elem,
             } => {
-                declare.push(quote!(let #n = &__tessera_params.buffer::<#elem>(#ns, true);));
+                // The binding gets the parameter's own type (with the user's spans), so
+                // that a store through it reports "behind a `&` reference" pointing at
+                // the signature, with a sensible suggestion.
+                declare.push(quote!(let #n: #ty = &__tessera_params.buffer::<#elem>(#ns, true);));
                 arg_types.push(quote!(&::tessera::Buffer<#elem>));
                 launch_args.push(quote!(::tessera::LaunchArg::buffer(#n)));
             }
@@ -264,12 +304,15 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                 mutable: true,
                 elem,
             } => {
-                declare.push(quote!(let #n = &mut __tessera_params.buffer::<#elem>(#ns, false);));
+                declare
+                    .push(quote!(let #n: #ty = &mut __tessera_params.buffer::<#elem>(#ns, false);));
                 arg_types.push(quote!(&mut ::tessera::Buffer<#elem>));
                 launch_args.push(quote!(::tessera::LaunchArg::buffer_mut(#n)));
             }
             ParamKind::Scalar(ty) => {
-                declare.push(quote!(let #n = __tessera_params.scalar::<#ty>(#ns);));
+                let ty_span = ty.span();
+                declare
+                    .push(quote_spanned!(ty_span=> let #n = __tessera_params.scalar::<#ty>(#ns);));
                 arg_types.push(quote!(#ty));
                 launch_args.push(quote!(::tessera::LaunchArg::scalar::<#ty>(#n)));
             }
@@ -294,6 +337,10 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
          arguments and cached."
     );
 
+    let launch_bound = quote_spanned!(name.span()=>
+        Self: ::tessera::Kernel<Comptime = (#(#ct_types,)*)>,
+    );
+
     quote! {
         #(#attrs)*
         #[doc = #doc]
@@ -316,14 +363,20 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
             }
         }
 
-        impl #impl_generics #name #ty_generics where #(#where_preds,)* {
+        // `launch` requires `Self: Kernel` (and so the tile-dimension bounds) on the
+        // method rather than on the impl: `k::<48>::launch` then reports the unsatisfied
+        // `Const<48>: Pow2` with its own message, not "no function `launch`".
+        impl #impl_generics #name #ty_generics #where_clause {
             #[doc = #launch_doc]
             #[allow(clippy::too_many_arguments, clippy::type_complexity)]
             pub fn launch(
                 device: &::tessera::Device,
                 grid: impl ::core::convert::Into<::tessera::Grid>,
                 args: (#(#arg_types,)*),
-            ) -> ::core::result::Result<(), ::tessera::Error> {
+            ) -> ::core::result::Result<(), ::tessera::Error>
+            where
+                #launch_bound
+            {
                 let (#(#arg_names,)*) = args;
                 let __tessera_ct: <Self as ::tessera::Kernel>::Comptime = (#(#ct_names,)*);
                 ::tessera::launch::<Self>(device, grid.into(), &__tessera_ct, &mut [#(#launch_args),*])

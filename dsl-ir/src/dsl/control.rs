@@ -184,7 +184,18 @@ impl CondBranch for bool {
     }
 }
 
-impl CondBranch for Scalar<bool> {
+/// Shapes of branch conditions: only the scalar shape `()`. A runtime `if` or `while`
+/// branches on one `bool`; a tile of conditions is elementwise and needs `select`.
+#[diagnostic::on_unimplemented(
+    message = "a kernel `if`/`while` condition must be a scalar, but this is a tile of shape `{Self}`",
+    label = "a multi-element condition: the branch would differ per element",
+    note = "to choose per element, use `select(cond, a, b)`; \
+            to branch, reduce the condition to a scalar first"
+)]
+pub trait ScalarCond: Shape {}
+impl ScalarCond for () {}
+
+impl<S: ScalarCond> CondBranch for Tile<bool, S> {
     fn branch<V: Carry, R: Carry>(
         self,
         vars: V,
@@ -464,7 +475,7 @@ impl WhileCond for bool {
     }
 }
 
-impl WhileCond for Scalar<bool> {
+impl<S: ScalarCond> WhileCond for Tile<bool, S> {
     fn run<V: Carry>(
         vars: V,
         names: &[&str],
@@ -514,6 +525,12 @@ impl WhileCond for Scalar<bool> {
             with_builder(|b| b.push_op(OpKind::While, inits, fwd_tys, vec![before, after], span));
         vars.rebuild(&mut results.into_iter())
     }
+}
+
+/// Checks that `cond` can be the condition of a `while` (the generated code passes each
+/// condition through this, so that a bad one is reported at the condition itself).
+pub fn while_cond<C: WhileCond>(cond: C) -> C {
+    cond
 }
 
 /// `while cond { body }`: `step(true, vars)` evaluates the condition and

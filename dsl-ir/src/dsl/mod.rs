@@ -24,8 +24,8 @@ mod ops;
 mod shape;
 
 pub use control::{
-    Carry, CondBranch, CtInt, ForRange, LoopIndex, RtBound, WhileCond, for_range, if_else,
-    while_loop,
+    Carry, CondBranch, CtInt, ForRange, LoopIndex, RtBound, ScalarCond, WhileCond, for_range,
+    if_else, while_cond, while_loop,
 };
 pub use ops::*;
 pub use shape::*;

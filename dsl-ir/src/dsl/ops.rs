@@ -86,13 +86,13 @@ fn broadcast_value(v: ValueId, dims: &[u32], span: &Span) -> ValueId {
 }
 
 #[track_caller]
-fn binary<T: DType, S: Shape, R: Operand<T>>(
+fn binary<T: DType, S, R: Operand<T>>(
     op: BinaryOp,
     lhs: Tile<T, S>,
     rhs: R,
 ) -> Tile<T, <S as Broadcast<R::Shape>>::Out>
 where
-    S: Broadcast<R::Shape>,
+    S: Shape + Broadcast<R::Shape>,
 {
     let span = Span::caller();
     let r = rhs.value(&span);
@@ -566,13 +566,15 @@ impl DotInput for i8 {
 /// in the accumulator type (f32 for f16/bf16/f32 inputs). Runs on tensor cores where
 /// the target has them.
 #[track_caller]
-pub fn dot<T: DotInput, M: Dim, K: Dim, K2: Dim, N: Dim>(
+pub fn dot<T: DotInput, M: Dim, K: Dim, K2, N: Dim>(
     a: Tile<T, (M, K)>,
     b: Tile<T, (K2, N)>,
     acc: Tile<T::Acc, (M, N)>,
 ) -> Tile<T::Acc, (M, N)>
 where
-    K: SameDim<K2>,
+    // Bounded this way round (the unknown `K2` as the self type) so that rustc does not
+    // infer `K2` from `K` and report a plain type mismatch on `b` instead.
+    K2: SameDim<K>,
 {
     debug_assert_eq!(dot_acc_type(T::TY), Some(<T::Acc as DType>::TY));
     Tile::from_id(emit1(

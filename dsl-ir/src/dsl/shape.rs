@@ -125,33 +125,46 @@ pub trait Broadcast<R: Shape>: Shape {
     type Out: Shape;
 }
 
+#[diagnostic::do_not_recommend]
 impl Broadcast<()> for () {
     type Out = ();
 }
+#[diagnostic::do_not_recommend]
 impl<A: Dim> Broadcast<()> for (A,) {
     type Out = (A,);
 }
+#[diagnostic::do_not_recommend]
 impl<A: Dim> Broadcast<(A,)> for () {
     type Out = (A,);
 }
+#[diagnostic::do_not_recommend]
 impl<A: Dim, B: Dim> Broadcast<()> for (A, B) {
     type Out = (A, B);
 }
+#[diagnostic::do_not_recommend]
 impl<A: Dim, B: Dim> Broadcast<(A, B)> for () {
     type Out = (A, B);
 }
+#[diagnostic::do_not_recommend]
 impl<A: Dim, B: Dim, C: Dim> Broadcast<()> for (A, B, C) {
     type Out = (A, B, C);
 }
+#[diagnostic::do_not_recommend]
 impl<A: Dim, B: Dim, C: Dim> Broadcast<(A, B, C)> for () {
     type Out = (A, B, C);
 }
+// Report a mismatch as one of whole shapes, not of one dimension.
+#[diagnostic::do_not_recommend]
 impl<A: DimBroadcast<A2>, A2: Dim> Broadcast<(A2,)> for (A,) {
     type Out = (A::Out,);
 }
+// Report a mismatch as one of whole shapes, not of one dimension.
+#[diagnostic::do_not_recommend]
 impl<A: DimBroadcast<A2>, B: DimBroadcast<B2>, A2: Dim, B2: Dim> Broadcast<(A2, B2)> for (A, B) {
     type Out = (A::Out, B::Out);
 }
+// Report a mismatch as one of whole shapes, not of one dimension.
+#[diagnostic::do_not_recommend]
 impl<A: DimBroadcast<A2>, B: DimBroadcast<B2>, C: DimBroadcast<C2>, A2: Dim, B2: Dim, C2: Dim>
     Broadcast<(A2, B2, C2)> for (A, B, C)
 {
@@ -224,7 +237,7 @@ impl<A: Dim, B: Dim> InsertAxis<2> for (A, B) {
 
 /// Two dimensions that must be equal (the inner dimension of `dot`).
 #[diagnostic::on_unimplemented(
-    message = "dot: inner dimensions differ: `{Self}` (columns of a) vs `{R}` (rows of b)",
+    message = "dot: inner dimensions differ: `a` has `{R}` columns but `b` has `{Self}` rows",
     label = "for a: M x K and b: K x N, the K dimensions must be equal"
 )]
 pub trait SameDim<R: Dim>: Dim {}

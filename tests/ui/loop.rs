@@ -1,0 +1,11 @@
+use tessera::prelude::*;
+
+#[kernel]
+fn k(out: &mut Global<i32>) {
+    let offs = arange::<16>();
+    loop {
+        out.store_unmasked(offs, offs);
+    }
+}
+
+fn main() {}

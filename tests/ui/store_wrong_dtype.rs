@@ -1,0 +1,10 @@
+use tessera::prelude::*;
+
+#[kernel]
+fn k(x: &Global<f16>, out: &mut Global<f32>) {
+    let offs = arange::<64>();
+    let v = x.load_unmasked(offs);
+    out.store_unmasked(offs, v);
+}
+
+fn main() {}
