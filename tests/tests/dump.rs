@@ -23,10 +23,16 @@ fn dump_writes_the_ir() {
     let mut out = dev.alloc::<f32>(4).unwrap();
     twice::<4>::launch(&dev, 1u32, (&x, &mut out)).unwrap();
     assert_eq!(out.download().unwrap(), vec![2.0, 4.0, 6.0, 8.0]);
-    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    let files: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let name = files[0].file_name().unwrap().to_string_lossy().to_string();
-    assert!(name.starts_with("twice-") && name.ends_with(".ir"), "{name}");
+    assert!(
+        name.starts_with("twice-") && name.ends_with(".ir"),
+        "{name}"
+    );
     let text = std::fs::read_to_string(&files[0]).unwrap();
     assert!(text.starts_with("kernel @twice("), "{text}");
     assert!(text.contains("mul"), "{text}");

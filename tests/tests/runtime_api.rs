@@ -80,7 +80,9 @@ fn bad_reshape(out: &mut Global<f32>) {
 fn build_errors_name_the_line() {
     let dev = Device::cpu();
     let mut out = dev.alloc::<f32>(16).unwrap();
-    let e = bad_reshape::launch(&dev, 1u32, (&mut out,)).unwrap_err().to_string();
+    let e = bad_reshape::launch(&dev, 1u32, (&mut out,))
+        .unwrap_err()
+        .to_string();
     let line = tessera_tests::line_of(include_str!("runtime_api.rs"), "MARK: bad-reshape");
     assert!(e.contains(&format!("runtime_api.rs:{line}:")), "{e}");
     assert!(e.contains("reshape must keep the element count"), "{e}");
