@@ -1,0 +1,229 @@
+//! The reference interpreter: the semantics every backend (GPU, emulator) must match,
+//! and the CPU device of the runtime.
+//!
+//! [`run`] executes a kernel [`Function`](crate::ir::Function) over a 3-D grid of program instances. Every
+//! instance evaluates the body sequentially on dense tile values; instances run in
+//! parallel on rayon threads and share [`HostBuffer`]s. A sanitizer checks every memory
+//! access: an element index outside `[0, len)` of its buffer is an
+//! [`InterpError::OutOfBounds`] naming the kernel, the op's source span, the program id,
+//! the offending tile element and the buffer's parameter.
+//!
+//! # Semantics
+//!
+//! **Grid and values.** `program_id`/`num_programs` are `i32`. Tiles are dense and
+//! row-major; `reshape` keeps the row-major element order, `permute` makes result dim
+//! `i` the operand's dim `order[i]`, `broadcast` repeats size-1 dims, `splat` and
+//! `const` fill the result shape. Pointers are (buffer, element offset) pairs; a pointer
+//! parameter points at element 0 of its buffer, `addptr` adds integer offsets (any
+//! integer type, sign- or zero-extended to `i64`, wrapping).
+//!
+//! **Integers** (`i8`..`i64`, `u8`..`u64`):
+//! - `add`, `sub`, `mul`, `neg`, `abs`, reduction/scan `sum`/`prod`, `atomic add` and
+//!   `dot` accumulation wrap (two's complement); `abs(MIN) == MIN`.
+//! - `div` truncates toward zero, `rem` has the sign of the dividend; `MIN / -1` wraps
+//!   to `MIN` and `MIN % -1 == 0`. **Division or remainder by zero is an error**
+//!   ([`InterpError::DivisionByZero`], naming the lane), never UB or a panic.
+//! - `shl`/`shr` take the shift amount modulo the bit width (Rust `wrapping_shl`);
+//!   `shr` is arithmetic for signed, logical for unsigned types.
+//! - `cmp` is signed or unsigned by the operand type; for `i1`, `false < true`.
+//!
+//! **Floats** (`f16`, `bf16`, `f32`, `f64`):
+//! - IEEE 754 arithmetic with round-to-nearest-even, via Rust's operators; `rem` is
+//!   C `fmod` (Rust `%`).
+//! - `f16`/`bf16`: every op converts its operands to `f32`, computes, and rounds the
+//!   result back to `f16`/`bf16` (nearest even) — one rounding per op, which for
+//!   `+ - * / sqrt` equals the correctly rounded half-precision result. Math functions
+//!   (`exp`, `log`, `tanh`, ...) likewise compute in f32. `fma` rounds once (exact
+//!   product, sum rounded to odd in f64, then to the half type).
+//! - `f32`/`f64` math uses Rust std (`exp`, `exp2`, `ln`, `log2`, `sqrt`, `sin`, `cos`,
+//!   `tanh`, `floor`, `ceil`); `rsqrt(x) = 1 / sqrt(x)`; `erf` is libm's (musl)
+//!   `erff`/`erf` (error below 1 ulp); `fma` is `mul_add` (single rounding).
+//! - **`min`/`max` propagate NaN** (IEEE 754-2019 `minimum`/`maximum`, PTX `min.NaN`):
+//!   the result is NaN when either operand is NaN, and `-0.0 < +0.0`. The same rule
+//!   holds for `reduce`/`scan` `min`/`max` and float `atomic_rmw min/max`.
+//! - `cmp` is ordered (false when either side is NaN) except `ne`, true with a NaN.
+//!
+//! **`cast`** (Rust `as` semantics): float to int saturates, NaN gives 0; int to float
+//! rounds to nearest even (correctly, also for 64-bit integers to `f16`/`bf16`); float
+//! to float rounds to nearest even (`f64` to `f16`/`bf16` correctly, without double
+//! rounding); int to int truncates, sign- or zero-extends by the source type; to `i1`:
+//! nonzero (NaN included) is `true`; from `i1`: `true` is 1.
+//!
+//! **Memory.** `load`/`store`/atomics with a mask do not access masked-off lanes at all
+//! (no bounds check there); a masked-off `load` lane yields `other`, or zero without
+//! `other`; a masked-off atomic lane yields zero. Every accessed lane's element index
+//! must lie in `[0, len)` of its buffer, else [`InterpError::OutOfBounds`] names the
+//! first offending lane in row-major order. Lanes of one op are performed in row-major
+//! order (lanes of a `store` to one address: the last wins; atomics to one address are
+//! all applied). Plain loads/stores are relaxed atomic accesses of the element width;
+//! `atomic_rmw`/`atomic_cas` are real atomic RMW operations (CAS loops for float ops)
+//! with the given ordering (`relaxed`, `acquire`, `release`, `acq_rel`); the scope is
+//! ignored on the CPU. Float atomics support `add`, `min`, `max`, `xchg`.
+//!
+//! **`dot`**: `f16`/`bf16`/`f32` inputs accumulate in `f32` (half inputs are converted
+//! to f32, where their products are exact), `f64` in `f64`, `i8` in `i32` (wrapping).
+//! Each result element is `acc + a[i][0]*b[0][j] + a[i][1]*b[1][j] + ...`, added in
+//! order of increasing `k`, each product and sum rounded to the accumulator type (no
+//! fused multiply-add).
+//!
+//! **`reduce`/`scan`** combine sequentially along the axis, in order of increasing index
+//! (decreasing for a reverse scan): `((x0 ∘ x1) ∘ x2) ∘ ...`, rounding every step to the
+//! element type (so an `f16` sum rounds to f16 after each addition). The scan is
+//! inclusive. Results are deterministic.
+//!
+//! **Control flow.** `for lb, ub, step` runs the body for `iv = lb, lb+step, ...` while
+//! `iv < ub` (an empty range yields the inits); a non-positive step is an
+//! [`InterpError::Unsupported`] error. `if` runs one region, `while` alternates its
+//! before/after regions until the `condition` is false, yielding the forwarded values.
+//! `barrier` is a no-op: each program instance runs as one thread.
+//!
+//! **Errors and parallelism.** When program instances fail, [`run`] returns the error of
+//! the lowest failing program id (linear order `x + nx * (y + ny * z)`): instances with
+//! a higher id than a known failure are skipped or stopped early, lower ones still run.
+
+// Interpreter errors are cold and carry the whole diagnostic.
+#![allow(clippy::result_large_err)]
+
+mod arith;
+mod buffer;
+mod exec;
+mod value;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt::Write as _;
+
+pub use buffer::{Element, HostBuffer};
+pub use exec::run;
+pub use value::{KernelArg, Scalar};
+
+use crate::ir::Span;
+
+/// An error of [`run`] or of host buffer access. Every kernel error names the kernel and
+/// the source span of the op (`file:line:col`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum InterpError {
+    /// A memory access outside its buffer (found by the sanitizer).
+    #[error(
+        "{span}: out-of-bounds {op} in kernel `{kernel}`: index {index} of buffer `{buffer}` (len {len}) at program_id {pid}, tile element {el}",
+        pid = fmt_pid(.program_id),
+        el = fmt_lane(.lane)
+    )]
+    OutOfBounds {
+        /// Kernel name.
+        kernel: String,
+        /// Mnemonic of the op (`load`, `store`, `atomic_rmw`, `atomic_cas`).
+        op: &'static str,
+        /// Source location of the op.
+        span: Span,
+        /// The failing program instance.
+        program_id: [u32; 3],
+        /// The element offset accessed.
+        index: i64,
+        /// Multi-index of the offending element within the op's tile.
+        lane: Vec<u32>,
+        /// Name of the pointer parameter whose buffer was accessed.
+        buffer: String,
+        /// Length of that buffer, in elements.
+        len: usize,
+    },
+    /// Integer division or remainder by zero.
+    #[error(
+        "{span}: integer division by zero in `{op}` in kernel `{kernel}` at program_id {pid}, tile element {el}",
+        pid = fmt_pid(.program_id),
+        el = fmt_lane(.lane)
+    )]
+    DivisionByZero {
+        /// Kernel name.
+        kernel: String,
+        /// `div` or `rem`.
+        op: &'static str,
+        /// Source location of the op.
+        span: Span,
+        /// The failing program instance.
+        program_id: [u32; 3],
+        /// Multi-index of the zero divisor within the tile.
+        lane: Vec<u32>,
+    },
+    /// Launch arguments that do not match the kernel's parameters.
+    #[error("{span}: bad arguments for kernel `{kernel}`, parameter `{param}`: {message}")]
+    ArgMismatch {
+        /// Kernel name.
+        kernel: String,
+        /// Where the kernel is defined.
+        span: Span,
+        /// The parameter concerned (`<count>` for a wrong number of arguments).
+        param: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An op the interpreter cannot execute with these operands (for example a
+    /// non-positive `for` step, or an atomic op on an unsupported type).
+    #[error("{span}: unsupported `{op}` in kernel `{kernel}`: {message}")]
+    Unsupported {
+        /// Kernel name.
+        kernel: String,
+        /// Mnemonic of the op.
+        op: &'static str,
+        /// Source location of the op.
+        span: Span,
+        /// What is unsupported.
+        message: String,
+    },
+    /// A pointer that does not point into a buffer argument of the right element type.
+    #[error(
+        "{span}: invalid pointer in `{op}` in kernel `{kernel}` at program_id {pid}, tile element {el}: {message}",
+        pid = fmt_pid(.program_id),
+        el = fmt_lane(.lane)
+    )]
+    InvalidPointer {
+        /// Kernel name.
+        kernel: String,
+        /// Mnemonic of the op.
+        op: &'static str,
+        /// Source location of the op.
+        span: Span,
+        /// The failing program instance.
+        program_id: [u32; 3],
+        /// Multi-index of the offending element.
+        lane: Vec<u32>,
+        /// What is wrong.
+        message: String,
+    },
+    /// IR that the verifier should have rejected (a value used before definition,
+    /// operands of the wrong type, a region without its terminator, ...).
+    #[error("{span}: malformed IR at `{op}` in kernel `{kernel}`: {message}")]
+    InvalidIr {
+        /// Kernel name.
+        kernel: String,
+        /// Mnemonic of the op.
+        op: &'static str,
+        /// Source location of the op.
+        span: Span,
+        /// What is wrong.
+        message: String,
+    },
+    /// A host-side [`HostBuffer`] access out of range or of the wrong type.
+    #[error("host buffer access: {message}")]
+    Host {
+        /// What is wrong.
+        message: String,
+    },
+}
+
+fn fmt_pid(p: &[u32; 3]) -> String {
+    format!("({}, {}, {})", p[0], p[1], p[2])
+}
+
+fn fmt_lane(l: &[u32]) -> String {
+    let mut s = String::from("[");
+    for (i, x) in l.iter().enumerate() {
+        if i > 0 {
+            s.push_str(", ");
+        }
+        let _ = write!(s, "{x}");
+    }
+    s.push(']');
+    s
+}
