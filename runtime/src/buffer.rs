@@ -40,7 +40,7 @@ impl Device {
     /// A buffer holding a copy of `data`.
     pub fn upload<T: Element>(&self, data: &[T]) -> Result<Buffer<T>, Error> {
         Ok(Buffer {
-            raw: Arc::new(HostBuffer::from_bytes(T::TY, bytemuck::cast_slice(data))),
+            raw: Arc::new(HostBuffer::from_bytes(T::TY, bytemuck::cast_slice(data))?),
             device: self.clone(),
             _t: PhantomData,
         })
