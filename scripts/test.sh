@@ -10,8 +10,13 @@ fi
 set -x
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+cargo test --workspace 2>&1 | tee "$log"
 # Every example checks its own results and exits non-zero on a mismatch.
 for ex in vector_add softmax matmul layernorm; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"
 done
+set +x
+# One closing line for the whole run, summed over every test binary.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"

@@ -27,7 +27,8 @@ pub fn check(name: &str, got: &[f64], want: &[f64], tol: &[f64]) -> Result<(), S
     let mut max_err = 0.0f64;
     for i in 0..got.len() {
         let err = (got[i] - want[i]).abs();
-        if !(err <= tol[i]) {
+        let ok = err <= tol[i]; // false for NaN
+        if !ok {
             if bad < 5 {
                 first += &format!(
                     "\n  [{i}] got {} want {} (tol {:.3e})",

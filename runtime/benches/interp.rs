@@ -6,6 +6,9 @@
 //! - matmul (f32, 512³): the interpreter vs a naive triple loop and vs the
 //!   `matrixmultiply` crate's sgemm.
 
+// Each example is included as a module; they share `examples/common`.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "../../examples/matmul.rs"]
 #[allow(dead_code)]
 mod matmul;

@@ -82,7 +82,7 @@ impl<T: Element> Buffer<T> {
         }
         self.raw
             .write_bytes(0, bytemuck::cast_slice(data))
-            .map_err(Error::Exec)
+            .map_err(Error::from)
     }
 
     /// Sets every element to `value`.

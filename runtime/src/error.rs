@@ -29,7 +29,7 @@ pub enum Error {
     },
     /// The kernel failed while running (out-of-bounds access, division by zero, ...).
     #[error("{0}")]
-    Exec(#[from] InterpError),
+    Exec(Box<InterpError>),
     /// The launch itself is invalid (grid size, buffer from another device, ...).
     #[error("invalid launch of kernel `{kernel}`: {reason}")]
     Launch {
@@ -63,4 +63,10 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl From<InterpError> for Error {
+    fn from(e: InterpError) -> Error {
+        Error::Exec(Box::new(e))
+    }
 }

@@ -1,6 +1,9 @@
 //! Snapshots of the IR (after verification and optimization) of every example kernel,
 //! as the examples launch them. Review a changed snapshot like a code change.
 
+// Each example is included as a module; they share `examples/common`.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "../../examples/layernorm.rs"]
 #[allow(dead_code)]
 mod layernorm;

@@ -1,6 +1,9 @@
 //! The example kernels (and a few language features) run on the CPU device against
 //! plain-Rust references, on random inputs and ragged sizes, with poisoned outputs.
 
+// Each example is included as a module; they share `examples/common`.
+#![allow(clippy::duplicate_mod)]
+
 #[path = "../../examples/layernorm.rs"]
 #[allow(dead_code)]
 mod layernorm;
@@ -299,7 +302,7 @@ fn comptime_params_specialize() {
     let xs = rand_vec(11, 16, -5.0, 5.0);
     let x = d.upload(&xs).unwrap();
     for (factor, negate) in [(2.0f32, false), (3.0, true), (2.0, true)] {
-        let mut out = d.upload(&vec![f32::NAN; 16]).unwrap();
+        let mut out = d.upload(&[f32::NAN; 16]).unwrap();
         scale::<16>::launch(&d, 1u32, (&x, &mut out, factor, negate)).unwrap();
         let got = out.download().unwrap();
         for i in 0..16 {

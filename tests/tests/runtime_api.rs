@@ -55,7 +55,7 @@ fn grids_of_one_two_and_three_dimensions() {
     }
     assert_eq!(got, want);
     // Empty grid: nothing runs.
-    let mut out = dev.upload(&vec![-1i32; 8]).unwrap();
+    let mut out = dev.upload(&[-1i32; 8]).unwrap();
     fill::<i32, 8>::launch(&dev, 0usize, (&mut out, 8, 1)).unwrap();
     assert_eq!(out.download().unwrap(), vec![-1; 8]);
 }

@@ -111,8 +111,8 @@ fn the_run_stops_without_writing_past_the_error() {
     // After an error the buffers are still usable and no write went out of bounds:
     // the launch either fails or leaves a well-formed buffer.
     let dev = Device::cpu();
-    let x = dev.upload(&vec![2.0f32; 10]).unwrap();
-    let mut out = dev.upload(&vec![f32::NAN; 10]).unwrap();
+    let x = dev.upload(&[2.0f32; 10]).unwrap();
+    let mut out = dev.upload(&[f32::NAN; 10]).unwrap();
     assert!(unmasked_tail::<16>::launch(&dev, 1u32, (&x, &mut out, 10)).is_err());
     assert_eq!(out.download().unwrap().len(), 10);
 }
