@@ -1,14 +1,117 @@
 //! # tessera-codegen
 //!
-//! Lowering of tile IR to GPU targets (PTX, AMDGCN) and the host emulator. The
-//! lowering lands with the GPU codegen work; this crate currently only names the
-//! targets it will support.
+//! Lowers verified tile IR to GPU code through LLVM (inkwell):
+//!
+//! ```text
+//! tile IR ──axis info──▶ layouts ──lower──▶ SIMT LLVM IR ──LLVM──▶ PTX (nvptx)
+//!                                                       └────────▶ object ─ld.lld─▶ HSACO (amdgpu)
+//! ```
+//!
+//! - [`target`]: the targets and everything vendor-specific about them;
+//! - [`layout`]: how a tile's elements are spread over registers, lanes and warps;
+//! - [`axis`]: contiguity/divisibility analysis that licenses wide memory accesses;
+//! - [`lower`]: tile IR to SIMT LLVM IR, written once for every target;
+//! - [`emit`]: LLVM IR to PTX text or an HSACO code object.
 
-/// A compilation target.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Target {
-    /// NVIDIA PTX for a compute capability (e.g. 80, 90).
-    Nvptx { sm: u32 },
-    /// AMD GCN/CDNA/RDNA code object for a gfx architecture name (e.g. "gfx942").
-    Amdgpu { arch: &'static str },
+pub mod axis;
+pub mod emit;
+pub mod layout;
+pub mod lower;
+pub mod target;
+
+pub use target::{AmdArch, Target, Vendor};
+
+use tessera_ir::{Function, Span};
+
+/// Options of one compilation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct CompileOptions {
+    /// Warps (wavefronts) per program instance; the block has
+    /// `num_warps * warp_size` threads. A power of two from 1 to 16.
+    pub num_warps: u32,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions { num_warps: 4 }
+    }
+}
+
+/// What the runtime needs to know to launch a compiled kernel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelMeta {
+    /// The symbol of the kernel entry point.
+    pub name: String,
+    /// Threads per block (`num_warps * warp_size`).
+    pub num_threads: u32,
+    /// Static shared memory in bytes.
+    pub shared_bytes: u32,
+}
+
+/// A compiled kernel.
+#[derive(Clone, Debug)]
+pub struct Artifact {
+    /// What it was compiled for.
+    pub target: Target,
+    /// Launch facts.
+    pub meta: KernelMeta,
+    /// What a driver loads: PTX text (NVIDIA) or an HSACO code object (AMD).
+    pub binary: Vec<u8>,
+    /// Human-readable assembly: the PTX, or the AMDGCN assembly.
+    pub asm: String,
+    /// The optimized LLVM IR.
+    pub llvm_ir: String,
+}
+
+/// Why a kernel could not be compiled.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    /// The kernel uses something this target does not support yet.
+    #[error("{span}: kernel `{kernel}`: {message} is not supported on {target}")]
+    Unsupported {
+        /// The kernel.
+        kernel: String,
+        /// The target.
+        target: Target,
+        /// Where.
+        span: Span,
+        /// What.
+        message: String,
+    },
+    /// Invalid options.
+    #[error("invalid compile options: {0}")]
+    Options(String),
+    /// LLVM rejected the generated IR or failed to emit code: a bug in Tessera.
+    #[error("internal error: LLVM failed for kernel `{kernel}` on {target}: {message}")]
+    Llvm {
+        /// The kernel.
+        kernel: String,
+        /// The target.
+        target: Target,
+        /// LLVM's message.
+        message: String,
+    },
+    /// An external tool (ld.lld) failed or is missing.
+    #[error("{tool} failed: {message}")]
+    Tool {
+        /// The tool.
+        tool: String,
+        /// What happened.
+        message: String,
+    },
+}
+
+/// Compiles a verified kernel for `target`.
+pub fn compile(
+    func: &Function,
+    target: Target,
+    opts: &CompileOptions,
+) -> Result<Artifact, CodegenError> {
+    if !opts.num_warps.is_power_of_two() || opts.num_warps > 16 {
+        return Err(CodegenError::Options(format!(
+            "num_warps must be a power of two from 1 to 16, got {}",
+            opts.num_warps
+        )));
+    }
+    emit::compile(func, target, opts)
 }

@@ -1,0 +1,1 @@
+//! Axis information: contiguity, divisibility and constancy of integer tiles. (Placeholder.)

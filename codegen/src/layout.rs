@@ -1,0 +1,1 @@
+//! Layouts: how tile elements map to registers, lanes and warps. (Placeholder.)
