@@ -38,7 +38,7 @@ pub fn matmul<T: DotInput<Acc = f32>, const BM: usize, const BN: usize, const BK
 
 /// `C = A · B` in f64 from the (already rounded) inputs, and `sum |a||b|` per element
 /// for the error bound.
-fn reference(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
+pub fn reference(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
     let mut c = vec![0.0; m * n];
     let mut mag = vec![0.0; m * n];
     for i in 0..m {

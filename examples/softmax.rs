@@ -26,7 +26,8 @@ pub fn softmax<T: Float, const ROWS: usize, const BLOCK: usize>(
     out.store(offs, y.cast::<T>(), mask);
 }
 
-fn reference(xs: &[f32], n_rows: usize, n_cols: usize) -> Vec<f64> {
+/// Row softmax in f64.
+pub fn reference(xs: &[f32], n_rows: usize, n_cols: usize) -> Vec<f64> {
     let mut out = vec![0.0; xs.len()];
     for r in 0..n_rows {
         let row = &xs[r * n_cols..(r + 1) * n_cols];

@@ -61,7 +61,7 @@ proptest! {
         let x = d.upload(&xs).unwrap();
         let mut out = d.upload(&vec![f32::NAN; rows * cols]).unwrap();
         softmax::softmax::<f32, 4, 256>::launch(&d, rows.div_ceil(4), (&x, &mut out, rows as i32, cols as i32)).unwrap();
-        let want = softmax_ref(&xs, rows, cols);
+        let want = softmax::reference(&xs, rows, cols);
         let got = f64s(&out.download().unwrap(), |v| v as f64);
         assert_close("softmax", &got, &want, |i| 1e-7 + 1e-5 * want[i]);
     }
@@ -71,7 +71,7 @@ proptest! {
         let d = dev();
         let a = rand_vec(seed, m * k, -1.0, 1.0);
         let b = rand_vec(seed ^ 7, k * n, -1.0, 1.0);
-        let (want, mag) = matmul_ref(&f64s(&a, |v| v as f64), &f64s(&b, |v| v as f64), m, n, k);
+        let (want, mag) = matmul::reference(&f64s(&a, |v| v as f64), &f64s(&b, |v| v as f64), m, n, k);
         let da = d.upload(&a).unwrap();
         let db = d.upload(&b).unwrap();
         let mut dc = d.upload(&vec![f32::NAN; m * n]).unwrap();
@@ -83,7 +83,7 @@ proptest! {
         // f16 inputs and output, f32 accumulation.
         let a16: Vec<f16> = a.iter().map(|&v| f16::from_f32(v)).collect();
         let b16: Vec<f16> = b.iter().map(|&v| f16::from_f32(v)).collect();
-        let (want, mag) = matmul_ref(&f64s(&a16, |v| v.to_f64()), &f64s(&b16, |v| v.to_f64()), m, n, k);
+        let (want, mag) = matmul::reference(&f64s(&a16, |v| v.to_f64()), &f64s(&b16, |v| v.to_f64()), m, n, k);
         let da = d.upload(&a16).unwrap();
         let db = d.upload(&b16).unwrap();
         let mut dc = d.upload(&vec![f16::NAN; m * n]).unwrap();
@@ -120,33 +120,6 @@ proptest! {
         prop_assert!(mean.download().unwrap().iter().all(|v| v.is_finite()));
         prop_assert!(rstd.download().unwrap().iter().all(|v| v.is_finite() && *v > 0.0));
     }
-}
-
-fn softmax_ref(xs: &[f32], rows: usize, cols: usize) -> Vec<f64> {
-    let mut out = vec![0.0; xs.len()];
-    for r in 0..rows {
-        let row = &xs[r * cols..(r + 1) * cols];
-        let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| m.max(v as f64));
-        let s: f64 = row.iter().map(|&v| (v as f64 - m).exp()).sum();
-        for c in 0..cols {
-            out[r * cols + c] = (row[c] as f64 - m).exp() / s;
-        }
-    }
-    out
-}
-
-fn matmul_ref(a: &[f64], b: &[f64], m: usize, n: usize, k: usize) -> (Vec<f64>, Vec<f64>) {
-    let mut c = vec![0.0; m * n];
-    let mut mag = vec![0.0; m * n];
-    for i in 0..m {
-        for p in 0..k {
-            for j in 0..n {
-                c[i * n + j] += a[i * k + p] * b[p * n + j];
-                mag[i * n + j] += (a[i * k + p] * b[p * n + j]).abs();
-            }
-        }
-    }
-    (c, mag)
 }
 
 // ---------------------------------------------------------------------------------
