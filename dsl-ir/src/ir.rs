@@ -133,18 +133,25 @@ impl ConstValue {
 /// Elementwise binary operations. Both operands and the result have the same type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BinaryOp {
+    /// Addition (wrapping for integers).
     Add,
+    /// Subtraction (wrapping for integers).
     Sub,
+    /// Multiplication (wrapping for integers).
     Mul,
     /// Float division; integer division truncates toward zero.
     Div,
     /// Remainder with the sign of the dividend (as Rust's `%`).
     Rem,
+    /// Minimum (NaN-propagating for floats).
     Min,
+    /// Maximum (NaN-propagating for floats).
     Max,
     /// Bitwise and (logical for `i1`).
     And,
+    /// Bitwise or.
     Or,
+    /// Bitwise exclusive or.
     Xor,
     /// Shift left; the shift amount is taken modulo the bit width.
     Shl,
@@ -220,17 +227,29 @@ pub enum UnaryOp {
     /// Absolute value (wrapping for `iN::MIN`).
     Abs,
     // Float-only math:
+    /// e^x.
     Exp,
+    /// 2^x.
     Exp2,
+    /// Natural logarithm.
     Log,
+    /// Base-2 logarithm.
     Log2,
+    /// Square root.
     Sqrt,
+    /// 1 / sqrt(x).
     Rsqrt,
+    /// Sine.
     Sin,
+    /// Cosine.
     Cos,
+    /// Hyperbolic tangent.
     Tanh,
+    /// Error function.
     Erf,
+    /// Round toward -inf.
     Floor,
+    /// Round toward +inf.
     Ceil,
 }
 
@@ -285,11 +304,17 @@ impl UnaryOp {
 /// ordered (false when either side is NaN) except `ne`, which is true for NaN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum CmpPred {
+    /// Equal.
     Eq,
+    /// Not equal (true when either side is NaN).
     Ne,
+    /// Less than.
     Lt,
+    /// Less than or equal.
     Le,
+    /// Greater than.
     Gt,
+    /// Greater than or equal.
     Ge,
 }
 
@@ -320,12 +345,19 @@ impl CmpPred {
 /// Combining functions of `reduce`, `scan` and atomics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
+    /// Sum.
     Sum,
+    /// Product.
     Prod,
+    /// Minimum (NaN-propagating for floats).
     Min,
+    /// Maximum (NaN-propagating for floats).
     Max,
+    /// Bitwise and.
     And,
+    /// Bitwise or.
     Or,
+    /// Bitwise exclusive or.
     Xor,
 }
 
@@ -371,11 +403,17 @@ impl ReduceOp {
 /// Atomic read-modify-write functions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AtomicOp {
+    /// Addition (wrapping for integers).
     Add,
+    /// Minimum (NaN-propagating for floats).
     Min,
+    /// Maximum (NaN-propagating for floats).
     Max,
+    /// Bitwise and.
     And,
+    /// Bitwise or.
     Or,
+    /// Bitwise exclusive or.
     Xor,
     /// Exchange: store the operand, return the old value.
     Xchg,
@@ -410,9 +448,13 @@ impl AtomicOp {
 /// Memory ordering of atomics (and, later, of communication ops).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemOrder {
+    /// No ordering beyond atomicity.
     Relaxed,
+    /// Later accesses stay after this one.
     Acquire,
+    /// Earlier accesses stay before this one.
     Release,
+    /// Both acquire and release.
     AcqRel,
 }
 
@@ -468,24 +510,41 @@ impl MemScope {
 pub enum OpKind {
     /// `program_id axis`: the index of this program instance along grid axis 0, 1 or 2.
     /// No operands; result `i32`.
-    ProgramId { axis: u8 },
+    ProgramId {
+        /// Grid axis: 0, 1 or 2.
+        axis: u8,
+    },
     /// `num_programs axis`: the grid size along an axis. No operands; result `i32`.
-    NumPrograms { axis: u8 },
+    NumPrograms {
+        /// Grid axis: 0, 1 or 2.
+        axis: u8,
+    },
     /// A constant splatted over the result type's shape. No operands.
     Const(ConstValue),
     /// `arange start, end`: the 1-D tile `[start, start+1, ..., end-1]` of `i32`.
     /// `end - start` must be a power of two. No operands.
-    Arange { start: i64, end: i64 },
+    Arange {
+        /// First value.
+        start: i64,
+        /// One past the last value.
+        end: i64,
+    },
     /// Scalar to tile: operand rank 0, result the same element with the result shape.
     Splat,
     /// Broadcast dimensions of size 1 to the result shape (same rank).
     Broadcast,
     /// Insert a dimension of size 1 at `axis`.
-    ExpandDims { axis: u8 },
+    ExpandDims {
+        /// Where the new dimension goes.
+        axis: u8,
+    },
     /// Same elements in row-major order, another shape of equal element count.
     Reshape,
     /// Permute dimensions: result dim `i` is operand dim `order[i]`.
-    Permute { order: Vec<u8> },
+    Permute {
+        /// Result dimension `i` is operand dimension `order[i]`.
+        order: Vec<u8>,
+    },
     /// Elementwise binary op; operands and result share one type.
     Binary(BinaryOp),
     /// Elementwise unary op; operand and result share one type.
@@ -503,32 +562,55 @@ pub enum OpKind {
     AddPtr,
     /// `load ptrs [, mask [, other]]`: reads pointed-to elements. Lanes whose mask is
     /// false are not accessed and yield `other` (or zero when absent).
-    Load { has_mask: bool, has_other: bool },
+    Load {
+        /// A mask operand follows the pointers.
+        has_mask: bool,
+        /// An `other` operand follows the mask.
+        has_other: bool,
+    },
     /// `store ptrs, value [, mask]`: writes elements; masked-off lanes are not accessed.
     /// No results.
-    Store { has_mask: bool },
+    Store {
+        /// A mask operand follows the value.
+        has_mask: bool,
+    },
     /// `atomic_rmw ptrs, value [, mask]`: returns the old values.
     AtomicRmw {
+        /// The combining function.
         op: AtomicOp,
+        /// Memory ordering.
         order: MemOrder,
+        /// Synchronization scope.
         scope: MemScope,
+        /// Whether a mask operand follows.
         has_mask: bool,
     },
     /// `atomic_cas ptrs, expected, desired [, mask]`: returns the old values.
     AtomicCas {
+        /// Memory ordering.
         order: MemOrder,
+        /// Synchronization scope.
         scope: MemScope,
+        /// Whether a mask operand follows.
         has_mask: bool,
     },
     /// `dot a, b, acc`: `a` is `MxK`, `b` is `KxN`, `acc` and result `MxN`. Inputs
     /// f16/bf16/f32 accumulate in f32 (`acc` must be f32), f64 in f64, i8 in i32.
     Dot,
     /// Reduces along `axis`, removing it.
-    Reduce { axis: u8, op: ReduceOp },
+    Reduce {
+        /// The reduced axis.
+        axis: u8,
+        /// The combining function.
+        op: ReduceOp,
+    },
     /// Inclusive prefix combine along `axis` (from the end when `reverse`).
     Scan {
+        /// The axis.
         axis: u8,
+        /// The combining function.
         op: ReduceOp,
+        /// Scan from the end.
         reverse: bool,
     },
     /// `for lb, ub, step, inits...`: one region with arguments `(iv, iters...)` ending in

@@ -12,6 +12,8 @@
 //!   with a sanitizer for out-of-bounds accesses;
 //! - [`dsl`]: the typed tracing front-end that `#[kernel]` code calls.
 
+#![warn(missing_docs)]
+
 pub mod builder;
 pub mod dsl;
 pub mod infer;

@@ -12,19 +12,29 @@ use std::fmt;
 pub enum ScalarType {
     /// 1-bit boolean (masks, comparison results).
     I1,
+    /// 8-bit signed integer.
     I8,
+    /// 16-bit signed integer.
     I16,
+    /// 32-bit signed integer.
     I32,
+    /// 64-bit signed integer.
     I64,
+    /// 8-bit unsigned integer.
     U8,
+    /// 16-bit unsigned integer.
     U16,
+    /// 32-bit unsigned integer.
     U32,
+    /// 64-bit unsigned integer.
     U64,
     /// IEEE 754 binary16.
     F16,
     /// bfloat16 (8-bit exponent, 7-bit mantissa).
     BF16,
+    /// IEEE 754 binary32.
     F32,
+    /// IEEE 754 binary64.
     F64,
 }
 

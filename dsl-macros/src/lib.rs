@@ -9,6 +9,8 @@
 //! Use these through the `tessera` crate (`tessera::prelude::*`); the generated code
 //! names `::tessera`.
 
+#![warn(missing_docs)]
+
 use proc_macro::TokenStream;
 
 mod body;

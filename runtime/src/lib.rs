@@ -27,6 +27,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 extern crate self as tessera;
 
 mod buffer;
