@@ -33,6 +33,7 @@ extern crate self as tessera;
 
 mod buffer;
 mod device;
+pub mod disk_cache;
 mod error;
 mod launch;
 
