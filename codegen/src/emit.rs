@@ -319,10 +319,8 @@ entry:
 
     fn emit_hand(target: Target) -> Emitted {
         let ctx = Context::create();
-        let buf = MemoryBuffer::create_from_memory_range_copy(
-            hand_kernel(target).as_bytes(),
-            "hand",
-        );
+        let buf =
+            MemoryBuffer::create_from_memory_range_copy(hand_kernel(target).as_bytes(), "hand");
         let module = ctx.create_module_from_ir(buf).expect("parses");
         emit_module(&module, target, "hand").expect("emits")
     }
@@ -335,7 +333,10 @@ entry:
             assert!(out.asm.contains(".entry hand("), "{}", out.asm);
             assert!(out.asm.contains("add.rn.f32"), "{}", out.asm);
             assert_eq!(out.binary, out.asm.as_bytes());
-            assert!(out.llvm_ir.contains("target triple = \"nvptx64-nvidia-cuda\""));
+            assert!(
+                out.llvm_ir
+                    .contains("target triple = \"nvptx64-nvidia-cuda\"")
+            );
         }
     }
 
