@@ -1,8 +1,33 @@
-//! LLVM IR to PTX text or an HSACO code object. (Placeholder.)
+//! LLVM IR to PTX text or an HSACO code object.
+//!
+//! [`compile`] lowers a kernel into a fresh LLVM context ([`crate::lower`]) and hands
+//! the module to [`emit_module`], which does everything after the lowering:
+//!
+//! 1. verify the module (a failure is a Tessera bug: [`CodegenError::Llvm`]);
+//! 2. create the target machine (triple, CPU and features from [`Target`]) and set the
+//!    module's triple and data layout;
+//! 3. run LLVM's `default<O3>` pipeline (new pass manager) and keep the optimized IR;
+//! 4. NVIDIA: emit assembly, which is the PTX (NVPTX cannot emit objects);
+//!    AMD: emit an object, link it with `ld.lld -shared` into an HSACO code object, and
+//!    emit the AMDGCN assembly as well (from a copy of the module, since code
+//!    generation rewrites the module it runs on).
 
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Once;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use inkwell::OptimizationLevel;
+use inkwell::context::Context;
+use inkwell::module::Module;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{
+    CodeModel, FileType, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
+    TargetTriple,
+};
 use tessera_ir::Function;
 
-use crate::{Artifact, CodegenError, CompileOptions, Target};
+use crate::{Artifact, CodegenError, CompileOptions, Target, Vendor};
 
 /// Lowers, optimizes and emits `func` for `target`.
 pub fn compile(
@@ -10,9 +35,346 @@ pub fn compile(
     target: Target,
     opts: &CompileOptions,
 ) -> Result<Artifact, CodegenError> {
-    let _ = (func, opts);
-    Err(CodegenError::Tool {
-        tool: "emit".into(),
-        message: format!("emission for {target} is not implemented yet"),
+    let ctx = Context::create();
+    let (module, meta) = crate::lower::lower_kernel(&ctx, func, target, opts)?;
+    if module.get_function(&meta.name).is_none() {
+        return Err(CodegenError::Llvm {
+            kernel: func.name.clone(),
+            target,
+            message: format!(
+                "the lowered module has no entry point `{}` (the lowering produced no kernel)",
+                meta.name
+            ),
+        });
+    }
+    let out = emit_module(&module, target, &func.name)?;
+    Ok(Artifact {
+        target,
+        meta,
+        binary: out.binary,
+        asm: out.asm,
+        llvm_ir: out.llvm_ir,
     })
+}
+
+/// The output of [`emit_module`].
+#[derive(Clone, Debug)]
+pub struct Emitted {
+    /// What a driver loads: PTX text (NVIDIA) or an HSACO code object (AMD).
+    pub binary: Vec<u8>,
+    /// The PTX, or the AMDGCN assembly.
+    pub asm: String,
+    /// The LLVM IR after the `default<O3>` pipeline.
+    pub llvm_ir: String,
+}
+
+/// Verifies, optimizes and emits an LLVM module holding a kernel for `target`.
+/// `kernel` names the kernel in error messages. The module is optimized in place.
+pub fn emit_module(
+    module: &Module<'_>,
+    target: Target,
+    kernel: &str,
+) -> Result<Emitted, CodegenError> {
+    let llvm_err = |what: &str, message: String| CodegenError::Llvm {
+        kernel: kernel.to_string(),
+        target,
+        message: format!("{what}: {message}"),
+    };
+    module
+        .verify()
+        .map_err(|m| llvm_err("invalid LLVM IR", m.to_string()))?;
+    let machine = target_machine(target).map_err(|m| llvm_err("target machine", m))?;
+    module.set_triple(&machine.get_triple());
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    module
+        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
+        .map_err(|m| llvm_err("optimization pipeline", m.to_string()))?;
+    let llvm_ir = module.print_to_string().to_string();
+    let emit = |m: &Module<'_>, ty: FileType| {
+        machine
+            .write_to_memory_buffer(m, ty)
+            .map(|b| b.as_slice().to_vec())
+            .map_err(|e| llvm_err("code generation", e.to_string()))
+    };
+    match target.vendor() {
+        Vendor::Nvidia => {
+            let ptx = emit(module, FileType::Assembly)?;
+            let asm = String::from_utf8(ptx.clone())
+                .map_err(|_| llvm_err("code generation", "the PTX is not UTF-8".into()))?;
+            Ok(Emitted {
+                binary: ptx,
+                asm,
+                llvm_ir,
+            })
+        }
+        Vendor::Amd => {
+            // Code generation runs IR-level lowering passes on the module it is given,
+            // so each output is emitted from its own copy.
+            let asm_module = module.clone();
+            let asm = emit(&asm_module, FileType::Assembly)?;
+            let asm = String::from_utf8(asm)
+                .map_err(|_| llvm_err("code generation", "the assembly is not UTF-8".into()))?;
+            let object = emit(module, FileType::Object)?;
+            let binary = link_hsaco(&object)?;
+            Ok(Emitted {
+                binary,
+                asm,
+                llvm_ir,
+            })
+        }
+    }
+}
+
+/// Creates the LLVM target machine for `target` (optimization level 3).
+pub fn target_machine(target: Target) -> Result<TargetMachine, String> {
+    init_llvm();
+    let name = match target.vendor() {
+        Vendor::Nvidia => "nvptx64",
+        Vendor::Amd => "amdgcn",
+    };
+    let llvm_target = LlvmTarget::from_name(name)
+        .ok_or_else(|| format!("LLVM was built without the `{name}` target"))?;
+    llvm_target
+        .create_target_machine(
+            &TargetTriple::create(target.triple()),
+            &target.cpu(),
+            target.features(),
+            OptimizationLevel::Aggressive,
+            RelocMode::PIC,
+            CodeModel::Default,
+        )
+        .ok_or_else(|| {
+            format!(
+                "LLVM cannot create a target machine for {} ({}, {})",
+                target.triple(),
+                target.cpu(),
+                target.features()
+            )
+        })
+}
+
+/// Registers the NVPTX and AMDGPU back ends with LLVM, once per process.
+fn init_llvm() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        let config = InitializationConfig::default();
+        LlvmTarget::initialize_nvptx(&config);
+        LlvmTarget::initialize_amd_gpu(&config);
+    });
+}
+
+/// The `ld.lld` to link HSACOs with: `$TESSERA_LLD`, else `ld.lld-22`,
+/// `/usr/lib/llvm-22/bin/ld.lld` or `ld.lld` found on `PATH`.
+pub fn find_lld() -> Result<PathBuf, CodegenError> {
+    if let Some(p) = std::env::var_os("TESSERA_LLD").filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        return if p.is_file() || p.components().count() == 1 {
+            Ok(p)
+        } else {
+            Err(CodegenError::Tool {
+                tool: "ld.lld".into(),
+                message: format!("TESSERA_LLD={} does not exist", p.display()),
+            })
+        };
+    }
+    let fixed = Path::new("/usr/lib/llvm-22/bin/ld.lld");
+    if let Some(p) = find_on_path("ld.lld-22") {
+        return Ok(p);
+    }
+    if fixed.is_file() {
+        return Ok(fixed.to_path_buf());
+    }
+    find_on_path("ld.lld").ok_or_else(|| CodegenError::Tool {
+        tool: "ld.lld".into(),
+        message: "not found (looked for $TESSERA_LLD, ld.lld-22 on PATH, \
+                  /usr/lib/llvm-22/bin/ld.lld and ld.lld on PATH); \
+                  install it with `bash scripts/setup.sh`"
+            .into(),
+    })
+}
+
+/// The first executable file called `name` in a directory of `PATH`.
+pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// Links an AMDGPU object into an HSACO code object with `ld.lld -shared`.
+pub fn link_hsaco(object: &[u8]) -> Result<Vec<u8>, CodegenError> {
+    link_hsaco_with(&find_lld()?, object)
+}
+
+/// [`link_hsaco`] with a given `ld.lld`.
+pub fn link_hsaco_with(lld: &Path, object: &[u8]) -> Result<Vec<u8>, CodegenError> {
+    let dir = TempDir::new("lld")?;
+    let obj = dir.path().join("kernel.o");
+    let out = dir.path().join("kernel.hsaco");
+    std::fs::write(&obj, object).map_err(|e| tool_io("ld.lld", &obj, e))?;
+    let res = Command::new(lld)
+        .arg("-shared")
+        .arg(&obj)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .map_err(|e| CodegenError::Tool {
+            tool: "ld.lld".into(),
+            message: format!("cannot run {}: {e}", lld.display()),
+        })?;
+    if !res.status.success() {
+        return Err(CodegenError::Tool {
+            tool: "ld.lld".into(),
+            message: format!(
+                "{} exited with {}: {}",
+                lld.display(),
+                res.status,
+                String::from_utf8_lossy(&res.stderr).trim()
+            ),
+        });
+    }
+    std::fs::read(&out).map_err(|e| tool_io("ld.lld", &out, e))
+}
+
+pub(crate) fn tool_io(tool: &str, path: &Path, e: std::io::Error) -> CodegenError {
+    CodegenError::Tool {
+        tool: tool.into(),
+        message: format!("{}: {e}", path.display()),
+    }
+}
+
+/// A private directory under the system's temp dir, removed with its contents on drop.
+pub(crate) struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    /// Creates `tessera-<what>-<pid>-<n>`.
+    pub(crate) fn new(what: &str) -> Result<TempDir, CodegenError> {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let base = std::env::temp_dir();
+        let mut last = None;
+        for _ in 0..16 {
+            let n = NEXT.fetch_add(1, Ordering::Relaxed);
+            let path = base.join(format!("tessera-{what}-{}-{n}", std::process::id()));
+            // create_dir (not create_dir_all) fails if it exists: the directory is ours.
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(TempDir { path }),
+                Err(e) => last = Some((path, e)),
+            }
+        }
+        let (path, e) = last.expect("at least one attempt");
+        Err(tool_io(what, &path, e))
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::AmdArch;
+    use inkwell::memory_buffer::MemoryBuffer;
+
+    /// A hand-written kernel (`out[tid] = x[tid] + 1`) in the target's dialect, built
+    /// without the lowering.
+    fn hand_kernel(target: Target) -> String {
+        let (cc, tid, attrs) = match target.vendor() {
+            Vendor::Nvidia => (
+                "ptx_kernel",
+                "call i32 @llvm.nvvm.read.ptx.sreg.tid.x()",
+                "declare i32 @llvm.nvvm.read.ptx.sreg.tid.x()",
+            ),
+            Vendor::Amd => (
+                "amdgpu_kernel",
+                "call i32 @llvm.amdgcn.workitem.id.x()",
+                "declare i32 @llvm.amdgcn.workitem.id.x()",
+            ),
+        };
+        format!(
+            r#"
+define {cc} void @hand(ptr addrspace(1) noalias readonly %x, ptr addrspace(1) noalias %out) {{
+entry:
+  %tid = {tid}
+  %i = zext i32 %tid to i64
+  %px = getelementptr inbounds float, ptr addrspace(1) %x, i64 %i
+  %v = load float, ptr addrspace(1) %px, align 4
+  %w = fadd float %v, 1.0
+  %po = getelementptr inbounds float, ptr addrspace(1) %out, i64 %i
+  store float %w, ptr addrspace(1) %po, align 4
+  ret void
+}}
+{attrs}
+"#
+        )
+    }
+
+    fn emit_hand(target: Target) -> Emitted {
+        let ctx = Context::create();
+        let buf =
+            MemoryBuffer::create_from_memory_range_copy(hand_kernel(target).as_bytes(), "hand");
+        let module = ctx.create_module_from_ir(buf).expect("parses");
+        emit_module(&module, target, "hand").expect("emits")
+    }
+
+    #[test]
+    fn ptx_from_a_hand_built_module() {
+        for sm in [80, 90] {
+            let out = emit_hand(Target::Nvptx { sm });
+            assert!(out.asm.contains(&format!(".target sm_{sm}")), "{}", out.asm);
+            assert!(out.asm.contains(".entry hand("), "{}", out.asm);
+            assert!(out.asm.contains("add.rn.f32"), "{}", out.asm);
+            assert_eq!(out.binary, out.asm.as_bytes());
+            assert!(
+                out.llvm_ir
+                    .contains("target triple = \"nvptx64-nvidia-cuda\"")
+            );
+        }
+    }
+
+    #[test]
+    fn hsaco_from_a_hand_built_module() {
+        for arch in [AmdArch::Gfx90a, AmdArch::Gfx942, AmdArch::Gfx1100] {
+            let out = emit_hand(Target::Amdgpu(arch));
+            assert_eq!(&out.binary[..4], b"\x7fELF", "{arch:?}");
+            assert!(out.asm.contains("hand:"), "{}", out.asm);
+            assert!(out.asm.contains(".amdhsa_next_free_vgpr"), "{}", out.asm);
+            assert!(out.asm.contains(arch.name()), "{}", out.asm);
+            assert!(out.llvm_ir.contains("amdgcn-amd-amdhsa"));
+        }
+    }
+
+    #[test]
+    fn invalid_ir_is_an_llvm_error() {
+        let ctx = Context::create();
+        let module = ctx.create_module("bad");
+        let f = module.add_function("bad", ctx.void_type().fn_type(&[], false), None);
+        ctx.append_basic_block(f, "entry"); // no terminator
+        let err = emit_module(&module, Target::Nvptx { sm: 80 }, "bad").unwrap_err();
+        assert!(
+            matches!(&err, CodegenError::Llvm { message, .. } if message.contains("invalid LLVM IR")),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn link_failures_are_tool_errors() {
+        let err = link_hsaco_with(Path::new("/nonexistent/ld.lld"), b"x").unwrap_err();
+        assert!(matches!(err, CodegenError::Tool { .. }), "{err}");
+        assert!(err.to_string().contains("/nonexistent/ld.lld"), "{err}");
+        let lld = find_lld().expect("ld.lld is installed (bash scripts/setup.sh)");
+        let err = link_hsaco_with(&lld, b"not an object").unwrap_err();
+        assert!(
+            matches!(&err, CodegenError::Tool { message, .. } if message.contains("exited with")),
+            "{err}"
+        );
+    }
 }

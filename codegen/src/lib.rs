@@ -11,13 +11,15 @@
 //! - [`layout`]: how a tile's elements are spread over registers, lanes and warps;
 //! - [`axis`]: contiguity/divisibility analysis that licenses wide memory accesses;
 //! - [`lower`]: tile IR to SIMT LLVM IR, written once for every target;
-//! - [`emit`]: LLVM IR to PTX text or an HSACO code object.
+//! - [`emit`]: LLVM IR to PTX text or an HSACO code object;
+//! - [`tools`]: offline validators (ptxas, SASS and AMDGPU disassembly, resource usage).
 
 pub mod axis;
 pub mod emit;
 pub mod layout;
 pub mod lower;
 pub mod target;
+pub mod tools;
 
 pub use target::{AmdArch, Target, Vendor};
 

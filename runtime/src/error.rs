@@ -52,6 +52,10 @@ pub enum Error {
     /// A buffer operation with mismatched sizes.
     #[error("buffer size mismatch: {0}")]
     BufferSize(String),
+    /// Compiling the kernel for a GPU failed.
+    #[cfg(feature = "jit")]
+    #[error(transparent)]
+    Codegen(#[from] tessera_codegen::CodegenError),
     /// Writing a dump file failed.
     #[error("cannot write the {what} dump to {path}: {source}")]
     Dump {

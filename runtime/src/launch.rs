@@ -179,7 +179,8 @@ fn lock_cache() -> std::sync::MutexGuard<'static, HashMap<CacheKey, Arc<Compiled
     cache().lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The stages listed in `TESSERA_DUMP` (comma-separated, e.g. `ir`).
+/// The stages listed in `TESSERA_DUMP` (comma-separated: `ir`, `llvm`, `ptx`, `amdgcn`,
+/// or `all`).
 fn dump_stages() -> Vec<String> {
     std::env::var("TESSERA_DUMP")
         .map(|v| {
@@ -191,24 +192,51 @@ fn dump_stages() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Writes `<TESSERA_DUMP_DIR>/<kernel>-<hash>.ir` when `TESSERA_DUMP` lists `ir`.
-fn dump(func: &Function, ct_key: &str) -> Result<(), Error> {
-    if !dump_stages().iter().any(|s| s == "ir" || s == "all") {
+/// True when `TESSERA_DUMP` lists `stage` (or `all`).
+pub(crate) fn dump_enabled(stage: &str) -> bool {
+    dump_stages().iter().any(|s| s == stage || s == "all")
+}
+
+/// A hash of `parts`, naming dump files.
+pub(crate) fn dump_hash(parts: &[&str]) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for p in parts {
+        p.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// Writes `<TESSERA_DUMP_DIR>/<kernel>-<hash>.<ext>` (default dir: `tessera-dump`)
+/// when `TESSERA_DUMP` lists `stage`.
+pub(crate) fn dump_text(
+    stage: &str,
+    kernel: &str,
+    hash: u64,
+    ext: &str,
+    text: &[u8],
+) -> Result<(), Error> {
+    if !dump_enabled(stage) {
         return Ok(());
     }
     let dir = std::env::var("TESSERA_DUMP_DIR").unwrap_or_else(|_| "tessera-dump".into());
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    ct_key.hash(&mut h);
-    let text = tessera_ir::printer::print_function(func);
-    text.hash(&mut h);
-    let path = std::path::Path::new(&dir).join(format!("{}-{:016x}.ir", func.name, h.finish()));
+    let path = std::path::Path::new(&dir).join(format!("{kernel}-{hash:016x}.{ext}"));
     let io = |source| Error::Dump {
-        what: "ir".into(),
+        what: stage.into(),
         path: path.display().to_string(),
         source,
     };
     std::fs::create_dir_all(&dir).map_err(io)?;
     std::fs::write(&path, text).map_err(io)
+}
+
+/// Writes `<TESSERA_DUMP_DIR>/<kernel>-<hash>.ir` when `TESSERA_DUMP` lists `ir`.
+fn dump(func: &Function, ct_key: &str) -> Result<(), Error> {
+    if !dump_enabled("ir") {
+        return Ok(());
+    }
+    let text = tessera_ir::printer::print_function(func);
+    let hash = dump_hash(&[ct_key, &text]);
+    dump_text("ir", &func.name, hash, "ir", text.as_bytes())
 }
 
 /// Launches kernel `K` (used by the generated `launch` functions).

@@ -31,6 +31,8 @@
 
 extern crate self as tessera;
 
+#[cfg(feature = "jit")]
+pub mod aot;
 mod buffer;
 mod device;
 pub mod disk_cache;
@@ -41,6 +43,8 @@ pub use buffer::{Buffer, Element};
 pub use device::{Device, DeviceKind};
 pub use error::Error;
 pub use launch::{Grid, Kernel, LaunchArg, kernel_ir, launch};
+#[cfg(feature = "jit")]
+pub use tessera_codegen as codegen;
 pub use tessera_ir as ir;
 pub use tessera_macros::{helper, kernel};
 

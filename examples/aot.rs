@@ -1,0 +1,203 @@
+//! Compiles every example kernel for a GPU, without a GPU.
+//!
+//! ```sh
+//! cargo run --release --example aot -- --target sm_90 --out kernels [--num-warps 4]
+//! cargo run --release --example aot -- --target all --out kernels   # kernels/<target>/...
+//! ```
+//!
+//! For each kernel it writes `<name>.ptx` (NVIDIA) or `<name>.hsaco` plus its assembly
+//! `<name>.s` (AMD), and the optimized LLVM IR `<name>.ll`. Kernels instantiated twice
+//! (f32 and f16) carry the element type in their name: `softmax_f16.ptx`.
+
+// The example kernels are included as modules; each also has its own `main`.
+#![allow(clippy::duplicate_mod)]
+
+#[path = "layernorm.rs"]
+#[allow(dead_code)]
+mod layernorm;
+#[path = "matmul.rs"]
+#[allow(dead_code)]
+mod matmul;
+#[path = "softmax.rs"]
+#[allow(dead_code)]
+mod softmax;
+#[path = "vector_add.rs"]
+#[allow(dead_code)]
+mod vector_add;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use tessera::aot::{ALL_TARGETS, Artifact, CompileOptions, Target, Vendor, compile_kernel};
+use tessera::prelude::*;
+
+const USAGE: &str = "usage: aot --target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
+                     --out <dir> [--num-warps <1|2|4|8|16>]";
+
+struct Args {
+    targets: Vec<Target>,
+    out: PathBuf,
+    opts: CompileOptions,
+}
+
+fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+    let (mut targets, mut out, mut opts) = (None, None, CompileOptions::default());
+    while let Some(flag) = args.next() {
+        let mut value = || {
+            args.next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--target" => {
+                let v = value()?;
+                targets = Some(if v == "all" {
+                    ALL_TARGETS.to_vec()
+                } else {
+                    vec![v.parse::<Target>().map_err(|e| e.to_string())?]
+                });
+            }
+            "--out" => out = Some(PathBuf::from(value()?)),
+            "--num-warps" => {
+                let v = value()?;
+                opts.num_warps = v
+                    .parse()
+                    .ok()
+                    .filter(|n: &u32| n.is_power_of_two() && *n <= 16)
+                    .ok_or_else(|| format!("--num-warps: `{v}` is not 1, 2, 4, 8 or 16"))?;
+            }
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+        }
+    }
+    Ok(Args {
+        targets: targets.ok_or_else(|| format!("--target is required\n{USAGE}"))?,
+        out: out.ok_or_else(|| format!("--out is required\n{USAGE}"))?,
+        opts,
+    })
+}
+
+/// One example kernel: its file name and how to compile it.
+type Job = (
+    &'static str,
+    fn(Target, &CompileOptions) -> Result<Artifact, Error>,
+);
+
+const JOBS: [Job; 6] = [
+    ("vector_add", |t, o| {
+        compile_kernel::<vector_add::vector_add<1024>>(&(), t, o)
+    }),
+    ("softmax_f32", |t, o| {
+        compile_kernel::<softmax::softmax<f32, 4, 1024>>(&(), t, o)
+    }),
+    ("softmax_f16", |t, o| {
+        compile_kernel::<softmax::softmax<f16, 4, 1024>>(&(), t, o)
+    }),
+    ("matmul_f32", |t, o| {
+        compile_kernel::<matmul::matmul<f32, 64, 64, 32>>(&(), t, o)
+    }),
+    ("matmul_f16", |t, o| {
+        compile_kernel::<matmul::matmul<f16, 64, 64, 32>>(&(), t, o)
+    }),
+    ("layernorm", |t, o| {
+        compile_kernel::<layernorm::layernorm<f32, 256>>(&(), t, o)
+    }),
+];
+
+fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    std::fs::write(path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+fn run(args: &Args) -> Result<(), String> {
+    let mut failed = 0usize;
+    for &target in &args.targets {
+        let dir = if args.targets.len() > 1 {
+            args.out.join(target.to_string())
+        } else {
+            args.out.clone()
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let tname = target.to_string();
+        for (name, compile) in JOBS {
+            let t = Instant::now();
+            let art = match compile(target, &args.opts) {
+                Ok(art) => art,
+                Err(e) => {
+                    eprintln!("{tname:>8} {name:<12} FAILED: {e}");
+                    failed += 1;
+                    continue;
+                }
+            };
+            let elapsed = t.elapsed();
+            let file = dir.join(format!("{name}.{}", target.artifact_extension()));
+            write(&file, &art.binary)?;
+            if target.vendor() == Vendor::Amd {
+                write(&dir.join(format!("{name}.s")), art.asm.as_bytes())?;
+            }
+            write(&dir.join(format!("{name}.ll")), art.llvm_ir.as_bytes())?;
+            println!(
+                "{tname:>8} {name:<12} {:>9} bytes {:>5} threads {:>6} B smem {:>9.1} ms  {}",
+                art.binary.len(),
+                art.meta.num_threads,
+                art.meta.shared_bytes,
+                elapsed.as_secs_f64() * 1e3,
+                file.display()
+            );
+        }
+    }
+    if failed > 0 {
+        return Err(format!("{failed} kernel(s) failed to compile"));
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let result = parse_args(std::env::args().skip(1)).and_then(|args| run(&args));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("aot: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Args, String> {
+        parse_args(s.split_whitespace().map(String::from))
+    }
+
+    #[test]
+    fn arguments() {
+        let a = parse("--target gfx942 --out x --num-warps 8").unwrap();
+        assert_eq!(
+            a.targets,
+            vec![Target::Amdgpu(tessera::aot::AmdArch::Gfx942)]
+        );
+        assert_eq!(a.opts.num_warps, 8);
+        assert_eq!(parse("--target all --out x").unwrap().targets.len(), 5);
+        assert!(
+            parse("--target sm_70 --out x")
+                .unwrap_err()
+                .contains("unknown target")
+        );
+        assert!(
+            parse("--out x")
+                .unwrap_err()
+                .contains("--target is required")
+        );
+        assert!(
+            parse("--target sm_90")
+                .unwrap_err()
+                .contains("--out is required")
+        );
+        assert!(parse("--target").unwrap_err().contains("needs a value"));
+        assert!(parse("--num-warps x --target sm_90 --out y").is_err());
+        assert!(parse("--num-warps 3 --target sm_90 --out y").is_err());
+        assert!(parse("--bogus").unwrap_err().contains("unknown argument"));
+    }
+}

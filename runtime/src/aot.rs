@@ -1,0 +1,64 @@
+//! Ahead-of-time compilation: a kernel's PTX or HSACO without a GPU (feature `jit`).
+//!
+//! ```no_run
+//! use tessera::aot::{CompileOptions, Target, compile_kernel};
+//! use tessera::prelude::*;
+//!
+//! #[kernel]
+//! fn add<const BLOCK: usize>(x: &Global<f32>, out: &mut Global<f32>, n: i32) {
+//!     let offs = program_id(0) * BLOCK + arange::<BLOCK>();
+//!     let mask = offs.lt(n);
+//!     out.store(offs, x.load(offs, mask) + 1.0, mask);
+//! }
+//!
+//! # fn main() -> Result<(), tessera::Error> {
+//! let sm90: Target = "sm_90".parse().expect("a known target");
+//! let art = compile_kernel::<add<1024>>(&(), sm90, &CompileOptions::default())?;
+//! std::fs::write("add.ptx", &art.binary).expect("writable");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `TESSERA_DUMP=llvm,ptx,amdgcn` (or `all`) writes each compilation's optimized LLVM
+//! IR (`.ll`), PTX (`.ptx`) and AMDGCN assembly (`.s`) to `TESSERA_DUMP_DIR`, named
+//! `<kernel>-<hash>.<ext>`; the hash covers the IR, the target and the options.
+
+use tessera_ir::Function;
+
+use crate::launch::{dump_enabled, dump_hash, dump_text};
+use crate::{Error, Kernel, kernel_ir};
+
+pub use tessera_codegen::target::ALL_TARGETS;
+pub use tessera_codegen::{AmdArch, Artifact, CompileOptions, KernelMeta, Target, Vendor};
+
+/// Compiles kernel `K` (with comptime arguments `ct`) for `target`, from its cached,
+/// verified and optimized IR ([`kernel_ir`]).
+pub fn compile_kernel<K: Kernel>(
+    ct: &K::Comptime,
+    target: Target,
+    opts: &CompileOptions,
+) -> Result<Artifact, Error> {
+    let func = kernel_ir::<K>(ct)?;
+    compile_ir(&func, target, opts)
+}
+
+/// Compiles verified IR for `target` (for IR that was changed after [`kernel_ir`],
+/// e.g. with parameter facts added). Writes the dumps `TESSERA_DUMP` asks for.
+pub fn compile_ir(
+    func: &Function,
+    target: Target,
+    opts: &CompileOptions,
+) -> Result<Artifact, Error> {
+    let art = tessera_codegen::compile(func, target, opts)?;
+    if ["llvm", "ptx", "amdgcn"].iter().any(|s| dump_enabled(s)) {
+        let ir = tessera_ir::printer::print_function(func);
+        let hash = dump_hash(&[&ir, &target.to_string(), &format!("{opts:?}")]);
+        dump_text("llvm", &func.name, hash, "ll", art.llvm_ir.as_bytes())?;
+        let (stage, ext) = match target.vendor() {
+            Vendor::Nvidia => ("ptx", "ptx"),
+            Vendor::Amd => ("amdgcn", "s"),
+        };
+        dump_text(stage, &func.name, hash, ext, art.asm.as_bytes())?;
+    }
+    Ok(art)
+}
