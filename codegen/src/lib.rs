@@ -16,6 +16,7 @@
 
 pub mod axis;
 pub mod emit;
+pub mod emu;
 pub mod layout;
 pub mod lower;
 pub mod target;
