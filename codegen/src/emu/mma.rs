@@ -21,6 +21,9 @@
 //! increasing k, then added to C (the hardware's internal order is unspecified; tests
 //! compare with a tolerance).
 
+// Index loops mirror the ISA formulas (row/column from lane and item).
+#![allow(clippy::needless_range_loop)]
+
 use half::{bf16, f16};
 
 /// 16-bit input element type.
