@@ -115,6 +115,14 @@ pub trait Arch {
     fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32);
     /// The LLVM `syncscope` name of a memory scope.
     fn sync_scope(&self, scope: MemScope) -> &'static str;
+    /// Approximate f32 `log2` (≤ 2 ulp).
+    fn log2_approx<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        x: FloatValue<'ctx>,
+    ) -> LResult<FloatValue<'ctx>> {
+        super::elementwise::approx(cx, "llvm.log2", x)
+    }
     /// True when f64 transcendental functions (exp, log, sin, ...) can be emitted.
     fn has_f64_math(&self) -> bool {
         false
@@ -212,6 +220,17 @@ impl Arch for Nvptx {
             AttributeLoc::Function,
             cx.ctx.create_string_attribute("nvvm.maxntid", &n),
         );
+    }
+
+    fn log2_approx<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        x: FloatValue<'ctx>,
+    ) -> LResult<FloatValue<'ctx>> {
+        // LLVM 22 NVPTX has no lowering of `llvm.log2.f32` (not even with `afn`).
+        Ok(cx
+            .call_intrinsic("llvm.nvvm.lg2.approx.f", &[], &[x.into()])?
+            .into_float_value())
     }
 
     fn sync_scope(&self, scope: MemScope) -> &'static str {

@@ -37,7 +37,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
         let args: Vec<BasicValueEnum<'ctx>> = ops.iter().map(|t| t.regs[r]).collect();
         let v = match &op.kind {
             OpKind::Binary(b) => binary(&l.cx, *b, sc(s_in), args[0], args[1])?,
-            OpKind::Unary(u) => unary(&l.cx, *u, sc(s_in), args[0], &op.span)?,
+            OpKind::Unary(u) => unary(&l.cx, l.arch, *u, sc(s_in), args[0], &op.span)?,
             OpKind::Fma => fma(&l.cx, sc(s_in), &args)?,
             OpKind::Cmp(p) => cmp(&l.cx, *p, sc(s_in), args[0], args[1])?,
             OpKind::Select => l
@@ -109,6 +109,14 @@ fn intr<'ctx>(
     cx.call_intrinsic(name, &[t], v)
 }
 
+/// The exact bf16 to f32 conversion, done on the bits.
+fn bf16_bits_to_f32<'ctx>(cx: &Cx<'ctx>, v: BasicValueEnum<'ctx>) -> LResult<FloatValue<'ctx>> {
+    let i = cx.b.build_bit_cast(v, cx.ctx.i16_type(), "")?.into_int_value();
+    let w = cx.b.build_int_z_extend(i, cx.ctx.i32_type(), "")?;
+    let w = cx.b.build_left_shift(w, cx.i32(16), "")?;
+    Ok(cx.b.build_bit_cast(w, cx.ctx.f32_type(), "")?.into_float_value())
+}
+
 /// `a op b` with the interpreter's semantics.
 pub(super) fn binary<'ctx>(
     cx: &Cx<'ctx>,
@@ -125,6 +133,12 @@ pub(super) fn binary<'ctx>(
             BinaryOp::Sub => bd.build_float_sub(x, y, "")?,
             BinaryOp::Mul => bd.build_float_mul(x, y, "")?,
             BinaryOp::Div => bd.build_float_div(x, y, "")?,
+            BinaryOp::Rem if s == ScalarType::BF16 => {
+                // Widen through the bits so that InstCombine does not narrow the
+                // `frem` back to bf16, which the AMDGPU backend cannot lower.
+                let (x, y) = (bf16_bits_to_f32(cx, a)?, bf16_bits_to_f32(cx, b)?);
+                bd.build_float_rem(x, y, "")?
+            }
             BinaryOp::Rem => bd.build_float_rem(x, y, "")?,
             BinaryOp::Min => intr(cx, "llvm.minimum", &[x.into(), y.into()])?.into_float_value(),
             BinaryOp::Max => intr(cx, "llvm.maximum", &[x.into(), y.into()])?.into_float_value(),
@@ -208,17 +222,36 @@ fn poly<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>, coeffs: &[f64]) -> LResult<Flo
     Ok(acc)
 }
 
+/// An approximate math intrinsic (`afn`: the backends' hardware approximations,
+/// `ex2.approx`, `lg2.approx`, `sin.approx`, `v_exp_f32`, ...).
+pub(super) fn approx<'ctx>(
+    cx: &Cx<'ctx>,
+    name: &str,
+    v: FloatValue<'ctx>,
+) -> LResult<FloatValue<'ctx>> {
+    let r = intr(cx, name, &[v.into()])?;
+    unsafe {
+        use inkwell::values::AsValueRef;
+        inkwell::llvm_sys::core::LLVMSetFastMathFlags(
+            r.as_value_ref(),
+            inkwell::llvm_sys::LLVMFastMathApproxFunc,
+        );
+    }
+    Ok(r.into_float_value())
+}
+
 fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
     let t = x.get_type();
     let y = cx
         .b
         .build_float_mul(x, t.const_float(std::f64::consts::LOG2_E), "")?;
-    Ok(intr(cx, "llvm.exp2", &[y.into()])?.into_float_value())
+    approx(cx, "llvm.exp2", y)
 }
 
 /// A unary op with the interpreter's semantics.
 pub(super) fn unary<'ctx>(
     cx: &Cx<'ctx>,
+    arch: &dyn super::arch::Arch,
     op: UnaryOp,
     s: ScalarType,
     a: BasicValueEnum<'ctx>,
@@ -257,19 +290,19 @@ pub(super) fn unary<'ctx>(
     let one = t.const_float(1.0);
     let r: FloatValue = match op {
         UnaryOp::Exp => exp_f32(cx, x)?,
-        UnaryOp::Exp2 => intr(cx, "llvm.exp2", &[x.into()])?.into_float_value(),
+        UnaryOp::Exp2 => approx(cx, "llvm.exp2", x)?,
         UnaryOp::Log => {
-            let l2 = intr(cx, "llvm.log2", &[x.into()])?.into_float_value();
+            let l2 = arch.log2_approx(cx, x)?;
             bd.build_float_mul(l2, t.const_float(std::f64::consts::LN_2), "")?
         }
-        UnaryOp::Log2 => intr(cx, "llvm.log2", &[x.into()])?.into_float_value(),
+        UnaryOp::Log2 => arch.log2_approx(cx, x)?,
         UnaryOp::Sqrt => intr(cx, "llvm.sqrt", &[x.into()])?.into_float_value(),
         UnaryOp::Rsqrt => {
             let q = intr(cx, "llvm.sqrt", &[x.into()])?.into_float_value();
             bd.build_float_div(one, q, "")?
         }
-        UnaryOp::Sin => intr(cx, "llvm.sin", &[x.into()])?.into_float_value(),
-        UnaryOp::Cos => intr(cx, "llvm.cos", &[x.into()])?.into_float_value(),
+        UnaryOp::Sin => approx(cx, "llvm.sin", x)?,
+        UnaryOp::Cos => approx(cx, "llvm.cos", x)?,
         UnaryOp::Floor => intr(cx, "llvm.floor", &[x.into()])?.into_float_value(),
         UnaryOp::Ceil => intr(cx, "llvm.ceil", &[x.into()])?.into_float_value(),
         UnaryOp::Tanh => {
