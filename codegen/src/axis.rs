@@ -138,8 +138,7 @@ impl AxisAnalysis {
                 let lb = self.get(func, op.operands[0]).scalar_div();
                 let step = self.get(func, op.operands[2]).scalar_div();
                 if let Some(&iv) = body.args.first() {
-                    self.info
-                        .insert(iv, AxisInfo::constant(&[], gcd(lb, step)));
+                    self.info.insert(iv, AxisInfo::constant(&[], gcd(lb, step)));
                 }
                 for &a in body.args.iter().skip(1) {
                     self.info.insert(a, AxisInfo::unknown(&shape(a)));
@@ -240,8 +239,8 @@ impl AxisAnalysis {
                 let mut out = AxisInfo::unknown(&rs);
                 for d in 0..n {
                     out.constancy[d] = gcd(x.constancy[d], y.constancy[d]);
-                    out.contiguity[d] =
-                        gcd(x.constancy[d], y.contiguity[d]).max(gcd(x.contiguity[d], y.constancy[d]));
+                    out.contiguity[d] = gcd(x.constancy[d], y.contiguity[d])
+                        .max(gcd(x.contiguity[d], y.constancy[d]));
                     out.divisibility[d] = gcd(
                         x.divisibility[d],
                         y.divisibility[d].saturating_mul(esz).min(MAX_DIV),
@@ -308,7 +307,11 @@ mod tests {
     fn vector_add_offsets_are_contiguous() {
         let sp = Span::unknown;
         let mut b = FunctionBuilder::new("k", sp());
-        let x = b.param("x", Type::global_ptr(ScalarType::F32), ParamAttrs::default());
+        let x = b.param(
+            "x",
+            Type::global_ptr(ScalarType::F32),
+            ParamAttrs::default(),
+        );
         let n = b.param(
             "n",
             Type::scalar(ScalarType::I32),
@@ -317,17 +320,33 @@ mod tests {
                 divisibility: Some(16),
             },
         );
-        let pid = b.op1(OpKind::ProgramId { axis: 0 }, &[], None, sp()).unwrap();
+        let pid = b
+            .op1(OpKind::ProgramId { axis: 0 }, &[], None, sp())
+            .unwrap();
         let c = b.const_i32(1024, sp()).unwrap();
-        let base = b.op1(OpKind::Binary(BinaryOp::Mul), &[pid, c], None, sp()).unwrap();
+        let base = b
+            .op1(OpKind::Binary(BinaryOp::Mul), &[pid, c], None, sp())
+            .unwrap();
         let ar = b
-            .op1(OpKind::Arange { start: 0, end: 1024 }, &[], None, sp())
+            .op1(
+                OpKind::Arange {
+                    start: 0,
+                    end: 1024,
+                },
+                &[],
+                None,
+                sp(),
+            )
             .unwrap();
         let t = Type::tile(ScalarType::I32, &[1024]);
         let bs = b.op1(OpKind::Splat, &[base], Some(&t), sp()).unwrap();
-        let offs = b.op1(OpKind::Binary(BinaryOp::Add), &[bs, ar], None, sp()).unwrap();
+        let offs = b
+            .op1(OpKind::Binary(BinaryOp::Add), &[bs, ar], None, sp())
+            .unwrap();
         let ns = b.op1(OpKind::Splat, &[n], Some(&t), sp()).unwrap();
-        let mask = b.op1(OpKind::Cmp(CmpPred::Lt), &[offs, ns], None, sp()).unwrap();
+        let mask = b
+            .op1(OpKind::Cmp(CmpPred::Lt), &[offs, ns], None, sp())
+            .unwrap();
         let pt = Type::tile(ScalarType::F32, &[1024]).with_elem(func_ptr());
         let xs = b.op1(OpKind::Splat, &[x], Some(&pt), sp()).unwrap();
         let p = b.op1(OpKind::AddPtr, &[xs, offs], None, sp()).unwrap();

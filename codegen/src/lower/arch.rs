@@ -116,11 +116,7 @@ pub trait Arch {
     /// The LLVM `syncscope` name of a memory scope.
     fn sync_scope(&self, scope: MemScope) -> &'static str;
     /// Approximate f32 `log2` (≤ 2 ulp).
-    fn log2_approx<'ctx>(
-        &self,
-        cx: &Cx<'ctx>,
-        x: FloatValue<'ctx>,
-    ) -> LResult<FloatValue<'ctx>> {
+    fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
         super::elementwise::approx(cx, "llvm.log2", x)
     }
     /// True when f64 transcendental functions (exp, log, sin, ...) can be emitted.
@@ -222,11 +218,7 @@ impl Arch for Nvptx {
         );
     }
 
-    fn log2_approx<'ctx>(
-        &self,
-        cx: &Cx<'ctx>,
-        x: FloatValue<'ctx>,
-    ) -> LResult<FloatValue<'ctx>> {
+    fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
         // LLVM 22 NVPTX has no lowering of `llvm.log2.f32` (not even with `afn`).
         Ok(cx
             .call_intrinsic("llvm.nvvm.lg2.approx.f", &[], &[x.into()])?
@@ -280,9 +272,7 @@ impl Arch for Nvptx {
                     let vt = p[0].get_type().into_float_type().vec_type(2);
                     let mut acc = vt.get_poison();
                     for (i, x) in p.iter().enumerate() {
-                        acc = cx
-                            .b
-                            .build_insert_element(acc, *x, cx.i32(i as i64), "")?;
+                        acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
                     }
                     Ok(cx.b.build_bit_cast(acc, i32t, "")?.into_int_value())
                 })
@@ -312,7 +302,10 @@ impl Arch for Nvptx {
         );
         let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
             pa.iter().chain(&pb).map(|&v| v.into()).collect();
-        args.extend(c.iter().map(|&v| -> inkwell::values::BasicMetadataValueEnum { v.into() }));
+        args.extend(
+            c.iter()
+                .map(|&v| -> inkwell::values::BasicMetadataValueEnum { v.into() }),
+        );
         let call = cx.b.build_indirect_call(fty, asm_ptr, &args, "mma")?;
         let s = call
             .try_as_basic_value()
@@ -406,7 +399,8 @@ impl Arch for Amdgpu {
         );
         f.add_attribute(
             AttributeLoc::Function,
-            cx.ctx.create_string_attribute("uniform-work-group-size", "true"),
+            cx.ctx
+                .create_string_attribute("uniform-work-group-size", "true"),
         );
     }
 
@@ -456,9 +450,7 @@ impl Arch for Amdgpu {
             let vt = v[0].get_type().into_float_type().vec_type(4);
             let mut acc = vt.get_poison();
             for (i, x) in v.iter().enumerate() {
-                acc = cx
-                    .b
-                    .build_insert_element(acc, *x, cx.i32(i as i64), "")?;
+                acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
             }
             if bf {
                 Ok(cx
@@ -472,9 +464,7 @@ impl Arch for Amdgpu {
         let ft = cx.ctx.f32_type().vec_type(4);
         let mut vc = ft.get_poison();
         for (i, x) in c.iter().enumerate() {
-            vc = cx
-                .b
-                .build_insert_element(vc, *x, cx.i32(i as i64), "")?;
+            vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
         }
         let name = if bf {
             "llvm.amdgcn.mfma.f32.16x16x16bf16.1k"

@@ -181,9 +181,7 @@ fn lower_fma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
             let x = l.cx.b.build_int_s_extend(av.into_int_value(), it, "")?;
             let y = l.cx.b.build_int_s_extend(bv.into_int_value(), it, "")?;
             let p = l.cx.b.build_int_mul(x, y, "")?;
-            l.cx.b
-                .build_int_add(acc.into_int_value(), p, "")?
-                .into()
+            l.cx.b.build_int_add(acc.into_int_value(), p, "")?.into()
         };
         out.push(v);
     }
@@ -193,12 +191,9 @@ fn lower_fma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     for (p, v) in phis.iter().zip(&out) {
         p.add_incoming(&[(v, latch)]);
     }
-    let more = l.cx.b.build_int_compare(
-        inkwell::IntPredicate::ULT,
-        k1,
-        l.cx.i32(k as i64),
-        "",
-    )?;
+    let more =
+        l.cx.b
+            .build_int_compare(inkwell::IntPredicate::ULT, k1, l.cx.i32(k as i64), "")?;
     l.cx.b.build_conditional_branch(more, head, exit)?;
     l.cx.b.position_at_end(exit);
     l.barrier()?;
@@ -217,9 +212,7 @@ fn widen<'ctx>(
 ) -> LResult<FloatValue<'ctx>> {
     let f = v.into_float_value();
     Ok(match s {
-        ScalarType::F16 | ScalarType::BF16 => {
-            l.cx.b.build_float_ext(f, l.cx.ctx.f32_type(), "")?
-        }
+        ScalarType::F16 | ScalarType::BF16 => l.cx.b.build_float_ext(f, l.cx.ctx.f32_type(), "")?,
         _ => f,
     })
 }
@@ -323,7 +316,12 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let bd = &l.cx.b;
     let wm = bd.build_and(l.warp, l.cx.i32(p.warps_m as i64 - 1), "")?;
     let wn = bd.build_and(
-        bd.build_right_shift(l.warp, l.cx.i32(p.warps_m.trailing_zeros() as i64), false, "")?,
+        bd.build_right_shift(
+            l.warp,
+            l.cx.i32(p.warps_m.trailing_zeros() as i64),
+            false,
+            "",
+        )?,
         l.cx.i32(p.warps_n as i64 - 1),
         "",
     )?;
@@ -343,7 +341,9 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
                 l.cx.i32(info.m as i64),
                 "",
             )?;
-            afr.push(load_frag(l, &info.a, ety, base, zero, stride, ao, ak, row0, k0)?);
+            afr.push(load_frag(
+                l, &info.a, ety, base, zero, stride, ao, ak, row0, k0,
+            )?);
         }
         let mut bfr = Vec::new();
         for nr in 0..p.reps_n {
@@ -353,14 +353,14 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
                 l.cx.i32(info.n as i64),
                 "",
             )?;
-            bfr.push(load_frag(l, &info.b, ety, base, b_first, stride, bo, bk, col0, k0)?);
+            bfr.push(load_frag(
+                l, &info.b, ety, base, b_first, stride, bo, bk, col0, k0,
+            )?);
         }
-        for mr in 0..p.reps_m as usize {
-            for nr in 0..p.reps_n as usize {
+        for (mr, af) in afr.iter().enumerate() {
+            for (nr, bf) in bfr.iter().enumerate() {
                 let at = (mr * p.reps_n as usize + nr) * fr;
-                let d = l
-                    .arch
-                    .emit_mma(&l.cx, s, &afr[mr], &bfr[nr], &acc[at..at + fr])?;
+                let d = l.arch.emit_mma(&l.cx, s, af, bf, &acc[at..at + fr])?;
                 acc[at..at + fr].copy_from_slice(&d);
             }
         }

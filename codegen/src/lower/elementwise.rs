@@ -40,10 +40,10 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
             OpKind::Unary(u) => unary(&l.cx, l.arch, *u, sc(s_in), args[0], &op.span)?,
             OpKind::Fma => fma(&l.cx, sc(s_in), &args)?,
             OpKind::Cmp(p) => cmp(&l.cx, *p, sc(s_in), args[0], args[1])?,
-            OpKind::Select => l
-                .cx
-                .b
-                .build_select(args[0].into_int_value(), args[1], args[2], "")?,
+            OpKind::Select => {
+                l.cx.b
+                    .build_select(args[0].into_int_value(), args[1], args[2], "")?
+            }
             OpKind::Cast => cast(&l.cx, sc(s_in), sc(s_out), args[0])?,
             _ => unreachable!("not an elementwise op"),
         };
@@ -92,7 +92,11 @@ fn widen<'ctx>(cx: &Cx<'ctx>, s: ScalarType, v: BasicValueEnum<'ctx>) -> LResult
 }
 
 /// Rounds an f32 result back to a half float (identity otherwise).
-fn narrow<'ctx>(cx: &Cx<'ctx>, s: ScalarType, v: FloatValue<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
+fn narrow<'ctx>(
+    cx: &Cx<'ctx>,
+    s: ScalarType,
+    v: FloatValue<'ctx>,
+) -> LResult<BasicValueEnum<'ctx>> {
     if is_half(s) {
         Ok(cx.b.build_float_trunc(v, fty(cx, s), "")?.into())
     } else {
@@ -111,10 +115,15 @@ fn intr<'ctx>(
 
 /// The exact bf16 to f32 conversion, done on the bits.
 fn bf16_bits_to_f32<'ctx>(cx: &Cx<'ctx>, v: BasicValueEnum<'ctx>) -> LResult<FloatValue<'ctx>> {
-    let i = cx.b.build_bit_cast(v, cx.ctx.i16_type(), "")?.into_int_value();
+    let i =
+        cx.b.build_bit_cast(v, cx.ctx.i16_type(), "")?
+            .into_int_value();
     let w = cx.b.build_int_z_extend(i, cx.ctx.i32_type(), "")?;
     let w = cx.b.build_left_shift(w, cx.i32(16), "")?;
-    Ok(cx.b.build_bit_cast(w, cx.ctx.f32_type(), "")?.into_float_value())
+    Ok(cx
+        .b
+        .build_bit_cast(w, cx.ctx.f32_type(), "")?
+        .into_float_value())
 }
 
 /// `a op b` with the interpreter's semantics.
@@ -143,10 +152,7 @@ pub(super) fn binary<'ctx>(
             BinaryOp::Min => intr(cx, "llvm.minimum", &[x.into(), y.into()])?.into_float_value(),
             BinaryOp::Max => intr(cx, "llvm.maximum", &[x.into(), y.into()])?.into_float_value(),
             _ => {
-                return Err(super::LowerError::Llvm(format!(
-                    "`{}` on {s}",
-                    op.name()
-                )));
+                return Err(super::LowerError::Llvm(format!("`{}` on {s}", op.name())));
             }
         };
         return narrow(cx, s, r);
@@ -167,7 +173,9 @@ pub(super) fn binary<'ctx>(
                 let m1 = bd.build_int_compare(IntPredicate::EQ, y, t.const_all_ones(), "")?;
                 bad = bd.build_or(is0, m1, "")?;
             }
-            let safe = bd.build_select(bad, t.const_int(1, false), y, "")?.into_int_value();
+            let safe = bd
+                .build_select(bad, t.const_int(1, false), y, "")?
+                .into_int_value();
             let q = match (op, signed) {
                 (BinaryOp::Div, true) => bd.build_int_signed_div(x, safe, "")?,
                 (BinaryOp::Div, false) => bd.build_int_unsigned_div(x, safe, "")?,
@@ -188,14 +196,18 @@ pub(super) fn binary<'ctx>(
             };
             bd.build_select(is0, zero, q, "")?.into_int_value()
         }
-        BinaryOp::Min => {
-            intr(cx, if signed { "llvm.smin" } else { "llvm.umin" }, &[x.into(), y.into()])?
-                .into_int_value()
-        }
-        BinaryOp::Max => {
-            intr(cx, if signed { "llvm.smax" } else { "llvm.umax" }, &[x.into(), y.into()])?
-                .into_int_value()
-        }
+        BinaryOp::Min => intr(
+            cx,
+            if signed { "llvm.smin" } else { "llvm.umin" },
+            &[x.into(), y.into()],
+        )?
+        .into_int_value(),
+        BinaryOp::Max => intr(
+            cx,
+            if signed { "llvm.smax" } else { "llvm.umax" },
+            &[x.into(), y.into()],
+        )?
+        .into_int_value(),
         BinaryOp::And => bd.build_and(x, y, "")?,
         BinaryOp::Or => bd.build_or(x, y, "")?,
         BinaryOp::Xor => bd.build_xor(x, y, "")?,
@@ -242,9 +254,8 @@ pub(super) fn approx<'ctx>(
 
 fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
     let t = x.get_type();
-    let y = cx
-        .b
-        .build_float_mul(x, t.const_float(std::f64::consts::LOG2_E), "")?;
+    let y =
+        cx.b.build_float_mul(x, t.const_float(std::f64::consts::LOG2_E), "")?;
     approx(cx, "llvm.exp2", y)
 }
 
@@ -356,7 +367,11 @@ pub(super) fn unary<'ctx>(
             // Large: Abramowitz-Stegun 7.1.26.
             let tt = bd.build_float_div(
                 one,
-                bd.build_float_add(one, bd.build_float_mul(ax, t.const_float(0.3275911), "")?, "")?,
+                bd.build_float_add(
+                    one,
+                    bd.build_float_mul(ax, t.const_float(0.3275911), "")?,
+                    "",
+                )?,
                 "",
             )?;
             let pp = poly(

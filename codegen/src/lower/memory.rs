@@ -23,7 +23,11 @@ pub(super) fn lower_addptr<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
         return Err(LowerError::Llvm("addptr on a non-pointer".into()));
     };
     let oe = o.elem.scalar().unwrap_or(ScalarType::I64);
-    let lay = if p.uniform { o.layout.clone() } else { p.layout.clone() };
+    let lay = if p.uniform {
+        o.layout.clone()
+    } else {
+        p.layout.clone()
+    };
     let p = l.convert(&p, &lay, &op.span)?;
     let o = l.convert(&o, &lay, &op.span)?;
     let et = l.mem_ty(Elem::Scalar(pointee));
@@ -41,8 +45,7 @@ pub(super) fn lower_addptr<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
             l.cx.b.build_int_z_extend(off, i64t, "")?
         };
         let g = unsafe {
-            l.cx
-                .b
+            l.cx.b
                 .build_gep(et, p.regs[r].into_pointer_value(), &[off], "")?
         };
         regs.push(g.as_basic_value_enum());
@@ -206,7 +209,9 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
             .expect("a value on both edges")
             .into_vector_value();
             for i in 0..vec as usize {
-                let e = l.cx.b.build_extract_element(loaded, l.cx.i32(i as i64), "")?;
+                let e =
+                    l.cx.b
+                        .build_extract_element(loaded, l.cx.i32(i as i64), "")?;
                 let e = match (&m, &other) {
                     (Some(mv), Some(o)) => l.cx.b.build_select(*mv, e, o.regs[r + i], "")?,
                     (Some(mv), None) => l.cx.b.build_select(*mv, e, zero, "")?,
@@ -221,7 +226,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         let v = guarded(l, m, Some(o), || {
             let v = l.cx.b.build_load(mem_ty, p, "")?;
             set_align(v, size);
-            Ok(Some(l.from_mem(elem, v)?))
+            Ok(Some(l.reg_from_mem(elem, v)?))
         })?
         .expect("a value on both edges");
         regs.push(v);
@@ -273,12 +278,10 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
     let n = if ptrs.uniform { 1 } else { lay.num_regs() };
     let owner = if ptrs.uniform && n == 1 {
         // Thread 0 only.
-        Some(l.cx.b.build_int_compare(
-            inkwell::IntPredicate::EQ,
-            l.tid,
-            l.cx.i32(0),
-            "",
-        )?)
+        Some(
+            l.cx.b
+                .build_int_compare(inkwell::IntPredicate::EQ, l.tid, l.cx.i32(0), "")?,
+        )
     } else {
         owner
     };
@@ -298,16 +301,15 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
                 _ => unreachable!("scalar memory type"),
             };
             for i in 0..vec as usize {
-                vv = l
-                    .cx
-                    .b
-                    .build_insert_element(
-                        vv.into_vector_value(),
-                        val.regs[r + i],
-                        l.cx.i32(i as i64),
-                        "",
-                    )?
-                    .into();
+                vv =
+                    l.cx.b
+                        .build_insert_element(
+                            vv.into_vector_value(),
+                            val.regs[r + i],
+                            l.cx.i32(i as i64),
+                            "",
+                        )?
+                        .into();
             }
             guarded(l, cond, None, || {
                 let s = l.cx.b.build_store(p, vv)?;
@@ -317,7 +319,7 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
             r += vec as usize;
             continue;
         }
-        let v = l.to_mem(elem, val.regs[r])?;
+        let v = l.store_to_mem(elem, val.regs[r])?;
         guarded(l, cond, None, || {
             let s = l.cx.b.build_store(p, v)?;
             set_align(s, size);
@@ -388,7 +390,9 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
         if is_dup_reg(&lay, r) {
             let first = (0..r)
                 .rev()
-                .find(|&q| !is_dup_reg(&lay, q) && lay.reg_offset(q as u32) == lay.reg_offset(r as u32))
+                .find(|&q| {
+                    !is_dup_reg(&lay, q) && lay.reg_offset(q as u32) == lay.reg_offset(r as u32)
+                })
                 .unwrap_or(0);
             regs.push(regs[first]);
             continue;

@@ -364,7 +364,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let bytes = self.smem_bytes;
         let limit = self.target().shared_memory_limit();
         if bytes > limit {
-            let span = self.smem_span.clone().unwrap_or_else(|| self.f.span.clone());
+            let span = self
+                .smem_span
+                .clone()
+                .unwrap_or_else(|| self.f.span.clone());
             return unsupported(
                 &span,
                 format!("{bytes} bytes of shared memory (the limit is {limit})"),
@@ -446,7 +449,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
     }
 
-    pub fn to_mem(&self, e: Elem, v: BasicValueEnum<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
+    pub fn store_to_mem(&self, e: Elem, v: BasicValueEnum<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
         Ok(match e {
             Elem::Scalar(ScalarType::I1) => self
                 .cx
@@ -462,7 +465,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         })
     }
 
-    pub fn from_mem(&self, e: Elem, v: BasicValueEnum<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
+    pub fn reg_from_mem(&self, e: Elem, v: BasicValueEnum<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
         Ok(match e {
             Elem::Scalar(ScalarType::I1) => self
                 .cx
@@ -604,7 +607,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 continue;
             }
             let p = self.smem_ptr(base, mt, *idx)?;
-            let v = self.to_mem(t.elem, t.regs[r])?;
+            let v = self.store_to_mem(t.elem, t.regs[r])?;
             self.cx.b.build_store(p, v)?;
         }
         self.barrier()?;
@@ -613,7 +616,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         for idx in dst_idx {
             let p = self.smem_ptr(base, mt, idx)?;
             let v = self.cx.b.build_load(mt, p, "")?;
-            regs.push(self.from_mem(t.elem, v)?);
+            regs.push(self.reg_from_mem(t.elem, v)?);
         }
         self.barrier()?;
         Ok(Tile {
@@ -680,9 +683,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.set(op.results[0], t);
             }
             OpKind::NumPrograms { axis } => {
-                let v = self
-                    .arch
-                    .num_programs(&self.cx, *axis, self.nw * self.ws)?;
+                let v = self.arch.num_programs(&self.cx, *axis, self.nw * self.ws)?;
                 let t = self.scalar_tile(Elem::Scalar(ScalarType::I32), v.into());
                 self.set(op.results[0], t);
             }
@@ -767,7 +768,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let t = reduce::lower_reduce(self, op, *axis as usize, *rop)?;
                 self.set(op.results[0], t);
             }
-            OpKind::Scan { axis, op: rop, reverse } => {
+            OpKind::Scan {
+                axis,
+                op: rop,
+                reverse,
+            } => {
                 let t = reduce::lower_scan(self, op, *axis as usize, *rop, *reverse)?;
                 self.set(op.results[0], t);
             }
@@ -788,9 +793,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             (Elem::Scalar(ScalarType::I1), ConstValue::Bool(b)) => {
                 self.cx.ctx.bool_type().const_int(b as u64, false).into()
             }
-            (Elem::Scalar(s), ConstValue::Int(i)) if s.is_int() => {
-                ty.into_int_type().const_int(i as u64, s.is_signed_int()).into()
-            }
+            (Elem::Scalar(s), ConstValue::Int(i)) if s.is_int() => ty
+                .into_int_type()
+                .const_int(i as u64, s.is_signed_int())
+                .into(),
             (Elem::Scalar(s), ConstValue::Float(x)) if s.is_float() => {
                 ty.into_float_type().const_float(x).into()
             }
@@ -824,7 +830,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let mut inits = Vec::new();
         for (i, &v) in op.operands[3..].iter().enumerate() {
             let t = self.val(v)?;
-            let t = match body.args.get(i + 1).and_then(|a| self.hints.get(a)).cloned() {
+            let t = match body
+                .args
+                .get(i + 1)
+                .and_then(|a| self.hints.get(a))
+                .cloned()
+            {
                 Some(h) if h.shape == t.layout.shape => self.convert(&t, &h, span)?,
                 _ => t,
             };

@@ -73,11 +73,19 @@ fn shuffle<'ctx>(
     } else {
         let i64t = l.cx.ctx.i64_type();
         let lo = b.build_int_truncate(x, i32t, "")?;
-        let hi = b.build_int_truncate(b.build_right_shift(x, i64t.const_int(32, false), false, "")?, i32t, "")?;
+        let hi = b.build_int_truncate(
+            b.build_right_shift(x, i64t.const_int(32, false), false, "")?,
+            i32t,
+            "",
+        )?;
         let lo = l.arch.shuffle_xor(&l.cx, lo, mask, l.lane)?;
         let hi = l.arch.shuffle_xor(&l.cx, hi, mask, l.lane)?;
         let lo = b.build_int_z_extend(lo, i64t, "")?;
-        let hi = b.build_left_shift(b.build_int_z_extend(hi, i64t, "")?, i64t.const_int(32, false), "")?;
+        let hi = b.build_left_shift(
+            b.build_int_z_extend(hi, i64t, "")?,
+            i64t.const_int(32, false),
+            "",
+        )?;
         b.build_or(lo, hi, "")?
     };
     Ok(if ty.is_int_type() {
@@ -103,8 +111,12 @@ pub(super) fn lower_reduce<'ctx>(
     let (_, amask) = slice_bit_images(&src.shape, axis);
     let in_axis = |b: u32| b & amask != 0;
     // 1. Registers.
-    let kept: Vec<usize> = (0..src.reg.len()).filter(|&i| !in_axis(src.reg[i])).collect();
-    let red: Vec<usize> = (0..src.reg.len()).filter(|&i| in_axis(src.reg[i])).collect();
+    let kept: Vec<usize> = (0..src.reg.len())
+        .filter(|&i| !in_axis(src.reg[i]))
+        .collect();
+    let red: Vec<usize> = (0..src.reg.len())
+        .filter(|&i| in_axis(src.reg[i]))
+        .collect();
     let mut regs = Vec::with_capacity(1 << kept.len());
     for rr in 0..1usize << kept.len() {
         let base: usize = kept
@@ -142,7 +154,9 @@ pub(super) fn lower_reduce<'ctx>(
     }
     let res = src.sliced(axis);
     // 3. Warps.
-    let wbits: Vec<usize> = (0..src.warp.len()).filter(|&i| in_axis(src.warp[i])).collect();
+    let wbits: Vec<usize> = (0..src.warp.len())
+        .filter(|&i| in_axis(src.warp[i]))
+        .collect();
     if !wbits.is_empty() {
         let mt = l.mem_ty(t.elem);
         let nres = numel(&res.shape);
@@ -164,7 +178,7 @@ pub(super) fn lower_reduce<'ctx>(
         for (r, e) in idx.iter().enumerate() {
             let a = l.cx.b.build_int_add(wofs, *e, "")?;
             let p = l.smem_ptr(base, mt, a)?;
-            let v = l.to_mem(t.elem, regs[r])?;
+            let v = l.store_to_mem(t.elem, regs[r])?;
             l.cx.b.build_store(p, v)?;
         }
         l.barrier()?;
@@ -199,7 +213,7 @@ fn load_reg<'ctx>(
     p: inkwell::values::PointerValue<'ctx>,
 ) -> LResult<BasicValueEnum<'ctx>> {
     let v = l.cx.b.build_load(l.mem_ty(e), p, "")?;
-    l.from_mem(e, v)
+    l.reg_from_mem(e, v)
 }
 
 pub(super) fn lower_scan<'ctx>(
@@ -228,19 +242,21 @@ pub(super) fn lower_scan<'ctx>(
             continue;
         }
         let p = l.smem_ptr(base, mt, *e)?;
-        let v = l.to_mem(t.elem, t.regs[r])?;
+        let v = l.store_to_mem(t.elem, t.regs[r])?;
         l.cx.b.build_store(p, v)?;
     }
     l.barrier()?;
     let nthreads = l.ws * l.nw;
     for j in 0..lines.div_ceil(nthreads) {
-        let line = l
-            .cx
-            .b
-            .build_int_add(l.tid, l.cx.i32((j * nthreads) as i64), "line")?;
-        let in_range =
+        let line =
             l.cx.b
-                .build_int_compare(inkwell::IntPredicate::ULT, line, l.cx.i32(lines as i64), "")?;
+                .build_int_add(l.tid, l.cx.i32((j * nthreads) as i64), "line")?;
+        let in_range = l.cx.b.build_int_compare(
+            inkwell::IntPredicate::ULT,
+            line,
+            l.cx.i32(lines as i64),
+            "",
+        )?;
         let head = l.cx.ctx.append_basic_block(l.kernel, "scan.head");
         let body = l.cx.ctx.append_basic_block(l.kernel, "scan.body");
         let done = l.cx.ctx.append_basic_block(l.kernel, "scan.done");
@@ -283,15 +299,12 @@ pub(super) fn lower_scan<'ctx>(
         let p = l.smem_ptr(base, mt, at(k)?)?;
         let x = load_reg(l, t.elem, p)?;
         let acc = combine(l, rop, s, aphi.as_basic_value(), x)?;
-        let mv = l.to_mem(t.elem, acc)?;
+        let mv = l.store_to_mem(t.elem, acc)?;
         l.cx.b.build_store(p, mv)?;
         let k1 = l.cx.b.build_int_add(k, l.cx.i32(1), "")?;
-        let more = l.cx.b.build_int_compare(
-            inkwell::IntPredicate::ULT,
-            k1,
-            l.cx.i32(n as i64),
-            "",
-        )?;
+        let more =
+            l.cx.b
+                .build_int_compare(inkwell::IntPredicate::ULT, k1, l.cx.i32(n as i64), "")?;
         let end = l.cx.cur_block();
         kphi.add_incoming(&[(&k1, end)]);
         aphi.add_incoming(&[(&acc, end)]);
