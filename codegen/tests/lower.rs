@@ -170,6 +170,9 @@ fn compile_ext(func: &Function, target: Target, opts: &CompileOptions, allow_spi
                 .expect("llvm-objdump");
             assert!(o.status.success(), "llvm-objdump failed");
             out.asm = String::from_utf8_lossy(&o.stdout).to_string();
+            if std::env::var("TESSERA_DUMP_ASM").is_ok() {
+                eprintln!("{}", out.asm);
+            }
             assert!(
                 out.asm.contains("s_endpgm"),
                 "no code for {} on {target}",
