@@ -1,11 +1,208 @@
-//! Tile IR to SIMT LLVM IR. (Placeholder: emits the kernel signature and an empty
-//! body; the lowering replaces it.)
+//! Tile IR to SIMT LLVM IR, written once for every target.
+//!
+//! # Value representation
+//!
+//! Every IR value lowers to a [`Tile`]: a [`Layout`] (which element each register of
+//! each thread holds) and one LLVM scalar per register. Scalars (rank 0) have one
+//! register holding the same value in every thread. Pointers are `ptr addrspace(1)`
+//! (global) or `ptr addrspace(3)` (shared); `i1` stays `i1` in registers and is a byte
+//! in memory. A tile is *uniform* when every element has the same value (`const`,
+//! `splat`, and elementwise ops on uniform operands): it converts to any layout for
+//! free, and elementwise ops on it are computed once.
+//!
+//! # Layout assignment (v1)
+//!
+//! Every tile op produces the canonical [`Layout::blocked`] layout of its shape with
+//! 4 contiguous elements per thread, except: elementwise ops keep their first
+//! non-uniform operand's layout (other operands are converted to it), `expand_dims`
+//! and `reshape` keep the layout (the flat order is unchanged), `reduce` produces the
+//! sliced layout of its operand, and `dot` on matrix units produces the instruction's
+//! accumulator layout. A pre-pass gives a loop-carried value that is fed by a `dot`
+//! the accumulator layout, so the accumulator stays in MMA registers across
+//! iterations. `broadcast` and `permute` gather, from the operand, the elements each
+//! register of the result's canonical layout needs: a register renaming when each
+//! thread already holds them, otherwise a round trip through shared memory.
+//!
+//! Layout conversions through shared memory write each register at its element index
+//! (replicated threads write the same value to the same place, which is benign), then
+//! barrier, read, barrier. All scratch lives in one static `[N x i8] addrspace(3)`
+//! global sized to the largest need of any op ([`KernelMeta::shared_bytes`]).
+//!
+//! # Semantics that differ from the interpreter
+//!
+//! - Integer division or remainder by zero yields 0 (the interpreter reports an
+//!   error); `MIN / -1` wraps as in the interpreter. Emitted as selects around a safe
+//!   divisor, since `sdiv`/`udiv` by zero and `sdiv MIN, -1` are UB in LLVM.
+//! - `reduce` combines in a tree (registers, then butterfly shuffles over lanes, then
+//!   warps in order), not strictly left to right, so float sums may round
+//!   differently; `scan` is sequential per line and rounds exactly like the
+//!   interpreter (one thread walks each line through shared memory: O(n) per line —
+//!   simple, not fast). The FMA `dot` adds products in increasing `k` without fusing
+//!   (bit-exact with the interpreter); `mma`/`mfma` accumulate in hardware order.
+//! - Math functions (`f32`; `f16`/`bf16` computed in `f32` and rounded):
+//!
+//!   | op | emitted as | accuracy (f32) |
+//!   |---|---|---|
+//!   | `exp2`, `log2` | `llvm.exp2`, `llvm.log2` (`ex2.approx`, `lg2.approx` / `v_exp_f32`, `v_log_f32`) | ≤ 2 ulp |
+//!   | `exp`, `log` | `exp2(x·log2 e)`, `log2(x)·ln 2` | ≤ 2 ulp + input scaling (relative ≈ 2^-22 for large \|x\|) |
+//!   | `sqrt`, `rsqrt` | `llvm.sqrt` (correctly rounded), `1 / sqrt` | 0.5 ulp, ≤ 1 ulp |
+//!   | `sin`, `cos` | `llvm.sin`, `llvm.cos` (`sin.approx` / `v_sin_f32`) | ≈ 2^-21 absolute for \|x\| ≤ π; degrades for large \|x\| |
+//!   | `tanh` | odd Taylor polynomial to x^15 for \|x\| < 0.55, else `1 - 2/(exp(2|x|)+1)` with the sign | ≤ 4 ulp |
+//!   | `erf` | Taylor series to x^15 for \|x\| < 0.5, else Abramowitz–Stegun 7.1.26 | ≤ 1.5e-7 absolute |
+//!   | `floor`, `ceil`, `abs`, `fma` | LLVM intrinsics | exact |
+//!
+//!   f64 transcendental functions are `Unsupported` (no libdevice/ocml linked yet);
+//!   f64 `sqrt`, `floor`, `ceil`, `fma`, arithmetic and casts work.
+//! - Plain loads and stores are ordinary (non-atomic) accesses.
 
+pub mod arch;
+mod dot;
+mod elementwise;
+mod memory;
+mod reduce;
+
+use std::collections::HashMap;
+
+use inkwell::AddressSpace;
+use inkwell::basic_block::BasicBlock;
+use inkwell::builder::{Builder, BuilderError};
 use inkwell::context::Context;
-use inkwell::module::Module;
-use tessera_ir::Function;
+use inkwell::intrinsics::Intrinsic;
+use inkwell::module::{Linkage, Module};
+use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValue, BasicValueEnum, FunctionValue, GlobalValue, IntValue,
+    PointerValue,
+};
+use tessera_ir::ir::{ConstValue, Op, OpKind, Region};
+use tessera_ir::{AddrSpace, Elem, Function, ScalarType, Span, ValueId};
 
+use crate::axis::AxisAnalysis;
+use crate::layout::{Layout, broadcast_bit_images, permute_bit_images};
 use crate::{CodegenError, CompileOptions, KernelMeta, Target};
+use arch::Arch;
+
+/// Internal lowering error, turned into [`CodegenError`] at the entry point.
+#[derive(Debug)]
+pub enum LowerError {
+    /// Not supported on this target, at this op.
+    Unsupported {
+        /// The op's span.
+        span: Span,
+        /// What.
+        message: String,
+    },
+    /// An LLVM builder failure (a bug).
+    Llvm(String),
+}
+
+impl From<BuilderError> for LowerError {
+    fn from(e: BuilderError) -> Self {
+        LowerError::Llvm(e.to_string())
+    }
+}
+
+/// Result of lowering steps.
+pub type LResult<T> = Result<T, LowerError>;
+
+fn unsupported<T>(span: &Span, message: impl Into<String>) -> LResult<T> {
+    Err(LowerError::Unsupported {
+        span: span.clone(),
+        message: message.into(),
+    })
+}
+
+/// The LLVM emission context handed to [`Arch`] implementations.
+pub struct Cx<'ctx> {
+    /// The LLVM context.
+    pub ctx: &'ctx Context,
+    /// The module being built.
+    pub module: Module<'ctx>,
+    /// The builder, positioned where code goes.
+    pub b: Builder<'ctx>,
+}
+
+impl<'ctx> Cx<'ctx> {
+    /// An `i32` constant.
+    pub fn i32(&self, v: i64) -> IntValue<'ctx> {
+        self.ctx.i32_type().const_int(v as u64, true)
+    }
+
+    /// The integer type of `bits` bits (1, 8, 16, 32 or 64).
+    pub fn int_ty(&self, bits: u32) -> inkwell::types::IntType<'ctx> {
+        match bits {
+            1 => self.ctx.bool_type(),
+            8 => self.ctx.i8_type(),
+            16 => self.ctx.i16_type(),
+            32 => self.ctx.i32_type(),
+            _ => self.ctx.i64_type(),
+        }
+    }
+
+    /// Calls intrinsic `name` (overloaded on `tys`); a void call returns `i32 0`.
+    pub fn call_intrinsic(
+        &self,
+        name: &str,
+        tys: &[BasicTypeEnum<'ctx>],
+        args: &[BasicValueEnum<'ctx>],
+    ) -> LResult<BasicValueEnum<'ctx>> {
+        let i = Intrinsic::find(name)
+            .ok_or_else(|| LowerError::Llvm(format!("unknown intrinsic {name}")))?;
+        let f = i
+            .get_declaration(&self.module, tys)
+            .ok_or_else(|| LowerError::Llvm(format!("bad overload of {name}")))?;
+        let args: Vec<BasicMetadataValueEnum> = args.iter().map(|&a| a.into()).collect();
+        let call = self.b.build_call(f, &args, "")?;
+        Ok(call
+            .try_as_basic_value()
+            .basic()
+            .unwrap_or_else(|| self.i32(0).into()))
+    }
+
+    /// A fence with a sync scope (`""` = system).
+    pub fn fence(&self, ord: inkwell::AtomicOrdering, scope: &str) -> LResult<()> {
+        let ssid = self.sync_scope_id(scope);
+        unsafe {
+            inkwell::llvm_sys::core::LLVMBuildFenceSyncScope(
+                self.b.as_mut_ptr(),
+                ord.into(),
+                ssid,
+                c"".as_ptr(),
+            );
+        }
+        Ok(())
+    }
+
+    /// The id of a sync scope name (`""` is the system scope).
+    pub fn sync_scope_id(&self, scope: &str) -> u32 {
+        unsafe {
+            inkwell::llvm_sys::core::LLVMGetSyncScopeID(
+                self.ctx.raw(),
+                scope.as_ptr() as *const _,
+                scope.len(),
+            )
+        }
+    }
+
+    fn cur_block(&self) -> BasicBlock<'ctx> {
+        self.b
+            .get_insert_block()
+            .expect("the builder is always positioned")
+    }
+}
+
+/// One lowered IR value.
+#[derive(Clone, Debug)]
+pub struct Tile<'ctx> {
+    /// The IR element type.
+    pub elem: Elem,
+    /// Which element each register holds.
+    pub layout: Layout,
+    /// One value per register.
+    pub regs: Vec<BasicValueEnum<'ctx>>,
+    /// Every element has the same value (all registers are the same SSA value).
+    pub uniform: bool,
+}
 
 /// Lowers `func` into a new LLVM module for `target`: one kernel entry point named
 /// like the function, taking its parameters in order (pointers as global-address-space
@@ -16,11 +213,815 @@ pub fn lower_kernel<'ctx>(
     target: Target,
     opts: &CompileOptions,
 ) -> Result<(Module<'ctx>, KernelMeta), CodegenError> {
+    if !opts.num_warps.is_power_of_two() || opts.num_warps > 16 {
+        return Err(CodegenError::Options(format!(
+            "num_warps must be a power of two from 1 to 16, got {}",
+            opts.num_warps
+        )));
+    }
+    let arch = arch::for_target(target);
+    lower_with_arch(ctx, func, arch.as_ref(), opts)
+}
+
+/// [`lower_kernel`] with an explicit [`Arch`] (the emulator plugs in here).
+pub fn lower_with_arch<'ctx>(
+    ctx: &'ctx Context,
+    func: &Function,
+    arch: &dyn Arch,
+    opts: &CompileOptions,
+) -> Result<(Module<'ctx>, KernelMeta), CodegenError> {
+    let target = arch.target();
+    let err = |e: LowerError| match e {
+        LowerError::Unsupported { span, message } => CodegenError::Unsupported {
+            kernel: func.name.clone(),
+            target,
+            span,
+            message,
+        },
+        LowerError::Llvm(message) => CodegenError::Llvm {
+            kernel: func.name.clone(),
+            target,
+            message,
+        },
+    };
     let module = ctx.create_module(&func.name);
+    module.set_triple(&inkwell::targets::TargetTriple::create(target.triple()));
+    let cx = Cx {
+        ctx,
+        module,
+        b: ctx.create_builder(),
+    };
+    let num_threads = opts.num_warps * arch.warp_size();
+    let mut l = Lowerer::new(cx, arch, func, opts.num_warps).map_err(err)?;
+    l.run().map_err(err)?;
+    let shared_bytes = l.finish_shared().map_err(err)?;
     let meta = KernelMeta {
         name: func.name.clone(),
-        num_threads: opts.num_warps * target.warp_size(),
-        shared_bytes: 0,
+        num_threads,
+        shared_bytes,
     };
-    Ok((module, meta))
+    Ok((l.cx.module, meta))
+}
+
+pub(crate) struct Lowerer<'a, 'ctx> {
+    pub cx: Cx<'ctx>,
+    pub arch: &'a dyn Arch,
+    pub f: &'a Function,
+    pub ws: u32,
+    pub nw: u32,
+    pub vals: HashMap<ValueId, Tile<'ctx>>,
+    pub axis: AxisAnalysis,
+    pub kernel: FunctionValue<'ctx>,
+    smem: GlobalValue<'ctx>,
+    smem_bytes: u32,
+    smem_span: Option<Span>,
+    pub tid: IntValue<'ctx>,
+    pub lane: IntValue<'ctx>,
+    pub warp: IntValue<'ctx>,
+    hints: HashMap<ValueId, Layout>,
+}
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    fn new(cx: Cx<'ctx>, arch: &'a dyn Arch, f: &'a Function, nw: u32) -> LResult<Self> {
+        let target = arch.target();
+        let ws = arch.warp_size();
+        let mut params: Vec<BasicMetadataTypeEnum> = Vec::new();
+        for p in &f.params {
+            let t = match f.ty(p.value).elem {
+                Elem::Scalar(ScalarType::I1) => cx.ctx.i8_type().into(),
+                e => llvm_type(cx.ctx, target, e),
+            };
+            params.push(t.into());
+        }
+        let fty = cx.ctx.void_type().fn_type(&params, false);
+        let kernel = cx.module.add_function(&f.name, fty, None);
+        arch.set_kernel_abi(&cx, kernel, nw * ws);
+        let entry = cx.ctx.append_basic_block(kernel, "entry");
+        cx.b.position_at_end(entry);
+        let placeholder = cx.module.add_global(
+            cx.ctx.i8_type().array_type(1),
+            Some(arch::shared_space(target)),
+            "__tessera_smem_placeholder",
+        );
+        let tid = arch.thread_id(&cx)?;
+        let lane = cx.b.build_and(tid, cx.i32(ws as i64 - 1), "lane")?;
+        let warp = arch.warp_id(&cx, tid)?;
+        Ok(Lowerer {
+            cx,
+            arch,
+            f,
+            ws,
+            nw,
+            vals: HashMap::new(),
+            axis: AxisAnalysis::run(f),
+            kernel,
+            smem: placeholder,
+            smem_bytes: 0,
+            smem_span: None,
+            tid,
+            lane,
+            warp,
+            hints: HashMap::new(),
+        })
+    }
+
+    pub fn target(&self) -> Target {
+        self.arch.target()
+    }
+
+    fn run(&mut self) -> LResult<()> {
+        for (i, p) in self.f.params.iter().enumerate() {
+            let e = self.f.ty(p.value).elem;
+            let mut v = self
+                .kernel
+                .get_nth_param(i as u32)
+                .expect("one LLVM parameter per kernel parameter");
+            if e == Elem::Scalar(ScalarType::I1) {
+                v = self
+                    .cx
+                    .b
+                    .build_int_compare(
+                        inkwell::IntPredicate::NE,
+                        v.into_int_value(),
+                        self.cx.ctx.i8_type().const_zero(),
+                        "",
+                    )?
+                    .into();
+            }
+            v.set_name(&p.name);
+            let t = self.scalar_tile(e, v);
+            self.vals.insert(p.value, t);
+        }
+        self.compute_hints(&self.f.body);
+        let body = &self.f.body;
+        self.lower_region(body)?;
+        self.cx.b.build_return(None)?;
+        Ok(())
+    }
+
+    /// Replaces the placeholder shared global with one of the final size.
+    fn finish_shared(&mut self) -> LResult<u32> {
+        let bytes = self.smem_bytes;
+        let limit = self.target().shared_memory_limit();
+        if bytes > limit {
+            let span = self
+                .smem_span
+                .clone()
+                .unwrap_or_else(|| self.f.span.clone());
+            return unsupported(
+                &span,
+                format!("{bytes} bytes of shared memory (the limit is {limit})"),
+            );
+        }
+        let old = self.smem;
+        if bytes > 0 {
+            let ty = self.cx.ctx.i8_type().array_type(bytes);
+            let g = self.cx.module.add_global(
+                ty,
+                Some(arch::shared_space(self.target())),
+                "__tessera_smem",
+            );
+            g.set_linkage(Linkage::Internal);
+            g.set_initializer(&ty.get_undef());
+            g.set_alignment(16);
+            old.as_pointer_value()
+                .replace_all_uses_with(g.as_pointer_value());
+        }
+        unsafe { old.delete() };
+        Ok(bytes)
+    }
+
+    /// Reserves `bytes` of scratch for the op at `span`; returns the base pointer.
+    pub fn scratch(&mut self, bytes: u32, span: &Span) -> PointerValue<'ctx> {
+        let bytes = bytes.div_ceil(16) * 16;
+        if bytes > self.smem_bytes {
+            self.smem_bytes = bytes;
+            self.smem_span = Some(span.clone());
+        }
+        self.smem.as_pointer_value()
+    }
+
+    // ----- helpers -------------------------------------------------------------
+
+    pub fn canonical(&self, shape: &[u32]) -> Layout {
+        if shape.is_empty() {
+            Layout::uniform(shape, self.ws, self.nw)
+        } else {
+            Layout::blocked(shape, 4, self.ws, self.nw)
+        }
+    }
+
+    pub fn scalar_tile(&self, elem: Elem, v: BasicValueEnum<'ctx>) -> Tile<'ctx> {
+        Tile {
+            elem,
+            layout: self.canonical(&[]),
+            regs: vec![v],
+            uniform: true,
+        }
+    }
+
+    pub fn uniform_tile(&self, elem: Elem, layout: Layout, v: BasicValueEnum<'ctx>) -> Tile<'ctx> {
+        Tile {
+            elem,
+            regs: vec![v; layout.num_regs()],
+            layout,
+            uniform: true,
+        }
+    }
+
+    pub fn val(&self, v: ValueId) -> LResult<Tile<'ctx>> {
+        self.vals
+            .get(&v)
+            .cloned()
+            .ok_or_else(|| LowerError::Llvm(format!("value {v} used before definition")))
+    }
+
+    pub fn ty(&self, e: Elem) -> BasicTypeEnum<'ctx> {
+        llvm_type(self.cx.ctx, self.target(), e)
+    }
+
+    /// The in-memory type of an element (`i1` is a byte, pointers are `i64` in scratch).
+    pub fn mem_ty(&self, e: Elem) -> BasicTypeEnum<'ctx> {
+        match e {
+            Elem::Scalar(ScalarType::I1) => self.cx.ctx.i8_type().into(),
+            Elem::Ptr { .. } => self.cx.ctx.i64_type().into(),
+            e => self.ty(e),
+        }
+    }
+
+    pub fn store_to_mem(&self, e: Elem, v: BasicValueEnum<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
+        Ok(match e {
+            Elem::Scalar(ScalarType::I1) => self
+                .cx
+                .b
+                .build_int_z_extend(v.into_int_value(), self.cx.ctx.i8_type(), "")?
+                .into(),
+            Elem::Ptr { .. } => self
+                .cx
+                .b
+                .build_ptr_to_int(v.into_pointer_value(), self.cx.ctx.i64_type(), "")?
+                .into(),
+            _ => v,
+        })
+    }
+
+    pub fn reg_from_mem(&self, e: Elem, v: BasicValueEnum<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
+        Ok(match e {
+            Elem::Scalar(ScalarType::I1) => self
+                .cx
+                .b
+                .build_int_compare(
+                    inkwell::IntPredicate::NE,
+                    v.into_int_value(),
+                    self.cx.ctx.i8_type().const_zero(),
+                    "",
+                )?
+                .into(),
+            Elem::Ptr { .. } => self
+                .cx
+                .b
+                .build_int_to_ptr(v.into_int_value(), self.ty(e).into_pointer_type(), "")?
+                .into(),
+            _ => v,
+        })
+    }
+
+    /// The thread-dependent part of a layout's element index (`i32`).
+    pub fn thread_offset(&self, l: &Layout) -> LResult<IntValue<'ctx>> {
+        let b = &self.cx.b;
+        let mut acc = self.cx.i32(0);
+        for (src, bases) in [(self.lane, &l.lane), (self.warp, &l.warp)] {
+            for (i, &base) in bases.iter().enumerate() {
+                if base == 0 {
+                    continue;
+                }
+                let bit = b.build_and(
+                    b.build_right_shift(src, self.cx.i32(i as i64), false, "")?,
+                    self.cx.i32(1),
+                    "",
+                )?;
+                let term = b.build_int_mul(bit, self.cx.i32(base as i64), "")?;
+                acc = b.build_xor(acc, term, "")?;
+            }
+        }
+        Ok(acc)
+    }
+
+    /// The element index of every register of a layout (`i32`).
+    pub fn elem_indices(&self, l: &Layout) -> LResult<Vec<IntValue<'ctx>>> {
+        let thr = self.thread_offset(l)?;
+        let mask = l.thread_mask();
+        (0..l.num_regs() as u32)
+            .map(|r| {
+                let off = l.reg_offset(r);
+                let c = self.cx.i32(off as i64);
+                Ok(if off == 0 {
+                    thr
+                } else if off & mask == 0 {
+                    self.cx.b.build_int_nuw_add(thr, c, "")?
+                } else {
+                    self.cx.b.build_xor(thr, c, "")?
+                })
+            })
+            .collect()
+    }
+
+    /// `i1` that is true in exactly one thread of each set of threads holding the
+    /// same elements (the lane and warp bits with zero bases are 0), or `None` when
+    /// no threads replicate.
+    pub fn owner_predicate(&self, l: &Layout) -> LResult<Option<IntValue<'ctx>>> {
+        let zero_bits = |bases: &[u32]| {
+            bases
+                .iter()
+                .enumerate()
+                .filter(|(_, b)| **b == 0)
+                .fold(0u32, |a, (i, _)| a | 1 << i)
+        };
+        let (zl, zw) = (zero_bits(&l.lane), zero_bits(&l.warp));
+        if zl == 0 && zw == 0 {
+            return Ok(None);
+        }
+        let b = &self.cx.b;
+        let x = b.build_or(
+            b.build_and(self.lane, self.cx.i32(zl as i64), "")?,
+            b.build_left_shift(
+                b.build_and(self.warp, self.cx.i32(zw as i64), "")?,
+                self.cx.i32(8),
+                "",
+            )?,
+            "",
+        )?;
+        Ok(Some(b.build_int_compare(
+            inkwell::IntPredicate::EQ,
+            x,
+            self.cx.i32(0),
+            "owner",
+        )?))
+    }
+
+    pub fn smem_ptr(
+        &self,
+        base: PointerValue<'ctx>,
+        ty: BasicTypeEnum<'ctx>,
+        idx: IntValue<'ctx>,
+    ) -> LResult<PointerValue<'ctx>> {
+        Ok(unsafe { self.cx.b.build_in_bounds_gep(ty, base, &[idx], "")? })
+    }
+
+    pub fn barrier(&self) -> LResult<()> {
+        self.arch.barrier(&self.cx)
+    }
+
+    /// `t` in layout `to` (same shape).
+    pub fn convert(&mut self, t: &Tile<'ctx>, to: &Layout, span: &Span) -> LResult<Tile<'ctx>> {
+        if t.layout == *to {
+            return Ok(t.clone());
+        }
+        if t.uniform {
+            return Ok(self.uniform_tile(t.elem, to.clone(), t.regs[0]));
+        }
+        // A register renaming when every thread already holds what it needs.
+        if t.layout.lane == to.lane && t.layout.warp == to.warp {
+            let mut by_off = HashMap::new();
+            for r in 0..t.layout.num_regs() as u32 {
+                by_off.entry(t.layout.reg_offset(r)).or_insert(r);
+            }
+            let regs: Option<Vec<_>> = (0..to.num_regs() as u32)
+                .map(|r| by_off.get(&to.reg_offset(r)).map(|&s| t.regs[s as usize]))
+                .collect();
+            if let Some(regs) = regs {
+                return Ok(Tile {
+                    elem: t.elem,
+                    layout: to.clone(),
+                    regs,
+                    uniform: false,
+                });
+            }
+        }
+        let mt = self.mem_ty(t.elem);
+        let size = type_bytes(t.elem);
+        let base = self.scratch(t.layout.numel() * size, span);
+        let src_idx = self.elem_indices(&t.layout)?;
+        for (r, idx) in src_idx.iter().enumerate() {
+            if is_dup_reg(&t.layout, r) {
+                continue;
+            }
+            let p = self.smem_ptr(base, mt, *idx)?;
+            let v = self.store_to_mem(t.elem, t.regs[r])?;
+            self.cx.b.build_store(p, v)?;
+        }
+        self.barrier()?;
+        let dst_idx = self.elem_indices(to)?;
+        let mut regs = Vec::with_capacity(dst_idx.len());
+        for idx in dst_idx {
+            let p = self.smem_ptr(base, mt, idx)?;
+            let v = self.cx.b.build_load(mt, p, "")?;
+            regs.push(self.reg_from_mem(t.elem, v)?);
+        }
+        self.barrier()?;
+        Ok(Tile {
+            elem: t.elem,
+            layout: to.clone(),
+            regs,
+            uniform: false,
+        })
+    }
+
+    // ----- layout hints --------------------------------------------------------
+
+    /// Loop-carried values fed by a `dot` get the `dot`'s result layout.
+    fn compute_hints(&mut self, r: &Region) {
+        for op in &r.ops {
+            if op.kind == OpKind::For {
+                let body = &op.regions[0];
+                if let Some(y) = body.ops.last() {
+                    for (i, &yv) in y.operands.iter().enumerate() {
+                        let def = body.ops.iter().find(|o| o.results.contains(&yv));
+                        if let Some(d) = def
+                            && d.kind == OpKind::Dot
+                            && let Some(l) = dot::mma_layout(self, d)
+                            && let Some(&arg) = body.args.get(i + 1)
+                        {
+                            self.hints.insert(arg, l);
+                        }
+                    }
+                }
+            }
+            for sub in &op.regions {
+                self.compute_hints(sub);
+            }
+        }
+    }
+
+    // ----- regions and ops -----------------------------------------------------
+
+    /// Lowers a region's ops; returns the operands of its terminator (if any).
+    fn lower_region(&mut self, r: &Region) -> LResult<Vec<Tile<'ctx>>> {
+        for op in &r.ops {
+            if op.kind.is_terminator() {
+                return op.operands.iter().map(|&v| self.val(v)).collect();
+            }
+            self.lower_op(op)?;
+        }
+        Ok(Vec::new())
+    }
+
+    fn set(&mut self, v: ValueId, t: Tile<'ctx>) {
+        self.vals.insert(v, t);
+    }
+
+    fn result_shape(&self, op: &Op) -> Vec<u32> {
+        self.f.ty(op.results[0]).shape.clone()
+    }
+
+    fn lower_op(&mut self, op: &Op) -> LResult<()> {
+        let span = &op.span;
+        match &op.kind {
+            OpKind::ProgramId { axis } => {
+                let v = self.arch.program_id(&self.cx, *axis)?;
+                let t = self.scalar_tile(Elem::Scalar(ScalarType::I32), v.into());
+                self.set(op.results[0], t);
+            }
+            OpKind::NumPrograms { axis } => {
+                let v = self.arch.num_programs(&self.cx, *axis, self.nw * self.ws)?;
+                let t = self.scalar_tile(Elem::Scalar(ScalarType::I32), v.into());
+                self.set(op.results[0], t);
+            }
+            OpKind::Const(c) => {
+                let ty = self.f.ty(op.results[0]).clone();
+                let v = self.constant(ty.elem, *c)?;
+                let t = self.uniform_tile(ty.elem, self.canonical(&ty.shape), v);
+                self.set(op.results[0], t);
+            }
+            OpKind::Arange { start, .. } => {
+                let shape = self.result_shape(op);
+                let l = self.canonical(&shape);
+                let idx = self.elem_indices(&l)?;
+                let s = self.cx.i32(*start);
+                let regs = idx
+                    .into_iter()
+                    .map(|i| Ok(self.cx.b.build_int_add(i, s, "")?.into()))
+                    .collect::<LResult<Vec<_>>>()?;
+                let t = Tile {
+                    elem: Elem::Scalar(ScalarType::I32),
+                    layout: l,
+                    regs,
+                    uniform: false,
+                };
+                self.set(op.results[0], t);
+            }
+            OpKind::Splat => {
+                let src = self.val(op.operands[0])?;
+                let l = self.canonical(&self.result_shape(op));
+                let t = self.uniform_tile(src.elem, l, src.regs[0]);
+                self.set(op.results[0], t);
+            }
+            OpKind::ExpandDims { .. } | OpKind::Reshape => {
+                let src = self.val(op.operands[0])?;
+                let shape = self.result_shape(op);
+                let t = Tile {
+                    layout: src.layout.with_shape(&shape),
+                    ..src
+                };
+                self.set(op.results[0], t);
+            }
+            OpKind::Broadcast | OpKind::Permute { .. } => {
+                let src = self.val(op.operands[0])?;
+                let shape = self.result_shape(op);
+                let d = self.canonical(&shape);
+                let images = match &op.kind {
+                    OpKind::Permute { order } => permute_bit_images(&src.layout.shape, order),
+                    _ => broadcast_bit_images(&src.layout.shape, &shape),
+                };
+                let p = d.compose_bits(&src.layout.shape, &images);
+                let g = self.convert(&src, &p, span)?;
+                let t = Tile { layout: d, ..g };
+                self.set(op.results[0], t);
+            }
+            OpKind::Binary(_)
+            | OpKind::Unary(_)
+            | OpKind::Fma
+            | OpKind::Cmp(_)
+            | OpKind::Select
+            | OpKind::Cast => {
+                let t = elementwise::lower(self, op)?;
+                self.set(op.results[0], t);
+            }
+            OpKind::AddPtr => {
+                let t = memory::lower_addptr(self, op)?;
+                self.set(op.results[0], t);
+            }
+            OpKind::Load { .. } => {
+                let t = memory::lower_load(self, op)?;
+                self.set(op.results[0], t);
+            }
+            OpKind::Store { .. } => memory::lower_store(self, op)?,
+            OpKind::AtomicRmw { .. } | OpKind::AtomicCas { .. } => {
+                let t = memory::lower_atomic(self, op)?;
+                self.set(op.results[0], t);
+            }
+            OpKind::Dot => {
+                let t = dot::lower(self, op)?;
+                self.set(op.results[0], t);
+            }
+            OpKind::Reduce { axis, op: rop } => {
+                let t = reduce::lower_reduce(self, op, *axis as usize, *rop)?;
+                self.set(op.results[0], t);
+            }
+            OpKind::Scan {
+                axis,
+                op: rop,
+                reverse,
+            } => {
+                let t = reduce::lower_scan(self, op, *axis as usize, *rop, *reverse)?;
+                self.set(op.results[0], t);
+            }
+            OpKind::Barrier => self.barrier()?,
+            OpKind::For => self.lower_for(op)?,
+            OpKind::If => self.lower_if(op)?,
+            OpKind::While => self.lower_while(op)?,
+            OpKind::Yield | OpKind::Condition => {
+                return unsupported(span, "a terminator outside its region's end");
+            }
+        }
+        Ok(())
+    }
+
+    pub fn constant(&self, e: Elem, c: ConstValue) -> LResult<BasicValueEnum<'ctx>> {
+        let ty = self.ty(e);
+        Ok(match (e, c) {
+            (Elem::Scalar(ScalarType::I1), ConstValue::Bool(b)) => {
+                self.cx.ctx.bool_type().const_int(b as u64, false).into()
+            }
+            (Elem::Scalar(s), ConstValue::Int(i)) if s.is_int() => ty
+                .into_int_type()
+                .const_int(i as u64, s.is_signed_int())
+                .into(),
+            (Elem::Scalar(s), ConstValue::Float(x)) if s.is_float() => {
+                ty.into_float_type().const_float(x).into()
+            }
+            _ => return Err(LowerError::Llvm(format!("constant {c:?} of type {e}"))),
+        })
+    }
+
+    fn phis(&self, t: &Tile<'ctx>) -> LResult<Vec<inkwell::values::PhiValue<'ctx>>> {
+        let ty = self.ty(t.elem);
+        t.regs
+            .iter()
+            .map(|_| Ok(self.cx.b.build_phi(ty, "")?))
+            .collect()
+    }
+
+    fn phi_tile(&self, t: &Tile<'ctx>, phis: &[inkwell::values::PhiValue<'ctx>]) -> Tile<'ctx> {
+        Tile {
+            elem: t.elem,
+            layout: t.layout.clone(),
+            regs: phis.iter().map(|p| p.as_basic_value()).collect(),
+            uniform: false,
+        }
+    }
+
+    fn lower_for(&mut self, op: &Op) -> LResult<()> {
+        let span = &op.span;
+        let body = &op.regions[0];
+        let lb = self.val(op.operands[0])?.regs[0].into_int_value();
+        let ub = self.val(op.operands[1])?.regs[0].into_int_value();
+        let step = self.val(op.operands[2])?.regs[0].into_int_value();
+        let mut inits = Vec::new();
+        for (i, &v) in op.operands[3..].iter().enumerate() {
+            let t = self.val(v)?;
+            let t = match body
+                .args
+                .get(i + 1)
+                .and_then(|a| self.hints.get(a))
+                .cloned()
+            {
+                Some(h) if h.shape == t.layout.shape => self.convert(&t, &h, span)?,
+                _ => t,
+            };
+            inits.push(t);
+        }
+        let pre = self.cx.cur_block();
+        let header = self.cx.ctx.append_basic_block(self.kernel, "for.header");
+        let bb_body = self.cx.ctx.append_basic_block(self.kernel, "for.body");
+        let exit = self.cx.ctx.append_basic_block(self.kernel, "for.exit");
+        self.cx.b.build_unconditional_branch(header)?;
+        self.cx.b.position_at_end(header);
+        let iv = self.cx.b.build_phi(lb.get_type(), "iv")?;
+        iv.add_incoming(&[(&lb, pre)]);
+        let mut phis = Vec::new();
+        for t in &inits {
+            let ps = self.phis(t)?;
+            for (p, r) in ps.iter().zip(&t.regs) {
+                p.add_incoming(&[(r as &dyn BasicValue, pre)]);
+            }
+            phis.push(ps);
+        }
+        let ivv = iv.as_basic_value().into_int_value();
+        let c = self
+            .cx
+            .b
+            .build_int_compare(inkwell::IntPredicate::SLT, ivv, ub, "")?;
+        self.cx.b.build_conditional_branch(c, bb_body, exit)?;
+        self.cx.b.position_at_end(bb_body);
+        let ive = self.f.ty(op.operands[0]).elem;
+        if let Some(&a) = body.args.first() {
+            let t = self.scalar_tile(ive, ivv.into());
+            self.set(a, t);
+        }
+        let carried: Vec<Tile> = inits
+            .iter()
+            .zip(&phis)
+            .map(|(t, p)| self.phi_tile(t, p))
+            .collect();
+        for (a, t) in body.args.iter().skip(1).zip(&carried) {
+            self.set(*a, t.clone());
+        }
+        let ys = self.lower_region(body)?;
+        let mut ys_conv = Vec::new();
+        for (y, t) in ys.iter().zip(&inits) {
+            ys_conv.push(self.convert(y, &t.layout, span)?);
+        }
+        let next = self.cx.b.build_int_add(ivv, step, "iv.next")?;
+        let latch = self.cx.cur_block();
+        iv.add_incoming(&[(&next, latch)]);
+        for (ps, y) in phis.iter().zip(&ys_conv) {
+            for (p, r) in ps.iter().zip(&y.regs) {
+                p.add_incoming(&[(r as &dyn BasicValue, latch)]);
+            }
+        }
+        self.cx.b.build_unconditional_branch(header)?;
+        self.cx.b.position_at_end(exit);
+        for (r, t) in op.results.iter().zip(carried) {
+            self.set(*r, t);
+        }
+        Ok(())
+    }
+
+    fn lower_if(&mut self, op: &Op) -> LResult<()> {
+        let span = &op.span;
+        let cond = self.val(op.operands[0])?.regs[0].into_int_value();
+        let bt = self.cx.ctx.append_basic_block(self.kernel, "if.then");
+        let be = self.cx.ctx.append_basic_block(self.kernel, "if.else");
+        let bm = self.cx.ctx.append_basic_block(self.kernel, "if.end");
+        self.cx.b.build_conditional_branch(cond, bt, be)?;
+        self.cx.b.position_at_end(bt);
+        let yt = self.lower_region(&op.regions[0])?;
+        let end_t = self.cx.cur_block();
+        self.cx.b.build_unconditional_branch(bm)?;
+        self.cx.b.position_at_end(be);
+        let ye = self.lower_region(&op.regions[1])?;
+        let mut ye_conv = Vec::new();
+        for (y, t) in ye.iter().zip(&yt) {
+            ye_conv.push(self.convert(y, &t.layout, span)?);
+        }
+        let end_e = self.cx.cur_block();
+        self.cx.b.build_unconditional_branch(bm)?;
+        self.cx.b.position_at_end(bm);
+        for ((r, t), e) in op.results.iter().zip(&yt).zip(&ye_conv) {
+            let ps = self.phis(t)?;
+            for ((p, a), b) in ps.iter().zip(&t.regs).zip(&e.regs) {
+                p.add_incoming(&[(a as &dyn BasicValue, end_t), (b as &dyn BasicValue, end_e)]);
+            }
+            let tile = self.phi_tile(t, &ps);
+            self.set(*r, tile);
+        }
+        Ok(())
+    }
+
+    fn lower_while(&mut self, op: &Op) -> LResult<()> {
+        let span = &op.span;
+        let inits: Vec<Tile> = op
+            .operands
+            .iter()
+            .map(|&v| self.val(v))
+            .collect::<LResult<_>>()?;
+        let pre = self.cx.cur_block();
+        let header = self.cx.ctx.append_basic_block(self.kernel, "while.before");
+        let after = self.cx.ctx.append_basic_block(self.kernel, "while.after");
+        let exit = self.cx.ctx.append_basic_block(self.kernel, "while.exit");
+        self.cx.b.build_unconditional_branch(header)?;
+        self.cx.b.position_at_end(header);
+        let mut phis = Vec::new();
+        for t in &inits {
+            let ps = self.phis(t)?;
+            for (p, r) in ps.iter().zip(&t.regs) {
+                p.add_incoming(&[(r as &dyn BasicValue, pre)]);
+            }
+            phis.push(ps);
+        }
+        for ((a, t), ps) in op.regions[0].args.iter().zip(&inits).zip(&phis) {
+            let tile = self.phi_tile(t, ps);
+            self.set(*a, tile);
+        }
+        let cv = self.lower_region(&op.regions[0])?;
+        let Some((cond, fwd)) = cv.split_first() else {
+            return unsupported(span, "a `while` whose before-region lacks a condition");
+        };
+        self.cx
+            .b
+            .build_conditional_branch(cond.regs[0].into_int_value(), after, exit)?;
+        self.cx.b.position_at_end(after);
+        for (a, t) in op.regions[1].args.iter().zip(fwd) {
+            self.set(*a, t.clone());
+        }
+        let ys = self.lower_region(&op.regions[1])?;
+        let mut ys_conv = Vec::new();
+        for (y, t) in ys.iter().zip(&inits) {
+            ys_conv.push(self.convert(y, &t.layout, span)?);
+        }
+        let latch = self.cx.cur_block();
+        for (ps, y) in phis.iter().zip(&ys_conv) {
+            for (p, r) in ps.iter().zip(&y.regs) {
+                p.add_incoming(&[(r as &dyn BasicValue, latch)]);
+            }
+        }
+        self.cx.b.build_unconditional_branch(header)?;
+        self.cx.b.position_at_end(exit);
+        for (r, t) in op.results.iter().zip(fwd) {
+            self.set(*r, t.clone());
+        }
+        Ok(())
+    }
+}
+
+/// True when register `r` duplicates a lower register (it has a bit set whose basis
+/// is zero).
+pub fn is_dup_reg(l: &Layout, r: usize) -> bool {
+    l.reg
+        .iter()
+        .enumerate()
+        .any(|(i, &b)| b == 0 && r >> i & 1 == 1)
+}
+
+/// Bytes of one element in scratch memory.
+pub fn type_bytes(e: Elem) -> u32 {
+    match e {
+        Elem::Scalar(s) => s.size_bytes() as u32,
+        Elem::Ptr { .. } => 8,
+    }
+}
+
+/// The LLVM register type of an IR element.
+pub fn llvm_type<'ctx>(ctx: &'ctx Context, target: Target, e: Elem) -> BasicTypeEnum<'ctx> {
+    match e {
+        Elem::Scalar(s) => match s {
+            ScalarType::I1 => ctx.bool_type().into(),
+            ScalarType::I8 | ScalarType::U8 => ctx.i8_type().into(),
+            ScalarType::I16 | ScalarType::U16 => ctx.i16_type().into(),
+            ScalarType::I32 | ScalarType::U32 => ctx.i32_type().into(),
+            ScalarType::I64 | ScalarType::U64 => ctx.i64_type().into(),
+            ScalarType::F16 => ctx.f16_type().into(),
+            ScalarType::BF16 => ctx.bf16_type().into(),
+            ScalarType::F32 => ctx.f32_type().into(),
+            ScalarType::F64 => ctx.f64_type().into(),
+        },
+        Elem::Ptr { space, .. } => {
+            let a = match space {
+                AddrSpace::Global => target.global_addrspace(),
+                AddrSpace::Shared => target.shared_addrspace(),
+            };
+            ctx.ptr_type(AddressSpace::from(a)).as_basic_type_enum()
+        }
+    }
 }

@@ -1,0 +1,496 @@
+//! Everything target-specific the lowering emits, behind one trait: [`Arch`].
+//!
+//! The lowering in [`super`] is written once against `dyn Arch`; [`Nvptx`] and
+//! [`Amdgpu`] implement it (a host SIMT emulator will be a third implementation).
+//!
+//! | what | NVPTX | AMDGPU |
+//! |---|---|---|
+//! | thread id | `llvm.nvvm.read.ptx.sreg.tid.x` | `llvm.amdgcn.workitem.id.x` |
+//! | warp id | `tid >> 5` | `readfirstlane(tid >> log2(wave))` (scalar register) |
+//! | program id | `llvm.nvvm.read.ptx.sreg.ctaid.{x,y,z}` | `llvm.amdgcn.workgroup.id.{x,y,z}` |
+//! | grid size | `llvm.nvvm.read.ptx.sreg.nctaid.*` | HSA dispatch packet (`llvm.amdgcn.dispatch.ptr`): `grid_size_*` (u32 at bytes 12/16/20, in work-items) divided by the baked-in workgroup size |
+//! | barrier | `llvm.nvvm.barrier.cta.sync.aligned.all(0)` (`bar.sync 0`, orders shared memory) | `fence syncscope("workgroup") release` + `llvm.amdgcn.s.barrier` + `fence syncscope("workgroup") acquire` |
+//! | shuffle xor | `llvm.nvvm.shfl.sync.bfly.i32` (full mask) | `llvm.amdgcn.ds.bpermute` (byte address `(lane ^ m) * 4`) |
+//! | kernel ABI | calling convention `ptx_kernel` (71), `"nvvm.maxntid"` attribute | `amdgpu_kernel` (91), `"amdgpu-flat-work-group-size"="N,N"` |
+//! | atomics scopes | `block` / `device` / system (`""`) | `workgroup` / `agent` / system (`""`) |
+//! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` (inline PTX; sm_80+) | `llvm.amdgcn.mfma.f32.16x16x16f16` / `...16x16x16bf16.1k` (gfx90a, gfx942) |
+//!
+//! # Matrix fragment layouts
+//!
+//! [`MmaInfo`] describes, per lane bit and register bit, which matrix coordinate a
+//! fragment element has (every map is linear in the lane bits).
+//!
+//! NVIDIA `mma.m16n8k16` with `.f16`/`.bf16` A/B and `.f32` C/D (PTX ISA, "Matrix
+//! Fragments for mma.m16n8k16 with floating point type"): with `g = lane >> 2` and
+//! `t = lane % 4`,
+//! - A (16×16, row-major), 8 halves `a0..a7` in 4 `.b32` registers: row `g` (+8 for
+//!   `a2,a3,a6,a7`), column `2t + (i & 1)` (+8 for `a4..a7`);
+//! - B (16×8, "col"), 4 halves `b0..b3`: row (k) `2t + (i & 1)` (+8 for `b2,b3`),
+//!   column `g`;
+//! - C/D (16×8), 4 floats `c0..c3`: row `g` (+8 for `c2,c3`), column `2t + (i & 1)`.
+//!
+//! AMD `v_mfma_f32_16x16x16f16` (AMD Matrix Instruction Calculator; CDNA3 ISA §7):
+//! lane `l`, item `i` in 0..4:
+//! - A: `A[l % 16][4 * (l / 16) + i]`; B: `B[4 * (l / 16) + i][l % 16]`;
+//! - C/D: `C[4 * (l / 16) + i][l % 16]`.
+//!
+//! The bf16 variant (`.1k`) has the same layouts with `<4 x i16>` operands.
+
+use inkwell::AddressSpace;
+use inkwell::attributes::AttributeLoc;
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue};
+use tessera_ir::ScalarType;
+use tessera_ir::ir::MemScope;
+
+use super::{Cx, LResult, LowerError};
+use crate::Target;
+use crate::target::AmdArch;
+
+/// Fragment description of one MMA operand: each lane bit's contribution to the
+/// (outer, k) coordinates (outer = row for A, column for B), and the fragment's
+/// elements as runs of consecutive k, in the order the instruction takes them.
+#[derive(Clone, Debug)]
+pub struct FragInfo {
+    /// Per lane bit: (outer, k) added when the bit is set.
+    pub lane: Vec<(u32, u32)>,
+    /// Runs `(outer offset, k offset, length)`.
+    pub runs: Vec<(u32, u32, u32)>,
+}
+
+/// One matrix instruction: `D[m×n] = A[m×k] · B[k×n] + C`, per warp.
+#[derive(Clone, Debug)]
+pub struct MmaInfo {
+    /// Instruction shape.
+    pub m: u32,
+    /// Instruction shape.
+    pub n: u32,
+    /// Instruction shape.
+    pub k: u32,
+    /// C/D fragment: per register bit, (row, col).
+    pub c_reg: Vec<(u32, u32)>,
+    /// C/D fragment: per lane bit, (row, col).
+    pub c_lane: Vec<(u32, u32)>,
+    /// A fragment.
+    pub a: FragInfo,
+    /// B fragment.
+    pub b: FragInfo,
+}
+
+/// Target-specific emission. Every method emits at the builder's position.
+pub trait Arch {
+    /// The target.
+    fn target(&self) -> Target;
+    /// Threads per warp.
+    fn warp_size(&self) -> u32 {
+        self.target().warp_size()
+    }
+    /// The thread's index in the block (x), `i32`.
+    fn thread_id<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>>;
+    /// The warp's index in the block, `i32`, given the thread id.
+    fn warp_id<'ctx>(&self, cx: &Cx<'ctx>, tid: IntValue<'ctx>) -> LResult<IntValue<'ctx>> {
+        let sh = cx.i32(self.warp_size().trailing_zeros() as i64);
+        Ok(cx.b.build_right_shift(tid, sh, false, "warp")?)
+    }
+    /// The program (block) index along `axis`, `i32`.
+    fn program_id<'ctx>(&self, cx: &Cx<'ctx>, axis: u8) -> LResult<IntValue<'ctx>>;
+    /// The number of programs along `axis`, `i32`.
+    fn num_programs<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        axis: u8,
+        num_threads: u32,
+    ) -> LResult<IntValue<'ctx>>;
+    /// A block-wide barrier that also orders shared memory accesses.
+    fn barrier<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()>;
+    /// The `i32` value of lane `lane ^ mask` of this warp (all lanes active).
+    fn shuffle_xor<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        v: IntValue<'ctx>,
+        mask: u32,
+        lane: IntValue<'ctx>,
+    ) -> LResult<IntValue<'ctx>>;
+    /// Declares the kernel's ABI: calling convention and launch bounds.
+    fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32);
+    /// The LLVM `syncscope` name of a memory scope.
+    fn sync_scope(&self, scope: MemScope) -> &'static str;
+    /// Approximate f32 `log2` (≤ 2 ulp).
+    fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+        super::elementwise::approx(cx, "llvm.log2", x)
+    }
+    /// True when f64 transcendental functions (exp, log, sin, ...) can be emitted.
+    fn has_f64_math(&self) -> bool {
+        false
+    }
+    /// The matrix instruction for `dot` on `input` elements, if any.
+    fn mma(&self, input: ScalarType) -> Option<MmaInfo>;
+    /// Emits one matrix instruction: `a` and `b` hold the fragment elements in
+    /// [`FragInfo::runs`] order, `c` the accumulator fragment; returns D.
+    fn emit_mma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        a: &[BasicValueEnum<'ctx>],
+        b: &[BasicValueEnum<'ctx>],
+        c: &[FloatValue<'ctx>],
+    ) -> LResult<Vec<FloatValue<'ctx>>>;
+}
+
+/// The implementation for a target.
+pub fn for_target(t: Target) -> Box<dyn Arch> {
+    match t {
+        Target::Nvptx { sm } => Box::new(Nvptx { sm }),
+        Target::Amdgpu(a) => Box::new(Amdgpu { arch: a }),
+    }
+}
+
+/// NVIDIA PTX.
+pub struct Nvptx {
+    /// Compute capability.
+    pub sm: u32,
+}
+
+/// AMD GCN/CDNA/RDNA.
+pub struct Amdgpu {
+    /// The gfx architecture.
+    pub arch: AmdArch,
+}
+
+fn axis_char(axis: u8) -> char {
+    ['x', 'y', 'z'][axis.min(2) as usize]
+}
+
+impl Arch for Nvptx {
+    fn target(&self) -> Target {
+        Target::Nvptx { sm: self.sm }
+    }
+
+    fn thread_id<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        Ok(cx
+            .call_intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", &[], &[])?
+            .into_int_value())
+    }
+
+    fn program_id<'ctx>(&self, cx: &Cx<'ctx>, axis: u8) -> LResult<IntValue<'ctx>> {
+        let name = format!("llvm.nvvm.read.ptx.sreg.ctaid.{}", axis_char(axis));
+        Ok(cx.call_intrinsic(&name, &[], &[])?.into_int_value())
+    }
+
+    fn num_programs<'ctx>(&self, cx: &Cx<'ctx>, axis: u8, _: u32) -> LResult<IntValue<'ctx>> {
+        let name = format!("llvm.nvvm.read.ptx.sreg.nctaid.{}", axis_char(axis));
+        Ok(cx.call_intrinsic(&name, &[], &[])?.into_int_value())
+    }
+
+    fn barrier<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        cx.call_intrinsic(
+            "llvm.nvvm.barrier.cta.sync.aligned.all",
+            &[],
+            &[cx.i32(0).into()],
+        )?;
+        Ok(())
+    }
+
+    fn shuffle_xor<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        v: IntValue<'ctx>,
+        mask: u32,
+        _lane: IntValue<'ctx>,
+    ) -> LResult<IntValue<'ctx>> {
+        let args = [
+            cx.i32(-1).into(),
+            v.into(),
+            cx.i32(mask as i64).into(),
+            cx.i32(0x1f).into(),
+        ];
+        Ok(cx
+            .call_intrinsic("llvm.nvvm.shfl.sync.bfly.i32", &[], &args)?
+            .into_int_value())
+    }
+
+    fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32) {
+        f.set_call_conventions(71);
+        let n = num_threads.to_string();
+        f.add_attribute(
+            AttributeLoc::Function,
+            cx.ctx.create_string_attribute("nvvm.maxntid", &n),
+        );
+    }
+
+    fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+        // LLVM 22 NVPTX has no lowering of `llvm.log2.f32` (not even with `afn`).
+        Ok(cx
+            .call_intrinsic("llvm.nvvm.lg2.approx.f", &[], &[x.into()])?
+            .into_float_value())
+    }
+
+    fn sync_scope(&self, scope: MemScope) -> &'static str {
+        match scope {
+            MemScope::Block => "block",
+            MemScope::Device => "device",
+            MemScope::System => "",
+        }
+    }
+
+    fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
+        if self.sm < 80 || !matches!(input, ScalarType::F16 | ScalarType::BF16) {
+            return None;
+        }
+        // lane bits 0,1 -> t (k or col: 2, 4); lane bits 2..4 -> g (1, 2, 4).
+        let lane_ok = vec![(0, 2), (0, 4), (1, 0), (2, 0), (4, 0)];
+        Some(MmaInfo {
+            m: 16,
+            n: 8,
+            k: 16,
+            c_reg: vec![(0, 1), (8, 0)],
+            c_lane: lane_ok.clone(),
+            a: FragInfo {
+                lane: lane_ok.clone(),
+                runs: vec![(0, 0, 2), (8, 0, 2), (0, 8, 2), (8, 8, 2)],
+            },
+            b: FragInfo {
+                lane: lane_ok,
+                runs: vec![(0, 0, 2), (0, 8, 2)],
+            },
+        })
+    }
+
+    fn emit_mma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        a: &[BasicValueEnum<'ctx>],
+        b: &[BasicValueEnum<'ctx>],
+        c: &[FloatValue<'ctx>],
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        let i32t = cx.ctx.i32_type();
+        let f32t = cx.ctx.f32_type();
+        let pack = |v: &[BasicValueEnum<'ctx>]| -> LResult<Vec<IntValue<'ctx>>> {
+            v.chunks(2)
+                .map(|p| {
+                    let vt = p[0].get_type().into_float_type().vec_type(2);
+                    let mut acc = vt.get_poison();
+                    for (i, x) in p.iter().enumerate() {
+                        acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
+                    }
+                    Ok(cx.b.build_bit_cast(acc, i32t, "")?.into_int_value())
+                })
+                .collect()
+        };
+        let (pa, pb) = (pack(a)?, pack(b)?);
+        let ty = if input == ScalarType::BF16 {
+            "bf16"
+        } else {
+            "f16"
+        };
+        let asm = format!(
+            "mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};"
+        );
+        let ret = cx.ctx.struct_type(&[f32t.into(); 4], false);
+        let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> = vec![i32t.into(); 6];
+        params.extend([inkwell::types::BasicMetadataTypeEnum::from(f32t); 4]);
+        let fty = ret.fn_type(&params, false);
+        let asm_ptr = cx.ctx.create_inline_asm(
+            fty,
+            asm,
+            "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3".into(),
+            false,
+            false,
+            None,
+            false,
+        );
+        let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
+            pa.iter().chain(&pb).map(|&v| v.into()).collect();
+        args.extend(
+            c.iter()
+                .map(|&v| -> inkwell::values::BasicMetadataValueEnum { v.into() }),
+        );
+        let call = cx.b.build_indirect_call(fty, asm_ptr, &args, "mma")?;
+        let s = call
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LowerError::Llvm("mma asm returned void".into()))?
+            .into_struct_value();
+        (0..4)
+            .map(|i| Ok(cx.b.build_extract_value(s, i, "")?.into_float_value()))
+            .collect()
+    }
+}
+
+impl Arch for Amdgpu {
+    fn target(&self) -> Target {
+        Target::Amdgpu(self.arch)
+    }
+
+    fn thread_id<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        Ok(cx
+            .call_intrinsic("llvm.amdgcn.workitem.id.x", &[], &[])?
+            .into_int_value())
+    }
+
+    fn warp_id<'ctx>(&self, cx: &Cx<'ctx>, tid: IntValue<'ctx>) -> LResult<IntValue<'ctx>> {
+        let sh = cx.i32(self.warp_size().trailing_zeros() as i64);
+        let w = cx.b.build_right_shift(tid, sh, false, "")?;
+        let i32t: BasicTypeEnum = cx.ctx.i32_type().into();
+        Ok(cx
+            .call_intrinsic("llvm.amdgcn.readfirstlane", &[i32t], &[w.into()])?
+            .into_int_value())
+    }
+
+    fn program_id<'ctx>(&self, cx: &Cx<'ctx>, axis: u8) -> LResult<IntValue<'ctx>> {
+        let name = format!("llvm.amdgcn.workgroup.id.{}", axis_char(axis));
+        Ok(cx.call_intrinsic(&name, &[], &[])?.into_int_value())
+    }
+
+    fn num_programs<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        axis: u8,
+        num_threads: u32,
+    ) -> LResult<IntValue<'ctx>> {
+        // hsa_kernel_dispatch_packet_t: grid_size_{x,y,z} are u32 at bytes 12, 16, 20.
+        let p = cx
+            .call_intrinsic("llvm.amdgcn.dispatch.ptr", &[], &[])?
+            .into_pointer_value();
+        let off = 12 + 4 * axis.min(2) as u64;
+        let i8t = cx.ctx.i8_type();
+        let gp = unsafe {
+            cx.b.build_in_bounds_gep(i8t, p, &[cx.ctx.i64_type().const_int(off, false)], "")?
+        };
+        let ld = cx.b.build_load(cx.ctx.i32_type(), gp, "grid")?;
+        if let Some(i) = inkwell::values::BasicValue::as_instruction_value(&ld) {
+            let _ = i.set_alignment(4);
+        }
+        let wg = if axis == 0 { num_threads } else { 1 };
+        Ok(cx
+            .b
+            .build_int_unsigned_div(ld.into_int_value(), cx.i32(wg as i64), "nprog")?)
+    }
+
+    fn barrier<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        cx.fence(inkwell::AtomicOrdering::Release, "workgroup")?;
+        cx.call_intrinsic("llvm.amdgcn.s.barrier", &[], &[])?;
+        cx.fence(inkwell::AtomicOrdering::Acquire, "workgroup")?;
+        Ok(())
+    }
+
+    fn shuffle_xor<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        v: IntValue<'ctx>,
+        mask: u32,
+        lane: IntValue<'ctx>,
+    ) -> LResult<IntValue<'ctx>> {
+        let src = cx.b.build_xor(lane, cx.i32(mask as i64), "")?;
+        let addr = cx.b.build_left_shift(src, cx.i32(2), "")?;
+        Ok(cx
+            .call_intrinsic("llvm.amdgcn.ds.bpermute", &[], &[addr.into(), v.into()])?
+            .into_int_value())
+    }
+
+    fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32) {
+        f.set_call_conventions(91);
+        let n = format!("{num_threads},{num_threads}");
+        f.add_attribute(
+            AttributeLoc::Function,
+            cx.ctx
+                .create_string_attribute("amdgpu-flat-work-group-size", &n),
+        );
+        f.add_attribute(
+            AttributeLoc::Function,
+            cx.ctx
+                .create_string_attribute("uniform-work-group-size", "true"),
+        );
+    }
+
+    fn sync_scope(&self, scope: MemScope) -> &'static str {
+        match scope {
+            MemScope::Block => "workgroup",
+            MemScope::Device => "agent",
+            MemScope::System => "",
+        }
+    }
+
+    fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
+        if !matches!(self.arch, AmdArch::Gfx90a | AmdArch::Gfx942)
+            || !matches!(input, ScalarType::F16 | ScalarType::BF16)
+        {
+            return None;
+        }
+        // lane bits 0..3 -> outer (1, 2, 4, 8); lane bits 4, 5 -> k (4, 8).
+        let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (0, 4), (0, 8)];
+        Some(MmaInfo {
+            m: 16,
+            n: 16,
+            k: 16,
+            c_reg: vec![(1, 0), (2, 0)],
+            c_lane: vec![(0, 1), (0, 2), (0, 4), (0, 8), (4, 0), (8, 0)],
+            a: FragInfo {
+                lane: lane.clone(),
+                runs: vec![(0, 0, 4)],
+            },
+            b: FragInfo {
+                lane,
+                runs: vec![(0, 0, 4)],
+            },
+        })
+    }
+
+    fn emit_mma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        a: &[BasicValueEnum<'ctx>],
+        b: &[BasicValueEnum<'ctx>],
+        c: &[FloatValue<'ctx>],
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        let bf = input == ScalarType::BF16;
+        let vec4 = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
+            let vt = v[0].get_type().into_float_type().vec_type(4);
+            let mut acc = vt.get_poison();
+            for (i, x) in v.iter().enumerate() {
+                acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
+            }
+            if bf {
+                Ok(cx
+                    .b
+                    .build_bit_cast(acc, cx.ctx.i16_type().vec_type(4), "")?)
+            } else {
+                Ok(acc.into())
+            }
+        };
+        let (va, vb) = (vec4(a)?, vec4(b)?);
+        let ft = cx.ctx.f32_type().vec_type(4);
+        let mut vc = ft.get_poison();
+        for (i, x) in c.iter().enumerate() {
+            vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
+        }
+        let name = if bf {
+            "llvm.amdgcn.mfma.f32.16x16x16bf16.1k"
+        } else {
+            "llvm.amdgcn.mfma.f32.16x16x16f16"
+        };
+        let z = cx.i32(0);
+        let d = cx
+            .call_intrinsic(
+                name,
+                &[],
+                &[va, vb, vc.into(), z.into(), z.into(), z.into()],
+            )?
+            .into_vector_value();
+        (0..4)
+            .map(|i| {
+                Ok(cx
+                    .b
+                    .build_extract_element(d, cx.i32(i), "")?
+                    .into_float_value())
+            })
+            .collect()
+    }
+}
+
+/// Address space of a shared-memory pointer.
+pub fn shared_space(t: Target) -> AddressSpace {
+    AddressSpace::from(t.shared_addrspace())
+}

@@ -1,0 +1,375 @@
+//! `dot`: matrix units where the target has them, an FMA loop everywhere else.
+//!
+//! **FMA path** (every target and type): `a` and `b` go to shared memory row-major;
+//! every thread computes the accumulator elements its registers hold (in the
+//! accumulator's own layout, so no conversion) with a loop over `k`, adding products
+//! in increasing `k` without fusing — bit-exact with the interpreter.
+//!
+//! **Matrix path** (f16/bf16 inputs, f32 accumulator, `M`, `N`, `K` multiples of the
+//! instruction shape; `mma.sync` m16n8k16 on sm_80+, MFMA 16x16x16 on gfx90a/gfx942):
+//! `a` is stored row-major and `b` transposed (`[N][K]`, so both operands' fragments
+//! are runs of consecutive `k`), each row padded by 8 elements (16 bytes) so that the
+//! fragment loads of the 8 row groups hit distinct banks. Warps tile `M` first, then
+//! `N`; each warp loops over its `reps_m × reps_n` instruction tiles for every
+//! `k`-step. The accumulator layout ([`mma_layout`]) is the instruction's C fragment
+//! repeated over tiles: register bits = fragment bits, then `N` repeats, then `M`
+//! repeats; warp bits = `M` tiles, then `N` tiles (extra warps replicate).
+
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValueEnum, FloatValue, IntValue};
+use tessera_ir::ir::Op;
+use tessera_ir::{Elem, ScalarType};
+
+use super::arch::{FragInfo, MmaInfo};
+use super::{LResult, Lowerer, Tile};
+use crate::layout::Layout;
+
+const PAD: u32 = 8;
+
+struct Plan {
+    info: MmaInfo,
+    warps_m: u32,
+    warps_n: u32,
+    reps_m: u32,
+    reps_n: u32,
+}
+
+fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
+    let a = l.f.ty(op.operands[0]);
+    let b = l.f.ty(op.operands[1]);
+    let s = a.scalar_type()?;
+    let info = l.arch.mma(s)?;
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    if m % info.m != 0 || n % info.n != 0 || k % info.k != 0 {
+        return None;
+    }
+    let warps_m = l.nw.min(m / info.m);
+    let warps_n = (l.nw / warps_m).min(n / info.n);
+    Some(Plan {
+        reps_m: m / (info.m * warps_m),
+        reps_n: n / (info.n * warps_n),
+        info,
+        warps_m,
+        warps_n,
+    })
+}
+
+/// The accumulator layout of `dot` on the matrix units, if it uses them.
+pub(super) fn mma_layout(l: &Lowerer<'_, '_>, op: &Op) -> Option<Layout> {
+    let p = plan(l, op)?;
+    let m = l.f.ty(op.operands[0]).shape[0];
+    let n = l.f.ty(op.operands[1]).shape[1];
+    Some(c_layout(&p, m, n, l.nw))
+}
+
+fn c_layout(p: &Plan, m: u32, n: u32, nw: u32) -> Layout {
+    let i = &p.info;
+    let mut reg: Vec<Vec<u32>> = i.c_reg.iter().map(|&(r, c)| vec![r, c]).collect();
+    for j in 0..p.reps_n.trailing_zeros() {
+        reg.push(vec![0, (i.n * p.warps_n) << j]);
+    }
+    for j in 0..p.reps_m.trailing_zeros() {
+        reg.push(vec![(i.m * p.warps_m) << j, 0]);
+    }
+    let lane: Vec<Vec<u32>> = i.c_lane.iter().map(|&(r, c)| vec![r, c]).collect();
+    let mut warp = Vec::new();
+    for j in 0..p.warps_m.trailing_zeros() {
+        warp.push(vec![i.m << j, 0]);
+    }
+    for j in 0..p.warps_n.trailing_zeros() {
+        warp.push(vec![0, i.n << j]);
+    }
+    while warp.len() < nw.trailing_zeros() as usize {
+        warp.push(vec![0, 0]);
+    }
+    Layout::from_coords(&[m, n], &reg, &lane, &warp)
+}
+
+pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
+    match plan(l, op) {
+        Some(p) => lower_mma(l, op, p),
+        None => lower_fma(l, op),
+    }
+}
+
+/// Writes every register of `t` to `base + offset(element index)` (in elements).
+fn write_tile<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    t: &Tile<'ctx>,
+    base: inkwell::values::PointerValue<'ctx>,
+    offset: impl Fn(IntValue<'ctx>) -> LResult<IntValue<'ctx>>,
+) -> LResult<()> {
+    let mt = l.mem_ty(t.elem);
+    if t.uniform {
+        // Every thread stores its share of the (constant) tile: layout-independent.
+        let lay = l.canonical(&t.layout.shape);
+        for e in l.elem_indices(&lay)? {
+            let p = l.smem_ptr(base, mt, offset(e)?)?;
+            l.cx.b.build_store(p, t.regs[0])?;
+        }
+        return Ok(());
+    }
+    for (r, e) in l.elem_indices(&t.layout)?.into_iter().enumerate() {
+        if super::is_dup_reg(&t.layout, r) {
+            continue;
+        }
+        let p = l.smem_ptr(base, mt, offset(e)?)?;
+        l.cx.b.build_store(p, t.regs[r])?;
+    }
+    Ok(())
+}
+
+fn lower_fma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
+    let a = l.val(op.operands[0])?;
+    let b = l.val(op.operands[1])?;
+    let c = l.val(op.operands[2])?;
+    let (m, k) = (a.layout.shape[0], a.layout.shape[1]);
+    let n = b.layout.shape[1];
+    let s = a.elem.scalar().unwrap_or(ScalarType::F32);
+    let acc_s = c.elem.scalar().unwrap_or(ScalarType::F32);
+    let size = super::type_bytes(a.elem);
+    let a_elems = (m * k).div_ceil(16 / size.min(16)) * (16 / size.min(16));
+    let base = l.scratch((a_elems + k * n) * size, &op.span);
+    let mt = l.mem_ty(a.elem);
+    write_tile(l, &a, base, Ok)?;
+    let boff = l.cx.i32(a_elems as i64);
+    write_tile(l, &b, base, |e| Ok(l.cx.b.build_int_add(e, boff, "")?))?;
+    l.barrier()?;
+    let lay = c.layout.clone();
+    let idx = l.elem_indices(&lay)?;
+    let nb = n.trailing_zeros() as i64;
+    let mut rows = Vec::new();
+    let mut cols = Vec::new();
+    for e in &idx {
+        let r = l.cx.b.build_right_shift(*e, l.cx.i32(nb), false, "")?;
+        rows.push(l.cx.b.build_int_mul(r, l.cx.i32(k as i64), "")?);
+        let c0 = l.cx.b.build_and(*e, l.cx.i32(n as i64 - 1), "")?;
+        cols.push(l.cx.b.build_int_add(c0, boff, "")?);
+    }
+    let nregs = c.regs.len();
+    let pre = l.cx.cur_block();
+    let head = l.cx.ctx.append_basic_block(l.kernel, "dot.k");
+    let exit = l.cx.ctx.append_basic_block(l.kernel, "dot.done");
+    l.cx.b.build_unconditional_branch(head)?;
+    l.cx.b.position_at_end(head);
+    let kphi = l.cx.b.build_phi(l.cx.ctx.i32_type(), "k")?;
+    kphi.add_incoming(&[(&l.cx.i32(0), pre)]);
+    let acc_ty = l.ty(c.elem);
+    let mut phis = Vec::with_capacity(nregs);
+    for r in 0..nregs {
+        let p = l.cx.b.build_phi(acc_ty, "")?;
+        p.add_incoming(&[(&c.regs[r], pre)]);
+        phis.push(p);
+    }
+    let kv = kphi.as_basic_value().into_int_value();
+    let kn = l.cx.b.build_int_mul(kv, l.cx.i32(n as i64), "")?;
+    let mut out: Vec<BasicValueEnum<'ctx>> = Vec::with_capacity(nregs);
+    for r in 0..nregs {
+        let pa = l.smem_ptr(base, mt, l.cx.b.build_int_add(rows[r], kv, "")?)?;
+        let pb = l.smem_ptr(base, mt, l.cx.b.build_int_add(cols[r], kn, "")?)?;
+        let av = l.cx.b.build_load(mt, pa, "")?;
+        let bv = l.cx.b.build_load(mt, pb, "")?;
+        let acc = phis[r].as_basic_value();
+        let v: BasicValueEnum<'ctx> = if acc_s.is_float() {
+            let (x, y) = (widen(l, s, av)?, widen(l, s, bv)?);
+            let p = l.cx.b.build_float_mul(x, y, "")?;
+            l.cx.b
+                .build_float_add(acc.into_float_value(), p, "")?
+                .into()
+        } else {
+            let it = acc_ty.into_int_type();
+            let x = l.cx.b.build_int_s_extend(av.into_int_value(), it, "")?;
+            let y = l.cx.b.build_int_s_extend(bv.into_int_value(), it, "")?;
+            let p = l.cx.b.build_int_mul(x, y, "")?;
+            l.cx.b.build_int_add(acc.into_int_value(), p, "")?.into()
+        };
+        out.push(v);
+    }
+    let k1 = l.cx.b.build_int_add(kv, l.cx.i32(1), "")?;
+    let latch = l.cx.cur_block();
+    kphi.add_incoming(&[(&k1, latch)]);
+    for (p, v) in phis.iter().zip(&out) {
+        p.add_incoming(&[(v, latch)]);
+    }
+    let more =
+        l.cx.b
+            .build_int_compare(inkwell::IntPredicate::ULT, k1, l.cx.i32(k as i64), "")?;
+    l.cx.b.build_conditional_branch(more, head, exit)?;
+    l.cx.b.position_at_end(exit);
+    l.barrier()?;
+    Ok(Tile {
+        elem: c.elem,
+        layout: lay,
+        regs: out,
+        uniform: false,
+    })
+}
+
+fn widen<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    s: ScalarType,
+    v: BasicValueEnum<'ctx>,
+) -> LResult<FloatValue<'ctx>> {
+    let f = v.into_float_value();
+    Ok(match s {
+        ScalarType::F16 | ScalarType::BF16 => l.cx.b.build_float_ext(f, l.cx.ctx.f32_type(), "")?,
+        _ => f,
+    })
+}
+
+/// Linear combination of lane bits: the (outer, k) offset of this lane in a fragment.
+fn lane_coords<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    f: &FragInfo,
+) -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
+    let b = &l.cx.b;
+    let mut o = l.cx.i32(0);
+    let mut k = l.cx.i32(0);
+    for (i, &(co, ck)) in f.lane.iter().enumerate() {
+        let bit = b.build_and(
+            b.build_right_shift(l.lane, l.cx.i32(i as i64), false, "")?,
+            l.cx.i32(1),
+            "",
+        )?;
+        if co != 0 {
+            o = b.build_or(o, b.build_int_mul(bit, l.cx.i32(co as i64), "")?, "")?;
+        }
+        if ck != 0 {
+            k = b.build_or(k, b.build_int_mul(bit, l.cx.i32(ck as i64), "")?, "")?;
+        }
+    }
+    Ok((o, k))
+}
+
+/// Loads one operand fragment whose first outer index is `outer0` and first k `k0`,
+/// from a `[outer][stride]` array at `base` (in elements).
+#[allow(clippy::too_many_arguments)]
+fn load_frag<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    f: &FragInfo,
+    ety: BasicTypeEnum<'ctx>,
+    base: inkwell::values::PointerValue<'ctx>,
+    first: IntValue<'ctx>,
+    stride: u32,
+    lane_o: IntValue<'ctx>,
+    lane_k: IntValue<'ctx>,
+    outer0: IntValue<'ctx>,
+    k0: u32,
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let b = &l.cx.b;
+    let mut out = Vec::new();
+    let o = b.build_int_add(outer0, lane_o, "")?;
+    let kk = b.build_int_add(lane_k, l.cx.i32(k0 as i64), "")?;
+    for &(oo, ko, len) in &f.runs {
+        let row = b.build_int_add(o, l.cx.i32(oo as i64), "")?;
+        let off = b.build_int_add(
+            b.build_int_mul(row, l.cx.i32(stride as i64), "")?,
+            b.build_int_add(kk, l.cx.i32(ko as i64), "")?,
+            "",
+        )?;
+        let off = b.build_int_add(off, first, "")?;
+        let p = l.smem_ptr(base, ety, off)?;
+        let vt = ety.into_float_type().vec_type(len);
+        let v = b.build_load(vt, p, "")?;
+        unsafe {
+            use inkwell::values::AsValueRef;
+            inkwell::llvm_sys::core::LLVMSetAlignment(v.as_value_ref(), len * 2);
+        }
+        for i in 0..len {
+            out.push(b.build_extract_element(v.into_vector_value(), l.cx.i32(i as i64), "")?);
+        }
+    }
+    Ok(out)
+}
+
+fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
+    let a = l.val(op.operands[0])?;
+    let b = l.val(op.operands[1])?;
+    let c = l.val(op.operands[2])?;
+    let (m, k) = (a.layout.shape[0], a.layout.shape[1]);
+    let n = b.layout.shape[1];
+    let s = a.elem.scalar().unwrap_or(ScalarType::F16);
+    let clay = c_layout(&p, m, n, l.nw);
+    let c = l.convert(&c, &clay, &op.span)?;
+    let stride = k + PAD;
+    let a_elems = m * stride;
+    let base = l.scratch((a_elems + n * stride) * 2, &op.span);
+    let ety = l.ty(Elem::Scalar(s));
+    let kb = k.trailing_zeros() as i64;
+    let nb = n.trailing_zeros() as i64;
+    // a[m][k] at m * stride + k; b[k][n] at a_elems + n * stride + k.
+    write_tile(l, &a, base, |e| {
+        let bd = &l.cx.b;
+        let r = bd.build_right_shift(e, l.cx.i32(kb), false, "")?;
+        let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
+        Ok(bd.build_int_add(bd.build_int_mul(r, l.cx.i32(stride as i64), "")?, cc, "")?)
+    })?;
+    write_tile(l, &b, base, |e| {
+        let bd = &l.cx.b;
+        let kk = bd.build_right_shift(e, l.cx.i32(nb), false, "")?;
+        let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;
+        let o = bd.build_int_add(bd.build_int_mul(nn, l.cx.i32(stride as i64), "")?, kk, "")?;
+        Ok(bd.build_int_add(o, l.cx.i32(a_elems as i64), "")?)
+    })?;
+    l.barrier()?;
+    let info = &p.info;
+    let bd = &l.cx.b;
+    let wm = bd.build_and(l.warp, l.cx.i32(p.warps_m as i64 - 1), "")?;
+    let wn = bd.build_and(
+        bd.build_right_shift(
+            l.warp,
+            l.cx.i32(p.warps_m.trailing_zeros() as i64),
+            false,
+            "",
+        )?,
+        l.cx.i32(p.warps_n as i64 - 1),
+        "",
+    )?;
+    let (ao, ak) = lane_coords(l, &info.a)?;
+    let (bo, bk) = lane_coords(l, &info.b)?;
+    let zero = l.cx.i32(0);
+    let b_first = l.cx.i32(a_elems as i64);
+    let fr = 1usize << info.c_reg.len();
+    let mut acc: Vec<FloatValue<'ctx>> = c.regs.iter().map(|v| v.into_float_value()).collect();
+    for ks in 0..k / info.k {
+        let k0 = ks * info.k;
+        let mut afr = Vec::new();
+        for mr in 0..p.reps_m {
+            let row0 = l.cx.b.build_int_mul(
+                l.cx.b
+                    .build_int_add(wm, l.cx.i32((mr * p.warps_m) as i64), "")?,
+                l.cx.i32(info.m as i64),
+                "",
+            )?;
+            afr.push(load_frag(
+                l, &info.a, ety, base, zero, stride, ao, ak, row0, k0,
+            )?);
+        }
+        let mut bfr = Vec::new();
+        for nr in 0..p.reps_n {
+            let col0 = l.cx.b.build_int_mul(
+                l.cx.b
+                    .build_int_add(wn, l.cx.i32((nr * p.warps_n) as i64), "")?,
+                l.cx.i32(info.n as i64),
+                "",
+            )?;
+            bfr.push(load_frag(
+                l, &info.b, ety, base, b_first, stride, bo, bk, col0, k0,
+            )?);
+        }
+        for (mr, af) in afr.iter().enumerate() {
+            for (nr, bf) in bfr.iter().enumerate() {
+                let at = (mr * p.reps_n as usize + nr) * fr;
+                let d = l.arch.emit_mma(&l.cx, s, af, bf, &acc[at..at + fr])?;
+                acc[at..at + fr].copy_from_slice(&d);
+            }
+        }
+    }
+    l.barrier()?;
+    Ok(Tile {
+        elem: c.elem,
+        layout: clay,
+        regs: acc.into_iter().map(|v| v.into()).collect(),
+        uniform: false,
+    })
+}

@@ -1,0 +1,522 @@
+//! Elementwise ops: binary, unary (math), fma, cmp, select, cast. Semantics follow the
+//! interpreter (see the table in [`super`]); `f16`/`bf16` arithmetic and math are
+//! computed in `f32` and rounded once.
+
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValueEnum, FloatValue, IntValue};
+use inkwell::{FloatPredicate, IntPredicate};
+use tessera_ir::ir::{BinaryOp, CmpPred, Op, OpKind, UnaryOp};
+use tessera_ir::{Elem, ScalarType, Span};
+
+use super::{Cx, LResult, Lowerer, Tile, unsupported};
+
+/// Lowers an elementwise op.
+pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
+    let mut ops: Vec<Tile<'ctx>> = op
+        .operands
+        .iter()
+        .map(|&v| l.val(v))
+        .collect::<LResult<_>>()?;
+    let res_elem = l.f.ty(op.results[0]).elem;
+    let in_elem = ops[if op.kind == OpKind::Select { 1 } else { 0 }].elem;
+    let s_in = in_elem.scalar();
+    let s_out = res_elem.scalar();
+    let all_uniform = ops.iter().all(|t| t.uniform);
+    let leader = ops
+        .iter()
+        .find(|t| !t.uniform)
+        .unwrap_or(&ops[0])
+        .layout
+        .clone();
+    for t in ops.iter_mut() {
+        *t = l.convert(t, &leader, &op.span)?;
+    }
+    let n = if all_uniform { 1 } else { leader.num_regs() };
+    let mut regs = Vec::with_capacity(n);
+    for r in 0..n {
+        let args: Vec<BasicValueEnum<'ctx>> = ops.iter().map(|t| t.regs[r]).collect();
+        let v = match &op.kind {
+            OpKind::Binary(b) => binary(&l.cx, *b, sc(s_in), args[0], args[1])?,
+            OpKind::Unary(u) => unary(&l.cx, l.arch, *u, sc(s_in), args[0], &op.span)?,
+            OpKind::Fma => fma(&l.cx, sc(s_in), &args)?,
+            OpKind::Cmp(p) => cmp(&l.cx, *p, sc(s_in), args[0], args[1])?,
+            OpKind::Select => {
+                l.cx.b
+                    .build_select(args[0].into_int_value(), args[1], args[2], "")?
+            }
+            OpKind::Cast => cast(&l.cx, sc(s_in), sc(s_out), args[0])?,
+            _ => unreachable!("not an elementwise op"),
+        };
+        regs.push(v);
+    }
+    if all_uniform {
+        return Ok(l.uniform_tile(res_elem, leader, regs[0]));
+    }
+    Ok(Tile {
+        elem: res_elem,
+        layout: leader,
+        regs,
+        uniform: false,
+    })
+}
+
+fn sc(s: Option<ScalarType>) -> ScalarType {
+    s.unwrap_or(ScalarType::I64)
+}
+
+fn is_half(s: ScalarType) -> bool {
+    matches!(s, ScalarType::F16 | ScalarType::BF16)
+}
+
+fn fty<'ctx>(cx: &Cx<'ctx>, s: ScalarType) -> inkwell::types::FloatType<'ctx> {
+    match s {
+        ScalarType::F16 => cx.ctx.f16_type(),
+        ScalarType::BF16 => cx.ctx.bf16_type(),
+        ScalarType::F64 => cx.ctx.f64_type(),
+        _ => cx.ctx.f32_type(),
+    }
+}
+
+fn ity<'ctx>(cx: &Cx<'ctx>, s: ScalarType) -> inkwell::types::IntType<'ctx> {
+    cx.int_ty(s.bits())
+}
+
+/// Widens a half float to f32 (identity otherwise).
+fn widen<'ctx>(cx: &Cx<'ctx>, s: ScalarType, v: BasicValueEnum<'ctx>) -> LResult<FloatValue<'ctx>> {
+    let v = v.into_float_value();
+    if is_half(s) {
+        Ok(cx.b.build_float_ext(v, cx.ctx.f32_type(), "")?)
+    } else {
+        Ok(v)
+    }
+}
+
+/// Rounds an f32 result back to a half float (identity otherwise).
+fn narrow<'ctx>(
+    cx: &Cx<'ctx>,
+    s: ScalarType,
+    v: FloatValue<'ctx>,
+) -> LResult<BasicValueEnum<'ctx>> {
+    if is_half(s) {
+        Ok(cx.b.build_float_trunc(v, fty(cx, s), "")?.into())
+    } else {
+        Ok(v.into())
+    }
+}
+
+fn intr<'ctx>(
+    cx: &Cx<'ctx>,
+    name: &str,
+    v: &[BasicValueEnum<'ctx>],
+) -> LResult<BasicValueEnum<'ctx>> {
+    let t: BasicTypeEnum = v[0].get_type();
+    cx.call_intrinsic(name, &[t], v)
+}
+
+/// The exact bf16 to f32 conversion, done on the bits.
+fn bf16_bits_to_f32<'ctx>(cx: &Cx<'ctx>, v: BasicValueEnum<'ctx>) -> LResult<FloatValue<'ctx>> {
+    let i =
+        cx.b.build_bit_cast(v, cx.ctx.i16_type(), "")?
+            .into_int_value();
+    let w = cx.b.build_int_z_extend(i, cx.ctx.i32_type(), "")?;
+    let w = cx.b.build_left_shift(w, cx.i32(16), "")?;
+    Ok(cx
+        .b
+        .build_bit_cast(w, cx.ctx.f32_type(), "")?
+        .into_float_value())
+}
+
+/// `a op b` with the interpreter's semantics.
+pub(super) fn binary<'ctx>(
+    cx: &Cx<'ctx>,
+    op: BinaryOp,
+    s: ScalarType,
+    a: BasicValueEnum<'ctx>,
+    b: BasicValueEnum<'ctx>,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let bd = &cx.b;
+    if s.is_float() {
+        let (x, y) = (widen(cx, s, a)?, widen(cx, s, b)?);
+        let r: FloatValue = match op {
+            BinaryOp::Add => bd.build_float_add(x, y, "")?,
+            BinaryOp::Sub => bd.build_float_sub(x, y, "")?,
+            BinaryOp::Mul => bd.build_float_mul(x, y, "")?,
+            BinaryOp::Div => bd.build_float_div(x, y, "")?,
+            BinaryOp::Rem if s == ScalarType::BF16 => {
+                // Widen through the bits so that InstCombine does not narrow the
+                // `frem` back to bf16, which the AMDGPU backend cannot lower.
+                let (x, y) = (bf16_bits_to_f32(cx, a)?, bf16_bits_to_f32(cx, b)?);
+                bd.build_float_rem(x, y, "")?
+            }
+            BinaryOp::Rem => bd.build_float_rem(x, y, "")?,
+            BinaryOp::Min => intr(cx, "llvm.minimum", &[x.into(), y.into()])?.into_float_value(),
+            BinaryOp::Max => intr(cx, "llvm.maximum", &[x.into(), y.into()])?.into_float_value(),
+            _ => {
+                return Err(super::LowerError::Llvm(format!("`{}` on {s}", op.name())));
+            }
+        };
+        return narrow(cx, s, r);
+    }
+    let (x, y) = (a.into_int_value(), b.into_int_value());
+    let signed = s.is_signed_int();
+    let t = x.get_type();
+    let r: IntValue = match op {
+        BinaryOp::Add => bd.build_int_add(x, y, "")?,
+        BinaryOp::Sub => bd.build_int_sub(x, y, "")?,
+        BinaryOp::Mul => bd.build_int_mul(x, y, "")?,
+        BinaryOp::Div | BinaryOp::Rem => {
+            // Division by zero gives 0; MIN / -1 wraps (MIN % -1 == 0).
+            let zero = t.const_zero();
+            let is0 = bd.build_int_compare(IntPredicate::EQ, y, zero, "")?;
+            let mut bad = is0;
+            if signed {
+                let m1 = bd.build_int_compare(IntPredicate::EQ, y, t.const_all_ones(), "")?;
+                bad = bd.build_or(is0, m1, "")?;
+            }
+            let safe = bd
+                .build_select(bad, t.const_int(1, false), y, "")?
+                .into_int_value();
+            let q = match (op, signed) {
+                (BinaryOp::Div, true) => bd.build_int_signed_div(x, safe, "")?,
+                (BinaryOp::Div, false) => bd.build_int_unsigned_div(x, safe, "")?,
+                (_, true) => bd.build_int_signed_rem(x, safe, "")?,
+                (_, false) => bd.build_int_unsigned_rem(x, safe, "")?,
+            };
+            // y == -1: x / -1 = -x (wrapping), x % -1 = 0; y == 0: 0.
+            let q = if signed {
+                let m1 = bd.build_int_compare(IntPredicate::EQ, y, t.const_all_ones(), "")?;
+                let alt = if op == BinaryOp::Div {
+                    bd.build_int_sub(zero, x, "")?
+                } else {
+                    zero
+                };
+                bd.build_select(m1, alt, q, "")?.into_int_value()
+            } else {
+                q
+            };
+            bd.build_select(is0, zero, q, "")?.into_int_value()
+        }
+        BinaryOp::Min => intr(
+            cx,
+            if signed { "llvm.smin" } else { "llvm.umin" },
+            &[x.into(), y.into()],
+        )?
+        .into_int_value(),
+        BinaryOp::Max => intr(
+            cx,
+            if signed { "llvm.smax" } else { "llvm.umax" },
+            &[x.into(), y.into()],
+        )?
+        .into_int_value(),
+        BinaryOp::And => bd.build_and(x, y, "")?,
+        BinaryOp::Or => bd.build_or(x, y, "")?,
+        BinaryOp::Xor => bd.build_xor(x, y, "")?,
+        BinaryOp::Shl | BinaryOp::Shr => {
+            let amt = bd.build_and(y, t.const_int(s.bits() as u64 - 1, false), "")?;
+            if op == BinaryOp::Shl {
+                bd.build_left_shift(x, amt, "")?
+            } else {
+                bd.build_right_shift(x, amt, signed, "")?
+            }
+        }
+    };
+    Ok(r.into())
+}
+
+fn poly<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>, coeffs: &[f64]) -> LResult<FloatValue<'ctx>> {
+    // Horner: c0 + x*(c1 + x*(...)).
+    let t = x.get_type();
+    let mut acc = t.const_float(*coeffs.last().expect("coefficients"));
+    for &c in coeffs.iter().rev().skip(1) {
+        acc = cx.b.build_float_mul(acc, x, "")?;
+        acc = cx.b.build_float_add(acc, t.const_float(c), "")?;
+    }
+    Ok(acc)
+}
+
+/// An approximate math intrinsic (`afn`: the backends' hardware approximations,
+/// `ex2.approx`, `lg2.approx`, `sin.approx`, `v_exp_f32`, ...).
+pub(super) fn approx<'ctx>(
+    cx: &Cx<'ctx>,
+    name: &str,
+    v: FloatValue<'ctx>,
+) -> LResult<FloatValue<'ctx>> {
+    let r = intr(cx, name, &[v.into()])?;
+    unsafe {
+        use inkwell::values::AsValueRef;
+        inkwell::llvm_sys::core::LLVMSetFastMathFlags(
+            r.as_value_ref(),
+            inkwell::llvm_sys::LLVMFastMathApproxFunc,
+        );
+    }
+    Ok(r.into_float_value())
+}
+
+fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+    let t = x.get_type();
+    let y =
+        cx.b.build_float_mul(x, t.const_float(std::f64::consts::LOG2_E), "")?;
+    approx(cx, "llvm.exp2", y)
+}
+
+/// A unary op with the interpreter's semantics.
+pub(super) fn unary<'ctx>(
+    cx: &Cx<'ctx>,
+    arch: &dyn super::arch::Arch,
+    op: UnaryOp,
+    s: ScalarType,
+    a: BasicValueEnum<'ctx>,
+    span: &Span,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let bd = &cx.b;
+    if !s.is_float() {
+        let x = a.into_int_value();
+        let t = x.get_type();
+        return Ok(match op {
+            UnaryOp::Neg => bd.build_int_sub(t.const_zero(), x, "")?.into(),
+            UnaryOp::Not => bd.build_not(x, "")?.into(),
+            UnaryOp::Abs => intr(
+                cx,
+                "llvm.abs",
+                &[x.into(), cx.ctx.bool_type().const_zero().into()],
+            )?,
+            _ => return unsupported(span, format!("`{}` on {s}", op.name())),
+        });
+    }
+    match op {
+        UnaryOp::Neg => return Ok(bd.build_float_neg(a.into_float_value(), "")?.into()),
+        UnaryOp::Abs => return intr(cx, "llvm.fabs", &[a]),
+        UnaryOp::Not => return unsupported(span, format!("`not` on {s}")),
+        UnaryOp::Sqrt | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Rsqrt => {}
+        _ if s == ScalarType::F64 => {
+            return unsupported(
+                span,
+                format!("f64 `{}` (no device math library is linked)", op.name()),
+            );
+        }
+        _ => {}
+    }
+    let x = widen(cx, s, a)?;
+    let t = x.get_type();
+    let one = t.const_float(1.0);
+    let r: FloatValue = match op {
+        UnaryOp::Exp => exp_f32(cx, x)?,
+        UnaryOp::Exp2 => approx(cx, "llvm.exp2", x)?,
+        UnaryOp::Log => {
+            let l2 = arch.log2_approx(cx, x)?;
+            bd.build_float_mul(l2, t.const_float(std::f64::consts::LN_2), "")?
+        }
+        UnaryOp::Log2 => arch.log2_approx(cx, x)?,
+        UnaryOp::Sqrt => intr(cx, "llvm.sqrt", &[x.into()])?.into_float_value(),
+        UnaryOp::Rsqrt => {
+            let q = intr(cx, "llvm.sqrt", &[x.into()])?.into_float_value();
+            bd.build_float_div(one, q, "")?
+        }
+        UnaryOp::Sin => approx(cx, "llvm.sin", x)?,
+        UnaryOp::Cos => approx(cx, "llvm.cos", x)?,
+        UnaryOp::Floor => intr(cx, "llvm.floor", &[x.into()])?.into_float_value(),
+        UnaryOp::Ceil => intr(cx, "llvm.ceil", &[x.into()])?.into_float_value(),
+        UnaryOp::Tanh => {
+            let ax = intr(cx, "llvm.fabs", &[x.into()])?.into_float_value();
+            // Large: 1 - 2 / (exp(2|x|) + 1), with the sign of x.
+            let e = exp_f32(cx, bd.build_float_mul(ax, t.const_float(2.0), "")?)?;
+            let d = bd.build_float_add(e, one, "")?;
+            let q = bd.build_float_div(t.const_float(2.0), d, "")?;
+            let big = bd.build_float_sub(one, q, "")?;
+            let big = intr(cx, "llvm.copysign", &[big.into(), x.into()])?.into_float_value();
+            // Small: x * P(x^2), the odd Taylor series to x^15.
+            let x2 = bd.build_float_mul(x, x, "")?;
+            let p = poly(
+                cx,
+                x2,
+                &[
+                    1.0,
+                    -1.0 / 3.0,
+                    2.0 / 15.0,
+                    -17.0 / 315.0,
+                    62.0 / 2835.0,
+                    -1382.0 / 155925.0,
+                    21844.0 / 6081075.0,
+                    -929569.0 / 638512875.0,
+                ],
+            )?;
+            let small = bd.build_float_mul(x, p, "")?;
+            let c = bd.build_float_compare(FloatPredicate::OLT, ax, t.const_float(0.55), "")?;
+            bd.build_select(c, small, big, "")?.into_float_value()
+        }
+        UnaryOp::Erf => {
+            let ax = intr(cx, "llvm.fabs", &[x.into()])?.into_float_value();
+            // Small: 2/sqrt(pi) * x * sum (-1)^n x^2n / (n! (2n+1)).
+            let x2 = bd.build_float_mul(x, x, "")?;
+            let k = std::f64::consts::FRAC_2_SQRT_PI;
+            let p = poly(
+                cx,
+                x2,
+                &[
+                    k,
+                    -k / 3.0,
+                    k / 10.0,
+                    -k / 42.0,
+                    k / 216.0,
+                    -k / 1320.0,
+                    k / 9360.0,
+                    -k / 75600.0,
+                ],
+            )?;
+            let small = bd.build_float_mul(x, p, "")?;
+            // Large: Abramowitz-Stegun 7.1.26.
+            let tt = bd.build_float_div(
+                one,
+                bd.build_float_add(
+                    one,
+                    bd.build_float_mul(ax, t.const_float(0.3275911), "")?,
+                    "",
+                )?,
+                "",
+            )?;
+            let pp = poly(
+                cx,
+                tt,
+                &[
+                    0.0,
+                    0.254829592,
+                    -0.284496736,
+                    1.421413741,
+                    -1.453152027,
+                    1.061405429,
+                ],
+            )?;
+            let e = exp_f32(cx, bd.build_float_neg(x2, "")?)?;
+            let big = bd.build_float_sub(one, bd.build_float_mul(pp, e, "")?, "")?;
+            let big = intr(cx, "llvm.copysign", &[big.into(), x.into()])?.into_float_value();
+            let c = bd.build_float_compare(FloatPredicate::OLT, ax, t.const_float(0.5), "")?;
+            bd.build_select(c, small, big, "")?.into_float_value()
+        }
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => unreachable!("handled above"),
+    };
+    narrow(cx, s, r)
+}
+
+fn fma<'ctx>(
+    cx: &Cx<'ctx>,
+    s: ScalarType,
+    v: &[BasicValueEnum<'ctx>],
+) -> LResult<BasicValueEnum<'ctx>> {
+    let _ = s;
+    intr(cx, "llvm.fma", &[v[0], v[1], v[2]])
+}
+
+fn cmp<'ctx>(
+    cx: &Cx<'ctx>,
+    p: CmpPred,
+    s: ScalarType,
+    a: BasicValueEnum<'ctx>,
+    b: BasicValueEnum<'ctx>,
+) -> LResult<BasicValueEnum<'ctx>> {
+    if s.is_float() {
+        let pred = match p {
+            CmpPred::Eq => FloatPredicate::OEQ,
+            CmpPred::Ne => FloatPredicate::UNE,
+            CmpPred::Lt => FloatPredicate::OLT,
+            CmpPred::Le => FloatPredicate::OLE,
+            CmpPred::Gt => FloatPredicate::OGT,
+            CmpPred::Ge => FloatPredicate::OGE,
+        };
+        return Ok(cx
+            .b
+            .build_float_compare(pred, a.into_float_value(), b.into_float_value(), "")?
+            .into());
+    }
+    let signed = s.is_signed_int();
+    let pred = match (p, signed) {
+        (CmpPred::Eq, _) => IntPredicate::EQ,
+        (CmpPred::Ne, _) => IntPredicate::NE,
+        (CmpPred::Lt, true) => IntPredicate::SLT,
+        (CmpPred::Le, true) => IntPredicate::SLE,
+        (CmpPred::Gt, true) => IntPredicate::SGT,
+        (CmpPred::Ge, true) => IntPredicate::SGE,
+        (CmpPred::Lt, false) => IntPredicate::ULT,
+        (CmpPred::Le, false) => IntPredicate::ULE,
+        (CmpPred::Gt, false) => IntPredicate::UGT,
+        (CmpPred::Ge, false) => IntPredicate::UGE,
+    };
+    Ok(cx
+        .b
+        .build_int_compare(pred, a.into_int_value(), b.into_int_value(), "")?
+        .into())
+}
+
+/// Conversion with Rust `as` semantics (saturating float to int, NaN to 0).
+pub(super) fn cast<'ctx>(
+    cx: &Cx<'ctx>,
+    from: ScalarType,
+    to: ScalarType,
+    v: BasicValueEnum<'ctx>,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let bd = &cx.b;
+    if from == to {
+        return Ok(v);
+    }
+    if to == ScalarType::I1 {
+        return Ok(if from.is_float() {
+            let x = v.into_float_value();
+            bd.build_float_compare(FloatPredicate::UNE, x, x.get_type().const_zero(), "")?
+                .into()
+        } else {
+            let x = v.into_int_value();
+            bd.build_int_compare(IntPredicate::NE, x, x.get_type().const_zero(), "")?
+                .into()
+        });
+    }
+    match (from.is_float(), to.is_float()) {
+        (true, true) => {
+            let x = v.into_float_value();
+            let (fb, tb) = (from.bits(), to.bits());
+            if is_half(from) && is_half(to) {
+                let w = bd.build_float_ext(x, cx.ctx.f32_type(), "")?;
+                Ok(bd.build_float_trunc(w, fty(cx, to), "")?.into())
+            } else if tb > fb {
+                Ok(bd.build_float_ext(x, fty(cx, to), "")?.into())
+            } else {
+                Ok(bd.build_float_trunc(x, fty(cx, to), "")?.into())
+            }
+        }
+        (true, false) => {
+            let x = v.into_float_value();
+            let name = if to.is_signed_int() {
+                "llvm.fptosi.sat"
+            } else {
+                "llvm.fptoui.sat"
+            };
+            let rt: BasicTypeEnum = ity(cx, to).into();
+            cx.call_intrinsic(name, &[rt, x.get_type().into()], &[x.into()])
+        }
+        (false, true) => {
+            let x = v.into_int_value();
+            if from.is_signed_int() {
+                Ok(bd.build_signed_int_to_float(x, fty(cx, to), "")?.into())
+            } else {
+                Ok(bd.build_unsigned_int_to_float(x, fty(cx, to), "")?.into())
+            }
+        }
+        (false, false) => {
+            let x = v.into_int_value();
+            let t = ity(cx, to);
+            let (fb, tb) = (from.bits(), to.bits());
+            Ok(if tb < fb {
+                bd.build_int_truncate(x, t, "")?.into()
+            } else if tb == fb {
+                x.into()
+            } else if from.is_signed_int() {
+                bd.build_int_s_extend(x, t, "")?.into()
+            } else {
+                bd.build_int_z_extend(x, t, "")?.into()
+            })
+        }
+    }
+}
+
+/// The element type of a tile as a scalar (pointers are not elementwise operands).
+pub(super) fn scalar_of(e: Elem) -> ScalarType {
+    e.scalar().unwrap_or(ScalarType::I64)
+}

@@ -1,0 +1,486 @@
+//! `addptr`, `load`, `store` and atomics.
+//!
+//! Masked accesses branch around the access (portable, and the backends turn short
+//! branches into predicated instructions). Registers that hold `vec` consecutive
+//! elements are accessed as one `<vec x T>` access aligned to its size when
+//! [`crate::axis`] proves the pointers contiguous and aligned and the mask constant
+//! over the vector. Stores and atomics are performed by one owner thread per element
+//! when the layout replicates elements over threads.
+
+use inkwell::AtomicOrdering;
+use inkwell::basic_block::BasicBlock;
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
+use tessera_ir::ir::{AtomicOp, MemOrder, Op, OpKind};
+use tessera_ir::{Elem, ScalarType};
+
+use super::{LResult, LowerError, Lowerer, Tile, is_dup_reg};
+
+pub(super) fn lower_addptr<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
+    let p = l.val(op.operands[0])?;
+    let o = l.val(op.operands[1])?;
+    let Elem::Ptr { pointee, .. } = p.elem else {
+        return Err(LowerError::Llvm("addptr on a non-pointer".into()));
+    };
+    let oe = o.elem.scalar().unwrap_or(ScalarType::I64);
+    let lay = if p.uniform {
+        o.layout.clone()
+    } else {
+        p.layout.clone()
+    };
+    let p = l.convert(&p, &lay, &op.span)?;
+    let o = l.convert(&o, &lay, &op.span)?;
+    let et = l.mem_ty(Elem::Scalar(pointee));
+    let uniform = p.uniform && o.uniform;
+    let n = if uniform { 1 } else { lay.num_regs() };
+    let i64t = l.cx.ctx.i64_type();
+    let mut regs = Vec::with_capacity(n);
+    for r in 0..n {
+        let off = o.regs[r].into_int_value();
+        let off = if oe.bits() == 64 {
+            off
+        } else if oe.is_signed_int() {
+            l.cx.b.build_int_s_extend(off, i64t, "")?
+        } else {
+            l.cx.b.build_int_z_extend(off, i64t, "")?
+        };
+        let g = unsafe {
+            l.cx.b
+                .build_gep(et, p.regs[r].into_pointer_value(), &[off], "")?
+        };
+        regs.push(g.as_basic_value_enum());
+    }
+    if uniform {
+        return Ok(l.uniform_tile(p.elem, lay, regs[0]));
+    }
+    Ok(Tile {
+        elem: p.elem,
+        layout: lay,
+        regs,
+        uniform: false,
+    })
+}
+
+/// How many consecutive registers one access may cover.
+fn vector_width(l: &Lowerer<'_, '_>, op: &Op, ptrs: &Tile<'_>, mask: Option<usize>) -> u32 {
+    let Elem::Ptr { pointee, .. } = ptrs.elem else {
+        return 1;
+    };
+    if pointee == ScalarType::I1 || ptrs.uniform {
+        return 1;
+    }
+    let size = pointee.size_bytes() as u64;
+    let lay = &ptrs.layout;
+    let Some(&last) = lay.shape.last() else {
+        return 1;
+    };
+    // Leading register bases must walk consecutive elements.
+    let mut run = 1u64;
+    for (i, &b) in lay.reg.iter().enumerate() {
+        if b == 1 << i && (1u64 << (i + 1)) <= last as u64 {
+            run = 1 << (i + 1);
+        } else {
+            break;
+        }
+    }
+    let info = l.axis.get(l.f, op.operands[0]);
+    let d = info.contiguity.len() - 1;
+    let mut v = run
+        .min(16 / size)
+        .min(info.contiguity[d])
+        .min(info.divisibility[d] / size);
+    if let Some(mi) = mask {
+        let m = l.axis.get(l.f, op.operands[mi]);
+        v = v.min(m.constancy[d]);
+    }
+    if v == 0 {
+        return 1;
+    }
+    1 << (63 - v.leading_zeros())
+}
+
+/// Emits `if cond { then() }` and returns the value phi'd with `other` on the false
+/// edge (or nothing).
+fn guarded<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    cond: Option<IntValue<'ctx>>,
+    other: Option<BasicValueEnum<'ctx>>,
+    then: impl FnOnce() -> LResult<Option<BasicValueEnum<'ctx>>>,
+) -> LResult<Option<BasicValueEnum<'ctx>>> {
+    let Some(c) = cond else {
+        return then();
+    };
+    let cur: BasicBlock = l.cx.cur_block();
+    let bt = l.cx.ctx.append_basic_block(l.kernel, "mask.then");
+    let bm = l.cx.ctx.append_basic_block(l.kernel, "mask.end");
+    l.cx.b.build_conditional_branch(c, bt, bm)?;
+    l.cx.b.position_at_end(bt);
+    let v = then()?;
+    let end_t = l.cx.cur_block();
+    l.cx.b.build_unconditional_branch(bm)?;
+    l.cx.b.position_at_end(bm);
+    match (v, other) {
+        (Some(v), Some(o)) => {
+            let phi = l.cx.b.build_phi(v.get_type(), "")?;
+            phi.add_incoming(&[(&v as &dyn BasicValue, end_t), (&o as &dyn BasicValue, cur)]);
+            Ok(Some(phi.as_basic_value()))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn and_opt<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    a: Option<IntValue<'ctx>>,
+    b: Option<IntValue<'ctx>>,
+) -> LResult<Option<IntValue<'ctx>>> {
+    Ok(match (a, b) {
+        (Some(a), Some(b)) => Some(l.cx.b.build_and(a, b, "")?),
+        (a, None) => a,
+        (None, b) => b,
+    })
+}
+
+fn set_align(v: impl inkwell::values::AsValueRef, align: u32) {
+    unsafe {
+        inkwell::llvm_sys::core::LLVMSetAlignment(v.as_value_ref(), align);
+    }
+}
+
+pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
+    let OpKind::Load {
+        has_mask,
+        has_other,
+    } = op.kind
+    else {
+        unreachable!()
+    };
+    let ptrs = l.val(op.operands[0])?;
+    let Elem::Ptr { pointee, .. } = ptrs.elem else {
+        return Err(LowerError::Llvm("load from a non-pointer".into()));
+    };
+    let elem = Elem::Scalar(pointee);
+    let mut ptrs = ptrs;
+    let mut lay = ptrs.layout.clone();
+    let mask = if has_mask {
+        let m = l.val(op.operands[1])?;
+        if ptrs.uniform && !m.uniform {
+            lay = m.layout.clone();
+            ptrs = l.convert(&ptrs, &lay, &op.span)?;
+        }
+        Some(l.convert(&m, &lay, &op.span)?)
+    } else {
+        None
+    };
+    let other = if has_other {
+        Some(l.convert(&l.val(op.operands[2])?, &lay, &op.span)?)
+    } else {
+        None
+    };
+    let reg_ty = l.ty(elem);
+    let mem_ty = l.mem_ty(elem);
+    let size = pointee.size_bytes() as u32;
+    let zero = reg_ty.const_zero();
+    let vec = vector_width(l, op, &ptrs, has_mask.then_some(1));
+    let all_uniform = ptrs.uniform
+        && mask.as_ref().is_none_or(|m| m.uniform)
+        && other.as_ref().is_none_or(|o| o.uniform);
+    let n = if all_uniform { 1 } else { lay.num_regs() };
+    let mut regs: Vec<BasicValueEnum<'ctx>> = Vec::with_capacity(n);
+    let mut r = 0;
+    while r < n {
+        let m = mask.as_ref().map(|m| m.regs[r].into_int_value());
+        let p = ptrs.regs[r].into_pointer_value();
+        if vec > 1 && r + vec as usize <= n {
+            let vt: BasicTypeEnum = match mem_ty {
+                BasicTypeEnum::FloatType(f) => f.vec_type(vec).into(),
+                BasicTypeEnum::IntType(i) => i.vec_type(vec).into(),
+                _ => unreachable!("scalar memory type"),
+            };
+            let poison = match vt {
+                BasicTypeEnum::VectorType(v) => v.get_poison(),
+                _ => unreachable!(),
+            };
+            let loaded = guarded(l, m, Some(poison.into()), || {
+                let v = l.cx.b.build_load(vt, p, "")?;
+                set_align(v, vec * size);
+                Ok(Some(v))
+            })?
+            .expect("a value on both edges")
+            .into_vector_value();
+            for i in 0..vec as usize {
+                let e =
+                    l.cx.b
+                        .build_extract_element(loaded, l.cx.i32(i as i64), "")?;
+                let e = match (&m, &other) {
+                    (Some(mv), Some(o)) => l.cx.b.build_select(*mv, e, o.regs[r + i], "")?,
+                    (Some(mv), None) => l.cx.b.build_select(*mv, e, zero, "")?,
+                    _ => e,
+                };
+                regs.push(e);
+            }
+            r += vec as usize;
+            continue;
+        }
+        let o = other.as_ref().map(|o| o.regs[r]).unwrap_or(zero);
+        let v = guarded(l, m, Some(o), || {
+            let v = l.cx.b.build_load(mem_ty, p, "")?;
+            set_align(v, size);
+            Ok(Some(l.reg_from_mem(elem, v)?))
+        })?
+        .expect("a value on both edges");
+        regs.push(v);
+        r += 1;
+    }
+    if all_uniform {
+        // Every thread loaded the same element: the value is the same everywhere.
+        return Ok(Tile {
+            elem,
+            regs: vec![regs[0]; lay.num_regs()],
+            layout: lay,
+            uniform: true,
+        });
+    }
+    Ok(Tile {
+        elem,
+        layout: lay,
+        regs,
+        uniform: false,
+    })
+}
+
+pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<()> {
+    let OpKind::Store { has_mask } = op.kind else {
+        unreachable!()
+    };
+    let mut ptrs = l.val(op.operands[0])?;
+    let Elem::Ptr { pointee, .. } = ptrs.elem else {
+        return Err(LowerError::Llvm("store to a non-pointer".into()));
+    };
+    let elem = Elem::Scalar(pointee);
+    let val = l.val(op.operands[1])?;
+    let mut lay = ptrs.layout.clone();
+    if ptrs.uniform && !val.uniform {
+        lay = val.layout.clone();
+        ptrs = l.convert(&ptrs, &lay, &op.span)?;
+    }
+    let val = l.convert(&val, &lay, &op.span)?;
+    let mask = if has_mask {
+        Some(l.convert(&l.val(op.operands[2])?, &lay, &op.span)?)
+    } else {
+        None
+    };
+    let owner = l.owner_predicate(&lay)?;
+    let mem_ty = l.mem_ty(elem);
+    let size = pointee.size_bytes() as u32;
+    let vec = vector_width(l, op, &ptrs, has_mask.then_some(2));
+    // A uniform pointer tile stores one value to one address: once.
+    let n = if ptrs.uniform { 1 } else { lay.num_regs() };
+    let owner = if ptrs.uniform && n == 1 {
+        // Thread 0 only.
+        Some(
+            l.cx.b
+                .build_int_compare(inkwell::IntPredicate::EQ, l.tid, l.cx.i32(0), "")?,
+        )
+    } else {
+        owner
+    };
+    let mut r = 0;
+    while r < n {
+        if is_dup_reg(&lay, r) {
+            r += 1;
+            continue;
+        }
+        let m = mask.as_ref().map(|m| m.regs[r].into_int_value());
+        let cond = and_opt(l, m, owner)?;
+        let p = ptrs.regs[r].into_pointer_value();
+        if vec > 1 && r + vec as usize <= n {
+            let mut vv: BasicValueEnum = match mem_ty {
+                BasicTypeEnum::FloatType(f) => f.vec_type(vec).get_poison().into(),
+                BasicTypeEnum::IntType(i) => i.vec_type(vec).get_poison().into(),
+                _ => unreachable!("scalar memory type"),
+            };
+            for i in 0..vec as usize {
+                vv =
+                    l.cx.b
+                        .build_insert_element(
+                            vv.into_vector_value(),
+                            val.regs[r + i],
+                            l.cx.i32(i as i64),
+                            "",
+                        )?
+                        .into();
+            }
+            guarded(l, cond, None, || {
+                let s = l.cx.b.build_store(p, vv)?;
+                set_align(s, vec * size);
+                Ok(None)
+            })?;
+            r += vec as usize;
+            continue;
+        }
+        let v = l.store_to_mem(elem, val.regs[r])?;
+        guarded(l, cond, None, || {
+            let s = l.cx.b.build_store(p, v)?;
+            set_align(s, size);
+            Ok(None)
+        })?;
+        r += 1;
+    }
+    Ok(())
+}
+
+fn ordering(o: MemOrder) -> (AtomicOrdering, AtomicOrdering) {
+    match o {
+        MemOrder::Relaxed => (AtomicOrdering::Monotonic, AtomicOrdering::Monotonic),
+        MemOrder::Acquire => (AtomicOrdering::Acquire, AtomicOrdering::Acquire),
+        MemOrder::Release => (AtomicOrdering::Release, AtomicOrdering::Monotonic),
+        MemOrder::AcqRel => (AtomicOrdering::AcquireRelease, AtomicOrdering::Acquire),
+    }
+}
+
+pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
+    use inkwell::llvm_sys::LLVMAtomicRMWBinOp as B;
+    let (rmw, order, scope, has_mask) = match op.kind {
+        OpKind::AtomicRmw {
+            op: a,
+            order,
+            scope,
+            has_mask,
+        } => (Some(a), order, scope, has_mask),
+        OpKind::AtomicCas {
+            order,
+            scope,
+            has_mask,
+        } => (None, order, scope, has_mask),
+        _ => unreachable!(),
+    };
+    let mut ptrs = l.val(op.operands[0])?;
+    let Elem::Ptr { pointee, .. } = ptrs.elem else {
+        return Err(LowerError::Llvm("atomic on a non-pointer".into()));
+    };
+    let elem = Elem::Scalar(pointee);
+    let nvals = if rmw.is_some() { 1 } else { 2 };
+    let mut vals: Vec<Tile> = (0..nvals)
+        .map(|i| l.val(op.operands[1 + i]))
+        .collect::<LResult<_>>()?;
+    let mut lay = ptrs.layout.clone();
+    if ptrs.uniform
+        && let Some(v) = vals.iter().find(|v| !v.uniform)
+    {
+        lay = v.layout.clone();
+        ptrs = l.convert(&ptrs, &lay, &op.span)?;
+    }
+    for v in vals.iter_mut() {
+        *v = l.convert(v, &lay, &op.span)?;
+    }
+    let mask = if has_mask {
+        Some(l.convert(&l.val(op.operands[1 + nvals])?, &lay, &op.span)?)
+    } else {
+        None
+    };
+    let owner = l.owner_predicate(&lay)?;
+    let ssid = l.cx.sync_scope_id(l.arch.sync_scope(scope));
+    let (ord, fail) = ordering(order);
+    let reg_ty = l.ty(elem);
+    let zero = reg_ty.const_zero();
+    let n = lay.num_regs();
+    let mut regs: Vec<BasicValueEnum<'ctx>> = Vec::with_capacity(n);
+    for r in 0..n {
+        if is_dup_reg(&lay, r) {
+            let first = (0..r)
+                .rev()
+                .find(|&q| {
+                    !is_dup_reg(&lay, q) && lay.reg_offset(q as u32) == lay.reg_offset(r as u32)
+                })
+                .unwrap_or(0);
+            regs.push(regs[first]);
+            continue;
+        }
+        let m = mask.as_ref().map(|m| m.regs[r].into_int_value());
+        let cond = and_opt(l, m, owner)?;
+        let p: PointerValue = ptrs.regs[r].into_pointer_value();
+        let v0 = vals[0].regs[r];
+        let v1 = vals.get(1).map(|v| v.regs[r]);
+        let b = l.cx.b.as_mut_ptr();
+        let res = guarded(l, cond, Some(zero), || unsafe {
+            use inkwell::llvm_sys::core as c;
+            use inkwell::values::AsValueRef;
+            let raw = match rmw {
+                Some(a) => {
+                    let f = pointee.is_float();
+                    let s = pointee.is_signed_int();
+                    let bop = match a {
+                        AtomicOp::Add if f => B::LLVMAtomicRMWBinOpFAdd,
+                        AtomicOp::Add => B::LLVMAtomicRMWBinOpAdd,
+                        AtomicOp::Min if f => B::LLVMAtomicRMWBinOpFMinimum,
+                        AtomicOp::Max if f => B::LLVMAtomicRMWBinOpFMaximum,
+                        AtomicOp::Min if s => B::LLVMAtomicRMWBinOpMin,
+                        AtomicOp::Max if s => B::LLVMAtomicRMWBinOpMax,
+                        AtomicOp::Min => B::LLVMAtomicRMWBinOpUMin,
+                        AtomicOp::Max => B::LLVMAtomicRMWBinOpUMax,
+                        AtomicOp::And => B::LLVMAtomicRMWBinOpAnd,
+                        AtomicOp::Or => B::LLVMAtomicRMWBinOpOr,
+                        AtomicOp::Xor => B::LLVMAtomicRMWBinOpXor,
+                        AtomicOp::Xchg => B::LLVMAtomicRMWBinOpXchg,
+                    };
+                    c::LLVMBuildAtomicRMWSyncScope(
+                        b,
+                        bop,
+                        p.as_value_ref(),
+                        v0.as_value_ref(),
+                        ord.into(),
+                        ssid,
+                    )
+                }
+                None => {
+                    let pair = c::LLVMBuildAtomicCmpXchgSyncScope(
+                        b,
+                        p.as_value_ref(),
+                        v0.as_value_ref(),
+                        v1.expect("cas has two values").as_value_ref(),
+                        ord.into(),
+                        fail.into(),
+                        ssid,
+                    );
+                    c::LLVMBuildExtractValue(b, pair, 0, c"".as_ptr())
+                }
+            };
+            Ok(Some(BasicValueEnum::new(raw)))
+        })?
+        .expect("a value on both edges");
+        regs.push(res);
+    }
+    let t = Tile {
+        elem,
+        layout: lay.clone(),
+        regs,
+        uniform: false,
+    };
+    if owner.is_none() {
+        return Ok(t);
+    }
+    // Replicas read the owner's result through shared memory.
+    let mt = l.mem_ty(elem);
+    let base = l.scratch(lay.numel() * pointee.size_bytes() as u32, &op.span);
+    let idx = l.elem_indices(&lay)?;
+    for (r, i) in idx.iter().enumerate() {
+        if is_dup_reg(&lay, r) {
+            continue;
+        }
+        let p = l.smem_ptr(base, mt, *i)?;
+        let v = t.regs[r];
+        guarded(l, owner, None, || {
+            l.cx.b.build_store(p, v)?;
+            Ok(None)
+        })?;
+    }
+    l.barrier()?;
+    let mut regs = Vec::with_capacity(n);
+    for i in idx {
+        let p = l.smem_ptr(base, mt, i)?;
+        regs.push(l.cx.b.build_load(mt, p, "")?);
+    }
+    l.barrier()?;
+    Ok(Tile { regs, ..t })
+}
