@@ -8,7 +8,9 @@ use tessera::disk_cache::{CacheKey, DiskCache};
 const CHILD_ENV: &str = "TESSERA_CACHE_TEST_CHILD_DIR";
 
 fn payload() -> Vec<u8> {
-    (0..300_000u32).map(|i| (i.wrapping_mul(31) % 251) as u8).collect()
+    (0..300_000u32)
+        .map(|i| (i.wrapping_mul(31) % 251) as u8)
+        .collect()
 }
 
 fn key() -> CacheKey {
