@@ -15,16 +15,16 @@
 
 #[path = "layernorm.rs"]
 #[allow(dead_code)]
-mod layernorm;
+mod ex_layernorm;
 #[path = "matmul.rs"]
 #[allow(dead_code)]
-mod matmul;
+mod ex_matmul;
 #[path = "softmax.rs"]
 #[allow(dead_code)]
-mod softmax;
+mod ex_softmax;
 #[path = "vector_add.rs"]
 #[allow(dead_code)]
-mod vector_add;
+mod ex_vector_add;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,10 +35,10 @@ use tessera::artifact::KernelOptions;
 use tessera::prelude::*;
 use tessera::{ArtifactStore, DeviceKind};
 
-use layernorm::layernorm;
-use matmul::matmul;
-use softmax::softmax;
-use vector_add::vector_add;
+use ex_layernorm::layernorm;
+use ex_matmul::matmul;
+use ex_softmax::softmax;
+use ex_vector_add::vector_add;
 
 const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
                      [--json <file>] [--no-bench] [--target <t> --check-artifacts]";
@@ -218,12 +218,16 @@ const CASES: [(&str, Case); 6] = [
 ];
 
 /// Median device time of `iters` runs of `f` after two warm-up runs, in seconds.
-fn bench(dev: &Device, iters: usize, f: impl Fn() -> Result<(), Error>) -> Result<f64, Error> {
+fn bench(
+    dev: &Device,
+    iters: usize,
+    mut f: impl FnMut() -> Result<(), Error>,
+) -> Result<f64, Error> {
     f()?;
     f()?;
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
-        times.push(dev.time(&f)?.1.as_secs_f64());
+        times.push(dev.time(&mut f)?.1.as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
     Ok(times[times.len() / 2])
