@@ -8,6 +8,11 @@
 //! For each kernel it writes `<name>.ptx` (NVIDIA) or `<name>.hsaco` plus its assembly
 //! `<name>.s` (AMD), and the optimized LLVM IR `<name>.ll`. Kernels instantiated twice
 //! (f32 and f16) carry the element type in their name: `softmax_f16.ptx`.
+//!
+//! With `--store <dir>` it also writes every kernel into an artifact store
+//! (`tessera::ArtifactStore`: `<dir>/<kernel>-<key>.tkb`, one folder for all targets),
+//! which a runtime built without LLVM loads (`TESSERA_AOT_DIR=<dir>` or
+//! `Device::with_artifacts`): see `examples/gpu_check.rs` and `scripts/gpu-check.sh`.
 
 // The example kernels are included as modules; each also has its own `main`.
 #![allow(clippy::duplicate_mod)]
@@ -29,20 +34,25 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use tessera::aot::{ALL_TARGETS, Artifact, CompileOptions, Target, Vendor, compile_kernel};
+use tessera::ArtifactStore;
+use tessera::aot::{
+    ALL_TARGETS, Artifact, CompileOptions, Target, Vendor, compile_kernel, precompile,
+};
 use tessera::prelude::*;
 
 const USAGE: &str = "usage: aot --target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
-                     --out <dir> [--num-warps <1|2|4|8|16>]";
+                     --out <dir> [--num-warps <1|2|4|8|16>] [--store <dir>]";
 
 struct Args {
     targets: Vec<Target>,
     out: PathBuf,
     opts: CompileOptions,
+    store: Option<PathBuf>,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let (mut targets, mut out, mut opts) = (None, None, CompileOptions::default());
+    let mut store = None;
     while let Some(flag) = args.next() {
         let mut value = || {
             args.next()
@@ -58,6 +68,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                 });
             }
             "--out" => out = Some(PathBuf::from(value()?)),
+            "--store" => store = Some(PathBuf::from(value()?)),
             "--num-warps" => {
                 let v = value()?;
                 opts.num_warps = v
@@ -74,34 +85,37 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         targets: targets.ok_or_else(|| format!("--target is required\n{USAGE}"))?,
         out: out.ok_or_else(|| format!("--out is required\n{USAGE}"))?,
         opts,
+        store,
     })
 }
 
-/// One example kernel: its file name and how to compile it.
+/// One example kernel: its file name, how to compile it, and how to precompile it
+/// into an artifact store.
 type Job = (
     &'static str,
     fn(Target, &CompileOptions) -> Result<Artifact, Error>,
+    fn(Target, &CompileOptions, &ArtifactStore) -> Result<PathBuf, Error>,
 );
 
+macro_rules! job {
+    ($name:literal, $k:ty) => {
+        (
+            $name,
+            |t, o| compile_kernel::<$k>(&(), t, o),
+            |t, o, s| precompile::<$k>(&(), t, o, s),
+        )
+    };
+}
+
+/// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
+/// instantiate them.
 const JOBS: [Job; 6] = [
-    ("vector_add", |t, o| {
-        compile_kernel::<vector_add::vector_add<1024>>(&(), t, o)
-    }),
-    ("softmax_f32", |t, o| {
-        compile_kernel::<softmax::softmax<f32, 4, 1024>>(&(), t, o)
-    }),
-    ("softmax_f16", |t, o| {
-        compile_kernel::<softmax::softmax<f16, 4, 1024>>(&(), t, o)
-    }),
-    ("matmul_f32", |t, o| {
-        compile_kernel::<matmul::matmul<f32, 64, 64, 32>>(&(), t, o)
-    }),
-    ("matmul_f16", |t, o| {
-        compile_kernel::<matmul::matmul<f16, 64, 64, 32>>(&(), t, o)
-    }),
-    ("layernorm", |t, o| {
-        compile_kernel::<layernorm::layernorm<f32, 256>>(&(), t, o)
-    }),
+    job!("vector_add", vector_add::vector_add<1024>),
+    job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
+    job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
+    job!("matmul_f32", matmul::matmul<f32, 64, 64, 32>),
+    job!("matmul_f16", matmul::matmul<f16, 64, 64, 32>),
+    job!("layernorm", layernorm::layernorm<f32, 256>),
 ];
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
@@ -119,7 +133,7 @@ fn run(args: &Args) -> Result<(), String> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tname = target.to_string();
-        for (name, compile) in JOBS {
+        for (name, compile, store) in JOBS {
             let t = Instant::now();
             let art = match compile(target, &args.opts) {
                 Ok(art) => art,
@@ -136,6 +150,9 @@ fn run(args: &Args) -> Result<(), String> {
                 write(&dir.join(format!("{name}.s")), art.asm.as_bytes())?;
             }
             write(&dir.join(format!("{name}.ll")), art.llvm_ir.as_bytes())?;
+            if let Some(s) = &args.store {
+                store(target, &args.opts, &ArtifactStore::new(s)).map_err(|e| e.to_string())?;
+            }
             println!(
                 "{tname:>8} {name:<12} {:>9} bytes {:>5} threads {:>6} B smem {:>9.1} ms  {}",
                 art.binary.len(),
@@ -179,6 +196,9 @@ mod tests {
             vec![Target::Amdgpu(tessera::aot::AmdArch::Gfx942)]
         );
         assert_eq!(a.opts.num_warps, 8);
+        assert_eq!(a.store, None);
+        let a = parse("--target sm_90 --out x --store y").unwrap();
+        assert_eq!(a.store, Some(PathBuf::from("y")));
         assert_eq!(parse("--target all --out x").unwrap().targets.len(), 5);
         assert!(
             parse("--target sm_70 --out x")

@@ -10,11 +10,22 @@ fi
 set -x
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-# The runtime builds without LLVM (feature `jit` off).
+# The runtime builds without LLVM (feature `jit` off), and with HIP (libamdhip64).
 cargo clippy -p tessera --all-targets --no-default-features -- -D warnings
+cargo clippy -p tessera --all-targets --no-default-features --features hip -- -D warnings
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
+# The HIP backend (no device here: the clean "unavailable" path and the fallback).
+cargo test -p tessera --features hip 2>&1 | tee -a "$log"
+# Without `jit`: the runtime tests pass and a binary using it links no LLVM.
+cargo test -p tessera --no-default-features --lib --test devices 2>&1 | tee -a "$log"
+scripts/check-no-llvm.sh
+# A missing CUDA driver is a clean error, not a panic.
+if [ ! -e /dev/nvidiactl ]; then
+  out="$(TESSERA_DEVICE=cuda cargo run -q -p tessera --example vector_add 2>&1 || true)"
+  grep -q "no CUDA driver found (libcuda.so could not be loaded)" <<<"$out"
+fi
 # Every example checks its own results and exits non-zero on a mismatch.
 for ex in vector_add softmax matmul layernorm; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"

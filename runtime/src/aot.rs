@@ -23,7 +23,11 @@
 //! IR (`.ll`), PTX (`.ptx`) and AMDGCN assembly (`.s`) to `TESSERA_DUMP_DIR`, named
 //! `<kernel>-<hash>.<ext>`; the hash covers the IR, the target and the options.
 
+use std::path::PathBuf;
+
 use tessera_ir::Function;
+
+use crate::artifact::{ArtifactStore, KernelBinary, KernelOptions, kernel_key};
 
 use crate::launch::{dump_enabled, dump_hash, dump_text};
 use crate::{Error, Kernel, kernel_ir};
@@ -61,4 +65,38 @@ pub fn compile_ir(
         dump_text(stage, &func.name, hash, ext, art.asm.as_bytes())?;
     }
     Ok(art)
+}
+
+/// The runtime's form of an artifact: binary and launch facts.
+pub fn kernel_binary(art: &Artifact) -> KernelBinary {
+    KernelBinary {
+        name: art.meta.name.clone(),
+        target: art.target.to_string(),
+        num_threads: art.meta.num_threads,
+        shared_bytes: art.meta.shared_bytes,
+        binary: art.binary.clone(),
+    }
+}
+
+/// Compiles kernel `K` (comptime arguments `ct`) for `target` and writes it to
+/// `store` under the key a runtime computes at launch (with or without LLVM), so a
+/// [`crate::Device::with_artifacts`] / `TESSERA_AOT_DIR` runtime finds it. Returns the
+/// written file (`<dir>/<kernel>-<key>.tkb`).
+pub fn precompile<K: Kernel>(
+    ct: &K::Comptime,
+    target: Target,
+    opts: &CompileOptions,
+    store: &ArtifactStore,
+) -> Result<PathBuf, Error> {
+    let func = kernel_ir::<K>(ct)?;
+    let art = compile_ir(&func, target, opts)?;
+    let ir = tessera_ir::printer::print_function(&func);
+    let key = kernel_key(
+        &ir,
+        &target.to_string(),
+        &KernelOptions {
+            num_warps: opts.num_warps,
+        },
+    );
+    store.put(&func.name, &key, &kernel_binary(&art))
 }

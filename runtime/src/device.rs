@@ -1,8 +1,37 @@
 //! Devices: where kernels run and buffers live.
+//!
+//! | device | backend | kernels |
+//! |---|---|---|
+//! | `cpu` | the reference interpreter, program instances on a thread pool | traced IR (no LLVM) |
+//! | `cuda:N` | the CUDA driver API through cudarc, `libcuda` loaded at run time | PTX: precompiled ([`ArtifactStore`]) or JIT-compiled (feature `jit`) |
+//! | `hip:N` | the HIP runtime through hip-sys (feature `hip`) | HSACO, likewise |
+//!
+//! **Streams.** Every GPU device has one stream, its *default stream*, created with the
+//! device and shared by every [`Device`] handle to it: launches, copies and fills are
+//! queued on it in program order, so they never race with each other. Launches and
+//! device-to-device copies are asynchronous; [`crate::Buffer::download`],
+//! [`Device::synchronize`] and [`Device::time`] wait for the stream. An error raised
+//! by a kernel while it runs asynchronously is reported by the next call that waits.
+//!
+//! **Several GPUs.** [`Device::all`] lists every device (CUDA, then HIP, then the
+//! CPU). Each GPU has its own context, stream, module cache and memory; a buffer
+//! belongs to one device and launching with a buffer from another device is an
+//! error. [`Device::enable_peer_access`] lets kernels on one GPU address another's
+//! memory (the groundwork of the symmetric heap: one allocation per device at the same
+//! offset, with a heap-base table translating `buf.on(peer)`), and
+//! [`crate::Buffer::copy_to_device`] copies between devices (peer-to-peer between
+//! GPUs of one vendor, through the host otherwise).
 
 use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::Error;
+use crate::artifact::ArtifactStore;
+use crate::cuda;
+#[cfg(feature = "hip")]
+use crate::hip;
 
 /// The kind of a device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -10,61 +39,283 @@ pub enum DeviceKind {
     /// The host CPU, running kernels with the reference interpreter (program instances
     /// in parallel on a thread pool).
     Cpu,
+    /// An NVIDIA GPU through the CUDA driver.
+    Cuda,
+    /// An AMD GPU through the HIP runtime (feature `hip`).
+    Hip,
 }
 
-/// A device kernels are launched on. Cheap to clone.
+/// What a device is made of.
 #[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceProperties {
+    /// The product name (`NVIDIA H200`, `AMD Instinct MI300X`, or `cpu`).
+    pub name: String,
+    /// The compilation target for it (`sm_90`, `gfx942`; `host` for the CPU).
+    pub target: String,
+    /// CUDA compute capability (major, minor); `None` elsewhere.
+    pub compute_capability: Option<(u32, u32)>,
+    /// Streaming multiprocessors / compute units (CPU: worker threads).
+    pub multiprocessors: u32,
+    /// Threads per warp (wavefront); 1 on the CPU.
+    pub warp_size: u32,
+    /// Shared memory one block may use without opting in, in bytes.
+    pub shared_per_block: usize,
+    /// Shared memory one block may use after opting in, in bytes.
+    pub shared_per_block_optin: usize,
+    /// Device memory in bytes (0 for the CPU: host memory).
+    pub total_memory: usize,
+}
+
+#[derive(Clone)]
+pub(crate) enum Backend {
+    Cpu,
+    Cuda(Arc<cuda::CudaDevice>),
+    #[cfg(feature = "hip")]
+    Hip(Arc<hip::HipDevice>),
+}
+
+/// A device kernels are launched on. Cheap to clone; clones share the GPU context,
+/// stream and kernel cache.
+#[derive(Clone)]
 pub struct Device {
-    kind: DeviceKind,
+    pub(crate) backend: Backend,
+    artifacts: Option<Arc<ArtifactStore>>,
+}
+
+impl PartialEq for Device {
+    /// Two handles are equal when they name the same device (whatever their
+    /// artifact folders).
+    fn eq(&self, other: &Device) -> bool {
+        self.kind() == other.kind() && self.ordinal() == other.ordinal()
+    }
+}
+impl Eq for Device {}
+
+impl fmt::Debug for Device {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Device({})", self.id())
+    }
 }
 
 impl Device {
-    /// The CPU device (always available).
-    pub fn cpu() -> Device {
+    fn from_backend(backend: Backend) -> Device {
         Device {
-            kind: DeviceKind::Cpu,
+            backend,
+            artifacts: None,
         }
     }
 
-    /// The device named by `TESSERA_DEVICE` if set, else the best one present: CUDA,
-    /// then HIP, then the CPU. (This build has the CPU device only.)
+    /// The CPU device (always available).
+    pub fn cpu() -> Device {
+        Device::from_backend(Backend::Cpu)
+    }
+
+    /// CUDA device `ordinal`. Fails with [`Error::DeviceUnavailable`] when no CUDA
+    /// driver is installed (checked before any driver call) or there is no such GPU.
+    pub fn cuda(ordinal: usize) -> Result<Device, Error> {
+        cuda::open(ordinal).map(|d| Device::from_backend(Backend::Cuda(d)))
+    }
+
+    /// HIP device `ordinal` (needs the `hip` feature).
+    pub fn hip(ordinal: usize) -> Result<Device, Error> {
+        #[cfg(feature = "hip")]
+        {
+            hip::open(ordinal).map(|d| Device::from_backend(Backend::Hip(d)))
+        }
+        #[cfg(not(feature = "hip"))]
+        {
+            Err(Error::DeviceUnavailable {
+                device: format!("hip:{ordinal}"),
+                reason: "this build has no HIP support (enable tessera's `hip` feature)".into(),
+            })
+        }
+    }
+
+    /// The device named by `TESSERA_DEVICE` if set, else the best one present: CUDA
+    /// device 0, then HIP device 0, then the CPU.
     pub fn best() -> Result<Device, Error> {
         match std::env::var("TESSERA_DEVICE") {
             Ok(name) if !name.trim().is_empty() => Device::by_name(name.trim()),
-            _ => Ok(Device::cpu()),
+            _ => Ok(Device::cuda(0)
+                .or_else(|_| Device::hip(0))
+                .unwrap_or_else(|_| Device::cpu())),
         }
     }
 
-    /// The device called `name`: `cpu`, `emu-nv`, `emu-amd`, `cuda` or `hip`
-    /// (optionally `cuda:N`/`hip:N`).
+    /// Every device present: the CUDA devices, then the HIP devices, then the CPU.
+    pub fn all() -> Vec<Device> {
+        let mut out: Vec<Device> = (0..cuda::count())
+            .filter_map(|i| Device::cuda(i).ok())
+            .collect();
+        #[cfg(feature = "hip")]
+        out.extend((0..hip::count()).filter_map(|i| Device::hip(i).ok()));
+        out.push(Device::cpu());
+        out
+    }
+
+    /// The device called `name`: `cpu`, `cuda`, `cuda:N`, `hip`, `hip:N` (and the
+    /// future `emu-nv`, `emu-amd`).
     pub fn by_name(name: &str) -> Result<Device, Error> {
-        let base = name.split(':').next().unwrap_or(name);
-        match base {
-            "cpu" => Ok(Device::cpu()),
-            "emu-nv" | "emu-amd" => Err(Error::DeviceUnavailable {
+        let (base, index) = match name.split_once(':') {
+            Some((b, i)) => (
+                b,
+                Some(
+                    i.parse::<usize>()
+                        .map_err(|_| Error::UnknownDevice(name.to_string()))?,
+                ),
+            ),
+            None => (name, None),
+        };
+        match (base, index) {
+            ("cpu", None) => Ok(Device::cpu()),
+            ("cuda", i) => Device::cuda(i.unwrap_or(0)),
+            ("hip", i) => Device::hip(i.unwrap_or(0)),
+            ("emu-nv" | "emu-amd", None) => Err(Error::DeviceUnavailable {
                 device: name.to_string(),
                 reason: "the SIMT emulator is not part of this build yet".into(),
-            }),
-            "cuda" | "hip" => Err(Error::DeviceUnavailable {
-                device: name.to_string(),
-                reason: "GPU backends are not part of this build yet".into(),
             }),
             _ => Err(Error::UnknownDevice(name.to_string())),
         }
     }
 
-    /// Its kind.
-    pub fn kind(&self) -> DeviceKind {
-        self.kind
+    /// This device, loading precompiled kernels from `dir` (an [`ArtifactStore`]
+    /// folder) before `TESSERA_AOT_DIR` and the JIT.
+    pub fn with_artifacts(&self, dir: impl Into<PathBuf>) -> Device {
+        Device {
+            backend: self.backend.clone(),
+            artifacts: Some(Arc::new(ArtifactStore::new(dir))),
+        }
     }
 
-    /// A short description, e.g. `cpu (interpreter, 2 threads)`.
+    /// Where precompiled kernels are looked for: the folder given to
+    /// [`Device::with_artifacts`], else `TESSERA_AOT_DIR`.
+    pub fn artifact_store(&self) -> Option<ArtifactStore> {
+        match &self.artifacts {
+            Some(s) => Some((**s).clone()),
+            None => ArtifactStore::from_env(),
+        }
+    }
+
+    /// Its kind.
+    pub fn kind(&self) -> DeviceKind {
+        match &self.backend {
+            Backend::Cpu => DeviceKind::Cpu,
+            Backend::Cuda(_) => DeviceKind::Cuda,
+            #[cfg(feature = "hip")]
+            Backend::Hip(_) => DeviceKind::Hip,
+        }
+    }
+
+    /// Its index among the devices of its kind (0 for the CPU).
+    pub fn ordinal(&self) -> usize {
+        match &self.backend {
+            Backend::Cpu => 0,
+            Backend::Cuda(d) => d.ordinal,
+            #[cfg(feature = "hip")]
+            Backend::Hip(d) => d.ordinal,
+        }
+    }
+
+    /// Its short name, as `TESSERA_DEVICE` spells it: `cpu`, `cuda:0`, `hip:1`.
+    pub fn id(&self) -> String {
+        match self.kind() {
+            DeviceKind::Cpu => "cpu".into(),
+            DeviceKind::Cuda => format!("cuda:{}", self.ordinal()),
+            DeviceKind::Hip => format!("hip:{}", self.ordinal()),
+        }
+    }
+
+    /// A short description, e.g. `cpu (interpreter, 2 threads)` or
+    /// `cuda:0 (NVIDIA H200, sm_90, 132 SMs)`.
     pub fn name(&self) -> String {
-        match self.kind {
-            DeviceKind::Cpu => format!(
+        match &self.backend {
+            Backend::Cpu => format!(
                 "cpu (reference interpreter, {} threads)",
                 rayon::current_num_threads()
             ),
+            _ => {
+                let p = self.properties();
+                format!(
+                    "{} ({}, {}, {} SMs)",
+                    self.id(),
+                    p.name,
+                    p.target,
+                    p.multiprocessors
+                )
+            }
+        }
+    }
+
+    /// Its properties.
+    pub fn properties(&self) -> DeviceProperties {
+        match &self.backend {
+            Backend::Cpu => DeviceProperties {
+                name: "cpu".into(),
+                target: "host".into(),
+                compute_capability: None,
+                multiprocessors: rayon::current_num_threads() as u32,
+                warp_size: 1,
+                shared_per_block: usize::MAX,
+                shared_per_block_optin: usize::MAX,
+                total_memory: 0,
+            },
+            Backend::Cuda(d) => d.props.clone(),
+            #[cfg(feature = "hip")]
+            Backend::Hip(d) => d.props.clone(),
+        }
+    }
+
+    /// Waits until everything queued on the device's stream has finished.
+    pub fn synchronize(&self) -> Result<(), Error> {
+        match &self.backend {
+            Backend::Cpu => Ok(()),
+            Backend::Cuda(d) => d.synchronize(),
+            #[cfg(feature = "hip")]
+            Backend::Hip(d) => d.synchronize(),
+        }
+    }
+
+    /// Runs `f` and measures the device time of the work it queues: with events
+    /// recorded on the device's stream around it on a GPU (then waits for them), with
+    /// the wall clock on the CPU.
+    pub fn time<R>(&self, f: impl FnOnce() -> Result<R, Error>) -> Result<(R, Duration), Error> {
+        match &self.backend {
+            Backend::Cpu => {
+                let t = Instant::now();
+                let r = f()?;
+                Ok((r, t.elapsed()))
+            }
+            Backend::Cuda(d) => d.time(f),
+            #[cfg(feature = "hip")]
+            Backend::Hip(d) => d.time(f),
+        }
+    }
+
+    /// Lets kernels and copies on this device access `other`'s memory directly (CUDA
+    /// peer access / HIP peer access). A no-op for the same device; an error across
+    /// vendors, for the CPU, or when the GPUs cannot reach each other.
+    pub fn enable_peer_access(&self, other: &Device) -> Result<(), Error> {
+        if self == other {
+            return Ok(());
+        }
+        match (&self.backend, &other.backend) {
+            (Backend::Cuda(a), Backend::Cuda(b)) => a.enable_peer_access(b),
+            #[cfg(feature = "hip")]
+            (Backend::Hip(a), Backend::Hip(b)) => a.enable_peer_access(b),
+            _ => Err(Error::DeviceUnavailable {
+                device: other.id(),
+                reason: format!("no peer access between {} and {}", self.id(), other.id()),
+            }),
+        }
+    }
+
+    /// The compilation target of a GPU (`sm_90`, `gfx942`).
+    pub(crate) fn gpu_target(&self) -> Option<&str> {
+        match &self.backend {
+            Backend::Cpu => None,
+            Backend::Cuda(d) => Some(&d.props.target),
+            #[cfg(feature = "hip")]
+            Backend::Hip(d) => Some(&d.props.target),
         }
     }
 }
@@ -72,5 +323,35 @@ impl Device {
 impl fmt::Display for Device {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names() {
+        assert_eq!(Device::by_name("cpu").unwrap(), Device::cpu());
+        assert!(matches!(
+            Device::by_name("tpu"),
+            Err(Error::UnknownDevice(_))
+        ));
+        assert!(matches!(
+            Device::by_name("cuda:x"),
+            Err(Error::UnknownDevice(_))
+        ));
+        assert!(matches!(
+            Device::by_name("cpu:1"),
+            Err(Error::UnknownDevice(_))
+        ));
+        assert_eq!(Device::cpu().id(), "cpu");
+        assert_eq!(Device::all().last(), Some(&Device::cpu()));
+        let d = Device::cpu().with_artifacts("/nonexistent");
+        assert_eq!(d, Device::cpu());
+        assert_eq!(
+            d.artifact_store().map(|s| s.dir().to_path_buf()),
+            Some(PathBuf::from("/nonexistent"))
+        );
     }
 }

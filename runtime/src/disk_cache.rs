@@ -116,6 +116,11 @@ impl DiskCache {
         }
     }
 
+    /// Deletes the entry under `key`, if any (e.g. a payload its user found invalid).
+    pub fn remove(&self, key: &CacheKey) {
+        let _ = fs::remove_file(self.entry_path(key));
+    }
+
     /// Stores `payload` under `key`, atomically.
     pub fn put(&self, key: &CacheKey, payload: &[u8]) -> Result<(), CacheError> {
         let err = |path: &Path| {
@@ -166,7 +171,7 @@ fn decode(bytes: &[u8]) -> Option<&[u8]> {
 }
 
 /// Warnings go to stderr only when `TESSERA_LOG` is set (the runtime has no logger).
-fn log_warn(msg: &str) {
+pub(crate) fn log_warn(msg: &str) {
     if std::env::var_os("TESSERA_LOG").is_some() {
         eprintln!("tessera: {msg}");
     }

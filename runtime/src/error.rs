@@ -49,6 +49,44 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A GPU driver call failed. `what` names the operation, and the kernel when there
+    /// is one (e.g. "launching kernel `softmax`"); `message` is the driver's error.
+    #[error("{device}: {what} failed: {message}")]
+    Driver {
+        /// The device (`cuda:0`, `hip:1`).
+        device: String,
+        /// The operation.
+        what: String,
+        /// The driver's error (name and description).
+        message: String,
+    },
+    /// No precompiled artifact for a kernel on a device whose runtime cannot compile
+    /// (built without the `jit` feature).
+    #[error(
+        "no precompiled artifact for kernel `{kernel}` on {target}: {file} is not in {dir} \
+         ({hint}); precompile it with `tessera::aot::precompile` or the `aot` example, \
+         or build with the `jit` feature"
+    )]
+    MissingArtifact {
+        /// The kernel.
+        kernel: String,
+        /// The target (`sm_90`, `gfx942`).
+        target: String,
+        /// The folder searched.
+        dir: String,
+        /// The file expected there.
+        file: String,
+        /// What else is there.
+        hint: String,
+    },
+    /// A precompiled artifact could not be read or is invalid.
+    #[error("kernel artifact {path}: {reason}")]
+    Artifact {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
     /// A buffer operation with mismatched sizes.
     #[error("buffer size mismatch: {0}")]
     BufferSize(String),

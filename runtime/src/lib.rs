@@ -1,9 +1,11 @@
 //! # Tessera
 //!
 //! Tile-level GPU kernels written in Rust. A `#[kernel]` function is traced into tile
-//! IR ([`ir`]) once per set of comptime arguments, and launched on a [`Device`]: today
-//! the CPU (through the reference interpreter), with the emulator, CUDA and HIP
-//! devices shaped to slot in behind the same API.
+//! IR ([`ir`]) once per set of comptime arguments, and launched on a [`Device`]: the
+//! CPU (through the reference interpreter), an NVIDIA GPU (CUDA driver, PTX) or an
+//! AMD GPU (HIP, HSACO; feature `hip`). GPU kernels are JIT-compiled through LLVM
+//! (feature `jit`, cached in memory and on disk) or loaded precompiled from an
+//! [`ArtifactStore`] (no LLVM needed).
 //!
 //! ```
 //! use tessera::prelude::*;
@@ -33,14 +35,19 @@ extern crate self as tessera;
 
 #[cfg(feature = "jit")]
 pub mod aot;
+pub mod artifact;
 mod buffer;
+mod cuda;
 mod device;
 pub mod disk_cache;
 mod error;
+#[cfg(feature = "hip")]
+mod hip;
 mod launch;
 
+pub use artifact::{ArtifactStore, KernelBinary, KernelOptions};
 pub use buffer::{Buffer, Element};
-pub use device::{Device, DeviceKind};
+pub use device::{Device, DeviceKind, DeviceProperties};
 pub use error::Error;
 pub use launch::{Grid, Kernel, LaunchArg, kernel_ir, launch};
 #[cfg(feature = "jit")]

@@ -1,0 +1,469 @@
+//! The GPU check: every example kernel on a GPU against the CPU interpreter, then
+//! benchmarks. Built WITHOUT LLVM (`--no-default-features`): the kernels come
+//! precompiled from an artifact store (`scripts/gpu-check.sh` packs both).
+//!
+//! ```sh
+//! gpu_check --kernels <dir> [--device cuda:0] [--json out.json] [--no-bench]
+//! gpu_check --kernels <dir> --target sm_90 --check-artifacts   # no GPU needed
+//! ```
+//!
+//! Exit status: 0 when every case passed, 1 on a mismatch or error, 2 when the device
+//! is not available.
+
+// The example kernels are included as modules; each also has its own `main`.
+#![allow(clippy::duplicate_mod)]
+
+#[path = "layernorm.rs"]
+#[allow(dead_code)]
+mod ex_layernorm;
+#[path = "matmul.rs"]
+#[allow(dead_code)]
+mod ex_matmul;
+#[path = "softmax.rs"]
+#[allow(dead_code)]
+mod ex_softmax;
+#[path = "vector_add.rs"]
+#[allow(dead_code)]
+mod ex_vector_add;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera::artifact::KernelOptions;
+use tessera::prelude::*;
+use tessera::{ArtifactStore, DeviceKind};
+
+use ex_layernorm::layernorm;
+use ex_matmul::matmul;
+use ex_softmax::softmax;
+use ex_vector_add::vector_add;
+
+const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
+                     [--json <file>] [--no-bench] [--target <t> --check-artifacts]";
+
+struct Args {
+    kernels: Option<PathBuf>,
+    device: Option<String>,
+    json: Option<PathBuf>,
+    bench: bool,
+    check_target: Option<String>,
+}
+
+fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+    let mut a = Args {
+        kernels: None,
+        device: None,
+        json: None,
+        bench: true,
+        check_target: None,
+    };
+    let mut check = false;
+    let mut target = None;
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--kernels" => a.kernels = Some(PathBuf::from(value()?)),
+            "--device" => a.device = Some(value()?),
+            "--json" => a.json = Some(PathBuf::from(value()?)),
+            "--target" => target = Some(value()?),
+            "--no-bench" => a.bench = false,
+            "--check-artifacts" => check = true,
+            "-h" | "--help" => return Err(USAGE.into()),
+            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+        }
+    }
+    if check {
+        a.check_target = Some(target.ok_or("--check-artifacts needs --target")?);
+    }
+    Ok(a)
+}
+
+/// One line of the final table.
+struct Row {
+    what: String,
+    status: String,
+    detail: String,
+}
+
+fn random(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.gen_range(lo..hi)).collect()
+}
+
+/// Compares two result vectors: `|a - b| <= atol + rtol * |b|` everywhere (NaN fails).
+fn compare(got: &[f64], want: &[f64], atol: f64, rtol: f64) -> Result<String, String> {
+    if got.len() != want.len() {
+        return Err(format!("{} elements, expected {}", got.len(), want.len()));
+    }
+    let (mut bad, mut max_err, mut first) = (0usize, 0f64, String::new());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        if err <= atol + rtol * w.abs() {
+            max_err = max_err.max(err);
+        } else {
+            if bad == 0 {
+                first = format!("first at [{i}]: {g} vs {w}");
+            }
+            bad += 1;
+        }
+    }
+    if bad > 0 {
+        Err(format!("{bad} of {} differ, {first}", got.len()))
+    } else {
+        Ok(format!("{} elements, max abs err {max_err:.2e}", got.len()))
+    }
+}
+
+fn f64s<T: Copy>(v: Vec<T>, f: impl Fn(T) -> f64) -> Vec<f64> {
+    v.into_iter().map(f).collect()
+}
+
+type Case = fn(&Device, &Device, &mut StdRng) -> Result<Result<String, String>, Error>;
+
+/// Runs one kernel on `gpu` and on `cpu` with the same inputs; the inner result is
+/// the comparison.
+const CASES: [(&str, Case); 6] = [
+    ("vector_add", |gpu, cpu, rng| {
+        let n = 1_000_003usize;
+        let (xs, ys) = (random(rng, n, -10.0, 10.0), random(rng, n, -10.0, 10.0));
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (x, y) = (d.upload(&xs)?, d.upload(&ys)?);
+            let mut out = d.upload(&vec![f32::NAN; n])?;
+            vector_add::<1024>::launch(d, n.div_ceil(1024), (&x, &y, &mut out, n as i32))?;
+            Ok(f64s(out.download()?, f64::from))
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 0.0, 1e-7))
+    }),
+    ("softmax_f32", |gpu, cpu, rng| {
+        let (r, c) = (1000usize, 781usize);
+        let xs = random(rng, r * c, -8.0, 8.0);
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let x = d.upload(&xs)?;
+            let mut out = d.upload(&vec![f32::NAN; r * c])?;
+            softmax::<f32, 4, 1024>::launch(d, r.div_ceil(4), (&x, &mut out, r as i32, c as i32))?;
+            Ok(f64s(out.download()?, f64::from))
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 1e-7, 1e-5))
+    }),
+    ("softmax_f16", |gpu, cpu, rng| {
+        let (r, c) = (1000usize, 781usize);
+        let xs: Vec<f16> = random(rng, r * c, -8.0, 8.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect();
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let x = d.upload(&xs)?;
+            let mut out = d.upload(&vec![f16::NAN; r * c])?;
+            softmax::<f16, 4, 1024>::launch(d, r.div_ceil(4), (&x, &mut out, r as i32, c as i32))?;
+            Ok(f64s(out.download()?, |v| v.to_f64()))
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 1e-6, 2.0 / 2048.0))
+    }),
+    ("matmul_f32", |gpu, cpu, rng| {
+        let (m, n, k) = (300usize, 200usize, 150usize);
+        let (a, b) = (random(rng, m * k, -1.0, 1.0), random(rng, k * n, -1.0, 1.0));
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (da, db) = (d.upload(&a)?, d.upload(&b)?);
+            let mut dc = d.upload(&vec![f32::NAN; m * n])?;
+            let args = (&da, &db, &mut dc, m as i32, n as i32, k as i32);
+            matmul::<f32, 64, 64, 32>::launch(d, (m.div_ceil(64), n.div_ceil(64)), args)?;
+            Ok(f64s(dc.download()?, f64::from))
+        };
+        // tf32 or another summation order: bounded by k * |a||b| * 2^-10.
+        Ok(compare(
+            &run(gpu)?,
+            &run(cpu)?,
+            1e-3 * k as f64 / 10.0,
+            1e-3,
+        ))
+    }),
+    ("matmul_f16", |gpu, cpu, rng| {
+        let (m, n, k) = (300usize, 200usize, 150usize);
+        let h = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+        let (a, b) = (
+            h(random(rng, m * k, -1.0, 1.0)),
+            h(random(rng, k * n, -1.0, 1.0)),
+        );
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (da, db) = (d.upload(&a)?, d.upload(&b)?);
+            let mut dc = d.upload(&vec![f16::NAN; m * n])?;
+            let args = (&da, &db, &mut dc, m as i32, n as i32, k as i32);
+            matmul::<f16, 64, 64, 32>::launch(d, (m.div_ceil(64), n.div_ceil(64)), args)?;
+            Ok(f64s(dc.download()?, |v| v.to_f64()))
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 1e-2, 2.0 / 2048.0))
+    }),
+    ("layernorm", |gpu, cpu, rng| {
+        let (r, c) = (512usize, 1000usize);
+        let xs = random(rng, r * c, -3.0, 5.0);
+        let (ws, bs) = (random(rng, c, 0.5, 1.5), random(rng, c, -1.0, 1.0));
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (x, w, b) = (d.upload(&xs)?, d.upload(&ws)?, d.upload(&bs)?);
+            let mut y = d.upload(&vec![f32::NAN; r * c])?;
+            let mut mean = d.upload(&vec![f32::NAN; r])?;
+            let mut rstd = d.upload(&vec![f32::NAN; r])?;
+            let args = (&x, &w, &b, &mut y, &mut mean, &mut rstd, c as i32, 1e-5f32);
+            layernorm::<f32, 256>::launch(d, r, args)?;
+            let mut out = f64s(y.download()?, f64::from);
+            out.extend(f64s(mean.download()?, f64::from));
+            out.extend(f64s(rstd.download()?, f64::from));
+            Ok(out)
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 1e-4, 1e-4))
+    }),
+];
+
+/// Median device time of `iters` runs of `f` after two warm-up runs, in seconds.
+fn bench(
+    dev: &Device,
+    iters: usize,
+    mut f: impl FnMut() -> Result<(), Error>,
+) -> Result<f64, Error> {
+    f()?;
+    f()?;
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        times.push(dev.time(&mut f)?.1.as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// (name, metric, value) of every benchmark; shapes match `scripts/gpu_bench.py`.
+fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
+    let mut out = Vec::new();
+    let mut record = |name: &str, unit: &str, r: Result<f64, Error>| match r {
+        Ok(v) => {
+            rows.push(Row {
+                what: format!("bench {name}"),
+                status: format!("{v:.1} {unit}"),
+                detail: String::new(),
+            });
+            out.push((name.to_string(), unit.to_string(), v));
+        }
+        Err(e) => rows.push(Row {
+            what: format!("bench {name}"),
+            status: "ERROR".into(),
+            detail: e.to_string(),
+        }),
+    };
+    let n = 1usize << 26;
+    record(
+        "vector_add",
+        "GB/s",
+        (|| {
+            let x = dev.alloc::<f32>(n)?;
+            let y = dev.alloc::<f32>(n)?;
+            let mut o = dev.alloc::<f32>(n)?;
+            let t = bench(dev, 20, || {
+                vector_add::<1024>::launch(dev, n.div_ceil(1024), (&x, &y, &mut o, n as i32))
+            })?;
+            Ok(3.0 * 4.0 * n as f64 / t / 1e9)
+        })(),
+    );
+    let (r, c) = (4096usize * 4, 1024usize);
+    record(
+        "softmax_f32",
+        "GB/s",
+        (|| {
+            let x = dev.upload(&vec![0.5f32; r * c])?;
+            let mut o = dev.alloc::<f32>(r * c)?;
+            let t = bench(dev, 20, || {
+                softmax::<f32, 4, 1024>::launch(
+                    dev,
+                    r.div_ceil(4),
+                    (&x, &mut o, r as i32, c as i32),
+                )
+            })?;
+            Ok(2.0 * 4.0 * (r * c) as f64 / t / 1e9)
+        })(),
+    );
+    let (r, c) = (4096usize, 8192usize);
+    record(
+        "layernorm",
+        "GB/s",
+        (|| {
+            let x = dev.upload(&vec![0.5f32; r * c])?;
+            let w = dev.upload(&vec![1.0f32; c])?;
+            let b = dev.alloc::<f32>(c)?;
+            let mut y = dev.alloc::<f32>(r * c)?;
+            let mut mean = dev.alloc::<f32>(r)?;
+            let mut rstd = dev.alloc::<f32>(r)?;
+            let t = bench(dev, 20, || {
+                let args = (&x, &w, &b, &mut y, &mut mean, &mut rstd, c as i32, 1e-5f32);
+                layernorm::<f32, 256>::launch(dev, r, args)
+            })?;
+            Ok(2.0 * 4.0 * (r * c) as f64 / t / 1e9)
+        })(),
+    );
+    let s = 4096usize;
+    record(
+        "matmul_f16",
+        "TFLOP/s",
+        (|| {
+            let a = dev.upload(&vec![f16::from_f32(0.01); s * s])?;
+            let b = dev.upload(&vec![f16::from_f32(0.01); s * s])?;
+            let mut c = dev.alloc::<f16>(s * s)?;
+            let si = s as i32;
+            let t = bench(dev, 10, || {
+                let grid = (s.div_ceil(64), s.div_ceil(64));
+                matmul::<f16, 64, 64, 32>::launch(dev, grid, (&a, &b, &mut c, si, si, si))
+            })?;
+            Ok(2.0 * (s as f64).powi(3) / t / 1e12)
+        })(),
+    );
+    out
+}
+
+/// Checks that the store has every kernel for `target` (no GPU needed).
+fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
+    let opts = KernelOptions::default();
+    let mut rows = Vec::new();
+    let mut one = |name: &str, r: Result<tessera::KernelBinary, Error>| {
+        rows.push(match r {
+            Ok(b) => Row {
+                what: format!("artifact {name}"),
+                status: "found".into(),
+                detail: format!("{} bytes, {} threads", b.binary.len(), b.num_threads),
+            },
+            Err(e) => Row {
+                what: format!("artifact {name}"),
+                status: "MISSING".into(),
+                detail: e.to_string(),
+            },
+        });
+    };
+    let (t, o) = (target, &opts);
+    one("vector_add", store.find::<vector_add<1024>>(&(), t, o));
+    one(
+        "softmax_f32",
+        store.find::<softmax<f32, 4, 1024>>(&(), t, o),
+    );
+    one(
+        "softmax_f16",
+        store.find::<softmax<f16, 4, 1024>>(&(), t, o),
+    );
+    one(
+        "matmul_f32",
+        store.find::<matmul<f32, 64, 64, 32>>(&(), t, o),
+    );
+    one(
+        "matmul_f16",
+        store.find::<matmul<f16, 64, 64, 32>>(&(), t, o),
+    );
+    one("layernorm", store.find::<layernorm<f32, 256>>(&(), t, o));
+    rows
+}
+
+fn print_table(rows: &[Row]) {
+    let w = rows.iter().map(|r| r.what.len()).max().unwrap_or(0);
+    let s = rows.iter().map(|r| r.status.len()).max().unwrap_or(0);
+    println!("\n{:<w$}  {:<s$}  detail", "case", "result");
+    for r in rows {
+        println!("{:<w$}  {:<s$}  {}", r.what, r.status, r.detail);
+    }
+}
+
+fn json_escape(s: &str) -> String {
+    s.chars()
+        .flat_map(|c| match c {
+            '"' => vec!['\\', '"'],
+            '\\' => vec!['\\', '\\'],
+            c if (c as u32) < 0x20 => vec![' '],
+            c => vec![c],
+        })
+        .collect()
+}
+
+fn run(args: Args) -> Result<bool, (u8, String)> {
+    let fail = |e: Error| (1u8, e.to_string());
+    if let Some(target) = &args.check_target {
+        let dir = args
+            .kernels
+            .clone()
+            .ok_or((1, "--kernels is required".to_string()))?;
+        let rows = check_artifacts(&ArtifactStore::new(dir), target);
+        print_table(&rows);
+        return Ok(rows.iter().all(|r| r.status == "found"));
+    }
+    let dev = match &args.device {
+        Some(name) => Device::by_name(name),
+        None => Device::best(),
+    }
+    .map_err(|e| (2u8, e.to_string()))?;
+    let dev = match &args.kernels {
+        Some(dir) => dev.with_artifacts(dir),
+        None => dev,
+    };
+    let p = dev.properties();
+    println!(
+        "gpu_check on {dev}: {} MiB, shared/block {} B (opt-in {} B), cc {:?}",
+        p.total_memory >> 20,
+        p.shared_per_block,
+        p.shared_per_block_optin,
+        p.compute_capability
+    );
+    if dev.kind() == DeviceKind::Cpu {
+        println!("(no GPU: comparing the CPU with itself)");
+    }
+    let cpu = Device::cpu();
+    let mut rows = Vec::new();
+    let mut ok = true;
+    let mut rng = StdRng::seed_from_u64(0x7e55e7a);
+    for (name, case) in CASES {
+        let (status, detail) = match case(&dev, &cpu, &mut rng) {
+            Ok(Ok(d)) => ("PASS", d),
+            Ok(Err(d)) => ("FAIL", d),
+            Err(e) => ("ERROR", e.to_string()),
+        };
+        ok &= status == "PASS";
+        println!("{name:<12} {status:<5} {detail}");
+        rows.push(Row {
+            what: format!("suite {name}"),
+            status: status.into(),
+            detail,
+        });
+    }
+    let mut results = Vec::new();
+    if args.bench && dev.kind() != DeviceKind::Cpu {
+        results = benchmarks(&dev, &mut rows);
+    }
+    if let Some(path) = &args.json {
+        let mut s = format!(
+            "{{\"device\": \"{}\", \"suite_ok\": {ok}, \"bench\": [",
+            json_escape(&dev.name())
+        );
+        for (i, (n, u, v)) in results.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            s += &format!("{sep}{{\"name\": \"{n}\", \"unit\": \"{u}\", \"value\": {v}}}");
+        }
+        s += "]}\n";
+        std::fs::write(path, s)
+            .map_err(|e| (1, format!("cannot write {}: {e}", path.display())))?;
+    }
+    dev.synchronize().map_err(fail)?;
+    print_table(&rows);
+    Ok(ok)
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args(std::env::args().skip(1)) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("gpu_check: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    match run(args) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err((code, e)) => {
+            eprintln!("gpu_check: {e}");
+            ExitCode::from(code)
+        }
+    }
+}

@@ -1,0 +1,474 @@
+//! Compiled kernels as the runtime stores and loads them, with or without LLVM.
+//!
+//! A [`KernelBinary`] is what a GPU driver needs to run one kernel: the PTX text or
+//! HSACO code object plus the launch facts (entry symbol, threads per block, static
+//! shared memory). It has a small versioned, checksummed binary form
+//! ([`KernelBinary::to_bytes`]), used both as the payload of the on-disk JIT cache
+//! ([`crate::disk_cache`]) and as the file format of precompiled (AOT) artifacts.
+//!
+//! Every compiled kernel is identified by a [`CacheKey`] over the kernel's optimized IR
+//! text, the target (`sm_90`, `gfx942`, ...), [`COMPILER_VERSION`] and the
+//! [`KernelOptions`]: see [`kernel_key`]. The IR comes from tracing the kernel, which
+//! needs no LLVM, so a runtime built without the `jit` feature computes the same key
+//! as the compiler that wrote the artifact and finds the file by name in an
+//! [`ArtifactStore`]: `<dir>/<kernel>-<key hex>.tkb` (plus, for people,
+//! `<kernel>-<key hex>.ptx` or `.hsaco` with the raw binary).
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sha2::{Digest, Sha256};
+
+use crate::Error;
+use crate::disk_cache::{CacheKey, DiskCache};
+
+/// The compiler version that goes into every key: the runtime and tessera-codegen
+/// share the workspace version, so a runtime without LLVM knows it too.
+pub const COMPILER_VERSION: &str = concat!("tessera-", env!("CARGO_PKG_VERSION"));
+
+/// First bytes of a serialized [`KernelBinary`] (format version 1).
+const MAGIC: &[u8; 8] = b"TSRKBIN1";
+
+/// Options that change the compiled code (the runtime's mirror of
+/// `tessera::aot::CompileOptions`, available without LLVM).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct KernelOptions {
+    /// Warps (wavefronts) per program instance: a power of two from 1 to 16.
+    pub num_warps: u32,
+}
+
+impl Default for KernelOptions {
+    fn default() -> Self {
+        KernelOptions { num_warps: 4 }
+    }
+}
+
+impl KernelOptions {
+    /// The stable text that goes into the key.
+    pub fn describe(&self) -> String {
+        format!("num_warps={}", self.num_warps)
+    }
+}
+
+/// The key of kernel IR `ir_text` compiled for `target` with `opts`.
+pub fn kernel_key(ir_text: &str, target: &str, opts: &KernelOptions) -> CacheKey {
+    CacheKey::new(ir_text, target, COMPILER_VERSION, &opts.describe())
+}
+
+/// The key of kernel `K` with comptime arguments `ct` for `target` (`sm_90`,
+/// `gfx942`) and `opts`: what [`ArtifactStore::get`] and the runtime look it up by.
+/// Traces the kernel (no LLVM needed).
+pub fn kernel_key_of<K: crate::Kernel>(
+    ct: &K::Comptime,
+    target: &str,
+    opts: &KernelOptions,
+) -> Result<CacheKey, Error> {
+    let func = crate::kernel_ir::<K>(ct)?;
+    Ok(kernel_key(
+        &tessera_ir::printer::print_function(&func),
+        target,
+        opts,
+    ))
+}
+
+/// One compiled kernel, as a driver loads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KernelBinary {
+    /// The entry point's symbol.
+    pub name: String,
+    /// The target it was compiled for (`sm_90`, `gfx942`, ...).
+    pub target: String,
+    /// Threads per block.
+    pub num_threads: u32,
+    /// Static shared memory in bytes.
+    pub shared_bytes: u32,
+    /// PTX text (NVIDIA) or an HSACO code object (AMD).
+    pub binary: Vec<u8>,
+}
+
+/// Why bytes are not a valid [`KernelBinary`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid kernel binary: {0}")]
+pub struct FormatError(pub String);
+
+impl KernelBinary {
+    /// The raw file extension of its binary: `ptx` for NVIDIA targets, else `hsaco`.
+    pub fn extension(&self) -> &'static str {
+        extension(&self.target)
+    }
+
+    /// The serialized form: `MAGIC`, then name and target (u32 length + UTF-8),
+    /// `num_threads` and `shared_bytes` (u32), the binary (u64 length + bytes), all
+    /// little-endian, then the SHA-256 of everything before it.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(64 + self.name.len() + self.binary.len());
+        out.extend_from_slice(MAGIC);
+        for s in [&self.name, &self.target] {
+            out.extend_from_slice(&(s.len() as u32).to_le_bytes());
+            out.extend_from_slice(s.as_bytes());
+        }
+        out.extend_from_slice(&self.num_threads.to_le_bytes());
+        out.extend_from_slice(&self.shared_bytes.to_le_bytes());
+        out.extend_from_slice(&(self.binary.len() as u64).to_le_bytes());
+        out.extend_from_slice(&self.binary);
+        let sum = Sha256::digest(&out);
+        out.extend_from_slice(&sum);
+        out
+    }
+
+    /// Parses [`KernelBinary::to_bytes`]'s output; any truncation, extension or
+    /// damaged byte is an error.
+    pub fn from_bytes(bytes: &[u8]) -> Result<KernelBinary, FormatError> {
+        let bad = |m: &str| FormatError(m.to_string());
+        if bytes.len() < MAGIC.len() + 32 {
+            return Err(bad("too short"));
+        }
+        if &bytes[..8] != MAGIC {
+            return Err(bad("wrong magic or format version"));
+        }
+        let (body, sum) = bytes.split_at(bytes.len() - 32);
+        if Sha256::digest(body).as_slice() != sum {
+            return Err(bad("checksum mismatch (truncated or damaged)"));
+        }
+        let mut r = Reader { b: body, at: 8 };
+        let name = r.string()?;
+        let target = r.string()?;
+        let num_threads = r.u32()?;
+        let shared_bytes = r.u32()?;
+        let len = usize::try_from(r.u64()?).map_err(|_| bad("binary too large"))?;
+        let binary = r.take(len)?.to_vec();
+        if r.at != body.len() {
+            return Err(bad("trailing bytes"));
+        }
+        Ok(KernelBinary {
+            name,
+            target,
+            num_threads,
+            shared_bytes,
+            binary,
+        })
+    }
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], FormatError> {
+        let end = self
+            .at
+            .checked_add(n)
+            .filter(|&e| e <= self.b.len())
+            .ok_or_else(|| FormatError("truncated".into()))?;
+        let s = &self.b[self.at..end];
+        self.at = end;
+        Ok(s)
+    }
+    fn u32(&mut self) -> Result<u32, FormatError> {
+        let mut a = [0u8; 4];
+        a.copy_from_slice(self.take(4)?);
+        Ok(u32::from_le_bytes(a))
+    }
+    fn u64(&mut self) -> Result<u64, FormatError> {
+        let mut a = [0u8; 8];
+        a.copy_from_slice(self.take(8)?);
+        Ok(u64::from_le_bytes(a))
+    }
+    fn string(&mut self) -> Result<String, FormatError> {
+        let n = self.u32()? as usize;
+        String::from_utf8(self.take(n)?.to_vec()).map_err(|_| FormatError("bad UTF-8".into()))
+    }
+}
+
+fn extension(target: &str) -> &'static str {
+    if target.starts_with("sm_") {
+        "ptx"
+    } else {
+        "hsaco"
+    }
+}
+
+/// A folder of precompiled kernels, written by `tessera::aot::precompile` (or the
+/// `aot` example) and read by the runtime, with or without LLVM.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ArtifactStore {
+    dir: PathBuf,
+}
+
+impl ArtifactStore {
+    /// The store in `dir` (created on the first write).
+    pub fn new(dir: impl Into<PathBuf>) -> ArtifactStore {
+        ArtifactStore { dir: dir.into() }
+    }
+
+    /// The store named by `TESSERA_AOT_DIR`, if set.
+    pub fn from_env() -> Option<ArtifactStore> {
+        std::env::var_os("TESSERA_AOT_DIR")
+            .filter(|d| !d.is_empty())
+            .map(ArtifactStore::new)
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The file holding kernel `kernel` with key `key`.
+    pub fn path(&self, kernel: &str, key: &CacheKey) -> PathBuf {
+        self.dir.join(format!("{kernel}-{}.tkb", key.hex()))
+    }
+
+    /// Writes `bin` under `key` (atomically), plus the raw `.ptx`/`.hsaco` for
+    /// inspection. `kernel` is the kernel's name (the IR function's name). Returns the
+    /// `.tkb` file's path.
+    pub fn put(&self, kernel: &str, key: &CacheKey, bin: &KernelBinary) -> Result<PathBuf, Error> {
+        let path = self.path(kernel, key);
+        let io = |p: &Path| {
+            let p = p.display().to_string();
+            move |e: std::io::Error| Error::Artifact {
+                path: p,
+                reason: e.to_string(),
+            }
+        };
+        fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
+        atomic_write(&path, &bin.to_bytes()).map_err(io(&path))?;
+        let raw = path.with_extension(bin.extension());
+        atomic_write(&raw, &bin.binary).map_err(io(&raw))?;
+        Ok(path)
+    }
+
+    /// The artifact of kernel `kernel` (with IR key `key`) for `target`. A missing
+    /// file is [`Error::MissingArtifact`], naming the kernel, the target and the
+    /// folder; a damaged one, or one for another target, is [`Error::Artifact`].
+    pub fn get(&self, kernel: &str, target: &str, key: &CacheKey) -> Result<KernelBinary, Error> {
+        let path = self.path(kernel, key);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let others = self.others(kernel);
+                return Err(Error::MissingArtifact {
+                    kernel: kernel.to_string(),
+                    target: target.to_string(),
+                    dir: self.dir.display().to_string(),
+                    file: path
+                        .file_name()
+                        .map(|f| f.to_string_lossy().into_owned())
+                        .unwrap_or_default(),
+                    hint: if others == 0 {
+                        "no artifact of this kernel is there".into()
+                    } else {
+                        format!(
+                            "{others} artifact(s) of this kernel are there, for other targets, \
+                             comptime arguments, options or Tessera versions"
+                        )
+                    },
+                });
+            }
+            Err(e) => {
+                return Err(Error::Artifact {
+                    path: path.display().to_string(),
+                    reason: e.to_string(),
+                });
+            }
+        };
+        let bin = KernelBinary::from_bytes(&bytes).map_err(|e| Error::Artifact {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        if bin.target != target {
+            return Err(Error::Artifact {
+                path: path.display().to_string(),
+                reason: format!("compiled for {}, expected {target}", bin.target),
+            });
+        }
+        Ok(bin)
+    }
+
+    /// The artifact of kernel `K` with comptime arguments `ct` for `target` and
+    /// `opts` (traces the kernel to compute its key; no LLVM needed).
+    pub fn find<K: crate::Kernel>(
+        &self,
+        ct: &K::Comptime,
+        target: &str,
+        opts: &KernelOptions,
+    ) -> Result<KernelBinary, Error> {
+        let func = crate::kernel_ir::<K>(ct)?;
+        let key = kernel_key(&tessera_ir::printer::print_function(&func), target, opts);
+        self.get(&func.name, target, &key)
+    }
+
+    fn others(&self, kernel: &str) -> usize {
+        let prefix = format!("{kernel}-");
+        fs::read_dir(&self.dir)
+            .map(|rd| {
+                rd.filter_map(|e| e.ok())
+                    .filter(|e| {
+                        let n = e.file_name().to_string_lossy().into_owned();
+                        n.starts_with(&prefix) && n.ends_with(".tkb")
+                    })
+                    .count()
+            })
+            .unwrap_or(0)
+    }
+}
+
+fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let tmp = path.with_extension(format!(
+        "tmp-{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    ));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        drop(f);
+        fs::rename(&tmp, path)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Where [`cached_or_compile`] found a kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Origin {
+    /// A valid entry of the disk cache.
+    DiskCache,
+    /// Compiled now (and stored in the cache when there is one).
+    Compiled,
+}
+
+/// The kernel binary under `key` in `cache`, else `compile()`'s, which is then stored.
+/// An entry that passes the cache's own checksum but is not a valid [`KernelBinary`]
+/// (written by a damaged or foreign writer) is removed and recompiled. A failure to
+/// write the cache is not an error (the kernel still runs).
+pub fn cached_or_compile(
+    cache: Option<&DiskCache>,
+    key: &CacheKey,
+    compile: impl FnOnce() -> Result<KernelBinary, Error>,
+) -> Result<(KernelBinary, Origin), Error> {
+    if let Some(c) = cache
+        && let Some(payload) = c.get(key)
+    {
+        match KernelBinary::from_bytes(&payload) {
+            Ok(bin) => return Ok((bin, Origin::DiskCache)),
+            Err(e) => {
+                crate::disk_cache::log_warn(&format!(
+                    "discarding kernel cache entry {}: {e}",
+                    key.hex()
+                ));
+                c.remove(key);
+            }
+        }
+    }
+    let bin = compile()?;
+    if let Some(c) = cache
+        && let Err(e) = c.put(key, &bin.to_bytes())
+    {
+        crate::disk_cache::log_warn(&e.to_string());
+    }
+    Ok((bin, Origin::Compiled))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> KernelBinary {
+        KernelBinary {
+            name: "vector_add".into(),
+            target: "sm_90".into(),
+            num_threads: 128,
+            shared_bytes: 4096,
+            binary: b".version 8.0\n.target sm_90\n".to_vec(),
+        }
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("tessera-art-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn round_trip_and_every_truncation_fails() {
+        let b = sample();
+        let bytes = b.to_bytes();
+        assert_eq!(KernelBinary::from_bytes(&bytes), Ok(b));
+        for n in 0..bytes.len() {
+            assert!(KernelBinary::from_bytes(&bytes[..n]).is_err(), "len {n}");
+        }
+        let mut flipped = bytes.clone();
+        flipped[20] ^= 1;
+        assert!(KernelBinary::from_bytes(&flipped).is_err());
+    }
+
+    #[test]
+    fn store_finds_validates_and_reports_missing() {
+        let dir = temp_dir("store");
+        let store = ArtifactStore::new(&dir);
+        let opts = KernelOptions::default();
+        let key = kernel_key("func @vector_add ...", "sm_90", &opts);
+        let err = store
+            .get("vector_add", "sm_90", &key)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("vector_add") && err.contains("sm_90"), "{err}");
+        assert!(err.contains(&dir.display().to_string()), "{err}");
+        let path = store.put("vector_add", &key, &sample()).unwrap();
+        assert!(path.with_extension("ptx").exists());
+        assert_eq!(store.get("vector_add", "sm_90", &key).unwrap(), sample());
+        // Another key (other comptime args): missing, with a hint about the other one.
+        let key2 = kernel_key("func @vector_add other", "sm_90", &opts);
+        let err = store
+            .get("vector_add", "sm_90", &key2)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("1 artifact(s) of this kernel"), "{err}");
+        // A truncated file is an error naming it, not a crash.
+        let bytes = fs::read(&path).unwrap();
+        fs::write(&path, &bytes[..bytes.len() - 3]).unwrap();
+        let err = store
+            .get("vector_add", "sm_90", &key)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("checksum") && err.contains(".tkb"), "{err}");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn corrupt_cached_artifact_is_discarded_and_recompiled() {
+        let dir = temp_dir("cache");
+        let cache = DiskCache::new(&dir);
+        let key = kernel_key("func @k", "gfx942", &KernelOptions::default());
+        let good = KernelBinary {
+            target: "gfx942".into(),
+            ..sample()
+        };
+        let mut compiles = 0;
+        let mut compile = || {
+            compiles += 1;
+            Ok(good.clone())
+        };
+        let (b, o) = cached_or_compile(Some(&cache), &key, &mut compile).unwrap();
+        assert_eq!((b, o), (good.clone(), Origin::Compiled));
+        let (b, o) = cached_or_compile(Some(&cache), &key, &mut compile).unwrap();
+        assert_eq!((b, o), (good.clone(), Origin::DiskCache));
+        // A truncated artifact stored under the right key (with a valid cache envelope).
+        let bytes = good.to_bytes();
+        cache.put(&key, &bytes[..bytes.len() - 10]).unwrap();
+        let (b, o) = cached_or_compile(Some(&cache), &key, &mut compile).unwrap();
+        assert_eq!((b, o), (good.clone(), Origin::Compiled));
+        let (_, o) = cached_or_compile(Some(&cache), &key, &mut compile).unwrap();
+        assert_eq!(o, Origin::DiskCache, "the recompiled entry was stored");
+        assert_eq!(compiles, 2);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
