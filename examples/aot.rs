@@ -9,6 +9,11 @@
 //! `<name>.s` (AMD), and the optimized LLVM IR `<name>.ll`. Kernels instantiated twice
 //! (f32 and f16) carry the element type in their name: `softmax_f16.ptx`.
 //!
+//! `--specialize all` (the default) compiles each kernel for launches whose buffers are
+//! 16-byte aligned and whose integer arguments are multiples of 16 (what the runtime
+//! picks for such launches, as Triton does): this is what allows 128-bit accesses.
+//! `--specialize none` assumes nothing.
+//!
 //! With `--store <dir>` it also writes every kernel into an artifact store
 //! (`tessera::ArtifactStore`: `<dir>/<kernel>-<key>.tkb`, one folder for all targets),
 //! which a runtime built without LLVM loads (`TESSERA_AOT_DIR=<dir>` or
@@ -36,23 +41,27 @@ use std::time::Instant;
 
 use tessera::ArtifactStore;
 use tessera::aot::{
-    ALL_TARGETS, Artifact, CompileOptions, Target, Vendor, compile_kernel, precompile,
+    ALL_TARGETS, Artifact, CompileOptions, Specialization, Target, Vendor,
+    compile_kernel_specialized, precompile,
 };
 use tessera::prelude::*;
 
 const USAGE: &str = "usage: aot --target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
-                     --out <dir> [--num-warps <1|2|4|8|16>] [--store <dir>]";
+                     --out <dir> [--num-warps <1|2|4|8|16>] [--specialize <all|none>] \
+                     [--store <dir>]";
 
 struct Args {
     targets: Vec<Target>,
     out: PathBuf,
     opts: CompileOptions,
     store: Option<PathBuf>,
+    spec: Specialization,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let (mut targets, mut out, mut opts) = (None, None, CompileOptions::default());
     let mut store = None;
+    let mut spec = Specialization::AllDivisible;
     while let Some(flag) = args.next() {
         let mut value = || {
             args.next()
@@ -77,6 +86,13 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .filter(|n: &u32| n.is_power_of_two() && *n <= 16)
                     .ok_or_else(|| format!("--num-warps: `{v}` is not 1, 2, 4, 8 or 16"))?;
             }
+            "--specialize" => {
+                spec = match value()?.as_str() {
+                    "all" => Specialization::AllDivisible,
+                    "none" => Specialization::None,
+                    v => return Err(format!("--specialize: `{v}` is not `all` or `none`")),
+                }
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
         }
@@ -86,6 +102,7 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         out: out.ok_or_else(|| format!("--out is required\n{USAGE}"))?,
         opts,
         store,
+        spec,
     })
 }
 
@@ -93,28 +110,30 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
 /// into an artifact store.
 type Job = (
     &'static str,
-    fn(Target, &CompileOptions) -> Result<Artifact, Error>,
-    fn(Target, &CompileOptions, &ArtifactStore) -> Result<PathBuf, Error>,
+    fn(Specialization, Target, &CompileOptions) -> Result<Artifact, Error>,
+    fn(Specialization, Target, &CompileOptions, &ArtifactStore) -> Result<PathBuf, Error>,
 );
 
 macro_rules! job {
     ($name:literal, $k:ty) => {
         (
             $name,
-            |t, o| compile_kernel::<$k>(&(), t, o),
-            |t, o, s| precompile::<$k>(&(), t, o, s),
+            |sp, t, o| compile_kernel_specialized::<$k>(&(), sp, t, o),
+            |sp, t, o, s| precompile::<$k>(&(), sp, t, o, s),
         )
     };
 }
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 6] = [
+const JOBS: [Job; 7] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
     job!("matmul_f32", matmul::matmul<f32, 64, 64, 32>),
     job!("matmul_f16", matmul::matmul<f16, 64, 64, 32>),
+    // The tile size of the Triton comparison (benches/vs_triton).
+    job!("matmul_f16_128x128x32", matmul::matmul<f16, 128, 128, 32>),
     job!("layernorm", layernorm::layernorm<f32, 256>),
 ];
 
@@ -135,7 +154,7 @@ fn run(args: &Args) -> Result<(), String> {
         let tname = target.to_string();
         for (name, compile, store) in JOBS {
             let t = Instant::now();
-            let art = match compile(target, &args.opts) {
+            let art = match compile(args.spec, target, &args.opts) {
                 Ok(art) => art,
                 Err(e) => {
                     eprintln!("{tname:>8} {name:<12} FAILED: {e}");
@@ -151,7 +170,11 @@ fn run(args: &Args) -> Result<(), String> {
             }
             write(&dir.join(format!("{name}.ll")), art.llvm_ir.as_bytes())?;
             if let Some(s) = &args.store {
-                store(target, &args.opts, &ArtifactStore::new(s)).map_err(|e| e.to_string())?;
+                // Both variants, so a runtime finds one for any launch.
+                for sp in [Specialization::None, Specialization::AllDivisible] {
+                    store(sp, target, &args.opts, &ArtifactStore::new(s))
+                        .map_err(|e| e.to_string())?;
+                }
             }
             println!(
                 "{tname:>8} {name:<12} {:>9} bytes {:>5} threads {:>6} B smem {:>9.1} ms  {}",

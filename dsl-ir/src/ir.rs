@@ -795,6 +795,23 @@ impl Function {
         go(&self.body, f);
     }
 
+    /// A copy specialized on launch facts, as Triton does: for each parameter whose
+    /// flag in `divisible_by_16` is set, records that the pointer is 16-byte aligned or
+    /// the integer is a multiple of 16 ([`ParamAttrs::divisibility`]), which lets
+    /// codegen prove wide, unmasked-per-vector memory accesses. Flags past the
+    /// parameter list are ignored; float parameters are left alone.
+    pub fn specialized(&self, divisible_by_16: &[bool]) -> Function {
+        let mut f = self.clone();
+        for (p, &d) in f.params.iter_mut().zip(divisible_by_16) {
+            let ty = &self.values[p.value.index()].ty;
+            let eligible = ty.elem.is_ptr() || ty.scalar_type().is_some_and(|s| s.is_int());
+            if d && eligible {
+                p.attrs.divisibility = Some(16);
+            }
+        }
+        f
+    }
+
     /// Number of ops, counting nested ones.
     pub fn num_ops(&self) -> usize {
         let mut n = 0;

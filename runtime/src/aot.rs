@@ -35,8 +35,43 @@ use crate::{Error, Kernel, kernel_ir};
 pub use tessera_codegen::target::ALL_TARGETS;
 pub use tessera_codegen::{AmdArch, Artifact, CompileOptions, KernelMeta, Target, Vendor};
 
+/// Which parameters a precompiled kernel may assume divisible by 16 (16-byte aligned
+/// pointers, integers that are multiples of 16), as the runtime specializes GPU
+/// launches (see [`tessera_ir::Function::specialized`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Specialization {
+    /// Assume nothing: works for every launch.
+    None,
+    /// Every pointer and integer parameter: what a launch with aligned buffers and
+    /// sizes that are multiples of 16 uses (the common case, and what Triton's
+    /// launcher assumes in that case).
+    AllDivisible,
+}
+
+impl Specialization {
+    /// Applies it to IR.
+    pub fn apply(self, func: &Function) -> Function {
+        match self {
+            Specialization::None => func.clone(),
+            Specialization::AllDivisible => func.specialized(&vec![true; func.params.len()]),
+        }
+    }
+}
+
+/// Compiles kernel `K` (with comptime arguments `ct`) specialized as `spec` for
+/// `target`, from its cached, verified and optimized IR ([`kernel_ir`]).
+pub fn compile_kernel_specialized<K: Kernel>(
+    ct: &K::Comptime,
+    spec: Specialization,
+    target: Target,
+    opts: &CompileOptions,
+) -> Result<Artifact, Error> {
+    let func = spec.apply(kernel_ir::<K>(ct)?.as_ref());
+    compile_ir(&func, target, opts)
+}
+
 /// Compiles kernel `K` (with comptime arguments `ct`) for `target`, from its cached,
-/// verified and optimized IR ([`kernel_ir`]).
+/// verified and optimized IR ([`kernel_ir`]), assuming nothing about the launch.
 pub fn compile_kernel<K: Kernel>(
     ct: &K::Comptime,
     target: Target,
@@ -84,11 +119,12 @@ pub fn kernel_binary(art: &Artifact) -> KernelBinary {
 /// written file (`<dir>/<kernel>-<key>.tkb`).
 pub fn precompile<K: Kernel>(
     ct: &K::Comptime,
+    spec: Specialization,
     target: Target,
     opts: &CompileOptions,
     store: &ArtifactStore,
 ) -> Result<PathBuf, Error> {
-    let func = kernel_ir::<K>(ct)?;
+    let func = spec.apply(kernel_ir::<K>(ct)?.as_ref());
     let art = compile_ir(&func, target, opts)?;
     let ir = tessera_ir::printer::print_function(&func);
     let key = kernel_key(

@@ -169,6 +169,50 @@ struct Compiled {
     func: Arc<Function>,
     /// The printed IR: what the GPU kernel keys hash.
     ir_text: String,
+    /// GPU specializations of this IR on launch facts (which parameters are
+    /// divisible by 16), built on first use.
+    specs: Mutex<HashMap<Vec<bool>, Arc<Compiled>>>,
+}
+
+impl Compiled {
+    fn new(func: Function) -> Compiled {
+        Compiled {
+            ir_text: tessera_ir::printer::print_function(&func),
+            func: Arc::new(func),
+            specs: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// This kernel specialized like Triton does: parameters whose flag is set are
+    /// known to be 16-byte aligned pointers or multiples of 16, which codegen turns
+    /// into 128-bit accesses. Each specialization has its own IR text, so its own
+    /// artifact key.
+    fn specialized(&self, divisible_by_16: Vec<bool>) -> Arc<Compiled> {
+        let mut specs = self.specs.lock().unwrap_or_else(|e| e.into_inner());
+        specs
+            .entry(divisible_by_16)
+            .or_insert_with_key(|spec| Arc::new(Compiled::new(self.func.specialized(spec))))
+            .clone()
+    }
+}
+
+/// Whether a launch argument is divisible by 16: a GPU address, or an integer scalar.
+fn divisible_by_16(arg: &GpuArg, scalar: Option<&interp::Scalar>) -> bool {
+    use interp::Scalar as S;
+    match scalar {
+        Some(s) => match *s {
+            S::I8(v) => v % 16 == 0,
+            S::I16(v) => v % 16 == 0,
+            S::I32(v) => v % 16 == 0,
+            S::I64(v) => v % 16 == 0,
+            S::U8(v) => v % 16 == 0,
+            S::U16(v) => v % 16 == 0,
+            S::U32(v) => v % 16 == 0,
+            S::U64(v) => v % 16 == 0,
+            _ => false,
+        },
+        None => matches!(arg, GpuArg::U64(a) if a % 16 == 0),
+    }
 }
 
 type IrKey = (TypeId, String);
@@ -205,10 +249,7 @@ fn compile<K: Kernel>(ct: &K::Comptime) -> Result<Arc<Compiled>, Error> {
     tessera_ir::passes::optimize(&mut func);
     verify(&func)?;
     crate::launch::dump(&func, &key.1)?;
-    let compiled = Arc::new(Compiled {
-        ir_text: tessera_ir::printer::print_function(&func),
-        func: Arc::new(func),
-    });
+    let compiled = Arc::new(Compiled::new(func));
     Ok(lock_cache().entry(key).or_insert(compiled).clone())
 }
 
@@ -353,8 +394,6 @@ pub fn launch<K: Kernel>(
             interp::run(&compiled.func, dims, &kargs)?;
         }
         Backend::Cuda(d) => {
-            let key = gpu_key(device, &compiled)?;
-            let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             let mut gargs = Vec::with_capacity(args.len());
             for a in args.iter() {
                 gargs.push(match &a.0 {
@@ -366,12 +405,21 @@ pub fn launch<K: Kernel>(
                     Arg::Scalar(s) => gpu_scalar(*s),
                 });
             }
+            let spec = args
+                .iter()
+                .zip(&gargs)
+                .map(|(a, g)| match &a.0 {
+                    Arg::Scalar(s) => divisible_by_16(g, Some(s)),
+                    Arg::Buffer { .. } => divisible_by_16(g, None),
+                })
+                .collect();
+            let compiled = compiled.specialized(spec);
+            let key = gpu_key(device, &compiled)?;
+            let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             d.launch(&k, dims, &gargs)?;
         }
         #[cfg(feature = "hip")]
         Backend::Hip(d) => {
-            let key = gpu_key(device, &compiled)?;
-            let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             let mut gargs = Vec::with_capacity(args.len());
             for a in args.iter() {
                 gargs.push(match &a.0 {
@@ -383,6 +431,17 @@ pub fn launch<K: Kernel>(
                     Arg::Scalar(s) => gpu_scalar(*s),
                 });
             }
+            let spec = args
+                .iter()
+                .zip(&gargs)
+                .map(|(a, g)| match &a.0 {
+                    Arg::Scalar(s) => divisible_by_16(g, Some(s)),
+                    Arg::Buffer { .. } => divisible_by_16(g, None),
+                })
+                .collect();
+            let compiled = compiled.specialized(spec);
+            let key = gpu_key(device, &compiled)?;
+            let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             d.launch(&k, dims, &gargs)?;
         }
     }
