@@ -110,8 +110,8 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
 /// into an artifact store.
 type Job = (
     &'static str,
-    fn(Specialization, Target, &CompileOptions) -> Result<Artifact, Error>,
-    fn(Specialization, Target, &CompileOptions, &ArtifactStore) -> Result<PathBuf, Error>,
+    fn(&Specialization, Target, &CompileOptions) -> Result<Artifact, Error>,
+    fn(Target, &CompileOptions, &ArtifactStore) -> Result<Vec<PathBuf>, Error>,
 );
 
 macro_rules! job {
@@ -119,7 +119,14 @@ macro_rules! job {
         (
             $name,
             |sp, t, o| compile_kernel_specialized::<$k>(&(), sp, t, o),
-            |sp, t, o, s| precompile::<$k>(&(), sp, t, o, s),
+            // Every specialization a launch can look up.
+            |t, o, s| {
+                let ir = tessera::kernel_ir::<$k>(&())?;
+                Specialization::for_launches(&ir)
+                    .iter()
+                    .map(|sp| precompile::<$k>(&(), sp, t, o, s))
+                    .collect()
+            },
         )
     };
 }
@@ -154,7 +161,7 @@ fn run(args: &Args) -> Result<(), String> {
         let tname = target.to_string();
         for (name, compile, store) in JOBS {
             let t = Instant::now();
-            let art = match compile(args.spec, target, &args.opts) {
+            let art = match compile(&args.spec, target, &args.opts) {
                 Ok(art) => art,
                 Err(e) => {
                     eprintln!("{tname:>8} {name:<12} FAILED: {e}");
@@ -170,11 +177,7 @@ fn run(args: &Args) -> Result<(), String> {
             }
             write(&dir.join(format!("{name}.ll")), art.llvm_ir.as_bytes())?;
             if let Some(s) = &args.store {
-                // Both variants, so a runtime finds one for any launch.
-                for sp in [Specialization::None, Specialization::AllDivisible] {
-                    store(sp, target, &args.opts, &ArtifactStore::new(s))
-                        .map_err(|e| e.to_string())?;
-                }
+                store(target, &args.opts, &ArtifactStore::new(s)).map_err(|e| e.to_string())?;
             }
             println!(
                 "{tname:>8} {name:<12} {:>9} bytes {:>5} threads {:>6} B smem {:>9.1} ms  {}",

@@ -38,23 +38,59 @@ pub use tessera_codegen::{AmdArch, Artifact, CompileOptions, KernelMeta, Target,
 /// Which parameters a precompiled kernel may assume divisible by 16 (16-byte aligned
 /// pointers, integers that are multiples of 16), as the runtime specializes GPU
 /// launches (see [`tessera_ir::Function::specialized`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Specialization {
-    /// Assume nothing: works for every launch.
+    /// Assume nothing: correct for every launch (but not what a launch looks up).
     None,
     /// Every pointer and integer parameter: what a launch with aligned buffers and
     /// sizes that are multiples of 16 uses (the common case, and what Triton's
     /// launcher assumes in that case).
     AllDivisible,
+    /// One flag per parameter, in order.
+    Divisible(Vec<bool>),
 }
 
 impl Specialization {
     /// Applies it to IR.
-    pub fn apply(self, func: &Function) -> Function {
+    pub fn apply(&self, func: &Function) -> Function {
         match self {
             Specialization::None => func.clone(),
             Specialization::AllDivisible => func.specialized(&vec![true; func.params.len()]),
+            Specialization::Divisible(flags) => func.specialized(flags),
         }
+    }
+
+    /// Every specialization a launch of `func` can ask for: buffers are always
+    /// 16-byte aligned (runtime allocations are), and each integer parameter is or is
+    /// not a multiple of 16. With more than four integer parameters only "none" and
+    /// "all" of them are listed.
+    pub fn for_launches(func: &Function) -> Vec<Specialization> {
+        let ints: Vec<usize> = func
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| func.ty(p.value).scalar_type().is_some_and(|s| s.is_int()))
+            .map(|(i, _)| i)
+            .collect();
+        let masks: Vec<u32> = if ints.len() <= 4 {
+            (0..1u32 << ints.len()).collect()
+        } else {
+            vec![0, (1u32 << ints.len().min(31)) - 1]
+        };
+        masks
+            .into_iter()
+            .map(|m| {
+                let mut flags: Vec<bool> = func
+                    .params
+                    .iter()
+                    .map(|p| func.ty(p.value).elem.is_ptr())
+                    .collect();
+                for (bit, &i) in ints.iter().enumerate() {
+                    flags[i] = m & (1 << bit) != 0;
+                }
+                Specialization::Divisible(flags)
+            })
+            .collect()
     }
 }
 
@@ -62,7 +98,7 @@ impl Specialization {
 /// `target`, from its cached, verified and optimized IR ([`kernel_ir`]).
 pub fn compile_kernel_specialized<K: Kernel>(
     ct: &K::Comptime,
-    spec: Specialization,
+    spec: &Specialization,
     target: Target,
     opts: &CompileOptions,
 ) -> Result<Artifact, Error> {
@@ -119,7 +155,7 @@ pub fn kernel_binary(art: &Artifact) -> KernelBinary {
 /// written file (`<dir>/<kernel>-<key>.tkb`).
 pub fn precompile<K: Kernel>(
     ct: &K::Comptime,
-    spec: Specialization,
+    spec: &Specialization,
     target: Target,
     opts: &CompileOptions,
     store: &ArtifactStore,
