@@ -33,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera::artifact::KernelOptions;
 use tessera::prelude::*;
-use tessera::{ArtifactStore, DeviceKind};
+use tessera::{ArtifactStore, DeviceKind, Specialization};
 
 use ex_layernorm::layernorm;
 use ex_matmul::matmul;
@@ -319,6 +319,25 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
     out
 }
 
+/// Finds every specialization a launch of `K` can look up (aligned buffers; each
+/// integer argument a multiple of 16 or not); returns the last one found.
+fn find_all<K: Kernel<Comptime = ()>>(
+    store: &ArtifactStore,
+    target: &str,
+    opts: &KernelOptions,
+) -> Result<tessera::KernelBinary, Error> {
+    let ir = tessera::kernel_ir::<K>(&())?;
+    let mut found = None;
+    for spec in Specialization::for_launches(&ir) {
+        found = Some(store.find::<K>(&(), &spec, target, opts)?);
+    }
+    // `for_launches` lists at least one specialization (no integer parameters: one).
+    found.ok_or_else(|| Error::Launch {
+        kernel: K::NAME.into(),
+        reason: "no specialization to look up".into(),
+    })
+}
+
 /// Checks that the store has every kernel for `target` (no GPU needed).
 fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
     let opts = KernelOptions::default();
@@ -338,24 +357,24 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
         });
     };
     let (t, o) = (target, &opts);
-    one("vector_add", store.find::<vector_add<1024>>(&(), t, o));
+    one("vector_add", find_all::<vector_add<1024>>(store, t, o));
     one(
         "softmax_f32",
-        store.find::<softmax<f32, 4, 1024>>(&(), t, o),
+        find_all::<softmax<f32, 4, 1024>>(store, t, o),
     );
     one(
         "softmax_f16",
-        store.find::<softmax<f16, 4, 1024>>(&(), t, o),
+        find_all::<softmax<f16, 4, 1024>>(store, t, o),
     );
     one(
         "matmul_f32",
-        store.find::<matmul<f32, 64, 64, 32>>(&(), t, o),
+        find_all::<matmul<f32, 64, 64, 32>>(store, t, o),
     );
     one(
         "matmul_f16",
-        store.find::<matmul<f16, 64, 64, 32>>(&(), t, o),
+        find_all::<matmul<f16, 64, 64, 32>>(store, t, o),
     );
-    one("layernorm", store.find::<layernorm<f32, 256>>(&(), t, o));
+    one("layernorm", find_all::<layernorm<f32, 256>>(store, t, o));
     rows
 }
 

@@ -27,6 +27,7 @@ use std::path::PathBuf;
 
 use tessera_ir::Function;
 
+pub use crate::artifact::Specialization;
 use crate::artifact::{ArtifactStore, KernelBinary, KernelOptions, kernel_key};
 
 use crate::launch::{dump_enabled, dump_hash, dump_text};
@@ -34,65 +35,6 @@ use crate::{Error, Kernel, kernel_ir};
 
 pub use tessera_codegen::target::ALL_TARGETS;
 pub use tessera_codegen::{AmdArch, Artifact, CompileOptions, KernelMeta, Target, Vendor};
-
-/// Which parameters a precompiled kernel may assume divisible by 16 (16-byte aligned
-/// pointers, integers that are multiples of 16), as the runtime specializes GPU
-/// launches (see [`tessera_ir::Function::specialized`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Specialization {
-    /// Assume nothing: correct for every launch (but not what a launch looks up).
-    None,
-    /// Every pointer and integer parameter: what a launch with aligned buffers and
-    /// sizes that are multiples of 16 uses (the common case, and what Triton's
-    /// launcher assumes in that case).
-    AllDivisible,
-    /// One flag per parameter, in order.
-    Divisible(Vec<bool>),
-}
-
-impl Specialization {
-    /// Applies it to IR.
-    pub fn apply(&self, func: &Function) -> Function {
-        match self {
-            Specialization::None => func.clone(),
-            Specialization::AllDivisible => func.specialized(&vec![true; func.params.len()]),
-            Specialization::Divisible(flags) => func.specialized(flags),
-        }
-    }
-
-    /// Every specialization a launch of `func` can ask for: buffers are always
-    /// 16-byte aligned (runtime allocations are), and each integer parameter is or is
-    /// not a multiple of 16. With more than four integer parameters only "none" and
-    /// "all" of them are listed.
-    pub fn for_launches(func: &Function) -> Vec<Specialization> {
-        let ints: Vec<usize> = func
-            .params
-            .iter()
-            .enumerate()
-            .filter(|(_, p)| func.ty(p.value).scalar_type().is_some_and(|s| s.is_int()))
-            .map(|(i, _)| i)
-            .collect();
-        let masks: Vec<u32> = if ints.len() <= 4 {
-            (0..1u32 << ints.len()).collect()
-        } else {
-            vec![0, (1u32 << ints.len().min(31)) - 1]
-        };
-        masks
-            .into_iter()
-            .map(|m| {
-                let mut flags: Vec<bool> = func
-                    .params
-                    .iter()
-                    .map(|p| func.ty(p.value).elem.is_ptr())
-                    .collect();
-                for (bit, &i) in ints.iter().enumerate() {
-                    flags[i] = m & (1 << bit) != 0;
-                }
-                Specialization::Divisible(flags)
-            })
-            .collect()
-    }
-}
 
 /// Compiles kernel `K` (with comptime arguments `ct`) specialized as `spec` for
 /// `target`, from its cached, verified and optimized IR ([`kernel_ir`]).

@@ -18,6 +18,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use tessera_ir::Function;
 
 use sha2::{Digest, Sha256};
 
@@ -49,6 +50,65 @@ impl KernelOptions {
     /// The stable text that goes into the key.
     pub fn describe(&self) -> String {
         format!("num_warps={}", self.num_warps)
+    }
+}
+
+/// Which parameters a precompiled kernel may assume divisible by 16 (16-byte aligned
+/// pointers, integers that are multiples of 16), as the runtime specializes GPU
+/// launches (see [`tessera_ir::Function::specialized`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Specialization {
+    /// Assume nothing: correct for every launch (but not what a launch looks up).
+    None,
+    /// Every pointer and integer parameter: what a launch with aligned buffers and
+    /// sizes that are multiples of 16 uses (the common case, and what Triton's
+    /// launcher assumes in that case).
+    AllDivisible,
+    /// One flag per parameter, in order.
+    Divisible(Vec<bool>),
+}
+
+impl Specialization {
+    /// Applies it to IR.
+    pub fn apply(&self, func: &Function) -> Function {
+        match self {
+            Specialization::None => func.clone(),
+            Specialization::AllDivisible => func.specialized(&vec![true; func.params.len()]),
+            Specialization::Divisible(flags) => func.specialized(flags),
+        }
+    }
+
+    /// Every specialization a launch of `func` can ask for: buffers are always
+    /// 16-byte aligned (runtime allocations are), and each integer parameter is or is
+    /// not a multiple of 16. With more than four integer parameters only "none" and
+    /// "all" of them are listed.
+    pub fn for_launches(func: &Function) -> Vec<Specialization> {
+        let ints: Vec<usize> = func
+            .params
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| func.ty(p.value).scalar_type().is_some_and(|s| s.is_int()))
+            .map(|(i, _)| i)
+            .collect();
+        let masks: Vec<u32> = if ints.len() <= 4 {
+            (0..1u32 << ints.len()).collect()
+        } else {
+            vec![0, (1u32 << ints.len().min(31)) - 1]
+        };
+        masks
+            .into_iter()
+            .map(|m| {
+                let mut flags: Vec<bool> = func
+                    .params
+                    .iter()
+                    .map(|p| func.ty(p.value).elem.is_ptr())
+                    .collect();
+                for (bit, &i) in ints.iter().enumerate() {
+                    flags[i] = m & (1 << bit) != 0;
+                }
+                Specialization::Divisible(flags)
+            })
+            .collect()
     }
 }
 
@@ -288,15 +348,16 @@ impl ArtifactStore {
         Ok(bin)
     }
 
-    /// The artifact of kernel `K` with comptime arguments `ct` for `target` and
-    /// `opts` (traces the kernel to compute its key; no LLVM needed).
+    /// The artifact of kernel `K` with comptime arguments `ct`, specialized as `spec`,
+    /// for `target` and `opts` (traces the kernel to compute its key; no LLVM needed).
     pub fn find<K: crate::Kernel>(
         &self,
         ct: &K::Comptime,
+        spec: &Specialization,
         target: &str,
         opts: &KernelOptions,
     ) -> Result<KernelBinary, Error> {
-        let func = crate::kernel_ir::<K>(ct)?;
+        let func = spec.apply(crate::kernel_ir::<K>(ct)?.as_ref());
         let key = kernel_key(&tessera_ir::printer::print_function(&func), target, opts);
         self.get(&func.name, target, &key)
     }

@@ -45,7 +45,7 @@ mod error;
 mod hip;
 mod launch;
 
-pub use artifact::{ArtifactStore, KernelBinary, KernelOptions};
+pub use artifact::{ArtifactStore, KernelBinary, KernelOptions, Specialization};
 pub use buffer::{Buffer, Element};
 pub use device::{Device, DeviceKind, DeviceProperties};
 pub use error::Error;

@@ -3,7 +3,7 @@
 
 use tessera::artifact::{KernelOptions, kernel_key_of};
 use tessera::prelude::*;
-use tessera::{ArtifactStore, DeviceKind, KernelBinary};
+use tessera::{ArtifactStore, DeviceKind, KernelBinary, Specialization};
 
 #[kernel]
 fn add_one<const BLOCK: usize>(x: &Global<f32>, out: &mut Global<f32>, n: i32) {
@@ -99,7 +99,7 @@ fn artifacts_are_found_by_kernel_key_and_missing_ones_named() {
     let opts = KernelOptions::default();
     // Missing: the error names the kernel, the target and the folder.
     let err = store
-        .find::<add_one<128>>(&(), "sm_90", &opts)
+        .find::<add_one<128>>(&(), &Specialization::None, "sm_90", &opts)
         .unwrap_err()
         .to_string();
     assert!(err.contains("`add_one`") && err.contains("sm_90"), "{err}");
@@ -115,13 +115,27 @@ fn artifacts_are_found_by_kernel_key_and_missing_ones_named() {
     };
     store.put("add_one", &key, &bin).unwrap();
     assert_eq!(
-        store.find::<add_one<128>>(&(), "sm_90", &opts).unwrap(),
+        store
+            .find::<add_one<128>>(&(), &Specialization::None, "sm_90", &opts)
+            .unwrap(),
         bin
     );
     // Other comptime arguments, target or options: other keys.
-    assert!(store.find::<add_one<256>>(&(), "sm_90", &opts).is_err());
-    assert!(store.find::<add_one<128>>(&(), "sm_80", &opts).is_err());
+    assert!(
+        store
+            .find::<add_one<256>>(&(), &Specialization::None, "sm_90", &opts)
+            .is_err()
+    );
+    assert!(
+        store
+            .find::<add_one<128>>(&(), &Specialization::None, "sm_80", &opts)
+            .is_err()
+    );
     let eight = KernelOptions { num_warps: 8 };
-    assert!(store.find::<add_one<128>>(&(), "sm_90", &eight).is_err());
+    assert!(
+        store
+            .find::<add_one<128>>(&(), &Specialization::None, "sm_90", &eight)
+            .is_err()
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
