@@ -38,7 +38,9 @@ fn vadd(n: u32, masked: bool) -> Function {
     let y = b.param("y", Type::global_ptr(f32t), ParamAttrs::default());
     let out = b.param("out", Type::global_ptr(f32t), ParamAttrs::default());
     let len = b.param("len", Type::scalar(ScalarType::I32), ParamAttrs::default());
-    let pid = b.op1(OpKind::ProgramId { axis: 0 }, &[], None, at(2)).unwrap();
+    let pid = b
+        .op1(OpKind::ProgramId { axis: 0 }, &[], None, at(2))
+        .unwrap();
     let nn = b
         .op1(
             OpKind::Const(tessera_ir::ir::ConstValue::Int(n as i64)),
@@ -47,35 +49,85 @@ fn vadd(n: u32, masked: bool) -> Function {
             at(3),
         )
         .unwrap();
-    let base = b.op1(OpKind::Binary(BinaryOp::Mul), &[pid, nn], None, at(3)).unwrap();
+    let base = b
+        .op1(OpKind::Binary(BinaryOp::Mul), &[pid, nn], None, at(3))
+        .unwrap();
     let ar = b
-        .op1(OpKind::Arange { start: 0, end: n as i64 }, &[], None, at(4))
+        .op1(
+            OpKind::Arange {
+                start: 0,
+                end: n as i64,
+            },
+            &[],
+            None,
+            at(4),
+        )
         .unwrap();
     let bs = b
-        .op1(OpKind::Splat, &[base], Some(&Type::tile(ScalarType::I32, &[n])), at(4))
+        .op1(
+            OpKind::Splat,
+            &[base],
+            Some(&Type::tile(ScalarType::I32, &[n])),
+            at(4),
+        )
         .unwrap();
-    let offs = b.op1(OpKind::Binary(BinaryOp::Add), &[bs, ar], None, at(4)).unwrap();
+    let offs = b
+        .op1(OpKind::Binary(BinaryOp::Add), &[bs, ar], None, at(4))
+        .unwrap();
     let ls = b
-        .op1(OpKind::Splat, &[len], Some(&Type::tile(ScalarType::I32, &[n])), at(5))
+        .op1(
+            OpKind::Splat,
+            &[len],
+            Some(&Type::tile(ScalarType::I32, &[n])),
+            at(5),
+        )
         .unwrap();
-    let mask = b.op1(OpKind::Cmp(CmpPred::Lt), &[offs, ls], None, at(5)).unwrap();
+    let mask = b
+        .op1(OpKind::Cmp(CmpPred::Lt), &[offs, ls], None, at(5))
+        .unwrap();
     let ptrs = |b: &mut FunctionBuilder, p: ValueId| {
-        let s = b.op1(OpKind::Splat, &[p], Some(&ptr_tile(f32t, n)), at(6)).unwrap();
+        let s = b
+            .op1(OpKind::Splat, &[p], Some(&ptr_tile(f32t, n)), at(6))
+            .unwrap();
         b.op1(OpKind::AddPtr, &[s, offs], None, at(6)).unwrap()
     };
     let (px, py, po) = (ptrs(&mut b, x), ptrs(&mut b, y), ptrs(&mut b, out));
     let load = |b: &mut FunctionBuilder, p: ValueId, line: u32| {
         if masked {
-            b.op1(OpKind::Load { has_mask: true, has_other: false }, &[p, mask], None, at(line))
+            b.op1(
+                OpKind::Load {
+                    has_mask: true,
+                    has_other: false,
+                },
+                &[p, mask],
+                None,
+                at(line),
+            )
         } else {
-            b.op1(OpKind::Load { has_mask: false, has_other: false }, &[p], None, at(line))
+            b.op1(
+                OpKind::Load {
+                    has_mask: false,
+                    has_other: false,
+                },
+                &[p],
+                None,
+                at(line),
+            )
         }
         .unwrap()
     };
     let vx = load(&mut b, px, 100);
     let vy = load(&mut b, py, 101);
-    let s = b.op1(OpKind::Binary(BinaryOp::Add), &[vx, vy], None, at(7)).unwrap();
-    b.op(OpKind::Store { has_mask: true }, &[po, s, mask], None, at(8)).unwrap();
+    let s = b
+        .op1(OpKind::Binary(BinaryOp::Add), &[vx, vy], None, at(7))
+        .unwrap();
+    b.op(
+        OpKind::Store { has_mask: true },
+        &[po, s, mask],
+        None,
+        at(8),
+    )
+    .unwrap();
     let f = b.finish();
     tessera_ir::verify::verify(&f).expect("valid IR");
     f
@@ -109,7 +161,11 @@ fn vector_add_matches_the_interpreter() {
             .unwrap_or_else(|e| panic!("{flavor:?}: {e}"));
         let got = got.to_vec::<f32>().unwrap();
         for i in 0..len {
-            assert_eq!(got[i].to_bits(), want[i].to_bits(), "{flavor:?} element {i}");
+            assert_eq!(
+                got[i].to_bits(),
+                want[i].to_bits(),
+                "{flavor:?} element {i}"
+            );
         }
     }
 }

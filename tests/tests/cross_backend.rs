@@ -190,17 +190,33 @@ fn softmax_f32_and_f16() {
     let (rows, cols) = (13usize, 200usize);
     let xs = rand_f32(3, rows * cols, -8.0, 8.0);
     let f = ir::<softmax::softmax<f32, 4, 256>>();
-    let args = [inp(&xs), out::<f32>(rows * cols), Arg::Sc(S::I32(rows as i32)), Arg::Sc(S::I32(cols as i32))];
+    let args = [
+        inp(&xs),
+        out::<f32>(rows * cols),
+        Arg::Sc(S::I32(rows as i32)),
+        Arg::Sc(S::I32(cols as i32)),
+    ];
     check("softmax f32", &f, g1(rows.div_ceil(4)), &args, 4, 0.0);
     let xh: Vec<f16> = xs.iter().map(|&v| f16::from_f32(v)).collect();
     let f = ir::<softmax::softmax<f16, 4, 256>>();
-    let args = [inp(&xh), out::<f16>(rows * cols), Arg::Sc(S::I32(rows as i32)), Arg::Sc(S::I32(cols as i32))];
+    let args = [
+        inp(&xh),
+        out::<f16>(rows * cols),
+        Arg::Sc(S::I32(rows as i32)),
+        Arg::Sc(S::I32(cols as i32)),
+    ];
     check("softmax f16", &f, g1(rows.div_ceil(4)), &args, 4, 0.0);
 }
 
 fn matmul_args<T: Element>(m: usize, n: usize, k: usize, conv: impl Fn(f32) -> T) -> Vec<Arg> {
-    let a: Vec<T> = rand_f32(4, m * k, -1.0, 1.0).into_iter().map(&conv).collect();
-    let b: Vec<T> = rand_f32(5, k * n, -1.0, 1.0).into_iter().map(&conv).collect();
+    let a: Vec<T> = rand_f32(4, m * k, -1.0, 1.0)
+        .into_iter()
+        .map(&conv)
+        .collect();
+    let b: Vec<T> = rand_f32(5, k * n, -1.0, 1.0)
+        .into_iter()
+        .map(&conv)
+        .collect();
     vec![
         inp(&a),
         inp(&b),
@@ -216,7 +232,14 @@ fn matmul_f32_fma_path() {
     let (m, n, k) = (37usize, 45usize, 50usize);
     let f = ir::<matmul::matmul<f32, 16, 32, 16>>();
     let grid = [m.div_ceil(16) as u32, n.div_ceil(32) as u32, 1];
-    check("matmul f32", &f, grid, &matmul_args(m, n, k, |v| v), 4, 4e-5 * k as f64);
+    check(
+        "matmul f32",
+        &f,
+        grid,
+        &matmul_args(m, n, k, |v| v),
+        4,
+        4e-5 * k as f64,
+    );
 }
 
 #[test]
@@ -234,7 +257,14 @@ fn matmul_bf16_mma_path() {
     let (m, n, k) = (70usize, 50usize, 40usize);
     let f = ir::<matmul::matmul<bf16, 64, 64, 32>>();
     let grid = [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1];
-    check("matmul bf16", &f, grid, &matmul_args(m, n, k, bf16::from_f32), 4, 4e-5 * k as f64);
+    check(
+        "matmul bf16",
+        &f,
+        grid,
+        &matmul_args(m, n, k, bf16::from_f32),
+        4,
+        4e-5 * k as f64,
+    );
 }
 
 #[test]
@@ -308,7 +338,11 @@ fn casts<const B: usize>(
     bh.store(offs, a.cast::<bf16>(), m);
     i.store(offs, a.cast::<i32>(), m);
     u.store(offs, a.cast::<u8>(), m);
-    back.store(offs, a.cast::<f16>().cast::<f32>() + a.cast::<i32>().cast::<f32>(), m);
+    back.store(
+        offs,
+        a.cast::<f16>().cast::<f32>() + a.cast::<i32>().cast::<f32>(),
+        m,
+    );
     wide.store(offs, a.cast::<i64>() * 3000000000i64, m);
 }
 
@@ -323,14 +357,26 @@ fn elementwise_and_casts() {
         .collect();
     let f = ir::<float_ops<128>>();
     let xs_small: Vec<f32> = xs.iter().map(|v| v / 40.0).collect();
-    let args = [inp(&xs_small), inp(&ys), out::<f32>(8 * n), Arg::Sc(S::I32(n as i32))];
+    let args = [
+        inp(&xs_small),
+        inp(&ys),
+        out::<f32>(8 * n),
+        Arg::Sc(S::I32(n as i32)),
+    ];
     check("float ops", &f, g1(n.div_ceil(128)), &args, 4, 0.0);
 
     let mut r = StdRng::seed_from_u64(11);
     let xi: Vec<i32> = (0..n).map(|_| r.gen_range(-100000..100000)).collect();
-    let yi: Vec<i32> = (0..n).map(|_| r.gen_range(1..1000) * if r.gen_bool(0.5) { 1 } else { -1 }).collect();
+    let yi: Vec<i32> = (0..n)
+        .map(|_| r.gen_range(1..1000) * if r.gen_bool(0.5) { 1 } else { -1 })
+        .collect();
     let f = ir::<int_ops<64>>();
-    let args = [inp(&xi), inp(&yi), out::<i32>(7 * n), Arg::Sc(S::I32(n as i32))];
+    let args = [
+        inp(&xi),
+        inp(&yi),
+        out::<i32>(7 * n),
+        Arg::Sc(S::I32(n as i32)),
+    ];
     check("int ops", &f, g1(n.div_ceil(64)), &args, 2, 0.0);
 
     let f = ir::<casts<128>>();
@@ -423,23 +469,42 @@ fn dot_case<T: Element + DotInput<Acc = f32>, const M: usize, const N: usize, co
     dot_tile<T, M, N, K>: Kernel<Comptime = ()>,
 {
     let f = ir::<dot_tile<T, M, N, K>>();
-    let a: Vec<T> = rand_f32(14, M * K, -1.0, 1.0).into_iter().map(&conv).collect();
-    let b: Vec<T> = rand_f32(15, K * N, -1.0, 1.0).into_iter().map(&conv).collect();
+    let a: Vec<T> = rand_f32(14, M * K, -1.0, 1.0)
+        .into_iter()
+        .map(&conv)
+        .collect();
+    let b: Vec<T> = rand_f32(15, K * N, -1.0, 1.0)
+        .into_iter()
+        .map(&conv)
+        .collect();
     // `c` is read and written: an input here, compared like an output below.
     let c = rand_f32(16, M * N, -1.0, 1.0);
     let reference = [inp(&a), inp(&b), inp(&c)];
-    let name = format!("dot {}x{}x{} {:?} ({num_warps} warps)", M, N, K, <T as Element>::TY);
+    let name = format!(
+        "dot {}x{}x{} {:?} ({num_warps} warps)",
+        M,
+        N,
+        K,
+        <T as Element>::TY
+    );
     let want = make(&reference);
     interp::run(&f, g1(1), &want).unwrap();
-    let KernelArg::Buffer(w) = &want[2] else { unreachable!() };
+    let KernelArg::Buffer(w) = &want[2] else {
+        unreachable!()
+    };
     let w = values(w);
     for flavor in FLAVORS {
         let got = make(&reference);
         emu::launch(&f, flavor, &CompileOptions { num_warps }, g1(1), &got)
             .unwrap_or_else(|e| panic!("{name} on {flavor:?}: {e}"));
-        let KernelArg::Buffer(g) = &got[2] else { unreachable!() };
+        let KernelArg::Buffer(g) = &got[2] else {
+            unreachable!()
+        };
         for (j, (x, y)) in w.iter().zip(values(g)).enumerate() {
-            assert!((x - y).abs() <= 4e-5 * K as f64, "{name} on {flavor:?}: element {j}: emu {y}, interpreter {x}");
+            assert!(
+                (x - y).abs() <= 4e-5 * K as f64,
+                "{name} on {flavor:?}: element {j}: emu {y}, interpreter {x}"
+            );
         }
     }
 }
@@ -486,7 +551,12 @@ fn control_flow<const B: usize>(x: &Global<f32>, out: &mut Global<f32>, n: i32, 
 fn control_flow_agrees() {
     let f = ir::<control_flow<32>>();
     for (n, limit) in [(0usize, 1.0f32), (31, 1e9), (1000, 100.0)] {
-        let args = [inp(&rand_f32(17, n.max(1), 0.0, 4.0)), out::<f32>(34), Arg::Sc(S::I32(n as i32)), Arg::Sc(S::F32(limit))];
+        let args = [
+            inp(&rand_f32(17, n.max(1), 0.0, 4.0)),
+            out::<f32>(34),
+            Arg::Sc(S::I32(n as i32)),
+            Arg::Sc(S::F32(limit)),
+        ];
         check(&format!("control flow n={n}"), &f, g1(1), &args, 1, 1e-5);
     }
 }
@@ -526,13 +596,25 @@ fn atomics_agree() {
     interp::run(&f, g1(n.div_ceil(128)), &want).unwrap();
     for flavor in FLAVORS {
         let got = make(&args);
-        emu::launch(&f, flavor, &CompileOptions::default(), g1(n.div_ceil(128)), &got)
-            .unwrap_or_else(|e| panic!("atomics on {flavor:?}: {e}"));
+        emu::launch(
+            &f,
+            flavor,
+            &CompileOptions::default(),
+            g1(n.div_ceil(128)),
+            &got,
+        )
+        .unwrap_or_else(|e| panic!("atomics on {flavor:?}: {e}"));
         for i in 1..4 {
-            let (KernelArg::Buffer(w), KernelArg::Buffer(g)) = (&want[i], &got[i]) else { unreachable!() };
+            let (KernelArg::Buffer(w), KernelArg::Buffer(g)) = (&want[i], &got[i]) else {
+                unreachable!()
+            };
             let (w, g) = (values(w), values(g));
             for (x, y) in w.iter().zip(&g) {
-                assert!((x - y).abs() <= 1e-6 * x.abs(), "atomics on {flavor:?}: {} {w:?} vs {g:?}", f.params[i].name);
+                assert!(
+                    (x - y).abs() <= 1e-6 * x.abs(),
+                    "atomics on {flavor:?}: {} {w:?} vs {g:?}",
+                    f.params[i].name
+                );
             }
         }
     }

@@ -10,13 +10,15 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Once, OnceLock};
 
+use inkwell::AddressSpace;
 use inkwell::OptimizationLevel;
 use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{CodeModel, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine};
+use inkwell::targets::{
+    CodeModel, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
+};
 use inkwell::types::BasicMetadataTypeEnum;
 use inkwell::values::BasicMetadataValueEnum;
-use inkwell::AddressSpace;
 use tessera_ir::Function;
 
 use super::EmuError;
@@ -66,7 +68,11 @@ pub(crate) fn compile(
     flavor: EmuFlavor,
     opts: &CompileOptions,
 ) -> Result<Arc<Compiled>, EmuError> {
-    let key = (tessera_ir::printer::print_function(func), flavor, opts.clone());
+    let key = (
+        tessera_ir::printer::print_function(func),
+        flavor,
+        opts.clone(),
+    );
     let lock = || cache().lock().unwrap_or_else(|p| p.into_inner());
     if let Some(c) = lock().get(&key) {
         return Ok(c.clone());
@@ -106,7 +112,10 @@ fn build(func: &Function, flavor: EmuFlavor, opts: &CompileOptions) -> Result<Co
         let i = ctx.i64_type().const_int(i as u64, false);
         // SAFETY: the launcher passes one pointer per kernel parameter.
         let slot = unsafe { b.build_in_bounds_gep(ptr, args, &[i], "") }.map_err(llvm)?;
-        let p = b.build_load(ptr, slot, "").map_err(llvm)?.into_pointer_value();
+        let p = b
+            .build_load(ptr, slot, "")
+            .map_err(llvm)?
+            .into_pointer_value();
         let ty = match ty {
             BasicMetadataTypeEnum::MetadataType(_) => {
                 return Err(jit_err("metadata kernel parameter".into()));

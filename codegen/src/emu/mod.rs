@@ -254,7 +254,11 @@ pub fn launch(
     if args.len() != func.params.len() {
         return Err(arg_err(
             "<count>",
-            format!("expected {} arguments, got {}", func.params.len(), args.len()),
+            format!(
+                "expected {} arguments, got {}",
+                func.params.len(),
+                args.len()
+            ),
         ));
     }
     let mut slots = vec![0u64; args.len()];
@@ -347,7 +351,10 @@ pub fn launch(
     if let Some(message) = spawn_error {
         return Err(EmuError::Threads { message });
     }
-    let errs = launch.errors.into_inner().unwrap_or_else(|p| p.into_inner());
+    let errs = launch
+        .errors
+        .into_inner()
+        .unwrap_or_else(|p| p.into_inner());
     match errs.into_iter().min_by_key(|e| (e.0, e.1)) {
         Some((_, _, e)) => Err(e),
         None => Ok(()),
@@ -373,8 +380,11 @@ fn run_thread(
     let _guard = runtime::enter(&ctx);
     let [gx, gy, _] = launch.grid.map(|g| g as u64);
     for lin in 0..total {
-        ctx.block
-            .set([(lin % gx) as u32, ((lin / gx) % gy) as u32, (lin / (gx * gy)) as u32]);
+        ctx.block.set([
+            (lin % gx) as u32,
+            ((lin / gx) % gy) as u32,
+            (lin / (gx * gy)) as u32,
+        ]);
         ctx.block_lin.set(lin);
         ctx.epoch.set(0);
         // SAFETY: `entry` is the JIT-compiled wrapper of this launch's kernel and

@@ -22,9 +22,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use half::{bf16, f16};
 use tessera_ir::Span;
 
+use super::EmuError;
 use super::mma::{self, Half};
 use super::team::{Team, TeamError};
-use super::EmuError;
 use crate::lower::Site;
 
 /// A buffer argument of a launch.
@@ -362,18 +362,21 @@ fn nv_mma(ty: Half, a: [u32; 4], b: [u32; 2], cf: [f32; 4], d: *mut f32, site: i
         dep[4] = b[0] as u64;
         dep[5] = b[1] as u64;
         let lane = (c.tid % 32) as usize;
-        let r = c.launch.team.warp_collective(c.tid, site as u32, &dep, |read| {
-            let av: Vec<[u32; 4]> = (0..32)
-                .map(|l| std::array::from_fn(|i| read(l, i) as u32))
-                .collect();
-            let bv: Vec<[u32; 2]> = (0..32)
-                .map(|l| std::array::from_fn(|i| read(l, 4 + i) as u32))
-                .collect();
-            let cv: Vec<[f32; 4]> = (0..32)
-                .map(|l| std::array::from_fn(|i| f32::from_bits(read(l, 6 + i) as u32)))
-                .collect();
-            mma::nv_m16n8k16(ty, &av, &bv, &cv)[lane]
-        });
+        let r = c
+            .launch
+            .team
+            .warp_collective(c.tid, site as u32, &dep, |read| {
+                let av: Vec<[u32; 4]> = (0..32)
+                    .map(|l| std::array::from_fn(|i| read(l, i) as u32))
+                    .collect();
+                let bv: Vec<[u32; 2]> = (0..32)
+                    .map(|l| std::array::from_fn(|i| read(l, 4 + i) as u32))
+                    .collect();
+                let cv: Vec<[f32; 4]> = (0..32)
+                    .map(|l| std::array::from_fn(|i| f32::from_bits(read(l, 6 + i) as u32)))
+                    .collect();
+                mma::nv_m16n8k16(ty, &av, &bv, &cv)[lane]
+            });
         let out = match r {
             Ok(v) => v,
             Err(e) => {
@@ -398,18 +401,21 @@ fn amd_mma(ty: Half, ab: [u32; 8], cf: [f32; 4], d: *mut f32, site: i32) {
             dep[8 + i] = cf[i].to_bits() as u64;
         }
         let lane = (c.tid % 64) as usize;
-        let r = c.launch.team.warp_collective(c.tid, site as u32, &dep, |read| {
-            let av: Vec<[u16; 4]> = (0..64)
-                .map(|l| std::array::from_fn(|i| read(l, i) as u16))
-                .collect();
-            let bv: Vec<[u16; 4]> = (0..64)
-                .map(|l| std::array::from_fn(|i| read(l, 4 + i) as u16))
-                .collect();
-            let cv: Vec<[f32; 4]> = (0..64)
-                .map(|l| std::array::from_fn(|i| f32::from_bits(read(l, 8 + i) as u32)))
-                .collect();
-            mma::amd_16x16x16(ty, &av, &bv, &cv)[lane]
-        });
+        let r = c
+            .launch
+            .team
+            .warp_collective(c.tid, site as u32, &dep, |read| {
+                let av: Vec<[u16; 4]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| read(l, i) as u16))
+                    .collect();
+                let bv: Vec<[u16; 4]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| read(l, 4 + i) as u16))
+                    .collect();
+                let cv: Vec<[f32; 4]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| f32::from_bits(read(l, 8 + i) as u32)))
+                    .collect();
+                mma::amd_16x16x16(ty, &av, &bv, &cv)[lane]
+            });
         let out = match r {
             Ok(v) => v,
             Err(e) => {
@@ -507,17 +513,50 @@ extern "C" fn trunc_df_bf(x: f64) -> f32 {
 pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
     vec![
         ("tessera_emu_tid", tessera_emu_tid as *const () as usize),
-        ("tessera_emu_program_id", tessera_emu_program_id as *const () as usize),
-        ("tessera_emu_num_programs", tessera_emu_num_programs as *const () as usize),
-        ("tessera_emu_barrier", tessera_emu_barrier as *const () as usize),
-        ("tessera_emu_shuffle_xor", tessera_emu_shuffle_xor as *const () as usize),
-        ("tessera_emu_shared_base", tessera_emu_shared_base as *const () as usize),
-        ("tessera_emu_check_global", tessera_emu_check_global as *const () as usize),
-        ("tessera_emu_note_shared", tessera_emu_note_shared as *const () as usize),
-        ("tessera_emu_mma_nv_f16", tessera_emu_mma_nv_f16 as *const () as usize),
-        ("tessera_emu_mma_nv_bf16", tessera_emu_mma_nv_bf16 as *const () as usize),
-        ("tessera_emu_mma_amd_f16", tessera_emu_mma_amd_f16 as *const () as usize),
-        ("tessera_emu_mma_amd_bf16", tessera_emu_mma_amd_bf16 as *const () as usize),
+        (
+            "tessera_emu_program_id",
+            tessera_emu_program_id as *const () as usize,
+        ),
+        (
+            "tessera_emu_num_programs",
+            tessera_emu_num_programs as *const () as usize,
+        ),
+        (
+            "tessera_emu_barrier",
+            tessera_emu_barrier as *const () as usize,
+        ),
+        (
+            "tessera_emu_shuffle_xor",
+            tessera_emu_shuffle_xor as *const () as usize,
+        ),
+        (
+            "tessera_emu_shared_base",
+            tessera_emu_shared_base as *const () as usize,
+        ),
+        (
+            "tessera_emu_check_global",
+            tessera_emu_check_global as *const () as usize,
+        ),
+        (
+            "tessera_emu_note_shared",
+            tessera_emu_note_shared as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_nv_f16",
+            tessera_emu_mma_nv_f16 as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_nv_bf16",
+            tessera_emu_mma_nv_bf16 as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_amd_f16",
+            tessera_emu_mma_amd_f16 as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_amd_bf16",
+            tessera_emu_mma_amd_bf16 as *const () as usize,
+        ),
         ("__extendhfsf2", extend_hf_sf as *const () as usize),
         ("__truncsfhf2", trunc_sf_hf as *const () as usize),
         ("__truncdfhf2", trunc_df_hf as *const () as usize),

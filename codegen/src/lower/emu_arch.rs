@@ -35,8 +35,8 @@ use tessera_ir::ir::MemScope;
 
 use super::arch::{Amdgpu, Arch, MmaInfo, Nvptx, pack_pairs};
 use super::{Cx, LResult, LowerError};
-use crate::target::{AmdArch, EmuFlavor};
 use crate::Target;
+use crate::target::{AmdArch, EmuFlavor};
 
 /// The host SIMT emulator.
 pub struct Emu {
@@ -233,11 +233,10 @@ impl Arch for Emu {
         };
         // The D fragment comes back through a stack slot allocated in the entry block
         // (an alloca inside a loop would grow the stack every iteration).
-        let fnv = cx
-            .b
-            .get_insert_block()
-            .and_then(|bb| bb.get_parent())
-            .ok_or_else(|| LowerError::Llvm("mma outside a function".into()))?;
+        let fnv =
+            cx.b.get_insert_block()
+                .and_then(|bb| bb.get_parent())
+                .ok_or_else(|| LowerError::Llvm("mma outside a function".into()))?;
         let entry = fnv
             .get_first_basic_block()
             .ok_or_else(|| LowerError::Llvm("function without entry block".into()))?;

@@ -450,7 +450,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.smem_bytes = bytes;
             self.smem_span = Some(span.clone());
         }
-        self.smem_base.unwrap_or_else(|| self.smem.as_pointer_value())
+        self.smem_base
+            .unwrap_or_else(|| self.smem.as_pointer_value())
     }
 
     /// A new site id for a hook emitted for the current op.
@@ -1124,9 +1125,7 @@ pub fn type_size(t: BasicTypeEnum<'_>) -> u32 {
                 2
             }
         }
-        BasicTypeEnum::VectorType(v) => {
-            v.get_size() * type_size(v.get_element_type())
-        }
+        BasicTypeEnum::VectorType(v) => v.get_size() * type_size(v.get_element_type()),
         BasicTypeEnum::ArrayType(a) => a.len() * type_size(a.get_element_type()),
         _ => 8,
     }
