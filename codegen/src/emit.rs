@@ -96,6 +96,17 @@ pub fn emit_module(
             .map(|b| b.as_slice().to_vec())
             .map_err(|e| llvm_err("code generation", e.to_string()))
     };
+    if target.is_emu() {
+        // The emulator's kernel as a host object (the emulator itself JIT-compiles).
+        let asm = String::from_utf8(emit(&module.clone(), FileType::Assembly)?)
+            .map_err(|_| llvm_err("code generation", "the assembly is not UTF-8".into()))?;
+        let binary = emit(module, FileType::Object)?;
+        return Ok(Emitted {
+            binary,
+            asm,
+            llvm_ir,
+        });
+    }
     match target.vendor() {
         Vendor::Nvidia => {
             let ptx = emit(module, FileType::Assembly)?;
@@ -125,9 +136,25 @@ pub fn emit_module(
     }
 }
 
-/// Creates the LLVM target machine for `target` (optimization level 3).
+/// Creates the LLVM target machine for `target` (optimization level 3; the host's
+/// for the emulator).
 pub fn target_machine(target: Target) -> Result<TargetMachine, String> {
     init_llvm();
+    if target.is_emu() {
+        LlvmTarget::initialize_native(&InitializationConfig::default())?;
+        let triple = TargetMachine::get_default_triple();
+        let t = LlvmTarget::from_triple(&triple).map_err(|e| e.to_string())?;
+        return t
+            .create_target_machine(
+                &triple,
+                &TargetMachine::get_host_cpu_name().to_string(),
+                &TargetMachine::get_host_cpu_features().to_string(),
+                OptimizationLevel::Aggressive,
+                RelocMode::PIC,
+                CodeModel::Default,
+            )
+            .ok_or_else(|| "LLVM cannot create a target machine for the host".to_string());
+    }
     let name = match target.vendor() {
         Vendor::Nvidia => "nvptx64",
         Vendor::Amd => "amdgcn",

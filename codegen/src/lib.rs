@@ -22,7 +22,7 @@ pub mod lower;
 pub mod target;
 pub mod tools;
 
-pub use target::{AmdArch, Target, Vendor};
+pub use target::{AmdArch, EmuFlavor, Target, Vendor};
 
 use tessera_ir::{Function, Span};
 

@@ -18,6 +18,29 @@ pub enum Target {
     },
     /// AMD, by gfx architecture.
     Amdgpu(AmdArch),
+    /// The SIMT emulator: the same lowering, JIT-compiled for the host and run by
+    /// [`crate::emu`], emulating one vendor's warp size and matrix fragment layouts.
+    Emu(EmuFlavor),
+}
+
+/// Which GPU the SIMT emulator imitates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EmuFlavor {
+    /// Warp 32 and the `mma.sync m16n8k16` fragment layouts: the lowering makes the
+    /// same layout decisions as for sm_80.
+    Nv,
+    /// Wave 64 and the MFMA 16x16x16 fragment layouts, as for gfx942.
+    Amd,
+}
+
+impl EmuFlavor {
+    /// The GPU target whose layout decisions the emulator reproduces.
+    pub fn imitates(self) -> Target {
+        match self {
+            EmuFlavor::Nv => Target::Nvptx { sm: 80 },
+            EmuFlavor::Amd => Target::Amdgpu(AmdArch::Gfx942),
+        }
+    }
 }
 
 /// AMD GPU architectures Tessera knows.
@@ -51,10 +74,15 @@ pub const ALL_TARGETS: [Target; 5] = [
     Target::Amdgpu(AmdArch::Gfx1100),
 ];
 
+/// Both flavors of the SIMT emulator (not GPU targets: kept out of [`ALL_TARGETS`]).
+pub const EMU_TARGETS: [Target; 2] = [Target::Emu(EmuFlavor::Nv), Target::Emu(EmuFlavor::Amd)];
+
 /// A target name that is not one of `sm_80`, `sm_86`, `sm_89`, `sm_90`, `gfx90a`,
-/// `gfx942`, `gfx1100`.
+/// `gfx942`, `gfx1100`, `emu-nv`, `emu-amd`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown target `{0}` (expected sm_80, sm_86, sm_89, sm_90, gfx90a, gfx942 or gfx1100)")]
+#[error(
+    "unknown target `{0}` (expected sm_80, sm_86, sm_89, sm_90, gfx90a, gfx942, gfx1100, emu-nv or emu-amd)"
+)]
 pub struct UnknownTarget(pub String);
 
 impl FromStr for Target {
@@ -68,6 +96,8 @@ impl FromStr for Target {
             "gfx90a" => Ok(Target::Amdgpu(AmdArch::Gfx90a)),
             "gfx942" => Ok(Target::Amdgpu(AmdArch::Gfx942)),
             "gfx1100" => Ok(Target::Amdgpu(AmdArch::Gfx1100)),
+            "emu-nv" => Ok(Target::Emu(EmuFlavor::Nv)),
+            "emu-amd" => Ok(Target::Emu(EmuFlavor::Amd)),
             _ => Err(UnknownTarget(s.to_string())),
         }
     }
@@ -78,6 +108,8 @@ impl fmt::Display for Target {
         match self {
             Target::Nvptx { sm } => write!(f, "sm_{sm}"),
             Target::Amdgpu(a) => f.write_str(a.name()),
+            Target::Emu(EmuFlavor::Nv) => f.write_str("emu-nv"),
+            Target::Emu(EmuFlavor::Amd) => f.write_str("emu-amd"),
         }
     }
 }
@@ -92,12 +124,18 @@ pub enum Vendor {
 }
 
 impl Target {
-    /// NVIDIA or AMD.
+    /// NVIDIA or AMD; for the emulator, the vendor it imitates.
     pub fn vendor(self) -> Vendor {
         match self {
             Target::Nvptx { .. } => Vendor::Nvidia,
             Target::Amdgpu(_) => Vendor::Amd,
+            Target::Emu(f) => f.imitates().vendor(),
         }
+    }
+
+    /// True for the SIMT emulator's targets.
+    pub fn is_emu(self) -> bool {
+        matches!(self, Target::Emu(_))
     }
 
     /// Threads per warp (wavefront): 32 on NVIDIA and RDNA, 64 on CDNA.
@@ -105,51 +143,57 @@ impl Target {
         match self {
             Target::Nvptx { .. } | Target::Amdgpu(AmdArch::Gfx1100) => 32,
             Target::Amdgpu(_) => 64,
+            Target::Emu(f) => f.imitates().warp_size(),
         }
     }
 
-    /// The LLVM target triple.
+    /// The LLVM target triple; empty for the emulator (the host's, set by the JIT).
     pub fn triple(self) -> &'static str {
         match self {
             Target::Nvptx { .. } => "nvptx64-nvidia-cuda",
             Target::Amdgpu(_) => "amdgcn-amd-amdhsa",
+            Target::Emu(_) => "",
         }
     }
 
-    /// The LLVM CPU name.
+    /// The LLVM CPU name (the host's for the emulator).
     pub fn cpu(self) -> String {
         match self {
             Target::Nvptx { sm } => format!("sm_{sm}"),
             Target::Amdgpu(a) => a.name().to_string(),
+            Target::Emu(_) => inkwell::targets::TargetMachine::get_host_cpu_name().to_string(),
         }
     }
 
     /// LLVM target features. PTX ISA 8.0 is accepted by every CUDA 12.x and 13.x driver.
+    /// Empty for the emulator (the JIT uses the host's).
     pub fn features(self) -> &'static str {
         match self {
             Target::Nvptx { .. } => "+ptx80",
             Target::Amdgpu(AmdArch::Gfx1100) => "+wavefrontsize32",
             Target::Amdgpu(_) => "+wavefrontsize64",
+            Target::Emu(_) => "",
         }
     }
 
     /// True when `dot` on f16/bf16 can use the matrix units: `mma.sync` (sm_80+) or
-    /// MFMA (CDNA).
+    /// MFMA (CDNA); the emulator emulates them.
     pub fn has_matrix_units(self) -> bool {
         match self {
             Target::Nvptx { sm } => sm >= 80,
             Target::Amdgpu(a) => matches!(a, AmdArch::Gfx90a | AmdArch::Gfx942),
+            Target::Emu(_) => true,
         }
     }
 
-    /// LLVM address space of global memory.
+    /// LLVM address space of global memory (0, the host's, for the emulator).
     pub fn global_addrspace(self) -> u16 {
-        1
+        if self.is_emu() { 0 } else { 1 }
     }
 
-    /// LLVM address space of shared (LDS) memory.
+    /// LLVM address space of shared (LDS) memory (0, the host's, for the emulator).
     pub fn shared_addrspace(self) -> u16 {
-        3
+        if self.is_emu() { 0 } else { 3 }
     }
 
     /// Bytes of shared memory one block may use without opting in to more.
@@ -157,14 +201,19 @@ impl Target {
         match self {
             Target::Nvptx { .. } => 48 * 1024,
             Target::Amdgpu(_) => 64 * 1024,
+            Target::Emu(f) => f.imitates().shared_memory_limit(),
         }
     }
 
-    /// The file extension of the compiled artifact (`ptx` or `hsaco`).
+    /// The file extension of the compiled artifact (`ptx`, `hsaco`, or `o`: a host
+    /// object for the emulator).
     pub fn artifact_extension(self) -> &'static str {
-        match self.vendor() {
-            Vendor::Nvidia => "ptx",
-            Vendor::Amd => "hsaco",
+        match self {
+            Target::Emu(_) => "o",
+            _ => match self.vendor() {
+                Vendor::Nvidia => "ptx",
+                Vendor::Amd => "hsaco",
+            },
         }
     }
 }
@@ -175,9 +224,11 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for t in ALL_TARGETS {
+        for t in ALL_TARGETS.into_iter().chain(EMU_TARGETS) {
             assert_eq!(t.to_string().parse::<Target>(), Ok(t));
         }
+        assert_eq!(Target::Emu(EmuFlavor::Nv).warp_size(), 32);
+        assert_eq!(Target::Emu(EmuFlavor::Amd).warp_size(), 64);
         assert!("sm_70".parse::<Target>().is_err());
         assert_eq!(Target::Amdgpu(AmdArch::Gfx942).warp_size(), 64);
         assert_eq!(Target::Amdgpu(AmdArch::Gfx1100).warp_size(), 32);

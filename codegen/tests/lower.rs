@@ -179,6 +179,7 @@ fn compile_ext(func: &Function, target: Target, opts: &CompileOptions, allow_spi
                 func.name
             );
         }
+        Target::Emu(_) => unreachable!("GPU targets only"),
     }
     let _ = std::fs::remove_dir_all(&dir);
     out

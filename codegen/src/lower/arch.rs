@@ -1,7 +1,12 @@
 //! Everything target-specific the lowering emits, behind one trait: [`Arch`].
 //!
 //! The lowering in [`super`] is written once against `dyn Arch`; [`Nvptx`] and
-//! [`Amdgpu`] implement it (a host SIMT emulator will be a third implementation).
+//! [`Amdgpu`] implement it, and [`super::emu_arch::Emu`] (the host SIMT emulator)
+//! turns every hook into a call into the emulator's runtime.
+//!
+//! Every barrier, shuffle, matrix instruction and memory access is emitted with a
+//! *site* id: an index into the table the lowering returns ([`super::Site`]), naming
+//! the op's source span. The GPU implementations ignore it; the emulator reports it.
 //!
 //! | what | NVPTX | AMDGPU |
 //! |---|---|---|
@@ -39,7 +44,7 @@
 use inkwell::AddressSpace;
 use inkwell::attributes::AttributeLoc;
 use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue};
+use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
@@ -102,7 +107,7 @@ pub trait Arch {
         num_threads: u32,
     ) -> LResult<IntValue<'ctx>>;
     /// A block-wide barrier that also orders shared memory accesses.
-    fn barrier<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()>;
+    fn barrier<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()>;
     /// The `i32` value of lane `lane ^ mask` of this warp (all lanes active).
     fn shuffle_xor<'ctx>(
         &self,
@@ -110,7 +115,36 @@ pub trait Arch {
         v: IntValue<'ctx>,
         mask: u32,
         lane: IntValue<'ctx>,
+        site: u32,
     ) -> LResult<IntValue<'ctx>>;
+    /// The base of the block's shared memory, emitted once at the kernel's entry, or
+    /// `None` to use the module's static shared-memory global (GPUs).
+    fn shared_base<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<Option<PointerValue<'ctx>>> {
+        Ok(None)
+    }
+    /// Called before every global memory access of `bytes` bytes at `ptr`; returns the
+    /// pointer to access. GPUs access `ptr` itself (no code is emitted).
+    fn check_global<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        ptr: PointerValue<'ctx>,
+        _bytes: u32,
+        _site: u32,
+    ) -> LResult<PointerValue<'ctx>> {
+        Ok(ptr)
+    }
+    /// Called before every shared memory access of `bytes` bytes at `ptr` (race
+    /// detection in the emulator; no code on GPUs).
+    fn note_shared<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _ptr: PointerValue<'ctx>,
+        _bytes: u32,
+        _is_write: bool,
+        _site: u32,
+    ) -> LResult<()> {
+        Ok(())
+    }
     /// Declares the kernel's ABI: calling convention and launch bounds.
     fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32);
     /// The LLVM `syncscope` name of a memory scope.
@@ -134,6 +168,7 @@ pub trait Arch {
         a: &[BasicValueEnum<'ctx>],
         b: &[BasicValueEnum<'ctx>],
         c: &[FloatValue<'ctx>],
+        site: u32,
     ) -> LResult<Vec<FloatValue<'ctx>>>;
 }
 
@@ -142,7 +177,27 @@ pub fn for_target(t: Target) -> Box<dyn Arch> {
     match t {
         Target::Nvptx { sm } => Box::new(Nvptx { sm }),
         Target::Amdgpu(a) => Box::new(Amdgpu { arch: a }),
+        Target::Emu(flavor) => Box::new(super::emu_arch::Emu { flavor }),
     }
+}
+
+/// Packs 16-bit fragment elements pairwise into `i32` registers, element `2i` in the
+/// low half (the `.b32` operand registers of `mma.sync`).
+pub(crate) fn pack_pairs<'ctx>(
+    cx: &Cx<'ctx>,
+    v: &[BasicValueEnum<'ctx>],
+) -> LResult<Vec<IntValue<'ctx>>> {
+    let i32t = cx.ctx.i32_type();
+    v.chunks(2)
+        .map(|p| {
+            let vt = p[0].get_type().into_float_type().vec_type(2);
+            let mut acc = vt.get_poison();
+            for (i, x) in p.iter().enumerate() {
+                acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
+            }
+            Ok(cx.b.build_bit_cast(acc, i32t, "")?.into_int_value())
+        })
+        .collect()
 }
 
 /// NVIDIA PTX.
@@ -182,7 +237,7 @@ impl Arch for Nvptx {
         Ok(cx.call_intrinsic(&name, &[], &[])?.into_int_value())
     }
 
-    fn barrier<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+    fn barrier<'ctx>(&self, cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
         cx.call_intrinsic(
             "llvm.nvvm.barrier.cta.sync.aligned.all",
             &[],
@@ -197,6 +252,7 @@ impl Arch for Nvptx {
         v: IntValue<'ctx>,
         mask: u32,
         _lane: IntValue<'ctx>,
+        _site: u32,
     ) -> LResult<IntValue<'ctx>> {
         let args = [
             cx.i32(-1).into(),
@@ -263,22 +319,11 @@ impl Arch for Nvptx {
         a: &[BasicValueEnum<'ctx>],
         b: &[BasicValueEnum<'ctx>],
         c: &[FloatValue<'ctx>],
+        _site: u32,
     ) -> LResult<Vec<FloatValue<'ctx>>> {
         let i32t = cx.ctx.i32_type();
         let f32t = cx.ctx.f32_type();
-        let pack = |v: &[BasicValueEnum<'ctx>]| -> LResult<Vec<IntValue<'ctx>>> {
-            v.chunks(2)
-                .map(|p| {
-                    let vt = p[0].get_type().into_float_type().vec_type(2);
-                    let mut acc = vt.get_poison();
-                    for (i, x) in p.iter().enumerate() {
-                        acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
-                    }
-                    Ok(cx.b.build_bit_cast(acc, i32t, "")?.into_int_value())
-                })
-                .collect()
-        };
-        let (pa, pb) = (pack(a)?, pack(b)?);
+        let (pa, pb) = (pack_pairs(cx, a)?, pack_pairs(cx, b)?);
         let ty = if input == ScalarType::BF16 {
             "bf16"
         } else {
@@ -368,7 +413,7 @@ impl Arch for Amdgpu {
             .build_int_unsigned_div(ld.into_int_value(), cx.i32(wg as i64), "nprog")?)
     }
 
-    fn barrier<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+    fn barrier<'ctx>(&self, cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
         cx.fence(inkwell::AtomicOrdering::Release, "workgroup")?;
         cx.call_intrinsic("llvm.amdgcn.s.barrier", &[], &[])?;
         cx.fence(inkwell::AtomicOrdering::Acquire, "workgroup")?;
@@ -381,6 +426,7 @@ impl Arch for Amdgpu {
         v: IntValue<'ctx>,
         mask: u32,
         lane: IntValue<'ctx>,
+        _site: u32,
     ) -> LResult<IntValue<'ctx>> {
         let src = cx.b.build_xor(lane, cx.i32(mask as i64), "")?;
         let addr = cx.b.build_left_shift(src, cx.i32(2), "")?;
@@ -444,6 +490,7 @@ impl Arch for Amdgpu {
         a: &[BasicValueEnum<'ctx>],
         b: &[BasicValueEnum<'ctx>],
         c: &[FloatValue<'ctx>],
+        _site: u32,
     ) -> LResult<Vec<FloatValue<'ctx>>> {
         let bf = input == ScalarType::BF16;
         let vec4 = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {

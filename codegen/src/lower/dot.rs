@@ -105,7 +105,7 @@ fn write_tile<'ctx>(
         let lay = l.canonical(&t.layout.shape);
         for e in l.elem_indices(&lay)? {
             let p = l.smem_ptr(base, mt, offset(e)?)?;
-            l.cx.b.build_store(p, t.regs[0])?;
+            l.smem_store(p, t.regs[0])?;
         }
         return Ok(());
     }
@@ -114,7 +114,7 @@ fn write_tile<'ctx>(
             continue;
         }
         let p = l.smem_ptr(base, mt, offset(e)?)?;
-        l.cx.b.build_store(p, t.regs[r])?;
+        l.smem_store(p, t.regs[r])?;
     }
     Ok(())
 }
@@ -167,8 +167,8 @@ fn lower_fma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     for r in 0..nregs {
         let pa = l.smem_ptr(base, mt, l.cx.b.build_int_add(rows[r], kv, "")?)?;
         let pb = l.smem_ptr(base, mt, l.cx.b.build_int_add(cols[r], kn, "")?)?;
-        let av = l.cx.b.build_load(mt, pa, "")?;
-        let bv = l.cx.b.build_load(mt, pb, "")?;
+        let av = l.smem_load(mt, pa)?;
+        let bv = l.smem_load(mt, pb)?;
         let acc = phis[r].as_basic_value();
         let v: BasicValueEnum<'ctx> = if acc_s.is_float() {
             let (x, y) = (widen(l, s, av)?, widen(l, s, bv)?);
@@ -270,7 +270,7 @@ fn load_frag<'ctx>(
         let off = b.build_int_add(off, first, "")?;
         let p = l.smem_ptr(base, ety, off)?;
         let vt = ety.into_float_type().vec_type(len);
-        let v = b.build_load(vt, p, "")?;
+        let v = l.smem_load(vt.into(), p)?;
         unsafe {
             use inkwell::values::AsValueRef;
             inkwell::llvm_sys::core::LLVMSetAlignment(v.as_value_ref(), len * 2);
@@ -360,7 +360,8 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
         for (mr, af) in afr.iter().enumerate() {
             for (nr, bf) in bfr.iter().enumerate() {
                 let at = (mr * p.reps_n as usize + nr) * fr;
-                let d = l.arch.emit_mma(&l.cx, s, af, bf, &acc[at..at + fr])?;
+                let site = l.new_site("mma");
+                let d = l.arch.emit_mma(&l.cx, s, af, bf, &acc[at..at + fr], site)?;
                 acc[at..at + fr].copy_from_slice(&d);
             }
         }

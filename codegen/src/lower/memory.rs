@@ -156,7 +156,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         unreachable!()
     };
     let ptrs = l.val(op.operands[0])?;
-    let Elem::Ptr { pointee, .. } = ptrs.elem else {
+    let Elem::Ptr { pointee, space } = ptrs.elem else {
         return Err(LowerError::Llvm("load from a non-pointer".into()));
     };
     let elem = Elem::Scalar(pointee);
@@ -202,6 +202,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
                 _ => unreachable!(),
             };
             let loaded = guarded(l, m, Some(poison.into()), || {
+                let p = l.access_ptr(space, p, vec * size, false, "load")?;
                 let v = l.cx.b.build_load(vt, p, "")?;
                 set_align(v, vec * size);
                 Ok(Some(v))
@@ -224,6 +225,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         }
         let o = other.as_ref().map(|o| o.regs[r]).unwrap_or(zero);
         let v = guarded(l, m, Some(o), || {
+            let p = l.access_ptr(space, p, size, false, "load")?;
             let v = l.cx.b.build_load(mem_ty, p, "")?;
             set_align(v, size);
             Ok(Some(l.reg_from_mem(elem, v)?))
@@ -254,7 +256,7 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
         unreachable!()
     };
     let mut ptrs = l.val(op.operands[0])?;
-    let Elem::Ptr { pointee, .. } = ptrs.elem else {
+    let Elem::Ptr { pointee, space } = ptrs.elem else {
         return Err(LowerError::Llvm("store to a non-pointer".into()));
     };
     let elem = Elem::Scalar(pointee);
@@ -312,6 +314,7 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
                         .into();
             }
             guarded(l, cond, None, || {
+                let p = l.access_ptr(space, p, vec * size, true, "store")?;
                 let s = l.cx.b.build_store(p, vv)?;
                 set_align(s, vec * size);
                 Ok(None)
@@ -321,6 +324,7 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
         }
         let v = l.store_to_mem(elem, val.regs[r])?;
         guarded(l, cond, None, || {
+            let p = l.access_ptr(space, p, size, true, "store")?;
             let s = l.cx.b.build_store(p, v)?;
             set_align(s, size);
             Ok(None)
@@ -356,7 +360,7 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
         _ => unreachable!(),
     };
     let mut ptrs = l.val(op.operands[0])?;
-    let Elem::Ptr { pointee, .. } = ptrs.elem else {
+    let Elem::Ptr { pointee, space } = ptrs.elem else {
         return Err(LowerError::Llvm("atomic on a non-pointer".into()));
     };
     let elem = Elem::Scalar(pointee);
@@ -403,8 +407,10 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
         let v0 = vals[0].regs[r];
         let v1 = vals.get(1).map(|v| v.regs[r]);
         let b = l.cx.b.as_mut_ptr();
+        let bytes = pointee.size_bytes() as u32;
         let res = guarded(l, cond, Some(zero), || unsafe {
             use inkwell::llvm_sys::core as c;
+            let p = l.access_ptr(space, p, bytes, true, "atomic")?;
             use inkwell::values::AsValueRef;
             let raw = match rmw {
                 Some(a) => {
@@ -471,7 +477,7 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
         let p = l.smem_ptr(base, mt, *i)?;
         let v = t.regs[r];
         guarded(l, owner, None, || {
-            l.cx.b.build_store(p, v)?;
+            l.smem_store(p, v)?;
             Ok(None)
         })?;
     }
@@ -479,7 +485,7 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
     let mut regs = Vec::with_capacity(n);
     for i in idx {
         let p = l.smem_ptr(base, mt, i)?;
-        regs.push(l.cx.b.build_load(mt, p, "")?);
+        regs.push(l.smem_load(mt, p)?);
     }
     l.barrier()?;
     Ok(Tile { regs, ..t })

@@ -58,9 +58,11 @@
 pub mod arch;
 mod dot;
 mod elementwise;
+pub mod emu_arch;
 mod memory;
 mod reduce;
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 
 use inkwell::AddressSpace;
@@ -204,6 +206,30 @@ pub struct Tile<'ctx> {
     pub uniform: bool,
 }
 
+/// Where a runtime hook was emitted: the op (mnemonic and source span) and what the
+/// hook does there. The lowering numbers every barrier, shuffle, matrix instruction and
+/// memory access it emits; [`Arch`] hooks receive the number (a *site id*), an index
+/// into the table [`lower_with_sites`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Site {
+    /// The op's source span.
+    pub span: Span,
+    /// The op's mnemonic (`load`, `dot`, `reduce`, ...).
+    pub op: &'static str,
+    /// What the hook does (`barrier`, `shuffle`, `mma`, `global load`, `shared store`, ...).
+    pub what: &'static str,
+}
+
+/// The result of [`lower_with_sites`].
+pub struct Lowered<'ctx> {
+    /// The module holding the kernel.
+    pub module: Module<'ctx>,
+    /// Launch facts.
+    pub meta: KernelMeta,
+    /// The site table: site id → op.
+    pub sites: Vec<Site>,
+}
+
 /// Lowers `func` into a new LLVM module for `target`: one kernel entry point named
 /// like the function, taking its parameters in order (pointers as global-address-space
 /// pointers, scalars by value), run by `opts.num_warps * warp_size` threads per block.
@@ -230,6 +256,17 @@ pub fn lower_with_arch<'ctx>(
     arch: &dyn Arch,
     opts: &CompileOptions,
 ) -> Result<(Module<'ctx>, KernelMeta), CodegenError> {
+    let l = lower_with_sites(ctx, func, arch, opts)?;
+    Ok((l.module, l.meta))
+}
+
+/// [`lower_with_arch`], also returning the site table the [`Arch`] hooks were given.
+pub fn lower_with_sites<'ctx>(
+    ctx: &'ctx Context,
+    func: &Function,
+    arch: &dyn Arch,
+    opts: &CompileOptions,
+) -> Result<Lowered<'ctx>, CodegenError> {
     let target = arch.target();
     let err = |e: LowerError| match e {
         LowerError::Unsupported { span, message } => CodegenError::Unsupported {
@@ -245,7 +282,9 @@ pub fn lower_with_arch<'ctx>(
         },
     };
     let module = ctx.create_module(&func.name);
-    module.set_triple(&inkwell::targets::TargetTriple::create(target.triple()));
+    if !target.triple().is_empty() {
+        module.set_triple(&inkwell::targets::TargetTriple::create(target.triple()));
+    }
     let cx = Cx {
         ctx,
         module,
@@ -260,7 +299,11 @@ pub fn lower_with_arch<'ctx>(
         num_threads,
         shared_bytes,
     };
-    Ok((l.cx.module, meta))
+    Ok(Lowered {
+        sites: l.sites.into_inner(),
+        module: l.cx.module,
+        meta,
+    })
 }
 
 pub(crate) struct Lowerer<'a, 'ctx> {
@@ -273,12 +316,17 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub axis: AxisAnalysis,
     pub kernel: FunctionValue<'ctx>,
     smem: GlobalValue<'ctx>,
+    /// The arch's shared-memory base, when it provides one (the emulator).
+    smem_base: Option<PointerValue<'ctx>>,
     smem_bytes: u32,
     smem_span: Option<Span>,
     pub tid: IntValue<'ctx>,
     pub lane: IntValue<'ctx>,
     pub warp: IntValue<'ctx>,
     hints: HashMap<ValueId, Layout>,
+    sites: RefCell<Vec<Site>>,
+    /// The op being lowered (span, mnemonic), for new sites.
+    cur_op: RefCell<(Span, &'static str)>,
 }
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
@@ -306,6 +354,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let tid = arch.thread_id(&cx)?;
         let lane = cx.b.build_and(tid, cx.i32(ws as i64 - 1), "lane")?;
         let warp = arch.warp_id(&cx, tid)?;
+        let smem_base = arch.shared_base(&cx)?;
         Ok(Lowerer {
             cx,
             arch,
@@ -316,12 +365,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             axis: AxisAnalysis::run(f),
             kernel,
             smem: placeholder,
+            smem_base,
             smem_bytes: 0,
             smem_span: None,
             tid,
             lane,
             warp,
             hints: HashMap::new(),
+            sites: RefCell::new(Vec::new()),
+            cur_op: RefCell::new((f.span.clone(), "kernel")),
         })
     }
 
@@ -374,7 +426,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             );
         }
         let old = self.smem;
-        if bytes > 0 {
+        if bytes > 0 && self.smem_base.is_none() {
             let ty = self.cx.ctx.i8_type().array_type(bytes);
             let g = self.cx.module.add_global(
                 ty,
@@ -398,7 +450,60 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.smem_bytes = bytes;
             self.smem_span = Some(span.clone());
         }
-        self.smem.as_pointer_value()
+        self.smem_base
+            .unwrap_or_else(|| self.smem.as_pointer_value())
+    }
+
+    /// A new site id for a hook emitted for the current op.
+    pub fn new_site(&self, what: &'static str) -> u32 {
+        let (span, op) = self.cur_op.borrow().clone();
+        let mut sites = self.sites.borrow_mut();
+        sites.push(Site { span, op, what });
+        sites.len() as u32 - 1
+    }
+
+    /// Loads `ty` from shared memory at `p` (telling the arch, see [`Arch::note_shared`]).
+    pub fn smem_load(
+        &self,
+        ty: BasicTypeEnum<'ctx>,
+        p: PointerValue<'ctx>,
+    ) -> LResult<BasicValueEnum<'ctx>> {
+        let site = self.new_site("shared load");
+        self.arch
+            .note_shared(&self.cx, p, type_size(ty), false, site)?;
+        Ok(self.cx.b.build_load(ty, p, "")?)
+    }
+
+    /// Stores `v` to shared memory at `p` (telling the arch, see [`Arch::note_shared`]).
+    pub fn smem_store(
+        &self,
+        p: PointerValue<'ctx>,
+        v: BasicValueEnum<'ctx>,
+    ) -> LResult<inkwell::values::InstructionValue<'ctx>> {
+        let site = self.new_site("shared store");
+        self.arch
+            .note_shared(&self.cx, p, type_size(v.get_type()), true, site)?;
+        Ok(self.cx.b.build_store(p, v)?)
+    }
+
+    /// The pointer through which to access `bytes` bytes at `p`, a pointer of the IR
+    /// address space `space` ([`Arch::check_global`] / [`Arch::note_shared`]).
+    pub fn access_ptr(
+        &self,
+        space: AddrSpace,
+        p: PointerValue<'ctx>,
+        bytes: u32,
+        is_write: bool,
+        what: &'static str,
+    ) -> LResult<PointerValue<'ctx>> {
+        let site = self.new_site(what);
+        match space {
+            AddrSpace::Global => self.arch.check_global(&self.cx, p, bytes, site),
+            AddrSpace::Shared => {
+                self.arch.note_shared(&self.cx, p, bytes, is_write, site)?;
+                Ok(p)
+            }
+        }
     }
 
     // ----- helpers -------------------------------------------------------------
@@ -569,7 +674,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     pub fn barrier(&self) -> LResult<()> {
-        self.arch.barrier(&self.cx)
+        let site = self.new_site("barrier");
+        self.arch.barrier(&self.cx, site)
     }
 
     /// `t` in layout `to` (same shape).
@@ -608,14 +714,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
             let p = self.smem_ptr(base, mt, *idx)?;
             let v = self.store_to_mem(t.elem, t.regs[r])?;
-            self.cx.b.build_store(p, v)?;
+            self.smem_store(p, v)?;
         }
         self.barrier()?;
         let dst_idx = self.elem_indices(to)?;
         let mut regs = Vec::with_capacity(dst_idx.len());
         for idx in dst_idx {
             let p = self.smem_ptr(base, mt, idx)?;
-            let v = self.cx.b.build_load(mt, p, "")?;
+            let v = self.smem_load(mt, p)?;
             regs.push(self.reg_from_mem(t.elem, v)?);
         }
         self.barrier()?;
@@ -674,8 +780,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.f.ty(op.results[0]).shape.clone()
     }
 
+    /// Makes `op` the op that new sites belong to (again, after its regions).
+    fn restore_op(&self, op: &Op) {
+        *self.cur_op.borrow_mut() = (op.span.clone(), op.kind.mnemonic());
+    }
+
     fn lower_op(&mut self, op: &Op) -> LResult<()> {
         let span = &op.span;
+        self.restore_op(op);
         match &op.kind {
             OpKind::ProgramId { axis } => {
                 let v = self.arch.program_id(&self.cx, *axis)?;
@@ -878,6 +990,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.set(*a, t.clone());
         }
         let ys = self.lower_region(body)?;
+        self.restore_op(op);
         let mut ys_conv = Vec::new();
         for (y, t) in ys.iter().zip(&inits) {
             ys_conv.push(self.convert(y, &t.layout, span)?);
@@ -907,10 +1020,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.cx.b.build_conditional_branch(cond, bt, be)?;
         self.cx.b.position_at_end(bt);
         let yt = self.lower_region(&op.regions[0])?;
+        self.restore_op(op);
         let end_t = self.cx.cur_block();
         self.cx.b.build_unconditional_branch(bm)?;
         self.cx.b.position_at_end(be);
         let ye = self.lower_region(&op.regions[1])?;
+        self.restore_op(op);
         let mut ye_conv = Vec::new();
         for (y, t) in ye.iter().zip(&yt) {
             ye_conv.push(self.convert(y, &t.layout, span)?);
@@ -955,6 +1070,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.set(*a, tile);
         }
         let cv = self.lower_region(&op.regions[0])?;
+        self.restore_op(op);
         let Some((cond, fwd)) = cv.split_first() else {
             return unsupported(span, "a `while` whose before-region lacks a condition");
         };
@@ -966,6 +1082,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.set(*a, t.clone());
         }
         let ys = self.lower_region(&op.regions[1])?;
+        self.restore_op(op);
         let mut ys_conv = Vec::new();
         for (y, t) in ys.iter().zip(&inits) {
             ys_conv.push(self.convert(y, &t.layout, span)?);
@@ -992,6 +1109,26 @@ pub fn is_dup_reg(l: &Layout, r: usize) -> bool {
         .iter()
         .enumerate()
         .any(|(i, &b)| b == 0 && r >> i & 1 == 1)
+}
+
+/// Bytes of a value of an LLVM register type (pointers are 8 bytes, `i1` one).
+pub fn type_size(t: BasicTypeEnum<'_>) -> u32 {
+    match t {
+        BasicTypeEnum::IntType(i) => i.get_bit_width().div_ceil(8),
+        BasicTypeEnum::FloatType(f) => {
+            let ctx = f.get_context();
+            if f == ctx.f64_type() {
+                8
+            } else if f == ctx.f32_type() {
+                4
+            } else {
+                2
+            }
+        }
+        BasicTypeEnum::VectorType(v) => v.get_size() * type_size(v.get_element_type()),
+        BasicTypeEnum::ArrayType(a) => a.len() * type_size(a.get_element_type()),
+        _ => 8,
+    }
 }
 
 /// Bytes of one element in scratch memory.

@@ -64,7 +64,8 @@ fn shuffle<'ctx>(
         } else {
             x
         };
-        let s = l.arch.shuffle_xor(&l.cx, w, mask, l.lane)?;
+        let site = l.new_site("shuffle");
+        let s = l.arch.shuffle_xor(&l.cx, w, mask, l.lane, site)?;
         if bits < 32 {
             b.build_int_truncate(s, it, "")?
         } else {
@@ -78,8 +79,9 @@ fn shuffle<'ctx>(
             i32t,
             "",
         )?;
-        let lo = l.arch.shuffle_xor(&l.cx, lo, mask, l.lane)?;
-        let hi = l.arch.shuffle_xor(&l.cx, hi, mask, l.lane)?;
+        let site = l.new_site("shuffle");
+        let lo = l.arch.shuffle_xor(&l.cx, lo, mask, l.lane, site)?;
+        let hi = l.arch.shuffle_xor(&l.cx, hi, mask, l.lane, site)?;
         let lo = b.build_int_z_extend(lo, i64t, "")?;
         let hi = b.build_left_shift(
             b.build_int_z_extend(hi, i64t, "")?,
@@ -179,7 +181,7 @@ pub(super) fn lower_reduce<'ctx>(
             let a = l.cx.b.build_int_add(wofs, *e, "")?;
             let p = l.smem_ptr(base, mt, a)?;
             let v = l.store_to_mem(t.elem, regs[r])?;
-            l.cx.b.build_store(p, v)?;
+            l.smem_store(p, v)?;
         }
         l.barrier()?;
         for (r, e) in idx.iter().enumerate() {
@@ -212,7 +214,7 @@ fn load_reg<'ctx>(
     e: Elem,
     p: inkwell::values::PointerValue<'ctx>,
 ) -> LResult<BasicValueEnum<'ctx>> {
-    let v = l.cx.b.build_load(l.mem_ty(e), p, "")?;
+    let v = l.smem_load(l.mem_ty(e), p)?;
     l.reg_from_mem(e, v)
 }
 
@@ -243,7 +245,7 @@ pub(super) fn lower_scan<'ctx>(
         }
         let p = l.smem_ptr(base, mt, *e)?;
         let v = l.store_to_mem(t.elem, t.regs[r])?;
-        l.cx.b.build_store(p, v)?;
+        l.smem_store(p, v)?;
     }
     l.barrier()?;
     let nthreads = l.ws * l.nw;
@@ -300,7 +302,7 @@ pub(super) fn lower_scan<'ctx>(
         let x = load_reg(l, t.elem, p)?;
         let acc = combine(l, rop, s, aphi.as_basic_value(), x)?;
         let mv = l.store_to_mem(t.elem, acc)?;
-        l.cx.b.build_store(p, mv)?;
+        l.smem_store(p, mv)?;
         let k1 = l.cx.b.build_int_add(k, l.cx.i32(1), "")?;
         let more =
             l.cx.b

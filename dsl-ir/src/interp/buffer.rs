@@ -304,6 +304,14 @@ impl HostBuffer {
         self.words.as_ptr() as *const u8
     }
 
+    /// The start of the storage, for foreign code that accesses the buffer in place
+    /// (the SIMT emulator's JIT-compiled kernels): 8-byte aligned, [`Self::size_bytes`]
+    /// bytes long, in the host's byte order. Writing through it is sound only while no
+    /// Rust code accesses the buffer concurrently (it is interior-mutable storage).
+    pub fn as_mut_ptr(&self) -> *mut u8 {
+        self.words.as_ptr() as *mut u8
+    }
+
     /// A copy of the whole byte image.
     pub fn read_bytes(&self) -> Vec<u8> {
         let n = self.size_bytes();

@@ -1,0 +1,175 @@
+//! Compiling a kernel for the host: the SIMT lowering with the [`Emu`] arch, an entry
+//! wrapper taking the arguments as an array of pointers, LLVM's `default<O2>` pipeline
+//! for the host CPU, and MCJIT. Compiled kernels are cached in memory for the life of
+//! the process (keyed by the kernel's printed IR, the flavor and the options).
+//!
+//! The wrapper `void __tessera_emu_entry(ptr args)` loads parameter `i` from the
+//! memory `args[i]` points to (a buffer's base pointer, or a scalar's bytes; `i1` as a
+//! byte) and calls the kernel, so Rust calls every kernel signature the same way.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Once, OnceLock};
+
+use inkwell::AddressSpace;
+use inkwell::OptimizationLevel;
+use inkwell::context::Context;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{
+    CodeModel, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
+};
+use inkwell::types::BasicMetadataTypeEnum;
+use inkwell::values::BasicMetadataValueEnum;
+use tessera_ir::Function;
+
+use super::EmuError;
+use crate::lower::emu_arch::Emu;
+use crate::lower::{Site, lower_with_sites};
+use crate::target::EmuFlavor;
+use crate::{CompileOptions, KernelMeta};
+
+/// The entry wrapper's symbol.
+const ENTRY: &str = "__tessera_emu_entry";
+
+/// A kernel compiled for the host.
+pub(crate) struct Compiled {
+    /// `__tessera_emu_entry`.
+    pub entry: unsafe extern "C" fn(*const *const u8),
+    /// Launch facts.
+    pub meta: KernelMeta,
+    /// Site id → op.
+    pub sites: Vec<Site>,
+}
+
+type Key = (String, EmuFlavor, CompileOptions);
+
+fn cache() -> &'static Mutex<HashMap<Key, Arc<Compiled>>> {
+    static CACHE: OnceLock<Mutex<HashMap<Key, Arc<Compiled>>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn init() {
+    static INIT: Once = Once::new();
+    INIT.call_once(|| {
+        let _ = LlvmTarget::initialize_native(&InitializationConfig::default());
+        for (name, addr) in super::runtime::symbols() {
+            let Ok(c) = std::ffi::CString::new(name) else {
+                continue;
+            };
+            // SAFETY: LLVM copies the name; the address is a function of this process
+            // with the signature the lowering declares for `name`.
+            unsafe { inkwell::llvm_sys::support::LLVMAddSymbol(c.as_ptr(), addr as *mut _) };
+        }
+    });
+}
+
+/// Compiles (or fetches from the cache) `func` for the emulator.
+pub(crate) fn compile(
+    func: &Function,
+    flavor: EmuFlavor,
+    opts: &CompileOptions,
+) -> Result<Arc<Compiled>, EmuError> {
+    let key = (
+        tessera_ir::printer::print_function(func),
+        flavor,
+        opts.clone(),
+    );
+    let lock = || cache().lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(c) = lock().get(&key) {
+        return Ok(c.clone());
+    }
+    let c = Arc::new(build(func, flavor, opts)?);
+    Ok(lock().entry(key).or_insert(c).clone())
+}
+
+fn build(func: &Function, flavor: EmuFlavor, opts: &CompileOptions) -> Result<Compiled, EmuError> {
+    init();
+    let jit_err = |message: String| EmuError::Jit {
+        kernel: func.name.clone(),
+        message,
+    };
+    // The JIT-compiled code lives as long as the process: so do its context and engine.
+    let ctx: &'static Context = Box::leak(Box::new(Context::create()));
+    let lowered = lower_with_sites(ctx, func, &Emu { flavor }, opts)?;
+    let module = lowered.module;
+    let kernel = module
+        .get_function(&lowered.meta.name)
+        .ok_or_else(|| jit_err("the lowered module has no kernel".into()))?;
+    // A private name: a kernel called like a libc function must not shadow it.
+    kernel.as_global_value().set_name("__tessera_emu_kernel");
+    kernel.set_linkage(inkwell::module::Linkage::Internal);
+
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let entry = module.add_function(ENTRY, ctx.void_type().fn_type(&[ptr.into()], false), None);
+    let b = ctx.create_builder();
+    b.position_at_end(ctx.append_basic_block(entry, "entry"));
+    let args = entry
+        .get_nth_param(0)
+        .ok_or_else(|| jit_err("entry without parameter".into()))?
+        .into_pointer_value();
+    let llvm = |e: inkwell::builder::BuilderError| jit_err(e.to_string());
+    let mut vals: Vec<BasicMetadataValueEnum> = Vec::new();
+    for (i, ty) in kernel.get_type().get_param_types().iter().enumerate() {
+        let i = ctx.i64_type().const_int(i as u64, false);
+        // SAFETY: the launcher passes one pointer per kernel parameter.
+        let slot = unsafe { b.build_in_bounds_gep(ptr, args, &[i], "") }.map_err(llvm)?;
+        let p = b
+            .build_load(ptr, slot, "")
+            .map_err(llvm)?
+            .into_pointer_value();
+        let ty = match ty {
+            BasicMetadataTypeEnum::MetadataType(_) => {
+                return Err(jit_err("metadata kernel parameter".into()));
+            }
+            t => inkwell::types::BasicTypeEnum::try_from(*t)
+                .map_err(|_| jit_err("unexpected kernel parameter type".into()))?,
+        };
+        let v = b.build_load(ty, p, "").map_err(llvm)?;
+        if let Some(inst) = inkwell::values::BasicValue::as_instruction_value(&v) {
+            let _ = inst.set_alignment(1);
+        }
+        vals.push(v.into());
+    }
+    b.build_call(kernel, &vals, "").map_err(llvm)?;
+    b.build_return(None).map_err(llvm)?;
+
+    module
+        .verify()
+        .map_err(|m| jit_err(format!("invalid LLVM IR: {m}")))?;
+    let triple = TargetMachine::get_default_triple();
+    let target = LlvmTarget::from_triple(&triple).map_err(|m| jit_err(m.to_string()))?;
+    let machine = target
+        .create_target_machine(
+            &triple,
+            &TargetMachine::get_host_cpu_name().to_string(),
+            &TargetMachine::get_host_cpu_features().to_string(),
+            OptimizationLevel::Default,
+            RelocMode::Default,
+            CodeModel::JITDefault,
+        )
+        .ok_or_else(|| jit_err("no target machine for the host".into()))?;
+    module.set_triple(&triple);
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    module
+        .run_passes("default<O2>", &machine, PassBuilderOptions::create())
+        .map_err(|m| jit_err(m.to_string()))?;
+    if std::env::var_os("TESSERA_EMU_DUMP_LLVM").is_some() {
+        eprintln!("{}", module.print_to_string().to_string());
+    }
+    let ee = module
+        .create_jit_execution_engine(OptimizationLevel::Default)
+        .map_err(|m| jit_err(m.to_string()))?;
+    let addr = ee
+        .get_function_address(ENTRY)
+        .map_err(|e| jit_err(e.to_string()))?;
+    // Keep the code alive for the life of the process (the cache hands out pointers).
+    std::mem::forget(ee);
+    std::mem::forget(module);
+    // SAFETY: `addr` is the address of the JIT-compiled `void(ptr)` entry wrapper,
+    // whose code is never freed.
+    let entry: unsafe extern "C" fn(*const *const u8) = unsafe { std::mem::transmute(addr) };
+    Ok(Compiled {
+        entry,
+        meta: lowered.meta,
+        sites: lowered.sites,
+    })
+}

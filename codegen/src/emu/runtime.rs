@@ -1,0 +1,567 @@
+//! The functions JIT-compiled kernels call (see [`crate::lower::emu_arch`]), and the
+//! per-launch and per-thread state they work on.
+//!
+//! Each OS thread of a launch's [`Team`] holds a pointer to its [`ThreadCtx`] in a
+//! thread-local; the `extern "C"` functions below find their thread's id, block, team,
+//! shared memory and error sink there. They never panic (a panic cannot unwind through
+//! JIT-compiled frames): misuse is recorded as an [`EmuError`] and the launch stops
+//! after the current block.
+//!
+//! **Shared-memory race detection.** Every shared byte has two shadow words: the last
+//! write and the last read, each `(barrier epoch, thread + 1, site)`. A thread's epoch
+//! is the number of block barriers it has passed in the current block. Reading a byte
+//! that another thread wrote in the same epoch (no barrier in between), or writing a
+//! byte that another thread read in the same epoch, is a race. Replicated threads
+//! writing the same value to the same place (which the lowering does on purpose) is
+//! not reported.
+
+use std::cell::{Cell, UnsafeCell};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use half::{bf16, f16};
+use tessera_ir::Span;
+
+use super::EmuError;
+use super::mma::{self, Half};
+use super::team::{Team, TeamError};
+use crate::lower::Site;
+
+/// A buffer argument of a launch.
+pub(crate) struct Buf {
+    pub base: usize,
+    pub len_bytes: usize,
+    pub elem_bytes: usize,
+    pub name: String,
+}
+
+/// Everything shared by the threads of one launch.
+pub(crate) struct Launch<'a> {
+    pub kernel: &'a str,
+    pub kernel_span: &'a Span,
+    pub sites: &'a [Site],
+    pub grid: [u32; 3],
+    pub buffers: Vec<Buf>,
+    pub team: Team,
+    /// The block's shared memory (one block runs at a time).
+    pub shared: *mut u8,
+    pub shared_bytes: usize,
+    pub shadow_write: Vec<AtomicU64>,
+    pub shadow_read: Vec<AtomicU64>,
+    /// Errors with their (linear block, thread) for picking the first.
+    pub errors: Mutex<Vec<(u64, u32, EmuError)>>,
+    pub failed: AtomicBool,
+    /// Set between blocks when the launch stops.
+    pub stop: AtomicBool,
+}
+
+// SAFETY: `shared` points to memory owned by the launcher that outlives every thread
+// of the launch; the threads access it only through JIT-compiled kernel code, the way
+// GPU threads access shared memory (barriers order the accesses).
+unsafe impl Sync for Launch<'_> {}
+
+/// Errors kept per launch (the first is reported; a broken kernel may fail millions of
+/// times).
+const MAX_ERRORS: usize = 64;
+
+impl Launch<'_> {
+    pub(crate) fn site(&self, site: u32) -> (Span, &'static str) {
+        match self.sites.get(site as usize) {
+            Some(s) => (s.span.clone(), s.op),
+            None => (self.kernel_span.clone(), "kernel"),
+        }
+    }
+
+    pub(crate) fn record(&self, block_lin: u64, tid: u32, e: EmuError) {
+        self.failed.store(true, Ordering::Release);
+        let mut errs = self.errors.lock().unwrap_or_else(|p| p.into_inner());
+        if errs.len() < MAX_ERRORS {
+            errs.push((block_lin, tid, e));
+        }
+    }
+
+    /// Turns a team error into an [`EmuError`].
+    pub(crate) fn team_error(&self, e: TeamError, block: [u32; 3]) -> EmuError {
+        match e {
+            TeamError::BarrierDivergence {
+                site,
+                waiting,
+                exited,
+                elsewhere,
+            } => {
+                let (span, op) = self.site(site);
+                let mut detail = format!("{exited} had exited");
+                if let Some((s2, n)) = elsewhere {
+                    let (span2, op2) = self.site(s2);
+                    detail.push_str(&format!(", {n} wait at the barrier of `{op2}` at {span2}"));
+                }
+                EmuError::BarrierDivergence {
+                    kernel: self.kernel.to_string(),
+                    op,
+                    span,
+                    block,
+                    missing: self.team.threads().saturating_sub(waiting),
+                    detail,
+                }
+            }
+            TeamError::Timeout {
+                site,
+                waiting,
+                threads,
+            } => {
+                let (span, op) = self.site(site);
+                EmuError::Timeout {
+                    kernel: self.kernel.to_string(),
+                    op,
+                    span,
+                    block,
+                    waiting,
+                    threads,
+                }
+            }
+        }
+    }
+
+    /// Clears the race-detection shadow for the next block.
+    pub(crate) fn clear_shadow(&self) {
+        for w in self.shadow_write.iter().chain(&self.shadow_read) {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One emulated thread.
+pub(crate) struct ThreadCtx<'a> {
+    pub tid: u32,
+    pub launch: &'a Launch<'a>,
+    pub block: Cell<[u32; 3]>,
+    pub block_lin: Cell<u64>,
+    /// Block barriers passed in the current block.
+    pub epoch: Cell<u32>,
+    /// Where out-of-bounds accesses go instead.
+    pub scratch: UnsafeCell<Scratch>,
+}
+
+/// A harmless place for a bad access (up to 64 bytes, any alignment up to 64).
+#[repr(C, align(64))]
+pub(crate) struct Scratch(pub [u8; 64]);
+
+thread_local! {
+    static CURRENT: Cell<*const ()> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Makes `ctx` the calling thread's context until the guard drops.
+pub(crate) fn enter<'a>(ctx: &'a ThreadCtx<'a>) -> impl Drop + 'a {
+    struct Guard<'a>(std::marker::PhantomData<&'a ()>);
+    impl Drop for Guard<'_> {
+        fn drop(&mut self) {
+            CURRENT.with(|c| c.set(std::ptr::null()));
+        }
+    }
+    CURRENT.with(|c| c.set(ctx as *const ThreadCtx as *const ()));
+    Guard(std::marker::PhantomData)
+}
+
+/// Runs `f` on the calling thread's context, or returns `default` outside a launch.
+fn with<R>(default: R, f: impl FnOnce(&ThreadCtx<'_>) -> R) -> R {
+    let p = CURRENT.with(|c| c.get());
+    if p.is_null() {
+        return default;
+    }
+    // SAFETY: `enter` stored a pointer to a `ThreadCtx` that lives on this thread's
+    // stack for as long as the guard (which clears the pointer) lives; kernels (the
+    // only callers) run inside that scope.
+    f(unsafe { &*(p as *const ThreadCtx<'_>) })
+}
+
+impl ThreadCtx<'_> {
+    fn fail(&self, e: EmuError) {
+        self.launch.record(self.block_lin.get(), self.tid, e);
+    }
+
+    fn team_fail(&self, e: TeamError) {
+        let e = self.launch.team_error(e, self.block.get());
+        self.fail(e);
+    }
+}
+
+extern "C" fn tessera_emu_tid() -> i32 {
+    with(0, |c| c.tid as i32)
+}
+
+extern "C" fn tessera_emu_program_id(axis: i32) -> i32 {
+    with(0, |c| c.block.get()[axis.clamp(0, 2) as usize] as i32)
+}
+
+extern "C" fn tessera_emu_num_programs(axis: i32) -> i32 {
+    with(1, |c| c.launch.grid[axis.clamp(0, 2) as usize] as i32)
+}
+
+extern "C" fn tessera_emu_barrier(site: i32) {
+    with((), |c| {
+        if let Err(e) = c.launch.team.barrier(site as u32) {
+            c.team_fail(e);
+        }
+        c.epoch.set(c.epoch.get() + 1);
+    })
+}
+
+extern "C" fn tessera_emu_shuffle_xor(v: i32, mask: i32, site: i32) -> i32 {
+    with(0, |c| {
+        match c
+            .launch
+            .team
+            .shuffle_xor(c.tid, site as u32, v as u32, mask as u32)
+        {
+            Ok(x) => x as i32,
+            Err(e) => {
+                c.team_fail(e);
+                0
+            }
+        }
+    })
+}
+
+extern "C" fn tessera_emu_shared_base() -> *mut u8 {
+    with(std::ptr::null_mut(), |c| c.launch.shared)
+}
+
+extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: i32) -> *mut u8 {
+    with(p, |c| {
+        let addr = p as usize;
+        let n = bytes.max(1) as usize;
+        let bufs = &c.launch.buffers;
+        let inside = bufs
+            .iter()
+            .find(|b| addr >= b.base && addr.wrapping_add(n) <= b.base + b.len_bytes);
+        let (span, op) = c.launch.site(site as u32);
+        if let Some(b) = inside {
+            // The lowering aligns every access to its size (a GPU faults otherwise).
+            if addr % n == 0 {
+                return p;
+            }
+            c.fail(EmuError::Misaligned {
+                kernel: c.launch.kernel.to_string(),
+                op,
+                span,
+                block: c.block.get(),
+                thread: c.tid,
+                buffer: b.name.clone(),
+                offset_bytes: addr - b.base,
+                bytes: n as u32,
+            });
+            return c.scratch.get() as *mut u8;
+        }
+        let dist = |b: &Buf| {
+            if addr < b.base {
+                b.base - addr
+            } else {
+                (addr + n).saturating_sub(b.base + b.len_bytes)
+            }
+        };
+        let e = match bufs.iter().min_by_key(|b| dist(b)) {
+            Some(b) => EmuError::OutOfBounds {
+                kernel: c.launch.kernel.to_string(),
+                op,
+                span,
+                block: c.block.get(),
+                thread: c.tid,
+                buffer: b.name.clone(),
+                index: (addr as i128 - b.base as i128).div_euclid(b.elem_bytes as i128) as i64,
+                len: b.len_bytes / b.elem_bytes,
+            },
+            None => EmuError::OutOfBounds {
+                kernel: c.launch.kernel.to_string(),
+                op,
+                span,
+                block: c.block.get(),
+                thread: c.tid,
+                buffer: "<no buffer>".into(),
+                index: addr as i64,
+                len: 0,
+            },
+        };
+        c.fail(e);
+        c.scratch.get() as *mut u8
+    })
+}
+
+fn pack(epoch: u32, tid: u32, site: u32) -> u64 {
+    (epoch as u64) << 32 | ((tid + 1) as u64 & 0xffff) << 16 | (site as u64 & 0xffff)
+}
+
+extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, site: i32) {
+    with((), |c| {
+        let l = c.launch;
+        let off = (p as usize).wrapping_sub(l.shared as usize);
+        let n = bytes.max(1) as usize;
+        if off.checked_add(n).is_none_or(|end| end > l.shared_bytes) {
+            let (span, op) = l.site(site as u32);
+            c.fail(EmuError::OutOfBounds {
+                kernel: l.kernel.to_string(),
+                op,
+                span,
+                block: c.block.get(),
+                thread: c.tid,
+                buffer: "<shared memory>".into(),
+                index: off as i64,
+                len: l.shared_bytes,
+            });
+            return;
+        }
+        let epoch = c.epoch.get();
+        let me = pack(epoch, c.tid, site as u32);
+        let owner = |w: u64| ((w >> 16) & 0xffff) as u32;
+        for b in off..off + n {
+            let (check, mark) = if is_write != 0 {
+                (&l.shadow_read[b], &l.shadow_write[b])
+            } else {
+                (&l.shadow_write[b], &l.shadow_read[b])
+            };
+            let other = check.load(Ordering::Relaxed);
+            if other != 0
+                && (other >> 32) as u32 == epoch
+                && owner(other) != c.tid + 1
+                && !l.failed.load(Ordering::Relaxed)
+            {
+                let (span, op) = l.site(site as u32);
+                let (other_span, _) = l.site((other & 0xffff) as u32);
+                let them = owner(other) - 1;
+                let (writer, reader) = if is_write != 0 {
+                    (c.tid, them)
+                } else {
+                    (them, c.tid)
+                };
+                c.fail(EmuError::SharedRace {
+                    kernel: l.kernel.to_string(),
+                    op,
+                    span,
+                    other_span,
+                    block: c.block.get(),
+                    writer,
+                    reader,
+                    kind: if is_write != 0 {
+                        "write after read"
+                    } else {
+                        "read after write"
+                    },
+                });
+            }
+            mark.store(me, Ordering::Relaxed);
+        }
+    })
+}
+
+fn nv_mma(ty: Half, a: [u32; 4], b: [u32; 2], cf: [f32; 4], d: *mut f32, site: i32) {
+    with((), |c| {
+        let mut dep = [0u64; 10];
+        for i in 0..4 {
+            dep[i] = a[i] as u64;
+            dep[6 + i] = cf[i].to_bits() as u64;
+        }
+        dep[4] = b[0] as u64;
+        dep[5] = b[1] as u64;
+        let lane = (c.tid % 32) as usize;
+        let r = c
+            .launch
+            .team
+            .warp_collective(c.tid, site as u32, &dep, |read| {
+                let av: Vec<[u32; 4]> = (0..32)
+                    .map(|l| std::array::from_fn(|i| read(l, i) as u32))
+                    .collect();
+                let bv: Vec<[u32; 2]> = (0..32)
+                    .map(|l| std::array::from_fn(|i| read(l, 4 + i) as u32))
+                    .collect();
+                let cv: Vec<[f32; 4]> = (0..32)
+                    .map(|l| std::array::from_fn(|i| f32::from_bits(read(l, 6 + i) as u32)))
+                    .collect();
+                mma::nv_m16n8k16(ty, &av, &bv, &cv)[lane]
+            });
+        let out = match r {
+            Ok(v) => v,
+            Err(e) => {
+                c.team_fail(e);
+                [0.0; 4]
+            }
+        };
+        for (i, v) in out.iter().enumerate() {
+            // SAFETY: the kernel passes a pointer to its `[4 x float]` stack slot.
+            unsafe { d.add(i).write(*v) };
+        }
+    })
+}
+
+fn amd_mma(ty: Half, ab: [u32; 8], cf: [f32; 4], d: *mut f32, site: i32) {
+    with((), |c| {
+        let mut dep = [0u64; 12];
+        for i in 0..8 {
+            dep[i] = ab[i] as u64;
+        }
+        for i in 0..4 {
+            dep[8 + i] = cf[i].to_bits() as u64;
+        }
+        let lane = (c.tid % 64) as usize;
+        let r = c
+            .launch
+            .team
+            .warp_collective(c.tid, site as u32, &dep, |read| {
+                let av: Vec<[u16; 4]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| read(l, i) as u16))
+                    .collect();
+                let bv: Vec<[u16; 4]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| read(l, 4 + i) as u16))
+                    .collect();
+                let cv: Vec<[f32; 4]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| f32::from_bits(read(l, 8 + i) as u32)))
+                    .collect();
+                mma::amd_16x16x16(ty, &av, &bv, &cv)[lane]
+            });
+        let out = match r {
+            Ok(v) => v,
+            Err(e) => {
+                c.team_fail(e);
+                [0.0; 4]
+            }
+        };
+        for (i, v) in out.iter().enumerate() {
+            // SAFETY: the kernel passes a pointer to its `[4 x float]` stack slot.
+            unsafe { d.add(i).write(*v) };
+        }
+    })
+}
+
+macro_rules! nv_entry {
+    ($name:ident, $ty:expr) => {
+        #[allow(clippy::too_many_arguments)]
+        extern "C" fn $name(
+            a0: u32,
+            a1: u32,
+            a2: u32,
+            a3: u32,
+            b0: u32,
+            b1: u32,
+            c0: f32,
+            c1: f32,
+            c2: f32,
+            c3: f32,
+            d: *mut f32,
+            site: i32,
+        ) {
+            nv_mma($ty, [a0, a1, a2, a3], [b0, b1], [c0, c1, c2, c3], d, site)
+        }
+    };
+}
+
+macro_rules! amd_entry {
+    ($name:ident, $ty:expr) => {
+        #[allow(clippy::too_many_arguments)]
+        extern "C" fn $name(
+            a0: u32,
+            a1: u32,
+            a2: u32,
+            a3: u32,
+            b0: u32,
+            b1: u32,
+            b2: u32,
+            b3: u32,
+            c0: f32,
+            c1: f32,
+            c2: f32,
+            c3: f32,
+            d: *mut f32,
+            site: i32,
+        ) {
+            amd_mma(
+                $ty,
+                [a0, a1, a2, a3, b0, b1, b2, b3],
+                [c0, c1, c2, c3],
+                d,
+                site,
+            )
+        }
+    };
+}
+
+nv_entry!(tessera_emu_mma_nv_f16, Half::F16);
+nv_entry!(tessera_emu_mma_nv_bf16, Half::Bf16);
+amd_entry!(tessera_emu_mma_amd_f16, Half::F16);
+amd_entry!(tessera_emu_mma_amd_bf16, Half::Bf16);
+
+// Half-precision conversion routines LLVM's x86 back end calls when the CPU lacks
+// F16C/AVX512-BF16. The 16-bit values travel in the low bits of an XMM register (the
+// `_Float16`/`__bf16` ABI), which is where an `f32` argument or result lives too.
+extern "C" fn extend_hf_sf(x: f32) -> f32 {
+    f16::from_bits(x.to_bits() as u16).to_f32()
+}
+extern "C" fn trunc_sf_hf(x: f32) -> f32 {
+    f32::from_bits(f16::from_f32(x).to_bits() as u32)
+}
+extern "C" fn trunc_df_hf(x: f64) -> f32 {
+    f32::from_bits(f16::from_f64(x).to_bits() as u32)
+}
+extern "C" fn extend_bf_sf(x: f32) -> f32 {
+    bf16::from_bits(x.to_bits() as u16).to_f32()
+}
+extern "C" fn trunc_sf_bf(x: f32) -> f32 {
+    f32::from_bits(bf16::from_f32(x).to_bits() as u32)
+}
+extern "C" fn trunc_df_bf(x: f64) -> f32 {
+    f32::from_bits(bf16::from_f64(x).to_bits() as u32)
+}
+
+/// The symbols JIT-compiled kernels may call, with their addresses.
+pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
+    vec![
+        ("tessera_emu_tid", tessera_emu_tid as *const () as usize),
+        (
+            "tessera_emu_program_id",
+            tessera_emu_program_id as *const () as usize,
+        ),
+        (
+            "tessera_emu_num_programs",
+            tessera_emu_num_programs as *const () as usize,
+        ),
+        (
+            "tessera_emu_barrier",
+            tessera_emu_barrier as *const () as usize,
+        ),
+        (
+            "tessera_emu_shuffle_xor",
+            tessera_emu_shuffle_xor as *const () as usize,
+        ),
+        (
+            "tessera_emu_shared_base",
+            tessera_emu_shared_base as *const () as usize,
+        ),
+        (
+            "tessera_emu_check_global",
+            tessera_emu_check_global as *const () as usize,
+        ),
+        (
+            "tessera_emu_note_shared",
+            tessera_emu_note_shared as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_nv_f16",
+            tessera_emu_mma_nv_f16 as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_nv_bf16",
+            tessera_emu_mma_nv_bf16 as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_amd_f16",
+            tessera_emu_mma_amd_f16 as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_amd_bf16",
+            tessera_emu_mma_amd_bf16 as *const () as usize,
+        ),
+        ("__extendhfsf2", extend_hf_sf as *const () as usize),
+        ("__truncsfhf2", trunc_sf_hf as *const () as usize),
+        ("__truncdfhf2", trunc_df_hf as *const () as usize),
+        ("__extendbfsf2", extend_bf_sf as *const () as usize),
+        ("__truncsfbf2", trunc_sf_bf as *const () as usize),
+        ("__truncdfbf2", trunc_df_bf as *const () as usize),
+    ]
+}

@@ -1,0 +1,270 @@
+//! [`Emu`]: the [`Arch`] of the host SIMT emulator.
+//!
+//! Every target hook becomes a call to an `extern "C"` function of the emulator's
+//! runtime ([`crate::emu::runtime`]), which knows the calling OS thread's place in the
+//! emulated block:
+//!
+//! | hook | runtime function |
+//! |---|---|
+//! | thread id | `i32 tessera_emu_tid()` |
+//! | program id | `i32 tessera_emu_program_id(i32 axis)` |
+//! | grid size | `i32 tessera_emu_num_programs(i32 axis)` |
+//! | barrier | `void tessera_emu_barrier(i32 site)` |
+//! | shuffle xor | `i32 tessera_emu_shuffle_xor(i32 v, i32 mask, i32 site)` |
+//! | shared memory | `ptr tessera_emu_shared_base()` (a per-block host buffer) |
+//! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` |
+//! | shared access | `void tessera_emu_note_shared(ptr p, i32 bytes, i32 is_write, i32 site)` |
+//! | `mma.sync` m16n8k16 | `void tessera_emu_mma_nv_{f16,bf16}(i32 a0..a3, i32 b0, b1, float c0..c3, ptr d, i32 site)` |
+//! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
+//!
+//! The fragment contents are exactly what the GPU lowering puts in the instruction's
+//! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, [`super::arch::pack_pairs`]
+//! packing), and the runtime multiplies them with its own, independent, reading of the
+//! vendors' layouts ([`crate::emu::mma`]). Atomics use the system scope `""` (host
+//! atomics); the kernel uses the C calling convention; pointers live in address
+//! space 0.
+
+use inkwell::AddressSpace;
+use inkwell::module::Linkage;
+use inkwell::types::{BasicMetadataTypeEnum, FunctionType};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
+};
+use tessera_ir::ScalarType;
+use tessera_ir::ir::MemScope;
+
+use super::arch::{Amdgpu, Arch, MmaInfo, Nvptx, pack_pairs};
+use super::{Cx, LResult, LowerError};
+use crate::Target;
+use crate::target::{AmdArch, EmuFlavor};
+
+/// The host SIMT emulator.
+pub struct Emu {
+    /// Which GPU it imitates.
+    pub flavor: EmuFlavor,
+}
+
+fn declare<'ctx>(cx: &Cx<'ctx>, name: &str, ty: FunctionType<'ctx>) -> FunctionValue<'ctx> {
+    cx.module
+        .get_function(name)
+        .unwrap_or_else(|| cx.module.add_function(name, ty, Some(Linkage::External)))
+}
+
+fn call<'ctx>(
+    cx: &Cx<'ctx>,
+    name: &str,
+    ty: FunctionType<'ctx>,
+    args: &[BasicMetadataValueEnum<'ctx>],
+) -> LResult<Option<BasicValueEnum<'ctx>>> {
+    let f = declare(cx, name, ty);
+    Ok(cx.b.build_call(f, args, "")?.try_as_basic_value().basic())
+}
+
+fn int_result<'ctx>(v: Option<BasicValueEnum<'ctx>>) -> LResult<IntValue<'ctx>> {
+    v.map(|v| v.into_int_value())
+        .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))
+}
+
+impl Emu {
+    fn site<'ctx>(cx: &Cx<'ctx>, site: u32) -> BasicMetadataValueEnum<'ctx> {
+        cx.i32(site as i64).into()
+    }
+
+    fn ptr_ty<'ctx>(cx: &Cx<'ctx>) -> inkwell::types::PointerType<'ctx> {
+        cx.ctx.ptr_type(AddressSpace::default())
+    }
+}
+
+impl Arch for Emu {
+    fn target(&self) -> Target {
+        Target::Emu(self.flavor)
+    }
+
+    fn thread_id<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        let ty = cx.ctx.i32_type().fn_type(&[], false);
+        int_result(call(cx, "tessera_emu_tid", ty, &[])?)
+    }
+
+    fn program_id<'ctx>(&self, cx: &Cx<'ctx>, axis: u8) -> LResult<IntValue<'ctx>> {
+        let i32t = cx.ctx.i32_type();
+        let ty = i32t.fn_type(&[i32t.into()], false);
+        int_result(call(
+            cx,
+            "tessera_emu_program_id",
+            ty,
+            &[cx.i32(axis.min(2) as i64).into()],
+        )?)
+    }
+
+    fn num_programs<'ctx>(&self, cx: &Cx<'ctx>, axis: u8, _: u32) -> LResult<IntValue<'ctx>> {
+        let i32t = cx.ctx.i32_type();
+        let ty = i32t.fn_type(&[i32t.into()], false);
+        int_result(call(
+            cx,
+            "tessera_emu_num_programs",
+            ty,
+            &[cx.i32(axis.min(2) as i64).into()],
+        )?)
+    }
+
+    fn barrier<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
+        let i32t = cx.ctx.i32_type();
+        let ty = cx.ctx.void_type().fn_type(&[i32t.into()], false);
+        call(cx, "tessera_emu_barrier", ty, &[Emu::site(cx, site)])?;
+        Ok(())
+    }
+
+    fn shuffle_xor<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        v: IntValue<'ctx>,
+        mask: u32,
+        _lane: IntValue<'ctx>,
+        site: u32,
+    ) -> LResult<IntValue<'ctx>> {
+        let i32t = cx.ctx.i32_type();
+        let ty = i32t.fn_type(&[i32t.into(); 3], false);
+        let args = [v.into(), cx.i32(mask as i64).into(), Emu::site(cx, site)];
+        int_result(call(cx, "tessera_emu_shuffle_xor", ty, &args)?)
+    }
+
+    fn shared_base<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<Option<PointerValue<'ctx>>> {
+        let ty = Emu::ptr_ty(cx).fn_type(&[], false);
+        let v = call(cx, "tessera_emu_shared_base", ty, &[])?
+            .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))?;
+        Ok(Some(v.into_pointer_value()))
+    }
+
+    fn check_global<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        ptr: PointerValue<'ctx>,
+        bytes: u32,
+        site: u32,
+    ) -> LResult<PointerValue<'ctx>> {
+        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
+        let ty = pt.fn_type(&[pt.into(), i32t.into(), i32t.into()], false);
+        let args = [ptr.into(), cx.i32(bytes as i64).into(), Emu::site(cx, site)];
+        let v = call(cx, "tessera_emu_check_global", ty, &args)?
+            .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))?;
+        Ok(v.into_pointer_value())
+    }
+
+    fn note_shared<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        ptr: PointerValue<'ctx>,
+        bytes: u32,
+        is_write: bool,
+        site: u32,
+    ) -> LResult<()> {
+        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[pt.into(), i32t.into(), i32t.into(), i32t.into()], false);
+        let args = [
+            ptr.into(),
+            cx.i32(bytes as i64).into(),
+            cx.i32(is_write as i64).into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_note_shared", ty, &args)?;
+        Ok(())
+    }
+
+    fn set_kernel_abi<'ctx>(&self, _cx: &Cx<'ctx>, _f: FunctionValue<'ctx>, _num_threads: u32) {
+        // The C calling convention (LLVM's default) and external linkage.
+    }
+
+    fn sync_scope(&self, _scope: MemScope) -> &'static str {
+        ""
+    }
+
+    fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
+        match self.flavor {
+            EmuFlavor::Nv => Nvptx { sm: 80 }.mma(input),
+            EmuFlavor::Amd => Amdgpu {
+                arch: AmdArch::Gfx942,
+            }
+            .mma(input),
+        }
+    }
+
+    fn emit_mma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        a: &[BasicValueEnum<'ctx>],
+        b: &[BasicValueEnum<'ctx>],
+        c: &[FloatValue<'ctx>],
+        site: u32,
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        let i32t = cx.ctx.i32_type();
+        let f32t = cx.ctx.f32_type();
+        let (ints, name): (Vec<IntValue<'ctx>>, &str) = match self.flavor {
+            EmuFlavor::Nv => {
+                let mut v = pack_pairs(cx, a)?;
+                v.extend(pack_pairs(cx, b)?);
+                let name = if input == ScalarType::BF16 {
+                    "tessera_emu_mma_nv_bf16"
+                } else {
+                    "tessera_emu_mma_nv_f16"
+                };
+                (v, name)
+            }
+            EmuFlavor::Amd => {
+                let i16t = cx.ctx.i16_type();
+                let v = a
+                    .iter()
+                    .chain(b)
+                    .map(|x| {
+                        let bits = cx.b.build_bit_cast(*x, i16t, "")?.into_int_value();
+                        Ok(cx.b.build_int_z_extend(bits, i32t, "")?)
+                    })
+                    .collect::<LResult<Vec<_>>>()?;
+                let name = if input == ScalarType::BF16 {
+                    "tessera_emu_mma_amd_bf16"
+                } else {
+                    "tessera_emu_mma_amd_f16"
+                };
+                (v, name)
+            }
+        };
+        // The D fragment comes back through a stack slot allocated in the entry block
+        // (an alloca inside a loop would grow the stack every iteration).
+        let fnv =
+            cx.b.get_insert_block()
+                .and_then(|bb| bb.get_parent())
+                .ok_or_else(|| LowerError::Llvm("mma outside a function".into()))?;
+        let entry = fnv
+            .get_first_basic_block()
+            .ok_or_else(|| LowerError::Llvm("function without entry block".into()))?;
+        let tb = cx.ctx.create_builder();
+        match entry.get_first_instruction() {
+            Some(i) => tb.position_before(&i),
+            None => tb.position_at_end(entry),
+        }
+        let dty = f32t.array_type(4);
+        let d = tb.build_alloca(dty, "mma.d")?;
+        let mut params: Vec<BasicMetadataTypeEnum> = vec![i32t.into(); ints.len()];
+        params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
+        params.push(Emu::ptr_ty(cx).into());
+        params.push(i32t.into());
+        let ty = cx.ctx.void_type().fn_type(&params, false);
+        let mut args: Vec<BasicMetadataValueEnum> = ints.iter().map(|&v| v.into()).collect();
+        args.extend(c.iter().map(|&v| BasicMetadataValueEnum::from(v)));
+        args.push(d.into());
+        args.push(Emu::site(cx, site));
+        call(cx, name, ty, &args)?;
+        (0..4)
+            .map(|i| {
+                let p = unsafe {
+                    // SAFETY: `d` is a `[4 x float]` and `i < 4`.
+                    cx.b.build_in_bounds_gep(dty, d, &[cx.i32(0), cx.i32(i)], "")?
+                };
+                Ok(cx.b.build_load(f32t, p, "")?.into_float_value())
+            })
+            .collect()
+    }
+}

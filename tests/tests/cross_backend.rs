@@ -1,0 +1,649 @@
+//! The cross-backend suite (testing tier 3): every example kernel and a set of
+//! op-level kernels run on the reference interpreter and on the SIMT emulator in both
+//! flavors (`emu-nv`: warp 32, `mma.sync` m16n8k16 layouts; `emu-amd`: wave 64, MFMA
+//! 16x16x16 layouts), which executes the real GPU lowering JIT-compiled for the host.
+//! Outputs are poisoned first (NaN, or `0xA5` bytes for integers), inputs are random
+//! (seeded) and sizes ragged; results are compared element-wise with the interpreter.
+//!
+//! # Tolerances (|emu − interp| ≤ abs + rel·|interp|)
+//!
+//! | output type | abs | rel | why |
+//! |---|---|---|---|
+//! | integers, `i1` | 0 | 0 | exact semantics |
+//! | f64 | 1e-12 | 1e-12 | |
+//! | f32 | 1e-6 | 2e-5 | tree-order reductions; `exp`/`log`/`tanh`/`sin` approximations (≤ 4 ulp + input scaling) |
+//! | f16 | 1e-3 | 2e-3 | ≈ 2 ulp of the output rounding |
+//! | bf16 | 1e-2 | 1.6e-2 | ≈ 2 ulp |
+//! | `dot`/matmul (f32 accumulator) | 4e-5·k | as the output type | `mma`/MFMA and tree orders round differently |
+//!
+//! A layout or barrier bug shows up as wrong elements (usually far beyond these), a
+//! shared-memory race or a barrier divergence error.
+
+// Each example is included as a module; they share `examples/common`.
+#![allow(clippy::duplicate_mod)]
+
+#[path = "../../examples/layernorm.rs"]
+#[allow(dead_code)]
+mod layernorm;
+#[path = "../../examples/matmul.rs"]
+#[allow(dead_code)]
+mod matmul;
+#[path = "../../examples/softmax.rs"]
+#[allow(dead_code)]
+mod softmax;
+#[path = "../../examples/vector_add.rs"]
+#[allow(dead_code)]
+mod vector_add;
+
+use std::sync::Arc;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera::codegen::CompileOptions;
+use tessera::codegen::emu::{self, EmuError};
+use tessera::codegen::target::EmuFlavor;
+use tessera::ir::Function;
+use tessera::ir::ScalarType;
+use tessera::ir::interp::{self, Element, HostBuffer, KernelArg, Scalar as S};
+use tessera::prelude::*;
+use tessera_tests::line_of;
+
+const FLAVORS: [EmuFlavor; 2] = [EmuFlavor::Nv, EmuFlavor::Amd];
+
+/// One launch argument of a case.
+enum Arg {
+    /// An input buffer (copied fresh for every backend).
+    In(Arc<HostBuffer>),
+    /// An output buffer of `len` poisoned elements.
+    Out(ScalarType, usize),
+    /// A scalar.
+    Sc(S),
+}
+
+fn inp<T: Element>(v: &[T]) -> Arg {
+    Arg::In(Arc::new(HostBuffer::from_slice(v)))
+}
+
+fn out<T: Element>(len: usize) -> Arg {
+    Arg::Out(T::TY, len)
+}
+
+fn poisoned(t: ScalarType, len: usize) -> HostBuffer {
+    let bytes: Vec<u8> = match t {
+        ScalarType::F16 => f16::NAN.to_bits().to_le_bytes().repeat(len),
+        ScalarType::BF16 => bf16::NAN.to_bits().to_le_bytes().repeat(len),
+        ScalarType::F32 => f32::NAN.to_le_bytes().repeat(len),
+        ScalarType::F64 => f64::NAN.to_le_bytes().repeat(len),
+        ScalarType::I1 => vec![1u8; len],
+        t => vec![0xA5u8; len * t.size_bytes()],
+    };
+    HostBuffer::from_bytes(t, &bytes).expect("whole elements")
+}
+
+fn make(args: &[Arg]) -> Vec<KernelArg> {
+    args.iter()
+        .map(|a| match a {
+            Arg::In(b) => KernelArg::Buffer(Arc::new(
+                HostBuffer::from_bytes(b.elem(), &b.read_bytes()).expect("copy"),
+            )),
+            Arg::Out(t, n) => KernelArg::Buffer(Arc::new(poisoned(*t, *n))),
+            Arg::Sc(s) => KernelArg::Scalar(*s),
+        })
+        .collect()
+}
+
+fn values(b: &HostBuffer) -> Vec<f64> {
+    fn v<T: Element>(b: &HostBuffer, f: impl Fn(T) -> f64) -> Vec<f64> {
+        b.to_vec::<T>().expect("type").into_iter().map(f).collect()
+    }
+    match b.elem() {
+        ScalarType::I1 => v::<bool>(b, |x| x as u8 as f64),
+        ScalarType::I8 => v::<i8>(b, |x| x as f64),
+        ScalarType::I16 => v::<i16>(b, |x| x as f64),
+        ScalarType::I32 => v::<i32>(b, |x| x as f64),
+        ScalarType::I64 => v::<i64>(b, |x| x as f64),
+        ScalarType::U8 => v::<u8>(b, |x| x as f64),
+        ScalarType::U16 => v::<u16>(b, |x| x as f64),
+        ScalarType::U32 => v::<u32>(b, |x| x as f64),
+        ScalarType::U64 => v::<u64>(b, |x| x as f64),
+        ScalarType::F16 => v::<f16>(b, |x| x.to_f64()),
+        ScalarType::BF16 => v::<bf16>(b, |x| x.to_f64()),
+        ScalarType::F32 => v::<f32>(b, |x| x as f64),
+        ScalarType::F64 => v::<f64>(b, |x| x),
+    }
+}
+
+/// (abs, rel) of the table in the module docs.
+fn tolerance(t: ScalarType) -> (f64, f64) {
+    match t {
+        ScalarType::F64 => (1e-12, 1e-12),
+        ScalarType::F32 => (1e-6, 2e-5),
+        ScalarType::F16 => (1e-3, 2e-3),
+        ScalarType::BF16 => (1e-2, 1.6e-2),
+        _ => (0.0, 0.0),
+    }
+}
+
+/// Runs `f` on the interpreter and both emulator flavors and compares every output;
+/// `extra_abs` widens the absolute tolerance (for `dot`).
+fn check(name: &str, f: &Function, grid: [u32; 3], args: &[Arg], num_warps: u32, extra_abs: f64) {
+    let reference = make(args);
+    interp::run(f, grid, &reference).unwrap_or_else(|e| panic!("{name}: interpreter: {e}"));
+    let opts = CompileOptions { num_warps };
+    for flavor in FLAVORS {
+        let got = make(args);
+        emu::launch(f, flavor, &opts, grid, &got)
+            .unwrap_or_else(|e| panic!("{name} on {flavor:?}: {e}"));
+        for (i, a) in args.iter().enumerate() {
+            let (Arg::Out(t, _), KernelArg::Buffer(w), KernelArg::Buffer(g)) =
+                (a, &reference[i], &got[i])
+            else {
+                continue;
+            };
+            let (abs, rel) = tolerance(*t);
+            let (w, g) = (values(w), values(g));
+            for (j, (x, y)) in w.iter().zip(&g).enumerate() {
+                let ok = (x.is_nan() && y.is_nan())
+                    || x == y
+                    || (x - y).abs() <= abs + extra_abs + rel * x.abs();
+                assert!(
+                    ok,
+                    "{name} on {flavor:?} (num_warps {num_warps}): output {} element {j}: emu {y}, interpreter {x}",
+                    f.params[i].name
+                );
+            }
+        }
+    }
+}
+
+fn ir<K: Kernel<Comptime = ()>>() -> Arc<Function> {
+    tessera::kernel_ir::<K>(&()).expect("kernel builds")
+}
+
+fn rand_f32(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.gen_range(lo..hi)).collect()
+}
+
+fn g1(x: usize) -> [u32; 3] {
+    [x as u32, 1, 1]
+}
+
+// ---------------------------------------------------------------------------------
+// The example kernels.
+
+#[test]
+fn vector_add() {
+    let n = 1000;
+    let f = ir::<vector_add::vector_add<256>>();
+    let args = [
+        inp(&rand_f32(1, n, -100.0, 100.0)),
+        inp(&rand_f32(2, n, -100.0, 100.0)),
+        out::<f32>(n),
+        Arg::Sc(S::I32(n as i32)),
+    ];
+    check("vector_add", &f, g1(n.div_ceil(256)), &args, 4, 0.0);
+}
+
+#[test]
+fn softmax_f32_and_f16() {
+    let (rows, cols) = (13usize, 200usize);
+    let xs = rand_f32(3, rows * cols, -8.0, 8.0);
+    let f = ir::<softmax::softmax<f32, 4, 256>>();
+    let args = [
+        inp(&xs),
+        out::<f32>(rows * cols),
+        Arg::Sc(S::I32(rows as i32)),
+        Arg::Sc(S::I32(cols as i32)),
+    ];
+    check("softmax f32", &f, g1(rows.div_ceil(4)), &args, 4, 0.0);
+    let xh: Vec<f16> = xs.iter().map(|&v| f16::from_f32(v)).collect();
+    let f = ir::<softmax::softmax<f16, 4, 256>>();
+    let args = [
+        inp(&xh),
+        out::<f16>(rows * cols),
+        Arg::Sc(S::I32(rows as i32)),
+        Arg::Sc(S::I32(cols as i32)),
+    ];
+    check("softmax f16", &f, g1(rows.div_ceil(4)), &args, 4, 0.0);
+}
+
+fn matmul_args<T: Element>(m: usize, n: usize, k: usize, conv: impl Fn(f32) -> T) -> Vec<Arg> {
+    let a: Vec<T> = rand_f32(4, m * k, -1.0, 1.0)
+        .into_iter()
+        .map(&conv)
+        .collect();
+    let b: Vec<T> = rand_f32(5, k * n, -1.0, 1.0)
+        .into_iter()
+        .map(&conv)
+        .collect();
+    vec![
+        inp(&a),
+        inp(&b),
+        out::<T>(m * n),
+        Arg::Sc(S::I32(m as i32)),
+        Arg::Sc(S::I32(n as i32)),
+        Arg::Sc(S::I32(k as i32)),
+    ]
+}
+
+#[test]
+fn matmul_f32_fma_path() {
+    let (m, n, k) = (37usize, 45usize, 50usize);
+    let f = ir::<matmul::matmul<f32, 16, 32, 16>>();
+    let grid = [m.div_ceil(16) as u32, n.div_ceil(32) as u32, 1];
+    check(
+        "matmul f32",
+        &f,
+        grid,
+        &matmul_args(m, n, k, |v| v),
+        4,
+        4e-5 * k as f64,
+    );
+}
+
+#[test]
+fn matmul_f16_mma_path() {
+    let (m, n, k) = (70usize, 90usize, 70usize);
+    let f = ir::<matmul::matmul<f16, 64, 64, 32>>();
+    let grid = [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1];
+    let args = matmul_args(m, n, k, f16::from_f32);
+    check("matmul f16", &f, grid, &args, 4, 4e-5 * k as f64);
+    check("matmul f16 (8 warps)", &f, grid, &args, 8, 4e-5 * k as f64);
+}
+
+#[test]
+fn matmul_bf16_mma_path() {
+    let (m, n, k) = (70usize, 50usize, 40usize);
+    let f = ir::<matmul::matmul<bf16, 64, 64, 32>>();
+    let grid = [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1];
+    check(
+        "matmul bf16",
+        &f,
+        grid,
+        &matmul_args(m, n, k, bf16::from_f32),
+        4,
+        4e-5 * k as f64,
+    );
+}
+
+#[test]
+fn layernorm() {
+    let (rows, cols) = (5usize, 300usize);
+    let f = ir::<layernorm::layernorm<f32, 128>>();
+    let args = [
+        inp(&rand_f32(6, rows * cols, -4.0, 6.0)),
+        inp(&rand_f32(7, cols, 0.5, 1.5)),
+        inp(&rand_f32(8, cols, -1.0, 1.0)),
+        out::<f32>(rows * cols),
+        out::<f32>(rows),
+        out::<f32>(rows),
+        Arg::Sc(S::I32(cols as i32)),
+        Arg::Sc(S::F32(1e-5)),
+    ];
+    check("layernorm", &f, g1(rows), &args, 4, 0.0);
+}
+
+// ---------------------------------------------------------------------------------
+// Op-level kernels.
+
+#[kernel]
+fn float_ops<const B: usize>(x: &Global<f32>, y: &Global<f32>, out: &mut Global<f32>, n: i32) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    let a = x.load(offs, m);
+    let b = y.load(offs, m);
+    let w = n * 0;
+    out.store(offs + w, a + b * a - b, m);
+    out.store(offs + n, a / b, m);
+    out.store(offs + n * 2, a.abs().sqrt() + b.abs().rsqrt(), m);
+    out.store(offs + n * 3, (a * 0.25).exp() + b.abs().log(), m);
+    out.store(offs + n * 4, a.maximum(b) - a.minimum(b), m);
+    out.store(offs + n * 5, a.fma(b, a), m);
+    out.store(offs + n * 6, select(a.gt(b), a, b) + (a * 0.1).tanh(), m);
+    out.store(offs + n * 7, a.sin() + b.cos() + a.floor() - b.ceil(), m);
+}
+
+#[kernel]
+fn int_ops<const B: usize>(x: &Global<i32>, y: &Global<i32>, out: &mut Global<i32>, n: i32) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    let a = x.load(offs, m);
+    let b = y.load_or(offs, m, 1);
+    out.store(offs, a + b * a - b, m);
+    out.store(offs + n, a / b, m);
+    out.store(offs + n * 2, a % b, m);
+    out.store(offs + n * 3, (a >> 3) ^ (a << 2), m);
+    out.store(offs + n * 4, (a & b) | (a ^ b), m);
+    out.store(offs + n * 5, a.maximum(b) - a.minimum(b).abs(), m);
+    out.store(offs + n * 6, select(a.le(b), 1, 0), m);
+}
+
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+fn casts<const B: usize>(
+    x: &Global<f32>,
+    h: &mut Global<f16>,
+    bh: &mut Global<bf16>,
+    i: &mut Global<i32>,
+    u: &mut Global<u8>,
+    back: &mut Global<f32>,
+    wide: &mut Global<i64>,
+    n: i32,
+) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    let a = x.load(offs, m);
+    h.store(offs, a.cast::<f16>(), m);
+    bh.store(offs, a.cast::<bf16>(), m);
+    i.store(offs, a.cast::<i32>(), m);
+    u.store(offs, a.cast::<u8>(), m);
+    back.store(
+        offs,
+        a.cast::<f16>().cast::<f32>() + a.cast::<i32>().cast::<f32>(),
+        m,
+    );
+    wide.store(offs, a.cast::<i64>() * 3000000000i64, m);
+}
+
+#[test]
+fn elementwise_and_casts() {
+    let n = 300;
+    let xs = rand_f32(9, n, -300.0, 300.0);
+    let ys: Vec<f32> = rand_f32(10, n, 0.5, 9.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| if i % 2 == 0 { v } else { -v })
+        .collect();
+    let f = ir::<float_ops<128>>();
+    let xs_small: Vec<f32> = xs.iter().map(|v| v / 40.0).collect();
+    let args = [
+        inp(&xs_small),
+        inp(&ys),
+        out::<f32>(8 * n),
+        Arg::Sc(S::I32(n as i32)),
+    ];
+    check("float ops", &f, g1(n.div_ceil(128)), &args, 4, 0.0);
+
+    let mut r = StdRng::seed_from_u64(11);
+    let xi: Vec<i32> = (0..n).map(|_| r.gen_range(-100000..100000)).collect();
+    let yi: Vec<i32> = (0..n)
+        .map(|_| r.gen_range(1..1000) * if r.gen_bool(0.5) { 1 } else { -1 })
+        .collect();
+    let f = ir::<int_ops<64>>();
+    let args = [
+        inp(&xi),
+        inp(&yi),
+        out::<i32>(7 * n),
+        Arg::Sc(S::I32(n as i32)),
+    ];
+    check("int ops", &f, g1(n.div_ceil(64)), &args, 2, 0.0);
+
+    let f = ir::<casts<128>>();
+    let args = [
+        inp(&xs),
+        out::<f16>(n),
+        out::<bf16>(n),
+        out::<i32>(n),
+        out::<u8>(n),
+        out::<f32>(n),
+        out::<i64>(n),
+        Arg::Sc(S::I32(n as i32)),
+    ];
+    check("casts", &f, g1(n.div_ceil(128)), &args, 4, 0.0);
+}
+
+/// Reductions and scans along both axes of an `R x C` tile.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+fn reduce_scan<const R: usize, const C: usize>(
+    x: &Global<f32>,
+    xi: &Global<i32>,
+    sums: &mut Global<f32>,
+    maxes: &mut Global<f32>,
+    isums: &mut Global<i32>,
+    scans: &mut Global<f32>,
+    iscans: &mut Global<i32>,
+) {
+    let r = arange::<R>().expand_dims::<1>();
+    let c = arange::<C>().expand_dims::<0>();
+    let offs = r * (C as i32) + c;
+    let v = x.load_unmasked(offs);
+    let vi = xi.load_unmasked(offs);
+    sums.store_unmasked(arange::<C>(), v.sum::<0>());
+    sums.store_unmasked(arange::<R>() + C as i32, v.sum::<1>());
+    maxes.store_unmasked(arange::<C>(), v.max::<0>());
+    maxes.store_unmasked(arange::<R>() + C as i32, v.min::<1>());
+    isums.store_unmasked(arange::<C>(), vi.sum::<0>());
+    isums.store_unmasked(arange::<R>() + C as i32, vi.max::<1>());
+    scans.store_unmasked(offs, v.cumsum::<0>());
+    scans.store_unmasked(offs + (R * C) as i32, v.cumsum::<1>());
+    iscans.store_unmasked(offs, vi.scan::<1>(ReduceOp::Max, true));
+    iscans.store_unmasked(offs + (R * C) as i32, vi.cumsum::<0>());
+}
+
+fn reduce_case<K: Kernel<Comptime = ()>>(name: &str, r: usize, c: usize, num_warps: u32) {
+    let f = ir::<K>();
+    let mut rng = StdRng::seed_from_u64(12);
+    let xi: Vec<i32> = (0..r * c).map(|_| rng.gen_range(-1000..1000)).collect();
+    let args = [
+        inp(&rand_f32(13, r * c, -1.0, 1.0)),
+        inp(&xi),
+        out::<f32>(r + c),
+        out::<f32>(r + c),
+        out::<i32>(r + c),
+        out::<f32>(2 * r * c),
+        out::<i32>(2 * r * c),
+    ];
+    check(name, &f, g1(1), &args, num_warps, 1e-5);
+}
+
+#[test]
+fn reductions_and_scans_along_each_axis() {
+    reduce_case::<reduce_scan<16, 64>>("reduce 16x64", 16, 64, 4);
+    reduce_case::<reduce_scan<64, 16>>("reduce 64x16", 64, 16, 4);
+    reduce_case::<reduce_scan<8, 8>>("reduce 8x8 (8 warps)", 8, 8, 8);
+}
+
+/// `c = a · b + c` for one tile.
+#[kernel]
+fn dot_tile<T: DotInput<Acc = f32>, const M: usize, const N: usize, const K: usize>(
+    a: &Global<T>,
+    b: &Global<T>,
+    c: &mut Global<f32>,
+) {
+    let rm = arange::<M>().expand_dims::<1>();
+    let rn = arange::<N>().expand_dims::<0>();
+    let rk = arange::<K>();
+    let at = a.load_unmasked(rm * (K as i32) + rk.expand_dims::<0>());
+    let bt = b.load_unmasked(rk.expand_dims::<1>() * (N as i32) + rn);
+    let offs = rm * (N as i32) + rn;
+    let acc = c.load_unmasked(offs);
+    c.store_unmasked(offs, dot(at, bt, acc));
+}
+
+fn dot_case<T: Element + DotInput<Acc = f32>, const M: usize, const N: usize, const K: usize>(
+    conv: impl Fn(f32) -> T,
+    num_warps: u32,
+) where
+    dot_tile<T, M, N, K>: Kernel<Comptime = ()>,
+{
+    let f = ir::<dot_tile<T, M, N, K>>();
+    let a: Vec<T> = rand_f32(14, M * K, -1.0, 1.0)
+        .into_iter()
+        .map(&conv)
+        .collect();
+    let b: Vec<T> = rand_f32(15, K * N, -1.0, 1.0)
+        .into_iter()
+        .map(&conv)
+        .collect();
+    // `c` is read and written: an input here, compared like an output below.
+    let c = rand_f32(16, M * N, -1.0, 1.0);
+    let reference = [inp(&a), inp(&b), inp(&c)];
+    let name = format!(
+        "dot {}x{}x{} {:?} ({num_warps} warps)",
+        M,
+        N,
+        K,
+        <T as Element>::TY
+    );
+    let want = make(&reference);
+    interp::run(&f, g1(1), &want).unwrap();
+    let KernelArg::Buffer(w) = &want[2] else {
+        unreachable!()
+    };
+    let w = values(w);
+    for flavor in FLAVORS {
+        let got = make(&reference);
+        emu::launch(&f, flavor, &CompileOptions { num_warps }, g1(1), &got)
+            .unwrap_or_else(|e| panic!("{name} on {flavor:?}: {e}"));
+        let KernelArg::Buffer(g) = &got[2] else {
+            unreachable!()
+        };
+        for (j, (x, y)) in w.iter().zip(values(g)).enumerate() {
+            assert!(
+                (x - y).abs() <= 4e-5 * K as f64,
+                "{name} on {flavor:?}: element {j}: emu {y}, interpreter {x}"
+            );
+        }
+    }
+}
+
+#[test]
+fn dot_shapes() {
+    dot_case::<f32, 16, 16, 16>(|v| v, 4);
+    dot_case::<f16, 16, 8, 16>(f16::from_f32, 1);
+    dot_case::<f16, 16, 16, 16>(f16::from_f32, 1);
+    dot_case::<f16, 32, 32, 32>(f16::from_f32, 4);
+    dot_case::<bf16, 64, 32, 16>(bf16::from_f32, 4);
+    dot_case::<f16, 16, 64, 64>(f16::from_f32, 2);
+    dot_case::<bf16, 32, 16, 64>(bf16::from_f32, 8);
+}
+
+/// Runtime `for`/`if`/`while` with carried values (as in `execution.rs`).
+#[kernel]
+fn control_flow<const B: usize>(x: &Global<f32>, out: &mut Global<f32>, n: i32, limit: f32) {
+    let lanes = arange::<B>();
+    let mut acc = zeros::<f32, S1<B>>();
+    for start in (0..n).step_by(B) {
+        let offs = start + lanes;
+        acc += x.load(offs, offs.lt(n));
+    }
+    let total = acc.sum::<0>();
+    let mut flag = zeros::<f32, ()>();
+    if total.gt(limit) {
+        flag = flag + 1.0;
+    } else {
+        flag = flag - 1.0;
+    }
+    let mut v = total.maximum(1.0);
+    let mut steps = zeros::<i32, ()>();
+    while v.ge(1.0) {
+        v = v * 0.5;
+        steps += 1;
+    }
+    out.store_unmasked(lanes, acc);
+    out.store_unmasked(B as i32, flag);
+    out.store_unmasked(B as i32 + 1, steps.cast::<f32>());
+}
+
+#[test]
+fn control_flow_agrees() {
+    let f = ir::<control_flow<32>>();
+    for (n, limit) in [(0usize, 1.0f32), (31, 1e9), (1000, 100.0)] {
+        let args = [
+            inp(&rand_f32(17, n.max(1), 0.0, 4.0)),
+            out::<f32>(34),
+            Arg::Sc(S::I32(n as i32)),
+            Arg::Sc(S::F32(limit)),
+        ];
+        check(&format!("control flow n={n}"), &f, g1(1), &args, 1, 1e-5);
+    }
+}
+
+/// Histogram with integer atomics, a float atomic sum and an atomic max.
+#[kernel]
+fn atomics<const B: usize>(
+    x: &Global<i32>,
+    hist: &mut Global<i32>,
+    total: &mut Global<f32>,
+    top: &mut Global<i32>,
+    n: i32,
+) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    let v = x.load(offs, m);
+    hist.atomic_add(v % 16, full::<i32, S1<B>>(1), m);
+    total.atomic_add(offs * 0, v.cast::<f32>() * 0.5, m);
+    top.atomic_max(offs * 0, v, m);
+}
+
+#[test]
+fn atomics_agree() {
+    let n = 700usize;
+    let mut r = StdRng::seed_from_u64(18);
+    let xs: Vec<i32> = (0..n).map(|_| r.gen_range(0..10000)).collect();
+    let f = ir::<atomics<128>>();
+    let args = [
+        inp(&xs),
+        inp(&[0i32; 16]),
+        inp(&[0.0f32]),
+        inp(&[i32::MIN]),
+        Arg::Sc(S::I32(n as i32)),
+    ];
+    // The atomics' targets are inputs (zeroed); compare them after the launches.
+    let want = make(&args);
+    interp::run(&f, g1(n.div_ceil(128)), &want).unwrap();
+    for flavor in FLAVORS {
+        let got = make(&args);
+        emu::launch(
+            &f,
+            flavor,
+            &CompileOptions::default(),
+            g1(n.div_ceil(128)),
+            &got,
+        )
+        .unwrap_or_else(|e| panic!("atomics on {flavor:?}: {e}"));
+        for i in 1..4 {
+            let (KernelArg::Buffer(w), KernelArg::Buffer(g)) = (&want[i], &got[i]) else {
+                unreachable!()
+            };
+            let (w, g) = (values(w), values(g));
+            for (x, y) in w.iter().zip(&g) {
+                assert!(
+                    (x - y).abs() <= 1e-6 * x.abs(),
+                    "atomics on {flavor:?}: {} {w:?} vs {g:?}",
+                    f.params[i].name
+                );
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Errors.
+
+#[kernel]
+fn overrun<const B: usize>(x: &Global<f32>, out: &mut Global<f32>) {
+    let offs = program_id(0) * B + arange::<B>();
+    let v = x.load_unmasked(offs); // OVERRUN
+    out.store_unmasked(offs, v);
+}
+
+#[test]
+fn out_of_bounds_names_the_line() {
+    let f = ir::<overrun<64>>();
+    let line = line_of(include_str!("cross_backend.rs"), "// OVERRUN");
+    for flavor in FLAVORS {
+        let args = make(&[inp(&[1.0f32; 100]), out::<f32>(128)]);
+        let err = emu::launch(&f, flavor, &CompileOptions::default(), g1(2), &args)
+            .expect_err("reads past the end of x");
+        let msg = err.to_string();
+        assert!(
+            matches!(&err, EmuError::OutOfBounds { span, buffer, block: [1, 0, 0], index, len: 100, .. }
+                if span.line == line && buffer == "x" && *index >= 100),
+            "{flavor:?}: {msg}"
+        );
+        assert!(msg.contains(&format!("cross_backend.rs:{line}:")), "{msg}");
+    }
+}
