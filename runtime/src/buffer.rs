@@ -63,7 +63,7 @@ impl Device {
     /// A zero-filled buffer of `len` elements.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Buffer<T>, Error> {
         let storage = match &self.backend {
-            Backend::Cpu => Storage::Host(Arc::new(HostBuffer::new(T::TY, len))),
+            Backend::Cpu | Backend::Emu(_) => Storage::Host(Arc::new(HostBuffer::new(T::TY, len))),
             Backend::Cuda(d) => Storage::Cuda(d.alloc(byte_len::<T>(len))?),
             #[cfg(feature = "hip")]
             Backend::Hip(d) => Storage::Hip(d.alloc(byte_len::<T>(len))?),
@@ -75,7 +75,9 @@ impl Device {
     pub fn upload<T: Element>(&self, data: &[T]) -> Result<Buffer<T>, Error> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let storage = match &self.backend {
-            Backend::Cpu => Storage::Host(Arc::new(HostBuffer::from_bytes(T::TY, bytes)?)),
+            Backend::Cpu | Backend::Emu(_) => {
+                Storage::Host(Arc::new(HostBuffer::from_bytes(T::TY, bytes)?))
+            }
             Backend::Cuda(d) => Storage::Cuda(d.upload(bytes)?),
             #[cfg(feature = "hip")]
             Backend::Hip(d) => Storage::Hip(d.upload(bytes)?),

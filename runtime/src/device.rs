@@ -43,6 +43,19 @@ pub enum DeviceKind {
     Cuda,
     /// An AMD GPU through the HIP runtime (feature `hip`).
     Hip,
+    /// The SIMT emulator (feature `jit`): the GPU lowering JIT-compiled for the host,
+    /// warps emulated with NVIDIA (`emu-nv`, ordinal 0) or AMD (`emu-amd`, ordinal 1)
+    /// lane layouts.
+    Emu,
+}
+
+/// Which vendor's lowering the emulator runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum EmuKind {
+    /// Warp 32 and `mma.sync` fragment layouts (as for sm_80).
+    Nv,
+    /// Wave 64 and MFMA layouts (as for gfx942).
+    Amd,
 }
 
 /// What a device is made of.
@@ -69,6 +82,7 @@ pub struct DeviceProperties {
 #[derive(Clone)]
 pub(crate) enum Backend {
     Cpu,
+    Emu(EmuKind),
     Cuda(Arc<cuda::CudaDevice>),
     #[cfg(feature = "hip")]
     Hip(Arc<hip::HipDevice>),
@@ -108,6 +122,22 @@ impl Device {
     /// The CPU device (always available).
     pub fn cpu() -> Device {
         Device::from_backend(Backend::Cpu)
+    }
+
+    /// The SIMT emulator (needs the `jit` feature, i.e. LLVM): kernels run the real GPU
+    /// lowering, JIT-compiled for the host, with buffers in host memory.
+    pub fn emu(kind: EmuKind) -> Result<Device, Error> {
+        if cfg!(feature = "jit") {
+            Ok(Device::from_backend(Backend::Emu(kind)))
+        } else {
+            Err(Error::DeviceUnavailable {
+                device: match kind {
+                    EmuKind::Nv => "emu-nv".into(),
+                    EmuKind::Amd => "emu-amd".into(),
+                },
+                reason: "the emulator needs tessera's `jit` feature (LLVM)".into(),
+            })
+        }
     }
 
     /// CUDA device `ordinal`. Fails with [`Error::DeviceUnavailable`] when no CUDA
@@ -153,8 +183,8 @@ impl Device {
         out
     }
 
-    /// The device called `name`: `cpu`, `cuda`, `cuda:N`, `hip`, `hip:N` (and the
-    /// future `emu-nv`, `emu-amd`).
+    /// The device called `name`: `cpu`, `emu-nv`, `emu-amd`, `cuda`, `cuda:N`, `hip`,
+    /// `hip:N`.
     pub fn by_name(name: &str) -> Result<Device, Error> {
         let (base, index) = match name.split_once(':') {
             Some((b, i)) => (
@@ -170,10 +200,8 @@ impl Device {
             ("cpu", None) => Ok(Device::cpu()),
             ("cuda", i) => Device::cuda(i.unwrap_or(0)),
             ("hip", i) => Device::hip(i.unwrap_or(0)),
-            ("emu-nv" | "emu-amd", None) => Err(Error::DeviceUnavailable {
-                device: name.to_string(),
-                reason: "the SIMT emulator is not part of this build yet".into(),
-            }),
+            ("emu-nv", None) => Device::emu(EmuKind::Nv),
+            ("emu-amd", None) => Device::emu(EmuKind::Amd),
             _ => Err(Error::UnknownDevice(name.to_string())),
         }
     }
@@ -200,6 +228,7 @@ impl Device {
     pub fn kind(&self) -> DeviceKind {
         match &self.backend {
             Backend::Cpu => DeviceKind::Cpu,
+            Backend::Emu(_) => DeviceKind::Emu,
             Backend::Cuda(_) => DeviceKind::Cuda,
             #[cfg(feature = "hip")]
             Backend::Hip(_) => DeviceKind::Hip,
@@ -209,7 +238,8 @@ impl Device {
     /// Its index among the devices of its kind (0 for the CPU).
     pub fn ordinal(&self) -> usize {
         match &self.backend {
-            Backend::Cpu => 0,
+            Backend::Cpu | Backend::Emu(EmuKind::Nv) => 0,
+            Backend::Emu(EmuKind::Amd) => 1,
             Backend::Cuda(d) => d.ordinal,
             #[cfg(feature = "hip")]
             Backend::Hip(d) => d.ordinal,
@@ -220,6 +250,8 @@ impl Device {
     pub fn id(&self) -> String {
         match self.kind() {
             DeviceKind::Cpu => "cpu".into(),
+            DeviceKind::Emu if self.ordinal() == 0 => "emu-nv".into(),
+            DeviceKind::Emu => "emu-amd".into(),
             DeviceKind::Cuda => format!("cuda:{}", self.ordinal()),
             DeviceKind::Hip => format!("hip:{}", self.ordinal()),
         }
@@ -232,6 +264,14 @@ impl Device {
             Backend::Cpu => format!(
                 "cpu (reference interpreter, {} threads)",
                 rayon::current_num_threads()
+            ),
+            Backend::Emu(k) => format!(
+                "{} (SIMT emulator, warp {})",
+                self.id(),
+                match k {
+                    EmuKind::Nv => 32,
+                    EmuKind::Amd => 64,
+                }
             ),
             _ => {
                 let p = self.properties();
@@ -259,6 +299,19 @@ impl Device {
                 shared_per_block_optin: usize::MAX,
                 total_memory: 0,
             },
+            Backend::Emu(k) => DeviceProperties {
+                name: self.id(),
+                target: self.id(),
+                compute_capability: None,
+                multiprocessors: 1,
+                warp_size: match k {
+                    EmuKind::Nv => 32,
+                    EmuKind::Amd => 64,
+                },
+                shared_per_block: 48 * 1024,
+                shared_per_block_optin: 48 * 1024,
+                total_memory: 0,
+            },
             Backend::Cuda(d) => d.props.clone(),
             #[cfg(feature = "hip")]
             Backend::Hip(d) => d.props.clone(),
@@ -268,7 +321,7 @@ impl Device {
     /// Waits until everything queued on the device's stream has finished.
     pub fn synchronize(&self) -> Result<(), Error> {
         match &self.backend {
-            Backend::Cpu => Ok(()),
+            Backend::Cpu | Backend::Emu(_) => Ok(()),
             Backend::Cuda(d) => d.synchronize(),
             #[cfg(feature = "hip")]
             Backend::Hip(d) => d.synchronize(),
@@ -280,7 +333,7 @@ impl Device {
     /// the wall clock on the CPU.
     pub fn time<R>(&self, f: impl FnOnce() -> Result<R, Error>) -> Result<(R, Duration), Error> {
         match &self.backend {
-            Backend::Cpu => {
+            Backend::Cpu | Backend::Emu(_) => {
                 let t = Instant::now();
                 let r = f()?;
                 Ok((r, t.elapsed()))
@@ -312,7 +365,7 @@ impl Device {
     /// The compilation target of a GPU (`sm_90`, `gfx942`).
     pub(crate) fn gpu_target(&self) -> Option<&str> {
         match &self.backend {
-            Backend::Cpu => None,
+            Backend::Cpu | Backend::Emu(_) => None,
             Backend::Cuda(d) => Some(&d.props.target),
             #[cfg(feature = "hip")]
             Backend::Hip(d) => Some(&d.props.target),

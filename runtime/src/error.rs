@@ -30,6 +30,12 @@ pub enum Error {
     /// The kernel failed while running (out-of-bounds access, division by zero, ...).
     #[error("{0}")]
     Exec(Box<InterpError>),
+    /// The kernel failed on the SIMT emulator (out-of-bounds access, barrier
+    /// divergence, shared-memory race, ...), naming the op's file:line:col, block and
+    /// thread.
+    #[cfg(feature = "jit")]
+    #[error("{0}")]
+    Emu(Box<tessera_codegen::emu::EmuError>),
     /// The launch itself is invalid (grid size, buffer from another device, ...).
     #[error("invalid launch of kernel `{kernel}`: {reason}")]
     Launch {

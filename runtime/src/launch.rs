@@ -374,7 +374,7 @@ pub fn launch<K: Kernel>(
         }
     }
     match &device.backend {
-        Backend::Cpu => {
+        Backend::Cpu | Backend::Emu(_) => {
             let mut kargs = Vec::with_capacity(args.len());
             for (i, a) in args.iter().enumerate() {
                 match &a.0 {
@@ -391,7 +391,19 @@ pub fn launch<K: Kernel>(
                     Arg::Scalar(s) => kargs.push(KernelArg::Scalar(*s)),
                 }
             }
-            interp::run(&compiled.func, dims, &kargs)?;
+            match &device.backend {
+                #[cfg(feature = "jit")]
+                Backend::Emu(k) => {
+                    let flavor = match k {
+                        crate::EmuKind::Nv => tessera_codegen::target::EmuFlavor::Nv,
+                        crate::EmuKind::Amd => tessera_codegen::target::EmuFlavor::Amd,
+                    };
+                    let opts = tessera_codegen::CompileOptions::default();
+                    tessera_codegen::emu::launch(&compiled.func, flavor, &opts, dims, &kargs)
+                        .map_err(|e| Error::Emu(Box::new(e)))?;
+                }
+                _ => interp::run(&compiled.func, dims, &kargs)?,
+            }
         }
         Backend::Cuda(d) => {
             let mut gargs = Vec::with_capacity(args.len());

@@ -47,7 +47,7 @@ mod launch;
 
 pub use artifact::{ArtifactStore, KernelBinary, KernelOptions, Specialization};
 pub use buffer::{Buffer, Element};
-pub use device::{Device, DeviceKind, DeviceProperties};
+pub use device::{Device, DeviceKind, DeviceProperties, EmuKind};
 pub use error::Error;
 pub use launch::{Grid, Kernel, LaunchArg, kernel_ir, launch};
 #[cfg(feature = "jit")]
