@@ -316,6 +316,43 @@ pub fn launch(
         failed: AtomicBool::new(false),
         stop: AtomicBool::new(false),
     };
+    // Threads that never meet (no barrier, shuffle, matrix instruction or shared
+    // memory) need no team: a few workers run the (block, thread) pairs one by one.
+    let independent = shared_bytes == 0
+        && !k
+            .sites
+            .iter()
+            .any(|s| matches!(s.what, "barrier" | "shuffle" | "mma"));
+    if independent {
+        let workers = std::thread::available_parallelism()
+            .map(|n| n.get() as u64)
+            .unwrap_or(1)
+            .min(total);
+        let spawn_error = std::thread::scope(|s| {
+            let mut spawn_error = None;
+            for w in 0..workers {
+                let launch = &launch;
+                let entry = k.entry;
+                let arg_addr = arg_ptrs.as_ptr() as usize;
+                let spawned = std::thread::Builder::new()
+                    .name(format!("emu-worker-{w}"))
+                    .stack_size(8 << 20)
+                    .spawn_scoped(s, move || {
+                        run_independent(w, workers, threads, launch, entry, arg_addr, total)
+                    });
+                if let Err(e) = spawned {
+                    spawn_error = Some(e.to_string());
+                    launch.stop.store(true, Ordering::Release);
+                    break;
+                }
+            }
+            spawn_error
+        });
+        if let Some(message) = spawn_error {
+            return Err(EmuError::Threads { message });
+        }
+        return first_error(launch);
+    }
     let sync = Barrier::new(threads as usize);
     // Threads start once all of them exist (`Some(true)`), or go home (`Some(false)`).
     let start = (Mutex::new(None::<bool>), Condvar::new());
@@ -351,6 +388,11 @@ pub fn launch(
     if let Some(message) = spawn_error {
         return Err(EmuError::Threads { message });
     }
+    first_error(launch)
+}
+
+/// The recorded error of the lowest (block, thread), if any.
+fn first_error(launch: Launch<'_>) -> Result<(), EmuError> {
     let errs = launch
         .errors
         .into_inner()
@@ -358,6 +400,47 @@ pub fn launch(
     match errs.into_iter().min_by_key(|e| (e.0, e.1)) {
         Some((_, _, e)) => Err(e),
         None => Ok(()),
+    }
+}
+
+/// Worker `w` of `workers` runs every thread of blocks `w, w + workers, ...` in turn
+/// (for kernels whose threads never interact).
+fn run_independent(
+    w: u64,
+    workers: u64,
+    threads: u32,
+    launch: &Launch<'_>,
+    entry: unsafe extern "C" fn(*const *const u8),
+    args: usize,
+    total: u64,
+) {
+    let [gx, gy, _] = launch.grid.map(|g| g as u64);
+    let mut lin = w;
+    while lin < total && !launch.stop.load(Ordering::Relaxed) {
+        let block = [
+            (lin % gx) as u32,
+            ((lin / gx) % gy) as u32,
+            (lin / (gx * gy)) as u32,
+        ];
+        for tid in 0..threads {
+            let ctx = ThreadCtx {
+                tid,
+                launch,
+                block: std::cell::Cell::new(block),
+                block_lin: std::cell::Cell::new(lin),
+                epoch: std::cell::Cell::new(0),
+                scratch: std::cell::UnsafeCell::new(runtime::Scratch([0; 64])),
+            };
+            let _guard = runtime::enter(&ctx);
+            // SAFETY: as in `run_thread`; the kernel calls no collective, so running
+            // its threads one after another is a valid schedule.
+            unsafe { entry(args as *const *const u8) };
+        }
+        if launch.failed.load(Ordering::Acquire) {
+            // Blocks below this one still run (the lowest failing block is reported).
+            launch.stop.store(true, Ordering::Release);
+        }
+        lin += workers;
     }
 }
 

@@ -237,7 +237,7 @@ extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: i32) -> *mu
         let (span, op) = c.launch.site(site as u32);
         if let Some(b) = inside {
             // The lowering aligns every access to its size (a GPU faults otherwise).
-            if addr % n == 0 {
+            if addr.is_multiple_of(n) {
                 return p;
             }
             c.fail(EmuError::Misaligned {
