@@ -15,10 +15,32 @@ fn devices_by_name() {
     assert_eq!(Device::by_name("cpu").unwrap(), Device::cpu());
     let e = Device::by_name("tpu").unwrap_err().to_string();
     assert!(e.contains("unknown device `tpu`"), "{e}");
-    for gpu in ["cuda", "hip", "emu-nv", "emu-amd", "cuda:1"] {
+    for gpu in ["cuda", "hip", "cuda:1"] {
         let e = Device::by_name(gpu).unwrap_err().to_string();
         assert!(e.contains("not available"), "{gpu}: {e}");
     }
+}
+
+#[test]
+fn the_emulators_run_kernels_like_the_cpu() {
+    // The same kernel and buffers API on the SIMT emulator (both flavors).
+    for name in ["emu-nv", "emu-amd"] {
+        let dev = Device::by_name(name).unwrap();
+        assert_eq!(dev.id(), name);
+        let n = 1000usize;
+        let mut out = dev.upload(&vec![-1i32; n + 64]).unwrap();
+        fill::<i32, 128>::launch(&dev, n.div_ceil(128), (&mut out, n as i32, 9)).unwrap();
+        let got = out.download().unwrap();
+        assert!(got[..n].iter().all(|&v| v == 9), "{name}");
+        assert!(
+            got[n..].iter().all(|&v| v == -1),
+            "{name}: masked lanes written"
+        );
+    }
+    assert_ne!(
+        Device::by_name("emu-nv").unwrap(),
+        Device::by_name("emu-amd").unwrap()
+    );
 }
 
 #[test]
