@@ -196,23 +196,40 @@ impl Compiled {
     }
 }
 
-/// Whether a launch argument is divisible by 16: a GPU address, or an integer scalar.
-fn divisible_by_16(arg: &GpuArg, scalar: Option<&interp::Scalar>) -> bool {
+/// Whether an integer scalar argument is a multiple of 16 (floats never are).
+fn scalar_divisible_by_16(s: &interp::Scalar) -> bool {
     use interp::Scalar as S;
-    match scalar {
-        Some(s) => match *s {
-            S::I8(v) => v % 16 == 0,
-            S::I16(v) => v % 16 == 0,
-            S::I32(v) => v % 16 == 0,
-            S::I64(v) => v % 16 == 0,
-            S::U8(v) => v % 16 == 0,
-            S::U16(v) => v % 16 == 0,
-            S::U32(v) => v % 16 == 0,
-            S::U64(v) => v % 16 == 0,
-            _ => false,
-        },
-        None => matches!(arg, GpuArg::U64(a) if a % 16 == 0),
+    match *s {
+        S::I8(v) => v % 16 == 0,
+        S::I16(v) => v % 16 == 0,
+        S::I32(v) => v % 16 == 0,
+        S::I64(v) => v % 16 == 0,
+        S::U8(v) => v % 16 == 0,
+        S::U16(v) => v % 16 == 0,
+        S::U32(v) => v % 16 == 0,
+        S::U64(v) => v % 16 == 0,
+        _ => false,
     }
+}
+
+/// A GPU launch's arguments (buffers by device address, via `address`, which
+/// answers `None` for storage of another kind) and its specialization: which
+/// arguments are divisible by 16 (aligned addresses, integer multiples of 16).
+fn gpu_args(
+    args: &[LaunchArg<'_>],
+    address: impl Fn(&Storage) -> Option<u64>,
+) -> Result<(Vec<GpuArg>, Vec<bool>), String> {
+    args.iter()
+        .map(|a| match &a.0 {
+            Arg::Buffer { storage, .. } => {
+                let addr = address(storage).ok_or("buffer storage mismatch")?;
+                Ok((GpuArg::U64(addr), addr % 16 == 0))
+            }
+            Arg::Scalar(s) => Ok((gpu_scalar(*s), scalar_divisible_by_16(s))),
+        })
+        .collect::<Result<Vec<_>, &str>>()
+        .map(|v| v.into_iter().unzip())
+        .map_err(str::to_string)
 }
 
 type IrKey = (TypeId, String);
@@ -406,25 +423,11 @@ pub fn launch<K: Kernel>(
             }
         }
         Backend::Cuda(d) => {
-            let mut gargs = Vec::with_capacity(args.len());
-            for a in args.iter() {
-                gargs.push(match &a.0 {
-                    Arg::Buffer {
-                        storage: Storage::Cuda(b),
-                        ..
-                    } => GpuArg::U64(d.address(&b.slice)),
-                    Arg::Buffer { .. } => return Err(invalid("buffer storage mismatch".into())),
-                    Arg::Scalar(s) => gpu_scalar(*s),
-                });
-            }
-            let spec = args
-                .iter()
-                .zip(&gargs)
-                .map(|(a, g)| match &a.0 {
-                    Arg::Scalar(s) => divisible_by_16(g, Some(s)),
-                    Arg::Buffer { .. } => divisible_by_16(g, None),
-                })
-                .collect();
+            let (gargs, spec) = gpu_args(args, |s| match s {
+                Storage::Cuda(b) => Some(d.address(&b.slice)),
+                _ => None,
+            })
+            .map_err(invalid)?;
             let compiled = compiled.specialized(spec);
             let key = gpu_key(device, &compiled)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
@@ -432,25 +435,11 @@ pub fn launch<K: Kernel>(
         }
         #[cfg(feature = "hip")]
         Backend::Hip(d) => {
-            let mut gargs = Vec::with_capacity(args.len());
-            for a in args.iter() {
-                gargs.push(match &a.0 {
-                    Arg::Buffer {
-                        storage: Storage::Hip(b),
-                        ..
-                    } => GpuArg::U64(b.ptr as u64),
-                    Arg::Buffer { .. } => return Err(invalid("buffer storage mismatch".into())),
-                    Arg::Scalar(s) => gpu_scalar(*s),
-                });
-            }
-            let spec = args
-                .iter()
-                .zip(&gargs)
-                .map(|(a, g)| match &a.0 {
-                    Arg::Scalar(s) => divisible_by_16(g, Some(s)),
-                    Arg::Buffer { .. } => divisible_by_16(g, None),
-                })
-                .collect();
+            let (gargs, spec) = gpu_args(args, |s| match s {
+                Storage::Hip(b) => Some(b.ptr as u64),
+                _ => None,
+            })
+            .map_err(invalid)?;
             let compiled = compiled.specialized(spec);
             let key = gpu_key(device, &compiled)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
