@@ -377,18 +377,21 @@ fn nv_mma(ty: Half, a: [u32; 4], b: [u32; 2], cf: [f32; 4], d: *mut f32, site: i
                     .collect();
                 mma::nv_m16n8k16(ty, &av, &bv, &cv)[lane]
             });
-        let out = match r {
-            Ok(v) => v,
-            Err(e) => {
-                c.team_fail(e);
-                [0.0; 4]
-            }
-        };
-        for (i, v) in out.iter().enumerate() {
-            // SAFETY: the kernel passes a pointer to its `[4 x float]` stack slot.
-            unsafe { d.add(i).write(*v) };
-        }
+        write_d(c, r, d);
     })
+}
+
+/// Writes a lane's D fragment (zeros after a team error, which is recorded) to the
+/// kernel's `[4 x float]` stack slot `d`.
+fn write_d(c: &ThreadCtx, r: Result<[f32; 4], TeamError>, d: *mut f32) {
+    let out = r.unwrap_or_else(|e| {
+        c.team_fail(e);
+        [0.0; 4]
+    });
+    for (i, v) in out.iter().enumerate() {
+        // SAFETY: the kernel passes a pointer to its `[4 x float]` stack slot.
+        unsafe { d.add(i).write(*v) };
+    }
 }
 
 fn amd_mma(ty: Half, ab: [u32; 8], cf: [f32; 4], d: *mut f32, site: i32) {
@@ -416,17 +419,7 @@ fn amd_mma(ty: Half, ab: [u32; 8], cf: [f32; 4], d: *mut f32, site: i32) {
                     .collect();
                 mma::amd_16x16x16(ty, &av, &bv, &cv)[lane]
             });
-        let out = match r {
-            Ok(v) => v,
-            Err(e) => {
-                c.team_fail(e);
-                [0.0; 4]
-            }
-        };
-        for (i, v) in out.iter().enumerate() {
-            // SAFETY: the kernel passes a pointer to its `[4 x float]` stack slot.
-            unsafe { d.add(i).write(*v) };
-        }
+        write_d(c, r, d);
     })
 }
 
