@@ -364,9 +364,60 @@ pub fn infer_result_types(
             shape.remove(*axis as usize);
             Ok(vec![src.with_shape(&shape)])
         }
-        OpKind::Barrier => {
+        OpKind::Barrier | OpKind::Fence { .. } | OpKind::BarrierAll => {
             expect_n(0)?;
             Ok(vec![])
+        }
+        OpKind::Rank | OpKind::WorldSize => {
+            expect_n(0)?;
+            Ok(vec![Type::scalar(ScalarType::I32)])
+        }
+        OpKind::RemotePtr => {
+            expect_n(2)?;
+            pointee(operands[0], "remote_ptr")?;
+            if let Elem::Ptr { space, .. } = operands[0].elem
+                && space != crate::types::AddrSpace::Global
+            {
+                return Err(format!(
+                    "`remote_ptr` needs global pointers, got {}",
+                    operands[0]
+                ));
+            }
+            if *operands[1] != Type::scalar(ScalarType::I32) {
+                return Err(format!(
+                    "`remote_ptr` peer must be an i32 scalar, got {}",
+                    operands[1]
+                ));
+            }
+            Ok(vec![operands[0].clone()])
+        }
+        OpKind::Signal { .. } | OpKind::WaitUntil { .. } => {
+            expect_n(2)?;
+            let what = kind.mnemonic();
+            let sig = Type {
+                elem: Elem::Ptr {
+                    pointee: ScalarType::U64,
+                    space: crate::types::AddrSpace::Global,
+                },
+                shape: vec![],
+            };
+            if *operands[0] != sig {
+                return Err(format!(
+                    "`{what}` needs a scalar pointer to a u64 signal word ({sig}), got {}",
+                    operands[0]
+                ));
+            }
+            if *operands[1] != Type::scalar(ScalarType::U64) {
+                return Err(format!(
+                    "`{what}` value must be a u64 scalar, got {}",
+                    operands[1]
+                ));
+            }
+            if matches!(kind, OpKind::WaitUntil { .. }) {
+                Ok(vec![Type::scalar(ScalarType::U64)])
+            } else {
+                Ok(vec![])
+            }
         }
         OpKind::For | OpKind::If | OpKind::While | OpKind::Yield | OpKind::Condition => Err(
             format!("`{}` has regions or is a terminator", kind.mnemonic()),

@@ -445,7 +445,7 @@ impl AtomicOp {
     }
 }
 
-/// Memory ordering of atomics (and, later, of communication ops).
+/// Memory ordering of atomics and communication ops.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum MemOrder {
     /// No ordering beyond atomicity.
@@ -499,6 +499,28 @@ impl MemScope {
             MemScope::Block => "block",
             MemScope::Device => "device",
             MemScope::System => "system",
+        }
+    }
+}
+
+/// How a [`OpKind::Signal`] updates a signal word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum SignalOp {
+    /// Writes the value.
+    Set,
+    /// Adds the value (wrapping).
+    Add,
+}
+
+impl SignalOp {
+    /// Every signal op.
+    pub const ALL: [SignalOp; 2] = [SignalOp::Set, SignalOp::Add];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            SignalOp::Set => "set",
+            SignalOp::Add => "add",
         }
     }
 }
@@ -630,6 +652,54 @@ pub enum OpKind {
     /// Synchronizes all threads of the program instance (GPU block barrier). A no-op
     /// for the interpreter, which runs each program instance as one thread.
     Barrier,
+    /// `rank`: this rank's index in the world, `0..world_size`. No operands; result
+    /// `i32`. A kernel without a world runs as rank 0 of 1.
+    Rank,
+    /// `world_size`: the number of ranks. No operands; result `i32`.
+    WorldSize,
+    /// `remote_ptr ptrs, peer`: translates pointers into this rank's symmetric heap to
+    /// the same addresses in rank `peer`'s heap (through the heap-base table). `peer`
+    /// is an `i32` scalar in `0..world_size`; the result has the pointers' type.
+    /// Loads, stores and atomics through the result are remote accesses.
+    RemotePtr,
+    /// `signal op order scope ptr, value`: one update of the `u64` signal word at the
+    /// scalar pointer `ptr` (usually remote) per program instance, performed after
+    /// every memory access the program issued before it (block-cooperative: all
+    /// threads' earlier stores are covered, not only the updating thread's). Default
+    /// ordering is `release` at `system` scope. No results.
+    Signal {
+        /// Set or add.
+        op: SignalOp,
+        /// Ordering of the update (`release` or stronger publishes earlier stores).
+        order: MemOrder,
+        /// Who the update synchronizes with.
+        scope: MemScope,
+    },
+    /// `wait_until pred scope ptr, value`: blocks the program instance until the local
+    /// `u64` signal word at scalar pointer `ptr` compares `pred` (unsigned) to `value`;
+    /// the read that succeeds is an acquire at `scope`, so every later access of every
+    /// thread of the program sees what the signaller published. Result: the observed
+    /// `u64` (the token that orders later loads after the wait). Every backend times out
+    /// instead of hanging.
+    WaitUntil {
+        /// The comparison `observed pred value`.
+        pred: CmpPred,
+        /// Who the acquire synchronizes with.
+        scope: MemScope,
+    },
+    /// `fence order scope`: orders this program's memory accesses before and after it,
+    /// for every thread of the program. No operands or results.
+    Fence {
+        /// Ordering.
+        order: MemOrder,
+        /// Scope.
+        scope: MemScope,
+    },
+    /// `barrier_all`: no program instance of any rank passes until every program
+    /// instance of every rank has arrived; every access before it (on any rank) is
+    /// visible after it (system scope). Every rank must launch the same grid, and the
+    /// whole grid must be resident at once.
+    BarrierAll,
 }
 
 impl OpKind {
@@ -665,6 +735,13 @@ impl OpKind {
             OpKind::Yield => "yield",
             OpKind::Condition => "condition",
             OpKind::Barrier => "barrier",
+            OpKind::Rank => "rank",
+            OpKind::WorldSize => "world_size",
+            OpKind::RemotePtr => "remote_ptr",
+            OpKind::Signal { .. } => "signal",
+            OpKind::WaitUntil { .. } => "wait_until",
+            OpKind::Fence { .. } => "fence",
+            OpKind::BarrierAll => "barrier_all",
         }
     }
 
@@ -683,7 +760,31 @@ impl OpKind {
                 | OpKind::Yield
                 | OpKind::Condition
                 | OpKind::Barrier
+                | OpKind::Signal { .. }
+                | OpKind::WaitUntil { .. }
+                | OpKind::Fence { .. }
+                | OpKind::BarrierAll
         )
+    }
+
+    /// True for the communication ops (which need a world: rank, heap-base table).
+    pub fn is_comm(&self) -> bool {
+        matches!(
+            self,
+            OpKind::Rank
+                | OpKind::WorldSize
+                | OpKind::RemotePtr
+                | OpKind::Signal { .. }
+                | OpKind::WaitUntil { .. }
+                | OpKind::Fence { .. }
+                | OpKind::BarrierAll
+        )
+    }
+
+    /// True for ops that may block until another program instance (or rank) acts:
+    /// every program instance must be resident at once.
+    pub fn is_blocking(&self) -> bool {
+        matches!(self, OpKind::WaitUntil { .. } | OpKind::BarrierAll)
     }
 
     /// True for region terminators.
@@ -810,6 +911,21 @@ impl Function {
             }
         }
         f
+    }
+
+    /// True when the kernel uses communication ops ([`OpKind::is_comm`]).
+    pub fn uses_comm(&self) -> bool {
+        let mut any = false;
+        self.walk(&mut |op| any |= op.kind.is_comm());
+        any
+    }
+
+    /// True when the kernel has ops that wait for other program instances or ranks
+    /// ([`OpKind::is_blocking`]).
+    pub fn uses_blocking(&self) -> bool {
+        let mut any = false;
+        self.walk(&mut |op| any |= op.kind.is_blocking());
+        any
     }
 
     /// Number of ops, counting nested ones.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::ir::{
     AtomicOp, BinaryOp, CmpPred, ConstValue, Function, MemOrder, MemScope, Op, OpKind, Param,
-    ParamAttrs, ReduceOp, Region, Span, UnaryOp, ValueData, ValueId,
+    ParamAttrs, ReduceOp, Region, SignalOp, Span, UnaryOp, ValueData, ValueId,
 };
 use crate::types::{AddrSpace, Elem, ScalarType, Type};
 
@@ -796,6 +796,23 @@ impl Parser<'_> {
             "yield" => OpKind::Yield,
             "condition" => OpKind::Condition,
             "barrier" => OpKind::Barrier,
+            "rank" => OpKind::Rank,
+            "world_size" => OpKind::WorldSize,
+            "remote_ptr" => OpKind::RemotePtr,
+            "signal" => OpKind::Signal {
+                op: self.keyword("signal op", &SignalOp::ALL, SignalOp::name)?,
+                order: self.keyword("memory order", &MemOrder::ALL, MemOrder::name)?,
+                scope: self.keyword("memory scope", &MemScope::ALL, MemScope::name)?,
+            },
+            "wait_until" => OpKind::WaitUntil {
+                pred: self.keyword("comparison predicate", &CmpPred::ALL, CmpPred::name)?,
+                scope: self.keyword("memory scope", &MemScope::ALL, MemScope::name)?,
+            },
+            "fence" => OpKind::Fence {
+                order: self.keyword("memory order", &MemOrder::ALL, MemOrder::name)?,
+                scope: self.keyword("memory scope", &MemScope::ALL, MemScope::name)?,
+            },
+            "barrier_all" => OpKind::BarrierAll,
             other => return Err(self.err_at(pos, format!("unknown op `{other}`"))),
         })
     }
@@ -1244,6 +1261,57 @@ mod tests {
         // Shared memory pointer, barrier.
         let _ = sh;
         b.op(OpKind::Barrier, &[], None, sp(21, 5)).unwrap();
+        // Communication.
+        let sig = b.param("sig", Type::global_ptr(U64), ParamAttrs::default());
+        let r = b.op1(OpKind::Rank, &[], None, sp(22, 5)).unwrap();
+        let w = b.op1(OpKind::WorldSize, &[], None, sp(22, 9)).unwrap();
+        let one = b
+            .constant(ConstValue::Int(1), Type::scalar(I32), Span::unknown())
+            .unwrap();
+        let r1 = b
+            .op1(OpKind::Binary(BinaryOp::Add), &[r, one], None, sp(22, 11))
+            .unwrap();
+        let peer = b
+            .op1(OpKind::Binary(BinaryOp::Rem), &[r1, w], None, sp(22, 13))
+            .unwrap();
+        let rsig = b
+            .op1(OpKind::RemotePtr, &[sig, peer], None, sp(23, 5))
+            .unwrap();
+        let v = b
+            .constant(ConstValue::Int(7), Type::scalar(U64), Span::unknown())
+            .unwrap();
+        b.op(
+            OpKind::Signal {
+                op: SignalOp::Add,
+                order: MemOrder::Release,
+                scope: MemScope::System,
+            },
+            &[rsig, v],
+            None,
+            sp(24, 5),
+        )
+        .unwrap();
+        b.op1(
+            OpKind::WaitUntil {
+                pred: CmpPred::Ge,
+                scope: MemScope::System,
+            },
+            &[sig, v],
+            None,
+            sp(25, 5),
+        )
+        .unwrap();
+        b.op(
+            OpKind::Fence {
+                order: MemOrder::AcqRel,
+                scope: MemScope::Device,
+            },
+            &[],
+            None,
+            sp(26, 5),
+        )
+        .unwrap();
+        b.op(OpKind::BarrierAll, &[], None, sp(27, 5)).unwrap();
         b.finish()
     }
 
@@ -1570,6 +1638,23 @@ mod tests {
             OpKind::Yield,
             OpKind::Condition,
             OpKind::Barrier,
+            OpKind::Rank,
+            OpKind::WorldSize,
+            OpKind::RemotePtr,
+            OpKind::Signal {
+                op: SignalOp::Set,
+                order: MemOrder::Release,
+                scope: MemScope::System,
+            },
+            OpKind::WaitUntil {
+                pred: CmpPred::Eq,
+                scope: MemScope::System,
+            },
+            OpKind::Fence {
+                order: MemOrder::AcqRel,
+                scope: MemScope::System,
+            },
+            OpKind::BarrierAll,
         ];
         let mut seen = Vec::new();
         let mut binary = Vec::new();

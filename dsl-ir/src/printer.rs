@@ -304,6 +304,11 @@ impl Printer<'_> {
             OpKind::AtomicCas { order, scope, .. } => {
                 format!("{} {}", order.name(), scope.name())
             }
+            OpKind::Signal { op, order, scope } => {
+                format!("{} {} {}", op.name(), order.name(), scope.name())
+            }
+            OpKind::WaitUntil { pred, scope } => format!("{} {}", pred.name(), scope.name()),
+            OpKind::Fence { order, scope } => format!("{} {}", order.name(), scope.name()),
             OpKind::Reduce { axis, op } => format!("{} axis={axis}", op.name()),
             OpKind::Scan { axis, op, reverse } => {
                 let mut s = format!("{} axis={axis}", op.name());
@@ -329,7 +334,11 @@ impl Printer<'_> {
             | OpKind::While
             | OpKind::Yield
             | OpKind::Condition
-            | OpKind::Barrier => String::new(),
+            | OpKind::Barrier
+            | OpKind::Rank
+            | OpKind::WorldSize
+            | OpKind::RemotePtr
+            | OpKind::BarrierAll => String::new(),
         }
     }
 

@@ -9,8 +9,12 @@ use syn::{FnArg, GenericParam, Ident, ItemFn, Pat, Type};
 use crate::body::{Rewriter, used_in_generic_args, used_in_generic_args_all};
 
 enum ParamKind {
-    /// `&Global<T>` or `&mut Global<T>`.
-    Buffer { mutable: bool, elem: Type },
+    /// `&Global<T>` or `&mut Global<T>` (`symmetric`: `&Symmetric<T>`, `&mut ...`).
+    Buffer {
+        mutable: bool,
+        elem: Type,
+        symmetric: bool,
+    },
     /// A runtime scalar.
     Scalar(Type),
     /// `#[comptime]`.
@@ -32,18 +36,20 @@ fn errors_to_tokens(errors: Vec<syn::Error>) -> TokenStream {
     ts
 }
 
-/// `Global<T>` behind a reference: the element type.
-fn global_elem(ty: &Type) -> Option<Type> {
+/// `Global<T>` or `Symmetric<T>` behind a reference: the element type, and whether
+/// the buffer is symmetric.
+fn global_elem(ty: &Type) -> Option<(Type, bool)> {
     let Type::Path(p) = ty else { return None };
     let seg = p.path.segments.last()?;
-    if seg.ident != "Global" {
+    let symmetric = seg.ident == "Symmetric";
+    if seg.ident != "Global" && !symmetric {
         return None;
     }
     let syn::PathArguments::AngleBracketed(args) = &seg.arguments else {
         return None;
     };
     match args.args.first() {
-        Some(syn::GenericArgument::Type(t)) if args.args.len() == 1 => Some(t.clone()),
+        Some(syn::GenericArgument::Type(t)) if args.args.len() == 1 => Some((t.clone(), symmetric)),
         _ => None,
     }
 }
@@ -85,7 +91,7 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
             ParamKind::Comptime(ty.clone())
         } else if let Type::Reference(r) = &ty {
             match global_elem(&r.elem) {
-                Some(elem) => {
+                Some((elem, symmetric)) => {
                     if r.lifetime.is_some() {
                         errors.push(syn::Error::new(
                             r.span(),
@@ -95,13 +101,15 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
                     ParamKind::Buffer {
                         mutable: r.mutability.is_some(),
                         elem,
+                        symmetric,
                     }
                 }
                 None => {
                     errors.push(syn::Error::new(
                         ty.span(),
                         "unsupported kernel parameter type: references are only allowed to \
-                         buffers (`&Global<T>` or `&mut Global<T>`)",
+                         buffers (`&Global<T>`, `&mut Global<T>`, `&Symmetric<T>` or \
+                         `&mut Symmetric<T>`)",
                     ));
                     continue;
                 }
@@ -290,24 +298,34 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         arg_names.push(n.clone());
         match &p.kind {
             ParamKind::Buffer {
-                mutable: false,
+                mutable,
                 elem,
+                symmetric,
             } => {
                 // The binding gets the parameter's own type (with the user's spans), so
                 // that a store through it reports "behind a `&` reference" pointing at
                 // the signature, with a sensible suggestion.
-                declare.push(quote!(let #n: #ty = &__tessera_params.buffer::<#elem>(#ns, true);));
-                arg_types.push(quote!(&::tessera::Buffer<#elem>));
-                launch_args.push(quote!(::tessera::LaunchArg::buffer(#n)));
-            }
-            ParamKind::Buffer {
-                mutable: true,
-                elem,
-            } => {
-                declare
-                    .push(quote!(let #n: #ty = &mut __tessera_params.buffer::<#elem>(#ns, false);));
-                arg_types.push(quote!(&mut ::tessera::Buffer<#elem>));
-                launch_args.push(quote!(::tessera::LaunchArg::buffer_mut(#n)));
+                let (decl, host, ctor) = if *symmetric {
+                    (quote!(symmetric), quote!(SymBuffer), "symmetric")
+                } else {
+                    (quote!(buffer), quote!(Buffer), "buffer")
+                };
+                let ctor = if *mutable {
+                    quote::format_ident!("{ctor}_mut")
+                } else {
+                    quote::format_ident!("{ctor}")
+                };
+                if *mutable {
+                    declare.push(
+                        quote!(let #n: #ty = &mut __tessera_params.#decl::<#elem>(#ns, false);),
+                    );
+                    arg_types.push(quote!(&mut ::tessera::#host<#elem>));
+                } else {
+                    declare
+                        .push(quote!(let #n: #ty = &__tessera_params.#decl::<#elem>(#ns, true);));
+                    arg_types.push(quote!(&::tessera::#host<#elem>));
+                }
+                launch_args.push(quote!(::tessera::LaunchArg::#ctor(#n)));
             }
             ParamKind::Scalar(ty) => {
                 let ty_span = ty.span();

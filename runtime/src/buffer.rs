@@ -51,7 +51,7 @@ fn byte_len<T>(len: usize) -> usize {
 }
 
 impl Device {
-    fn buffer<T: Element>(&self, storage: Storage, len: usize) -> Buffer<T> {
+    pub(crate) fn buffer<T: Element>(&self, storage: Storage, len: usize) -> Buffer<T> {
         Buffer {
             storage,
             len,

@@ -94,6 +94,8 @@ pub(crate) enum Backend {
 pub struct Device {
     pub(crate) backend: Backend,
     artifacts: Option<Arc<ArtifactStore>>,
+    /// The rank this device handle belongs to, for kernels that communicate.
+    pub(crate) comm: Option<Arc<crate::world::RankComm>>,
 }
 
 impl PartialEq for Device {
@@ -116,6 +118,7 @@ impl Device {
         Device {
             backend,
             artifacts: None,
+            comm: None,
         }
     }
 
@@ -212,6 +215,7 @@ impl Device {
         Device {
             backend: self.backend.clone(),
             artifacts: Some(Arc::new(ArtifactStore::new(dir))),
+            comm: self.comm.clone(),
         }
     }
 

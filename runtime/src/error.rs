@@ -36,6 +36,15 @@ pub enum Error {
     #[cfg(feature = "jit")]
     #[error("{0}")]
     Emu(Box<tessera_codegen::emu::EmuError>),
+    /// A communication failure outside a kernel: a mismatched symmetric allocation, a
+    /// full heap, a rank that never reached a host barrier, a rank that failed.
+    #[error("communication error on rank {rank}: {message}")]
+    Comm {
+        /// The rank that reports it.
+        rank: u32,
+        /// What went wrong.
+        message: String,
+    },
     /// The launch itself is invalid (grid size, buffer from another device, ...).
     #[error("invalid launch of kernel `{kernel}`: {reason}")]
     Launch {

@@ -18,6 +18,7 @@ use crate::artifact::{KernelBinary, KernelOptions, kernel_key};
 use crate::buffer::{Buffer, Element, Storage};
 use crate::device::Backend;
 use crate::disk_cache::CacheKey;
+use crate::world::SymBuffer;
 use crate::{Device, Error};
 
 /// A kernel defined with `#[kernel]`: the macro implements this for the kernel's
@@ -83,6 +84,15 @@ enum Arg<'a> {
         /// The device it lives on.
         device: &'a Device,
     },
+    /// A symmetric buffer.
+    Symmetric {
+        /// This rank's copy.
+        storage: &'a Storage,
+        /// The device it lives on.
+        device: &'a Device,
+        /// Every rank's copy (host worlds).
+        copies: &'a Arc<[Arc<interp::HostBuffer>]>,
+    },
     /// A runtime scalar.
     Scalar(interp::Scalar),
 }
@@ -103,6 +113,20 @@ impl<'a> LaunchArg<'a> {
             storage: &b.storage,
             device: b.device(),
         })
+    }
+
+    /// A read-only symmetric buffer argument.
+    pub fn symmetric<T: Element>(b: &'a SymBuffer<T>) -> LaunchArg<'a> {
+        LaunchArg(Arg::Symmetric {
+            storage: &b.local().storage,
+            device: b.device(),
+            copies: &b.copies,
+        })
+    }
+
+    /// A written symmetric buffer argument.
+    pub fn symmetric_mut<T: Element>(b: &'a mut SymBuffer<T>) -> LaunchArg<'a> {
+        Self::symmetric(b)
     }
 
     /// A runtime scalar argument.
@@ -221,7 +245,7 @@ fn gpu_args(
 ) -> Result<(Vec<GpuArg>, Vec<bool>), String> {
     args.iter()
         .map(|a| match &a.0 {
-            Arg::Buffer { storage, .. } => {
+            Arg::Buffer { storage, .. } | Arg::Symmetric { storage, .. } => {
                 let addr = address(storage).ok_or("buffer storage mismatch")?;
                 Ok((GpuArg::U64(addr), addr % 16 == 0))
             }
@@ -379,7 +403,7 @@ pub fn launch<K: Kernel>(
         )));
     }
     for (i, a) in args.iter().enumerate() {
-        if let Arg::Buffer { device: d, .. } = &a.0
+        if let Arg::Buffer { device: d, .. } | Arg::Symmetric { device: d, .. } = &a.0
             && *d != device
         {
             return Err(invalid(format!(
@@ -388,6 +412,22 @@ pub fn launch<K: Kernel>(
                 d.id(),
                 device.id()
             )));
+        }
+    }
+    // Communicating kernels run as a rank of the device's world (or alone).
+    let world = device.comm.as_ref().map(|c| c.interp_world());
+    for (i, a) in args.iter().enumerate() {
+        if let Arg::Symmetric { copies, .. } = &a.0 {
+            let same_world = device
+                .comm
+                .as_ref()
+                .is_some_and(|c| copies.len() == c.size() as usize);
+            if !same_world {
+                return Err(invalid(format!(
+                    "symmetric buffer `{}` belongs to another world than the launching device (launch on `rank.device()` of the rank that allocated it)",
+                    param_name(i)
+                )));
+            }
         }
     }
     match &device.backend {
@@ -405,10 +445,19 @@ pub fn launch<K: Kernel>(
                             param_name(i)
                         )));
                     }
+                    Arg::Symmetric { copies, .. } => {
+                        kargs.push(KernelArg::Symmetric(Arc::clone(copies)))
+                    }
                     Arg::Scalar(s) => kargs.push(KernelArg::Scalar(*s)),
                 }
             }
             match &device.backend {
+                #[cfg(feature = "jit")]
+                Backend::Emu(_) if compiled.func.uses_comm() => {
+                    return Err(invalid(
+                        "communication kernels do not run on the emulator yet".into(),
+                    ));
+                }
                 #[cfg(feature = "jit")]
                 Backend::Emu(k) => {
                     let flavor = match k {
@@ -419,8 +468,13 @@ pub fn launch<K: Kernel>(
                     tessera_codegen::emu::launch(&compiled.func, flavor, &opts, dims, &kargs)
                         .map_err(|e| Error::Emu(Box::new(e)))?;
                 }
-                _ => interp::run(&compiled.func, dims, &kargs)?,
+                _ => interp::run_in_world(&compiled.func, dims, &kargs, world.as_ref())?,
             }
+        }
+        _ if compiled.func.uses_comm() => {
+            return Err(invalid(
+                "communication kernels do not run on GPUs yet".into(),
+            ));
         }
         Backend::Cuda(d) => {
             let (gargs, spec) = gpu_args(args, |s| match s {

@@ -285,6 +285,7 @@ pub fn launch(
             (e, a) => {
                 let got = match a {
                     KernelArg::Buffer(b) => format!("a buffer of {}", b.elem()),
+                    KernelArg::Symmetric(_) => "a symmetric buffer".to_string(),
                     KernelArg::Scalar(s) => format!("a scalar {s}"),
                 };
                 return Err(arg_err(&p.name, format!("expected {e}, got {got}")));

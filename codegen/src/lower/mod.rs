@@ -895,6 +895,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             OpKind::Yield | OpKind::Condition => {
                 return unsupported(span, "a terminator outside its region's end");
             }
+            OpKind::Rank
+            | OpKind::WorldSize
+            | OpKind::RemotePtr
+            | OpKind::Signal { .. }
+            | OpKind::WaitUntil { .. }
+            | OpKind::Fence { .. }
+            | OpKind::BarrierAll => {
+                return unsupported(span, "communication ops are not lowered yet");
+            }
         }
         Ok(())
     }

@@ -19,10 +19,12 @@
 //! yields a placeholder value so tracing can continue, and [`trace`] returns the first
 //! error.
 
+mod comm;
 mod control;
 mod ops;
 mod shape;
 
+pub use comm::{Peer, Symmetric, Token, barrier_all, fence, quiet, rank, world_size};
 pub use control::{
     Carry, CondBranch, CtInt, ForRange, LoopIndex, RtBound, ScalarCond, WhileCond, for_range,
     if_else, while_cond, while_loop,
@@ -241,6 +243,13 @@ impl KernelParams {
         }
     }
 
+    /// A symmetric buffer parameter (one copy per rank, see [`Symmetric`]).
+    pub fn symmetric<T: DType>(&mut self, name: &str, readonly: bool) -> Symmetric<T> {
+        Symmetric {
+            local: self.buffer(name, readonly),
+        }
+    }
+
     /// A runtime scalar parameter.
     pub fn scalar<T: DType>(&mut self, name: &str) -> Scalar<T> {
         let id = with_builder(|b| b.param(name, Type::scalar(T::TY), ParamAttrs::default()));
@@ -309,6 +318,14 @@ impl<T: DType> std::fmt::Debug for Global<T> {
 }
 
 impl<T: DType> Global<T> {
+    /// Wraps a pointer value (the caller guarantees its type is `ptr<T>`).
+    pub fn from_ptr(ptr: ValueId) -> Global<T> {
+        Global {
+            ptr,
+            _t: PhantomData,
+        }
+    }
+
     /// The pointer value.
     pub fn id(&self) -> ValueId {
         self.ptr

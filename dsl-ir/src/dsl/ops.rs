@@ -649,7 +649,7 @@ int_offsets!(i32, i64, u32, usize);
 
 impl<T: DType> Global<T> {
     /// Pointers `self + offs` (in elements), splatting the base over the offsets' shape.
-    fn ptrs<O: Offsets>(&self, offs: O, span: &Span) -> ValueId {
+    pub(super) fn ptrs<O: Offsets>(&self, offs: O, span: &Span) -> ValueId {
         let dims = O::Shape::dims();
         let offs = offs.value(span);
         let base = broadcast_value(self.id(), &dims, span);

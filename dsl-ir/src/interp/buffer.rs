@@ -222,7 +222,46 @@ float_elem!(f64, u64, AtomicU64, F64);
 pub struct HostBuffer {
     elem: ScalarType,
     len: usize,
-    words: Box<[AtomicU64]>,
+    words: Words,
+}
+
+/// Host memory that [`HostBuffer`]s can be views of: a rank's symmetric heap (private
+/// memory, or a shared mapping that other processes see too).
+///
+/// # Safety
+/// `base()` must stay valid for reads and writes of `len()` bytes, 8-byte aligned, for
+/// as long as the value lives, and be accessed only atomically or through raw pointers
+/// (never through `&mut` references) while views exist.
+pub unsafe trait HostMemory: Send + Sync + 'static {
+    /// Start of the memory.
+    fn base(&self) -> *mut u8;
+    /// Size in bytes.
+    fn len(&self) -> usize;
+}
+
+enum Words {
+    Owned(Box<[AtomicU64]>),
+    View {
+        ptr: *const AtomicU64,
+        nwords: usize,
+        _owner: std::sync::Arc<dyn HostMemory>,
+    },
+}
+
+// SAFETY: the view's memory is kept alive by `_owner` and only accessed atomically, as
+// the owned storage is; `HostMemory` requires `Send + Sync`.
+unsafe impl Send for Words {}
+// SAFETY: as above.
+unsafe impl Sync for Words {}
+
+impl Words {
+    fn slice(&self) -> &[AtomicU64] {
+        match self {
+            Words::Owned(b) => b,
+            // SAFETY: `HostMemory` guarantees `nwords * 8` live, aligned bytes.
+            Words::View { ptr, nwords, .. } => unsafe { std::slice::from_raw_parts(*ptr, *nwords) },
+        }
+    }
 }
 
 impl std::fmt::Debug for HostBuffer {
@@ -236,7 +275,51 @@ impl HostBuffer {
     pub fn new(elem: ScalarType, len: usize) -> HostBuffer {
         let bytes = len * elem.size_bytes();
         let words = (0..bytes.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
-        HostBuffer { elem, len, words }
+        HostBuffer {
+            elem,
+            len,
+            words: Words::Owned(words),
+        }
+    }
+
+    /// A buffer of `len` elements of `elem` that lives inside `mem`, starting
+    /// `byte_offset` bytes in (a symmetric allocation in a heap): not zeroed, not
+    /// copied. Fails unless the range lies inside `mem` and `byte_offset` is a
+    /// multiple of 8.
+    pub fn view(
+        mem: std::sync::Arc<dyn HostMemory>,
+        byte_offset: usize,
+        elem: ScalarType,
+        len: usize,
+    ) -> Result<HostBuffer, InterpError> {
+        let bytes = len.checked_mul(elem.size_bytes());
+        let end = bytes.and_then(|b| b.checked_add(byte_offset));
+        let nwords = bytes.map(|b| b.div_ceil(8));
+        match (end, nwords) {
+            (Some(_), Some(nwords))
+                if byte_offset.is_multiple_of(8)
+                    && (mem.base() as usize).is_multiple_of(8)
+                    && byte_offset + nwords * 8 <= mem.len() =>
+            {
+                // SAFETY: in bounds of the memory, checked above.
+                let ptr = unsafe { mem.base().add(byte_offset) } as *const AtomicU64;
+                Ok(HostBuffer {
+                    elem,
+                    len,
+                    words: Words::View {
+                        ptr,
+                        nwords,
+                        _owner: mem,
+                    },
+                })
+            }
+            _ => Err(InterpError::Host {
+                message: format!(
+                    "a view of {len} {elem} at byte {byte_offset} does not fit in {} bytes of memory (or is not 8-byte aligned)",
+                    mem.len()
+                ),
+            }),
+        }
     }
 
     /// A buffer holding the byte image `bytes` (native byte order); its length must be a
@@ -301,7 +384,7 @@ impl HostBuffer {
 
     /// Start of the storage, for element access through [`sealed::Mem`].
     pub(crate) fn base(&self) -> *const u8 {
-        self.words.as_ptr() as *const u8
+        self.words.slice().as_ptr() as *const u8
     }
 
     /// The start of the storage, for foreign code that accesses the buffer in place
@@ -309,14 +392,15 @@ impl HostBuffer {
     /// bytes long, in the host's byte order. Writing through it is sound only while no
     /// Rust code accesses the buffer concurrently (it is interior-mutable storage).
     pub fn as_mut_ptr(&self) -> *mut u8 {
-        self.words.as_ptr() as *mut u8
+        self.words.slice().as_ptr() as *mut u8
     }
 
     /// A copy of the whole byte image.
     pub fn read_bytes(&self) -> Vec<u8> {
         let n = self.size_bytes();
-        let mut out = Vec::with_capacity(self.words.len() * 8);
-        for w in self.words.iter() {
+        let words = self.words.slice();
+        let mut out = Vec::with_capacity(words.len() * 8);
+        for w in words {
             out.extend_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
         }
         out.truncate(n);
@@ -353,7 +437,7 @@ impl HostBuffer {
         // Whole words.
         while end - pos >= 8 {
             let w = u64::from_ne_bytes(src[..8].try_into().expect("8 bytes"));
-            self.words[pos / 8].store(w, Ordering::Relaxed);
+            self.words.slice()[pos / 8].store(w, Ordering::Relaxed);
             pos += 8;
             src = &src[8..];
         }

@@ -1,13 +1,14 @@
 //! The evaluator: argument checking, the parallel grid driver and per-op semantics.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use rayon::prelude::*;
 
 use super::InterpError;
 use super::arith::{self, ArithErr, Operand};
 use super::buffer::{Element, HostBuffer, std_order};
+use super::comm::{CommWorld, MAX_RESIDENT};
 use super::value::{Data, Elt, KernelArg, PtrTile, Slots, map_data};
 use crate::ir::{ConstValue, Function, Op, OpKind, Region, ValueId};
 use crate::types::{Elem, ScalarType, Type};
@@ -19,24 +20,59 @@ use crate::types::{Elem, ScalarType, Type};
 /// On failure the error of the lowest failing program id is returned (see the
 /// [module docs](super)).
 pub fn run(f: &Function, grid: [u32; 3], args: &[KernelArg]) -> Result<(), InterpError> {
-    let (bufs, params) = check_args(f, args)?;
+    run_in_world(f, grid, args, None)
+}
+
+/// [`run`] as one rank of `world` (see the [module docs](super) on communication);
+/// `None` runs as rank 0 of a world of one. When a program instance fails, the world
+/// is aborted (every rank's waits stop) before the error is returned.
+pub fn run_in_world(
+    f: &Function,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    world: Option<&CommWorld>,
+) -> Result<(), InterpError> {
+    let world = world.cloned().unwrap_or_else(CommWorld::single);
+    let bound = check_args(f, args, &world)?;
     let total = grid.iter().map(|&g| g as u64).product::<u64>();
     if total == 0 {
         return Ok(());
     }
+    let blocking = f.uses_blocking();
+    if blocking && total > MAX_RESIDENT {
+        return Err(InterpError::TooManyPrograms {
+            kernel: f.name.clone(),
+            span: f.span.clone(),
+            programs: total,
+            limit: MAX_RESIDENT,
+        });
+    }
     let ex = Exec {
         f,
         grid,
-        bufs,
-        params,
+        bufs: bound.bufs,
+        remote_base: bound.remote_base,
+        slot_names: bound.slot_names,
+        params: bound.params,
         plan: Plan::new(f),
+        world,
         best: AtomicU64::new(u64::MAX),
         err: Mutex::new(None),
     };
     let nvalues = f.values.len();
-    (0..total)
-        .into_par_iter()
-        .for_each_init(|| vec![None; nvalues], |env, lin| ex.run_program(env, lin));
+    if blocking {
+        // Every program instance on its own thread: they may wait for each other.
+        std::thread::scope(|s| {
+            for lin in 0..total {
+                let ex = &ex;
+                s.spawn(move || ex.run_program(&mut vec![None; nvalues], lin));
+            }
+        });
+    } else {
+        (0..total)
+            .into_par_iter()
+            .for_each_init(|| vec![None; nvalues], |env, lin| ex.run_program(env, lin));
+    }
     let err = ex.err.into_inner().unwrap_or_else(|e| e.into_inner());
     match err {
         Some((_, e)) => Err(e),
@@ -44,10 +80,21 @@ pub fn run(f: &Function, grid: [u32; 3], args: &[KernelArg]) -> Result<(), Inter
     }
 }
 
-/// Buffers by parameter index, and the initial values of the parameters.
-type Bound<'a> = (Vec<Option<&'a HostBuffer>>, Vec<(ValueId, Data)>);
+/// Buffers by slot (parameters first, then every rank's copy of each symmetric
+/// parameter), the remote slot base of each parameter slot, slot names, and the
+/// initial values of the parameters.
+struct Bound<'a> {
+    bufs: Vec<Option<&'a HostBuffer>>,
+    remote_base: Vec<Option<u32>>,
+    slot_names: Vec<String>,
+    params: Vec<(ValueId, Data)>,
+}
 
-fn check_args<'a>(f: &Function, args: &'a [KernelArg]) -> Result<Bound<'a>, InterpError> {
+fn check_args<'a>(
+    f: &Function,
+    args: &'a [KernelArg],
+    world: &CommWorld,
+) -> Result<Bound<'a>, InterpError> {
     let mismatch = |param: &str, message: String| InterpError::ArgMismatch {
         kernel: f.name.clone(),
         span: f.span.clone(),
@@ -66,6 +113,7 @@ fn check_args<'a>(f: &Function, args: &'a [KernelArg]) -> Result<Bound<'a>, Inte
     }
     let mut bufs = Vec::with_capacity(args.len());
     let mut params = Vec::with_capacity(args.len());
+    let mut remote: Vec<(usize, &'a [Arc<HostBuffer>])> = Vec::new();
     for (i, (p, a)) in f.params.iter().zip(args).enumerate() {
         let ty = f
             .values
@@ -98,6 +146,37 @@ fn check_args<'a>(f: &Function, args: &'a [KernelArg]) -> Result<Bound<'a>, Inte
                     }),
                 ));
             }
+            (Elem::Ptr { pointee, .. }, KernelArg::Symmetric(copies)) => {
+                if copies.len() != world.size as usize {
+                    return Err(mismatch(
+                        &p.name,
+                        format!(
+                            "a symmetric buffer with {} copies in a world of {} rank(s)",
+                            copies.len(),
+                            world.size
+                        ),
+                    ));
+                }
+                let local = &copies[world.rank as usize];
+                if let Some(b) = copies.iter().find(|b| b.elem() != pointee) {
+                    return Err(mismatch(
+                        &p.name,
+                        format!(
+                            "expected a buffer of {pointee} for {ty}, got a buffer of {}",
+                            b.elem()
+                        ),
+                    ));
+                }
+                bufs.push(Some(&**local));
+                remote.push((i, copies));
+                params.push((
+                    p.value,
+                    Data::Ptr(PtrTile {
+                        slots: Slots::Uniform(i as u32),
+                        offs: vec![0],
+                    }),
+                ));
+            }
             (Elem::Ptr { .. }, KernelArg::Scalar(s)) => {
                 return Err(mismatch(
                     &p.name,
@@ -114,15 +193,29 @@ fn check_args<'a>(f: &Function, args: &'a [KernelArg]) -> Result<Bound<'a>, Inte
                 bufs.push(None);
                 params.push((p.value, s.to_data()));
             }
-            (Elem::Scalar(st), KernelArg::Buffer(b)) => {
+            (Elem::Scalar(st), KernelArg::Buffer(_) | KernelArg::Symmetric(_)) => {
                 return Err(mismatch(
                     &p.name,
-                    format!("expected a scalar of type {st}, got a buffer ({b:?})"),
+                    format!("expected a scalar of type {st}, got a buffer"),
                 ));
             }
         }
     }
-    Ok((bufs, params))
+    let mut slot_names: Vec<String> = f.params.iter().map(|p| p.name.clone()).collect();
+    let mut remote_base = vec![None; bufs.len()];
+    for (i, copies) in remote {
+        remote_base[i] = Some(bufs.len() as u32);
+        for (r, b) in copies.iter().enumerate() {
+            bufs.push(Some(&**b));
+            slot_names.push(format!("{} (rank {r}'s copy)", f.params[i].name));
+        }
+    }
+    Ok(Bound {
+        bufs,
+        remote_base,
+        slot_names,
+        params,
+    })
 }
 
 /// Per-op facts computed once per launch.
@@ -259,19 +352,24 @@ impl Plan {
 }
 
 /// Shared state of one launch.
-struct Exec<'a> {
+pub(super) struct Exec<'a> {
     f: &'a Function,
-    grid: [u32; 3],
+    pub(super) grid: [u32; 3],
     bufs: Vec<Option<&'a HostBuffer>>,
+    /// For each slot of a symmetric parameter: the slot of rank 0's copy (rank `r`'s
+    /// copy is at `base + r`).
+    pub(super) remote_base: Vec<Option<u32>>,
+    slot_names: Vec<String>,
     params: Vec<(ValueId, Data)>,
     plan: Plan,
+    pub(super) world: CommWorld,
     /// Lowest linear program id known to have failed.
     best: AtomicU64,
     err: Mutex<Option<(u64, InterpError)>>,
 }
 
 /// Why a program instance stopped.
-enum Stop {
+pub(super) enum Stop {
     Error(Box<InterpError>),
     /// A lower program id failed; this one's result no longer matters.
     Cancelled,
@@ -283,7 +381,7 @@ impl From<InterpError> for Stop {
     }
 }
 
-type R<T> = Result<T, Stop>;
+pub(super) type R<T> = Result<T, Stop>;
 
 /// How a region ended.
 enum Term {
@@ -319,11 +417,17 @@ impl Exec<'_> {
         };
         let r = p.region(&self.f.body, &self.plan.body);
         if let Err(Stop::Error(e)) = r {
-            let mut g = self.err.lock().unwrap_or_else(|e| e.into_inner());
-            if g.as_ref().is_none_or(|(l, _)| lin < *l) {
-                *g = Some((lin, *e));
+            // Abandoned waits rank below the failure that caused them.
+            let abandoned = matches!(*e, InterpError::Aborted { .. });
+            if !abandoned {
+                self.world.abort();
             }
-            self.best.fetch_min(lin, Ordering::Relaxed);
+            let key = lin | if abandoned { 1 << 63 } else { 0 };
+            let mut g = self.err.lock().unwrap_or_else(|e| e.into_inner());
+            if g.as_ref().is_none_or(|(l, _)| key < *l) {
+                *g = Some((key, *e));
+            }
+            self.best.fetch_min(key, Ordering::Relaxed);
         }
     }
 }
@@ -566,19 +670,19 @@ fn select_data(c: &[bool], a: &Data, b: &Data) -> Option<Data> {
 }
 
 /// One program instance.
-struct Prog<'a, 'e> {
-    ex: &'a Exec<'a>,
+pub(super) struct Prog<'a, 'e> {
+    pub(super) ex: &'a Exec<'a>,
     env: &'e mut [Option<Data>],
-    pid: [u32; 3],
+    pub(super) pid: [u32; 3],
     lin: u64,
 }
 
 impl Prog<'_, '_> {
-    fn kernel(&self) -> String {
+    pub(super) fn kernel(&self) -> String {
         self.ex.f.name.clone()
     }
 
-    fn invalid(&self, op: &Op, message: impl Into<String>) -> Stop {
+    pub(super) fn invalid(&self, op: &Op, message: impl Into<String>) -> Stop {
         InterpError::InvalidIr {
             kernel: self.kernel(),
             op: op.kind.mnemonic(),
@@ -627,7 +731,7 @@ impl Prog<'_, '_> {
         }
     }
 
-    fn operand_ty(&self, op: &Op, k: usize) -> R<&Type> {
+    pub(super) fn operand_ty(&self, op: &Op, k: usize) -> R<&Type> {
         let v = *op
             .operands
             .get(k)
@@ -643,7 +747,7 @@ impl Prog<'_, '_> {
         self.ty(op, v)
     }
 
-    fn val(&self, op: &Op, k: usize) -> R<&Data> {
+    pub(super) fn val(&self, op: &Op, k: usize) -> R<&Data> {
         let v = *op
             .operands
             .get(k)
@@ -718,7 +822,7 @@ impl Prog<'_, '_> {
         Ok(Term::Fall)
     }
 
-    fn int_scalar(&self, op: &Op, k: usize) -> R<i128> {
+    pub(super) fn int_scalar(&self, op: &Op, k: usize) -> R<i128> {
         self.val(op, k)?
             .int_at(0)
             .ok_or_else(|| self.invalid(op, format!("operand {k} must be an integer scalar")))
@@ -946,6 +1050,16 @@ impl Prog<'_, '_> {
                 return Ok(Some(Term::Cond(c, vals)));
             }
             OpKind::Barrier => return Ok(None),
+            OpKind::Rank
+            | OpKind::WorldSize
+            | OpKind::RemotePtr
+            | OpKind::Signal { .. }
+            | OpKind::WaitUntil { .. }
+            | OpKind::Fence { .. }
+            | OpKind::BarrierAll => match self.comm_op(op)? {
+                Some(d) => d,
+                None => return Ok(None),
+            },
         };
         self.set(op, 0, d)?;
         Ok(None)
@@ -1046,7 +1160,7 @@ impl Prog<'_, '_> {
         }
     }
 
-    fn ptrs<'s>(&'s self, op: &Op, k: usize) -> R<&'s PtrTile> {
+    pub(super) fn ptrs<'s>(&'s self, op: &Op, k: usize) -> R<&'s PtrTile> {
         match self.val(op, k)? {
             Data::Ptr(p) => Ok(p),
             _ => Err(self.invalid(op, "memory op needs pointers")),
@@ -1091,7 +1205,7 @@ impl Prog<'_, '_> {
         }
     }
 
-    fn bad_ptr(&self, op: &Op, lane: usize, shape: &[u32], message: String) -> Stop {
+    pub(super) fn bad_ptr(&self, op: &Op, lane: usize, shape: &[u32], message: String) -> Stop {
         InterpError::InvalidPointer {
             kernel: self.kernel(),
             op: op.kind.mnemonic(),
@@ -1103,13 +1217,16 @@ impl Prog<'_, '_> {
         .into()
     }
 
-    fn oob(&self, op: &Op, lane: usize, shape: &[u32], slot: u32, index: i64, len: usize) -> Stop {
-        let buffer = self
-            .ex
-            .f
-            .params
+    /// The name of a buffer slot: its parameter, or a rank's copy of it.
+    pub(super) fn slot_name(&self, slot: u32) -> String {
+        self.ex
+            .slot_names
             .get(slot as usize)
-            .map_or_else(|| format!("#{slot}"), |p| p.name.clone());
+            .map_or_else(|| format!("#{slot}"), Clone::clone)
+    }
+
+    fn oob(&self, op: &Op, lane: usize, shape: &[u32], slot: u32, index: i64, len: usize) -> Stop {
+        let buffer = self.slot_name(slot);
         InterpError::OutOfBounds {
             kernel: self.kernel(),
             op: op.kind.mnemonic(),
@@ -1125,7 +1242,7 @@ impl Prog<'_, '_> {
 
     /// The buffer and in-bounds element index of lane `i`, or the sanitizer's error.
     #[inline]
-    fn locate<T: Element>(
+    pub(super) fn locate<T: Element>(
         &self,
         op: &Op,
         p: &PtrTile,

@@ -77,6 +77,27 @@
 //! before/after regions until the `condition` is false, yielding the forwarded values.
 //! `barrier` is a no-op: each program instance runs as one thread.
 //!
+//! **Communication** ([`run_in_world`]). A launch may run as one rank of a
+//! [`CommWorld`]: `rank`/`world_size` come from it, and buffers passed as
+//! [`KernelArg::Symmetric`] have one copy per rank. `remote_ptr p, peer` retargets the
+//! pointers of a symmetric buffer's local copy to the same elements of `peer`'s copy
+//! (a peer outside `0..world_size` is [`InterpError::BadPeer`]; a pointer into a
+//! non-symmetric buffer is [`InterpError::InvalidPointer`]); accesses through it are
+//! bounds-checked against that copy. `signal` is one atomic `xchg`/`add` on the `u64`
+//! word with the op's ordering (a program instance is one thread, so a release covers
+//! all its earlier accesses). `wait_until` polls the word (relaxed loads, then an
+//! acquire fence once the comparison holds), yielding to other threads between polls;
+//! `fence` is a `std::sync::atomic::fence` (none for `relaxed`). `barrier_all` adds one
+//! to an arrival counter in rank 0's control words ([`ctrl`]) and waits until the
+//! counter reaches the next multiple of `world_size × programs per rank`. Scopes are
+//! all honoured as `system` (the strongest). Kernels with `wait_until`/`barrier_all` run
+//! every program instance on its own thread, so that all can be waiting at once (as a
+//! GPU needs the whole grid resident), at most [`comm::MAX_RESIDENT`] of them. Every
+//! wait gives up after the world's timeout with [`InterpError::WaitTimeout`] naming the
+//! rank, op, line, word and the expected and observed values; a failing program
+//! instance sets every rank's abort word, so the others stop waiting
+//! ([`InterpError::Aborted`]) instead of hanging.
+//!
 //! **Errors and parallelism.** When program instances fail, [`run`] returns the error of
 //! the lowest failing program id (linear order `x + nx * (y + ny * z)`): instances with
 //! a higher id than a known failure are skipped or stopped early, lower ones still run.
@@ -86,6 +107,7 @@
 
 mod arith;
 mod buffer;
+mod comm;
 mod exec;
 mod value;
 
@@ -94,8 +116,9 @@ mod tests;
 
 use std::fmt::Write as _;
 
-pub use buffer::{Element, HostBuffer};
-pub use exec::run;
+pub use buffer::{Element, HostBuffer, HostMemory};
+pub use comm::{CommWorld, ctrl, default_wait_timeout};
+pub use exec::{run, run_in_world};
 pub use value::{KernelArg, Scalar};
 
 use crate::ir::Span;
@@ -203,6 +226,91 @@ pub enum InterpError {
         span: Span,
         /// What is wrong.
         message: String,
+    },
+    /// A `wait_until` or `barrier_all` that did not complete within the wait timeout
+    /// (`TESSERA_WAIT_TIMEOUT`): a missing signal, or a rank that never arrived.
+    #[error(
+        "{span}: `{op}` timed out after {secs:.3} s in kernel `{kernel}` on rank {rank}, program_id {pid}: {what} expected {pred} {expected}, observed {observed}",
+        pid = fmt_pid(.program_id),
+        secs = .timeout.as_secs_f64()
+    )]
+    WaitTimeout {
+        /// Kernel name.
+        kernel: String,
+        /// `wait_until` or `barrier_all`.
+        op: &'static str,
+        /// Source location of the wait.
+        span: Span,
+        /// The waiting rank.
+        rank: u32,
+        /// The waiting program instance.
+        program_id: [u32; 3],
+        /// What was awaited: ``signal `sig`[3]`` or the barrier's arrival counter.
+        what: String,
+        /// The comparison (`==`, `>=`, ...).
+        pred: &'static str,
+        /// The value compared against.
+        expected: u64,
+        /// The last value read.
+        observed: u64,
+        /// How long it waited.
+        timeout: std::time::Duration,
+    },
+    /// A wait abandoned because another rank (or program instance) of the world failed;
+    /// that failure is reported by its own launch.
+    #[error(
+        "{span}: `{op}` in kernel `{kernel}` on rank {rank}, program_id {pid} abandoned: rank {failed_rank} failed",
+        pid = fmt_pid(.program_id)
+    )]
+    Aborted {
+        /// Kernel name.
+        kernel: String,
+        /// The abandoned op.
+        op: &'static str,
+        /// Its source location.
+        span: Span,
+        /// This rank.
+        rank: u32,
+        /// This program instance.
+        program_id: [u32; 3],
+        /// The rank that failed first.
+        failed_rank: u32,
+    },
+    /// A peer index outside `0..world_size`.
+    #[error(
+        "{span}: bad peer {peer} in `{op}` in kernel `{kernel}` on rank {rank}, program_id {pid}: the world has {world_size} rank(s)",
+        pid = fmt_pid(.program_id)
+    )]
+    BadPeer {
+        /// Kernel name.
+        kernel: String,
+        /// The op.
+        op: &'static str,
+        /// Its source location.
+        span: Span,
+        /// This rank.
+        rank: u32,
+        /// This program instance.
+        program_id: [u32; 3],
+        /// The peer asked for.
+        peer: i64,
+        /// Number of ranks.
+        world_size: u32,
+    },
+    /// A kernel that waits for other program instances, launched with more program
+    /// instances than can run at once.
+    #[error(
+        "{span}: kernel `{kernel}` waits for other program instances (wait_until/barrier_all), so all of them must run at once: a grid of {programs} exceeds the limit of {limit}"
+    )]
+    TooManyPrograms {
+        /// Kernel name.
+        kernel: String,
+        /// Where the kernel is defined.
+        span: Span,
+        /// Program instances launched.
+        programs: u64,
+        /// The most that may run at once.
+        limit: u64,
     },
     /// A host-side [`HostBuffer`] access out of range or of the wrong type.
     #[error("host buffer access: {message}")]

@@ -109,6 +109,10 @@ pub enum KernelArg {
     Buffer(Arc<HostBuffer>),
     /// A value for a scalar parameter.
     Scalar(Scalar),
+    /// A symmetric buffer for a `ptr<T>` parameter: every rank's copy, indexed by rank
+    /// (the launch's [`CommWorld`](super::CommWorld) says which one is local). Pointers
+    /// derived from it can be translated to a peer's copy with `remote_ptr`.
+    Symmetric(Arc<[Arc<HostBuffer>]>),
 }
 
 impl From<Arc<HostBuffer>> for KernelArg {

@@ -1,0 +1,357 @@
+//! Communication ops of the interpreter: the world, control words, waits.
+
+use std::sync::Arc;
+use std::sync::atomic::{Ordering, fence};
+use std::time::{Duration, Instant};
+
+use super::InterpError;
+use super::buffer::{Element, HostBuffer, std_order};
+use super::exec::{Prog, R};
+use super::value::{Data, PtrTile, Slots};
+use crate::ir::{AtomicOp, CmpPred, MemOrder, Op, OpKind, SignalOp};
+
+/// The most program instances (per rank) of a kernel that waits (`wait_until`,
+/// `barrier_all`): each runs on its own OS thread.
+pub const MAX_RESIDENT: u64 = 1024;
+
+/// Layout of a rank's control words: `u64`s at the start of its symmetric heap,
+/// zeroed when the world is created, never handed out to users.
+pub mod ctrl {
+    /// Arrival counter of `barrier_all` (used in rank 0's words only). Monotonic: a
+    /// barrier completes when it reaches the next multiple of the participant count.
+    pub const BARRIER: usize = 0;
+    /// Nonzero once a rank failed: `1 + the failed rank`. Waits on every rank stop.
+    pub const ABORT: usize = 1;
+    /// Number of control words (the region is 256 bytes so data stays aligned).
+    pub const WORDS: usize = 32;
+}
+
+/// The wait timeout from `TESSERA_WAIT_TIMEOUT` (seconds, fractions allowed), else 30 s.
+pub fn default_wait_timeout() -> Duration {
+    std::env::var("TESSERA_WAIT_TIMEOUT")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0)
+        .map_or(Duration::from_secs(30), Duration::from_secs_f64)
+}
+
+/// The world one launch runs in: this rank, the number of ranks, every rank's control
+/// words, and how long a wait may take.
+#[derive(Clone, Debug)]
+pub struct CommWorld {
+    /// This rank, `0..size`.
+    pub rank: u32,
+    /// Number of ranks.
+    pub size: u32,
+    /// Every rank's control words (index: rank), `u64` buffers of at least
+    /// [`ctrl::WORDS`] elements.
+    pub ctrl: Arc<[Arc<HostBuffer>]>,
+    /// How long a `wait_until` or `barrier_all` waits before failing.
+    pub timeout: Duration,
+}
+
+impl CommWorld {
+    /// A world of one rank with its own control words.
+    pub fn single() -> CommWorld {
+        CommWorld {
+            rank: 0,
+            size: 1,
+            ctrl: Arc::from(vec![Arc::new(HostBuffer::new(
+                crate::types::ScalarType::U64,
+                ctrl::WORDS,
+            ))]),
+            timeout: default_wait_timeout(),
+        }
+    }
+
+    fn word(&self, rank: usize, w: usize) -> Option<&HostBuffer> {
+        self.ctrl
+            .get(rank)
+            .map(|b| &**b)
+            .filter(|b| b.elem() == u64::TY && b.len() > w)
+    }
+
+    /// Reads control word `w` of `rank` (0 when absent).
+    pub fn read(&self, rank: usize, w: usize) -> u64 {
+        // SAFETY: `word` checked the type and that `w < len`.
+        self.word(rank, w).map_or(0, |b| unsafe {
+            <u64 as super::buffer::sealed::Mem>::load(b.base(), w)
+        })
+    }
+
+    /// The rank that failed first, if any.
+    pub fn failed_rank(&self) -> Option<u32> {
+        match self.read(self.rank as usize, ctrl::ABORT) {
+            0 => None,
+            v => Some((v - 1) as u32),
+        }
+    }
+
+    /// Marks this rank as failed on every rank, releasing their waits (the first
+    /// failure wins).
+    pub fn abort(&self) {
+        for r in 0..self.ctrl.len() {
+            if let Some(b) = self.word(r, ctrl::ABORT) {
+                // SAFETY: `word` checked the type and bounds.
+                unsafe {
+                    <u64 as super::buffer::sealed::Mem>::cas(
+                        b.base(),
+                        ctrl::ABORT,
+                        0,
+                        self.rank as u64 + 1,
+                        Ordering::AcqRel,
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Spins, then yields, then sleeps (up to 200 µs) between polls.
+struct Backoff(u32);
+
+impl Backoff {
+    fn snooze(&mut self) {
+        self.0 += 1;
+        if self.0 < 64 {
+            std::hint::spin_loop();
+        } else if self.0 < 256 {
+            std::thread::yield_now();
+        } else {
+            let us = (self.0 - 256).min(200) as u64;
+            std::thread::sleep(Duration::from_micros(us.max(5)));
+        }
+    }
+}
+
+fn pred_holds(p: CmpPred, a: u64, b: u64) -> bool {
+    match p {
+        CmpPred::Eq => a == b,
+        CmpPred::Ne => a != b,
+        CmpPred::Lt => a < b,
+        CmpPred::Le => a <= b,
+        CmpPred::Gt => a > b,
+        CmpPred::Ge => a >= b,
+    }
+}
+
+fn pred_symbol(p: CmpPred) -> &'static str {
+    match p {
+        CmpPred::Eq => "==",
+        CmpPred::Ne => "!=",
+        CmpPred::Lt => "<",
+        CmpPred::Le => "<=",
+        CmpPred::Gt => ">",
+        CmpPred::Ge => ">=",
+    }
+}
+
+fn load_u64(b: &HostBuffer, i: usize) -> u64 {
+    // SAFETY: callers located `i` inside `b`, a buffer of u64.
+    unsafe { <u64 as super::buffer::sealed::Mem>::load(b.base(), i) }
+}
+
+impl Prog<'_, '_> {
+    fn world(&self) -> &CommWorld {
+        &self.ex.world
+    }
+
+    fn u64_scalar(&self, op: &Op, k: usize) -> R<u64> {
+        match self.val(op, k)? {
+            Data::U64(v) if v.len() == 1 => Ok(v[0]),
+            _ => Err(self.invalid(op, format!("operand {k} must be a u64 scalar"))),
+        }
+    }
+
+    /// The `u64` word a scalar signal pointer designates, with a name for messages.
+    fn signal_word(&self, op: &Op) -> R<(&HostBuffer, usize, String)> {
+        let p = self.ptrs(op, 0)?;
+        if p.offs.len() != 1 {
+            return Err(self.invalid(op, "signal pointer must be a scalar"));
+        }
+        let (b, idx) = self.locate::<u64>(op, p, 0, &[])?;
+        let name = format!("signal `{}`[{idx}]", self.slot_name(p.slots.get(0)));
+        Ok((b, idx, name))
+    }
+
+    /// Fails when the world was aborted or the wait ran out of time.
+    fn wait_check(
+        &self,
+        op: &Op,
+        start: Instant,
+        what: impl FnOnce() -> String,
+        pred: CmpPred,
+        expected: u64,
+        observed: u64,
+    ) -> R<()> {
+        let w = self.world();
+        if let Some(failed_rank) = w.failed_rank() {
+            return Err(InterpError::Aborted {
+                kernel: self.kernel(),
+                op: op.kind.mnemonic(),
+                span: op.span.clone(),
+                rank: w.rank,
+                program_id: self.pid,
+                failed_rank,
+            }
+            .into());
+        }
+        if start.elapsed() >= w.timeout {
+            return Err(InterpError::WaitTimeout {
+                kernel: self.kernel(),
+                op: op.kind.mnemonic(),
+                span: op.span.clone(),
+                rank: w.rank,
+                program_id: self.pid,
+                what: what(),
+                pred: pred_symbol(pred),
+                expected,
+                observed,
+                timeout: w.timeout,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    /// Executes a communication op; `Some(data)` for ops with a result.
+    pub(super) fn comm_op(&mut self, op: &Op) -> R<Option<Data>> {
+        match op.kind {
+            OpKind::Rank => Ok(Some(Data::I32(vec![self.world().rank as i32]))),
+            OpKind::WorldSize => Ok(Some(Data::I32(vec![self.world().size as i32]))),
+            OpKind::RemotePtr => self.remote_ptr(op).map(Some),
+            OpKind::Signal { op: sop, order, .. } => {
+                let v = self.u64_scalar(op, 1)?;
+                let (b, idx, _) = self.signal_word(op)?;
+                let aop = match sop {
+                    SignalOp::Set => AtomicOp::Xchg,
+                    SignalOp::Add => AtomicOp::Add,
+                };
+                // SAFETY: `signal_word` located `idx` inside `b`, a buffer of u64.
+                unsafe {
+                    <u64 as super::buffer::sealed::Mem>::rmw(
+                        b.base(),
+                        idx,
+                        aop,
+                        v,
+                        std_order(order),
+                    )
+                };
+                Ok(None)
+            }
+            OpKind::WaitUntil { pred, .. } => {
+                let v = self.u64_scalar(op, 1)?;
+                let (b, idx, name) = self.signal_word(op)?;
+                let start = Instant::now();
+                let mut backoff = Backoff(0);
+                loop {
+                    let seen = load_u64(b, idx);
+                    if pred_holds(pred, seen, v) {
+                        fence(Ordering::Acquire);
+                        return Ok(Some(Data::U64(vec![seen])));
+                    }
+                    self.wait_check(op, start, || name.clone(), pred, v, seen)?;
+                    backoff.snooze();
+                }
+            }
+            OpKind::Fence { order, .. } => {
+                if order != MemOrder::Relaxed {
+                    fence(std_order(order));
+                }
+                Ok(None)
+            }
+            OpKind::BarrierAll => {
+                self.barrier_all(op)?;
+                Ok(None)
+            }
+            _ => Err(self.invalid(op, "not a communication op")),
+        }
+    }
+
+    fn barrier_all(&self, op: &Op) -> R<()> {
+        let w = self.world();
+        let Some(counter) = w.word(0, ctrl::BARRIER) else {
+            return Err(self.invalid(op, "the world has no control words"));
+        };
+        let per_rank: u64 = self.ex.grid.iter().map(|&g| g as u64).product();
+        let total = per_rank * w.size as u64;
+        // SAFETY: `word` checked the type and bounds.
+        let old = unsafe {
+            <u64 as super::buffer::sealed::Mem>::rmw(
+                counter.base(),
+                ctrl::BARRIER,
+                AtomicOp::Add,
+                1,
+                Ordering::AcqRel,
+            )
+        }
+        .unwrap_or(0);
+        let target = (old / total + 1) * total;
+        let start = Instant::now();
+        let mut backoff = Backoff(0);
+        loop {
+            let seen = load_u64(counter, ctrl::BARRIER);
+            if seen >= target {
+                fence(Ordering::Acquire);
+                return Ok(());
+            }
+            let what = || {
+                format!(
+                    "arrivals of all {total} program instances ({} rank(s) x {per_rank}; {} arrived)",
+                    w.size,
+                    total - (target - seen)
+                )
+            };
+            self.wait_check(op, start, what, CmpPred::Ge, target, seen)?;
+            backoff.snooze();
+        }
+    }
+
+    fn remote_ptr(&self, op: &Op) -> R<Data> {
+        let p = self.ptrs(op, 0)?;
+        let peer = self.int_scalar(op, 1)?;
+        let w = self.world();
+        if peer < 0 || peer >= w.size as i128 {
+            return Err(InterpError::BadPeer {
+                kernel: self.kernel(),
+                op: op.kind.mnemonic(),
+                span: op.span.clone(),
+                rank: w.rank,
+                program_id: self.pid,
+                peer: peer as i64,
+                world_size: w.size,
+            }
+            .into());
+        }
+        let map = |slot: u32, lane: usize| -> R<u32> {
+            match self.ex.remote_base.get(slot as usize).copied().flatten() {
+                Some(base) => Ok(base + peer as u32),
+                None => {
+                    let shape = self.operand_ty(op, 0)?.shape.clone();
+                    Err(self.bad_ptr(
+                        op,
+                        lane,
+                        &shape,
+                        format!(
+                            "`{}` is not a symmetric buffer of this rank, so it has no copy on a peer",
+                            self.slot_name(slot)
+                        ),
+                    ))
+                }
+            }
+        };
+        let slots = match &p.slots {
+            Slots::Uniform(s) => Slots::Uniform(map(*s, 0)?),
+            Slots::Lanes(v) => Slots::Lanes(
+                v.iter()
+                    .enumerate()
+                    .map(|(i, &s)| map(s, i))
+                    .collect::<R<Vec<_>>>()?,
+            ),
+        };
+        Ok(Data::Ptr(PtrTile {
+            slots,
+            offs: p.offs.clone(),
+        }))
+    }
+}
