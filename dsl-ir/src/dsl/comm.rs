@@ -7,14 +7,16 @@
 //! copy of another rank, which loads, stores and atomics then access remotely.
 //!
 //! All ops are **block-cooperative**: like every tile op, they are executed by the
-//! program instance (GPU block) as a whole. A tile `put` spreads its elements over the
-//! block's threads; a put of a scalar is one thread's store. `signal`, `wait_until`,
-//! `fence` and `barrier_all` act once per program instance and order the accesses of
-//! *all* its threads.
+//! program instance (GPU block) as a whole, and the tile's shape chooses how many
+//! threads move data: a tile `put`/`get` spreads its elements over the block's
+//! threads (16-byte accesses where contiguous), a tile of one warp's size is a warp's
+//! access, a scalar is one thread's. `signal`, `wait_until`, `fence` and `barrier_all`
+//! act once per program instance and order the accesses of *all* its threads.
 //!
 //! | op | ordering | default scope |
 //! |---|---|---|
-//! | remote load/store (`get`/`put`) | relaxed, like local ones | - |
+//! | remote load/store, `put_nbi`, `get`, `get_nbi` | relaxed, like local ones | - |
+//! | `put` | relaxed store, then acq_rel fence (visible on return) | system |
 //! | `signal` / `put_signal` | release (all earlier accesses of the program) | system |
 //! | `wait_until` | acquire (all later accesses of the program) | system |
 //! | `fence` | as given | as given |
@@ -113,10 +115,24 @@ impl<T: DType> Symmetric<T> {
         ))
     }
 
-    /// Writes `value` into `peer`'s copy at `offs` where `mask` is true (a remote store;
-    /// complete once a later `signal`, `quiet` or `barrier_all` has run).
+    /// Writes `value` into `peer`'s copy at `offs` where `mask` is true, and returns
+    /// once the data is visible to every rank (a remote store, then [`quiet`]).
     #[track_caller]
     pub fn put<P: Peer, O: Offsets, V: StoreValue<T, O::Shape>>(
+        &mut self,
+        peer: P,
+        offs: O,
+        value: V,
+        mask: Tile<bool, O::Shape>,
+    ) {
+        self.put_nbi(peer, offs, value, mask);
+        quiet();
+    }
+
+    /// Non-blocking [`put`](Self::put): the remote store is posted and completes (is
+    /// visible to `peer`) at this program's next `quiet`, `signal` or `barrier_all`.
+    #[track_caller]
+    pub fn put_nbi<P: Peer, O: Offsets, V: StoreValue<T, O::Shape>>(
         &mut self,
         peer: P,
         offs: O,
@@ -126,7 +142,24 @@ impl<T: DType> Symmetric<T> {
         self.on(peer).store(offs, value, mask);
     }
 
-    /// Reads `peer`'s copy at `offs` where `mask` is true (zero elsewhere).
+    /// Non-blocking get into a local buffer: copies `peer`'s elements at `offs` to
+    /// `dst[dst_offs]` where `mask` is true; `dst` holds them at the next `quiet` (or
+    /// block barrier, for other threads of this program).
+    #[track_caller]
+    pub fn get_nbi<P: Peer, O: Offsets, D: Offsets<Shape = O::Shape>>(
+        &self,
+        peer: P,
+        offs: O,
+        mask: Tile<bool, O::Shape>,
+        dst: &mut Global<T>,
+        dst_offs: D,
+    ) {
+        let v = self.on(peer).load(offs, mask);
+        dst.store(dst_offs, v, mask);
+    }
+
+    /// Reads `peer`'s copy at `offs` where `mask` is true (zero elsewhere): a blocking
+    /// get, the values are in hand when it returns.
     #[track_caller]
     pub fn get<P: Peer, O: Offsets>(
         &self,
@@ -137,8 +170,8 @@ impl<T: DType> Symmetric<T> {
         self.on(peer).load(offs, mask)
     }
 
-    /// [`put`](Self::put), then `signal` (release, system scope) of `sig[sig_index]` on
-    /// the same peer: the peer that sees the signal sees the data.
+    /// [`put_nbi`](Self::put_nbi), then `signal` (release, system scope) of
+    /// `sig[sig_index]` on the same peer: the peer that sees the signal sees the data.
     #[track_caller]
     #[allow(clippy::too_many_arguments)]
     pub fn put_signal<P, O, V, I, S>(
@@ -158,7 +191,7 @@ impl<T: DType> Symmetric<T> {
         I: Offsets<Shape = ()>,
         S: Operand<u64, Shape = ()>,
     {
-        self.put(peer, offs, value, mask);
+        self.put_nbi(peer, offs, value, mask);
         sig.signal(peer, sig_index, sig_value, op);
     }
 }
