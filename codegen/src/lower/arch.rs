@@ -17,6 +17,8 @@
 //! | barrier | `llvm.nvvm.barrier.cta.sync.aligned.all(0)` (`bar.sync 0`, orders shared memory) | `fence syncscope("workgroup") release` + `llvm.amdgcn.s.barrier` + `fence syncscope("workgroup") acquire` |
 //! | shuffle xor | `llvm.nvvm.shfl.sync.bfly.i32` (full mask) | `llvm.amdgcn.ds.bpermute` (byte address `(lane ^ m) * 4`) |
 //! | kernel ABI | calling convention `ptx_kernel` (71), `"nvvm.maxntid"` attribute | `amdgpu_kernel` (91), `"amdgpu-flat-work-group-size"="N,N"` |
+//! | timer (ns) | `llvm.nvvm.read.ptx.sreg.globaltimer` | `llvm.readsteadycounter` (`s_memrealtime` / `s_sendmsg_rtn_b64 REALTIME`: a 100 MHz clock, so ×10) |
+//! | bad `remote_ptr` peer | `llvm.trap` | `llvm.trap` |
 //! | atomics scopes | `block` / `device` / system (`""`) | `workgroup` / `agent` / system (`""`) |
 //! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` (inline PTX; sm_80+) | `llvm.amdgcn.mfma.f32.16x16x16f16` / `...16x16x16bf16.1k` (gfx90a, gfx942) |
 //!
@@ -143,6 +145,22 @@ pub trait Arch {
         _is_write: bool,
         _site: u32,
     ) -> LResult<()> {
+        Ok(())
+    }
+    /// A monotonic clock in nanoseconds (`i64`), read by the polling loops of
+    /// `wait_until` and `barrier_all` to time out.
+    fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>>;
+    /// Emitted on the path taken when a `remote_ptr` peer (`i32`) is outside
+    /// `0..world` (`i32`): GPUs trap, the emulator reports the op and goes on with
+    /// the local copy.
+    fn bad_peer<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        _peer: IntValue<'ctx>,
+        _world: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        cx.call_intrinsic("llvm.trap", &[], &[])?;
         Ok(())
     }
     /// Declares the kernel's ABI: calling convention and launch bounds.
@@ -272,6 +290,13 @@ impl Arch for Nvptx {
             AttributeLoc::Function,
             cx.ctx.create_string_attribute("nvvm.maxntid", &n),
         );
+    }
+
+    fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        // %globaltimer: nanoseconds (updated every microsecond or so).
+        Ok(cx
+            .call_intrinsic("llvm.nvvm.read.ptx.sreg.globaltimer", &[], &[])?
+            .into_int_value())
     }
 
     fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
@@ -448,6 +473,17 @@ impl Arch for Amdgpu {
             cx.ctx
                 .create_string_attribute("uniform-work-group-size", "true"),
         );
+    }
+
+    fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        // The constant 100 MHz "REALTIME" counter (s_memrealtime on gfx9/gfx10,
+        // s_sendmsg_rtn_b64 on gfx11): 10 ns per tick.
+        let t = cx
+            .call_intrinsic("llvm.readsteadycounter", &[], &[])?
+            .into_int_value();
+        Ok(cx
+            .b
+            .build_int_mul(t, cx.ctx.i64_type().const_int(10, false), "ns")?)
     }
 
     fn sync_scope(&self, scope: MemScope) -> &'static str {
