@@ -22,6 +22,13 @@
 //! lives in a thread-local. Shared memory is one host buffer per launch, reused by
 //! each block in turn.
 //!
+//! Kernels that wait for other blocks or ranks (`wait_until`, `barrier_all`:
+//! [`Function::uses_blocking`]) would deadlock that way, so their blocks all run at
+//! once, each on its own team with its own shared memory ([`launch_in_world`]).
+//! Communicating kernels take the hidden parameters of [`crate::comm`]; the heaps
+//! are host memory, so remote accesses are plain host accesses, checked against
+//! every rank's copy of the symmetric buffers.
+//!
 //! Checks: every global access is bounds-checked against the launch's buffers (an
 //! access outside all of them is reported with the op's `file:line:col`, block,
 //! thread and the element index relative to the nearest buffer, and redirected to a
@@ -34,7 +41,7 @@ pub mod mma;
 pub(crate) mod runtime;
 pub mod team;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Condvar, Mutex};
 use std::time::Duration;
 
@@ -164,6 +171,10 @@ pub enum EmuError {
         /// Threads in the block.
         threads: u32,
     },
+    /// A `wait_until` or `barrier_all` timed out, or gave up because another rank
+    /// failed ([`crate::comm::CommFault::Aborted`]: a consequence, not a cause).
+    #[error(transparent)]
+    Comm(#[from] crate::comm::CommFault),
     /// A `remote_ptr` (`buf.on(peer)`, `put`, `get`, `signal`) with a peer outside
     /// the world.
     #[error(
@@ -574,7 +585,29 @@ pub fn launch_in_world(
     if let Some(message) = spawn_error {
         return Err(EmuError::Threads { message });
     }
-    first_error(launch)
+    let comm = launch.comm.as_ref().map(|c| c.heap_bases[c.rank as usize]);
+    first_error(launch)?;
+    match comm {
+        Some(base) => take_record(func, rank, base, timeout),
+        None => Ok(()),
+    }
+}
+
+/// Reads (and clears) the error record in the control words of the heap at `base`.
+fn take_record(func: &Function, rank: u32, base: u64, timeout: Duration) -> Result<(), EmuError> {
+    let n = crate::comm::ERR_PROGRAM + 1;
+    // SAFETY: the heap starts with its control words (`EmuWorld`'s contract), and the
+    // launch is over: nothing else of this rank writes them now.
+    let words: Vec<u64> = (0..n)
+        .map(|w| unsafe { &*((base as usize + 8 * w) as *const AtomicU64) }.load(Ordering::Acquire))
+        .collect();
+    let fault = crate::comm::decode_record(func, rank, &words, timeout);
+    if fault.is_some() {
+        // SAFETY: as above.
+        unsafe { &*((base as usize + 8 * crate::comm::ERR_SITE) as *const AtomicU64) }
+            .store(0, Ordering::Release);
+    }
+    fault.map_or(Ok(()), |f| Err(f.into()))
 }
 
 /// The block coordinates of linear block `lin`.
