@@ -29,7 +29,6 @@
 //!   barriers need no reset.
 
 use inkwell::AddressSpace;
-use inkwell::llvm_sys::LLVMAtomicRMWBinOp as B;
 use inkwell::llvm_sys::core as c;
 use inkwell::values::{AsValueRef, BasicValue, IntValue, PointerValue};
 use inkwell::{AtomicOrdering, IntPredicate};
@@ -140,30 +139,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         set_align(s, 8);
         unsafe { c::LLVMSetOrdering(s.as_value_ref(), AtomicOrdering::Monotonic.into()) };
         Ok(())
-    }
-
-    fn atomic_rmw(
-        &self,
-        op: B,
-        p: PointerValue<'ctx>,
-        v: IntValue<'ctx>,
-        ord: AtomicOrdering,
-        scope: &str,
-    ) -> LResult<IntValue<'ctx>> {
-        let ssid = self.cx.sync_scope_id(scope);
-        // SAFETY: valid builder, pointer and value of matching types.
-        let raw = unsafe {
-            c::LLVMBuildAtomicRMWSyncScope(
-                self.cx.b.as_mut_ptr(),
-                op,
-                p.as_value_ref(),
-                v.as_value_ref(),
-                ord.into(),
-                ssid,
-            )
-        };
-        // SAFETY: `raw` is the i64 result of the atomicrmw just built.
-        Ok(unsafe { IntValue::new(raw) })
     }
 
     /// `cmpxchg p, 0, new` (acq_rel, system); true when it swapped.
@@ -421,11 +396,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.barrier()?;
                 self.in_thread0(|l| {
                     let p = l.access_ptr(AddrSpace::Global, p, 8, true, "signal")?;
-                    let bop = match sop {
-                        SignalOp::Set => B::LLVMAtomicRMWBinOpXchg,
-                        SignalOp::Add => B::LLVMAtomicRMWBinOpAdd,
-                    };
-                    l.atomic_rmw(bop, p, v, rmw_order(order), sc)?;
+                    l.arch
+                        .atomic_u64(&l.cx, sop, p, v, rmw_order(order), scope)?;
                     Ok(())
                 })?;
             }
@@ -460,12 +432,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     l.cx.fence(AtomicOrdering::Release, "")?;
                     let base0 = l.heap_base(l.cx.i32(0))?;
                     let cnt = l.ctrl_word(base0, ctrl::BARRIER)?;
-                    let old = l.atomic_rmw(
-                        B::LLVMAtomicRMWBinOpAdd,
+                    let old = l.arch.atomic_u64(
+                        &l.cx,
+                        SignalOp::Add,
                         cnt,
                         l.i64c(1),
                         AtomicOrdering::AcquireRelease,
-                        "",
+                        MemScope::System,
                     )?;
                     let mut total = l.cx.b.build_int_z_extend(cv.world, i64t, "")?;
                     for axis in 0..3 {
