@@ -241,3 +241,127 @@ pub fn decode_record(
         timeout,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_ir::ir::{MemScope, ParamAttrs};
+    use tessera_ir::{FunctionBuilder, ScalarType, Type};
+
+    fn sp(line: u32) -> Span {
+        Span::new("k.rs", line, 9)
+    }
+
+    /// `rank` (line 2), `wait_until ge` (line 3), `barrier_all` (line 4).
+    fn kernel(with_comm: bool) -> Function {
+        let mut b = FunctionBuilder::new("k", sp(1));
+        let sig = b.param(
+            "sig",
+            Type::global_ptr(ScalarType::U64),
+            ParamAttrs::default(),
+        );
+        if with_comm {
+            b.op1(OpKind::Rank, &[], None, sp(2)).unwrap();
+            let v = b
+                .constant(
+                    tessera_ir::ir::ConstValue::Int(7),
+                    Type::scalar(ScalarType::U64),
+                    sp(3),
+                )
+                .unwrap();
+            let w = OpKind::WaitUntil {
+                pred: CmpPred::Ge,
+                scope: MemScope::System,
+            };
+            b.op1(w, &[sig, v], None, sp(3)).unwrap();
+            b.op(OpKind::BarrierAll, &[], None, sp(4)).unwrap();
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn sites_are_the_comm_ops_in_order() {
+        let f = kernel(true);
+        let s = comm_sites(&f);
+        let names: Vec<_> = s.iter().map(|(sp, op)| (sp.line, *op)).collect();
+        assert_eq!(
+            names,
+            vec![(2, "rank"), (3, "wait_until"), (4, "barrier_all")]
+        );
+        assert!(comm_sites(&kernel(false)).is_empty());
+    }
+
+    #[test]
+    fn records_decode_to_faults() {
+        let f = kernel(true);
+        let t = Duration::from_millis(1500);
+        let mut w = [0u64; ctrl::WORDS];
+        assert_eq!(decode_record(&f, 1, &w, t), None);
+        w[ERR_SITE] = 2;
+        w[ERR_KIND] = KIND_TIMEOUT;
+        w[ERR_EXPECTED] = 7;
+        w[ERR_OBSERVED] = 3;
+        w[ERR_PROGRAM] = 5;
+        let e = decode_record(&f, 1, &w, t).expect("a record");
+        let msg = e.to_string();
+        assert!(msg.starts_with("k.rs:3:9: `wait_until` in kernel `k` timed out after 1.500 s on rank 1, program 5"), "{msg}");
+        assert!(msg.contains("observed >= 7, last observed 3"), "{msg}");
+        w[ERR_SITE] = 3;
+        w[ERR_KIND] = KIND_ABORTED;
+        w[ctrl::ABORT] = 3;
+        let e = decode_record(&f, 0, &w, t).expect("a record");
+        assert!(matches!(
+            e,
+            CommFault::Aborted {
+                op: "barrier_all",
+                failed_rank: 2,
+                rank: 0,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn hidden_values_follow_the_abi() {
+        let h = HiddenArgs {
+            rank: 3,
+            world_size: 4,
+            heap_bases: 0x1000,
+            timeout: Duration::from_secs(2),
+        };
+        assert_eq!(
+            h.values(),
+            [
+                HiddenValue::U32(3),
+                HiddenValue::U32(4),
+                HiddenValue::U64(0x1000),
+                HiddenValue::U64(2_000_000_000)
+            ]
+        );
+        let forever = HiddenArgs {
+            timeout: Duration::MAX,
+            ..h
+        };
+        assert_eq!(forever.values()[3], HiddenValue::U64(i64::MAX as u64));
+    }
+
+    #[test]
+    fn only_communicating_kernels_get_hidden_parameters() {
+        use inkwell::context::Context;
+        for (comm, n) in [(false, 1), (true, 5)] {
+            let f = kernel(comm);
+            for t in [
+                crate::Target::Nvptx { sm: 90 },
+                crate::Target::Amdgpu(crate::AmdArch::Gfx942),
+            ] {
+                let ctx = Context::create();
+                let (m, _) =
+                    crate::lower::lower_kernel(&ctx, &f, t, &crate::CompileOptions::default())
+                        .expect("lowers");
+                let k = m.get_function("k").expect("kernel");
+                assert_eq!(k.count_params(), n, "{t} comm={comm}");
+                m.verify().unwrap_or_else(|e| panic!("{t}: {e}"));
+            }
+        }
+    }
+}
