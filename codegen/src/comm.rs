@@ -50,7 +50,10 @@ use tessera_ir::{Function, Span};
 pub const HIDDEN_PARAMS: [(&str, &str); 4] = [
     ("rank", "i32"),
     ("world_size", "i32"),
-    ("heap_bases", "ptr (global address space) to world_size x u64"),
+    (
+        "heap_bases",
+        "ptr (global address space) to world_size x u64",
+    ),
     ("timeout_ns", "i64"),
 ];
 
@@ -304,7 +307,12 @@ mod tests {
         w[ERR_PROGRAM] = 5;
         let e = decode_record(&f, 1, &w, t).expect("a record");
         let msg = e.to_string();
-        assert!(msg.starts_with("k.rs:3:9: `wait_until` in kernel `k` timed out after 1.500 s on rank 1, program 5"), "{msg}");
+        assert!(
+            msg.starts_with(
+                "k.rs:3:9: `wait_until` in kernel `k` timed out after 1.500 s on rank 1, program 5"
+            ),
+            "{msg}"
+        );
         assert!(msg.contains("observed >= 7, last observed 3"), "{msg}");
         w[ERR_SITE] = 3;
         w[ERR_KIND] = KIND_ABORTED;

@@ -462,15 +462,14 @@ pub fn launch<K: Kernel>(
                     // Communicating kernels get this rank's hidden arguments; a wait
                     // that fails comes back as `EmuError::Comm` (decoded from the
                     // rank's error record).
-                    let emu_world =
-                        device
-                            .comm
-                            .as_ref()
-                            .map(|c| tessera_codegen::emu::EmuWorld {
-                                rank: c.rank,
-                                heap_bases: c.heap_bases(),
-                                timeout: c.timeout(),
-                            });
+                    let emu_world = device
+                        .comm
+                        .as_ref()
+                        .map(|c| tessera_codegen::emu::EmuWorld {
+                            rank: c.rank,
+                            heap_bases: c.heap_bases(),
+                            timeout: c.timeout(),
+                        });
                     tessera_codegen::emu::launch_in_world(
                         &compiled.func,
                         flavor,

@@ -337,10 +337,12 @@ fn is_consequence(e: &Error) -> bool {
         Error::Exec(ie) => matches!(**ie, InterpError::Aborted { .. }),
         Error::Comm { message, .. } => message.starts_with("abandoned"),
         #[cfg(feature = "jit")]
-        Error::Emu(ee) => matches!(
-            **ee,
-            tessera_codegen::emu::EmuError::Comm(tessera_codegen::comm::CommFault::Aborted { .. })
-        ),
+        Error::Emu(ee) => match &**ee {
+            tessera_codegen::emu::EmuError::Comm(f) => {
+                matches!(**f, tessera_codegen::comm::CommFault::Aborted { .. })
+            }
+            _ => false,
+        },
         _ => false,
     }
 }

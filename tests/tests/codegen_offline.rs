@@ -63,7 +63,14 @@ fn comm_all<const B: usize>(
     c.atomic_add(0, zeros::<u32, ()>() + 1u32, me.ge(0));
     fence(MemOrder::Release, MemScope::System);
     quiet();
-    sig.signal_with(left, 1, 1u64, SignalOp::Add, MemOrder::Release, MemScope::Device);
+    sig.signal_with(
+        left,
+        1,
+        1u64,
+        SignalOp::Add,
+        MemOrder::Release,
+        MemScope::Device,
+    );
     sig.wait_until_with(1, CmpPred::Eq, 1u64, MemScope::Device);
     barrier_all();
 }
@@ -329,9 +336,18 @@ fn comm_release_acquire_sequences_ptx() {
     assert!(asm.contains("ld.acquire.sys"), "no acquire load:\n{asm}");
     assert!(asm.contains("%globaltimer"), "no globaltimer:\n{asm}");
     // Device-scope signal and wait.
-    assert!(asm.contains("fence.acq_rel.gpu"), "no device-scope fence:\n{asm}");
-    assert!(asm.contains(".release.gpu"), "no device-scope release:\n{asm}");
-    assert!(asm.contains("ld.acquire.gpu"), "no device-scope acquire:\n{asm}");
+    assert!(
+        asm.contains("fence.acq_rel.gpu"),
+        "no device-scope fence:\n{asm}"
+    );
+    assert!(
+        asm.contains(".release.gpu"),
+        "no device-scope release:\n{asm}"
+    );
+    assert!(
+        asm.contains("ld.acquire.gpu"),
+        "no device-scope acquire:\n{asm}"
+    );
     // A bad peer traps.
     assert!(asm.contains("trap;"), "no trap:\n{asm}");
 }
@@ -353,7 +369,11 @@ fn comm_release_acquire_sequences_amdgcn() {
         art.asm
     );
     // Polling with the 100 MHz realtime counter.
-    assert!(art.asm.contains("s_memrealtime"), "no s_memrealtime:\n{}", art.asm);
+    assert!(
+        art.asm.contains("s_memrealtime"),
+        "no s_memrealtime:\n{}",
+        art.asm
+    );
 }
 
 #[test]

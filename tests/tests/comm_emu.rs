@@ -236,7 +236,11 @@ fn remote_atomics_count_exactly_on_the_emulator() {
         let total = (n * P) as u64 * ITERS as u64;
         assert_eq!(res[0].1, vec![total, 0, 0, 0], "{kind:?} x{n} counter");
         for (me, (seen, local)) in res.iter().enumerate() {
-            assert_eq!(seen, &vec![total; P], "{kind:?} x{n} rank {me} after barrier_all");
+            assert_eq!(
+                seen,
+                &vec![total; P],
+                "{kind:?} x{n} rank {me} after barrier_all"
+            );
             if me != 0 {
                 assert_eq!(local, &vec![0; 4], "{kind:?} x{n} rank {me} counter");
             }
@@ -286,13 +290,15 @@ fn barrier_all_repeated_on_the_emulator() {
     }
 }
 
-/// Rank 1 waits for a signal nobody sends; rank 0 waits for one rank 1 would send
-/// afterwards.
+/// Rank 1 waits for a signal nobody sends; rank 0 (launched once rank 1 waits)
+/// waits for one rank 1 would send afterwards, and is released by rank 1's failure.
 #[kernel]
 fn missing_signal(sig: &mut Symmetric<u64>, out: &mut Global<u64>) {
     let me = rank();
     let yes = me.ge(0);
     if me.eq(1) {
+        // Tell rank 0's host that this wait is about to start.
+        sig.signal(0, 2, 1u64, SignalOp::Set);
         let v = sig.wait_until(0, CmpPred::Eq, 42u64).value(); // MISSING-SIGNAL-WAIT
         sig.signal(0, 1, 1u64, SignalOp::Set);
         out.store(0, v, yes);
@@ -320,13 +326,23 @@ fn a_missing_signal_times_out_naming_the_wait() {
         let err = world(kind, 2)
             .wait_timeout(Duration::from_millis(1500))
             .run(|r| {
-                let mut sig = r.alloc_signals(2)?;
+                let mut sig = r.alloc_signals(3)?;
                 // Plant a value that does not satisfy the wait.
-                sig.copy_from(&[41, 0])?;
+                sig.copy_from(&[41, 0, 0])?;
+                r.barrier()?;
                 let mut out = r.device().upload(&[u64::MAX])?;
                 if r.rank() == 0 {
-                    // Start later: rank 1 times out first and releases this wait.
-                    std::thread::sleep(Duration::from_millis(400));
+                    // Start once rank 1 waits: rank 1 times out first and releases
+                    // this wait.
+                    while sig.download()?[2] == 0 {
+                        if start.elapsed() > Duration::from_secs(60) {
+                            return Err(Error::Comm {
+                                rank: 0,
+                                message: "rank 1 never started waiting".into(),
+                            });
+                        }
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
                 }
                 let res = missing_signal::launch(r.device(), 1u32, (&mut sig, &mut out));
                 if let Err(e) = &res {
@@ -382,5 +398,33 @@ fn a_bad_peer_is_reported() {
         );
         assert!(msg.contains("comm_emu.rs:"), "{kind:?}: {msg}");
         assert!(msg.contains("rank 0"), "{kind:?}: {msg}");
+    }
+}
+
+/// `rank()` and `world_size()` in every program.
+#[kernel]
+fn whoami(out: &mut Global<i32>) {
+    let pid = program_id(0);
+    out.store(pid, rank() * 10 + world_size(), pid.ge(0));
+}
+
+#[test]
+fn rank_and_world_size_inside_and_outside_a_world() {
+    for kind in [EmuKind::Nv, EmuKind::Amd] {
+        // Outside a world: rank 0 of 1.
+        let d = Device::emu(kind).unwrap();
+        let mut out = d.upload(&[-1i32; 3]).unwrap();
+        whoami::launch(&d, 3u32, (&mut out,)).unwrap();
+        assert_eq!(out.download().unwrap(), vec![1; 3], "{kind:?}");
+        let res = world(kind, 4)
+            .run(|r| {
+                let mut out = r.device().upload(&[-1i32; 3])?;
+                whoami::launch(r.device(), 3u32, (&mut out,))?;
+                out.download()
+            })
+            .unwrap();
+        for (me, got) in res.iter().enumerate() {
+            assert_eq!(got, &vec![me as i32 * 10 + 4; 3], "{kind:?} rank {me}");
+        }
     }
 }

@@ -174,7 +174,7 @@ pub enum EmuError {
     /// A `wait_until` or `barrier_all` timed out, or gave up because another rank
     /// failed ([`crate::comm::CommFault::Aborted`]: a consequence, not a cause).
     #[error(transparent)]
-    Comm(#[from] crate::comm::CommFault),
+    Comm(Box<crate::comm::CommFault>),
     /// A `remote_ptr` (`buf.on(peer)`, `put`, `get`, `signal`) with a peer outside
     /// the world.
     #[error(
@@ -607,7 +607,7 @@ fn take_record(func: &Function, rank: u32, base: u64, timeout: Duration) -> Resu
         unsafe { &*((base as usize + 8 * crate::comm::ERR_SITE) as *const AtomicU64) }
             .store(0, Ordering::Release);
     }
-    fault.map_or(Ok(()), |f| Err(f.into()))
+    fault.map_or(Ok(()), |f| Err(EmuError::Comm(Box::new(f))))
 }
 
 /// The block coordinates of linear block `lin`.

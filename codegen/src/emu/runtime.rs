@@ -183,7 +183,6 @@ impl Launch<'_> {
             }
         }
     }
-
 }
 
 /// One emulated thread.

@@ -368,9 +368,8 @@ impl Arch for Nvptx {
             None,
             false,
         );
-        let call = cx
-            .b
-            .build_indirect_call(fty, asm, &[addr.into(), v.into()], "atom")?;
+        let call =
+            cx.b.build_indirect_call(fty, asm, &[addr.into(), v.into()], "atom")?;
         call.try_as_basic_value()
             .basic()
             .map(|v| v.into_int_value())

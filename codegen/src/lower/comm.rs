@@ -224,7 +224,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     ) -> LResult<()> {
         let cv = self.cv()?;
         let me = self.heap_base(cv.rank)?;
-        let won = self.cas_zero(self.ctrl_word(me, abi::ERR_SITE)?, self.i64c(site as u64 + 1))?;
+        let won = self.cas_zero(
+            self.ctrl_word(me, abi::ERR_SITE)?,
+            self.i64c(site as u64 + 1),
+        )?;
         let bw = self.cx.ctx.append_basic_block(self.kernel, "rec.write");
         let bd = self.cx.ctx.append_basic_block(self.kernel, "rec.done");
         self.cx.b.build_conditional_branch(won, bw, bd)?;
@@ -249,7 +252,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let head = self.cx.ctx.append_basic_block(self.kernel, "abort.loop");
         let body = self.cx.ctx.append_basic_block(self.kernel, "abort.body");
         let done = self.cx.ctx.append_basic_block(self.kernel, "abort.done");
-        let mark = self.cx.b.build_int_z_extend(cv.rank, self.cx.ctx.i64_type(), "")?;
+        let mark = self
+            .cx
+            .b
+            .build_int_z_extend(cv.rank, self.cx.ctx.i64_type(), "")?;
         let mark = self.cx.b.build_int_add(mark, self.i64c(1), "")?;
         self.cx.b.build_unconditional_branch(head)?;
         self.cx.b.position_at_end(head);
@@ -345,10 +351,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let p1 = self.smem_ptr(smem, i64t.into(), self.cx.i32(1))?;
         let status = self.smem_load(i64t.into(), p1)?.into_int_value();
         self.barrier()?;
-        let failed = self
-            .cx
-            .b
-            .build_int_compare(IntPredicate::NE, status, self.i64c(0), "failed")?;
+        let failed =
+            self.cx
+                .b
+                .build_int_compare(IntPredicate::NE, status, self.i64c(0), "failed")?;
         let exit = self.exit_block();
         let cont = self.cx.ctx.append_basic_block(self.kernel, "comm.ok");
         self.cx.b.build_conditional_branch(failed, exit, cont)?;
@@ -410,10 +416,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     let p = l.access_ptr(AddrSpace::Global, p, 8, false, "wait_until")?;
                     let probe = |l: &Lowerer<'a, 'ctx>| {
                         let obs = l.atomic_load(p, AtomicOrdering::Acquire, sc)?;
-                        let done = l
-                            .cx
-                            .b
-                            .build_int_compare(int_pred(pred), obs, expected, "")?;
+                        let done =
+                            l.cx.b
+                                .build_int_compare(int_pred(pred), obs, expected, "")?;
                         Ok((obs, done))
                     };
                     l.poll_loop(site, expected, &probe, smem)
@@ -451,10 +456,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     let target = l.cx.b.build_int_mul(q, total, "target")?;
                     let probe = |l: &Lowerer<'a, 'ctx>| {
                         let obs = l.atomic_load(cnt, AtomicOrdering::Acquire, "")?;
-                        let done = l
-                            .cx
-                            .b
-                            .build_int_compare(IntPredicate::UGE, obs, target, "")?;
+                        let done =
+                            l.cx.b
+                                .build_int_compare(IntPredicate::UGE, obs, target, "")?;
                         Ok((obs, done))
                     };
                     l.poll_loop(site, target, &probe, smem)
