@@ -9,7 +9,7 @@
 //! - snapshots of the PTX (sm_90) and AMDGCN assembly (gfx942) of vector_add,
 //!   softmax (f32) and matmul (f16). Review a changed snapshot like a code change;
 //! - communicating kernels: one using every primitive compiles for sm_80, sm_90,
-//!   gfx90a and gfx942 (PTX assembles without spills, HSACO links), and the
+//!   gfx90a, gfx942 and gfx1100 (PTX assembles without spills, HSACO links), and the
 //!   release/acquire sequences of `signal`, `wait_until` and `barrier_all` are what
 //!   the memory models need (snapshots of a small put/signal/wait/barrier kernel).
 //!
@@ -302,7 +302,7 @@ fn comm_kernels_assemble_and_link() {
                 Err(e) => failures.push(format!("{name} {target}: {e}")),
             }
         }
-        for arch in [AmdArch::Gfx90a, AmdArch::Gfx942] {
+        for arch in [AmdArch::Gfx90a, AmdArch::Gfx942, AmdArch::Gfx1100] {
             let art = build(name, f, Target::Amdgpu(arch));
             let label = format!("{name} {}", arch.name());
             match tools::amdgpu_disasm(&art.binary, arch) {
@@ -350,6 +350,17 @@ fn comm_release_acquire_sequences_ptx() {
     );
     // A bad peer traps.
     assert!(asm.contains("trap;"), "no trap:\n{asm}");
+    // The remote `atomic_add` (acq_rel, device): LLVM emits a relaxed `atom`, so the
+    // lowering brackets it with device-scope fences.
+    let add = find_from(&lines, 0, "atom.global.add.u32").expect("the remote atomic_add");
+    assert!(
+        lines[add.saturating_sub(16)..add]
+            .iter()
+            .any(|l| l.contains("fence.acq_rel.gpu")),
+        "no release fence before the atomic:\n{asm}"
+    );
+    let after = find_from(&lines, add, "fence.acq_rel.gpu").expect("acquire fence after");
+    assert!(after - add < 8, "{asm}");
 }
 
 #[test]

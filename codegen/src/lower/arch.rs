@@ -195,6 +195,12 @@ pub trait Arch {
             ))
         })
     }
+    /// True when the back end drops the ordering of `atomicrmw` (LLVM 22 NVPTX emits a
+    /// relaxed `atom` for every ordering): the lowering then brackets a relaxed
+    /// `atomicrmw` with fences at the op's scope (release before, acquire after).
+    fn rmw_needs_fences(&self) -> bool {
+        false
+    }
     /// Declares the kernel's ABI: calling convention and launch bounds.
     fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32);
     /// The LLVM `syncscope` name of a memory scope.
@@ -329,6 +335,10 @@ impl Arch for Nvptx {
         Ok(cx
             .call_intrinsic("llvm.nvvm.read.ptx.sreg.globaltimer", &[], &[])?
             .into_int_value())
+    }
+
+    fn rmw_needs_fences(&self) -> bool {
+        true
     }
 
     fn atomic_u64<'ctx>(
