@@ -18,6 +18,7 @@
 //! | shuffle xor | `llvm.nvvm.shfl.sync.bfly.i32` (full mask) | `llvm.amdgcn.ds.bpermute` (byte address `(lane ^ m) * 4`) |
 //! | kernel ABI | calling convention `ptx_kernel` (71), `"nvvm.maxntid"` attribute | `amdgpu_kernel` (91), `"amdgpu-flat-work-group-size"="N,N"` |
 //! | timer (ns) | `llvm.nvvm.read.ptx.sreg.globaltimer` | `llvm.readsteadycounter` (`s_memrealtime` / `s_sendmsg_rtn_b64 REALTIME`: a 100 MHz clock, so ×10) |
+//! | polling back-off | `llvm.nvvm.nanosleep(100)` | `llvm.amdgcn.s.sleep(2)` |
 //! | bad `remote_ptr` peer | `llvm.trap` | `llvm.trap` |
 //! | signal / counter atomics | inline `atom.{sem}.{cta,gpu,sys}.global.{exch.b64,add.u64}` (LLVM 22 drops the ordering and scope of NVPTX `atomicrmw`, emitting a relaxed `.gpu` atom) | `atomicrmw` with `syncscope` |
 //! | atomics scopes | `block` / `device` / system (`""`) | `workgroup` / `agent` / system (`""`) |
@@ -195,6 +196,12 @@ pub trait Arch {
             ))
         })
     }
+    /// Emitted once per iteration of a polling loop (`wait_until`, `barrier_all`) to
+    /// back off: GPUs sleep briefly so the spinning thread does not hammer the memory
+    /// system; the emulator's timer already yields.
+    fn poll_pause<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
+        Ok(())
+    }
     /// True when the back end drops the ordering of `atomicrmw` (LLVM 22 NVPTX emits a
     /// relaxed `atom` for every ordering): the lowering then brackets a relaxed
     /// `atomicrmw` with fences at the op's scope (release before, acquire after).
@@ -339,6 +346,12 @@ impl Arch for Nvptx {
 
     fn rmw_needs_fences(&self) -> bool {
         true
+    }
+
+    fn poll_pause<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        // `nanosleep.u32 100` (sm_70+).
+        cx.call_intrinsic("llvm.nvvm.nanosleep", &[], &[cx.i32(100).into()])?;
+        Ok(())
     }
 
     fn atomic_u64<'ctx>(
@@ -571,6 +584,12 @@ impl Arch for Amdgpu {
         Ok(cx
             .b
             .build_int_mul(t, cx.ctx.i64_type().const_int(10, false), "ns")?)
+    }
+
+    fn poll_pause<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        // `s_sleep 2`: about 128 clocks.
+        cx.call_intrinsic("llvm.amdgcn.s.sleep", &[], &[cx.i32(2).into()])?;
+        Ok(())
     }
 
     fn sync_scope(&self, scope: MemScope) -> &'static str {

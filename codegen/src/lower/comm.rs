@@ -14,7 +14,8 @@
 //!   happen-before thread 0's release, which is cumulative.
 //! - `wait_until`: thread 0 polls the word with acquire loads at the op's scope until
 //!   the predicate holds, also reading its rank's `ABORT` control word and
-//!   [`Arch::timer_ns`](super::arch::Arch::timer_ns). Then it writes the outcome
+//!   [`Arch::timer_ns`](super::arch::Arch::timer_ns), backing off between polls
+//!   ([`Arch::poll_pause`](super::arch::Arch::poll_pause)). Then it writes the outcome
 //!   (observed value, status) to shared memory; a block barrier; every thread reads
 //!   it; a barrier (the scratch is reused by the next op). On success every thread
 //!   issues an acquire fence at the op's scope (thread 0's acquire alone would not
@@ -310,6 +311,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             .build_int_compare(IntPredicate::NE, ab, self.i64c(0), "")?;
         self.cx.b.build_conditional_branch(aborted, bab, btm)?;
         self.cx.b.position_at_end(btm);
+        self.arch.poll_pause(&self.cx)?;
         let now = self.arch.timer_ns(&self.cx)?;
         let el = self.cx.b.build_int_sub(now, start, "")?;
         let late = self
