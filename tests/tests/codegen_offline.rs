@@ -335,6 +335,7 @@ fn comm_release_acquire_sequences_ptx() {
     // Acquire polling and the timer.
     assert!(asm.contains("ld.acquire.sys"), "no acquire load:\n{asm}");
     assert!(asm.contains("%globaltimer"), "no globaltimer:\n{asm}");
+    assert!(asm.contains("nanosleep.u32"), "no back-off:\n{asm}");
     // Device-scope signal and wait.
     assert!(
         asm.contains("fence.acq_rel.gpu"),
@@ -381,8 +382,8 @@ fn comm_release_acquire_sequences_amdgcn() {
     );
     // Polling with the 100 MHz realtime counter.
     assert!(
-        art.asm.contains("s_memrealtime"),
-        "no s_memrealtime:\n{}",
+        art.asm.contains("s_memrealtime") && art.asm.contains("s_sleep"),
+        "no s_memrealtime or s_sleep:\n{}",
         art.asm
     );
 }
