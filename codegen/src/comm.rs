@@ -36,6 +36,10 @@
 //! | [`ERR_OBSERVED`] | the last value read |
 //! | [`ERR_PROGRAM`] | the program's linear id (`x + gx * (y + gy * z)`) |
 //!
+//! [`ERR_KIND`] is an addition to a plain (site, expected, observed, program) record:
+//! it lets a host tell a root cause (a timeout) from a consequence (a wait released
+//! because another rank failed), so a world reports the former.
+//!
 //! On a timeout the program also sets `ABORT = 1 + rank` on every rank (first failure
 //! wins), releasing the peers' waits. The launcher reads the record after the launch
 //! and turns it into a [`CommFault`] ([`decode_record`]).

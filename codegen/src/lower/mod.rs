@@ -54,6 +54,12 @@
 //!   f64 transcendental functions are `Unsupported` (no libdevice/ocml linked yet);
 //!   f64 `sqrt`, `floor`, `ceil`, `fma`, arithmetic and casts work.
 //! - Plain loads and stores are ordinary (non-atomic) accesses.
+//!
+//! # Communication
+//!
+//! Kernels that use communication ops take the hidden parameters of [`crate::comm`];
+//! `comm` lowers `rank`, `world_size`, `remote_ptr`, `signal`, `wait_until`, `fence`
+//! and `barrier_all` (see that module for the memory-model sequences).
 
 pub mod arch;
 mod comm;
