@@ -273,9 +273,31 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.cas_zero(self.ctrl_word(base, ctrl::ABORT)?, mark)?;
         let next = self.cx.b.build_int_add(rv, self.cx.i32(1), "")?;
         r.add_incoming(&[(&next, self.cx.cur_block())]);
-        self.cx.b.build_unconditional_branch(head)?;
+        let latch = self.cx.b.build_unconditional_branch(head)?;
+        self.no_unroll(latch);
         self.cx.b.position_at_end(done);
         Ok(())
+    }
+
+    /// Marks the loop whose latch branch is `br` `llvm.loop.unroll.disable` (a cold
+    /// path: unrolling only grows the code).
+    fn no_unroll(&self, br: inkwell::values::InstructionValue<'ctx>) {
+        use inkwell::llvm_sys::debuginfo as di;
+        let ctx = self.cx.ctx.raw();
+        let name = "llvm.loop.unroll.disable";
+        // SAFETY: metadata built in this context; the temporary node is replaced by
+        // the final (self-referential) loop id, as LLVM's loop metadata requires.
+        unsafe {
+            let s = c::LLVMMDStringInContext2(ctx, name.as_ptr() as *const _, name.len());
+            let mut one = [s];
+            let disable = c::LLVMMDNodeInContext2(ctx, one.as_mut_ptr(), 1);
+            let tmp = di::LLVMTemporaryMDNode(ctx, std::ptr::null_mut(), 0);
+            let mut ops = [tmp, disable];
+            let id = c::LLVMMDNodeInContext2(ctx, ops.as_mut_ptr(), 2);
+            di::LLVMMetadataReplaceAllUsesWith(tmp, id);
+            let kind = c::LLVMGetMDKindIDInContext(ctx, c"llvm.loop".as_ptr(), 9);
+            c::LLVMSetMetadata(br.as_value_ref(), kind, c::LLVMMetadataAsValue(ctx, id));
+        }
     }
 
     /// Thread 0's loop: `probe` until done; else abort/timeout. Stores (observed,
