@@ -291,6 +291,14 @@ impl AxisAnalysis {
                     AxisInfo::unknown(&rs)
                 }
             }
+            OpKind::RemotePtr => {
+                // Same offset in another heap; heap bases are `HEAP_ALIGN`-aligned.
+                let mut s = get(self, 0);
+                for d in s.divisibility.iter_mut() {
+                    *d = (*d).min(crate::comm::HEAP_ALIGN);
+                }
+                s
+            }
             _ => AxisInfo::unknown(&rs),
         };
         self.info.insert(res, info);

@@ -12,9 +12,11 @@
 //! - [`axis`]: contiguity/divisibility analysis that licenses wide memory accesses;
 //! - [`lower`]: tile IR to SIMT LLVM IR, written once for every target;
 //! - [`emit`]: LLVM IR to PTX text or an HSACO code object;
+//! - [`comm`]: the ABI of communicating kernels (hidden parameters, error records);
 //! - [`tools`]: offline validators (ptxas, SASS and AMDGPU disassembly, resource usage).
 
 pub mod axis;
+pub mod comm;
 pub mod emit;
 pub mod emu;
 pub mod layout;

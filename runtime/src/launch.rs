@@ -453,20 +453,32 @@ pub fn launch<K: Kernel>(
             }
             match &device.backend {
                 #[cfg(feature = "jit")]
-                Backend::Emu(_) if compiled.func.uses_comm() => {
-                    return Err(invalid(
-                        "communication kernels do not run on the emulator yet".into(),
-                    ));
-                }
-                #[cfg(feature = "jit")]
                 Backend::Emu(k) => {
                     let flavor = match k {
                         crate::EmuKind::Nv => tessera_codegen::target::EmuFlavor::Nv,
                         crate::EmuKind::Amd => tessera_codegen::target::EmuFlavor::Amd,
                     };
                     let opts = tessera_codegen::CompileOptions::default();
-                    tessera_codegen::emu::launch(&compiled.func, flavor, &opts, dims, &kargs)
-                        .map_err(|e| Error::Emu(Box::new(e)))?;
+                    // Communicating kernels get this rank's hidden arguments; a wait
+                    // that fails comes back as `EmuError::Comm` (decoded from the
+                    // rank's error record).
+                    let emu_world = device
+                        .comm
+                        .as_ref()
+                        .map(|c| tessera_codegen::emu::EmuWorld {
+                            rank: c.rank,
+                            heap_bases: c.heap_bases(),
+                            timeout: c.timeout(),
+                        });
+                    tessera_codegen::emu::launch_in_world(
+                        &compiled.func,
+                        flavor,
+                        &opts,
+                        dims,
+                        &kargs,
+                        emu_world.as_ref(),
+                    )
+                    .map_err(|e| Error::Emu(Box::new(e)))?;
                 }
                 _ => interp::run_in_world(&compiled.func, dims, &kargs, world.as_ref())?,
             }

@@ -146,6 +146,32 @@ impl RankComm {
     pub(crate) fn size(&self) -> u32 {
         self.shared.size
     }
+
+    /// Every rank's heap base address, as this process sees it (host heaps).
+    pub(crate) fn heap_bases(&self) -> Vec<u64> {
+        self.shared.heaps.iter().map(|h| h.base() as u64).collect()
+    }
+
+    /// How long device-side waits poll.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.shared.timeout
+    }
+
+    /// The values of a communicating kernel's hidden parameters on this rank, given
+    /// the device address of the heap-base table ([`tessera_codegen::comm`] ABI:
+    /// `rank: i32, world_size: i32, heap_bases: ptr, timeout_ns: i64`), as GPU
+    /// launch arguments. Reusable by GPU launchers once GPU heaps exist.
+    #[allow(dead_code)]
+    pub(crate) fn hidden_gpu_args(&self, heap_table: u64) -> [crate::launch::GpuArg; 4] {
+        use crate::launch::GpuArg;
+        let ns = u64::try_from(self.shared.timeout.as_nanos()).unwrap_or(u64::MAX);
+        [
+            GpuArg::U32(self.rank),
+            GpuArg::U32(self.shared.size),
+            GpuArg::U64(heap_table),
+            GpuArg::U64(ns.min(i64::MAX as u64)),
+        ]
+    }
 }
 
 /// A world of ranks to run SPMD code on: build it, then [`World::run`].
@@ -310,6 +336,13 @@ fn is_consequence(e: &Error) -> bool {
     match e {
         Error::Exec(ie) => matches!(**ie, InterpError::Aborted { .. }),
         Error::Comm { message, .. } => message.starts_with("abandoned"),
+        #[cfg(feature = "jit")]
+        Error::Emu(ee) => match &**ee {
+            tessera_codegen::emu::EmuError::Comm(f) => {
+                matches!(**f, tessera_codegen::comm::CommFault::Aborted { .. })
+            }
+            _ => false,
+        },
         _ => false,
     }
 }

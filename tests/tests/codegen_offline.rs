@@ -7,7 +7,11 @@
 //!   gfx942);
 //! - vector_add with `n` declared divisible by 16 uses 128-bit global accesses;
 //! - snapshots of the PTX (sm_90) and AMDGCN assembly (gfx942) of vector_add,
-//!   softmax (f32) and matmul (f16). Review a changed snapshot like a code change.
+//!   softmax (f32) and matmul (f16). Review a changed snapshot like a code change;
+//! - communicating kernels: one using every primitive compiles for sm_80, sm_90,
+//!   gfx90a, gfx942 and gfx1100 (PTX assembles without spills, HSACO links), and the
+//!   release/acquire sequences of `signal`, `wait_until` and `barrier_all` are what
+//!   the memory models need (snapshots of a small put/signal/wait/barrier kernel).
 //!
 //! The tools come from `bash scripts/setup.sh` (see `tessera::codegen::tools`).
 
@@ -33,6 +37,61 @@ use tessera::kernel_ir;
 use tessera::prelude::*;
 
 type Compile = fn(Target) -> Result<Artifact, Error>;
+
+/// Every communication primitive: rank/world_size, remote loads, stores and atomics,
+/// put_signal, signal (set/add, device scope), wait_until (system and device scope),
+/// fence, quiet, barrier_all.
+#[kernel]
+fn comm_all<const B: usize>(
+    data: &mut Symmetric<f32>,
+    sig: &mut Symmetric<u64>,
+    counter: &mut Symmetric<u32>,
+    out: &mut Global<f32>,
+) {
+    let me = rank();
+    let n = world_size();
+    let right = (me + 1) % n;
+    let left = (me + n - 1) % n;
+    let offs = arange::<B>();
+    let all = offs.lt(B as i32);
+    let v = data.load(offs, all);
+    data.put_signal(right, offs, v * 2.0f32, all, sig, 0, 1u64, SignalOp::Set);
+    let t = sig.wait_until(0, CmpPred::Ge, 1u64);
+    let got = data.get(left, offs, all);
+    out.store(offs, got + t.value().cast::<f32>(), all);
+    let mut c = counter.on(0);
+    c.atomic_add(0, zeros::<u32, ()>() + 1u32, me.ge(0));
+    fence(MemOrder::Release, MemScope::System);
+    quiet();
+    sig.signal_with(
+        left,
+        1,
+        1u64,
+        SignalOp::Add,
+        MemOrder::Release,
+        MemScope::Device,
+    );
+    sig.wait_until_with(1, CmpPred::Eq, 1u64, MemScope::Device);
+    barrier_all();
+}
+
+/// A small communicating kernel for the snapshots: put_signal, wait_until,
+/// barrier_all.
+#[kernel]
+fn comm_small<const B: usize>(data: &mut Symmetric<f32>, sig: &mut Symmetric<u64>) {
+    let offs = arange::<B>();
+    let all = offs.lt(B as i32);
+    let peer = (rank() + 1) % world_size();
+    let v = data.load(offs, all);
+    data.put_signal(peer, offs, v, all, sig, 0, 1u64, SignalOp::Set);
+    sig.wait_until(0, CmpPred::Ge, 1u64);
+    barrier_all();
+}
+
+const COMM_KERNELS: [(&str, Compile); 2] = [
+    ("comm_all", compile::<comm_all<128>>),
+    ("comm_small", compile::<comm_small<128>>),
+];
 
 fn compile<K: Kernel<Comptime = ()>>(target: Target) -> Result<Artifact, Error> {
     compile_kernel::<K>(&(), target, &CompileOptions::default())
@@ -226,5 +285,117 @@ fn amdgcn_snapshots_gfx942() {
     insta::assert_snapshot!(
         "amdgcn_gfx942_matmul_f16",
         stable(&build("matmul_f16", KERNELS[4].1, GFX942).asm)
+    );
+}
+
+#[test]
+fn comm_kernels_assemble_and_link() {
+    let mut failures = Vec::new();
+    for (name, f) in COMM_KERNELS {
+        for target in [SM80, SM90] {
+            let art = build(name, f, target);
+            match tools::ptxas(ptx(&art), &target.to_string()) {
+                Ok(r) if r.spill_stores_bytes + r.spill_loads_bytes != 0 => {
+                    failures.push(format!("{name} {target} spills:\n{}", r.log))
+                }
+                Ok(r) => println!("{name} {target}: {} registers", r.registers),
+                Err(e) => failures.push(format!("{name} {target}: {e}")),
+            }
+        }
+        for arch in [AmdArch::Gfx90a, AmdArch::Gfx942, AmdArch::Gfx1100] {
+            let art = build(name, f, Target::Amdgpu(arch));
+            let label = format!("{name} {}", arch.name());
+            match tools::amdgpu_disasm(&art.binary, arch) {
+                Ok(dis) if dis.contains("s_endpgm") && dis.contains(&art.meta.name) => {}
+                Ok(dis) => failures.push(format!("{label}: unexpected disassembly:\n{dis}")),
+                Err(e) => failures.push(format!("{label}: {e}")),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The first line at or after `from` that contains `pat` (its index).
+fn find_from(lines: &[&str], from: usize, pat: &str) -> Option<usize> {
+    (from..lines.len()).find(|&i| lines[i].contains(pat))
+}
+
+#[test]
+fn comm_release_acquire_sequences_ptx() {
+    let art = build("comm_all", COMM_KERNELS[0].1, SM90);
+    let asm = &art.asm;
+    // Hidden parameters after the user's four.
+    assert!(asm.contains("comm_all_param_7"), "no hidden params:\n{asm}");
+    // System-scope signal: every thread fences, block barrier, one release atomic.
+    let lines: Vec<&str> = asm.lines().collect();
+    let fence = find_from(&lines, 0, "fence.acq_rel.sys").expect("fence.acq_rel.sys");
+    let bar = find_from(&lines, fence, "bar.sync").expect("bar.sync after the fence");
+    let atom = find_from(&lines, bar, "atom.release.sys").expect("atom.release.sys after bar");
+    assert!(fence < bar && bar < atom);
+    // Acquire polling and the timer.
+    assert!(asm.contains("ld.acquire.sys"), "no acquire load:\n{asm}");
+    assert!(asm.contains("%globaltimer"), "no globaltimer:\n{asm}");
+    assert!(asm.contains("nanosleep.u32"), "no back-off:\n{asm}");
+    // Device-scope signal and wait.
+    assert!(
+        asm.contains("fence.acq_rel.gpu"),
+        "no device-scope fence:\n{asm}"
+    );
+    assert!(
+        asm.contains(".release.gpu"),
+        "no device-scope release:\n{asm}"
+    );
+    assert!(
+        asm.contains("ld.acquire.gpu"),
+        "no device-scope acquire:\n{asm}"
+    );
+    // A bad peer traps.
+    assert!(asm.contains("trap;"), "no trap:\n{asm}");
+    // The remote `atomic_add` (acq_rel, device): LLVM emits a relaxed `atom`, so the
+    // lowering brackets it with device-scope fences.
+    let add = find_from(&lines, 0, "atom.global.add.u32").expect("the remote atomic_add");
+    assert!(
+        lines[add.saturating_sub(16)..add]
+            .iter()
+            .any(|l| l.contains("fence.acq_rel.gpu")),
+        "no release fence before the atomic:\n{asm}"
+    );
+    let after = find_from(&lines, add, "fence.acq_rel.gpu").expect("acquire fence after");
+    assert!(after - add < 8, "{asm}");
+}
+
+#[test]
+fn comm_release_acquire_sequences_amdgcn() {
+    let art = build("comm_small", COMM_KERNELS[1].1, GFX942);
+    let lines: Vec<&str> = art.asm.lines().collect();
+    // Signal: every wave drains its stores (vmcnt(0)) before the workgroup barrier,
+    // and one release atomic follows it.
+    let wait = find_from(&lines, 0, "s_waitcnt vmcnt(0)").expect("s_waitcnt vmcnt(0)");
+    let bar = find_from(&lines, wait, "s_barrier").expect("s_barrier after the waitcnt");
+    let atom = find_from(&lines, bar, "global_atomic_swap_x2").expect("swap after the barrier");
+    assert!(wait < bar && bar < atom, "{}", art.asm);
+    // The writeback of the system-scope release (gfx942: buffer_wbl2 sc0 sc1).
+    assert!(
+        lines[..atom].iter().any(|l| l.contains("buffer_wbl2")),
+        "no writeback before the release:\n{}",
+        art.asm
+    );
+    // Polling with the 100 MHz realtime counter.
+    assert!(
+        art.asm.contains("s_memrealtime") && art.asm.contains("s_sleep"),
+        "no s_memrealtime or s_sleep:\n{}",
+        art.asm
+    );
+}
+
+#[test]
+fn comm_snapshots() {
+    insta::assert_snapshot!(
+        "ptx_sm90_comm_small",
+        stable(&build("comm_small", COMM_KERNELS[1].1, SM90).asm)
+    );
+    insta::assert_snapshot!(
+        "amdgcn_gfx942_comm_small",
+        stable(&build("comm_small", COMM_KERNELS[1].1, GFX942).asm)
     );
 }

@@ -22,6 +22,13 @@
 //! lives in a thread-local. Shared memory is one host buffer per launch, reused by
 //! each block in turn.
 //!
+//! Kernels that wait for other blocks or ranks (`wait_until`, `barrier_all`:
+//! [`Function::uses_blocking`]) would deadlock that way, so their blocks all run at
+//! once, each on its own team with its own shared memory ([`launch_in_world`]).
+//! Communicating kernels take the hidden parameters of [`crate::comm`]; the heaps
+//! are host memory, so remote accesses are plain host accesses, checked against
+//! every rank's copy of the symmetric buffers.
+//!
 //! Checks: every global access is bounds-checked against the launch's buffers (an
 //! access outside all of them is reported with the op's `file:line:col`, block,
 //! thread and the element index relative to the nearest buffer, and redirected to a
@@ -43,7 +50,7 @@ use tessera_ir::{Elem, Function, Span};
 
 use crate::target::EmuFlavor;
 use crate::{CodegenError, CompileOptions};
-use runtime::{Buf, Launch, ThreadCtx};
+use runtime::{Block, Buf, CommCtx, Launch, ThreadCtx};
 use team::Team;
 
 /// Why an emulated launch failed. Errors in the kernel name the op's
@@ -164,6 +171,53 @@ pub enum EmuError {
         /// Threads in the block.
         threads: u32,
     },
+    /// A `wait_until` or `barrier_all` timed out, or gave up because another rank
+    /// failed ([`crate::comm::CommFault::Aborted`]: a consequence, not a cause).
+    #[error(transparent)]
+    Comm(Box<crate::comm::CommFault>),
+    /// A `remote_ptr` (`buf.on(peer)`, `put`, `get`, `signal`) with a peer outside
+    /// the world.
+    #[error(
+        "{span}: `{op}` in kernel `{kernel}` on rank {rank}: peer {peer} is outside the world of {world_size} rank(s) (block {b}, thread {thread})",
+        b = fmt3(.block)
+    )]
+    BadPeer {
+        /// The kernel.
+        kernel: String,
+        /// The op's mnemonic.
+        op: &'static str,
+        /// The op's source location.
+        span: Span,
+        /// The rank.
+        rank: u32,
+        /// The block.
+        block: [u32; 3],
+        /// The thread in the block.
+        thread: u32,
+        /// The peer asked for.
+        peer: i32,
+        /// Number of ranks.
+        world_size: i32,
+    },
+    /// A kernel that waits (`wait_until`, `barrier_all`) needs all its blocks running
+    /// at once, one OS thread per GPU thread: this grid is too large for that.
+    #[error(
+        "{span}: kernel `{kernel}` waits for other blocks or ranks, so the emulator runs its {blocks} block(s) x {threads} threads at once; the limit is {max_blocks} blocks and {max_threads} threads (use a smaller grid or fewer warps)"
+    )]
+    TooManyBlocks {
+        /// The kernel.
+        kernel: String,
+        /// Where it is defined.
+        span: Span,
+        /// Blocks in the grid.
+        blocks: u64,
+        /// Threads per block.
+        threads: u32,
+        /// The most blocks.
+        max_blocks: u64,
+        /// The most threads in all.
+        max_threads: u64,
+    },
     /// Two threads accessed the same shared memory without a barrier in between.
     #[error(
         "{span}: shared-memory race ({kind}) in `{op}` of kernel `{kernel}`, block {b}: thread {writer} writes and thread {reader} reads without a barrier in between (other access at {other_span})",
@@ -222,6 +276,27 @@ fn scalar_slot(s: Scalar) -> u64 {
     }
 }
 
+/// The world a communicating kernel runs in on the emulator: this rank and every
+/// rank's symmetric heap (host memory of this process, laid out as described in
+/// [`crate::comm`]: control words first).
+#[derive(Clone, Debug)]
+pub struct EmuWorld {
+    /// This rank, `0..heap_bases.len()`.
+    pub rank: u32,
+    /// Every rank's heap base address (at least [`crate::comm::HEAP_ALIGN`]-aligned;
+    /// each heap starts with [`tessera_ir::interp::ctrl::WORDS`] control words). The
+    /// heaps must stay alive and writable for the launch.
+    pub heap_bases: Vec<u64>,
+    /// How long a wait polls before failing.
+    pub timeout: Duration,
+}
+
+/// The most blocks of a waiting kernel the emulator runs at once (as the
+/// interpreter's limit on resident program instances).
+pub const MAX_RESIDENT_BLOCKS: u64 = 1024;
+/// The most OS threads (blocks x threads per block) of one launch of a waiting kernel.
+pub const MAX_RESIDENT_THREADS: u64 = 8192;
+
 /// Runs `func` on the SIMT emulator: the real lowering for `flavor`, JIT-compiled
 /// for the host (cached), over a `grid` of blocks of `opts.num_warps * warp_size`
 /// OS threads, on the buffers and scalars of `args` (as for
@@ -231,12 +306,35 @@ fn scalar_slot(s: Scalar) -> u64 {
 /// checked against the launch's buffers, every shared access is checked for races,
 /// and barriers report divergence; the first error (lowest block, then thread) is
 /// returned after the failing block finishes. Buffers are written in place.
+///
+/// A communicating kernel runs as rank 0 of a world of one (use [`launch_in_world`]).
 pub fn launch(
     func: &Function,
     flavor: EmuFlavor,
     opts: &CompileOptions,
     grid: [u32; 3],
     args: &[KernelArg],
+) -> Result<(), EmuError> {
+    launch_in_world(func, flavor, opts, grid, args, None)
+}
+
+/// [`launch`] as one rank of a world. Communicating kernels get the hidden
+/// parameters of [`crate::comm`] (with `world = None`: rank 0 of 1, with control
+/// words of its own); [`KernelArg::Symmetric`] arguments pass this rank's copy and
+/// make every rank's copy valid for the bounds checker (named like
+/// `data (rank 2's copy)`). Kernels that wait (`wait_until`, `barrier_all`) run all
+/// their blocks at once, each on its own team (at most [`MAX_RESIDENT_BLOCKS`]
+/// blocks and [`MAX_RESIDENT_THREADS`] threads). A failing thread sets every rank's
+/// `ABORT` word, releasing their waits. A wait that fails leaves its error record in
+/// this rank's control words ([`crate::comm::decode_record`]); the launch itself
+/// returns `Ok` then.
+pub fn launch_in_world(
+    func: &Function,
+    flavor: EmuFlavor,
+    opts: &CompileOptions,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    world: Option<&EmuWorld>,
 ) -> Result<(), EmuError> {
     if !opts.num_warps.is_power_of_two() || opts.num_warps > 16 {
         return Err(CodegenError::Options(format!(
@@ -261,6 +359,25 @@ pub fn launch(
             ),
         ));
     }
+    let uses_comm = func.uses_comm();
+    // A world of one with its own control words when none is given.
+    let own_ctrl = vec![0u64; tessera_ir::interp::ctrl::WORDS + 32];
+    let (rank, heap_bases, timeout) = match world {
+        Some(w) => (w.rank, w.heap_bases.clone(), w.timeout),
+        None => {
+            let base = (own_ctrl.as_ptr() as u64).next_multiple_of(256);
+            (0, vec![base], tessera_ir::interp::default_wait_timeout())
+        }
+    };
+    if uses_comm && rank as usize >= heap_bases.len() {
+        return Err(arg_err(
+            "<world>",
+            format!(
+                "rank {rank} outside a world of {} heap(s)",
+                heap_bases.len()
+            ),
+        ));
+    }
     let mut slots = vec![0u64; args.len()];
     let mut buffers = Vec::new();
     for ((p, a), slot) in func.params.iter().zip(args).zip(slots.iter_mut()) {
@@ -281,6 +398,39 @@ pub fn launch(
                     name: p.name.clone(),
                 });
             }
+            (Elem::Ptr { pointee, .. }, KernelArg::Symmetric(copies)) => {
+                let Some(mine) = copies.get(rank as usize) else {
+                    return Err(arg_err(
+                        &p.name,
+                        format!(
+                            "a symmetric buffer of {} copies for rank {rank}",
+                            copies.len()
+                        ),
+                    ));
+                };
+                if mine.elem() != pointee {
+                    return Err(arg_err(
+                        &p.name,
+                        format!(
+                            "expected a symmetric buffer of {pointee}, got one of {}",
+                            mine.elem()
+                        ),
+                    ));
+                }
+                *slot = mine.as_mut_ptr() as u64;
+                for (r, b) in copies.iter().enumerate() {
+                    buffers.push(Buf {
+                        base: b.as_mut_ptr() as usize,
+                        len_bytes: b.size_bytes(),
+                        elem_bytes: pointee.size_bytes(),
+                        name: if r == rank as usize {
+                            p.name.clone()
+                        } else {
+                            format!("{} (rank {r}'s copy)", p.name)
+                        },
+                    });
+                }
+            }
             (Elem::Scalar(t), KernelArg::Scalar(s)) if s.ty() == t => *slot = scalar_slot(*s),
             (e, a) => {
                 let got = match a {
@@ -292,6 +442,21 @@ pub fn launch(
             }
         }
     }
+    let table_addr = heap_bases.as_ptr() as u64;
+    if uses_comm {
+        let hidden = crate::comm::HiddenArgs {
+            rank,
+            world_size: heap_bases.len() as u32,
+            heap_bases: table_addr,
+            timeout,
+        };
+        for v in hidden.values() {
+            slots.push(match v {
+                crate::comm::HiddenValue::U32(x) => x as u64,
+                crate::comm::HiddenValue::U64(x) => x,
+            });
+        }
+    }
     let arg_ptrs: Vec<*const u8> = slots.iter().map(|s| s as *const u64 as *const u8).collect();
     let k = jit::compile(func, flavor, opts)?;
     let total: u64 = grid.iter().map(|&g| g as u64).product();
@@ -301,18 +466,37 @@ pub fn launch(
     let threads = k.meta.num_threads;
     let warp = crate::Target::Emu(flavor).warp_size();
     let shared_bytes = k.meta.shared_bytes as usize;
-    let mut shared = vec![0u128; shared_bytes.div_ceil(16).max(1)];
+    let concurrent = func.uses_blocking();
+    if concurrent && (total > MAX_RESIDENT_BLOCKS || total * threads as u64 > MAX_RESIDENT_THREADS)
+    {
+        return Err(EmuError::TooManyBlocks {
+            kernel: func.name.clone(),
+            span: func.span.clone(),
+            blocks: total,
+            threads,
+            max_blocks: MAX_RESIDENT_BLOCKS,
+            max_threads: MAX_RESIDENT_THREADS,
+        });
+    }
+    // A team barrier must not give up before the waits do.
+    let mut team_timeout = barrier_timeout();
+    if uses_comm {
+        team_timeout = team_timeout.max(timeout.saturating_add(Duration::from_secs(10)));
+    }
+    let nblocks = if concurrent { total as usize } else { 1 };
     let launch = Launch {
         kernel: &func.name,
         kernel_span: &func.span,
         sites: &k.sites,
         grid,
         buffers,
-        team: Team::new(threads, warp, barrier_timeout()),
-        shared: shared.as_mut_ptr() as *mut u8,
-        shared_bytes,
-        shadow_write: (0..shared_bytes).map(|_| AtomicU64::new(0)).collect(),
-        shadow_read: (0..shared_bytes).map(|_| AtomicU64::new(0)).collect(),
+        blocks: (0..nblocks)
+            .map(|_| Block::new(Team::new(threads, warp, team_timeout), shared_bytes))
+            .collect(),
+        comm: uses_comm.then(|| CommCtx {
+            rank,
+            heap_bases: heap_bases.clone(),
+        }),
         errors: Mutex::new(Vec::new()),
         failed: AtomicBool::new(false),
         stop: AtomicBool::new(false),
@@ -324,7 +508,7 @@ pub fn launch(
             .sites
             .iter()
             .any(|s| matches!(s.what, "barrier" | "shuffle" | "mma"));
-    if independent {
+    if independent && !concurrent {
         let workers = std::thread::available_parallelism()
             .map(|n| n.get() as u64)
             .unwrap_or(1)
@@ -361,35 +545,106 @@ pub fn launch(
     let arg_addr = arg_ptrs.as_ptr() as usize;
     let spawn_error = std::thread::scope(|s| {
         let mut spawn_error = None;
-        for tid in 0..threads {
-            let (launch, sync, start) = (&launch, &sync, &start);
-            let spawned = std::thread::Builder::new()
-                .name(format!("emu-{tid}"))
-                .stack_size(8 << 20)
-                .spawn_scoped(s, move || {
-                    let mut go = start.0.lock().unwrap_or_else(|p| p.into_inner());
-                    while go.is_none() {
-                        go = start.1.wait(go).unwrap_or_else(|p| p.into_inner());
-                    }
-                    if *go == Some(true) {
-                        drop(go);
-                        run_thread(tid, launch, sync, entry, arg_addr, total);
-                    }
-                });
-            if let Err(e) = spawned {
-                spawn_error = Some(e.to_string());
-                break;
+        'spawn: for b in 0..nblocks as u64 {
+            for tid in 0..threads {
+                let (launch, sync, start) = (&launch, &sync, &start);
+                let name = if concurrent {
+                    format!("emu-{b}-{tid}")
+                } else {
+                    format!("emu-{tid}")
+                };
+                // Waiting kernels run many threads at once: smaller stacks.
+                let stack = if concurrent { 2 << 20 } else { 8 << 20 };
+                let spawned = std::thread::Builder::new()
+                    .name(name)
+                    .stack_size(stack)
+                    .spawn_scoped(s, move || {
+                        let mut go = start.0.lock().unwrap_or_else(|p| p.into_inner());
+                        while go.is_none() {
+                            go = start.1.wait(go).unwrap_or_else(|p| p.into_inner());
+                        }
+                        if *go == Some(true) {
+                            drop(go);
+                            if concurrent {
+                                run_block(b, tid, launch, entry, arg_addr);
+                            } else {
+                                run_thread(tid, launch, sync, entry, arg_addr, total);
+                            }
+                        }
+                    });
+                if let Err(e) = spawned {
+                    spawn_error = Some(e.to_string());
+                    break 'spawn;
+                }
             }
         }
         *start.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(spawn_error.is_none());
         start.1.notify_all();
         spawn_error
     });
-    drop(shared);
     if let Some(message) = spawn_error {
         return Err(EmuError::Threads { message });
     }
-    first_error(launch)
+    let comm = launch.comm.as_ref().map(|c| c.heap_bases[c.rank as usize]);
+    first_error(launch)?;
+    match comm {
+        Some(base) => take_record(func, rank, base, timeout),
+        None => Ok(()),
+    }
+}
+
+/// Reads (and clears) the error record in the control words of the heap at `base`.
+fn take_record(func: &Function, rank: u32, base: u64, timeout: Duration) -> Result<(), EmuError> {
+    let n = crate::comm::ERR_PROGRAM + 1;
+    // SAFETY: the heap starts with its control words (`EmuWorld`'s contract), and the
+    // launch is over: nothing else of this rank writes them now.
+    let words: Vec<u64> = (0..n)
+        .map(|w| unsafe { &*((base as usize + 8 * w) as *const AtomicU64) }.load(Ordering::Acquire))
+        .collect();
+    let fault = crate::comm::decode_record(func, rank, &words, timeout);
+    if fault.is_some() {
+        // SAFETY: as above.
+        unsafe { &*((base as usize + 8 * crate::comm::ERR_SITE) as *const AtomicU64) }
+            .store(0, Ordering::Release);
+    }
+    fault.map_or(Ok(()), |f| Err(EmuError::Comm(Box::new(f))))
+}
+
+/// The block coordinates of linear block `lin`.
+fn block_of(grid: [u32; 3], lin: u64) -> [u32; 3] {
+    let [gx, gy, _] = grid.map(|g| g as u64);
+    [
+        (lin % gx) as u32,
+        ((lin / gx) % gy) as u32,
+        (lin / (gx * gy)) as u32,
+    ]
+}
+
+/// Thread `tid` of block `lin`, on that block's own team (all blocks run at once).
+fn run_block(
+    lin: u64,
+    tid: u32,
+    launch: &Launch<'_>,
+    entry: unsafe extern "C" fn(*const *const u8),
+    args: usize,
+) {
+    let blk = &launch.blocks[lin as usize];
+    let ctx = ThreadCtx {
+        tid,
+        launch,
+        blk,
+        block: std::cell::Cell::new(block_of(launch.grid, lin)),
+        block_lin: std::cell::Cell::new(lin),
+        epoch: std::cell::Cell::new(0),
+        scratch: std::cell::UnsafeCell::new(runtime::Scratch([0; 64])),
+    };
+    let _guard = runtime::enter(&ctx);
+    // SAFETY: as in `run_thread`.
+    unsafe { entry(args as *const *const u8) };
+    if let Err(e) = blk.team.exit(tid) {
+        let e = launch.team_error(e, ctx.block.get(), blk.team.threads());
+        launch.record(lin, tid, e);
+    }
 }
 
 /// The recorded error of the lowest (block, thread), if any.
@@ -415,18 +670,14 @@ fn run_independent(
     args: usize,
     total: u64,
 ) {
-    let [gx, gy, _] = launch.grid.map(|g| g as u64);
     let mut lin = w;
     while lin < total && !launch.stop.load(Ordering::Relaxed) {
-        let block = [
-            (lin % gx) as u32,
-            ((lin / gx) % gy) as u32,
-            (lin / (gx * gy)) as u32,
-        ];
+        let block = block_of(launch.grid, lin);
         for tid in 0..threads {
             let ctx = ThreadCtx {
                 tid,
                 launch,
+                blk: &launch.blocks[0],
                 block: std::cell::Cell::new(block),
                 block_lin: std::cell::Cell::new(lin),
                 epoch: std::cell::Cell::new(0),
@@ -453,22 +704,19 @@ fn run_thread(
     args: usize,
     total: u64,
 ) {
+    let blk = &launch.blocks[0];
     let ctx = ThreadCtx {
         tid,
         launch,
+        blk,
         block: std::cell::Cell::new([0; 3]),
         block_lin: std::cell::Cell::new(0),
         epoch: std::cell::Cell::new(0),
         scratch: std::cell::UnsafeCell::new(runtime::Scratch([0; 64])),
     };
     let _guard = runtime::enter(&ctx);
-    let [gx, gy, _] = launch.grid.map(|g| g as u64);
     for lin in 0..total {
-        ctx.block.set([
-            (lin % gx) as u32,
-            ((lin / gx) % gy) as u32,
-            (lin / (gx * gy)) as u32,
-        ]);
+        ctx.block.set(block_of(launch.grid, lin));
         ctx.block_lin.set(lin);
         ctx.epoch.set(0);
         // SAFETY: `entry` is the JIT-compiled wrapper of this launch's kernel and
@@ -476,16 +724,16 @@ fn run_thread(
         // for the launch; buffer pointers cover their buffers, and the runtime checks
         // every global access against them.
         unsafe { entry(args as *const *const u8) };
-        if let Err(e) = launch.team.exit(tid) {
-            let e = launch.team_error(e, ctx.block.get());
+        if let Err(e) = blk.team.exit(tid) {
+            let e = launch.team_error(e, ctx.block.get(), blk.team.threads());
             launch.record(lin, tid, e);
         }
         sync.wait();
         // Every thread has finished the block: decide (once) whether to go on. The
         // decision is read after the second barrier, before anyone can fail again.
         if tid == 0 {
-            launch.team.reset();
-            launch.clear_shadow();
+            blk.team.reset();
+            blk.clear_shadow();
             let failed = launch.failed.load(Ordering::Acquire);
             launch.stop.store(failed, Ordering::Release);
         }

@@ -35,6 +35,64 @@ pub(crate) struct Buf {
     pub name: String,
 }
 
+/// The state of one running block: its team of threads, its shared memory and the
+/// race-detection shadow. Sequential launches reuse one for every block; launches of
+/// blocking kernels have one per block (all blocks run at once).
+pub(crate) struct Block {
+    pub team: Team,
+    /// The block's shared memory (owned by `_mem`).
+    pub shared: *mut u8,
+    pub shared_bytes: usize,
+    pub shadow_write: Vec<AtomicU64>,
+    pub shadow_read: Vec<AtomicU64>,
+    _mem: Vec<u128>,
+}
+
+impl Block {
+    pub(crate) fn new(team: Team, shared_bytes: usize) -> Block {
+        let mut mem = vec![0u128; shared_bytes.div_ceil(16).max(1)];
+        Block {
+            team,
+            shared: mem.as_mut_ptr() as *mut u8,
+            shared_bytes,
+            shadow_write: (0..shared_bytes).map(|_| AtomicU64::new(0)).collect(),
+            shadow_read: (0..shared_bytes).map(|_| AtomicU64::new(0)).collect(),
+            _mem: mem,
+        }
+    }
+
+    /// Clears the race-detection shadow for the next block.
+    pub(crate) fn clear_shadow(&self) {
+        for w in self.shadow_write.iter().chain(&self.shadow_read) {
+            w.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// The world a communicating launch runs in (see [`crate::comm`]).
+pub(crate) struct CommCtx {
+    pub rank: u32,
+    /// Every rank's heap base (host addresses).
+    pub heap_bases: Vec<u64>,
+}
+
+impl CommCtx {
+    /// Sets every rank's `ABORT` control word to `1 + rank` (first failure wins).
+    pub(crate) fn abort(&self) {
+        for &b in &self.heap_bases {
+            let word = (b as usize + 8 * tessera_ir::interp::ctrl::ABORT) as *const AtomicU64;
+            // SAFETY: every heap starts with its control words, 8-byte aligned, alive
+            // for the launch (the launcher's contract, `EmuWorld`).
+            let _ = unsafe { &*word }.compare_exchange(
+                0,
+                self.rank as u64 + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+    }
+}
+
 /// Everything shared by the threads of one launch.
 pub(crate) struct Launch<'a> {
     pub kernel: &'a str,
@@ -42,12 +100,10 @@ pub(crate) struct Launch<'a> {
     pub sites: &'a [Site],
     pub grid: [u32; 3],
     pub buffers: Vec<Buf>,
-    pub team: Team,
-    /// The block's shared memory (one block runs at a time).
-    pub shared: *mut u8,
-    pub shared_bytes: usize,
-    pub shadow_write: Vec<AtomicU64>,
-    pub shadow_read: Vec<AtomicU64>,
+    /// One per block running at once.
+    pub blocks: Vec<Block>,
+    /// The world of a communicating kernel.
+    pub comm: Option<CommCtx>,
     /// Errors with their (linear block, thread) for picking the first.
     pub errors: Mutex<Vec<(u64, u32, EmuError)>>,
     pub failed: AtomicBool,
@@ -55,10 +111,12 @@ pub(crate) struct Launch<'a> {
     pub stop: AtomicBool,
 }
 
-// SAFETY: `shared` points to memory owned by the launcher that outlives every thread
+// SAFETY: `shared` points to memory owned by the block, which outlives every thread
 // of the launch; the threads access it only through JIT-compiled kernel code, the way
 // GPU threads access shared memory (barriers order the accesses).
-unsafe impl Sync for Launch<'_> {}
+unsafe impl Sync for Block {}
+// SAFETY: as above.
+unsafe impl Send for Block {}
 
 /// Errors kept per launch (the first is reported; a broken kernel may fail millions of
 /// times).
@@ -74,6 +132,10 @@ impl Launch<'_> {
 
     pub(crate) fn record(&self, block_lin: u64, tid: u32, e: EmuError) {
         self.failed.store(true, Ordering::Release);
+        if let Some(c) = &self.comm {
+            // Release the other ranks' (and this rank's other blocks') waits.
+            c.abort();
+        }
         let mut errs = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         if errs.len() < MAX_ERRORS {
             errs.push((block_lin, tid, e));
@@ -81,7 +143,7 @@ impl Launch<'_> {
     }
 
     /// Turns a team error into an [`EmuError`].
-    pub(crate) fn team_error(&self, e: TeamError, block: [u32; 3]) -> EmuError {
+    pub(crate) fn team_error(&self, e: TeamError, block: [u32; 3], threads: u32) -> EmuError {
         match e {
             TeamError::BarrierDivergence {
                 site,
@@ -100,7 +162,7 @@ impl Launch<'_> {
                     op,
                     span,
                     block,
-                    missing: self.team.threads().saturating_sub(waiting),
+                    missing: threads.saturating_sub(waiting),
                     detail,
                 }
             }
@@ -121,19 +183,14 @@ impl Launch<'_> {
             }
         }
     }
-
-    /// Clears the race-detection shadow for the next block.
-    pub(crate) fn clear_shadow(&self) {
-        for w in self.shadow_write.iter().chain(&self.shadow_read) {
-            w.store(0, Ordering::Relaxed);
-        }
-    }
 }
 
 /// One emulated thread.
 pub(crate) struct ThreadCtx<'a> {
     pub tid: u32,
     pub launch: &'a Launch<'a>,
+    /// The running block's team and shared memory.
+    pub blk: &'a Block,
     pub block: Cell<[u32; 3]>,
     pub block_lin: Cell<u64>,
     /// Block barriers passed in the current block.
@@ -180,7 +237,9 @@ impl ThreadCtx<'_> {
     }
 
     fn team_fail(&self, e: TeamError) {
-        let e = self.launch.team_error(e, self.block.get());
+        let e = self
+            .launch
+            .team_error(e, self.block.get(), self.blk.team.threads());
         self.fail(e);
     }
 }
@@ -199,7 +258,7 @@ extern "C" fn tessera_emu_num_programs(axis: i32) -> i32 {
 
 extern "C" fn tessera_emu_barrier(site: i32) {
     with((), |c| {
-        if let Err(e) = c.launch.team.barrier(site as u32) {
+        if let Err(e) = c.blk.team.barrier(site as u32) {
             c.team_fail(e);
         }
         c.epoch.set(c.epoch.get() + 1);
@@ -209,7 +268,7 @@ extern "C" fn tessera_emu_barrier(site: i32) {
 extern "C" fn tessera_emu_shuffle_xor(v: i32, mask: i32, site: i32) -> i32 {
     with(0, |c| {
         match c
-            .launch
+            .blk
             .team
             .shuffle_xor(c.tid, site as u32, v as u32, mask as u32)
         {
@@ -223,7 +282,7 @@ extern "C" fn tessera_emu_shuffle_xor(v: i32, mask: i32, site: i32) -> i32 {
 }
 
 extern "C" fn tessera_emu_shared_base() -> *mut u8 {
-    with(std::ptr::null_mut(), |c| c.launch.shared)
+    with(std::ptr::null_mut(), |c| c.blk.shared)
 }
 
 extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: i32) -> *mut u8 {
@@ -286,6 +345,32 @@ extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: i32) -> *mu
     })
 }
 
+/// Nanoseconds since the first call (a monotonic clock). Kernels call it in polling
+/// loops, so it also gives the core away: the emulator runs far more threads than
+/// there are cores, and the thread being waited for may need this one.
+extern "C" fn tessera_emu_timer_ns() -> i64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let epoch = *EPOCH.get_or_init(std::time::Instant::now);
+    std::thread::sleep(std::time::Duration::from_micros(20));
+    i64::try_from(epoch.elapsed().as_nanos()).unwrap_or(i64::MAX)
+}
+
+extern "C" fn tessera_emu_bad_peer(peer: i32, world: i32, site: i32) {
+    with((), |c| {
+        let (span, op) = c.launch.site(site as u32);
+        c.fail(EmuError::BadPeer {
+            kernel: c.launch.kernel.to_string(),
+            op,
+            span,
+            rank: c.launch.comm.as_ref().map_or(0, |w| w.rank),
+            block: c.block.get(),
+            thread: c.tid,
+            peer,
+            world_size: world,
+        });
+    })
+}
+
 fn pack(epoch: u32, tid: u32, site: u32) -> u64 {
     (epoch as u64) << 32 | ((tid + 1) as u64 & 0xffff) << 16 | (site as u64 & 0xffff)
 }
@@ -293,9 +378,10 @@ fn pack(epoch: u32, tid: u32, site: u32) -> u64 {
 extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, site: i32) {
     with((), |c| {
         let l = c.launch;
-        let off = (p as usize).wrapping_sub(l.shared as usize);
+        let k = c.blk;
+        let off = (p as usize).wrapping_sub(k.shared as usize);
         let n = bytes.max(1) as usize;
-        if off.checked_add(n).is_none_or(|end| end > l.shared_bytes) {
+        if off.checked_add(n).is_none_or(|end| end > k.shared_bytes) {
             let (span, op) = l.site(site as u32);
             c.fail(EmuError::OutOfBounds {
                 kernel: l.kernel.to_string(),
@@ -305,7 +391,7 @@ extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, sit
                 thread: c.tid,
                 buffer: "<shared memory>".into(),
                 index: off as i64,
-                len: l.shared_bytes,
+                len: k.shared_bytes,
             });
             return;
         }
@@ -314,9 +400,9 @@ extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, sit
         let owner = |w: u64| ((w >> 16) & 0xffff) as u32;
         for b in off..off + n {
             let (check, mark) = if is_write != 0 {
-                (&l.shadow_read[b], &l.shadow_write[b])
+                (&k.shadow_read[b], &k.shadow_write[b])
             } else {
-                (&l.shadow_write[b], &l.shadow_read[b])
+                (&k.shadow_write[b], &k.shadow_read[b])
             };
             let other = check.load(Ordering::Relaxed);
             if other != 0
@@ -363,7 +449,7 @@ fn nv_mma(ty: Half, a: [u32; 4], b: [u32; 2], cf: [f32; 4], d: *mut f32, site: i
         dep[5] = b[1] as u64;
         let lane = (c.tid % 32) as usize;
         let r = c
-            .launch
+            .blk
             .team
             .warp_collective(c.tid, site as u32, &dep, |read| {
                 let av: Vec<[u32; 4]> = (0..32)
@@ -405,7 +491,7 @@ fn amd_mma(ty: Half, ab: [u32; 8], cf: [f32; 4], d: *mut f32, site: i32) {
         }
         let lane = (c.tid % 64) as usize;
         let r = c
-            .launch
+            .blk
             .team
             .warp_collective(c.tid, site as u32, &dep, |read| {
                 let av: Vec<[u16; 4]> = (0..64)
@@ -529,6 +615,14 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         (
             "tessera_emu_check_global",
             tessera_emu_check_global as *const () as usize,
+        ),
+        (
+            "tessera_emu_timer_ns",
+            tessera_emu_timer_ns as *const () as usize,
+        ),
+        (
+            "tessera_emu_bad_peer",
+            tessera_emu_bad_peer as *const () as usize,
         ),
         (
             "tessera_emu_note_shared",

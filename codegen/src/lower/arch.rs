@@ -17,6 +17,10 @@
 //! | barrier | `llvm.nvvm.barrier.cta.sync.aligned.all(0)` (`bar.sync 0`, orders shared memory) | `fence syncscope("workgroup") release` + `llvm.amdgcn.s.barrier` + `fence syncscope("workgroup") acquire` |
 //! | shuffle xor | `llvm.nvvm.shfl.sync.bfly.i32` (full mask) | `llvm.amdgcn.ds.bpermute` (byte address `(lane ^ m) * 4`) |
 //! | kernel ABI | calling convention `ptx_kernel` (71), `"nvvm.maxntid"` attribute | `amdgpu_kernel` (91), `"amdgpu-flat-work-group-size"="N,N"` |
+//! | timer (ns) | `llvm.nvvm.read.ptx.sreg.globaltimer` | `llvm.readsteadycounter` (`s_memrealtime` / `s_sendmsg_rtn_b64 REALTIME`: a 100 MHz clock, so ×10) |
+//! | polling back-off | `llvm.nvvm.nanosleep(100)` | `llvm.amdgcn.s.sleep(2)` |
+//! | bad `remote_ptr` peer | `llvm.trap` | `llvm.trap` |
+//! | signal / counter atomics | inline `atom.{sem}.{cta,gpu,sys}.global.{exch.b64,add.u64}` (LLVM 22 drops the ordering and scope of NVPTX `atomicrmw`, emitting a relaxed `.gpu` atom) | `atomicrmw` with `syncscope` |
 //! | atomics scopes | `block` / `device` / system (`""`) | `workgroup` / `agent` / system (`""`) |
 //! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` (inline PTX; sm_80+) | `llvm.amdgcn.mfma.f32.16x16x16f16` / `...16x16x16bf16.1k` (gfx90a, gfx942) |
 //!
@@ -46,7 +50,7 @@ use inkwell::attributes::AttributeLoc;
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use tessera_ir::ScalarType;
-use tessera_ir::ir::MemScope;
+use tessera_ir::ir::{MemScope, SignalOp};
 
 use super::{Cx, LResult, LowerError};
 use crate::Target;
@@ -144,6 +148,65 @@ pub trait Arch {
         _site: u32,
     ) -> LResult<()> {
         Ok(())
+    }
+    /// A monotonic clock in nanoseconds (`i64`), read by the polling loops of
+    /// `wait_until` and `barrier_all` to time out.
+    fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>>;
+    /// Emitted on the path taken when a `remote_ptr` peer (`i32`) is outside
+    /// `0..world` (`i32`): GPUs trap, the emulator reports the op and goes on with
+    /// the local copy.
+    fn bad_peer<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        _peer: IntValue<'ctx>,
+        _world: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        cx.call_intrinsic("llvm.trap", &[], &[])?;
+        Ok(())
+    }
+    /// An atomic `xchg` (`Set`) or `add` on the `u64` at `p` with ordering `ord` at
+    /// `scope`; returns the old value. Signals and the `barrier_all` counter use it.
+    fn atomic_u64<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        op: SignalOp,
+        p: PointerValue<'ctx>,
+        v: IntValue<'ctx>,
+        ord: inkwell::AtomicOrdering,
+        scope: MemScope,
+    ) -> LResult<IntValue<'ctx>> {
+        use inkwell::llvm_sys::LLVMAtomicRMWBinOp as B;
+        use inkwell::values::AsValueRef;
+        let bop = match op {
+            SignalOp::Set => B::LLVMAtomicRMWBinOpXchg,
+            SignalOp::Add => B::LLVMAtomicRMWBinOpAdd,
+        };
+        let ssid = cx.sync_scope_id(self.sync_scope(scope));
+        // SAFETY: valid builder, pointer and value of matching types; the result is
+        // the i64 old value.
+        Ok(unsafe {
+            IntValue::new(inkwell::llvm_sys::core::LLVMBuildAtomicRMWSyncScope(
+                cx.b.as_mut_ptr(),
+                bop,
+                p.as_value_ref(),
+                v.as_value_ref(),
+                ord.into(),
+                ssid,
+            ))
+        })
+    }
+    /// Emitted once per iteration of a polling loop (`wait_until`, `barrier_all`) to
+    /// back off: GPUs sleep briefly so the spinning thread does not hammer the memory
+    /// system; the emulator's timer already yields.
+    fn poll_pause<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
+        Ok(())
+    }
+    /// True when the back end drops the ordering of `atomicrmw` (LLVM 22 NVPTX emits a
+    /// relaxed `atom` for every ordering): the lowering then brackets a relaxed
+    /// `atomicrmw` with fences at the op's scope (release before, acquire after).
+    fn rmw_needs_fences(&self) -> bool {
+        false
     }
     /// Declares the kernel's ABI: calling convention and launch bounds.
     fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32);
@@ -272,6 +335,68 @@ impl Arch for Nvptx {
             AttributeLoc::Function,
             cx.ctx.create_string_attribute("nvvm.maxntid", &n),
         );
+    }
+
+    fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        // %globaltimer: nanoseconds (updated every microsecond or so).
+        Ok(cx
+            .call_intrinsic("llvm.nvvm.read.ptx.sreg.globaltimer", &[], &[])?
+            .into_int_value())
+    }
+
+    fn rmw_needs_fences(&self) -> bool {
+        true
+    }
+
+    fn poll_pause<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        // `nanosleep.u32 100` (sm_70+).
+        cx.call_intrinsic("llvm.nvvm.nanosleep", &[], &[cx.i32(100).into()])?;
+        Ok(())
+    }
+
+    fn atomic_u64<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        op: SignalOp,
+        p: PointerValue<'ctx>,
+        v: IntValue<'ctx>,
+        ord: inkwell::AtomicOrdering,
+        scope: MemScope,
+    ) -> LResult<IntValue<'ctx>> {
+        use inkwell::AtomicOrdering as O;
+        let sem = match ord {
+            O::Acquire => "acquire",
+            O::Release => "release",
+            O::AcquireRelease | O::SequentiallyConsistent => "acq_rel",
+            _ => "relaxed",
+        };
+        let sc = match scope {
+            MemScope::Block => "cta",
+            MemScope::Device => "gpu",
+            MemScope::System => "sys",
+        };
+        let what = match op {
+            SignalOp::Set => "exch.b64",
+            SignalOp::Add => "add.u64",
+        };
+        let i64t = cx.ctx.i64_type();
+        let addr = cx.b.build_ptr_to_int(p, i64t, "")?;
+        let fty = i64t.fn_type(&[i64t.into(), i64t.into()], false);
+        let asm = cx.ctx.create_inline_asm(
+            fty,
+            format!("atom.{sem}.{sc}.global.{what} $0, [$1], $2;"),
+            "=l,l,l,~{memory}".into(),
+            true,
+            false,
+            None,
+            false,
+        );
+        let call =
+            cx.b.build_indirect_call(fty, asm, &[addr.into(), v.into()], "atom")?;
+        call.try_as_basic_value()
+            .basic()
+            .map(|v| v.into_int_value())
+            .ok_or_else(|| LowerError::Llvm("atom asm returned void".into()))
     }
 
     fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
@@ -448,6 +573,23 @@ impl Arch for Amdgpu {
             cx.ctx
                 .create_string_attribute("uniform-work-group-size", "true"),
         );
+    }
+
+    fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        // The constant 100 MHz "REALTIME" counter (s_memrealtime on gfx9/gfx10,
+        // s_sendmsg_rtn_b64 on gfx11): 10 ns per tick.
+        let t = cx
+            .call_intrinsic("llvm.readsteadycounter", &[], &[])?
+            .into_int_value();
+        Ok(cx
+            .b
+            .build_int_mul(t, cx.ctx.i64_type().const_int(10, false), "ns")?)
+    }
+
+    fn poll_pause<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        // `s_sleep 2`: about 128 clocks.
+        cx.call_intrinsic("llvm.amdgcn.s.sleep", &[], &[cx.i32(2).into()])?;
+        Ok(())
     }
 
     fn sync_scope(&self, scope: MemScope) -> &'static str {

@@ -13,6 +13,8 @@
 //! | shuffle xor | `i32 tessera_emu_shuffle_xor(i32 v, i32 mask, i32 site)` |
 //! | shared memory | `ptr tessera_emu_shared_base()` (a per-block host buffer) |
 //! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` |
+//! | timer (ns) | `i64 tessera_emu_timer_ns()` (also yields the core: it is called in polling loops) |
+//! | bad `remote_ptr` peer | `void tessera_emu_bad_peer(i32 peer, i32 world, i32 site)` (records the error) |
 //! | shared access | `void tessera_emu_note_shared(ptr p, i32 bytes, i32 is_write, i32 site)` |
 //! | `mma.sync` m16n8k16 | `void tessera_emu_mma_nv_{f16,bf16}(i32 a0..a3, i32 b0, b1, float c0..c3, ptr d, i32 site)` |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
@@ -170,6 +172,25 @@ impl Arch for Emu {
             Emu::site(cx, site),
         ];
         call(cx, "tessera_emu_note_shared", ty, &args)?;
+        Ok(())
+    }
+
+    fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        let ty = cx.ctx.i64_type().fn_type(&[], false);
+        int_result(call(cx, "tessera_emu_timer_ns", ty, &[])?)
+    }
+
+    fn bad_peer<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        peer: IntValue<'ctx>,
+        world: IntValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        let i32t = cx.ctx.i32_type();
+        let ty = cx.ctx.void_type().fn_type(&[i32t.into(); 3], false);
+        let args = [peer.into(), world.into(), Emu::site(cx, site)];
+        call(cx, "tessera_emu_bad_peer", ty, &args)?;
         Ok(())
     }
 

@@ -5,7 +5,10 @@
 //! elements are accessed as one `<vec x T>` access aligned to its size when
 //! [`crate::axis`] proves the pointers contiguous and aligned and the mask constant
 //! over the vector. Stores and atomics are performed by one owner thread per element
-//! when the layout replicates elements over threads.
+//! when the layout replicates elements over threads. Where the back end drops the
+//! ordering of `atomicrmw` ([`super::arch::Arch::rmw_needs_fences`]: NVPTX), a
+//! release/acquire read-modify-write becomes `fence release; relaxed atom; fence
+//! acquire` at the op's scope.
 
 use inkwell::AtomicOrdering;
 use inkwell::basic_block::BasicBlock;
@@ -385,7 +388,16 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
     };
     let owner = l.owner_predicate(&lay)?;
     let ssid = l.cx.sync_scope_id(l.arch.sync_scope(scope));
-    let (ord, fail) = ordering(order);
+    let (mut ord, fail) = ordering(order);
+    // Back ends that drop `atomicrmw` orderings get explicit fences instead.
+    let rmw_fences = rmw.is_some() && l.arch.rmw_needs_fences();
+    let scope_name = l.arch.sync_scope(scope);
+    if rmw_fences {
+        ord = AtomicOrdering::Monotonic;
+        if matches!(order, MemOrder::Release | MemOrder::AcqRel) {
+            l.cx.fence(AtomicOrdering::Release, scope_name)?;
+        }
+    }
     let reg_ty = l.ty(elem);
     let zero = reg_ty.const_zero();
     let n = lay.num_regs();
@@ -456,6 +468,9 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
         })?
         .expect("a value on both edges");
         regs.push(res);
+    }
+    if rmw_fences && matches!(order, MemOrder::Acquire | MemOrder::AcqRel) {
+        l.cx.fence(AtomicOrdering::Acquire, scope_name)?;
     }
     let t = Tile {
         elem,

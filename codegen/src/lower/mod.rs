@@ -54,8 +54,15 @@
 //!   f64 transcendental functions are `Unsupported` (no libdevice/ocml linked yet);
 //!   f64 `sqrt`, `floor`, `ceil`, `fma`, arithmetic and casts work.
 //! - Plain loads and stores are ordinary (non-atomic) accesses.
+//!
+//! # Communication
+//!
+//! Kernels that use communication ops take the hidden parameters of [`crate::comm`];
+//! `comm` lowers `rank`, `world_size`, `remote_ptr`, `signal`, `wait_until`, `fence`
+//! and `barrier_all` (see that module for the memory-model sequences).
 
 pub mod arch;
+mod comm;
 mod dot;
 mod elementwise;
 pub mod emu_arch;
@@ -325,6 +332,12 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub warp: IntValue<'ctx>,
     hints: HashMap<ValueId, Layout>,
     sites: RefCell<Vec<Site>>,
+    /// The hidden parameters of a communicating kernel ([`crate::comm`]).
+    comm: Option<comm::CommVals<'ctx>>,
+    /// Comm ops lowered so far (the next one's index in [`crate::comm::comm_sites`]).
+    comm_sites: usize,
+    /// The block that returns early (programs whose wait failed).
+    comm_exit: Option<BasicBlock<'ctx>>,
     /// The op being lowered (span, mnemonic), for new sites.
     cur_op: RefCell<(Span, &'static str)>,
 }
@@ -341,8 +354,39 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             };
             params.push(t.into());
         }
+        let uses_comm = f.uses_comm();
+        if uses_comm {
+            // The hidden parameters of `crate::comm::HIDDEN_PARAMS`.
+            let global = cx
+                .ctx
+                .ptr_type(AddressSpace::from(target.global_addrspace()));
+            params.extend([
+                cx.ctx.i32_type().into(),
+                cx.ctx.i32_type().into(),
+                global.into(),
+                cx.ctx.i64_type().into(),
+            ] as [BasicMetadataTypeEnum; 4]);
+        }
         let fty = cx.ctx.void_type().fn_type(&params, false);
         let kernel = cx.module.add_function(&f.name, fty, None);
+        let comm = if uses_comm {
+            let n = f.params.len() as u32;
+            let p = |i: u32, name: &str| {
+                let v = kernel
+                    .get_nth_param(n + i)
+                    .expect("the hidden parameters were declared");
+                v.set_name(name);
+                v
+            };
+            Some(comm::CommVals {
+                rank: p(0, "tessera.rank").into_int_value(),
+                world: p(1, "tessera.world_size").into_int_value(),
+                bases: p(2, "tessera.heap_bases").into_pointer_value(),
+                timeout: p(3, "tessera.timeout_ns").into_int_value(),
+            })
+        } else {
+            None
+        };
         arch.set_kernel_abi(&cx, kernel, nw * ws);
         let entry = cx.ctx.append_basic_block(kernel, "entry");
         cx.b.position_at_end(entry);
@@ -374,6 +418,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             hints: HashMap::new(),
             sites: RefCell::new(Vec::new()),
             cur_op: RefCell::new((f.span.clone(), "kernel")),
+            comm,
+            comm_sites: 0,
+            comm_exit: None,
         })
     }
 
@@ -902,7 +949,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             | OpKind::WaitUntil { .. }
             | OpKind::Fence { .. }
             | OpKind::BarrierAll => {
-                return unsupported(span, "communication ops are not lowered yet");
+                let site = self.comm_sites;
+                self.comm_sites += 1;
+                self.lower_comm(op, site)?;
             }
         }
         Ok(())
