@@ -478,7 +478,7 @@ pub fn launch<K: Kernel>(
         }
         Backend::Cuda(d) => {
             let (gargs, spec) = gpu_args(args, |s| match s {
-                Storage::Cuda(b) => Some(d.address(&b.slice)),
+                Storage::Cuda(b) => Some(b.address()),
                 _ => None,
             })
             .map_err(invalid)?;
