@@ -97,7 +97,8 @@ fn ping_pong_rank(r: &Rank, seed: u64) -> Result<String, Error> {
     }
     let s = sig.download()?;
     let want_sig = match r.rank() {
-        0 => vec![ROUNDS as u64, ROUNDS as u64],
+        // put_signal(peer, .., sig, idx, ..) sets word `idx` on the peer.
+        0 => vec![0, ROUNDS as u64],
         1 => vec![ROUNDS as u64, 0],
         _ => vec![0, 0],
     };
@@ -254,11 +255,10 @@ fn a_dead_process_fails_the_others_quickly() {
         let line = x
             .stdout
             .lines()
-            .find(|l| l.starts_with("RESULT failed after"))
+            .find_map(|l| l.split_once("RESULT failed after ").map(|(_, rest)| rest))
             .unwrap_or_else(|| panic!("rank {r} did not fail as expected\n{}", dump(&runs)));
         assert!(line.contains("rank 1"), "rank {r}: {line}");
         let secs: f64 = line
-            .trim_start_matches("RESULT failed after ")
             .split(' ')
             .next()
             .and_then(|s| s.parse().ok())

@@ -570,7 +570,13 @@ fn accept_all(
         }
         return Err(p);
     }
-    let team_fd = super::procs::memfd("tessera-team", super::team::TEAM_BYTES)?;
+    let team_fd = memfd("tessera-team", super::team::TEAM_BYTES)?;
+    // Stamp it before anyone maps it.
+    let magic = super::team::MAGIC.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a live buffer into our own file.
+    if unsafe { libc::pwrite(team_fd.as_raw_fd(), magic.as_ptr().cast(), 8, 0) } != 8 {
+        return Err(os_err("initializing the team segment"));
+    }
     let mut fds = vec![team_fd.as_raw_fd()];
     fds.extend(
         all.iter()
@@ -579,13 +585,11 @@ fn accept_all(
     for (r, s) in &mut peers {
         let io = |e: std::io::Error| format!("bootstrap answer to rank {r} over {name:?}: {e}");
         let mut words = vec![HELLO, 0, size as u64];
-        let mut blobs = Vec::new();
         for c in &all {
             words.push(u64::from(c.heap_fd.is_some()));
             words.push(c.blob.len() as u64);
             write_u64s(s, &std::mem::take(&mut words)).map_err(io)?;
             s.write_all(&c.blob).map_err(io)?;
-            blobs.push(());
         }
         send_fds(s, &fds).map_err(io)?;
         s.set_read_timeout(None).map_err(io)?;
