@@ -259,7 +259,9 @@ impl CudaDevice {
                 v.truncate(bytes);
                 Ok(v)
             }
-            CudaMem::View { ptr, bytes: len, .. } => self.dtoh(*ptr, bytes.min(*len)),
+            CudaMem::View {
+                ptr, bytes: len, ..
+            } => self.dtoh(*ptr, bytes.min(*len)),
         }
     }
 
@@ -379,6 +381,8 @@ impl CudaDevice {
     pub(crate) fn poke_u32(&self, dst: u64, value: u32) -> Result<(), Error> {
         let what = "raising the abort word";
         let stream = self.control_stream()?;
+        // Called from watchdog threads too: make the context current.
+        self.ctx.bind_to_thread().map_err(self.err(what))?;
         // SAFETY: `dst` is 4 bytes of live device memory (a heap's control word).
         unsafe { sys::cuMemsetD32Async(dst, value, 1, stream.cu_stream()) }
             .result()

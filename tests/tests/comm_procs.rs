@@ -37,7 +37,11 @@ fn ping_pong<const B: usize>(data: &mut Symmetric<f32>, sig: &mut Symmetric<u64>
 /// Every rank stores its tile into slot `rank` of every rank's `data`, then
 /// `barrier_all`, then copies every slot of its own `data` to `out`.
 #[kernel]
-fn all_gather<const B: usize>(data: &mut Symmetric<i32>, mine: &Global<i32>, out: &mut Global<i32>) {
+fn all_gather<const B: usize>(
+    data: &mut Symmetric<i32>,
+    mine: &Global<i32>,
+    out: &mut Global<i32>,
+) {
     let me = rank();
     let n = world_size();
     let offs = arange::<B>();
@@ -55,12 +59,16 @@ fn all_gather<const B: usize>(data: &mut Symmetric<i32>, mine: &Global<i32>, out
 
 fn tile_f32(seed: u64, rank: u32) -> Vec<f32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(u64::from(rank)));
-    (0..B).map(|_| rng.gen_range(-100.0f32..100.0).round() / 4.0).collect()
+    (0..B)
+        .map(|_| rng.gen_range(-100.0f32..100.0).round() / 4.0)
+        .collect()
 }
 
 fn tile_i32(seed: u64, rank: u32) -> Vec<i32> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed.wrapping_add(1000 + u64::from(rank)));
-    (0..B).map(|_| rng.gen_range(-1_000_000..1_000_000)).collect()
+    (0..B)
+        .map(|_| rng.gen_range(-1_000_000..1_000_000))
+        .collect()
 }
 
 fn world() -> World {
@@ -91,9 +99,16 @@ fn ping_pong_rank(r: &Rank, seed: u64) -> Result<String, Error> {
             // reads rank 0's final tile through the shared mapping.
             let last: Vec<f32> = init.iter().map(|x| x + (ROUNDS - 1) as f32).collect();
             assert_eq!(mine, last, "rank 1's tile");
-            assert_eq!(data.download_peer(0)?, want, "rank 0's tile seen from rank 1");
+            assert_eq!(
+                data.download_peer(0)?,
+                want,
+                "rank 0's tile seen from rank 1"
+            );
         }
-        _ => assert!(mine.iter().all(|v| v.is_nan()), "an idle rank's tile was written"),
+        _ => assert!(
+            mine.iter().all(|v| v.is_nan()),
+            "an idle rank's tile was written"
+        ),
     }
     let s = sig.download()?;
     let want_sig = match r.rank() {
@@ -193,9 +208,15 @@ fn spawn(n: usize, scenario: &str) -> Vec<Ran> {
     let exe = std::env::current_exe().expect("test binary path");
     let outputs = tessera::world::spawn_local_with(n, |_| {
         let mut c = std::process::Command::new(&exe);
-        c.args(["--exact", "child_rank_body", "--test-threads", "1", "--nocapture"])
-            .env(SCENARIO, scenario)
-            .env(SEED, seed.to_string());
+        c.args([
+            "--exact",
+            "child_rank_body",
+            "--test-threads",
+            "1",
+            "--nocapture",
+        ])
+        .env(SCENARIO, scenario)
+        .env(SEED, seed.to_string());
         c
     })
     .expect("spawn ranks");
@@ -212,12 +233,7 @@ fn spawn(n: usize, scenario: &str) -> Vec<Ran> {
 fn dump(runs: &[Ran]) -> String {
     runs.iter()
         .enumerate()
-        .map(|(r, x)| {
-            format!(
-                "--- rank {r} (exit {:?})\n{}{}",
-                x.code, x.stdout, x.stderr
-            )
-        })
+        .map(|(r, x)| format!("--- rank {r} (exit {:?})\n{}{}", x.code, x.stdout, x.stderr))
         .collect()
 }
 
@@ -226,7 +242,9 @@ fn ping_pong_across_two_processes() {
     let runs = spawn(2, "ping_pong");
     for (r, x) in runs.iter().enumerate() {
         assert!(
-            x.code == Some(0) && x.stdout.contains(&format!("RESULT ping-pong ok on rank {r}")),
+            x.code == Some(0)
+                && x.stdout
+                    .contains(&format!("RESULT ping-pong ok on rank {r}")),
             "{}",
             dump(&runs)
         );
@@ -238,7 +256,9 @@ fn barrier_all_across_four_processes() {
     let runs = spawn(4, "all_gather");
     for (r, x) in runs.iter().enumerate() {
         assert!(
-            x.code == Some(0) && x.stdout.contains(&format!("RESULT all-gather ok on rank {r} of 4")),
+            x.code == Some(0)
+                && x.stdout
+                    .contains(&format!("RESULT all-gather ok on rank {r} of 4")),
             "{}",
             dump(&runs)
         );
@@ -267,7 +287,9 @@ fn a_dead_process_fails_the_others_quickly() {
     }
     // The host-barrier waiter reports the death itself.
     assert!(
-        runs[3].stdout.contains("rank 1's process exited without leaving the world"),
+        runs[3]
+            .stdout
+            .contains("rank 1's process exited without leaving the world"),
         "{}",
         dump(&runs)
     );
@@ -279,6 +301,10 @@ fn ranks_with_different_configurations_are_refused() {
     let runs = spawn(2, "mismatch");
     for x in &runs {
         assert_eq!(x.code, Some(1), "{}", dump(&runs));
-        assert!(x.stdout.contains("another configuration"), "{}", dump(&runs));
+        assert!(
+            x.stdout.contains("another configuration"),
+            "{}",
+            dump(&runs)
+        );
     }
 }

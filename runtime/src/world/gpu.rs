@@ -126,11 +126,13 @@ impl GpuHeap {
             .checked_add(bytes)
             .filter(|&e| e <= self.len)
             .map(|_| self.ptr + offset as u64)
-            .ok_or_else(|| Error::BufferSize(format!(
-                "bytes {offset}..{} are outside a heap of {} bytes",
-                offset.saturating_add(bytes),
-                self.len
-            )))
+            .ok_or_else(|| {
+                Error::BufferSize(format!(
+                    "bytes {offset}..{} are outside a heap of {} bytes",
+                    offset.saturating_add(bytes),
+                    self.len
+                ))
+            })
     }
 
     /// `bytes` bytes at `offset` (after the work queued on the device's stream).

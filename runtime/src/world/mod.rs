@@ -2,8 +2,30 @@
 //!
 //! Tessera programs that communicate are SPMD, as with `torchrun`, NVSHMEM or MPI:
 //! every rank runs the same code on its own device and calls the same collective
-//! operations in the same order. [`World::local`] runs `n` ranks as threads of this
-//! process, each with its own [`Rank`] handle.
+//! operations in the same order. A world's ranks are either
+//!
+//! - **threads of this process**: [`World::local`]`(n)` then [`World::run`], which
+//!   calls a closure once per rank with its [`Rank`] handle; or
+//! - **processes of one node**, one rank each, started by `torchrun` or
+//!   [`spawn_local`]: [`World::launched`] (or [`World::from_env`]) reads `RANK`,
+//!   `WORLD_SIZE`, `LOCAL_RANK` and the bootstrap socket (`TESSERA_BOOTSTRAP`, else
+//!   derived from `MASTER_ADDR`/`MASTER_PORT`; see [`procs`]), and [`World::join`]
+//!   returns this process's [`Rank`] once every rank has joined
+//!   ([`World::run_process`] joins, runs a closure and leaves).
+//!
+//! Either way a [`Rank`] offers the same operations ([`Rank::alloc`],
+//! [`Rank::upload`], [`Rank::alloc_signals`], [`Rank::barrier`], [`Rank::device`]) and
+//! kernels launched on its device see the same semantics: the control words live in
+//! the shared heaps, so `barrier_all`, waits, aborts and timeouts work across
+//! processes as across threads.
+//!
+//! **Devices.** Ranks run on the CPU or the SIMT emulator (heaps in host memory:
+//! plain allocations for threads, `memfd` segments mapped by every process for
+//! processes), or on GPUs (heaps in device memory, see `gpu`: one process driving
+//! several GPUs through peer access with [`World::on_each`], or one rank per process
+//! exporting its heap through CUDA/HIP IPC). Without a usable GPU, asking for one
+//! fails with [`Error::DeviceUnavailable`] when the [`Device`] is opened. Launching a
+//! communicating kernel on a GPU is not wired yet: the launch reports it.
 //!
 //! **Symmetric heap.** Each rank owns one heap (`heap_bytes`, 256 MiB by default or
 //! `TESSERA_HEAP_BYTES`), laid out identically on every rank:
@@ -16,12 +38,28 @@
 //!
 //! Both regions are bump allocators with 256-byte alignment, so the k-th allocation
 //! lands at the same offset on every rank; each allocation is checked against the
-//! other ranks' (a rank allocating a different size or kind is an [`Error::Comm`],
-//! not silent corruption). Memory is released when the world ends.
+//! other ranks' through a table in the team segment (a rank allocating a different
+//! size or kind is an [`Error::Comm`], not silent corruption; the first 8192
+//! allocations of a world are checked). Memory is released when the world ends (for
+//! processes: when the last process holding a mapping exits).
 //!
-//! **Failure.** A rank whose closure fails marks the world as failed: every rank's
-//! device-side waits and host barriers stop with an error instead of hanging, and
-//! [`World::run`] returns the first root-cause error (not the consequences).
+//! **Team segment.** Besides the heaps, a world shares one small segment of host
+//! memory (`team`): the host barrier's counter, the failure record and the
+//! allocation table, all lock-free words, so host barriers and checks work the same
+//! for threads and processes.
+//!
+//! **Failure.** A rank whose code fails (an `Err` from the closure given to
+//! [`World::run`] or [`World::run_process`], a panic, or [`Rank::abort`]) marks the
+//! world as failed: every rank's device-side waits and host barriers stop with an
+//! error naming it instead of hanging, and [`World::run`] returns the first
+//! root-cause error (not the consequences). A process that exits without leaving
+//! the world (dropping its [`Rank`]) is detected by the bootstrap connections'
+//! watchdog and reported as dead the same way, within milliseconds.
+//!
+//! **Several ranks on one GPU** ([`World::on`] with a GPU, for testing) get separate
+//! heaps but share the GPU's stream: kernels of different ranks run one after the
+//! other, so a kernel that waits for another rank's kernel in the same round times
+//! out. Use one GPU per rank for such kernels.
 
 mod gpu;
 pub mod procs;
@@ -39,7 +77,6 @@ use tessera_ir::interp::{CommWorld, HostBuffer, HostMemory, InterpError, ctrl};
 use tessera_ir::types::ScalarType;
 
 use crate::buffer::{Buffer, Element, Storage};
-use crate::device::Backend;
 use crate::{Device, Error};
 
 use gpu::{GpuDev, GpuHeap, GpuRank};
@@ -127,11 +164,18 @@ impl Shared {
         heap_bytes: usize,
     ) -> Result<Shared, Error> {
         let ctrl = match &heaps {
-            Heaps::Host(hs) => hs
-                .iter()
-                .map(|h| HostBuffer::view(h.clone(), 0, ScalarType::U64, ctrl::WORDS).map(Arc::new))
-                .collect::<Result<Vec<_>, _>>()?
-                .into(),
+            Heaps::Host(hs) => {
+                let mut v = Vec::with_capacity(hs.len());
+                for h in hs.iter() {
+                    v.push(Arc::new(HostBuffer::view(
+                        h.clone(),
+                        0,
+                        ScalarType::U64,
+                        ctrl::WORDS,
+                    )?));
+                }
+                v.into()
+            }
             Heaps::Gpu(_) => Arc::from(Vec::new()),
         };
         Ok(Shared {
@@ -306,8 +350,9 @@ impl World {
         self
     }
 
-    /// Runs rank `r` on `devices[r]` (ranks as threads; e.g. one GPU each). Needs as
-    /// many devices as ranks.
+    /// Runs rank `r` on `devices[r]` (e.g. one GPU each; a launched world's process
+    /// takes `devices[RANK]`). Needs as many devices as ranks (or one, like
+    /// [`World::on`]).
     pub fn on_each(mut self, devices: &[Device]) -> World {
         self.devices = devices.to_vec();
         self
@@ -430,11 +475,6 @@ impl World {
             ));
         }
         self.check()?;
-        for d in &self.devices {
-            if let Backend::Emu(_) = d.backend {
-                // Fine: host heaps.
-            }
-        }
         let heaps = self.thread_heaps()?;
         let gpu_heaps = match &heaps {
             Heaps::Gpu(h) => Some(h.clone()),
@@ -517,14 +557,14 @@ impl World {
         self.check()?;
         let me = env.rank;
         let err = move |message: String| Error::Comm { rank: me, message };
-        let device = self.device_of(0)?;
+        let device = self.device_of(me as usize)?;
         let gpu = GpuDev::of(device);
         if env.size == 1 {
             // A world of one: nothing to exchange.
             let heaps = match &gpu {
-                None => Heaps::Host(Arc::from(vec![
-                    Arc::new(HostHeap::new(self.heap_bytes).map_err(err)?) as Arc<dyn HostMemory>
-                ])),
+                None => Heaps::Host(Arc::from(vec![Arc::new(
+                    HostHeap::new(self.heap_bytes).map_err(err)?,
+                ) as Arc<dyn HostMemory>])),
                 Some(g) => Heaps::Gpu(Arc::from(vec![Arc::new(GpuHeap::alloc(
                     g,
                     self.heap_bytes,
@@ -630,10 +670,10 @@ impl World {
             Some(p) => {
                 let s = shared.clone();
                 let died: Arc<dyn Fn(u32) + Send + Sync> = Arc::new(move |r| s.abort(r, true));
-                Some(procs::Link::start(me, p, died).map_err(|message| Error::Comm {
-                    rank: me,
-                    message,
-                })?)
+                Some(
+                    procs::Link::start(me, p, died)
+                        .map_err(|message| Error::Comm { rank: me, message })?,
+                )
             }
             None => None,
         };
@@ -770,9 +810,7 @@ impl Rank {
             Stop::Failed { rank, died: true } => self.err(format!(
                 "abandoned {what}: rank {rank}'s process exited without leaving the world"
             )),
-            Stop::Failed { rank, .. } => {
-                self.err(format!("abandoned {what}: rank {rank} failed"))
-            }
+            Stop::Failed { rank, .. } => self.err(format!("abandoned {what}: rank {rank} failed")),
             Stop::Timeout => {
                 self.abort();
                 self.err(format!(
@@ -834,7 +872,10 @@ impl Rank {
         };
         let me = self.rank;
         let other_failed = || sh.interp_world(me).failed_rank();
-        match sh.team.check_alloc(cur.count, rec, sh.timeout, &other_failed) {
+        match sh
+            .team
+            .check_alloc(cur.count, rec, sh.timeout, &other_failed)
+        {
             Ok(Ok(())) => {}
             Ok(Err(other)) => {
                 return Err(self.err(format!(
@@ -898,10 +939,7 @@ impl Rank {
         sh.team
             .barrier(generation, sh.size, sh.timeout, &other_failed)
             .map_err(|(stop, arrived)| {
-                let what = format!(
-                    "a host barrier ({arrived} of {} ranks arrived)",
-                    sh.size
-                );
+                let what = format!("a host barrier ({arrived} of {} ranks arrived)", sh.size);
                 self.stopped(stop, &what)
             })
     }
@@ -992,5 +1030,100 @@ impl<T: Element> Deref for SymBuffer<T> {
 impl<T: Element> DerefMut for SymBuffer<T> {
     fn deref_mut(&mut self) -> &mut Buffer<T> {
         &mut self.local
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn small(n: usize) -> World {
+        World::local(n)
+            .heap_bytes(1 << 16)
+            .signal_bytes(4096)
+            .wait_timeout(Duration::from_secs(5))
+    }
+
+    #[test]
+    fn allocations_and_barriers_across_threads() {
+        let out = small(3)
+            .run(|r| {
+                let mut offsets = Vec::new();
+                for round in 0..5u32 {
+                    let b = r.upload(&[r.rank() * 100 + round; 7])?;
+                    let s = r.alloc_signals(3)?;
+                    offsets.push((b.heap_offset(), s.heap_offset()));
+                    r.barrier()?;
+                    // Every rank's copy, read through the shared heaps.
+                    for p in 0..r.size() {
+                        assert_eq!(b.download_peer(p)?, vec![p * 100 + round; 7]);
+                    }
+                    r.barrier()?;
+                }
+                Ok(offsets)
+            })
+            .unwrap();
+        assert!(out.iter().all(|o| *o == out[0]));
+        assert_eq!(out[0][0], (CTRL_BYTES + 4096, CTRL_BYTES));
+        assert_eq!(out[0][1].0, CTRL_BYTES + 4096 + SYM_ALIGN);
+    }
+
+    #[test]
+    fn mismatched_allocations_are_reported() {
+        let e = small(2)
+            .run(|r| {
+                if r.rank() == 0 {
+                    r.alloc::<f32>(10)?;
+                } else {
+                    r.alloc::<i32>(12)?;
+                }
+                Ok(())
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("differs between ranks"), "{e}");
+    }
+
+    #[test]
+    fn a_failing_rank_releases_a_host_barrier() {
+        let t = Instant::now();
+        let e = small(2)
+            .run(|r| {
+                if r.rank() == 1 {
+                    return Err(r.err("boom".into()));
+                }
+                r.barrier()
+            })
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("boom"), "{e}");
+        assert!(t.elapsed() < Duration::from_secs(4));
+    }
+
+    #[test]
+    fn a_missing_rank_times_out_a_host_barrier() {
+        let e = small(2)
+            .wait_timeout(Duration::from_millis(200))
+            .run(|r| if r.rank() == 0 { r.barrier() } else { Ok(()) })
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("host barrier (1 of 2 ranks arrived) timed out"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn bad_configurations() {
+        let e = small(2)
+            .on_each(&[Device::cpu(), Device::cpu(), Device::cpu()])
+            .run(|_| Ok(()))
+            .unwrap_err();
+        assert!(e.to_string().contains("3 devices for 2 ranks"), "{e}");
+        let e = small(2).join().unwrap_err();
+        assert!(e.to_string().contains("launched world"), "{e}");
+        let e = small(0).run(|_| Ok(())).unwrap_err();
+        assert!(e.to_string().contains("1 to 1024"), "{e}");
     }
 }

@@ -424,7 +424,10 @@ fn bootstrap_peer(
         let mut blob = vec![0u8; w[1].min(1 << 20) as usize];
         s.read_exact(&mut blob).map_err(io)?;
         with_fd.push(w[0] == 1);
-        all.push(Contribution { heap_fd: None, blob });
+        all.push(Contribution {
+            heap_fd: None,
+            blob,
+        });
     }
     let nfds = 1 + with_fd.iter().filter(|&&b| b).count();
     let mut fds = recv_fds(&s, nfds).map_err(io)?.into_iter();
@@ -521,9 +524,13 @@ fn accept_all(
         };
         let their: Config = [h[6], h[7], h[8], h[9]];
         let why = if rank >= size {
-            Some(format!("rank {rank} (pid {pid}) is outside a world of {size}"))
+            Some(format!(
+                "rank {rank} (pid {pid}) is outside a world of {size}"
+            ))
         } else if slots[rank].is_some() {
-            Some(format!("two processes claim rank {rank} (the second: pid {pid})"))
+            Some(format!(
+                "two processes claim rank {rank} (the second: pid {pid})"
+            ))
         } else if their != config {
             Some(format!(
                 "rank {rank} (pid {pid}) has another configuration than rank 0 (world size, heap bytes, signal bytes, kind: {their:?} vs {config:?}); every rank must build the same World"
@@ -824,15 +831,27 @@ mod tests {
                 bootstrap: Some("@tessera-127.0.0.1-29500-".into())
             }
         );
-        let e = env(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("TESSERA_BOOTSTRAP", "/tmp/x.sock")])
-            .unwrap();
+        let e = env(&[
+            ("RANK", "1"),
+            ("WORLD_SIZE", "2"),
+            ("TESSERA_BOOTSTRAP", "/tmp/x.sock"),
+        ])
+        .unwrap();
         assert_eq!(e.bootstrap.as_deref(), Some("/tmp/x.sock"));
         assert_eq!(e.local_rank, 1);
         for bad in [
-            &[("RANK", "2"), ("WORLD_SIZE", "2"), ("TESSERA_BOOTSTRAP", "@x")][..],
+            &[
+                ("RANK", "2"),
+                ("WORLD_SIZE", "2"),
+                ("TESSERA_BOOTSTRAP", "@x"),
+            ][..],
             &[("WORLD_SIZE", "2"), ("TESSERA_BOOTSTRAP", "@x")],
             &[("RANK", "0"), ("WORLD_SIZE", "2")],
-            &[("RANK", "x"), ("WORLD_SIZE", "2"), ("TESSERA_BOOTSTRAP", "@x")],
+            &[
+                ("RANK", "x"),
+                ("WORLD_SIZE", "2"),
+                ("TESSERA_BOOTSTRAP", "@x"),
+            ],
             &[
                 ("RANK", "0"),
                 ("WORLD_SIZE", "4"),
@@ -848,7 +867,9 @@ mod tests {
     #[test]
     fn descriptors_and_mappings_cross_a_socket() {
         let (a, b) = UnixStream::pair().unwrap();
-        let fds: Vec<OwnedFd> = (0..3).map(|i| memfd(&format!("t{i}"), 8192).unwrap()).collect();
+        let fds: Vec<OwnedFd> = (0..3)
+            .map(|i| memfd(&format!("t{i}"), 8192).unwrap())
+            .collect();
         let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
         send_fds(&a, &raw).unwrap();
         let got = recv_fds(&b, 3).unwrap();

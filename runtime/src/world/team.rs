@@ -185,11 +185,13 @@ impl Team {
         let w = self.word(W_BARRIER);
         let target = (generation + 1) * u64::from(size);
         w.fetch_add(1, Ordering::AcqRel);
-        self.wait(timeout, other_failed, || w.load(Ordering::Acquire) >= target)
-            .map_err(|s| {
-                let arrived = w.load(Ordering::Acquire) - generation * u64::from(size);
-                (s, arrived.min(u64::from(size)))
-            })
+        self.wait(timeout, other_failed, || {
+            w.load(Ordering::Acquire) >= target
+        })
+        .map_err(|s| {
+            let arrived = w.load(Ordering::Acquire) - generation * u64::from(size);
+            (s, arrived.min(u64::from(size)))
+        })
     }
 
     /// Checks allocation number `index` against the other ranks': the first rank to
