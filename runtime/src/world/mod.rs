@@ -741,6 +741,14 @@ impl Drop for Rank {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.abort();
+        } else if self.link.is_some()
+            && matches!(self.shared.heaps, Heaps::Gpu(_))
+            && self.failed_rank().is_none()
+        {
+            // Leaving is collective for GPU heaps: the peers opened this rank's heap
+            // through IPC, and it is freed when this process's last handle goes.
+            // (Host heaps are shared files: a mapping outlives its creator.)
+            let _ = self.barrier();
         }
         // Leave the world (a process rank says goodbye; rank 0 waits for the others).
         drop(self.link.take());
@@ -979,6 +987,13 @@ impl<T: Element> std::fmt::Debug for SymBuffer<T> {
 }
 
 impl<T: Element> SymBuffer<T> {
+    /// True when it was allocated in the world `comm` belongs to (for the launch
+    /// path: a GPU symmetric buffer has no host `copies` to compare).
+    #[allow(dead_code)]
+    pub(crate) fn belongs_to(&self, comm: &RankComm) -> bool {
+        Arc::ptr_eq(&self.shared, &comm.shared)
+    }
+
     /// Byte offset of the allocation in every rank's heap.
     pub fn heap_offset(&self) -> usize {
         self.offset

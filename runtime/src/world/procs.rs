@@ -27,7 +27,15 @@
 //! 0 die, and the watchdog thread marks the world as failed in the team segment and
 //! in every rank's control words, so every rank's waits and host barriers stop with
 //! an error naming the dead rank. Rank 0, when dropped, waits for every peer to leave
-//! (or die) before closing, since closing would look like its death.
+//! (or die) before closing, since closing would look like its death. On GPUs leaving
+//! is collective (a host barrier when the `Rank` is dropped), since a process's
+//! device heap, opened by the others through IPC, is freed when it goes; host heaps
+//! are shared files whose mappings outlive their creator.
+//!
+//! **Why a local socket**: one node is all shared memory (and CUDA/HIP IPC) can
+//! reach, and a Unix socket is the one channel that can carry file descriptors; it
+//! needs no port, and an abstract name leaves nothing behind. Multi-node worlds
+//! would use the vendors' device libraries (NVSHMEM, rocSHMEM), see the design notes.
 
 use std::ffi::OsStr;
 use std::io::{Read, Write};
