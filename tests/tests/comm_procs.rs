@@ -139,16 +139,17 @@ fn all_gather_rank(r: &Rank, seed: u64) -> Result<String, Error> {
     Ok(format!("all-gather ok on rank {} of {n}", r.rank()))
 }
 
-/// Rank 1 exits right after joining; the others must fail quickly, naming it:
+/// Rank 1 exits after the allocations; the others must fail quickly, naming it:
 /// rank 0 waits for it inside a kernel (`wait_until`), rank 2 in `barrier_all`,
 /// rank 3 at a host barrier.
 fn dies_rank(r: &Rank, seed: u64) -> Result<String, Error> {
-    if r.rank() == 1 {
-        std::process::exit(3);
-    }
+    // Allocations are synchronizing: every rank makes them, then rank 1 dies.
     let mut data = r.upload(&tile_f32(seed, 0))?;
     let mut sig = r.alloc_signals(2)?;
     let mut gathered = r.alloc::<i32>(B * r.size() as usize)?;
+    if r.rank() == 1 {
+        std::process::exit(3);
+    }
     let start = Instant::now();
     let outcome = match r.rank() {
         0 => ping_pong::<B>::launch(r.device(), 1u32, (&mut data, &mut sig, ROUNDS)),

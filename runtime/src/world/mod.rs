@@ -829,26 +829,32 @@ impl Rank {
         }
     }
 
-    /// A zeroed symmetric buffer of `len` elements (collective: every rank allocates
-    /// the same buffers in the same order).
+    /// A zeroed symmetric buffer of `len` elements. Collective and synchronizing, like
+    /// `shmem_malloc`: every rank allocates the same buffers in the same order, and the
+    /// call returns once every rank has made (and initialized) the allocation, so peers
+    /// may write into it right away.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<SymBuffer<T>, Error> {
-        self.alloc_in::<T>(len, false)
+        self.alloc_in::<T>(len, false, None)
     }
 
-    /// A symmetric buffer holding `data` on this rank (collective, like
-    /// [`Rank::alloc`]; each rank passes its own data of the same length).
+    /// A symmetric buffer holding `data` on this rank (collective and synchronizing,
+    /// like [`Rank::alloc`]; each rank passes its own data of the same length).
     pub fn upload<T: Element>(&self, data: &[T]) -> Result<SymBuffer<T>, Error> {
-        let mut b = self.alloc::<T>(data.len())?;
-        b.copy_from(data)?;
-        Ok(b)
+        self.alloc_in::<T>(data.len(), false, Some(data))
     }
 
-    /// `n` zeroed `u64` signal words in the signal region (collective).
+    /// `n` zeroed `u64` signal words in the signal region (collective and
+    /// synchronizing, like [`Rank::alloc`]).
     pub fn alloc_signals(&self, n: usize) -> Result<SymBuffer<u64>, Error> {
-        self.alloc_in::<u64>(n, true)
+        self.alloc_in::<u64>(n, true, None)
     }
 
-    fn alloc_in<T: Element>(&self, len: usize, signals: bool) -> Result<SymBuffer<T>, Error> {
+    fn alloc_in<T: Element>(
+        &self,
+        len: usize,
+        signals: bool,
+        init: Option<&[T]>,
+    ) -> Result<SymBuffer<T>, Error> {
         let sh = &self.shared;
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
@@ -930,8 +936,14 @@ impl Rank {
             offset,
         };
         // Heaps are zeroed once and never reused, but a user may have written past a
-        // region before; make the contract hold.
-        b.local.fill(T::zeroed())?;
+        // region before; make the contract hold. Then wait for every rank to have
+        // done the same: a peer's first write must not land before this
+        // initialization (it would be erased).
+        match init {
+            Some(data) => b.local.copy_from(data)?,
+            None => b.local.fill(T::zeroed())?,
+        }
+        self.barrier()?;
         Ok(b)
     }
 
