@@ -311,6 +311,16 @@ impl CudaDevice {
             self.free_raw(ptr);
             return Err(self.err(what)(e));
         }
+        // The zeroes must land before a peer (another process) can see the heap; and
+        // create the control stream now: creating it later (cudarc's `new_stream`)
+        // would synchronize the context, i.e. wait for a kernel that is waiting.
+        let ready = self
+            .synchronize()
+            .and_then(|_| self.control_stream().map(|_| ()));
+        if let Err(e) = ready {
+            self.free_raw(ptr);
+            return Err(e);
+        }
         Ok(ptr)
     }
 

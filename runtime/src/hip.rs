@@ -319,7 +319,9 @@ impl HipDevice {
         // SAFETY: `bytes.max(1)` bytes were just allocated.
         if let Err(e) = check(self.ordinal, &what, unsafe {
             h::hipMemset(ptr, 0, bytes.max(1))
-        }) {
+        })
+        .and_then(|_| self.synchronize())
+        {
             self.free_raw(ptr as u64);
             return Err(e);
         }

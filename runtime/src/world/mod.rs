@@ -1142,6 +1142,28 @@ mod tests {
     }
 
     #[test]
+    fn a_process_outside_a_launch_is_a_world_of_one() {
+        if std::env::var_os("WORLD_SIZE").is_some() {
+            return; // launched by torchrun-like tooling: not this test's subject
+        }
+        let w = World::launched()
+            .unwrap()
+            .heap_bytes(1 << 16)
+            .signal_bytes(4096);
+        assert_eq!(w.size(), 1);
+        assert!(w.run(|_| Ok(())).is_err(), "run is for threads");
+        let got = w
+            .run_process(|r| {
+                assert_eq!((r.rank(), r.size()), (0, 1));
+                let b = r.upload(&[3.5f32, -1.0, 7.25])?;
+                r.barrier()?;
+                b.download_peer(0)
+            })
+            .unwrap();
+        assert_eq!(got, vec![3.5, -1.0, 7.25]);
+    }
+
+    #[test]
     fn bad_configurations() {
         let e = small(2)
             .on_each(&[Device::cpu(), Device::cpu(), Device::cpu()])
