@@ -309,3 +309,58 @@ fn ranks_with_different_configurations_are_refused() {
         );
     }
 }
+
+/// The variables `torchrun` sets (no `TESSERA_BOOTSTRAP`): the socket is derived from
+/// `MASTER_ADDR`/`MASTER_PORT`/`TORCHELASTIC_RUN_ID`.
+#[test]
+fn torchrun_environment() {
+    let exe = std::env::current_exe().expect("test binary path");
+    let port: u16 = rand::thread_rng().gen_range(20000..60000);
+    let run_id = format!("test-{}", std::process::id());
+    let children: Vec<_> = (0..2)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "child_rank_body",
+                    "--test-threads",
+                    "1",
+                    "--nocapture",
+                ])
+                .env(SCENARIO, "ping_pong")
+                .env(SEED, "42")
+                .env("RANK", r.to_string())
+                .env("LOCAL_RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("LOCAL_WORLD_SIZE", "2")
+                .env("MASTER_ADDR", "127.0.0.1")
+                .env("MASTER_PORT", port.to_string())
+                .env("TORCHELASTIC_RUN_ID", &run_id)
+                .env_remove("TESSERA_BOOTSTRAP")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn rank")
+        })
+        .collect();
+    let runs: Vec<Ran> = children
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().expect("rank output");
+            Ran {
+                code: o.status.code(),
+                stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+            }
+        })
+        .collect();
+    for (r, x) in runs.iter().enumerate() {
+        assert!(
+            x.code == Some(0)
+                && x.stdout
+                    .contains(&format!("RESULT ping-pong ok on rank {r}")),
+            "{}",
+            dump(&runs)
+        );
+    }
+}

@@ -38,7 +38,7 @@
 //! would use the vendors' device libraries (NVSHMEM, rocSHMEM), see the design notes.
 
 use std::ffi::OsStr;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
 use std::process::{Command, Output, Stdio};
@@ -241,9 +241,34 @@ pub(crate) struct Joined {
     pub(crate) peers: Vec<(u32, UnixStream)>,
 }
 
+/// Writes all of `bytes` with `MSG_NOSIGNAL`: a peer that died is an error, not a
+/// `SIGPIPE` (which would kill a host program that does not ignore it, e.g. Python).
+fn send_all(s: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        // SAFETY: sends from a live buffer on a connected socket.
+        let n = unsafe {
+            libc::send(
+                s.as_raw_fd(),
+                bytes.as_ptr().cast(),
+                bytes.len(),
+                libc::MSG_NOSIGNAL,
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        bytes = &bytes[n as usize..];
+    }
+    Ok(())
+}
+
 fn write_u64s(s: &mut UnixStream, words: &[u64]) -> std::io::Result<()> {
     let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    s.write_all(&bytes)
+    send_all(s, &bytes)
 }
 
 fn read_u64s(s: &mut UnixStream, n: usize) -> std::io::Result<Vec<u64>> {
@@ -404,7 +429,7 @@ fn bootstrap_peer(
     ];
     hello.extend_from_slice(&config);
     write_u64s(&mut s, &hello).map_err(io)?;
-    s.write_all(&mine.blob).map_err(io)?;
+    send_all(&s, &mine.blob).map_err(io)?;
     if let Some(fd) = &mine.heap_fd {
         send_fds(&s, &[fd.as_raw_fd()]).map_err(io)?;
     }
@@ -581,7 +606,7 @@ fn accept_all(
         let bytes = p.as_bytes();
         for s in peers.iter_mut().map(|(_, s)| s).chain(refused.iter_mut()) {
             let _ = write_u64s(s, &[HELLO, 1, bytes.len() as u64]);
-            let _ = s.write_all(bytes);
+            let _ = send_all(s, bytes);
         }
         return Err(p);
     }
@@ -604,7 +629,7 @@ fn accept_all(
             words.push(u64::from(c.heap_fd.is_some()));
             words.push(c.blob.len() as u64);
             write_u64s(s, &std::mem::take(&mut words)).map_err(io)?;
-            s.write_all(&c.blob).map_err(io)?;
+            send_all(s, &c.blob).map_err(io)?;
         }
         send_fds(s, &fds).map_err(io)?;
         s.set_read_timeout(None).map_err(io)?;
@@ -715,7 +740,7 @@ impl Drop for Link {
         } else {
             self.leaving.store(true, Ordering::Release);
             for (_, s) in &mut self.streams {
-                let _ = s.write_all(b"B");
+                let _ = send_all(s, b"B");
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
             if let Some(t) = self.thread.take() {
