@@ -105,7 +105,7 @@ impl<T: Element> Buffer<T> {
     fn bytes(&self) -> Result<Vec<u8>, Error> {
         match &self.storage {
             Storage::Host(h) => Ok(h.read_bytes()),
-            Storage::Cuda(c) => c.dev.read(&c.slice, byte_len::<T>(self.len)),
+            Storage::Cuda(c) => c.dev.read(c, byte_len::<T>(self.len)),
             #[cfg(feature = "hip")]
             Storage::Hip(b) => b.dev.read(b, byte_len::<T>(self.len)),
         }
@@ -141,7 +141,7 @@ impl<T: Element> Buffer<T> {
             Storage::Host(h) => h.write_bytes(0, bytes).map_err(Error::from),
             Storage::Cuda(c) => {
                 let dev = c.dev.clone();
-                dev.write(&mut c.slice, bytes)
+                dev.write(c, bytes)
             }
             #[cfg(feature = "hip")]
             Storage::Hip(b) => b.dev.write(b, bytes),

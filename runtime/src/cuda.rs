@@ -70,12 +70,62 @@ pub(crate) struct CudaDevice {
     stream: Arc<CudaStream>,
     pub(crate) props: DeviceProperties,
     kernels: Mutex<HashMap<String, Arc<CudaKernel>>>,
+    /// A non-blocking stream for control-word writes (created on first use).
+    control: Mutex<Option<Arc<CudaStream>>>,
 }
 
 /// Device memory (at least one byte is allocated, so empty buffers are valid too).
 pub(crate) struct CudaBuf {
-    pub(crate) slice: CudaSlice<u8>,
+    pub(crate) mem: CudaMem,
     pub(crate) dev: Arc<CudaDevice>,
+}
+
+/// Where a [`CudaBuf`]'s bytes are.
+pub(crate) enum CudaMem {
+    /// An allocation of its own.
+    Owned(CudaSlice<u8>),
+    /// A range of memory owned elsewhere (a symmetric heap: cudarc's `CudaSlice`
+    /// cannot view a raw range), kept alive by `_owner`.
+    View {
+        ptr: u64,
+        bytes: usize,
+        _owner: Arc<dyn Send + Sync>,
+    },
+}
+
+impl CudaBuf {
+    /// A view of `bytes` bytes at device address `ptr`, valid while `owner` lives.
+    pub(crate) fn view(
+        dev: Arc<CudaDevice>,
+        ptr: u64,
+        bytes: usize,
+        owner: Arc<dyn Send + Sync>,
+    ) -> CudaBuf {
+        CudaBuf {
+            mem: CudaMem::View {
+                ptr,
+                bytes,
+                _owner: owner,
+            },
+            dev,
+        }
+    }
+
+    /// The device address.
+    pub(crate) fn address(&self) -> u64 {
+        match &self.mem {
+            CudaMem::Owned(s) => self.dev.address(s),
+            CudaMem::View { ptr, .. } => *ptr,
+        }
+    }
+
+    /// Size in bytes.
+    pub(crate) fn bytes(&self) -> usize {
+        match &self.mem {
+            CudaMem::Owned(s) => s.len(),
+            CudaMem::View { bytes, .. } => *bytes,
+        }
+    }
 }
 
 /// The compilation target for compute capability `major.minor`: PTX for the newest
@@ -151,6 +201,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>, Error> {
         ctx,
         props,
         kernels: Mutex::new(HashMap::new()),
+        control: Mutex::new(None),
     });
     open.insert(ordinal, dev.clone());
     Ok(dev)
@@ -168,7 +219,7 @@ impl CudaDevice {
             .alloc_zeros::<u8>(bytes.max(1))
             .map_err(self.err(format!("allocating {bytes} bytes")))?;
         Ok(CudaBuf {
-            slice,
+            mem: CudaMem::Owned(slice),
             dev: self.clone(),
         })
     }
@@ -176,28 +227,190 @@ impl CudaDevice {
     /// An allocation holding `data`.
     pub(crate) fn upload(self: &Arc<Self>, data: &[u8]) -> Result<CudaBuf, Error> {
         let mut buf = self.alloc(data.len())?;
-        self.write(&mut buf.slice, data)?;
+        self.write(&mut buf, data)?;
         Ok(buf)
     }
 
-    /// Copies `data` to the start of `dst`.
-    pub(crate) fn write(&self, dst: &mut CudaSlice<u8>, data: &[u8]) -> Result<(), Error> {
+    /// Copies `data` to the start of `dst` (at most its size).
+    pub(crate) fn write(&self, dst: &mut CudaBuf, data: &[u8]) -> Result<(), Error> {
         if data.is_empty() {
             return Ok(());
         }
-        self.stream
-            .memcpy_htod(data, dst)
-            .map_err(self.err("copying to the device"))
+        match &mut dst.mem {
+            CudaMem::Owned(s) => self
+                .stream
+                .memcpy_htod(data, s)
+                .map_err(self.err("copying to the device")),
+            CudaMem::View { ptr, bytes, .. } => {
+                let n = data.len().min(*bytes);
+                self.htod(*ptr, &data[..n])
+            }
+        }
     }
 
     /// The first `bytes` bytes of `src` (waits for the stream).
-    pub(crate) fn read(&self, src: &CudaSlice<u8>, bytes: usize) -> Result<Vec<u8>, Error> {
-        let mut v = self
-            .stream
-            .clone_dtoh(src)
-            .map_err(self.err("copying to the host"))?;
-        v.truncate(bytes);
-        Ok(v)
+    pub(crate) fn read(&self, src: &CudaBuf, bytes: usize) -> Result<Vec<u8>, Error> {
+        match &src.mem {
+            CudaMem::Owned(s) => {
+                let mut v = self
+                    .stream
+                    .clone_dtoh(s)
+                    .map_err(self.err("copying to the host"))?;
+                v.truncate(bytes);
+                Ok(v)
+            }
+            CudaMem::View {
+                ptr, bytes: len, ..
+            } => self.dtoh(*ptr, bytes.min(*len)),
+        }
+    }
+
+    /// Copies `data` to device address `dst` on the stream (after the work queued
+    /// before it); waits for the copy, since `data` is pageable host memory.
+    pub(crate) fn htod(&self, dst: u64, data: &[u8]) -> Result<(), Error> {
+        let what = "copying to the device";
+        self.ctx.bind_to_thread().map_err(self.err(what))?;
+        // SAFETY: the caller guarantees `dst` is device memory of at least
+        // `data.len()` bytes, alive; `data` lives until the stream is synchronized.
+        unsafe {
+            cudarc::driver::result::memcpy_htod_async(dst, data, self.stream.cu_stream())
+                .map_err(self.err(what))?;
+        }
+        self.synchronize()
+    }
+
+    /// `bytes` bytes from device address `src`, after the work queued on the stream.
+    pub(crate) fn dtoh(&self, src: u64, bytes: usize) -> Result<Vec<u8>, Error> {
+        let what = "copying to the host";
+        let mut out = vec![0u8; bytes];
+        if bytes == 0 {
+            return Ok(out);
+        }
+        self.ctx.bind_to_thread().map_err(self.err(what))?;
+        // SAFETY: the caller guarantees `src` is device memory of at least `bytes`
+        // bytes; `out` lives until the stream is synchronized below.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut out, src, self.stream.cu_stream())
+                .map_err(self.err(what))?;
+        }
+        self.synchronize()?;
+        Ok(out)
+    }
+
+    /// A zeroed allocation of `bytes` bytes made with `cuMemAlloc` (not the stream
+    /// pool cudarc uses: pool memory cannot be exported with `cuIpcGetMemHandle`).
+    /// Free with [`CudaDevice::free_raw`].
+    pub(crate) fn alloc_raw(&self, bytes: usize) -> Result<u64, Error> {
+        let what = format!("allocating a symmetric heap of {bytes} bytes");
+        self.ctx.bind_to_thread().map_err(self.err(what.clone()))?;
+        // SAFETY: plain allocation in the bound context.
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(bytes.max(1)) }
+            .map_err(self.err(what.clone()))?;
+        // SAFETY: `ptr` holds `bytes.max(1)` bytes.
+        if let Err(e) = unsafe { cudarc::driver::result::memset_d8_sync(ptr, 0, bytes.max(1)) } {
+            self.free_raw(ptr);
+            return Err(self.err(what)(e));
+        }
+        // The zeroes must land before a peer (another process) can see the heap; and
+        // create the control stream now: creating it later (cudarc's `new_stream`)
+        // would synchronize the context, i.e. wait for a kernel that is waiting.
+        let ready = self
+            .synchronize()
+            .and_then(|_| self.control_stream().map(|_| ()));
+        if let Err(e) = ready {
+            self.free_raw(ptr);
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    /// Frees an [`CudaDevice::alloc_raw`] allocation (errors are ignored: this runs
+    /// in destructors).
+    pub(crate) fn free_raw(&self, ptr: u64) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `alloc_raw`, freed once.
+            let _ = unsafe { cudarc::driver::result::free_sync(ptr) };
+        }
+    }
+
+    /// The IPC handle of an [`CudaDevice::alloc_raw`] allocation.
+    pub(crate) fn ipc_handle(&self, ptr: u64) -> Result<Vec<u8>, Error> {
+        let what = "exporting the heap (cuIpcGetMemHandle)";
+        self.ctx.bind_to_thread().map_err(self.err(what))?;
+        // SAFETY: zeroed plain data, written by the driver.
+        let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+        // SAFETY: `ptr` is the base of a cuMemAlloc allocation.
+        unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) }
+            .result()
+            .map_err(self.err(what))?;
+        Ok(h.reserved.iter().map(|&c| c as u8).collect())
+    }
+
+    /// Opens another process's IPC handle: the allocation's address in this context.
+    /// Close with [`CudaDevice::ipc_close`].
+    pub(crate) fn ipc_open(&self, handle: &[u8]) -> Result<u64, Error> {
+        let what = "opening a peer's heap (cuIpcOpenMemHandle)";
+        // SAFETY: zeroed plain data.
+        let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+        if handle.len() != h.reserved.len() {
+            return Err(Error::Driver {
+                device: format!("cuda:{}", self.ordinal),
+                what: what.into(),
+                message: format!("an IPC handle of {} bytes, 64 expected", handle.len()),
+            });
+        }
+        for (d, s) in h.reserved.iter_mut().zip(handle) {
+            *d = *s as _;
+        }
+        self.ctx.bind_to_thread().map_err(self.err(what))?;
+        let mut ptr = 0;
+        // SAFETY: a handle made by cuIpcGetMemHandle in another process.
+        unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                h,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        }
+        .result()
+        .map_err(self.err(what))?;
+        Ok(ptr)
+    }
+
+    /// Closes an address opened by [`CudaDevice::ipc_open`] (errors ignored).
+    pub(crate) fn ipc_close(&self, ptr: u64) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: opened by `ipc_open`, closed once.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+        }
+    }
+
+    /// Writes the 32-bit `value` at device address `dst` on a separate non-blocking
+    /// stream, so that it lands while a kernel is running on the default stream (used
+    /// to raise a heap's abort word under a kernel that waits).
+    pub(crate) fn poke_u32(&self, dst: u64, value: u32) -> Result<(), Error> {
+        let what = "raising the abort word";
+        let stream = self.control_stream()?;
+        // Called from watchdog threads too: make the context current.
+        self.ctx.bind_to_thread().map_err(self.err(what))?;
+        // SAFETY: `dst` is 4 bytes of live device memory (a heap's control word).
+        unsafe { sys::cuMemsetD32Async(dst, value, 1, stream.cu_stream()) }
+            .result()
+            .map_err(self.err(what))?;
+        stream.synchronize().map_err(self.err(what))
+    }
+
+    fn control_stream(&self) -> Result<Arc<CudaStream>, Error> {
+        let mut g = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = &*g {
+            return Ok(s.clone());
+        }
+        let s = self
+            .ctx
+            .new_stream()
+            .map_err(self.err("creating a control stream"))?;
+        *g = Some(s.clone());
+        Ok(s)
     }
 
     /// Copies `src` (on this or another CUDA device: a peer copy) into `dst` on this
@@ -207,9 +420,23 @@ impl CudaDevice {
         if !Arc::ptr_eq(&src.dev, &dst.dev) {
             src.dev.synchronize()?;
         }
-        self.stream
-            .memcpy_dtod(&src.slice, &mut dst.slice)
-            .map_err(self.err("copying between devices"))
+        let what = "copying between devices";
+        if let (CudaMem::Owned(s), CudaMem::Owned(d)) = (&src.mem, &mut dst.mem) {
+            return self.stream.memcpy_dtod(s, d).map_err(self.err(what));
+        }
+        let n = src.bytes().min(dst.bytes());
+        self.ctx.bind_to_thread().map_err(self.err(what))?;
+        // SAFETY: both ranges are live device memory of at least `n` bytes (unified
+        // addressing makes a peer's address valid here after peer access).
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                dst.address(),
+                src.address(),
+                n,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(self.err(what))
     }
 
     /// The raw device address of `s`.

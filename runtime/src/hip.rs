@@ -79,6 +79,20 @@ pub(crate) struct HipDevice {
 pub(crate) struct HipBuf {
     pub(crate) ptr: *mut c_void,
     pub(crate) dev: Arc<HipDevice>,
+    /// For a view into memory owned elsewhere (a symmetric heap): its owner, kept
+    /// alive; the view is not freed.
+    pub(crate) owner: Option<Arc<dyn Send + Sync>>,
+}
+
+impl HipBuf {
+    /// A view of device memory at `ptr`, valid while `owner` lives.
+    pub(crate) fn view(dev: Arc<HipDevice>, ptr: u64, owner: Arc<dyn Send + Sync>) -> HipBuf {
+        HipBuf {
+            ptr: ptr as *mut c_void,
+            dev,
+            owner: Some(owner),
+        }
+    }
 }
 // SAFETY: a device pointer is plain data; access is ordered by the device's stream.
 unsafe impl Send for HipBuf {}
@@ -87,6 +101,9 @@ unsafe impl Sync for HipBuf {}
 
 impl Drop for HipBuf {
     fn drop(&mut self) {
+        if self.owner.is_some() {
+            return;
+        }
         // SAFETY: allocated by hipMalloc on this device; freed once.
         unsafe {
             let _ = h::hipSetDevice(self.dev.ordinal as i32);
@@ -174,6 +191,7 @@ impl HipDevice {
         let buf = HipBuf {
             ptr,
             dev: self.clone(),
+            owner: None,
         };
         // SAFETY: `bytes.max(1)` bytes were just allocated.
         check(self.ordinal, &what, unsafe {
@@ -286,6 +304,134 @@ impl HipDevice {
             let _ = unsafe { h::hipEventDestroy(e) };
         }
         result
+    }
+
+    /// A zeroed `hipMalloc` allocation of `bytes` bytes (exportable with
+    /// `hipIpcGetMemHandle`); free with [`HipDevice::free_raw`].
+    pub(crate) fn alloc_raw(&self, bytes: usize) -> Result<u64, Error> {
+        let what = format!("allocating a symmetric heap of {bytes} bytes");
+        self.set(&what)?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: writes one pointer.
+        check(self.ordinal, &what, unsafe {
+            h::hipMalloc(&mut ptr, bytes.max(1))
+        })?;
+        // SAFETY: `bytes.max(1)` bytes were just allocated.
+        if let Err(e) = check(self.ordinal, &what, unsafe {
+            h::hipMemset(ptr, 0, bytes.max(1))
+        })
+        .and_then(|_| self.synchronize())
+        {
+            self.free_raw(ptr as u64);
+            return Err(e);
+        }
+        Ok(ptr as u64)
+    }
+
+    /// Frees an [`HipDevice::alloc_raw`] allocation (errors ignored: destructors).
+    pub(crate) fn free_raw(&self, ptr: u64) {
+        // SAFETY: allocated by `alloc_raw`, freed once.
+        unsafe {
+            let _ = h::hipSetDevice(self.ordinal as i32);
+            let _ = h::hipFree(ptr as *mut c_void);
+        }
+    }
+
+    /// Copies `data` to device address `dst` (synchronous).
+    pub(crate) fn htod(&self, dst: u64, data: &[u8]) -> Result<(), Error> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        self.set("copying to the device")?;
+        // SAFETY: the caller guarantees `dst` holds `data.len()` bytes.
+        check(self.ordinal, "copying to the device", unsafe {
+            h::hipMemcpyHtoD(dst as *mut c_void, data.as_ptr() as *mut c_void, data.len())
+        })
+    }
+
+    /// `bytes` bytes from device address `src` (after the queued work).
+    pub(crate) fn dtoh(&self, src: u64, bytes: usize) -> Result<Vec<u8>, Error> {
+        let mut out = vec![0u8; bytes];
+        if bytes == 0 {
+            return Ok(out);
+        }
+        self.set("copying to the host")?;
+        // SAFETY: the caller guarantees `src` holds `bytes` bytes.
+        check(self.ordinal, "copying to the host", unsafe {
+            h::hipMemcpyDtoH(out.as_mut_ptr() as *mut c_void, src as *mut c_void, bytes)
+        })?;
+        Ok(out)
+    }
+
+    /// The IPC handle of an [`HipDevice::alloc_raw`] allocation.
+    pub(crate) fn ipc_handle(&self, ptr: u64) -> Result<Vec<u8>, Error> {
+        let what = "exporting the heap (hipIpcGetMemHandle)";
+        self.set(what)?;
+        // SAFETY: zeroed plain data, written by HIP.
+        let mut hd: h::hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `ptr` is the base of a hipMalloc allocation.
+        check(self.ordinal, what, unsafe {
+            h::hipIpcGetMemHandle(&mut hd, ptr as *mut c_void)
+        })?;
+        Ok(hd.reserved.iter().map(|&c| c as u8).collect())
+    }
+
+    /// Opens another process's IPC handle: its address here. Close with
+    /// [`HipDevice::ipc_close`].
+    pub(crate) fn ipc_open(&self, handle: &[u8]) -> Result<u64, Error> {
+        let what = "opening a peer's heap (hipIpcOpenMemHandle)";
+        // SAFETY: zeroed plain data.
+        let mut hd: h::hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
+        if handle.len() != hd.reserved.len() {
+            return Err(Error::Driver {
+                device: format!("hip:{}", self.ordinal),
+                what: what.into(),
+                message: format!("an IPC handle of {} bytes, 64 expected", handle.len()),
+            });
+        }
+        for (d, s) in hd.reserved.iter_mut().zip(handle) {
+            *d = *s as _;
+        }
+        self.set(what)?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a handle made by hipIpcGetMemHandle in another process.
+        check(self.ordinal, what, unsafe {
+            h::hipIpcOpenMemHandle(&mut ptr, hd, h::hipIpcMemLazyEnablePeerAccess)
+        })?;
+        Ok(ptr as u64)
+    }
+
+    /// Closes an address opened by [`HipDevice::ipc_open`] (errors ignored).
+    pub(crate) fn ipc_close(&self, ptr: u64) {
+        // SAFETY: opened by `ipc_open`, closed once.
+        unsafe {
+            let _ = h::hipSetDevice(self.ordinal as i32);
+            let _ = h::hipIpcCloseMemHandle(ptr as *mut c_void);
+        }
+    }
+
+    /// Writes the 32-bit `value` at `dst` on a non-blocking stream, so that it lands
+    /// while a kernel runs on the null stream (raising a heap's abort word).
+    pub(crate) fn poke_u32(&self, dst: u64, value: u32) -> Result<(), Error> {
+        let what = "raising the abort word";
+        self.set(what)?;
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check(self.ordinal, what, unsafe {
+            h::hipStreamCreateWithFlags(&mut stream, h::hipStreamNonBlocking)
+        })?;
+        // SAFETY: `dst` is 4 bytes of live device memory; the stream is ours.
+        let r = unsafe {
+            check(
+                self.ordinal,
+                what,
+                h::hipMemsetD32Async(dst as *mut c_void, value as i32, 1, stream),
+            )
+            .and_then(|_| check(self.ordinal, what, h::hipStreamSynchronize(stream)))
+        };
+        // SAFETY: created above, destroyed once.
+        let _ = unsafe { h::hipStreamDestroy(stream) };
+        r
     }
 
     pub(crate) fn enable_peer_access(&self, other: &HipDevice) -> Result<(), Error> {

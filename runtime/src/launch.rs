@@ -467,7 +467,7 @@ pub fn launch<K: Kernel>(
                         .as_ref()
                         .map(|c| tessera_codegen::emu::EmuWorld {
                             rank: c.rank,
-                            heap_bases: c.heap_bases(),
+                            heap_bases: c.host_heap_bases(),
                             timeout: c.timeout(),
                         });
                     tessera_codegen::emu::launch_in_world(
@@ -490,7 +490,7 @@ pub fn launch<K: Kernel>(
         }
         Backend::Cuda(d) => {
             let (gargs, spec) = gpu_args(args, |s| match s {
-                Storage::Cuda(b) => Some(d.address(&b.slice)),
+                Storage::Cuda(b) => Some(b.address()),
                 _ => None,
             })
             .map_err(invalid)?;

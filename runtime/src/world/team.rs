@@ -1,0 +1,235 @@
+//! The host side of a world's team: a small segment of host memory shared by every
+//! rank (a plain allocation for ranks as threads, a `memfd` mapped by every process
+//! for ranks as processes) holding the host barrier's arrival counter, the failure
+//! word and the table of symmetric allocations that checks every rank allocates the
+//! same buffers in the same order.
+//!
+//! Everything is a lock-free protocol on `u64` words, so it works the same whether the
+//! ranks are threads of one process or separate processes.
+//!
+//! | word | what |
+//! |---|---|
+//! | 0 | magic ([`MAGIC`]), written by the creator |
+//! | 1 | failed: `1 + rank` of the first rank that failed, else 0 |
+//! | 2 | died: `1 + rank` of a process that exited without leaving the world |
+//! | 3 | host barrier arrivals (monotonic) |
+//! | `8 + 4k ..` | allocation record `k` (`RECORDS` of them) |
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use tessera_ir::interp::HostMemory;
+use tessera_ir::types::ScalarType;
+
+/// Identifies a team segment (and its layout version).
+pub(crate) const MAGIC: u64 = 0x7465_7373_7465_616d; // "tessteam"
+const W_MAGIC: usize = 0;
+const W_FAILED: usize = 1;
+const W_DIED: usize = 2;
+const W_BARRIER: usize = 3;
+const HEADER_WORDS: usize = 8;
+/// Allocations checked across ranks; later ones are not checked (documented).
+pub(crate) const RECORDS: usize = 8192;
+const RECORD_WORDS: usize = 4;
+/// Bytes of a team segment.
+pub(crate) const TEAM_BYTES: usize =
+    ((HEADER_WORDS + RECORDS * RECORD_WORDS) * 8).next_multiple_of(4096);
+
+const EMPTY: u64 = 0;
+const WRITING: u64 = 1;
+const READY: u64 = 2;
+
+/// What one symmetric allocation was, for the same-order check.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AllocRecord {
+    pub(crate) signals: bool,
+    pub(crate) offset: usize,
+    pub(crate) bytes: usize,
+    pub(crate) elem: ScalarType,
+}
+
+impl AllocRecord {
+    fn pack(&self) -> [u64; 3] {
+        let code = ScalarType::ALL
+            .iter()
+            .position(|t| *t == self.elem)
+            .unwrap_or(0) as u64;
+        [
+            self.offset as u64,
+            self.bytes as u64,
+            u64::from(self.signals) | (code << 8),
+        ]
+    }
+
+    fn unpack(w: [u64; 3]) -> AllocRecord {
+        AllocRecord {
+            offset: w[0] as usize,
+            bytes: w[1] as usize,
+            signals: w[2] & 1 == 1,
+            elem: ScalarType::ALL
+                .get((w[2] >> 8) as usize)
+                .copied()
+                .unwrap_or(ScalarType::U8),
+        }
+    }
+}
+
+/// A team segment (see the module docs).
+pub(crate) struct Team {
+    mem: Arc<dyn HostMemory>,
+}
+
+/// Why a host-side wait stopped.
+pub(crate) enum Stop {
+    /// A rank failed (`died`: its process exited without leaving the world).
+    Failed { rank: u32, died: bool },
+    /// The timeout passed.
+    Timeout,
+}
+
+impl Team {
+    /// Wraps `mem` (at least [`TEAM_BYTES`], zeroed or already initialized by the
+    /// creator); `create` writes the magic word.
+    pub(crate) fn new(mem: Arc<dyn HostMemory>, create: bool) -> Result<Team, String> {
+        if mem.len() < TEAM_BYTES || !(mem.base() as usize).is_multiple_of(8) {
+            return Err(format!(
+                "the team segment has {} bytes, needs {TEAM_BYTES}",
+                mem.len()
+            ));
+        }
+        let t = Team { mem };
+        if create {
+            t.word(W_MAGIC).store(MAGIC, Ordering::Release);
+        } else if t.word(W_MAGIC).load(Ordering::Acquire) != MAGIC {
+            return Err("the team segment is not a Tessera team (bad magic word)".into());
+        }
+        Ok(t)
+    }
+
+    fn word(&self, i: usize) -> &AtomicU64 {
+        debug_assert!((i + 1) * 8 <= self.mem.len());
+        // SAFETY: in bounds (checked in `new` for every index used here), 8-aligned,
+        // and the segment is only ever accessed atomically.
+        unsafe { &*(self.mem.base().add(i * 8) as *const AtomicU64) }
+    }
+
+    /// The first failed rank, if any (and whether its process died).
+    pub(crate) fn failed(&self) -> Option<(u32, bool)> {
+        match self.word(W_FAILED).load(Ordering::Acquire) {
+            0 => None,
+            v => {
+                let died = self.word(W_DIED).load(Ordering::Acquire) == v;
+                Some(((v - 1) as u32, died))
+            }
+        }
+    }
+
+    /// Records `rank` as failed (the first failure wins); `died`: its process exited.
+    pub(crate) fn fail(&self, rank: u32, died: bool) {
+        let v = u64::from(rank) + 1;
+        if died {
+            let _ = self
+                .word(W_DIED)
+                .compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
+        }
+        let _ = self
+            .word(W_FAILED)
+            .compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// Polls `done` with backoff until it holds, a rank fails (also reported by
+    /// `other_failed`) or `timeout` passes.
+    fn wait(
+        &self,
+        timeout: Duration,
+        other_failed: &dyn Fn() -> Option<u32>,
+        mut done: impl FnMut() -> bool,
+    ) -> Result<(), Stop> {
+        let start = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if done() {
+                return Ok(());
+            }
+            if let Some((rank, died)) = self.failed() {
+                return Err(Stop::Failed { rank, died });
+            }
+            if let Some(rank) = other_failed() {
+                return Err(Stop::Failed { rank, died: false });
+            }
+            if start.elapsed() >= timeout {
+                return Err(Stop::Timeout);
+            }
+            spins += 1;
+            if spins < 64 {
+                std::hint::spin_loop();
+            } else if spins < 256 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(u64::from(spins - 256).clamp(5, 200)));
+            }
+        }
+    }
+
+    /// Arrives at host barrier number `generation` (0, 1, ... on each rank) of a team
+    /// of `size` and waits for the others. On failure, answers the number of ranks
+    /// that had arrived.
+    pub(crate) fn barrier(
+        &self,
+        generation: u64,
+        size: u32,
+        timeout: Duration,
+        other_failed: &dyn Fn() -> Option<u32>,
+    ) -> Result<(), (Stop, u64)> {
+        let w = self.word(W_BARRIER);
+        let target = (generation + 1) * u64::from(size);
+        w.fetch_add(1, Ordering::AcqRel);
+        self.wait(timeout, other_failed, || {
+            w.load(Ordering::Acquire) >= target
+        })
+        .map_err(|s| {
+            let arrived = w.load(Ordering::Acquire) - generation * u64::from(size);
+            (s, arrived.min(u64::from(size)))
+        })
+    }
+
+    /// Checks allocation number `index` against the other ranks': the first rank to
+    /// get there records it, the others compare. Answers the other rank's record on a
+    /// mismatch. Allocations past [`RECORDS`] are not checked.
+    pub(crate) fn check_alloc(
+        &self,
+        index: usize,
+        rec: AllocRecord,
+        timeout: Duration,
+        other_failed: &dyn Fn() -> Option<u32>,
+    ) -> Result<Result<(), AllocRecord>, Stop> {
+        if index >= RECORDS {
+            return Ok(Ok(()));
+        }
+        let base = HEADER_WORDS + index * RECORD_WORDS;
+        let state = self.word(base);
+        let packed = rec.pack();
+        match state.compare_exchange(EMPTY, WRITING, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => {
+                for (k, v) in packed.iter().enumerate() {
+                    self.word(base + 1 + k).store(*v, Ordering::Relaxed);
+                }
+                state.store(READY, Ordering::Release);
+                Ok(Ok(()))
+            }
+            Err(_) => {
+                // Another rank is writing it: a few instructions away.
+                self.wait(timeout, other_failed, || {
+                    state.load(Ordering::Acquire) == READY
+                })?;
+                let theirs = [1, 2, 3].map(|k| self.word(base + k).load(Ordering::Relaxed));
+                Ok(if theirs == packed {
+                    Ok(())
+                } else {
+                    Err(AllocRecord::unpack(theirs))
+                })
+            }
+        }
+    }
+}
