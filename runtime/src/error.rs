@@ -45,6 +45,12 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// A communicating kernel's wait failed on a GPU (timed out, or was released by
+    /// another rank's failure), decoded from the rank's device-side error record:
+    /// names the wait's file:line:col, rank, expected and observed values.
+    #[cfg(feature = "jit")]
+    #[error("{0}")]
+    CommFault(Box<tessera_codegen::comm::CommFault>),
     /// The launch itself is invalid (grid size, buffer from another device, ...).
     #[error("invalid launch of kernel `{kernel}`: {reason}")]
     Launch {

@@ -92,6 +92,8 @@ enum Arg<'a> {
         device: &'a Device,
         /// Every rank's copy (host worlds).
         copies: &'a Arc<[Arc<interp::HostBuffer>]>,
+        /// The world it was allocated in.
+        world: &'a Arc<crate::world::Shared>,
     },
     /// A runtime scalar.
     Scalar(interp::Scalar),
@@ -121,6 +123,7 @@ impl<'a> LaunchArg<'a> {
             storage: &b.local().storage,
             device: b.device(),
             copies: &b.copies,
+            world: b.world_shared(),
         })
     }
 
@@ -417,11 +420,11 @@ pub fn launch<K: Kernel>(
     // Communicating kernels run as a rank of the device's world (or alone).
     let world = device.comm.as_ref().map(|c| c.interp_world());
     for (i, a) in args.iter().enumerate() {
-        if let Arg::Symmetric { copies, .. } = &a.0 {
+        if let Arg::Symmetric { world: w, .. } = &a.0 {
             let same_world = device
                 .comm
                 .as_ref()
-                .is_some_and(|c| copies.len() == c.size() as usize);
+                .is_some_and(|c| Arc::ptr_eq(w, &c.shared));
             if !same_world {
                 return Err(invalid(format!(
                     "symmetric buffer `{}` belongs to another world than the launching device (launch on `rank.device()` of the rank that allocated it)",
@@ -483,36 +486,88 @@ pub fn launch<K: Kernel>(
                 _ => interp::run_in_world(&compiled.func, dims, &kargs, world.as_ref())?,
             }
         }
-        _ if compiled.func.uses_comm() => {
-            return Err(invalid(
-                "communication kernels do not run on GPUs yet".into(),
-            ));
-        }
         Backend::Cuda(d) => {
-            let (gargs, spec) = gpu_args(args, |s| match s {
+            let (mut gargs, spec) = gpu_args(args, |s| match s {
                 Storage::Cuda(b) => Some(b.address()),
                 _ => None,
             })
             .map_err(invalid)?;
+            gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
             let compiled = compiled.specialized(spec);
             let key = gpu_key(device, &compiled)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             d.launch(&k, dims, &gargs)?;
+            check_comm_record(device, &compiled.func)?;
         }
         #[cfg(feature = "hip")]
         Backend::Hip(d) => {
-            let (gargs, spec) = gpu_args(args, |s| match s {
+            let (mut gargs, spec) = gpu_args(args, |s| match s {
                 Storage::Hip(b) => Some(b.ptr as u64),
                 _ => None,
             })
             .map_err(invalid)?;
+            gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
             let compiled = compiled.specialized(spec);
             let key = gpu_key(device, &compiled)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             d.launch(&k, dims, &gargs)?;
+            check_comm_record(device, &compiled.func)?;
         }
     }
     Ok(())
+}
+
+/// The hidden parameters of a communicating kernel on a GPU rank (none for other
+/// kernels): `rank, world_size, heap_bases, timeout_ns` (the codegen's comm ABI).
+fn gpu_comm_args(device: &Device, func: &Function) -> Result<Vec<GpuArg>, String> {
+    if !func.uses_comm() {
+        return Ok(Vec::new());
+    }
+    let c = device.comm.as_ref().ok_or(
+        "the kernel communicates: launch it on a rank's device (`rank.device()` of a World)",
+    )?;
+    let table = c.heap_bases_device_ptr().ok_or(
+        "the kernel communicates, but this rank's world has no heaps on this GPU (build it with `World::local(n).on(&gpu)` or `World::on_each`)",
+    )?;
+    Ok(c.hidden_gpu_args(table).to_vec())
+}
+
+/// After a GPU launch of a kernel that waits: synchronizes, and turns a device-side
+/// error record (a wait that timed out, or was released by another rank's failure)
+/// into an error naming the wait's file:line:col. Other kernels are not synchronized.
+fn check_comm_record(device: &Device, func: &Function) -> Result<(), Error> {
+    let Some(c) = device.comm.as_ref().filter(|_| func.uses_blocking()) else {
+        return Ok(());
+    };
+    device.synchronize()?;
+    let words = c.ctrl_words()?;
+    #[cfg(feature = "jit")]
+    {
+        if let Some(fault) = tessera_codegen::comm::decode_record(func, c.rank, &words, c.timeout())
+        {
+            c.abort();
+            return Err(Error::CommFault(Box::new(fault)));
+        }
+        Ok(())
+    }
+    #[cfg(not(feature = "jit"))]
+    {
+        // Without the codegen crate: the record's raw words (site 1-based at word 2).
+        match words.get(2).copied() {
+            Some(site) if site != 0 => {
+                c.abort();
+                Err(Error::Comm {
+                    rank: c.rank,
+                    message: format!(
+                        "kernel `{}`: communication site #{site} failed (record {:?}); build with the `jit` feature for the source line",
+                        func.name,
+                        &words[2..words.len().min(7)]
+                    ),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The key of `compiled` for the GPU `device`, with the default options.

@@ -262,7 +262,6 @@ impl RankComm {
     /// the device address of the heap-base table ([`tessera_codegen::comm`] ABI:
     /// `rank: i32, world_size: i32, heap_bases: ptr, timeout_ns: i64`), as GPU
     /// launch arguments.
-    #[allow(dead_code)]
     pub(crate) fn hidden_gpu_args(&self, heap_table: u64) -> [crate::launch::GpuArg; 4] {
         use crate::launch::GpuArg;
         [
@@ -744,6 +743,8 @@ fn is_consequence(e: &Error) -> bool {
             }
             _ => false,
         },
+        #[cfg(feature = "jit")]
+        Error::CommFault(f) => matches!(**f, tessera_codegen::comm::CommFault::Aborted { .. }),
         _ => false,
     }
 }
@@ -1035,11 +1036,9 @@ impl<T: Element> std::fmt::Debug for SymBuffer<T> {
 }
 
 impl<T: Element> SymBuffer<T> {
-    /// True when it was allocated in the world `comm` belongs to (for the launch
-    /// path: a GPU symmetric buffer has no host `copies` to compare).
-    #[allow(dead_code)]
-    pub(crate) fn belongs_to(&self, comm: &RankComm) -> bool {
-        Arc::ptr_eq(&self.shared, &comm.shared)
+    /// The world this buffer was allocated in.
+    pub(crate) fn world_shared(&self) -> &Arc<Shared> {
+        &self.shared
     }
 
     /// Byte offset of the allocation in every rank's heap.
