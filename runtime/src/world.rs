@@ -17,7 +17,11 @@
 //! Both regions are bump allocators with 256-byte alignment, so the k-th allocation
 //! lands at the same offset on every rank; each allocation is checked against the
 //! other ranks' (a rank allocating a different size or kind is an [`Error::Comm`],
-//! not silent corruption). Memory is released when the world ends.
+//! not silent corruption). Allocation is collective: [`Rank::alloc`],
+//! [`Rank::upload`] and [`Rank::alloc_signals`] return once every rank has
+//! initialized its copy (an implicit host barrier, as `nvshmem_malloc` has), so no
+//! peer's put can land before the zeroing or upload it would be lost to. Memory is
+//! released when the world ends.
 //!
 //! **Failure.** A rank whose closure fails marks the world as failed: every rank's
 //! device-side waits and host barriers stop with an error instead of hanging, and
@@ -380,26 +384,34 @@ impl Rank {
         }
     }
 
-    /// A zeroed symmetric buffer of `len` elements (collective: every rank allocates
-    /// the same buffers in the same order).
+    /// A zeroed symmetric buffer of `len` elements.
+    ///
+    /// Collective: every rank allocates the same buffers in the same order, and the
+    /// call returns once every rank has allocated (and zeroed) its copy, so a peer's
+    /// puts into this buffer can never be overwritten by the zeroing.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<SymBuffer<T>, Error> {
-        self.alloc_in::<T>(len, false)
+        self.alloc_in::<T>(len, false, None)
     }
 
     /// A symmetric buffer holding `data` on this rank (collective, like
-    /// [`Rank::alloc`]; each rank passes its own data of the same length).
+    /// [`Rank::alloc`]; each rank passes its own data of the same length). Returns
+    /// once every rank's copy holds its data.
     pub fn upload<T: Element>(&self, data: &[T]) -> Result<SymBuffer<T>, Error> {
-        let mut b = self.alloc::<T>(data.len())?;
-        b.copy_from(data)?;
-        Ok(b)
+        self.alloc_in::<T>(data.len(), false, Some(data))
     }
 
-    /// `n` zeroed `u64` signal words in the signal region (collective).
+    /// `n` zeroed `u64` signal words in the signal region (collective, like
+    /// [`Rank::alloc`]).
     pub fn alloc_signals(&self, n: usize) -> Result<SymBuffer<u64>, Error> {
-        self.alloc_in::<u64>(n, true)
+        self.alloc_in::<u64>(n, true, None)
     }
 
-    fn alloc_in<T: Element>(&self, len: usize, signals: bool) -> Result<SymBuffer<T>, Error> {
+    fn alloc_in<T: Element>(
+        &self,
+        len: usize,
+        signals: bool,
+        init: Option<&[T]>,
+    ) -> Result<SymBuffer<T>, Error> {
         let bytes = len
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| self.err(format!("{len} elements overflow the heap")))?;
@@ -469,9 +481,15 @@ impl Rank {
             copies,
             offset,
         };
-        // Heaps are zeroed once and never reused, but a user may have written past a
-        // region before; make the contract hold.
-        b.local.fill(T::zeroed())?;
+        match init {
+            Some(data) => b.local.copy_from(data)?,
+            // Heaps are zeroed once and never reused, but a user may have written past
+            // a region before; make the contract hold.
+            None => b.local.fill(T::zeroed())?,
+        }
+        // Every copy is initialized before any rank can use the buffer: a fast rank's
+        // put must not land before a slow rank's zeroing or upload.
+        self.barrier()?;
         Ok(b)
     }
 
