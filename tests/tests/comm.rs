@@ -295,3 +295,271 @@ fn rank_world_size_fence_quiet() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------
+// barrier_all
+
+/// `iters` back-to-back `barrier_all`s. Before each, every program writes an
+/// iteration-tagged value into its right neighbour's box (double-buffered by
+/// iteration parity); after it, it checks its left neighbour's value: a barrier that
+/// lets a program through early, or misorders, shows up as a stale tag. One random
+/// rank per iteration (`plan[2i]`) straggles in a busy loop of random length
+/// (`plan[2i + 1]` steps). `stats[program]`: good, bad, busy steps taken.
+#[kernel]
+fn barrier_storm(plan: &Global<i32>, boxes: &mut Symmetric<i32>, stats: &mut Global<i32>, iters: i32) {
+    let me = rank();
+    let n = world_size();
+    let pid = program_id(0);
+    let p = num_programs(0);
+    let right = (me + 1) % n;
+    let left = (me + n - 1) % n;
+    let mut good = zeros::<i32, ()>();
+    let mut bad = zeros::<i32, ()>();
+    let mut spun = zeros::<i32, ()>();
+    for i in 0..iters {
+        if me.eq(plan.load_unmasked(2 * i)) {
+            let mut k = plan.load_unmasked(2 * i + 1);
+            while k.gt(0) {
+                k -= 1;
+                spun += 1;
+            }
+        }
+        let slot = (i % 2) * p + pid;
+        boxes.on(right).store_unmasked(slot, (i * n + me) * p + pid + 1);
+        barrier_all();
+        let seen = boxes.load_unmasked(slot);
+        if seen.eq((i * n + left) * p + pid + 1) {
+            good += 1;
+        } else {
+            bad += 1;
+        }
+    }
+    stats.store_unmasked(pid * 3, good);
+    stats.store_unmasked(pid * 3 + 1, bad);
+    stats.store_unmasked(pid * 3 + 2, spun);
+}
+
+#[test]
+fn barrier_all_thousand_times_with_stragglers() {
+    const ITERS: usize = 1000;
+    for (k, (size, programs)) in [(2usize, 2usize), (4, 1), (8, 1)].into_iter().enumerate() {
+        let mut g = rng(400 + k as u64);
+        let plan: Vec<i32> = (0..ITERS)
+            .flat_map(|_| [g.gen_range(0..size as i32), g.gen_range(0..40)])
+            .collect();
+        let t = Instant::now();
+        let out = world(size)
+            .run(|r| {
+                let pl = r.device().upload(&plan)?;
+                let mut boxes = r.upload(&vec![-1i32; 2 * programs])?;
+                let mut stats = r.device().upload(&vec![i32::MIN; 3 * programs])?;
+                barrier_storm::launch(
+                    r.device(),
+                    programs as u32,
+                    (&pl, &mut boxes, &mut stats, ITERS as i32),
+                )?;
+                Ok((stats.download()?, boxes.download()?))
+            })
+            .unwrap();
+        eprintln!(
+            "barrier_all x {ITERS}: {size} rank(s) x {programs} program(s) in {:?}",
+            t.elapsed()
+        );
+        for (r, (stats, boxes)) in out.iter().enumerate() {
+            let left = (r + size - 1) % size;
+            let spun: i32 = (0..ITERS)
+                .filter(|&i| plan[2 * i] == r as i32)
+                .map(|i| plan[2 * i + 1])
+                .sum();
+            for p in 0..programs {
+                assert_eq!(
+                    &stats[p * 3..p * 3 + 3],
+                    &[ITERS as i32, 0, spun],
+                    "world {size} rank {r} program {p}: good, bad, busy steps"
+                );
+                // The last two iterations' tags from the left neighbour.
+                for i in [ITERS - 2, ITERS - 1] {
+                    assert_eq!(
+                        boxes[(i % 2) * programs + p],
+                        ((i * size + left) * programs + p + 1) as i32,
+                        "world {size} rank {r} program {p} box of iteration {i}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Message-passing litmus
+
+/// Message passing without flow control: the even rank of each pair puts tile
+/// `base + i` and then signals `i` (set), for `i = 1..=iters`, as fast as it can. The
+/// odd rank waits for any signal value `v` above the last one it saw, then loads the
+/// tile: every element must be at least `base + v` (data written before a signal is
+/// visible to whoever sees the signal). `stats`: violations, observations.
+#[kernel]
+fn mp_litmus<const B: usize>(
+    base: &Global<i32>,
+    data: &mut Symmetric<i32>,
+    sig: &mut Symmetric<u64>,
+    stats: &mut Global<i32>,
+    iters: i32,
+) {
+    let me = rank();
+    let lanes = arange::<B>();
+    let all = lanes.lt(B as i32);
+    let b = base.load(lanes, all);
+    if (me % 2).eq(0) {
+        for i in 1..iters + 1 {
+            data.put_signal(me + 1, lanes, b + i, all, sig, 0, i.cast::<u64>(), SignalOp::Set);
+        }
+    } else {
+        let last = iters.cast::<u64>();
+        let mut next = zeros::<u64, ()>() + 1u64;
+        let mut violations = zeros::<i32, ()>();
+        let mut seen = zeros::<i32, ()>();
+        while next.le(last) {
+            let v = sig.wait_until(0, CmpPred::Ge, next).value();
+            let d = data.load(lanes, all) - b;
+            violations += select(d.lt(v.cast::<i32>()), 1, 0).sum::<0>();
+            seen += 1;
+            next = v + 1u64;
+        }
+        stats.store_unmasked(0, violations);
+        stats.store_unmasked(1, seen);
+    }
+}
+
+#[test]
+fn message_passing_litmus() {
+    const B: usize = 64;
+    const ITERS: i32 = 3000;
+    for (k, &size) in WORLDS.iter().enumerate() {
+        let base: Vec<i32> = {
+            let mut g = rng(500 + k as u64);
+            (0..B).map(|_| g.gen_range(-1_000_000..1_000_000)).collect()
+        };
+        let out = world(size)
+            .run(|r| {
+                let b = r.device().upload(&base)?;
+                let mut data = r.upload(&vec![i32::MIN; B])?;
+                let mut sig = r.alloc_signals(1)?;
+                let mut stats = r.device().upload(&[i32::MIN; 2])?;
+                mp_litmus::<B>::launch(r.device(), 1u32, (&b, &mut data, &mut sig, &mut stats, ITERS))?;
+                Ok((stats.download()?, data.download()?))
+            })
+            .unwrap();
+        for (r, (stats, data)) in out.iter().enumerate() {
+            if r % 2 == 0 {
+                assert_eq!(stats, &[i32::MIN; 2], "world {size} rank {r}: writer");
+                assert!(data.iter().all(|&v| v == i32::MIN), "writer's data written");
+            } else {
+                assert_eq!(stats[0], 0, "world {size} rank {r}: signal seen before data");
+                assert!(
+                    (1..=ITERS).contains(&stats[1]),
+                    "world {size} rank {r}: {} observations",
+                    stats[1]
+                );
+                for i in 0..B {
+                    assert_eq!(data[i], base[i] + ITERS, "world {size} rank {r} [{i}]");
+                }
+            }
+        }
+    }
+}
+
+/// Message passing from several programs into one peer: every program of an even rank
+/// puts its chunk `base + i` into the odd partner, then adds 1 to the partner's one
+/// signal word. The odd rank's program 0 waits until all `P` programs have signalled
+/// round `i` (`sig[0] >= P * i`), checks every chunk is exactly `base + i` and the
+/// counter exactly `P * i`, then acknowledges round `i` (`sig[1]` of the writer), which
+/// the writers wait for before overwriting. `stats`: mismatched elements, bad counts,
+/// rounds.
+#[kernel]
+fn mp_many_writers<const B: usize>(
+    base: &Global<i32>,
+    data: &mut Symmetric<i32>,
+    sig: &mut Symmetric<u64>,
+    stats: &mut Global<i32>,
+    iters: i32,
+) {
+    let me = rank();
+    let pid = program_id(0);
+    let p = num_programs(0);
+    let lanes = arange::<B>();
+    let all = lanes.lt(B as i32);
+    if (me % 2).eq(0) {
+        let offs = pid * B + lanes;
+        let b = base.load(offs, all);
+        for i in 1..iters + 1 {
+            sig.wait_until(1, CmpPred::Ge, (i - 1).cast::<u64>());
+            data.put(me + 1, offs, b + i, all);
+            sig.signal(me + 1, 0, 1u64, SignalOp::Add);
+        }
+    } else {
+        if pid.eq(0) {
+            let mut wrong = zeros::<i32, ()>();
+            let mut bad_count = zeros::<i32, ()>();
+            let mut rounds = zeros::<i32, ()>();
+            for i in 1..iters + 1 {
+                let want = (p * i).cast::<u64>();
+                let v = sig.wait_until(0, CmpPred::Ge, want).value();
+                if v.ne(want) {
+                    bad_count += 1;
+                }
+                for q in 0..p {
+                    let offs = q * B + lanes;
+                    let d = data.load(offs, all) - base.load(offs, all);
+                    wrong += select(d.ne(i), 1, 0).sum::<0>();
+                }
+                rounds += 1;
+                sig.signal(me - 1, 1, i.cast::<u64>(), SignalOp::Set);
+            }
+            stats.store_unmasked(0, wrong);
+            stats.store_unmasked(1, bad_count);
+            stats.store_unmasked(2, rounds);
+        }
+    }
+}
+
+#[test]
+fn message_passing_from_several_programs() {
+    const B: usize = 16;
+    const P: usize = 4;
+    const ITERS: i32 = 300;
+    for (k, &size) in WORLDS.iter().enumerate() {
+        let base: Vec<i32> = {
+            let mut g = rng(600 + k as u64);
+            (0..P * B).map(|_| g.gen_range(-1_000_000..1_000_000)).collect()
+        };
+        let out = world(size)
+            .run(|r| {
+                let b = r.device().upload(&base)?;
+                let mut data = r.upload(&vec![i32::MIN; P * B])?;
+                let mut sig = r.alloc_signals(2)?;
+                let mut stats = r.device().upload(&[i32::MIN; 3])?;
+                mp_many_writers::<B>::launch(
+                    r.device(),
+                    P as u32,
+                    (&b, &mut data, &mut sig, &mut stats, ITERS),
+                )?;
+                // The reader's last acknowledgement may land after the writers finish.
+                r.barrier()?;
+                Ok((stats.download()?, data.download()?, sig.download()?))
+            })
+            .unwrap();
+        for (r, (stats, data, sig)) in out.iter().enumerate() {
+            if r % 2 == 0 {
+                assert_eq!(stats, &[i32::MIN; 3], "world {size} rank {r}: writer");
+                assert_eq!(sig, &[0, ITERS as u64], "world {size} rank {r}: acks");
+            } else {
+                assert_eq!(stats, &[0, 0, ITERS], "world {size} rank {r}: wrong, bad counts, rounds");
+                assert_eq!(sig, &[(P as u64) * ITERS as u64, 0], "world {size} rank {r}");
+                for i in 0..P * B {
+                    assert_eq!(data[i], base[i] + ITERS, "world {size} rank {r} [{i}]");
+                }
+            }
+        }
+    }
+}
