@@ -563,3 +563,248 @@ fn message_passing_from_several_programs() {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Remote atomics
+
+/// Every program of every rank, `iters` times, visits every rank (starting with
+/// itself) and increments its counters there: `ci` (i32, +1, relaxed), `cu` (u64, a
+/// random 40-bit increment, acq_rel), `cf` (f32, +1.0) and `cc` (i32, +1 through a
+/// compare-and-swap loop). `stats[program]`: failed CAS attempts.
+#[kernel]
+fn count_everywhere(
+    ci: &mut Symmetric<i32>,
+    cu: &mut Symmetric<u64>,
+    cf: &mut Symmetric<f32>,
+    cc: &mut Symmetric<i32>,
+    incs: &Global<u64>,
+    stats: &mut Global<i32>,
+    iters: i32,
+) {
+    let n = world_size();
+    let me = rank();
+    let pid = program_id(0);
+    let p = num_programs(0);
+    let t = pid.ge(0);
+    let mut retries = zeros::<i32, ()>();
+    for i in 0..iters {
+        let inc = incs.load_unmasked((me * p + pid) * iters + i);
+        for d in 0..n {
+            let peer = (me + d) % n;
+            ci.on(peer).atomic_rmw(AtomicOp::Add, 0, full::<i32, ()>(1), t, MemOrder::Relaxed, MemScope::System);
+            cu.on(peer).atomic_rmw(AtomicOp::Add, 0, inc, t, MemOrder::AcqRel, MemScope::System);
+            cf.on(peer).atomic_add(0, full::<f32, ()>(1.0), t);
+            let mut done = zeros::<i32, ()>();
+            while done.eq(0) {
+                let old = cc.on(peer).load_unmasked(0);
+                let prev = cc.on(peer).atomic_cas(0, old, old + 1, t);
+                if prev.eq(old) {
+                    done = done + 1;
+                } else {
+                    retries += 1;
+                }
+            }
+        }
+    }
+    stats.store_unmasked(pid, retries);
+}
+
+#[test]
+fn remote_atomic_counters() {
+    const P: usize = 3;
+    const ITERS: usize = 40;
+    for (k, &size) in WORLDS.iter().enumerate() {
+        let mut g = rng(700 + k as u64);
+        let incs: Vec<u64> = (0..size * P * ITERS).map(|_| g.gen_range(1..1u64 << 40)).collect();
+        let start_i: i32 = g.gen_range(-1000..1000);
+        let start_u: u64 = g.gen_range(0..1u64 << 50);
+        let out = world(size)
+            .run(|r| {
+                let inc = r.device().upload(&incs)?;
+                let mut ci = r.upload(&[start_i, i32::MIN])?;
+                let mut cu = r.upload(&[start_u, u64::MAX])?;
+                let mut cf = r.upload(&[start_i as f32, f32::NAN])?;
+                let mut cc = r.upload(&[start_i, i32::MIN])?;
+                let mut stats = r.device().upload(&[i32::MIN; P])?;
+                count_everywhere::launch(
+                    r.device(),
+                    P as u32,
+                    (&mut ci, &mut cu, &mut cf, &mut cc, &inc, &mut stats, ITERS as i32),
+                )?;
+                // Peers may still be adding to this rank's counters.
+                r.barrier()?;
+                Ok((ci.download()?, cu.download()?, cf.download()?, cc.download()?, stats.download()?))
+            })
+            .unwrap();
+        let count = (size * P * ITERS) as i32;
+        let sum_u = incs.iter().fold(start_u, |a, &b| a.wrapping_add(b));
+        for (r, (ci, cu, cf, cc, stats)) in out.iter().enumerate() {
+            assert_eq!(ci, &[start_i + count, i32::MIN], "world {size} rank {r}: i32 add");
+            assert_eq!(cu, &[sum_u, u64::MAX], "world {size} rank {r}: u64 add");
+            assert_eq!(cf[0], (start_i + count) as f32, "world {size} rank {r}: f32 add");
+            assert!(cf[1].is_nan(), "world {size} rank {r}: f32 neighbour written");
+            assert_eq!(cc, &[start_i + count, i32::MIN], "world {size} rank {r}: cas loop");
+            assert!(stats.iter().all(|&s| s >= 0), "world {size} rank {r}: {stats:?}");
+        }
+    }
+}
+
+/// Every program of every rank applies its `iters` random values (index
+/// `(rank * programs + program) * iters + i`) to every rank's minimum and maximum
+/// words: `mi` (i32), `mu` (u64), `mf` (f32), each `[min, max]`.
+#[kernel]
+fn min_max_everywhere(
+    vi: &Global<i32>,
+    vu: &Global<u64>,
+    vf: &Global<f32>,
+    mi: &mut Symmetric<i32>,
+    mu: &mut Symmetric<u64>,
+    mf: &mut Symmetric<f32>,
+    iters: i32,
+) {
+    let n = world_size();
+    let me = rank();
+    let pid = program_id(0);
+    let p = num_programs(0);
+    let t = pid.ge(0);
+    let (o, s) = (MemOrder::AcqRel, MemScope::System);
+    for i in 0..iters {
+        let j = (me * p + pid) * iters + i;
+        let (a, b, c) = (vi.load_unmasked(j), vu.load_unmasked(j), vf.load_unmasked(j));
+        for d in 0..n {
+            let peer = (me + d) % n;
+            mi.on(peer).atomic_rmw(AtomicOp::Min, 0, a, t, o, s);
+            mi.on(peer).atomic_rmw(AtomicOp::Max, 1, a, t, o, s);
+            mu.on(peer).atomic_rmw(AtomicOp::Min, 0, b, t, o, s);
+            mu.on(peer).atomic_rmw(AtomicOp::Max, 1, b, t, o, s);
+            mf.on(peer).atomic_rmw(AtomicOp::Min, 0, c, t, o, s);
+            mf.on(peer).atomic_max(1, c, t);
+        }
+    }
+}
+
+#[test]
+fn remote_atomic_min_max() {
+    const P: usize = 2;
+    const ITERS: usize = 30;
+    for (k, &size) in WORLDS.iter().enumerate() {
+        let mut g = rng(800 + k as u64);
+        let m = size * P * ITERS;
+        let vi: Vec<i32> = (0..m).map(|_| g.gen_range(-1_000_000..1_000_000)).collect();
+        let vu: Vec<u64> = (0..m).map(|_| g.gen_range(1..u64::MAX - 1)).collect();
+        let vf: Vec<f32> = (0..m).map(|_| g.gen_range(-1e6..1e6)).collect();
+        let out = world(size)
+            .run(|r| {
+                let (a, b, c) = (
+                    r.device().upload(&vi)?,
+                    r.device().upload(&vu)?,
+                    r.device().upload(&vf)?,
+                );
+                let mut mi = r.upload(&[i32::MAX, i32::MIN])?;
+                let mut mu = r.upload(&[u64::MAX, 0])?;
+                let mut mf = r.upload(&[f32::INFINITY, f32::NEG_INFINITY])?;
+                min_max_everywhere::launch(
+                    r.device(),
+                    P as u32,
+                    (&a, &b, &c, &mut mi, &mut mu, &mut mf, ITERS as i32),
+                )?;
+                r.barrier()?;
+                Ok((mi.download()?, mu.download()?, mf.download()?))
+            })
+            .unwrap();
+        let fmin = vf.iter().copied().fold(f32::INFINITY, f32::min);
+        let fmax = vf.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for (r, (mi, mu, mf)) in out.iter().enumerate() {
+            let want_i = [*vi.iter().min().unwrap(), *vi.iter().max().unwrap()];
+            let want_u = [*vu.iter().min().unwrap(), *vu.iter().max().unwrap()];
+            assert_eq!(mi, &want_i, "world {size} rank {r}: i32 min/max");
+            assert_eq!(mu, &want_u, "world {size} rank {r}: u64 min/max");
+            assert_eq!(mf, &[fmin, fmax], "world {size} rank {r}: f32 min/max");
+        }
+    }
+}
+
+/// Exchange and compare-and-swap semantics. Every program of every rank swaps
+/// `iters` distinct tags into rank 0's word `x[0]` and records the old values it got
+/// back (`olds[program * iters + i]`). Then each program tests CAS on its own word
+/// of its right neighbour (`slots[program]`, touched by nobody else): a CAS with the
+/// wrong expected value must fail (return the current value, change nothing), one
+/// with the current value must succeed. Recorded at `olds[programs * iters +
+/// program * 4 ..]`: the value before, the failed CAS's result, the value after it,
+/// the successful CAS's result.
+#[kernel]
+fn xchg_and_cas(x: &mut Symmetric<i32>, slots: &mut Symmetric<i32>, olds: &mut Global<i32>, iters: i32, wrong: i32) {
+    let n = world_size();
+    let me = rank();
+    let pid = program_id(0);
+    let p = num_programs(0);
+    let t = pid.ge(0);
+    for i in 0..iters {
+        let tag = (me * p + pid) * iters + i + 1;
+        let old = x.on(0).atomic_rmw(AtomicOp::Xchg, 0, tag, t, MemOrder::AcqRel, MemScope::System);
+        olds.store_unmasked(pid * iters + i, old);
+    }
+    let right = (me + 1) % n;
+    let before = slots.on(right).load_unmasked(pid);
+    let mine = me * 100 + pid + 7;
+    let failed = slots.on(right).atomic_cas(pid, wrong + zeros::<i32, ()>(), mine + 0, t);
+    let after_failed = slots.on(right).load_unmasked(pid);
+    let won = slots.on(right).atomic_cas(pid, failed, mine, t);
+    let at = p * iters + pid * 4;
+    olds.store_unmasked(at, before);
+    olds.store_unmasked(at + 1, failed);
+    olds.store_unmasked(at + 2, after_failed);
+    olds.store_unmasked(at + 3, won);
+}
+
+#[test]
+fn remote_atomic_xchg_cas_semantics() {
+    const P: usize = 3;
+    const ITERS: usize = 25;
+    for (k, &size) in WORLDS.iter().enumerate() {
+        let mut g = rng(900 + k as u64);
+        let x0: i32 = g.gen_range(-1000..0);
+        // Every rank's slots hold distinct random values; `wrong` matches none.
+        let slots0: Vec<Vec<i32>> = (0..size)
+            .map(|_| (0..P).map(|_| g.gen_range(10_000..1_000_000)).collect())
+            .collect();
+        let wrong = -5;
+        let out = world(size)
+            .run(|r| {
+                let me = r.rank() as usize;
+                let mut x = r.upload(&[if me == 0 { x0 } else { i32::MIN }])?;
+                let mut slots = r.upload(&slots0[me])?;
+                let mut olds = r.device().upload(&vec![i32::MIN; P * ITERS + 4 * P])?;
+                xchg_and_cas::launch(r.device(), P as u32, (&mut x, &mut slots, &mut olds, ITERS as i32, wrong))?;
+                r.barrier()?;
+                Ok((x.download()?, slots.download()?, olds.download()?))
+            })
+            .unwrap();
+        // xchg: the values handed back, plus the final one, are exactly the initial
+        // value and every tag, each once.
+        let mut got: Vec<i32> = out.iter().flat_map(|(_, _, o)| o[..P * ITERS].to_vec()).collect();
+        got.push(out[0].0[0]);
+        got.sort_unstable();
+        let mut want: Vec<i32> = (1..=(size * P * ITERS) as i32).collect();
+        want.push(x0);
+        want.sort_unstable();
+        assert_eq!(got, want, "world {size}: xchg lost or duplicated a value");
+        for (r, (x, slots, olds)) in out.iter().enumerate() {
+            if r != 0 {
+                assert_eq!(x, &[i32::MIN], "world {size} rank {r}: x written");
+            }
+            let right = (r + 1) % size;
+            let left = (r + size - 1) % size;
+            for p in 0..P {
+                let v = slots0[right][p];
+                assert_eq!(
+                    &olds[P * ITERS + p * 4..P * ITERS + p * 4 + 4],
+                    &[v, v, v, v],
+                    "world {size} rank {r} program {p}: before, failed cas, after it, won cas"
+                );
+                // My slots were claimed by my left neighbour.
+                assert_eq!(slots[p], left as i32 * 100 + p as i32 + 7, "world {size} rank {r} slot {p}");
+            }
+        }
+    }
+}
