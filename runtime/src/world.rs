@@ -211,7 +211,8 @@ impl World {
 
     /// Runs `f` once per rank, concurrently, and returns the ranks' results in rank
     /// order. When a rank fails, the others are released (their waits and barriers
-    /// fail) and the first root-cause error is returned.
+    /// fail) and the first root-cause error is returned. A closure that panics fails
+    /// its rank the same way, as an [`Error::Comm`] carrying the panic message.
     pub fn run<R: Send>(
         &self,
         f: impl Fn(&Rank) -> Result<R, Error> + Sync,
@@ -269,7 +270,19 @@ impl World {
                     let base = &self.device;
                     s.spawn(move || {
                         let rank = Rank::new(r, shared.clone(), base, self.heap_bytes);
-                        let out = f(&rank);
+                        // A panic must release the other ranks now, not when this
+                        // thread is joined (they may be waiting for it until then).
+                        let out =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&rank)))
+                                .unwrap_or_else(|payload| {
+                                    Err(Error::Comm {
+                                        rank: r,
+                                        message: format!(
+                                            "the rank's closure panicked: {}",
+                                            panic_message(payload.as_ref())
+                                        ),
+                                    })
+                                });
                         if out.is_err() {
                             shared.abort(r);
                         }
@@ -307,6 +320,15 @@ impl World {
             None => Ok(out),
         }
     }
+}
+
+/// The message of a panic payload (`panic!` with a literal or a format string).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 /// True for errors that only report another rank's failure.

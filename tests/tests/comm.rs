@@ -229,7 +229,10 @@ fn ring_allgather_put_signal() {
                     );
                 }
             }
-            assert!(sig.iter().all(|&v| v == 1), "world {size} rank {r}: {sig:?}");
+            assert!(
+                sig.iter().all(|&v| v == 1),
+                "world {size} rank {r}: {sig:?}"
+            );
         }
     }
 }
@@ -306,7 +309,12 @@ fn rank_world_size_fence_quiet() {
 /// rank per iteration (`plan[2i]`) straggles in a busy loop of random length
 /// (`plan[2i + 1]` steps). `stats[program]`: good, bad, busy steps taken.
 #[kernel]
-fn barrier_storm(plan: &Global<i32>, boxes: &mut Symmetric<i32>, stats: &mut Global<i32>, iters: i32) {
+fn barrier_storm(
+    plan: &Global<i32>,
+    boxes: &mut Symmetric<i32>,
+    stats: &mut Global<i32>,
+    iters: i32,
+) {
     let me = rank();
     let n = world_size();
     let pid = program_id(0);
@@ -325,7 +333,9 @@ fn barrier_storm(plan: &Global<i32>, boxes: &mut Symmetric<i32>, stats: &mut Glo
             }
         }
         let slot = (i % 2) * p + pid;
-        boxes.on(right).store_unmasked(slot, (i * n + me) * p + pid + 1);
+        boxes
+            .on(right)
+            .store_unmasked(slot, (i * n + me) * p + pid + 1);
         barrier_all();
         let seen = boxes.load_unmasked(slot);
         if seen.eq((i * n + left) * p + pid + 1) {
@@ -412,7 +422,16 @@ fn mp_litmus<const B: usize>(
     let b = base.load(lanes, all);
     if (me % 2).eq(0) {
         for i in 1..iters + 1 {
-            data.put_signal(me + 1, lanes, b + i, all, sig, 0, i.cast::<u64>(), SignalOp::Set);
+            data.put_signal(
+                me + 1,
+                lanes,
+                b + i,
+                all,
+                sig,
+                0,
+                i.cast::<u64>(),
+                SignalOp::Set,
+            );
         }
     } else {
         let last = iters.cast::<u64>();
@@ -446,7 +465,11 @@ fn message_passing_litmus() {
                 let mut data = r.upload(&vec![i32::MIN; B])?;
                 let mut sig = r.alloc_signals(1)?;
                 let mut stats = r.device().upload(&[i32::MIN; 2])?;
-                mp_litmus::<B>::launch(r.device(), 1u32, (&b, &mut data, &mut sig, &mut stats, ITERS))?;
+                mp_litmus::<B>::launch(
+                    r.device(),
+                    1u32,
+                    (&b, &mut data, &mut sig, &mut stats, ITERS),
+                )?;
                 Ok((stats.download()?, data.download()?))
             })
             .unwrap();
@@ -455,7 +478,10 @@ fn message_passing_litmus() {
                 assert_eq!(stats, &[i32::MIN; 2], "world {size} rank {r}: writer");
                 assert!(data.iter().all(|&v| v == i32::MIN), "writer's data written");
             } else {
-                assert_eq!(stats[0], 0, "world {size} rank {r}: signal seen before data");
+                assert_eq!(
+                    stats[0], 0,
+                    "world {size} rank {r}: signal seen before data"
+                );
                 assert!(
                     (1..=ITERS).contains(&stats[1]),
                     "world {size} rank {r}: {} observations",
@@ -531,7 +557,9 @@ fn message_passing_from_several_programs() {
     for (k, &size) in WORLDS.iter().enumerate() {
         let base: Vec<i32> = {
             let mut g = rng(600 + k as u64);
-            (0..P * B).map(|_| g.gen_range(-1_000_000..1_000_000)).collect()
+            (0..P * B)
+                .map(|_| g.gen_range(-1_000_000..1_000_000))
+                .collect()
         };
         let out = world(size)
             .run(|r| {
@@ -554,8 +582,16 @@ fn message_passing_from_several_programs() {
                 assert_eq!(stats, &[i32::MIN; 3], "world {size} rank {r}: writer");
                 assert_eq!(sig, &[0, ITERS as u64], "world {size} rank {r}: acks");
             } else {
-                assert_eq!(stats, &[0, 0, ITERS], "world {size} rank {r}: wrong, bad counts, rounds");
-                assert_eq!(sig, &[(P as u64) * ITERS as u64, 0], "world {size} rank {r}");
+                assert_eq!(
+                    stats,
+                    &[0, 0, ITERS],
+                    "world {size} rank {r}: wrong, bad counts, rounds"
+                );
+                assert_eq!(
+                    sig,
+                    &[(P as u64) * ITERS as u64, 0],
+                    "world {size} rank {r}"
+                );
                 for i in 0..P * B {
                     assert_eq!(data[i], base[i] + ITERS, "world {size} rank {r} [{i}]");
                 }
@@ -591,8 +627,16 @@ fn count_everywhere(
         let inc = incs.load_unmasked((me * p + pid) * iters + i);
         for d in 0..n {
             let peer = (me + d) % n;
-            ci.on(peer).atomic_rmw(AtomicOp::Add, 0, full::<i32, ()>(1), t, MemOrder::Relaxed, MemScope::System);
-            cu.on(peer).atomic_rmw(AtomicOp::Add, 0, inc, t, MemOrder::AcqRel, MemScope::System);
+            ci.on(peer).atomic_rmw(
+                AtomicOp::Add,
+                0,
+                full::<i32, ()>(1),
+                t,
+                MemOrder::Relaxed,
+                MemScope::System,
+            );
+            cu.on(peer)
+                .atomic_rmw(AtomicOp::Add, 0, inc, t, MemOrder::AcqRel, MemScope::System);
             cf.on(peer).atomic_add(0, full::<f32, ()>(1.0), t);
             let mut done = zeros::<i32, ()>();
             while done.eq(0) {
@@ -615,7 +659,9 @@ fn remote_atomic_counters() {
     const ITERS: usize = 40;
     for (k, &size) in WORLDS.iter().enumerate() {
         let mut g = rng(700 + k as u64);
-        let incs: Vec<u64> = (0..size * P * ITERS).map(|_| g.gen_range(1..1u64 << 40)).collect();
+        let incs: Vec<u64> = (0..size * P * ITERS)
+            .map(|_| g.gen_range(1..1u64 << 40))
+            .collect();
         let start_i: i32 = g.gen_range(-1000..1000);
         let start_u: u64 = g.gen_range(0..1u64 << 50);
         let out = world(size)
@@ -629,22 +675,54 @@ fn remote_atomic_counters() {
                 count_everywhere::launch(
                     r.device(),
                     P as u32,
-                    (&mut ci, &mut cu, &mut cf, &mut cc, &inc, &mut stats, ITERS as i32),
+                    (
+                        &mut ci,
+                        &mut cu,
+                        &mut cf,
+                        &mut cc,
+                        &inc,
+                        &mut stats,
+                        ITERS as i32,
+                    ),
                 )?;
                 // Peers may still be adding to this rank's counters.
                 r.barrier()?;
-                Ok((ci.download()?, cu.download()?, cf.download()?, cc.download()?, stats.download()?))
+                Ok((
+                    ci.download()?,
+                    cu.download()?,
+                    cf.download()?,
+                    cc.download()?,
+                    stats.download()?,
+                ))
             })
             .unwrap();
         let count = (size * P * ITERS) as i32;
         let sum_u = incs.iter().fold(start_u, |a, &b| a.wrapping_add(b));
         for (r, (ci, cu, cf, cc, stats)) in out.iter().enumerate() {
-            assert_eq!(ci, &[start_i + count, i32::MIN], "world {size} rank {r}: i32 add");
+            assert_eq!(
+                ci,
+                &[start_i + count, i32::MIN],
+                "world {size} rank {r}: i32 add"
+            );
             assert_eq!(cu, &[sum_u, u64::MAX], "world {size} rank {r}: u64 add");
-            assert_eq!(cf[0], (start_i + count) as f32, "world {size} rank {r}: f32 add");
-            assert!(cf[1].is_nan(), "world {size} rank {r}: f32 neighbour written");
-            assert_eq!(cc, &[start_i + count, i32::MIN], "world {size} rank {r}: cas loop");
-            assert!(stats.iter().all(|&s| s >= 0), "world {size} rank {r}: {stats:?}");
+            assert_eq!(
+                cf[0],
+                (start_i + count) as f32,
+                "world {size} rank {r}: f32 add"
+            );
+            assert!(
+                cf[1].is_nan(),
+                "world {size} rank {r}: f32 neighbour written"
+            );
+            assert_eq!(
+                cc,
+                &[start_i + count, i32::MIN],
+                "world {size} rank {r}: cas loop"
+            );
+            assert!(
+                stats.iter().all(|&s| s >= 0),
+                "world {size} rank {r}: {stats:?}"
+            );
         }
     }
 }
@@ -670,7 +748,11 @@ fn min_max_everywhere(
     let (o, s) = (MemOrder::AcqRel, MemScope::System);
     for i in 0..iters {
         let j = (me * p + pid) * iters + i;
-        let (a, b, c) = (vi.load_unmasked(j), vu.load_unmasked(j), vf.load_unmasked(j));
+        let (a, b, c) = (
+            vi.load_unmasked(j),
+            vu.load_unmasked(j),
+            vf.load_unmasked(j),
+        );
         for d in 0..n {
             let peer = (me + d) % n;
             mi.on(peer).atomic_rmw(AtomicOp::Min, 0, a, t, o, s);
@@ -733,7 +815,13 @@ fn remote_atomic_min_max() {
 /// program * 4 ..]`: the value before, the failed CAS's result, the value after it,
 /// the successful CAS's result.
 #[kernel]
-fn xchg_and_cas(x: &mut Symmetric<i32>, slots: &mut Symmetric<i32>, olds: &mut Global<i32>, iters: i32, wrong: i32) {
+fn xchg_and_cas(
+    x: &mut Symmetric<i32>,
+    slots: &mut Symmetric<i32>,
+    olds: &mut Global<i32>,
+    iters: i32,
+    wrong: i32,
+) {
     let n = world_size();
     let me = rank();
     let pid = program_id(0);
@@ -741,13 +829,22 @@ fn xchg_and_cas(x: &mut Symmetric<i32>, slots: &mut Symmetric<i32>, olds: &mut G
     let t = pid.ge(0);
     for i in 0..iters {
         let tag = (me * p + pid) * iters + i + 1;
-        let old = x.on(0).atomic_rmw(AtomicOp::Xchg, 0, tag, t, MemOrder::AcqRel, MemScope::System);
+        let old = x.on(0).atomic_rmw(
+            AtomicOp::Xchg,
+            0,
+            tag,
+            t,
+            MemOrder::AcqRel,
+            MemScope::System,
+        );
         olds.store_unmasked(pid * iters + i, old);
     }
     let right = (me + 1) % n;
     let before = slots.on(right).load_unmasked(pid);
     let mine = me * 100 + pid + 7;
-    let failed = slots.on(right).atomic_cas(pid, wrong + zeros::<i32, ()>(), mine + 0, t);
+    let failed = slots
+        .on(right)
+        .atomic_cas(pid, wrong + zeros::<i32, ()>(), mine + 0, t);
     let after_failed = slots.on(right).load_unmasked(pid);
     let won = slots.on(right).atomic_cas(pid, failed, mine, t);
     let at = p * iters + pid * 4;
@@ -775,14 +872,21 @@ fn remote_atomic_xchg_cas_semantics() {
                 let mut x = r.upload(&[if me == 0 { x0 } else { i32::MIN }])?;
                 let mut slots = r.upload(&slots0[me])?;
                 let mut olds = r.device().upload(&vec![i32::MIN; P * ITERS + 4 * P])?;
-                xchg_and_cas::launch(r.device(), P as u32, (&mut x, &mut slots, &mut olds, ITERS as i32, wrong))?;
+                xchg_and_cas::launch(
+                    r.device(),
+                    P as u32,
+                    (&mut x, &mut slots, &mut olds, ITERS as i32, wrong),
+                )?;
                 r.barrier()?;
                 Ok((x.download()?, slots.download()?, olds.download()?))
             })
             .unwrap();
         // xchg: the values handed back, plus the final one, are exactly the initial
         // value and every tag, each once.
-        let mut got: Vec<i32> = out.iter().flat_map(|(_, _, o)| o[..P * ITERS].to_vec()).collect();
+        let mut got: Vec<i32> = out
+            .iter()
+            .flat_map(|(_, _, o)| o[..P * ITERS].to_vec())
+            .collect();
         got.push(out[0].0[0]);
         got.sort_unstable();
         let mut want: Vec<i32> = (1..=(size * P * ITERS) as i32).collect();
@@ -803,8 +907,282 @@ fn remote_atomic_xchg_cas_semantics() {
                     "world {size} rank {r} program {p}: before, failed cas, after it, won cas"
                 );
                 // My slots were claimed by my left neighbour.
-                assert_eq!(slots[p], left as i32 * 100 + p as i32 + 7, "world {size} rank {r} slot {p}");
+                assert_eq!(
+                    slots[p],
+                    left as i32 * 100 + p as i32 + 7,
+                    "world {size} rank {r} slot {p}"
+                );
             }
         }
     }
+}
+
+// ---------------------------------------------------------------------------------
+// Failures: missing signals, bad peers, mismatched allocations, timeouts
+
+/// Rank 0 waits for a signal nobody sends; every other rank waits for the signal
+/// rank 0 would send after it.
+#[kernel]
+fn never_signalled(sig: &mut Symmetric<u64>, want: u64) {
+    if rank().eq(0) {
+        sig.wait_until(0, CmpPred::Ge, want); // MARK: missing-signal
+        sig.signal(1, 0, want, SignalOp::Set);
+    } else {
+        sig.wait_until(0, CmpPred::Ge, want); // MARK: released-wait
+    }
+}
+
+#[test]
+fn missing_signal_times_out_with_location_and_releases_peers() {
+    let timeout = Duration::from_millis(500);
+    let mut g = rng(1000);
+    let want: u64 = g.gen_range(1_000..1_000_000);
+    let before: u64 = g.gen_range(1..want);
+    // Rank 1 starts waiting later, so its own timeout would come after rank 0's: it must
+    // be released by rank 0's failure, not time out by itself.
+    let late = Duration::from_millis(300);
+    let rank1_error = Mutex::new(None);
+    let t = Instant::now();
+    let err = World::local(2)
+        .heap_bytes(1 << 20)
+        .signal_bytes(4096)
+        .wait_timeout(timeout)
+        .run(|r| {
+            let mut sig = r.upload(&[before])?;
+            if r.rank() == 1 {
+                std::thread::sleep(late);
+            }
+            let res = never_signalled::launch(r.device(), 1u32, (&mut sig, want));
+            if let Err(e) = &res {
+                if r.rank() == 1 {
+                    *rank1_error.lock().unwrap() = Some(e.to_string());
+                }
+            }
+            res
+        })
+        .unwrap_err();
+    let elapsed = t.elapsed();
+    assert!(
+        elapsed >= timeout,
+        "returned after {elapsed:?}, before the timeout"
+    );
+    assert!(
+        elapsed < timeout + late + Duration::from_secs(3),
+        "returned after {elapsed:?}"
+    );
+    let msg = err.to_string();
+    eprintln!("{msg}");
+    let line = line_of(SOURCE, "MARK: missing-signal");
+    assert!(
+        msg.contains(&format!("tests/tests/comm.rs:{line}:")),
+        "{msg}"
+    );
+    for part in [
+        "`wait_until` timed out after 0.500 s",
+        "kernel `never_signalled`",
+        "on rank 0,",
+        "signal `sig`[0]",
+        &format!("expected >= {want}"),
+        &format!("observed {before}"),
+    ] {
+        assert!(msg.contains(part), "{part:?} missing from: {msg}");
+    }
+    assert!(
+        matches!(&err, Error::Exec(e) if matches!(**e, tessera::ir::interp::InterpError::WaitTimeout { rank: 0, expected, observed, .. } if expected == want && observed == before)),
+        "{err:?}"
+    );
+    // Rank 1 was released by rank 0's failure, at its own wait.
+    let r1 = rank1_error
+        .lock()
+        .unwrap()
+        .clone()
+        .expect("rank 1 failed too");
+    let line = line_of(SOURCE, "MARK: released-wait");
+    assert!(r1.contains(&format!("tests/tests/comm.rs:{line}:")), "{r1}");
+    assert!(
+        r1.contains("on rank 1,") && r1.contains("abandoned: rank 0 failed"),
+        "{r1}"
+    );
+}
+
+/// Ranks blocked in a host barrier are released when another rank's kernel fails, and
+/// the world reports that failure, not the abandoned barriers.
+#[test]
+fn host_barrier_released_by_failed_kernel() {
+    let t = Instant::now();
+    let err = world(3)
+        .run(|r| {
+            let mut buf = r.upload(&[0.5f32; 16])?;
+            if r.rank() == 2 {
+                // Let the others block in the barrier first.
+                std::thread::sleep(Duration::from_millis(100));
+                bad_peer_kernel::launch(r.device(), 1u32, (&mut buf, 0))?;
+            }
+            r.barrier()
+        })
+        .unwrap_err();
+    // The world's timeout is 60 s: only the release can make this quick.
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let msg = err.to_string();
+    assert!(
+        msg.contains("bad peer 3") && msg.contains("on rank 2,"),
+        "{msg}"
+    );
+}
+
+/// Reaches the buffer of peer `world_size() + offset` from the last rank.
+#[kernel]
+fn bad_peer_kernel(buf: &mut Symmetric<f32>, offset: i32) {
+    let lanes = arange::<16>();
+    let v = buf.load_unmasked(lanes);
+    if rank().eq(world_size() - 1) {
+        buf.on(world_size() + offset).store_unmasked(lanes, v); // MARK: bad-peer
+    }
+}
+
+#[test]
+fn bad_peer_is_an_error_naming_the_line() {
+    let line = line_of(SOURCE, "MARK: bad-peer");
+    for (size, offset, peer) in [(2usize, 0i32, 2i64), (4, -5, -1), (1, 7, 8)] {
+        let err = world(size)
+            .run(|r| {
+                let mut buf = r.upload(&[1.5f32; 16])?;
+                bad_peer_kernel::launch(r.device(), 1u32, (&mut buf, offset))
+            })
+            .unwrap_err();
+        let msg = err.to_string();
+        for part in [
+            format!("tests/tests/comm.rs:{line}:"),
+            format!("bad peer {peer} in `remote_ptr`"),
+            format!("on rank {},", size - 1),
+            format!("the world has {size} rank(s)"),
+        ] {
+            assert!(msg.contains(&part), "{part:?} missing from: {msg}");
+        }
+    }
+}
+
+#[test]
+fn symmetric_allocation_mismatch_is_a_comm_error() {
+    type Alloc = fn(&Rank) -> Result<(), Error>;
+    let cases: [(&str, Alloc, Alloc); 3] = [
+        (
+            "16 x f32",
+            |r| r.alloc::<f32>(16).map(drop),
+            |r| r.alloc::<f32>(32).map(drop),
+        ),
+        (
+            "16 x f32",
+            |r| r.alloc::<f32>(16).map(drop),
+            |r| r.alloc::<i32>(16).map(drop),
+        ),
+        (
+            "4 x u64",
+            |r| r.alloc_signals(4).map(drop),
+            |r| r.alloc::<u64>(4).map(drop),
+        ),
+    ];
+    for (what, even, odd) in cases {
+        let t = Instant::now();
+        let err = world(2)
+            .run(|r| {
+                // One matching allocation first: the mismatch is the second.
+                let _ok = r.alloc::<u8>(100)?;
+                if r.rank() == 0 { even(r) } else { odd(r) }?;
+                r.barrier()
+            })
+            .unwrap_err();
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+        match &err {
+            Error::Comm { message, .. } => {
+                assert!(
+                    message.contains("symmetric allocation #1 differs between ranks"),
+                    "{message}"
+                );
+                assert!(message.contains(what), "{what:?} missing from: {message}");
+            }
+            e => panic!("not a Comm error: {e:?}"),
+        }
+    }
+}
+
+#[test]
+fn wait_timeout_parsing() {
+    use tessera::ir::interp::parse_wait_timeout;
+    assert_eq!(parse_wait_timeout("2"), Some(Duration::from_secs(2)));
+    assert_eq!(
+        parse_wait_timeout(" 0.25\n"),
+        Some(Duration::from_millis(250))
+    );
+    assert_eq!(parse_wait_timeout("1e-3"), Some(Duration::from_millis(1)));
+    for bad in ["", "0", "-1", "abc", "5s", "inf", "NaN", "1e300", "1e-12"] {
+        assert_eq!(parse_wait_timeout(bad), None, "{bad:?}");
+    }
+}
+
+/// `TESSERA_WAIT_TIMEOUT` is the default of [`World::wait_timeout`]. The variable is
+/// set only in a child process (this test binary, running just this test), so no
+/// other test sees it.
+#[test]
+fn wait_timeout_from_environment() {
+    const CHILD: &str = "TESSERA_COMM_TEST_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        assert_eq!(
+            tessera::ir::interp::default_wait_timeout(),
+            Duration::from_millis(400)
+        );
+        let t = Instant::now();
+        let err = World::local(2)
+            .heap_bytes(1 << 20)
+            .signal_bytes(4096)
+            .run(|r| {
+                let mut sig = r.alloc_signals(1)?;
+                never_signalled::launch(r.device(), 1u32, (&mut sig, 1u64))
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("timed out after 0.400 s"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+        return;
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([
+            "--exact",
+            "wait_timeout_from_environment",
+            "--test-threads=1",
+        ])
+        .env(CHILD, "1")
+        .env("TESSERA_WAIT_TIMEOUT", "0.4")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "child failed:\n{text}");
+    assert!(text.contains("1 passed"), "the child ran no test:\n{text}");
+}
+
+/// A rank whose closure panics releases the others at once (they would otherwise wait
+/// for it until the timeout) and is reported as the failure.
+#[test]
+fn panicking_rank_releases_the_world() {
+    let t = Instant::now();
+    let err = world(2)
+        .run(|r| {
+            let mut sig = r.alloc_signals(1)?;
+            if r.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(50));
+                panic!("rank 1 gives up");
+            }
+            // Waits for rank 1's signal, which never comes.
+            never_signalled::launch(r.device(), 1u32, (&mut sig, 1u64))
+        })
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let msg = err.to_string();
+    assert!(
+        matches!(err, Error::Comm { rank: 1, .. })
+            && msg.contains("panicked")
+            && msg.contains("rank 1 gives up"),
+        "{msg}"
+    );
 }
