@@ -107,13 +107,18 @@ fn bandwidth(bytes: usize, reps: usize) -> Result<(f64, f64, f64), Box<dyn std::
     let (mut rng, _) = common::rng();
     let data = common::uniform(&mut rng, n, -1.0, 1.0);
     let programs = n.div_ceil(B).min(16) as u32;
-    // memcpy between two buffers of the same size (both touched before timing).
-    let mut dst = vec![0.0f32; n];
-    let memcpy = best(reps.max(5), || {
+    // memcpy between two buffers of the same size (both touched before timing), in
+    // short batches of about 64 KiB (small copies are not lost in the clock's
+    // resolution; short samples often escape preemption on a busy machine).
+    let mut dst = vec![1.0f32; n];
+    let batch = ((64 << 10) / bytes).max(1);
+    let memcpy = best(if bytes <= 1 << 20 { 200 } else { 20 }, || {
         let t = Instant::now();
-        dst.copy_from_slice(std::hint::black_box(&data));
-        std::hint::black_box(&mut dst);
-        Ok::<_, Error>(t.elapsed())
+        for _ in 0..batch {
+            dst.copy_from_slice(std::hint::black_box(&data));
+            std::hint::black_box(&mut dst);
+        }
+        Ok::<_, Error>(t.elapsed() / batch as u32)
     })?;
     let out = world(2, 2 * bytes + (1 << 20)).run(|r| {
         let src = r.device().upload(&data)?;

@@ -276,8 +276,8 @@ fn rank_world_size_fence_quiet() {
         let tag = rng(300 + k as u64).gen_range(1..1_000_000);
         let out = world(size)
             .run(|r| {
-                let mut ids = r.device().upload(&vec![i32::MIN; 4 * P])?;
-                let mut inbox = r.upload(&vec![i32::MIN; P])?;
+                let mut ids = r.device().upload(&[i32::MIN; 4 * P])?;
+                let mut inbox = r.upload(&[i32::MIN; P])?;
                 let mut sig = r.alloc_signals(P)?;
                 who_am_i::launch(r.device(), P as u32, (&mut ids, &mut inbox, &mut sig, tag))?;
                 ids.download()
@@ -953,10 +953,8 @@ fn missing_signal_times_out_with_location_and_releases_peers() {
                 std::thread::sleep(late);
             }
             let res = never_signalled::launch(r.device(), 1u32, (&mut sig, want));
-            if let Err(e) = &res {
-                if r.rank() == 1 {
-                    *rank1_error.lock().unwrap() = Some(e.to_string());
-                }
+            if let (Err(e), 1) = (&res, r.rank()) {
+                *rank1_error.lock().unwrap() = Some(e.to_string());
             }
             res
         })

@@ -237,6 +237,10 @@ pub unsafe trait HostMemory: Send + Sync + 'static {
     fn base(&self) -> *mut u8;
     /// Size in bytes.
     fn len(&self) -> usize;
+    /// True for memory of zero bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
 }
 
 enum Words {
