@@ -1184,3 +1184,38 @@ fn panicking_rank_releases_the_world() {
         "{msg}"
     );
 }
+
+/// Symmetric allocation is collective: a rank that allocates late cannot wipe (zero or
+/// upload over) what a fast rank already put into its copy.
+#[test]
+fn allocation_waits_for_every_rank() {
+    const B: usize = 32;
+    let mut g = rng(1100);
+    let init: Vec<f32> = (0..B).map(|_| g.gen_range(-10.0..10.0)).collect();
+    let out = World::local(2)
+        .heap_bytes(1 << 20)
+        .signal_bytes(4096)
+        .wait_timeout(Duration::from_secs(5))
+        .run(|r| {
+            if r.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let start = if r.rank() == 0 {
+                init.clone()
+            } else {
+                vec![f32::NAN; B]
+            };
+            let mut data = r.upload(&start)?;
+            let mut sig = r.alloc_signals(2)?;
+            if r.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            ping_pong_pairs::<B>::launch(r.device(), 1u32, (&mut data, &mut sig, 3, B as i32))?;
+            data.download()
+        })
+        .unwrap();
+    for i in 0..B {
+        assert_eq!(out[0][i], add_ones(init[i], 3), "rank 0 [{i}]");
+        assert_eq!(out[1][i], add_ones(init[i], 2), "rank 1 [{i}]");
+    }
+}
