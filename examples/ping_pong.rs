@@ -23,7 +23,7 @@ const USAGE: &str =
 /// `laps` times around the ring, lap numbers `first + 1 ..= first + laps` (signals are
 /// monotonic, so a second launch continues the count).
 #[kernel]
-fn ring_pass<const B: usize>(
+pub fn ring_pass<const B: usize>(
     ball: &mut Symmetric<f32>,
     sig: &mut Symmetric<u64>,
     first: i32,
