@@ -1219,3 +1219,37 @@ fn allocation_waits_for_every_rank() {
         assert_eq!(out[1][i], add_ones(init[i], 2), "rank 1 [{i}]");
     }
 }
+
+#[kernel]
+fn lonely_barrier() {
+    barrier_all(); // MARK: lonely-barrier
+}
+
+/// A rank that never reaches `barrier_all`: the others time out with the arrival
+/// count in the message.
+#[test]
+fn barrier_all_with_a_missing_rank_times_out() {
+    let t = Instant::now();
+    let err = World::local(3)
+        .heap_bytes(1 << 20)
+        .signal_bytes(4096)
+        .wait_timeout(Duration::from_secs(1))
+        .run(|r| {
+            if r.rank() != 2 {
+                lonely_barrier::launch(r.device(), 2u32, ())?;
+            }
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(6), "{:?}", t.elapsed());
+    let msg = err.to_string();
+    let line = line_of(SOURCE, "MARK: lonely-barrier");
+    for part in [
+        format!("tests/tests/comm.rs:{line}:"),
+        "`barrier_all` timed out after 1.000 s".to_string(),
+        "arrivals of all 6 program instances (3 rank(s) x 2; 4 arrived)".to_string(),
+        "expected >= 6, observed 4".to_string(),
+    ] {
+        assert!(msg.contains(&part), "{part:?} missing from: {msg}");
+    }
+}
