@@ -410,7 +410,9 @@ impl Rank {
     ///
     /// Collective: every rank allocates the same buffers in the same order, and the
     /// call returns once every rank has allocated (and zeroed) its copy, so a peer's
-    /// puts into this buffer can never be overwritten by the zeroing.
+    /// puts into this buffer can never be overwritten by the zeroing. Like
+    /// [`Rank::barrier`], it fails when another rank failed or did not allocate within
+    /// the wait timeout.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<SymBuffer<T>, Error> {
         self.alloc_in::<T>(len, false, None)
     }
