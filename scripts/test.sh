@@ -27,9 +27,10 @@ if [ ! -e /dev/nvidiactl ]; then
   grep -q "no CUDA driver found (libcuda.so could not be loaded)" <<<"$out"
 fi
 # Every example checks its own results and exits non-zero on a mismatch.
-for ex in vector_add softmax matmul layernorm; do
+for ex in vector_add softmax matmul layernorm ping_pong; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"
 done
+TESSERA_DEVICE=cpu cargo run -q -p tessera --example ping_pong -- --ranks 4 --laps 100
 # Compile-only: every example kernel for an NVIDIA and an AMD target.
 aot_dir="$(mktemp -d)"
 trap 'rm -f "$log"; rm -rf "$aot_dir"' EXIT

@@ -10,6 +10,9 @@ mod layernorm;
 #[path = "../../examples/matmul.rs"]
 #[allow(dead_code)]
 mod matmul;
+#[path = "../../examples/ping_pong.rs"]
+#[allow(dead_code)]
+mod ping_pong;
 #[path = "../../examples/softmax.rs"]
 #[allow(dead_code)]
 mod softmax;
@@ -28,6 +31,11 @@ fn ir<K: Kernel<Comptime = ()>>() -> String {
 #[test]
 fn vector_add_ir() {
     insta::assert_snapshot!(ir::<vector_add::vector_add<1024>>());
+}
+
+#[test]
+fn ping_pong_ir() {
+    insta::assert_snapshot!(ir::<ping_pong::ring_pass<1024>>());
 }
 
 #[test]

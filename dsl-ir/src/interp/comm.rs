@@ -26,13 +26,27 @@ pub mod ctrl {
     pub const WORDS: usize = 32;
 }
 
-/// The wait timeout from `TESSERA_WAIT_TIMEOUT` (seconds, fractions allowed), else 30 s.
+/// The wait timeout from `TESSERA_WAIT_TIMEOUT` (see [`parse_wait_timeout`]), else
+/// 30 s (also when the variable is set to something that does not parse).
 pub fn default_wait_timeout() -> Duration {
     std::env::var("TESSERA_WAIT_TIMEOUT")
         .ok()
-        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(|v| parse_wait_timeout(&v))
+        .unwrap_or(Duration::from_secs(30))
+}
+
+/// Parses a wait timeout as `TESSERA_WAIT_TIMEOUT` spells it: seconds, fractions
+/// allowed (`"0.5"`, `" 2 "`, `"1e-3"`). `None` for anything that is not a positive
+/// number of seconds a [`Duration`] can hold (`"0"`, `"-1"`, `"inf"`, `"1e300"`,
+/// `"5s"`).
+pub fn parse_wait_timeout(value: &str) -> Option<Duration> {
+    value
+        .trim()
+        .parse::<f64>()
+        .ok()
         .filter(|s| s.is_finite() && *s > 0.0)
-        .map_or(Duration::from_secs(30), Duration::from_secs_f64)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
 }
 
 /// The world one launch runs in: this rank, the number of ranks, every rank's control

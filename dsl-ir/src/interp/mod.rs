@@ -117,7 +117,7 @@ mod tests;
 use std::fmt::Write as _;
 
 pub use buffer::{Element, HostBuffer, HostMemory};
-pub use comm::{CommWorld, ctrl, default_wait_timeout};
+pub use comm::{CommWorld, ctrl, default_wait_timeout, parse_wait_timeout};
 pub use exec::{run, run_in_world};
 pub use value::{KernelArg, Scalar};
 

@@ -531,7 +531,19 @@ impl World {
                 .map(|rank| {
                     let f = &f;
                     s.spawn(move || {
-                        let out = f(rank);
+                        // A panic must release the other ranks now, not when this
+                        // thread is joined (they may be waiting for it until then).
+                        let out =
+                            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(rank)))
+                                .unwrap_or_else(|payload| {
+                                    Err(Error::Comm {
+                                        rank: rank.rank(),
+                                        message: format!(
+                                            "the rank's closure panicked: {}",
+                                            panic_message(payload.as_ref())
+                                        ),
+                                    })
+                                });
                         if out.is_err() {
                             rank.abort();
                         }
@@ -729,6 +741,15 @@ impl AsFdRef for std::os::fd::OwnedFd {
     fn as_fd_ref(&self) -> std::os::fd::BorrowedFd<'_> {
         std::os::fd::AsFd::as_fd(self)
     }
+}
+
+/// The message of a panic payload (`panic!` with a literal or a format string).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }
 
 /// True for errors that only report another rank's failure.
