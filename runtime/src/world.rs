@@ -329,6 +329,9 @@ pub struct Rank {
     device: Device,
     heap_bytes: usize,
     cursor: Mutex<Cursor>,
+    /// The collectives' workspace (signal pads, staging buffers, call counter),
+    /// allocated collectively on the first collective call.
+    pub(crate) coll: Mutex<Option<crate::collectives::Workspace>>,
 }
 
 impl std::fmt::Debug for Rank {
@@ -353,6 +356,7 @@ impl Rank {
                 data_next: CTRL_BYTES + shared.signal_bytes,
                 count: 0,
             }),
+            coll: Mutex::new(None),
             shared,
         }
     }
@@ -517,6 +521,44 @@ impl Rank {
                 .0;
         }
         Ok(())
+    }
+
+    /// A view of `len` elements of `U` at byte `heap_offset` of every rank's heap (the
+    /// same memory as an existing symmetric allocation, seen as another type): used by
+    /// the collectives for workspaces and bit-level aliases. Not collective, not zeroed.
+    pub(crate) fn sym_view<U: Element>(
+        &self,
+        heap_offset: usize,
+        len: usize,
+    ) -> Result<SymBuffer<U>, Error> {
+        let mut copies = Vec::with_capacity(self.shared.heaps.len());
+        for h in self.shared.heaps.iter() {
+            copies.push(Arc::new(HostBuffer::view(
+                h.clone(),
+                heap_offset,
+                U::TY,
+                len,
+            )?));
+        }
+        let copies: Arc<[Arc<HostBuffer>]> = copies.into();
+        let local = self
+            .device
+            .buffer::<U>(Storage::Host(copies[self.rank as usize].clone()), len);
+        Ok(SymBuffer {
+            local,
+            copies,
+            offset: heap_offset,
+        })
+    }
+
+    /// Whether `buf` was allocated in this world's heaps (not another world's).
+    pub(crate) fn owns<T: Element>(&self, buf: &SymBuffer<T>) -> bool {
+        buf.copies.len() == self.shared.heaps.len()
+            && buf
+                .copies
+                .iter()
+                .zip(self.shared.heaps.iter())
+                .all(|(c, h)| c.as_mut_ptr() as usize == h.base() as usize + buf.offset)
     }
 
     /// How long device-side waits and host barriers wait before failing.
