@@ -79,11 +79,7 @@ pub(crate) fn ar_one_shot<T: Float, const OP: usize>(
         let m = offs.lt(n);
         let mut acc = stage.on(0).load(offs + stage_off, m).cast::<f32>();
         for p in 1..ws {
-            acc = combine(
-                acc,
-                stage.on(p).load(offs + stage_off, m).cast::<f32>(),
-                OP,
-            );
+            acc = combine(acc, stage.on(p).load(offs + stage_off, m).cast::<f32>(), OP);
         }
         buf.store(offs, acc.cast::<T>(), m);
     }

@@ -209,6 +209,9 @@ impl Rank {
                 stage: None,
                 ll: None,
             });
+            // Allocation zeroes this rank's copy: no rank may signal into a peer's
+            // pad before the peer has done so.
+            self.barrier()?;
         }
         match g.as_mut() {
             Some(w) => f(self, w),
@@ -258,9 +261,7 @@ impl Rank {
         if algo == AllReduceAlgo::LowLatency && n > LL_MAX_ELEMS {
             return Err(rank_err(
                 self,
-                format!(
-                    "the low-latency all_reduce takes up to {LL_MAX_ELEMS} elements, got {n}"
-                ),
+                format!("the low-latency all_reduce takes up to {LL_MAX_ELEMS} elements, got {n}"),
             ));
         }
         let bytes = bytes_of::<T>(n);
@@ -291,15 +292,14 @@ impl Rank {
     }
 
     /// A workspace region of at least `bytes` bytes (grown collectively).
-    fn region(
-        &self,
-        slot: &mut Option<SymBuffer<u64>>,
-        bytes: usize,
-    ) -> Result<usize, Error> {
+    fn region(&self, slot: &mut Option<SymBuffer<u64>>, bytes: usize) -> Result<usize, Error> {
         let have = slot.as_ref().map_or(0, |b| b.len() * 8);
         if have < bytes {
             let want = bytes.max(have * 2).max(64 * 1024).div_ceil(8);
             *slot = Some(self.alloc::<u64>(want)?);
+            // As for the signal pad: peers write into this region only once every
+            // rank has allocated (and zeroed) its copy.
+            self.barrier()?;
         }
         slot.as_ref()
             .map(|b| b.heap_offset())
@@ -513,7 +513,9 @@ impl Rank {
         let me = self.rank() as usize;
         // A local problem is not returned at once: the other ranks would wait for this
         // one. It is published (valid = 0) so that every rank fails the same way.
-        let total = send_counts.iter().try_fold(0usize, |a, &c| a.checked_add(c));
+        let total = send_counts
+            .iter()
+            .try_fold(0usize, |a, &c| a.checked_add(c));
         let local_problem = if send_counts.len() != ws {
             Some(format!(
                 "{} send counts for a world of {ws} ranks",
@@ -521,7 +523,11 @@ impl Rank {
             ))
         } else {
             match total {
-                Some(t) if t <= send.len() && send_counts.iter().all(|&c| c <= i32::MAX as usize) => None,
+                Some(t)
+                    if t <= send.len() && send_counts.iter().all(|&c| c <= i32::MAX as usize) =>
+                {
+                    None
+                }
                 _ => Some(format!(
                     "the send counts add up to more than the send buffer's {} elements",
                     send.len()
