@@ -56,7 +56,7 @@ impl Elem for bf16 {
 
 /// Rank `r`'s random data for a case (every rank can regenerate every rank's data).
 fn data<T: Elem>(seed: u64, r: u32, n: usize) -> Vec<T> {
-    let mut g = StdRng::seed_from_u64(seed.wrapping_mul(1000003) ^ (r as u64 + 1) * 7919);
+    let mut g = StdRng::seed_from_u64(seed.wrapping_mul(1000003) ^ ((r as u64 + 1) * 7919));
     (0..n)
         .map(|_| T::from_f32(g.gen_range(-8.0f32..8.0)))
         .collect()
@@ -253,7 +253,7 @@ fn gather_scatter_broadcast() {
 
 /// Random per-destination counts of rank `r` (some zero).
 fn counts(seed: u64, r: u32, ws: usize) -> Vec<usize> {
-    let mut g = StdRng::seed_from_u64(seed ^ (r as u64 + 1) * 104729);
+    let mut g = StdRng::seed_from_u64(seed ^ ((r as u64 + 1) * 104729));
     (0..ws)
         .map(|_| {
             if g.gen_bool(0.3) {
@@ -296,7 +296,6 @@ fn a2a_case<T: Elem>(r: &Rank, seed: u64, errs: &mut Vec<String>) -> Result<(), 
         want.extend_from_slice(&sends[s][start..start + cnt[s][me]]);
     }
     // Everything past the received elements stays poisoned (nothing else written).
-    let total = want.len();
     want.resize(recv_len, T::nan());
     errs.extend(diff(
         &format!(
@@ -306,7 +305,6 @@ fn a2a_case<T: Elem>(r: &Rank, seed: u64, errs: &mut Vec<String>) -> Result<(), 
         &recv.download()?,
         &want,
     ));
-    let _ = total;
     Ok(())
 }
 

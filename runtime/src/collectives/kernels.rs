@@ -36,6 +36,7 @@ fn combine(a: F, b: F, op: usize) -> F {
 /// reached this point (release: its earlier accesses are visible to whoever sees the
 /// signal), then waits until every rank's program `pid` did (acquire).
 #[helper]
+#[allow(clippy::zero_prefixed_literal)]
 fn handshake(sig: &mut Symmetric<u64>, sig_base: Scalar<i32>, h: i32, epoch: Scalar<u64>) {
     let me = rank();
     let ws = world_size();

@@ -19,9 +19,10 @@
 //!   every peer. `2(n-1)/n·N` bytes moved per rank: best for large messages.
 //! - **Low-latency all-reduce** ([`AllReduceAlgo::LowLatency`]): one-shot with the LL
 //!   protocol below.
-//! - [`AllReduceAlgo::Auto`] takes LL up to [`LL_MAX_BYTES`], one-shot up to
-//!   [`ONE_SHOT_MAX_BYTES`], two-shot above (crossovers measured on CPU ranks, see
-//!   those constants and BENCHMARKS.md "Collectives on CPU ranks").
+//! - [`AllReduceAlgo::Auto`] takes LL up to [`LL_MAX_BYTES`] (0: never, on CPU
+//!   ranks LL measured slower than plain), one-shot up to [`ONE_SHOT_MAX_BYTES`]
+//!   (4 KiB), two-shot above: crossovers measured on CPU ranks with 2, 4 and 8 ranks,
+//!   see those constants and BENCHMARKS.md "Collectives on CPU ranks".
 //! - **All-gather** pushes each rank's input into block `rank` of every output;
 //!   **reduce-scatter** and **broadcast** pull; **all-to-all-v** first exchanges the
 //!   per-destination counts (a one-program kernel gathers every rank's count row into
@@ -70,7 +71,10 @@
 //! allocated collectively on first use and grown (collectively, by doubling) when a
 //! larger message needs more staging; grown-out regions are not reused (the heap is a
 //! bump allocator), so size the heap for the largest message (one-shot staging needs
-//! `2·N` bytes; LL needs `2·n·8` bytes per element).
+//! `2·N` bytes; LL needs `2·n·8` bytes per element). Allocation zeroes each rank's
+//! copy, so creating or growing the workspace ends with a host barrier (no rank
+//! signals or writes into a peer's region before the peer has zeroed it); calls that
+//! do not grow it need no host synchronization.
 
 mod kernels;
 
@@ -120,17 +124,34 @@ pub const MAX_PROGRAMS: usize = 4;
 /// Largest all-reduce (in elements) that [`AllReduceAlgo::LowLatency`] takes.
 pub const LL_MAX_ELEMS: usize = 64 * 1024;
 
-/// [`AllReduceAlgo::Auto`] uses the LL protocol for messages up to this many bytes.
+/// [`AllReduceAlgo::Auto`] uses the LL protocol for messages up to this many bytes:
+/// **0**, Auto never picks LL on CPU ranks.
 ///
-/// Measured on CPU ranks (`cargo run --release --example coll_bench`, BENCHMARKS.md
-/// "Collectives on CPU ranks"): see the LL-vs-plain table there.
-pub const LL_MAX_BYTES: usize = 16 * 1024;
+/// Measured on CPU ranks (2-core VM; `cargo run --release --example coll_bench -- 64
+/// ll`, BENCHMARKS.md "Collectives on CPU ranks"): LL was slower than the plain
+/// one-shot at most sizes from 4 B to 64 KiB on 2, 4 and 8 ranks (LL/plain time 0.8 to
+/// 4.7, median 1.4). In the interpreter a launch costs the same whatever the
+/// protocol, and LL's extra per-element work (8-byte words, flag checks, the unpacking
+/// through scratch) outweighs the one signal round trip it saves; that round trip is
+/// what LL wins on a GPU, to be measured there.
+pub const LL_MAX_BYTES: usize = 0;
 
 /// [`AllReduceAlgo::Auto`] uses one-shot up to this many bytes, two-shot above.
 ///
-/// Measured on CPU ranks (`cargo run --release --example coll_bench`, BENCHMARKS.md
-/// "Collectives on CPU ranks"): see the one-shot-vs-two-shot table there.
-pub const ONE_SHOT_MAX_BYTES: usize = 256 * 1024;
+/// Measured on CPU ranks (2-core VM; `cargo run --release --example coll_bench -- 1
+/// crossover`, BENCHMARKS.md "Collectives on CPU ranks"): with 8 ranks one-shot was
+/// faster up to 4 KiB and two-shot from 8 KiB on (2x at 16 KiB, 4.3x at 32 KiB); with
+/// 2 and 4 ranks the two were within noise up to 4 KiB and two-shot won from 8 KiB on
+/// (one-shot reads every peer's whole buffer: `n` times the data of two-shot's
+/// segment reads, on 2 shared cores).
+pub const ONE_SHOT_MAX_BYTES: usize = 4 * 1024;
+
+/// Whether [`AllReduceAlgo::Auto`] takes LL for a message of `bytes` (> 0) bytes.
+// (Written so that it stays meaningful while the measured threshold is 0.)
+#[allow(clippy::absurd_extreme_comparisons, clippy::impossible_comparisons)]
+pub fn auto_ll(bytes: usize) -> bool {
+    bytes > 0 && bytes <= LL_MAX_BYTES
+}
 
 /// Signal words per kernel launch region: 2 handshakes x programs x ranks.
 fn sig_words(ws: usize) -> usize {
@@ -269,7 +290,7 @@ impl Rank {
             let epoch = w.epoch + 1;
             let ll_ok = epoch < u32::MAX as u64;
             let algo = match algo {
-                AllReduceAlgo::Auto if bytes <= LL_MAX_BYTES && n <= LL_MAX_ELEMS && ll_ok => {
+                AllReduceAlgo::Auto if auto_ll(bytes) && n <= LL_MAX_ELEMS && ll_ok => {
                     AllReduceAlgo::LowLatency
                 }
                 AllReduceAlgo::Auto if bytes <= ONE_SHOT_MAX_BYTES => AllReduceAlgo::OneShot,
@@ -325,7 +346,7 @@ impl Rank {
         let half32 = as_i32(self, 2 * half, "the one-shot staging region")? / 2;
         let mut stage = self.sym_view::<T>(off, 2 * half)?;
         let epoch = Self::next_epoch(w);
-        let stage_off = if epoch % 2 == 0 { 0 } else { half32 };
+        let stage_off = if epoch.is_multiple_of(2) { 0 } else { half32 };
         let grid = programs(n_us.div_ceil(TILE));
         kernels::ar_one_shot::<T, OP>::launch(
             self.device(),
@@ -374,7 +395,7 @@ impl Rank {
         let scratch = self.sym_view::<T>(scratch_off, MAX_PROGRAMS * TILE)?;
         let bits = self.sym_view::<T::Bits>(buf.heap_offset(), n_us)?;
         let epoch = Self::next_epoch(w);
-        let ll_off = if epoch % 2 == 0 { 0 } else { ws * cap };
+        let ll_off = if epoch.is_multiple_of(2) { 0 } else { ws * cap };
         let flag = (epoch & 0xffff_ffff) << 32;
         let grid = programs(n_us.div_ceil(TILE));
         kernels::ar_ll::<T, T::Bits, OP>::launch(
