@@ -444,3 +444,39 @@ fn buffers_of_another_world_are_rejected() {
         assert!(e.unwrap_err().contains("not allocated by this world"));
     }
 }
+
+/// A world of one rank: every collective is a copy (or nothing) and still works.
+#[test]
+fn single_rank_world() {
+    let out = world(1)
+        .run(|r| {
+            let mut errs = Vec::new();
+            let x = data::<f32>(9, 0, 1500);
+            for algo in ALGOS {
+                let mut b = r.upload(&x)?;
+                r.all_reduce_with(&mut b, ReduceOp::Sum, algo)?;
+                errs.extend(diff(&format!("{algo:?}"), &b.download()?, &x));
+            }
+            let mut out = r.upload(&vec![f32::NAN; 1500])?;
+            let input = r.upload(&x)?;
+            r.all_gather(&input, &mut out)?;
+            errs.extend(diff("all_gather", &out.download()?, &x));
+            out.fill(f32::NAN)?;
+            r.reduce_scatter(&input, &mut out, ReduceOp::Max)?;
+            errs.extend(diff("reduce_scatter", &out.download()?, &x));
+            let mut b = r.upload(&x)?;
+            r.broadcast(&mut b, 0)?;
+            errs.extend(diff("broadcast", &b.download()?, &x));
+            out.fill(f32::NAN)?;
+            let c = r.all_to_all_v(&input, &[1000], &mut out)?;
+            let mut want = x[..1000].to_vec();
+            want.resize(1500, f32::NAN);
+            errs.extend(diff("all_to_all_v", &out.download()?, &want));
+            if c != vec![1000] {
+                errs.push(format!("all_to_all_v counts {c:?}"));
+            }
+            Ok(errs)
+        })
+        .unwrap();
+    assert!(out[0].is_empty(), "{}", out[0].join("\n"));
+}

@@ -5,7 +5,8 @@
 //! (`collectives/kernels.rs`), launched on [`Rank::device`]; the host only picks an
 //! algorithm, sizes the grid and keeps the workspace. Every rank must call the same
 //! collectives, with buffers of the same lengths, in the same order (as with NCCL or
-//! MPI).
+//! MPI). Today they run on CPU ranks (the interpreter); on emulator and GPU ranks the
+//! launch of a communicating kernel reports that it is not supported yet.
 //!
 //! # Algorithms
 //!
