@@ -12,7 +12,7 @@
 use crate::prelude::*;
 
 /// Elements per tile (per chunk) in every collective kernel.
-pub(crate) const TILE: usize = 1024;
+pub const TILE: usize = 1024;
 
 /// `OP` values of the reducing kernels.
 pub(crate) const OP_SUM: usize = 0;

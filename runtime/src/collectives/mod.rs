@@ -44,7 +44,7 @@
 //! with increasing epochs and a wait asks for `>= epoch`, so nothing is ever reset.
 //! Kernels that wait use at most [`MAX_PROGRAMS`] program instances per rank (every
 //! instance of a waiting kernel must be resident); each loops over its chunks of
-//! [`TILE`](kernels::TILE) elements (persistent style) and synchronizes with the same
+//! [`TILE`] elements (persistent style) and synchronizes with the same
 //! program of every peer, which handles the same chunks.
 //!
 //! A buffer that a peer reads must not change until the peer is done: one-shot reads
@@ -82,7 +82,8 @@ mod kernels;
 use crate::buffer::Element;
 use crate::world::{Rank, SymBuffer};
 use crate::{Buffer, Error};
-use kernels::{OP_MAX, OP_MIN, OP_SUM, TILE};
+pub use kernels::TILE;
+use kernels::{OP_MAX, OP_MIN, OP_SUM};
 use tessera_ir::dsl::{Float, Int};
 use tessera_ir::ir::ReduceOp;
 
