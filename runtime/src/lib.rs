@@ -37,6 +37,7 @@ extern crate self as tessera;
 pub mod aot;
 pub mod artifact;
 mod buffer;
+pub mod collectives;
 mod cuda;
 mod device;
 pub mod disk_cache;
@@ -59,6 +60,7 @@ pub use world::{Rank, SymBuffer, World};
 
 /// Everything a kernel author needs: the macros, the tile language, devices and buffers.
 pub mod prelude {
+    pub use crate::collectives::{AllReduceAlgo, CollElem};
     pub use crate::{Buffer, Device, Error, Grid, Kernel, Rank, SymBuffer, World, helper, kernel};
     pub use half::{bf16, f16};
     pub use tessera_ir::dsl::{

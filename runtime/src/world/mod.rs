@@ -785,6 +785,9 @@ pub struct Rank {
     device: Device,
     cursor: std::sync::Mutex<Cursor>,
     barriers: AtomicU64,
+    /// The collectives' workspace (signal pads, staging buffers, call counter),
+    /// allocated collectively on the first collective call.
+    pub(crate) coll: std::sync::Mutex<Option<crate::collectives::Workspace>>,
     /// Ranks as processes: the connections to the other ranks (dropped last).
     link: Option<procs::Link>,
 }
@@ -837,6 +840,7 @@ impl Rank {
             }),
             shared,
             barriers: AtomicU64::new(0),
+            coll: std::sync::Mutex::new(None),
             link,
         }
     }
@@ -1003,6 +1007,50 @@ impl Rank {
         }
         self.barrier()?;
         Ok(b)
+    }
+
+    /// A view of `len` elements of `U` at byte `heap_offset` of every rank's heap (the
+    /// same memory as an existing symmetric allocation, seen as another type): used by
+    /// the collectives for workspaces and bit-level aliases. Not collective, not zeroed.
+    pub(crate) fn sym_view<U: Element>(
+        &self,
+        heap_offset: usize,
+        len: usize,
+    ) -> Result<SymBuffer<U>, Error> {
+        let sh = &self.shared;
+        let bytes = len
+            .checked_mul(std::mem::size_of::<U>())
+            .ok_or_else(|| self.err(format!("{len} elements overflow the heap")))?;
+        let (local_storage, copies) = match &sh.heaps {
+            Heaps::Host(hs) => {
+                let mut copies = Vec::with_capacity(hs.len());
+                for h in hs.iter() {
+                    copies.push(Arc::new(HostBuffer::view(
+                        h.clone(),
+                        heap_offset,
+                        U::TY,
+                        len,
+                    )?));
+                }
+                let copies: Arc<[Arc<HostBuffer>]> = copies.into();
+                (Storage::Host(copies[self.rank as usize].clone()), copies)
+            }
+            Heaps::Gpu(hs) => (
+                hs[self.rank as usize].view(heap_offset, bytes)?,
+                Arc::from(Vec::new()),
+            ),
+        };
+        Ok(SymBuffer {
+            local: self.device.buffer::<U>(local_storage, len),
+            copies,
+            shared: sh.clone(),
+            offset: heap_offset,
+        })
+    }
+
+    /// Whether `buf` was allocated in this world's heaps (not another world's).
+    pub(crate) fn owns<T: Element>(&self, buf: &SymBuffer<T>) -> bool {
+        Arc::ptr_eq(&buf.shared, &self.shared)
     }
 
     /// Host barrier: returns once every rank has called it (the same number of times),

@@ -1,0 +1,627 @@
+//! Collective operations over the ranks of a [`World`](crate::World): all-reduce,
+//! all-gather, reduce-scatter, broadcast and all-to-all-v, as methods of [`Rank`].
+//!
+//! Every data-moving and reducing step is a `#[kernel]` written in Tessera
+//! (`collectives/kernels.rs`), launched on [`Rank::device`]; the host only picks an
+//! algorithm, sizes the grid and keeps the workspace. Every rank must call the same
+//! collectives, with buffers of the same lengths, in the same order (as with NCCL or
+//! MPI). Today they run on CPU ranks (the interpreter); on emulator and GPU ranks the
+//! launch of a communicating kernel reports that it is not supported yet.
+//!
+//! # Algorithms
+//!
+//! - **One-shot all-reduce** ([`AllReduceAlgo::OneShot`]): each rank copies its input
+//!   into its staging slot, signals, and after the handshake reads *all* peers' slots
+//!   and reduces locally. One synchronization, `(n-1)·N` bytes read per rank: best for
+//!   small messages.
+//! - **Two-shot all-reduce** ([`AllReduceAlgo::TwoShot`]): reduce-scatter then
+//!   all-gather, in one kernel. Rank `r` owns segment `r` (`N/n` elements): it reads
+//!   segment `r` of every peer, reduces, and pushes the result into segment `r` of
+//!   every peer. `2(n-1)/n·N` bytes moved per rank: best for large messages.
+//! - **Low-latency all-reduce** ([`AllReduceAlgo::LowLatency`]): one-shot with the LL
+//!   protocol below.
+//! - [`AllReduceAlgo::Auto`] takes LL up to [`LL_MAX_BYTES`] (0: never, on CPU
+//!   ranks LL measured slower than plain), one-shot up to [`ONE_SHOT_MAX_BYTES`]
+//!   (4 KiB), two-shot above: crossovers measured on CPU ranks with 2, 4 and 8 ranks,
+//!   see those constants and BENCHMARKS.md "Collectives on CPU ranks".
+//! - **All-gather** pushes each rank's input into block `rank` of every output;
+//!   **reduce-scatter** and **broadcast** pull; **all-to-all-v** first exchanges the
+//!   per-destination counts (a one-program kernel gathers every rank's count row into
+//!   a `ws x (ws+1)` matrix), then each rank pulls its blocks from every source.
+//!
+//! Reductions (`Sum`, `Max`, `Min`) load, `.cast::<f32>()`, combine in `f32` over the
+//! ranks **in rank order** (`((x0 ∘ x1) ∘ x2) ∘ ...`) and round once to the element
+//! type. Every rank and every algorithm therefore gets the same bits, equal to a host
+//! reference that combines in `f32` in rank order and rounds once.
+//!
+//! # Synchronization
+//!
+//! Handshakes use signal words from [`Rank::alloc_signals`]: a program instance
+//! `signal`s (release) one word per source on every peer, then `wait_until`s
+//! (acquire, times out) its own words. Values are **epochs**: a per-rank counter
+//! incremented by every collective kernel launch, the same on every rank because
+//! every rank launches the same sequence. A word is written only by its source rank
+//! with increasing epochs and a wait asks for `>= epoch`, so nothing is ever reset.
+//! Kernels that wait use at most [`MAX_PROGRAMS`] program instances per rank (every
+//! instance of a waiting kernel must be resident); each loops over its chunks of
+//! [`TILE`] elements (persistent style) and synchronizes with the same
+//! program of every peer, which handles the same chunks.
+//!
+//! A buffer that a peer reads must not change until the peer is done: one-shot reads
+//! staging slots double-buffered by epoch parity (a rank two calls ahead has passed a
+//! handshake with this rank in between); the other kernels end with a second
+//! handshake ("done reading / pushing") before they return.
+//!
+//! # LL protocol
+//!
+//! NCCL's LL idea with a 64-bit word per element: `word = epoch << 32 | bits`, where
+//! `bits` is the element's bit pattern zero-extended to 32 bits (f32: all 32; f16 and
+//! bf16: the low 16) and `epoch` is the low 32 bits of the call's epoch. The writer
+//! stores words straight into slot `rank` of every peer's LL buffer; no signal. A
+//! reader polls its slots until every word is `>= epoch << 32` (a 64-bit store is
+//! single-copy atomic, so data and flag arrive together); it waits with `wait_until`
+//! on the first word not ready yet, so polling backs off and times out like any wait.
+//! LL buffers are double-buffered by epoch parity. Costs: 8 bytes per element per peer
+//! (2x the data for f32, 4x for f16), so LL is for small messages
+//! ([`LL_MAX_ELEMS`]). The 32-bit flag wraps after 2^32 calls: past that, LL requests
+//! fall back to the plain one-shot.
+//!
+//! # Workspace
+//!
+//! Each rank keeps a workspace (signal pad, count buffers, staging and LL buffers),
+//! allocated collectively on first use and grown (collectively, by doubling) when a
+//! larger message needs more staging; grown-out regions are not reused (the heap is a
+//! bump allocator), so size the heap for the largest message (one-shot staging needs
+//! `2·N` bytes; LL needs `2·n·8` bytes per element). Allocation zeroes each rank's
+//! copy, so creating or growing the workspace ends with a host barrier (no rank
+//! signals or writes into a peer's region before the peer has zeroed it); calls that
+//! do not grow it need no host synchronization.
+
+mod kernels;
+
+use crate::buffer::Element;
+use crate::world::{Rank, SymBuffer};
+use crate::{Buffer, Error};
+pub use kernels::TILE;
+use kernels::{OP_MAX, OP_MIN, OP_SUM};
+use tessera_ir::dsl::{Float, Int};
+use tessera_ir::ir::ReduceOp;
+
+pub use half::{bf16, f16};
+
+/// Element types the collectives move and reduce: `f32`, `f16`, `bf16` (reductions
+/// accumulate in `f32`).
+pub trait CollElem: Element + Float {
+    /// The unsigned integer of the same width (the LL protocol moves bit patterns).
+    type Bits: Element + Int;
+}
+impl CollElem for f32 {
+    type Bits = u32;
+}
+impl CollElem for f16 {
+    type Bits = u16;
+}
+impl CollElem for bf16 {
+    type Bits = u16;
+}
+
+/// How [`Rank::all_reduce_with`] reduces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AllReduceAlgo {
+    /// By message size: LL up to [`LL_MAX_BYTES`], one-shot up to
+    /// [`ONE_SHOT_MAX_BYTES`], two-shot above.
+    Auto,
+    /// Every rank reads every peer's data and reduces locally (one handshake).
+    OneShot,
+    /// Reduce-scatter of segments, then all-gather of the reduced segments.
+    TwoShot,
+    /// One-shot over the low-latency protocol (data and flag in one 64-bit word);
+    /// messages up to [`LL_MAX_ELEMS`] elements.
+    LowLatency,
+}
+
+/// Most program instances per rank of a collective kernel.
+pub const MAX_PROGRAMS: usize = 4;
+
+/// Largest all-reduce (in elements) that [`AllReduceAlgo::LowLatency`] takes.
+pub const LL_MAX_ELEMS: usize = 64 * 1024;
+
+/// [`AllReduceAlgo::Auto`] uses the LL protocol for messages up to this many bytes:
+/// **0**, Auto never picks LL on CPU ranks.
+///
+/// Measured on CPU ranks (2-core VM; `cargo run --release --example coll_bench -- 64
+/// ll`, BENCHMARKS.md "Collectives on CPU ranks"): LL was slower than the plain
+/// one-shot at most sizes from 4 B to 64 KiB on 2, 4 and 8 ranks (LL/plain time 0.8 to
+/// 4.7, median 1.4). In the interpreter a launch costs the same whatever the
+/// protocol, and LL's extra per-element work (8-byte words, flag checks, the unpacking
+/// through scratch) outweighs the one signal round trip it saves; that round trip is
+/// what LL wins on a GPU, to be measured there.
+pub const LL_MAX_BYTES: usize = 0;
+
+/// [`AllReduceAlgo::Auto`] uses one-shot up to this many bytes, two-shot above.
+///
+/// Measured on CPU ranks (2-core VM; `cargo run --release --example coll_bench -- 1
+/// crossover`, BENCHMARKS.md "Collectives on CPU ranks"): with 8 ranks one-shot was
+/// faster up to 4 KiB and two-shot from 8 KiB on (2x at 16 KiB, 4.3x at 32 KiB); with
+/// 2 and 4 ranks the two were within noise up to 4 KiB and two-shot won from 8 KiB on
+/// (one-shot reads every peer's whole buffer: `n` times the data of two-shot's
+/// segment reads, on 2 shared cores).
+pub const ONE_SHOT_MAX_BYTES: usize = 4 * 1024;
+
+/// Whether [`AllReduceAlgo::Auto`] takes LL for a message of `bytes` (> 0) bytes.
+// (Written so that it stays meaningful while the measured threshold is 0.)
+#[allow(clippy::absurd_extreme_comparisons, clippy::impossible_comparisons)]
+pub fn auto_ll(bytes: usize) -> bool {
+    bytes > 0 && bytes <= LL_MAX_BYTES
+}
+
+/// Signal words per kernel launch region: 2 handshakes x programs x ranks.
+fn sig_words(ws: usize) -> usize {
+    2 * MAX_PROGRAMS * ws
+}
+
+/// A rank's collectives workspace (see the [module docs](self)).
+pub(crate) struct Workspace {
+    /// Epoch of the last collective kernel launched.
+    epoch: u64,
+    /// Signal pad: `sig_words(ws)` words.
+    sig: SymBuffer<u64>,
+    /// Count rows for all-to-all-v: `1 + ws` per rank.
+    counts: SymBuffer<i32>,
+    /// Gathered count rows: `ws x (1 + ws)`.
+    matrix: SymBuffer<i32>,
+    /// Staging (one-shot): raw bytes as u64 words.
+    stage: Option<SymBuffer<u64>>,
+    /// LL buffers and scratch: raw bytes as u64 words.
+    ll: Option<SymBuffer<u64>>,
+}
+
+/// Bytes of `len` elements of `T`.
+fn bytes_of<T>(len: usize) -> usize {
+    len * std::mem::size_of::<T>()
+}
+
+/// Number of program instances for `chunks` chunks.
+fn programs(chunks: usize) -> u32 {
+    chunks.clamp(1, MAX_PROGRAMS) as u32
+}
+
+fn op_code(rank: &Rank, op: ReduceOp) -> Result<usize, Error> {
+    match op {
+        ReduceOp::Sum => Ok(OP_SUM),
+        ReduceOp::Max => Ok(OP_MAX),
+        ReduceOp::Min => Ok(OP_MIN),
+        other => Err(rank_err(
+            rank,
+            format!("collectives reduce with Sum, Max or Min, not {other:?}"),
+        )),
+    }
+}
+
+fn rank_err(rank: &Rank, message: String) -> Error {
+    Error::Comm {
+        rank: rank.rank(),
+        message,
+    }
+}
+
+/// `len` as a kernel `i32`, or an error naming `what`.
+fn as_i32(rank: &Rank, len: usize, what: &str) -> Result<i32, Error> {
+    i32::try_from(len).map_err(|_| {
+        rank_err(
+            rank,
+            format!("{what} has {len} elements; collectives handle up to 2^31-1"),
+        )
+    })
+}
+
+impl Rank {
+    /// Runs `f` with this rank's workspace, creating it (collectively) on first use.
+    fn with_ws<R>(
+        &self,
+        f: impl FnOnce(&Rank, &mut Workspace) -> Result<R, Error>,
+    ) -> Result<R, Error> {
+        let mut g = self.coll.lock().unwrap_or_else(|e| e.into_inner());
+        if g.is_none() {
+            let ws = self.size() as usize;
+            *g = Some(Workspace {
+                epoch: 0,
+                sig: self.alloc_signals(sig_words(ws))?,
+                counts: self.alloc::<i32>(ws + 1)?,
+                matrix: self.alloc::<i32>(ws * (ws + 1))?,
+                stage: None,
+                ll: None,
+            });
+            // Allocation zeroes this rank's copy: no rank may signal into a peer's
+            // pad before the peer has done so.
+            self.barrier()?;
+        }
+        match g.as_mut() {
+            Some(w) => f(self, w),
+            None => Err(rank_err(self, "no collectives workspace".into())),
+        }
+    }
+
+    fn check_owned<T: Element>(&self, buf: &SymBuffer<T>, what: &str) -> Result<(), Error> {
+        if self.owns(buf) {
+            Ok(())
+        } else {
+            Err(rank_err(
+                self,
+                format!(
+                    "{what} ({buf:?}) was not allocated by this world's ranks (use Rank::alloc / Rank::upload of the rank that calls the collective)"
+                ),
+            ))
+        }
+    }
+
+    /// In place: every rank ends with the element-wise reduction (`Sum`, `Max` or
+    /// `Min`, in `f32`, over the ranks in rank order) of every rank's `buf`. Picks the
+    /// algorithm by size ([`AllReduceAlgo::Auto`]).
+    pub fn all_reduce<T: CollElem>(
+        &self,
+        buf: &mut SymBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.all_reduce_with(buf, op, AllReduceAlgo::Auto)
+    }
+
+    /// [`Rank::all_reduce`] with a chosen algorithm. [`AllReduceAlgo::LowLatency`]
+    /// fails for messages over [`LL_MAX_ELEMS`] elements.
+    pub fn all_reduce_with<T: CollElem>(
+        &self,
+        buf: &mut SymBuffer<T>,
+        op: ReduceOp,
+        algo: AllReduceAlgo,
+    ) -> Result<(), Error> {
+        let code = op_code(self, op)?;
+        self.check_owned(buf, "the all_reduce buffer")?;
+        let n = buf.len();
+        let n32 = as_i32(self, n, "the all_reduce buffer")?;
+        if n == 0 {
+            return Ok(());
+        }
+        if algo == AllReduceAlgo::LowLatency && n > LL_MAX_ELEMS {
+            return Err(rank_err(
+                self,
+                format!("the low-latency all_reduce takes up to {LL_MAX_ELEMS} elements, got {n}"),
+            ));
+        }
+        let bytes = bytes_of::<T>(n);
+        self.with_ws(|r, w| {
+            let epoch = w.epoch + 1;
+            let ll_ok = epoch < u32::MAX as u64;
+            let algo = match algo {
+                AllReduceAlgo::Auto if auto_ll(bytes) && n <= LL_MAX_ELEMS && ll_ok => {
+                    AllReduceAlgo::LowLatency
+                }
+                AllReduceAlgo::Auto if bytes <= ONE_SHOT_MAX_BYTES => AllReduceAlgo::OneShot,
+                AllReduceAlgo::Auto => AllReduceAlgo::TwoShot,
+                AllReduceAlgo::LowLatency if !ll_ok => AllReduceAlgo::OneShot,
+                a => a,
+            };
+            match (algo, code) {
+                (AllReduceAlgo::OneShot, OP_SUM) => r.one_shot::<T, OP_SUM>(w, buf, n32),
+                (AllReduceAlgo::OneShot, OP_MAX) => r.one_shot::<T, OP_MAX>(w, buf, n32),
+                (AllReduceAlgo::OneShot, _) => r.one_shot::<T, OP_MIN>(w, buf, n32),
+                (AllReduceAlgo::TwoShot, OP_SUM) => r.two_shot::<T, OP_SUM>(w, buf, n32),
+                (AllReduceAlgo::TwoShot, OP_MAX) => r.two_shot::<T, OP_MAX>(w, buf, n32),
+                (AllReduceAlgo::TwoShot, _) => r.two_shot::<T, OP_MIN>(w, buf, n32),
+                (_, OP_SUM) => r.low_latency::<T, OP_SUM>(w, buf, n32),
+                (_, OP_MAX) => r.low_latency::<T, OP_MAX>(w, buf, n32),
+                (_, _) => r.low_latency::<T, OP_MIN>(w, buf, n32),
+            }
+        })
+    }
+
+    /// A workspace region of at least `bytes` bytes (grown collectively).
+    fn region(&self, slot: &mut Option<SymBuffer<u64>>, bytes: usize) -> Result<usize, Error> {
+        let have = slot.as_ref().map_or(0, |b| b.len() * 8);
+        if have < bytes {
+            let want = bytes.max(have * 2).max(64 * 1024).div_ceil(8);
+            *slot = Some(self.alloc::<u64>(want)?);
+            // As for the signal pad: peers write into this region only once every
+            // rank has allocated (and zeroed) its copy.
+            self.barrier()?;
+        }
+        slot.as_ref()
+            .map(|b| b.heap_offset())
+            .ok_or_else(|| rank_err(self, "no workspace region".into()))
+    }
+
+    fn next_epoch(w: &mut Workspace) -> u64 {
+        w.epoch += 1;
+        w.epoch
+    }
+
+    fn one_shot<T: CollElem, const OP: usize>(
+        &self,
+        w: &mut Workspace,
+        buf: &mut SymBuffer<T>,
+        n: i32,
+    ) -> Result<(), Error> {
+        let n_us = n as usize;
+        let off = self.region(&mut w.stage, 2 * bytes_of::<T>(n_us))?;
+        // Two slots of a size fixed per region, so that a slot never moves while a
+        // slow peer may still read it.
+        let half = w.stage.as_ref().map_or(0, |b| b.len() * 8) / std::mem::size_of::<T>() / 2;
+        let half32 = as_i32(self, 2 * half, "the one-shot staging region")? / 2;
+        let mut stage = self.sym_view::<T>(off, 2 * half)?;
+        let epoch = Self::next_epoch(w);
+        let stage_off = if epoch.is_multiple_of(2) { 0 } else { half32 };
+        let grid = programs(n_us.div_ceil(TILE));
+        kernels::ar_one_shot::<T, OP>::launch(
+            self.device(),
+            grid,
+            (buf, &mut stage, &mut w.sig, n, stage_off, 0, epoch),
+        )
+    }
+
+    fn two_shot<T: CollElem, const OP: usize>(
+        &self,
+        w: &mut Workspace,
+        buf: &mut SymBuffer<T>,
+        n: i32,
+    ) -> Result<(), Error> {
+        let ws = self.size() as usize;
+        let seg = (n as usize).div_ceil(ws);
+        let epoch = Self::next_epoch(w);
+        let grid = programs(seg.div_ceil(TILE));
+        kernels::ar_two_shot::<T, OP>::launch(
+            self.device(),
+            grid,
+            (buf, &mut w.sig, n, seg as i32, 0, epoch),
+        )
+    }
+
+    fn low_latency<T: CollElem, const OP: usize>(
+        &self,
+        w: &mut Workspace,
+        buf: &mut SymBuffer<T>,
+        n: i32,
+    ) -> Result<(), Error> {
+        let ws = self.size() as usize;
+        let n_us = n as usize;
+        // Slots: 2 parities x ws sources x cap words; then MAX_PROGRAMS scratch tiles.
+        let cap = LL_MAX_ELEMS.min(n_us.next_multiple_of(TILE));
+        let ll_words = 2 * ws * cap;
+        let scratch_bytes = MAX_PROGRAMS * TILE * 4;
+        let off = self.region(&mut w.ll, ll_words * 8 + scratch_bytes)?;
+        // The region may be larger than asked: keep `cap` fixed per region size so
+        // a slot's place does not move between calls of different sizes.
+        let region_words = w.ll.as_ref().map_or(0, |b| b.len());
+        let cap = ((region_words - scratch_bytes / 8) / (2 * ws)).min(i32::MAX as usize / 2);
+        let mut ll = self.sym_view::<u64>(off, 2 * ws * cap)?;
+        let scratch_off = off + 2 * ws * cap * 8;
+        let mut scratch_bits = self.sym_view::<T::Bits>(scratch_off, MAX_PROGRAMS * TILE)?;
+        let scratch = self.sym_view::<T>(scratch_off, MAX_PROGRAMS * TILE)?;
+        let bits = self.sym_view::<T::Bits>(buf.heap_offset(), n_us)?;
+        let epoch = Self::next_epoch(w);
+        let ll_off = if epoch.is_multiple_of(2) { 0 } else { ws * cap };
+        let flag = (epoch & 0xffff_ffff) << 32;
+        let grid = programs(n_us.div_ceil(TILE));
+        kernels::ar_ll::<T, T::Bits, OP>::launch(
+            self.device(),
+            grid,
+            (
+                buf,
+                &bits,
+                &mut ll,
+                &mut scratch_bits,
+                &scratch,
+                n,
+                ll_off as i32,
+                cap as i32,
+                flag,
+            ),
+        )
+    }
+
+    /// `output[r*n .. (r+1)*n]` = `input` of rank `r`, with `n = input.len()`;
+    /// `output.len()` must be `n * size()`.
+    pub fn all_gather<T: CollElem>(
+        &self,
+        input: &SymBuffer<T>,
+        output: &mut SymBuffer<T>,
+    ) -> Result<(), Error> {
+        self.check_owned(input, "the all_gather input")?;
+        self.check_owned(output, "the all_gather output")?;
+        let ws = self.size() as usize;
+        let n = input.len();
+        if output.len() != n * ws {
+            return Err(rank_err(
+                self,
+                format!(
+                    "all_gather: the output has {} elements, expected input length {n} x {ws} ranks = {}",
+                    output.len(),
+                    n * ws
+                ),
+            ));
+        }
+        as_i32(self, n * ws, "the all_gather output")?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.with_ws(|r, w| {
+            let epoch = Self::next_epoch(w);
+            kernels::all_gather_k::<T>::launch(
+                r.device(),
+                programs(n.div_ceil(TILE)),
+                (input, output, &mut w.sig, n as i32, 0, epoch),
+            )
+        })
+    }
+
+    /// `input.len()` must be `n * size()`; `output` (length `n`) on rank `r` becomes the
+    /// reduction over ranks (in `f32`, rank order) of `input[r*n .. (r+1)*n]`.
+    pub fn reduce_scatter<T: CollElem>(
+        &self,
+        input: &SymBuffer<T>,
+        output: &mut SymBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        let code = op_code(self, op)?;
+        self.check_owned(input, "the reduce_scatter input")?;
+        self.check_owned(output, "the reduce_scatter output")?;
+        let ws = self.size() as usize;
+        let n = output.len();
+        if input.len() != n * ws {
+            return Err(rank_err(
+                self,
+                format!(
+                    "reduce_scatter: the input has {} elements, expected output length {n} x {ws} ranks = {}",
+                    input.len(),
+                    n * ws
+                ),
+            ));
+        }
+        as_i32(self, n * ws, "the reduce_scatter input")?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.with_ws(|r, w| {
+            let epoch = Self::next_epoch(w);
+            let grid = programs(n.div_ceil(TILE));
+            let args = (input, output, &mut w.sig, n as i32, 0, epoch);
+            match code {
+                OP_SUM => kernels::reduce_scatter_k::<T, OP_SUM>::launch(r.device(), grid, args),
+                OP_MAX => kernels::reduce_scatter_k::<T, OP_MAX>::launch(r.device(), grid, args),
+                _ => kernels::reduce_scatter_k::<T, OP_MIN>::launch(r.device(), grid, args),
+            }
+        })
+    }
+
+    /// Every rank's `buf` becomes `root`'s.
+    pub fn broadcast<T: CollElem>(&self, buf: &mut SymBuffer<T>, root: u32) -> Result<(), Error> {
+        self.check_owned(buf, "the broadcast buffer")?;
+        if root >= self.size() {
+            return Err(rank_err(
+                self,
+                format!(
+                    "broadcast root {root} is outside a world of {} ranks",
+                    self.size()
+                ),
+            ));
+        }
+        let n = buf.len();
+        let n32 = as_i32(self, n, "the broadcast buffer")?;
+        if n == 0 {
+            return Ok(());
+        }
+        self.with_ws(|r, w| {
+            let epoch = Self::next_epoch(w);
+            kernels::broadcast_k::<T>::launch(
+                r.device(),
+                programs(n.div_ceil(TILE)),
+                (buf, &mut w.sig, n32, root as i32, 0, epoch),
+            )
+        })
+    }
+
+    /// All-to-all with per-destination counts (MoE dispatch/combine). `send` holds,
+    /// contiguously in destination-rank order, `send_counts[d]` elements for rank `d`.
+    /// On return `recv` holds, contiguously in source-rank order, what every source
+    /// sent to this rank; returns those counts (per source). Fails on every rank
+    /// (consistently) when some rank's counts are invalid or some rank's `recv` is too
+    /// small.
+    pub fn all_to_all_v<T: CollElem>(
+        &self,
+        send: &SymBuffer<T>,
+        send_counts: &[usize],
+        recv: &mut SymBuffer<T>,
+    ) -> Result<Vec<usize>, Error> {
+        self.check_owned(send, "the all_to_all_v send buffer")?;
+        self.check_owned(recv, "the all_to_all_v receive buffer")?;
+        let ws = self.size() as usize;
+        let me = self.rank() as usize;
+        // A local problem is not returned at once: the other ranks would wait for this
+        // one. It is published (valid = 0) so that every rank fails the same way.
+        let total = send_counts
+            .iter()
+            .try_fold(0usize, |a, &c| a.checked_add(c));
+        let local_problem = if send_counts.len() != ws {
+            Some(format!(
+                "{} send counts for a world of {ws} ranks",
+                send_counts.len()
+            ))
+        } else {
+            match total {
+                Some(t)
+                    if t <= send.len() && send_counts.iter().all(|&c| c <= i32::MAX as usize) =>
+                {
+                    None
+                }
+                _ => Some(format!(
+                    "the send counts add up to more than the send buffer's {} elements",
+                    send.len()
+                )),
+            }
+        };
+        as_i32(self, recv.len(), "the all_to_all_v receive buffer")?;
+        as_i32(self, send.len(), "the all_to_all_v send buffer")?;
+        let mut row = vec![0i32; ws + 1];
+        if local_problem.is_none() {
+            row[0] = 1;
+            for (d, &c) in send_counts.iter().enumerate() {
+                row[1 + d] = c as i32;
+            }
+        }
+        self.with_ws(|r, w| {
+            w.counts.copy_from(&row)?;
+            let epoch = Self::next_epoch(w);
+            kernels::a2a_counts::launch(
+                r.device(),
+                1u32,
+                (&w.counts, &mut w.matrix, &mut w.sig, 0, epoch),
+            )?;
+            let m = w.matrix.download()?;
+            let at = |src: usize, col: usize| m[src * (ws + 1) + col];
+            if let Some(msg) = local_problem {
+                return Err(rank_err(r, format!("all_to_all_v: {msg}")));
+            }
+            if let Some(bad) = (0..ws).find(|&s| at(s, 0) != 1) {
+                return Err(rank_err(
+                    r,
+                    format!("all_to_all_v: rank {bad} passed invalid send counts"),
+                ));
+            }
+            for d in 0..ws {
+                let need: usize = (0..ws).map(|s| at(s, 1 + d) as usize).sum();
+                if need > recv.len() {
+                    return Err(rank_err(
+                        r,
+                        format!(
+                            "all_to_all_v: rank {d} receives {need} elements, the receive buffer holds {}",
+                            recv.len()
+                        ),
+                    ));
+                }
+            }
+            // Per source: offset in its send buffer, offset in my recv, count.
+            let mut meta = Vec::with_capacity(3 * ws);
+            let mut recv_counts = Vec::with_capacity(ws);
+            let mut dst = 0usize;
+            // Every rank must launch the same grid: size it by the largest count of all.
+            let largest = (0..ws)
+                .flat_map(|s| (0..ws).map(move |d| (s, d)))
+                .map(|(s, d)| at(s, 1 + d) as usize)
+                .max()
+                .unwrap_or(0);
+            for s in 0..ws {
+                let src: usize = (0..me).map(|d| at(s, 1 + d) as usize).sum();
+                let cnt = at(s, 1 + me) as usize;
+                meta.extend([src as i32, dst as i32, cnt as i32]);
+                recv_counts.push(cnt);
+                dst += cnt;
+            }
+            let meta: Buffer<i32> = r.device().upload(&meta)?;
+            let epoch = Self::next_epoch(w);
+            kernels::a2a_data::<T>::launch(
+                r.device(),
+                programs(largest.div_ceil(TILE)),
+                (send, recv, &meta, &mut w.sig, 0, epoch),
+            )?;
+            Ok(recv_counts)
+        })
+    }
+}

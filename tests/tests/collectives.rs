@@ -1,0 +1,482 @@
+//! Collectives on CPU ranks (the interpreter) against sequential host references.
+//!
+//! Tolerance: none. The library reduces in `f32` over the ranks in rank order and
+//! rounds once to the element type, on every rank and in every algorithm; the
+//! references here do exactly the same, so results must match bit for bit (f16/bf16
+//! results are the f32 rank-order reduction rounded once to nearest-even).
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera::prelude::*;
+
+/// Element types under test, with exact conversions to and from `f32`.
+trait Elem: CollElem + PartialEq + std::fmt::Debug {
+    fn from_f32(v: f32) -> Self;
+    fn to_f32(self) -> f32;
+    fn bits(self) -> u32;
+    fn nan() -> Self {
+        Self::from_f32(f32::NAN)
+    }
+}
+impl Elem for f32 {
+    fn from_f32(v: f32) -> f32 {
+        v
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn bits(self) -> u32 {
+        self.to_bits()
+    }
+}
+impl Elem for f16 {
+    fn from_f32(v: f32) -> f16 {
+        f16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+    fn bits(self) -> u32 {
+        self.to_bits() as u32
+    }
+}
+impl Elem for bf16 {
+    fn from_f32(v: f32) -> bf16 {
+        bf16::from_f32(v)
+    }
+    fn to_f32(self) -> f32 {
+        f32::from(self)
+    }
+    fn bits(self) -> u32 {
+        self.to_bits() as u32
+    }
+}
+
+/// Rank `r`'s random data for a case (every rank can regenerate every rank's data).
+fn data<T: Elem>(seed: u64, r: u32, n: usize) -> Vec<T> {
+    let mut g = StdRng::seed_from_u64(seed.wrapping_mul(1000003) ^ ((r as u64 + 1) * 7919));
+    (0..n)
+        .map(|_| T::from_f32(g.gen_range(-8.0f32..8.0)))
+        .collect()
+}
+
+/// Reduction over `inputs` (one per rank) in f32, rank order, rounded once.
+fn reduce_ref<T: Elem>(inputs: &[Vec<T>], op: ReduceOp) -> Vec<T> {
+    let n = inputs.first().map_or(0, |v| v.len());
+    (0..n)
+        .map(|i| {
+            let mut acc = inputs[0][i].to_f32();
+            for x in &inputs[1..] {
+                let v = x[i].to_f32();
+                acc = match op {
+                    ReduceOp::Max => acc.max(v),
+                    ReduceOp::Min => acc.min(v),
+                    _ => acc + v,
+                };
+            }
+            T::from_f32(acc)
+        })
+        .collect()
+}
+
+/// First mismatch between `got` and `want` (bitwise), as a message.
+fn diff<T: Elem>(what: &str, got: &[T], want: &[T]) -> Option<String> {
+    if got.len() != want.len() {
+        return Some(format!("{what}: length {} != {}", got.len(), want.len()));
+    }
+    let bad: Vec<usize> = (0..got.len())
+        .filter(|&i| got[i].bits() != want[i].bits())
+        .collect();
+    bad.first().map(|&i| {
+        format!(
+            "{what}: {} of {} elements differ, first at {i}: got {:?}, want {:?}",
+            bad.len(),
+            got.len(),
+            got[i],
+            want[i]
+        )
+    })
+}
+
+const ALGOS: [AllReduceAlgo; 4] = [
+    AllReduceAlgo::OneShot,
+    AllReduceAlgo::TwoShot,
+    AllReduceAlgo::LowLatency,
+    AllReduceAlgo::Auto,
+];
+const OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min];
+
+fn world(n: usize) -> World {
+    World::local(n)
+        .heap_bytes(64 << 20)
+        .wait_timeout(Duration::from_secs(60))
+}
+
+/// Sizes for a world of `ws` ranks: 0, 1, and random non-multiples of the tile.
+fn sizes(ws: usize, seed: u64) -> Vec<usize> {
+    let mut g = StdRng::seed_from_u64(seed);
+    let max = if ws >= 8 { 2500 } else { 5000 };
+    let mut v = vec![0, 1, g.gen_range(2..1024), g.gen_range(1025..max)];
+    if v[3] % 1024 == 0 {
+        v[3] += 1;
+    }
+    v
+}
+
+/// Every all-reduce algorithm and op on `T`, sizes 0, 1 and random; checks every
+/// rank's result.
+fn all_reduce_case<T: Elem>(r: &Rank, seed: u64, errs: &mut Vec<String>) -> Result<(), Error> {
+    let ws = r.size();
+    for (ai, &algo) in ALGOS.iter().enumerate() {
+        for (si, &n) in sizes(ws as usize, seed + ai as u64).iter().enumerate() {
+            for (oi, &op) in OPS.iter().enumerate() {
+                // Every op on the larger sizes; one op (rotating) on 0 and 1.
+                if si < 2 && oi != (si + ai) % 3 {
+                    continue;
+                }
+                let case = seed * 1000 + (ai * 100 + si * 10 + oi) as u64;
+                let inputs: Vec<Vec<T>> = (0..ws).map(|q| data::<T>(case, q, n)).collect();
+                let mut b = r.upload(&inputs[r.rank() as usize])?;
+                r.all_reduce_with(&mut b, op, algo)?;
+                let what = format!(
+                    "{ws} ranks, rank {}, {algo:?} {op:?} {} n={n}",
+                    r.rank(),
+                    std::any::type_name::<T>()
+                );
+                errs.extend(diff(&what, &b.download()?, &reduce_ref(&inputs, op)));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn all_reduce_world(ws: usize) {
+    let errs = world(ws)
+        .run(|r| {
+            let mut errs = Vec::new();
+            all_reduce_case::<f32>(r, 11 + ws as u64, &mut errs)?;
+            all_reduce_case::<f16>(r, 23 + ws as u64, &mut errs)?;
+            all_reduce_case::<bf16>(r, 37 + ws as u64, &mut errs)?;
+            Ok(errs)
+        })
+        .unwrap();
+    let errs: Vec<String> = errs.into_iter().flatten().collect();
+    assert!(errs.is_empty(), "{}", errs.join("\n"));
+}
+
+#[test]
+fn all_reduce_2_ranks() {
+    all_reduce_world(2);
+}
+
+#[test]
+fn all_reduce_4_ranks() {
+    all_reduce_world(4);
+}
+
+#[test]
+fn all_reduce_8_ranks() {
+    all_reduce_world(8);
+}
+
+/// all_gather, reduce_scatter and broadcast on `T` with poisoned outputs.
+fn others_case<T: Elem>(r: &Rank, seed: u64, errs: &mut Vec<String>) -> Result<(), Error> {
+    let ws = r.size();
+    let me = r.rank();
+    let ty = std::any::type_name::<T>();
+    for (si, &n) in sizes(ws as usize, seed).iter().enumerate() {
+        let case = seed * 100 + si as u64;
+        // all_gather
+        let inputs: Vec<Vec<T>> = (0..ws).map(|q| data::<T>(case, q, n)).collect();
+        let input = r.upload(&inputs[me as usize])?;
+        let mut out = r.upload(&vec![T::nan(); n * ws as usize])?;
+        r.all_gather(&input, &mut out)?;
+        let want: Vec<T> = inputs.concat();
+        errs.extend(diff(
+            &format!("all_gather {ws} ranks rank {me} {ty} n={n}"),
+            &out.download()?,
+            &want,
+        ));
+        // reduce_scatter (input n*ws per rank)
+        let op = OPS[si % 3];
+        let big: Vec<Vec<T>> = (0..ws)
+            .map(|q| data::<T>(case + 7, q, n * ws as usize))
+            .collect();
+        let input = r.upload(&big[me as usize])?;
+        let mut out = r.upload(&vec![T::nan(); n])?;
+        r.reduce_scatter(&input, &mut out, op)?;
+        let blocks: Vec<Vec<T>> = big
+            .iter()
+            .map(|v| v[me as usize * n..(me as usize + 1) * n].to_vec())
+            .collect();
+        errs.extend(diff(
+            &format!("reduce_scatter {op:?} {ws} ranks rank {me} {ty} n={n}"),
+            &out.download()?,
+            &reduce_ref(&blocks, op),
+        ));
+        // broadcast: the root's data everywhere; other ranks start poisoned.
+        let root = (case % ws as u64) as u32;
+        let src = data::<T>(case + 13, root, n);
+        let mut b = r.upload(&if me == root {
+            src.clone()
+        } else {
+            vec![T::nan(); n]
+        })?;
+        r.broadcast(&mut b, root)?;
+        errs.extend(diff(
+            &format!("broadcast root {root} {ws} ranks rank {me} {ty} n={n}"),
+            &b.download()?,
+            &src,
+        ));
+    }
+    Ok(())
+}
+
+#[test]
+fn gather_scatter_broadcast() {
+    for ws in [2usize, 4, 8] {
+        let errs = world(ws)
+            .run(|r| {
+                let mut errs = Vec::new();
+                others_case::<f32>(r, 101 + ws as u64, &mut errs)?;
+                others_case::<f16>(r, 202 + ws as u64, &mut errs)?;
+                others_case::<bf16>(r, 303 + ws as u64, &mut errs)?;
+                Ok(errs)
+            })
+            .unwrap();
+        let errs: Vec<String> = errs.into_iter().flatten().collect();
+        assert!(errs.is_empty(), "{}", errs.join("\n"));
+    }
+}
+
+/// Random per-destination counts of rank `r` (some zero).
+fn counts(seed: u64, r: u32, ws: usize) -> Vec<usize> {
+    let mut g = StdRng::seed_from_u64(seed ^ ((r as u64 + 1) * 104729));
+    (0..ws)
+        .map(|_| {
+            if g.gen_bool(0.3) {
+                0
+            } else {
+                g.gen_range(1..1500)
+            }
+        })
+        .collect()
+}
+
+fn a2a_case<T: Elem>(r: &Rank, seed: u64, errs: &mut Vec<String>) -> Result<(), Error> {
+    let ws = r.size() as usize;
+    let me = r.rank() as usize;
+    let cnt: Vec<Vec<usize>> = (0..ws).map(|q| counts(seed, q as u32, ws)).collect();
+    let sends: Vec<Vec<T>> = (0..ws)
+        .map(|q| data::<T>(seed, q as u32, cnt[q].iter().sum()))
+        .collect();
+    // Symmetric buffers have one length on every rank: the largest, padded.
+    let send_len = sends.iter().map(|v| v.len()).max().unwrap_or(0) + 3;
+    let recv_len = (0..ws)
+        .map(|d| (0..ws).map(|s| cnt[s][d]).sum::<usize>())
+        .max()
+        .unwrap_or(0)
+        + 5;
+    let mut mine = sends[me].clone();
+    mine.resize(send_len, T::nan());
+    let send = r.upload(&mine)?;
+    let mut recv = r.upload(&vec![T::nan(); recv_len])?;
+    let got_counts = r.all_to_all_v(&send, &cnt[me], &mut recv)?;
+    let want_counts: Vec<usize> = (0..ws).map(|s| cnt[s][me]).collect();
+    if got_counts != want_counts {
+        errs.push(format!(
+            "all_to_all_v rank {me}: counts {got_counts:?} != {want_counts:?}"
+        ));
+    }
+    let mut want = Vec::new();
+    for s in 0..ws {
+        let start: usize = cnt[s][..me].iter().sum();
+        want.extend_from_slice(&sends[s][start..start + cnt[s][me]]);
+    }
+    // Everything past the received elements stays poisoned (nothing else written).
+    want.resize(recv_len, T::nan());
+    errs.extend(diff(
+        &format!(
+            "all_to_all_v {ws} ranks rank {me} {}",
+            std::any::type_name::<T>()
+        ),
+        &recv.download()?,
+        &want,
+    ));
+    Ok(())
+}
+
+#[test]
+fn all_to_all_v_random_counts() {
+    for ws in [2usize, 4, 8] {
+        let errs = world(ws)
+            .run(|r| {
+                let mut errs = Vec::new();
+                for round in 0..3u64 {
+                    a2a_case::<f32>(r, 500 + ws as u64 * 10 + round, &mut errs)?;
+                }
+                a2a_case::<f16>(r, 600 + ws as u64, &mut errs)?;
+                a2a_case::<bf16>(r, 700 + ws as u64, &mut errs)?;
+                // All counts zero.
+                let send = r.upload(&[1.0f32; 4])?;
+                let mut recv = r.upload(&[f32::NAN; 4])?;
+                let c = r.all_to_all_v(&send, &vec![0; ws], &mut recv)?;
+                if c != vec![0; ws] || recv.download()?.iter().any(|v| !v.is_nan()) {
+                    errs.push(format!("all-zero all_to_all_v on rank {}", r.rank()));
+                }
+                Ok(errs)
+            })
+            .unwrap();
+        let errs: Vec<String> = errs.into_iter().flatten().collect();
+        assert!(errs.is_empty(), "{}", errs.join("\n"));
+    }
+}
+
+/// 200 back-to-back all-reduces (every algorithm, sizes across the LL/one-shot
+/// boundary) with a random straggler sleeping before some calls: every result is
+/// checked, so a stale slot or a missed handshake shows up as wrong data or a hang
+/// (which the wait timeout turns into an error).
+#[test]
+fn back_to_back_with_straggler() {
+    const CALLS: u64 = 200;
+    let ws = 4usize;
+    let errs = world(ws)
+        .wait_timeout(Duration::from_secs(30))
+        .run(|r| {
+            let mut errs = Vec::new();
+            let mut plan = StdRng::seed_from_u64(4242); // same plan on every rank
+            for call in 0..CALLS {
+                let n = if plan.gen_bool(0.5) {
+                    plan.gen_range(1..300)
+                } else {
+                    plan.gen_range(300..3000)
+                };
+                let algo = ALGOS[plan.gen_range(0..4)];
+                let straggler = plan.gen_range(0..ws as u32);
+                let sleep = plan.gen_bool(0.25);
+                let ms = plan.gen_range(1..6);
+                if sleep && r.rank() == straggler {
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+                let inputs: Vec<Vec<f32>> =
+                    (0..ws as u32).map(|q| data::<f32>(call, q, n)).collect();
+                let mut b = r.upload(&inputs[r.rank() as usize])?;
+                r.all_reduce_with(&mut b, ReduceOp::Sum, algo)?;
+                errs.extend(diff(
+                    &format!("call {call} {algo:?} n={n} rank {}", r.rank()),
+                    &b.download()?,
+                    &reduce_ref(&inputs, ReduceOp::Sum),
+                ));
+            }
+            Ok(errs)
+        })
+        .unwrap();
+    let errs: Vec<String> = errs.into_iter().flatten().collect();
+    assert!(errs.is_empty(), "{}", errs.join("\n"));
+}
+
+#[test]
+fn bad_arguments_are_errors() {
+    let out = world(2)
+        .run(|r| {
+            let mut b = r.upload(&[1.0f32; 10])?;
+            let prod = r
+                .all_reduce(&mut b, ReduceOp::Prod)
+                .map_err(|e| e.to_string());
+            let mut big = r.alloc::<f32>(70_000)?;
+            let ll = r
+                .all_reduce_with(&mut big, ReduceOp::Sum, AllReduceAlgo::LowLatency)
+                .map_err(|e| e.to_string());
+            let mut out = r.alloc::<f32>(7)?;
+            let gather = r.all_gather(&b, &mut out).map_err(|e| e.to_string());
+            let root = r.broadcast(&mut b, 5).map_err(|e| e.to_string());
+            // Rank 1 passes counts that overflow its send buffer: both ranks fail.
+            let counts = if r.rank() == 1 {
+                vec![8, 8]
+            } else {
+                vec![1, 1]
+            };
+            let a2a = r
+                .all_to_all_v(&b, &counts, &mut out)
+                .map_err(|e| e.to_string());
+            // Receive buffer too small for rank 0 (receives 6 + 6 > 7): both fail.
+            let small = r
+                .all_to_all_v(&b, &[6, 1], &mut out)
+                .map_err(|e| e.to_string());
+            // The world still works afterwards.
+            r.all_reduce(&mut b, ReduceOp::Sum)?;
+            Ok((prod, ll, gather, root, a2a, small, b.download()?))
+        })
+        .unwrap();
+    for (rank, (prod, ll, gather, root, a2a, small, b)) in out.into_iter().enumerate() {
+        assert!(prod.unwrap_err().contains("Sum, Max or Min"));
+        assert!(ll.unwrap_err().contains("low-latency"));
+        assert!(gather.unwrap_err().contains("expected input length 10"));
+        assert!(root.unwrap_err().contains("root 5"));
+        let a2a = a2a.unwrap_err();
+        if rank == 1 {
+            assert!(a2a.contains("add up to more"), "{a2a}");
+        } else {
+            assert!(a2a.contains("rank 1 passed invalid"), "{a2a}");
+        }
+        assert!(small.unwrap_err().contains("rank 0 receives 12"));
+        assert_eq!(b, vec![2.0f32; 10]);
+    }
+}
+
+#[test]
+fn buffers_of_another_world_are_rejected() {
+    let out = world(2)
+        .run(|r| {
+            // A symmetric buffer of another (finished) world: not in this rank's heap.
+            let mut other = World::local(2)
+                .heap_bytes(4 << 20)
+                .run(|o| o.upload(&[0.0f32; 8]))?;
+            let err = r
+                .all_reduce(&mut other[0], ReduceOp::Sum)
+                .map_err(|e| e.to_string());
+            Ok(err)
+        })
+        .unwrap();
+    for e in out {
+        assert!(e.unwrap_err().contains("not allocated by this world"));
+    }
+}
+
+/// A world of one rank: every collective is a copy (or nothing) and still works.
+#[test]
+fn single_rank_world() {
+    let out = world(1)
+        .run(|r| {
+            let mut errs = Vec::new();
+            let x = data::<f32>(9, 0, 1500);
+            for algo in ALGOS {
+                let mut b = r.upload(&x)?;
+                r.all_reduce_with(&mut b, ReduceOp::Sum, algo)?;
+                errs.extend(diff(&format!("{algo:?}"), &b.download()?, &x));
+            }
+            let mut out = r.upload(&vec![f32::NAN; 1500])?;
+            let input = r.upload(&x)?;
+            r.all_gather(&input, &mut out)?;
+            errs.extend(diff("all_gather", &out.download()?, &x));
+            out.fill(f32::NAN)?;
+            r.reduce_scatter(&input, &mut out, ReduceOp::Max)?;
+            errs.extend(diff("reduce_scatter", &out.download()?, &x));
+            let mut b = r.upload(&x)?;
+            r.broadcast(&mut b, 0)?;
+            errs.extend(diff("broadcast", &b.download()?, &x));
+            out.fill(f32::NAN)?;
+            let c = r.all_to_all_v(&input, &[1000], &mut out)?;
+            let mut want = x[..1000].to_vec();
+            want.resize(1500, f32::NAN);
+            errs.extend(diff("all_to_all_v", &out.download()?, &want));
+            if c != vec![1000] {
+                errs.push(format!("all_to_all_v counts {c:?}"));
+            }
+            Ok(errs)
+        })
+        .unwrap();
+    assert!(out[0].is_empty(), "{}", out[0].join("\n"));
+}
