@@ -6,4 +6,4 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 command -v cargo >/dev/null 2>&1 || . "$HOME/.cargo/env"
 . .tools/env.sh
-cargo run --release --example matmul "$@"
+cargo run --release --example ag_gemm -- --ranks 4 "$@"
