@@ -30,6 +30,9 @@ fi
 for ex in vector_add softmax matmul layernorm; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"
 done
+# Communicating examples on CPU ranks (small sizes: debug build).
+cargo run -q -p tessera --example ag_gemm -- --ranks 3 --rows 40 --n 70 --k 50 --iters 1
+cargo run -q -p tessera --example custom_collective -- --ranks 3 --n 700
 # Compile-only: every example kernel for an NVIDIA and an AMD target.
 aot_dir="$(mktemp -d)"
 trap 'rm -f "$log"; rm -rf "$aot_dir"' EXIT
