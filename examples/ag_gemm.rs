@@ -37,6 +37,7 @@ struct Shape {
     n: usize,
     k: usize,
     iters: usize,
+    programs: usize,
 }
 
 /// Median of the per-iteration times, in ms.
@@ -76,6 +77,9 @@ where
         let shard = r.device().upload(&a[me * ms * k..(me + 1) * ms * k])?;
         let db = r.device().upload(&b)?;
         let mut fused = AgGemm::<T>::new(r, ms, n, k)?;
+        if s.programs > 0 {
+            fused = fused.with_programs(r, s.programs as u32)?;
+        }
         let mut plain = AgThenGemm::<T>::new(r, ms, n, k)?;
         let mut c_fused = r.device().upload(&vec![poison; m * n])?;
         let mut c_plain = r.device().upload(&vec![poison; m * n])?;
@@ -130,13 +134,14 @@ where
 fn main() {
     common::run_main(|| {
         let v = common::parse_args(
-            "ag_gemm [--ranks N] [--rows ROWS_PER_RANK] [--n N] [--k K] [--iters N]",
+            "ag_gemm [--ranks N] [--rows ROWS_PER_RANK] [--n N] [--k K] [--iters N] [--programs P (fused kernel's programs per rank; 0: the plan's default)]",
             &[
                 ("ranks", 4, 1..=64),
                 ("rows", 96, 1..=1 << 16),
                 ("n", 160, 1..=1 << 16),
                 ("k", 120, 1..=1 << 16),
                 ("iters", 3, 1..=1000),
+                ("programs", 0, 0..=1024),
             ],
         )?;
         let s = Shape {
@@ -145,6 +150,7 @@ fn main() {
             n: v[2],
             k: v[3],
             iters: v[4],
+            programs: v[5],
         };
         let dev = common::comm_device();
         let (_, seed) = common::rng();
@@ -152,8 +158,22 @@ fn main() {
             "ag_gemm: C = all_gather(A) · B, {} ranks on {} (A shards {}x{}, B {}x{}; seed {seed})",
             s.ranks, dev, s.ms, s.k, s.k, s.n
         );
-        run::<f32>(&dev, "ag_gemm f32", &s, |v| v, |v| v as f64, f32::EPSILON as f64)?;
-        run::<f16>(&dev, "ag_gemm f16", &s, f16::from_f32, |v| v.to_f64(), 1.0 / 2048.0)?;
+        run::<f32>(
+            &dev,
+            "ag_gemm f32",
+            &s,
+            |v| v,
+            |v| v as f64,
+            f32::EPSILON as f64,
+        )?;
+        run::<f16>(
+            &dev,
+            "ag_gemm f16",
+            &s,
+            f16::from_f32,
+            |v| v.to_f64(),
+            1.0 / 2048.0,
+        )?;
         Ok(())
     });
 }

@@ -37,7 +37,16 @@ fn ring_all_gather<const B: usize>(
         }
         let v = out.load(c * n + cols, mask);
         let next = (me + 1) % ws;
-        out.put_signal(next, c * n + cols, v, mask, sig, c * np + pid, epoch, SignalOp::Set);
+        out.put_signal(
+            next,
+            c * n + cols,
+            v,
+            mask,
+            sig,
+            c * np + pid,
+            epoch,
+            SignalOp::Set,
+        );
     }
     // The last chunk to arrive is the next rank's.
     if ws.gt(1) {
@@ -109,20 +118,37 @@ fn main() {
             let x = r.upload(&xs[me])?;
             let mut sig = r.alloc_signals(ranks)?;
             r.barrier()?; // every rank's buffers are allocated (and zeroed) before any signal
-            ring_all_gather::<B>::launch(r.device(), grid, (&mut gathered, &mut ring_sig, n as i32, 1u64))?;
+            ring_all_gather::<B>::launch(
+                r.device(),
+                grid,
+                (&mut gathered, &mut ring_sig, n as i32, 1u64),
+            )?;
             let mut best = r.device().upload(&vec![f32::NAN; n])?;
             let mut who = r.device().upload(&vec![-1i32; n])?;
-            all_reduce_argmax::<B>::launch(r.device(), grid, (&x, &mut best, &mut who, &mut sig, n as i32, 1u64))?;
+            all_reduce_argmax::<B>::launch(
+                r.device(),
+                grid,
+                (&x, &mut best, &mut who, &mut sig, n as i32, 1u64),
+            )?;
             Ok((gathered.download()?, best.download()?, who.download()?))
         })?;
         let want_gather: Vec<f32> = xs.concat();
         for (rank, (g, best, who)) in out.iter().enumerate() {
-            if g.iter().zip(&want_gather).any(|(a, b)| a.to_bits() != b.to_bits()) {
-                return Err(format!("ring_all_gather: rank {rank} differs from the concatenation").into());
+            if g.iter()
+                .zip(&want_gather)
+                .any(|(a, b)| a.to_bits() != b.to_bits())
+            {
+                return Err(
+                    format!("ring_all_gather: rank {rank} differs from the concatenation").into(),
+                );
             }
             for i in 0..n {
                 let (w, wr) = (0..ranks).fold((f32::NEG_INFINITY, 0), |(m, a), r| {
-                    if xs[r][i] > m { (xs[r][i], r as i32) } else { (m, a) }
+                    if xs[r][i] > m {
+                        (xs[r][i], r as i32)
+                    } else {
+                        (m, a)
+                    }
                 });
                 if best[i] != w || who[i] != wr {
                     return Err(format!(
@@ -133,7 +159,10 @@ fn main() {
                 }
             }
         }
-        println!("ring_all_gather: {} values on each of {ranks} ranks match", n * ranks);
+        println!(
+            "ring_all_gather: {} values on each of {ranks} ranks match",
+            n * ranks
+        );
         println!("all_reduce_argmax: {n} (max, rank) pairs on each of {ranks} ranks match");
         Ok(())
     });
