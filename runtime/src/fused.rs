@@ -78,6 +78,8 @@ fn gemm_tile<T: DotInput<Acc = f32>, const TM: usize, const TN: usize, const TK:
 /// Unlike `barrier_all` (one counter for the whole world), it keeps working when the
 /// kernels of a world use different grid sizes.
 #[helper]
+// The `#[helper]` expansion of `0..ws` trips this lint (not the kernel macro's).
+#[allow(clippy::zero_prefixed_literal)]
 pub fn team_barrier<W: tessera_ir::dsl::Offsets<Shape = ()> + Copy>(
     sig: &mut Symmetric<u64>,
     word: W,
@@ -499,7 +501,7 @@ impl<T: GemmElem> GemmReduceScatter<T> {
     /// number of ranks (collective).
     pub fn new(rank: &Rank, m: usize, n: usize, kr: usize) -> Result<GemmReduceScatter<T>, Error> {
         let ws = rank.size() as usize;
-        if m == 0 || n == 0 || kr == 0 || m % ws != 0 {
+        if m == 0 || n == 0 || kr == 0 || !m.is_multiple_of(ws) {
             return Err(comm_err(
                 rank,
                 format!(
