@@ -183,6 +183,11 @@ fn ag_gemm_f32_eight_ranks() {
 }
 
 #[test]
+fn ag_gemm_bf16_two_ranks() {
+    ag_gemm_case::<bf16>(2, 33, 64, 96, 5);
+}
+
+#[test]
 fn ag_gemm_bad_lengths_are_errors() {
     let err = world(2)
         .run(|r| {
@@ -276,6 +281,11 @@ fn gemm_rs_f32_four_ranks() {
 #[test]
 fn gemm_rs_f16_four_ranks() {
     gemm_rs_case::<f16>(4, 60, 66, 33, 22);
+}
+
+#[test]
+fn gemm_rs_f32_eight_ranks() {
+    gemm_rs_case::<f32>(8, 80, 40, 9, 23);
 }
 
 #[test]
@@ -411,4 +421,31 @@ fn allreduce_rmsnorm_bf16_two_ranks() {
 #[test]
 fn allreduce_rmsnorm_f32_eight_ranks() {
     rmsnorm_case::<f32>(8, 10, 50, 34);
+}
+
+// ---------------------------------------------------------------------------------
+// IR snapshots (after verification and optimization), as the plans launch them.
+
+fn ir<K: Kernel<Comptime = ()>>() -> String {
+    tessera::ir::printer::print_function(&tessera::kernel_ir::<K>(&()).expect("kernel builds"))
+}
+
+#[test]
+fn fused_kernels_ir() {
+    use tessera::fused::{BK, BM, BN, NORM_BLOCK};
+    let kernels = [
+        ("ag_gemm_f16", ir::<tessera::fused::ag_gemm_kernel<f16, BM, BN, BK>>()),
+        ("gemm_rs_f32", ir::<tessera::fused::gemm_rs_kernel<f32, BM, BN, BK>>()),
+        (
+            "allreduce_rmsnorm_f32",
+            ir::<tessera::fused::allreduce_rmsnorm_kernel<f32, NORM_BLOCK>>(),
+        ),
+    ];
+    for (name, text) in kernels {
+        // The printed IR parses back to the same text.
+        let parsed = tessera::ir::parser::parse_function(&text).expect("parses");
+        tessera::ir::verify::verify(&parsed).expect("verifies");
+        assert_eq!(tessera::ir::printer::print_function(&parsed), text, "{name}");
+        insta::assert_snapshot!(name, text);
+    }
 }
