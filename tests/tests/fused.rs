@@ -434,8 +434,14 @@ fn ir<K: Kernel<Comptime = ()>>() -> String {
 fn fused_kernels_ir() {
     use tessera::fused::{BK, BM, BN, NORM_BLOCK};
     let kernels = [
-        ("ag_gemm_f16", ir::<tessera::fused::ag_gemm_kernel<f16, BM, BN, BK>>()),
-        ("gemm_rs_f32", ir::<tessera::fused::gemm_rs_kernel<f32, BM, BN, BK>>()),
+        (
+            "ag_gemm_f16",
+            ir::<tessera::fused::ag_gemm_kernel<f16, BM, BN, BK>>(),
+        ),
+        (
+            "gemm_rs_f32",
+            ir::<tessera::fused::gemm_rs_kernel<f32, BM, BN, BK>>(),
+        ),
         (
             "allreduce_rmsnorm_f32",
             ir::<tessera::fused::allreduce_rmsnorm_kernel<f32, NORM_BLOCK>>(),
@@ -445,7 +451,11 @@ fn fused_kernels_ir() {
         // The printed IR parses back to the same text.
         let parsed = tessera::ir::parser::parse_function(&text).expect("parses");
         tessera::ir::verify::verify(&parsed).expect("verifies");
-        assert_eq!(tessera::ir::printer::print_function(&parsed), text, "{name}");
+        assert_eq!(
+            tessera::ir::printer::print_function(&parsed),
+            text,
+            "{name}"
+        );
         insta::assert_snapshot!(name, text);
     }
 }
