@@ -5,10 +5,14 @@
 //!
 //! Tolerances: the GEMMs accumulate in f32 over `k` terms, so `|got - want| <=
 //! k * eps_f32 * Σ|a||b| + |want| * ulp(T)` against an f64 reference from the same
-//! (rounded) inputs; the all-gather + GEMM must equal the unfused gather-then-GEMM
-//! kernels bit for bit (same tile code, same summation order). RMSNorm: f32 sums over
-//! ranks and columns, `1e-5` relative for f32 and one output ulp plus the rounding
-//! of `h` for f16/bf16.
+//! (rounded) inputs. The unfused sequences (`tessera::fused::unfused`: separate
+//! all-gather / GEMM / reduce-scatter / all-reduce / RMSNorm kernels) run on the same
+//! inputs: the all-gather + GEMM must equal gather-then-GEMM bit for bit in every
+//! dtype (same tile code, same summation order), GEMM + reduce-scatter and
+//! all-reduce + RMSNorm must equal theirs bit for bit in f32 (in f16/bf16 the unfused
+//! sequence rounds intermediate results to the element type, the fused one does not).
+//! RMSNorm against f64: the f32 sums' error carried through, `hidden * eps_f32`
+//! relative for the statistics, one output rounding.
 
 use std::time::Duration;
 
@@ -16,7 +20,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera::fused::{AgGemm, AllReduceRmsNorm, GemmElem, GemmReduceScatter, unfused};
 use tessera::prelude::*;
-use unfused::AgThenGemm;
+use unfused::{AgThenGemm, AllReduceThenRmsNorm, GemmThenReduceScatter};
 
 fn world(n: usize) -> World {
     World::local(n)
@@ -103,6 +107,17 @@ fn check_gemm<T: Conv>(what: &str, got: &[T], want: &[f64], mag: &[f64], k: usiz
     );
 }
 
+fn is_f32<T: 'static>() -> bool {
+    std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+}
+
+fn same_bits<T: Conv>(a: &[T], b: &[T]) -> bool {
+    a.len() == b.len()
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x.to_f64().to_bits() == y.to_f64().to_bits())
+}
+
 fn to64<T: Conv>(v: &[T]) -> Vec<f64> {
     v.iter().map(|x| x.to_f64()).collect()
 }
@@ -151,10 +166,7 @@ where
             let w = format!("{what} run {run} rank {rank}");
             check_gemm(&w, fused, &want, &mag, k);
             assert!(
-                fused
-                    .iter()
-                    .zip(plain)
-                    .all(|(a, b)| a.to_f64().to_bits() == b.to_f64().to_bits()),
+                same_bits(fused, plain),
                 "{w}: fused and unfused results differ"
             );
         }
@@ -222,6 +234,8 @@ fn ag_gemm_bad_lengths_are_errors() {
 fn gemm_rs_case<T: GemmElem + Conv>(ranks: usize, m: usize, n: usize, kr: usize, seed: u64)
 where
     tessera::fused::gemm_rs_kernel<T, 64, 64, 32>: Kernel<Comptime = ()>,
+    unfused::gemm_kernel<T, 64, 64, 32>: Kernel<Comptime = ()>,
+    unfused::reduce_scatter_rows_kernel<T, 1024>: Kernel<Comptime = ()>,
 {
     let ms = m / ranks;
     let k = kr * ranks;
@@ -237,6 +251,7 @@ where
         .run(|r| {
             let me = r.rank() as usize;
             let mut plan = GemmReduceScatter::<T>::new(r, m, n, kr)?;
+            let mut plain = GemmThenReduceScatter::<T>::new(r, m, n, kr)?;
             let mut res = Vec::new();
             for run in 0..2 {
                 let a_r: Vec<T> = (0..m)
@@ -247,7 +262,9 @@ where
                 let db = r.device().upload(b_r)?;
                 let mut out = r.device().upload(&vec![nan; ms * n])?;
                 plan.run(r, &da, &db, &mut out)?;
-                res.push(out.download()?);
+                let mut out2 = r.device().upload(&vec![nan; ms * n])?;
+                plain.run(r, &da, &db, &mut out2)?;
+                res.push((out.download()?, out2.download()?));
             }
             Ok(res)
         })
@@ -257,13 +274,17 @@ where
         for (rank, res) in out.iter().enumerate() {
             let block = rank * ms * n..(rank + 1) * ms * n;
             // One rounding of the f32 sum to T, plus f32 rounding of the rank sum.
-            check_gemm(
-                &format!("{what} run {run} rank {rank}"),
-                &res[run],
-                &want[block.clone()],
-                &mag[block],
-                k + ranks,
-            );
+            let w = format!("{what} run {run} rank {rank}");
+            let (fused, plain) = &res[run];
+            check_gemm(&w, fused, &want[block.clone()], &mag[block], k + ranks);
+            // In f32 the unfused sequence does the same operations in the same order
+            // (its partial products are not rounded): the same bits.
+            if is_f32::<T>() {
+                assert!(
+                    same_bits(fused, plain),
+                    "{w}: fused and unfused results differ"
+                );
+            }
         }
     }
 }
@@ -305,6 +326,8 @@ fn gemm_rs_bad_shape_is_an_error() {
 fn rmsnorm_case<T: GemmElem + Conv>(ranks: usize, rows: usize, hidden: usize, seed: u64)
 where
     tessera::fused::allreduce_rmsnorm_kernel<T, 256>: Kernel<Comptime = ()>,
+    unfused::all_reduce_kernel<T, 1024>: Kernel<Comptime = ()>,
+    unfused::residual_rmsnorm_kernel<T, 256>: Kernel<Comptime = ()>,
 {
     let what = format!(
         "allreduce_rmsnorm {} ranks {ranks} {rows}x{hidden}",
@@ -330,6 +353,7 @@ where
         .run(|r| {
             let me = r.rank() as usize;
             let mut plan = AllReduceRmsNorm::<T>::new(r, rows, hidden, eps)?;
+            let mut plain = AllReduceThenRmsNorm::<T>::new(r, rows, hidden, eps)?;
             let mut x = r.alloc::<T>(rows * hidden)?;
             let dw = r.device().upload(&w)?;
             let mut res = Vec::new();
@@ -338,7 +362,15 @@ where
                 let mut resid = r.device().upload(&res_in[run])?;
                 let mut out = r.device().upload(&vec![nan; rows * hidden])?;
                 plan.run(r, &x, &mut resid, &dw, &mut out)?;
-                res.push((resid.download()?, out.download()?));
+                let mut resid2 = r.device().upload(&res_in[run])?;
+                let mut out2 = r.device().upload(&vec![nan; rows * hidden])?;
+                plain.run(r, &x, &mut resid2, &dw, &mut out2)?;
+                res.push((
+                    resid.download()?,
+                    out.download()?,
+                    resid2.download()?,
+                    out2.download()?,
+                ));
             }
             Ok(res)
         })
@@ -356,8 +388,16 @@ where
         }
         let eps32 = f32::EPSILON as f64;
         for (rank, res) in out.iter().enumerate() {
-            let (resid, o) = &res[run];
+            let (resid, o, resid2, o2) = &res[run];
             let w_ = format!("{what} run {run} rank {rank}");
+            // In f32 the unfused sequence (all-reduce kernel, then residual + RMSNorm
+            // kernel) rounds at the same places: the same bits.
+            if is_f32::<T>() {
+                assert!(
+                    same_bits(resid, resid2) && same_bits(o, o2),
+                    "{w_}: fused and unfused results differ"
+                );
+            }
             // Every rank reads the peers in the same order: identical results.
             assert!(
                 to64(o)
