@@ -30,7 +30,12 @@ fi
 for ex in vector_add softmax matmul layernorm ping_pong; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"
 done
+# Communicating examples on CPU ranks (small sizes: debug build).
 TESSERA_DEVICE=cpu cargo run -q -p tessera --example ping_pong -- --ranks 4 --laps 100
+TESSERA_DEVICE=cpu cargo run -q -p tessera --example ag_gemm -- --ranks 3 --rows 40 --n 70 --k 50 --iters 1
+TESSERA_DEVICE=cpu cargo run -q -p tessera --example custom_collective -- --ranks 3 --n 700
+TESSERA_DEVICE=cpu cargo run -q -p tessera --example allreduce -- --ranks 3
+TESSERA_DEVICE=cpu cargo run -q -p tessera --example moe_all_to_all -- --ranks 3
 # Compile-only: every example kernel for an NVIDIA and an AMD target.
 aot_dir="$(mktemp -d)"
 trap 'rm -f "$log"; rm -rf "$aot_dir"' EXIT

@@ -60,3 +60,67 @@ pub fn run_main(f: impl FnOnce() -> Result<(), Box<dyn std::error::Error>>) {
         std::process::exit(1);
     }
 }
+
+/// Parses `--name value` pairs of unsigned integers: `spec` lists the accepted names
+/// with their defaults and allowed ranges; `--help` prints them. Bad arguments are
+/// messages (the caller exits 1), not panics.
+pub fn parse_args(
+    usage: &str,
+    spec: &[(&str, usize, std::ops::RangeInclusive<usize>)],
+) -> Result<Vec<usize>, String> {
+    let mut vals: Vec<usize> = spec.iter().map(|s| s.1).collect();
+    let help = || {
+        let mut h = format!("usage: {usage}");
+        for (name, def, range) in spec {
+            h += &format!(
+                "\n  --{name} N   ({}..={}, default {def})",
+                range.start(),
+                range.end()
+            );
+        }
+        h
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--help" || a == "-h" {
+            println!("{}", help());
+            std::process::exit(0);
+        }
+        let name = a.strip_prefix("--").unwrap_or("");
+        let Some(i) = spec.iter().position(|s| s.0 == name) else {
+            return Err(format!("unknown argument `{a}`\n{}", help()));
+        };
+        let v = args
+            .next()
+            .ok_or_else(|| format!("`{a}` needs a value\n{}", help()))?;
+        let n: usize = v
+            .parse()
+            .map_err(|_| format!("`{a} {v}`: not a number\n{}", help()))?;
+        if !spec[i].2.contains(&n) {
+            return Err(format!(
+                "`{a} {v}`: must be in {}..={}",
+                spec[i].2.start(),
+                spec[i].2.end()
+            ));
+        }
+        vals[i] = n;
+    }
+    Ok(vals)
+}
+
+/// The device to run communicating ranks on: the CPU. Kernels that communicate run
+/// on CPU ranks (the interpreter) only, for now; when `TESSERA_DEVICE` asks for
+/// another device, or the best device present is a GPU, says so and uses the CPU.
+pub fn comm_device() -> tessera::Device {
+    let other = match std::env::var("TESSERA_DEVICE") {
+        Ok(name) if !name.trim().is_empty() => Some(name.trim().to_string()),
+        _ => tessera::Device::best().ok().map(|d| d.id()),
+    }
+    .filter(|name| name != "cpu");
+    if let Some(name) = other {
+        println!(
+            "note: communicating kernels do not run on `{name}` yet (the emulator and GPU lowering of signals, waits and remote accesses are in progress); running the ranks on the CPU"
+        );
+    }
+    tessera::Device::cpu()
+}

@@ -42,6 +42,7 @@ mod cuda;
 mod device;
 pub mod disk_cache;
 mod error;
+pub mod fused;
 #[cfg(feature = "hip")]
 mod hip;
 mod launch;
