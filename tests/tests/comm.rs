@@ -1253,3 +1253,44 @@ fn barrier_all_with_a_missing_rank_times_out() {
         assert!(msg.contains(&part), "{part:?} missing from: {msg}");
     }
 }
+
+/// Every program writes `round` into its slot of rank 0's `slots`, passes a
+/// `barrier_all`, then reads every slot: all must hold `round`. Slots that do not are
+/// counted in rank 0's `bad[0]`.
+#[kernel]
+fn tagged_barrier(slots: &mut Symmetric<i32>, bad: &mut Symmetric<i32>, round: i32) {
+    let np = num_programs(0);
+    let me = rank() * np + program_id(0);
+    slots.on(0).store_unmasked(me, round + zeros::<i32, ()>());
+    barrier_all();
+    let offs = arange::<64>();
+    let mask = offs.lt(np * world_size());
+    let seen = slots.on(0).load(offs, mask);
+    let wrong = select(mask & seen.ne(round), 1i32, 0i32).reduce::<0>(ReduceOp::Sum);
+    bad.on(0).atomic_add(0, wrong, me.ge(0));
+    // Nobody may overwrite its slot for the next round before everyone has checked.
+    barrier_all();
+}
+
+#[test]
+fn barrier_all_with_different_grids_in_one_world() {
+    // Kernels with 2 to 7 programs per rank share one world's barrier state: each
+    // barrier must count its own participants (a stale count from a kernel with
+    // another grid would release it early and the checks would see old tags).
+    let bad = world(4)
+        .run(|r| {
+            let mut slots = r.alloc::<i32>(64)?;
+            let mut bad = r.alloc::<i32>(1)?;
+            let mut round = 1;
+            for grid in [3u32, 5, 2, 7, 3, 5, 6] {
+                for _ in 0..3 {
+                    tagged_barrier::launch(r.device(), grid, (&mut slots, &mut bad, round))?;
+                    round += 1;
+                }
+            }
+            r.barrier()?;
+            bad.download()
+        })
+        .unwrap();
+    assert_eq!(bad[0], vec![0], "programs saw stale tags after barrier_all");
+}

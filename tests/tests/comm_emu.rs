@@ -428,3 +428,43 @@ fn rank_and_world_size_inside_and_outside_a_world() {
         }
     }
 }
+
+/// As the interpreter test of the same name: each program tags its slot of rank 0's
+/// `slots`, passes `barrier_all`, and counts slots that miss the tag.
+#[kernel]
+fn tagged_barrier(slots: &mut Symmetric<i32>, bad: &mut Symmetric<i32>, round: i32) {
+    let np = num_programs(0);
+    let me = rank() * np + program_id(0);
+    slots.on(0).store_unmasked(me, round + zeros::<i32, ()>());
+    barrier_all();
+    let offs = arange::<32>();
+    let mask = offs.lt(np * world_size());
+    let seen = slots.on(0).load(offs, mask);
+    let wrong = select(mask & seen.ne(round), 1i32, 0i32).reduce::<0>(ReduceOp::Sum);
+    bad.on(0).atomic_add(0, wrong, me.ge(0));
+    barrier_all();
+}
+
+#[test]
+fn barrier_all_with_different_grids_on_the_emulator() {
+    // 2 ranks x (3, then 2, then 3) programs: the generation barrier counts each
+    // barrier's own participants.
+    for kind in [EmuKind::Nv, EmuKind::Amd] {
+        let bad = world(kind, 2)
+            .run(|r| {
+                let mut slots = r.alloc::<i32>(32)?;
+                let mut bad = r.alloc::<i32>(1)?;
+                for (round, grid) in [3u32, 2, 3].into_iter().enumerate() {
+                    tagged_barrier::launch(
+                        r.device(),
+                        grid,
+                        (&mut slots, &mut bad, round as i32 + 1),
+                    )?;
+                }
+                r.barrier()?;
+                bad.download()
+            })
+            .unwrap();
+        assert_eq!(bad[0], vec![0], "{kind:?}: stale tags after barrier_all");
+    }
+}

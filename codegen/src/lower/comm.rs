@@ -23,11 +23,13 @@
 //!   peer aborted the world) thread 0 first writes the rank's error record, a timeout
 //!   also sets every rank's `ABORT`, and then the whole program returns.
 //! - `fence`: an LLVM `fence` with the op's ordering and scope (relaxed: nothing).
-//! - `barrier_all`: block barrier; thread 0: release fence (system), `atomicrmw add`
-//!   on rank 0's `BARRIER` word, and polls it (as `wait_until`) until it reaches the
-//!   next multiple of `world_size * num_programs`; then as `wait_until`'s success
-//!   path with a system-scope acquire. The counter is monotonic, so consecutive
-//!   barriers need no reset.
+//! - `barrier_all`: block barrier; thread 0: release fence (system), reads rank 0's
+//!   `BARRIER_GEN` word, `atomicrmw add` on rank 0's `BARRIER` count; the arrival that
+//!   completes `world_size * num_programs` resets the count to 0 and increments the
+//!   generation (release), the others poll (as `wait_until`) until the generation
+//!   changes; then as `wait_until`'s success path with a system-scope acquire. Each
+//!   barrier counts its own participants, so kernels with different grids can share
+//!   a world.
 
 use inkwell::AddressSpace;
 use inkwell::llvm_sys::core as c;
@@ -461,6 +463,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     l.cx.fence(AtomicOrdering::Release, "")?;
                     let base0 = l.heap_base(l.cx.i32(0))?;
                     let cnt = l.ctrl_word(base0, ctrl::BARRIER)?;
+                    let gen_ptr = l.ctrl_word(base0, ctrl::BARRIER_GEN)?;
+                    // Sense reversal by generation (see `ctrl::BARRIER_GEN`): read the
+                    // generation, arrive; the last arriver resets the count and
+                    // publishes the next generation, the others poll for it.
+                    let gen_seen = l.atomic_load(gen_ptr, AtomicOrdering::Acquire, "")?;
                     let old = l.arch.atomic_u64(
                         &l.cx,
                         SignalOp::Add,
@@ -475,17 +482,42 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         let n = l.cx.b.build_int_z_extend(n, i64t, "")?;
                         total = l.cx.b.build_int_mul(total, n, "")?;
                     }
-                    let q = l.cx.b.build_int_unsigned_div(old, total, "")?;
-                    let q = l.cx.b.build_int_add(q, l.i64c(1), "")?;
-                    let target = l.cx.b.build_int_mul(q, total, "target")?;
+                    let arrived = l.cx.b.build_int_add(old, l.i64c(1), "")?;
+                    let last =
+                        l.cx.b
+                            .build_int_compare(IntPredicate::UGE, arrived, total, "last")?;
+                    let b_last = l.cx.ctx.append_basic_block(l.kernel, "barrier.last");
+                    let b_cont = l.cx.ctx.append_basic_block(l.kernel, "barrier.cont");
+                    l.cx.b.build_conditional_branch(last, b_last, b_cont)?;
+                    l.cx.b.position_at_end(b_last);
+                    l.arch.atomic_u64(
+                        &l.cx,
+                        SignalOp::Set,
+                        cnt,
+                        l.i64c(0),
+                        AtomicOrdering::Monotonic,
+                        MemScope::System,
+                    )?;
+                    l.arch.atomic_u64(
+                        &l.cx,
+                        SignalOp::Add,
+                        gen_ptr,
+                        l.i64c(1),
+                        AtomicOrdering::Release,
+                        MemScope::System,
+                    )?;
+                    l.cx.b.build_unconditional_branch(b_cont)?;
+                    l.cx.b.position_at_end(b_cont);
                     let probe = |l: &Lowerer<'a, 'ctx>| {
-                        let obs = l.atomic_load(cnt, AtomicOrdering::Acquire, "")?;
+                        let g = l.atomic_load(gen_ptr, AtomicOrdering::Acquire, "")?;
                         let done =
                             l.cx.b
-                                .build_int_compare(IntPredicate::UGE, obs, target, "")?;
+                                .build_int_compare(IntPredicate::NE, g, gen_seen, "")?;
+                        // Reported on timeout: how many had arrived.
+                        let obs = l.atomic_load(cnt, AtomicOrdering::Monotonic, "")?;
                         Ok((obs, done))
                     };
-                    l.poll_loop(site, target, &probe, smem)
+                    l.poll_loop(site, total, &probe, smem)
                 })?;
                 self.publish_outcome(smem, MemScope::System)?;
             }

@@ -20,6 +20,11 @@ pub mod ctrl {
     /// Arrival counter of `barrier_all` (used in rank 0's words only). Monotonic: a
     /// barrier completes when it reaches the next multiple of the participant count.
     pub const BARRIER: usize = 0;
+    /// Generation of `barrier_all` (rank 0's words only): the last program to arrive
+    /// resets [`BARRIER`] to 0 and then increments this word; the others wait for it
+    /// to change. Each barrier thus counts its own participants, so kernels with
+    /// different grids can share one world.
+    pub const BARRIER_GEN: usize = 8;
     /// Nonzero once a rank failed: `1 + the failed rank`. Waits on every rank stop.
     pub const ABORT: usize = 1;
     /// Number of control words (the region is 256 bytes so data stays aligned).
@@ -284,39 +289,49 @@ impl Prog<'_, '_> {
 
     fn barrier_all(&self, op: &Op) -> R<()> {
         let w = self.world();
-        let Some(counter) = w.word(0, ctrl::BARRIER) else {
+        let (Some(counter), Some(generation)) =
+            (w.word(0, ctrl::BARRIER), w.word(0, ctrl::BARRIER_GEN))
+        else {
             return Err(self.invalid(op, "the world has no control words"));
         };
         let per_rank: u64 = self.ex.grid.iter().map(|&g| g as u64).product();
         let total = per_rank * w.size as u64;
-        // SAFETY: `word` checked the type and bounds.
-        let old = unsafe {
-            <u64 as super::buffer::sealed::Mem>::rmw(
-                counter.base(),
-                ctrl::BARRIER,
+        let rmw = |b: &HostBuffer, i: usize, op: AtomicOp, v: u64, o: Ordering| {
+            // SAFETY: `word` checked the type and bounds.
+            unsafe { <u64 as super::buffer::sealed::Mem>::rmw(b.base(), i, op, v, o) }.unwrap_or(0)
+        };
+        // Sense reversal by generation: read the generation, then arrive; the last to
+        // arrive resets the count (before anyone can arrive at the next barrier: they
+        // are all still waiting) and publishes the next generation.
+        let gen_seen = load_u64(generation, ctrl::BARRIER_GEN);
+        fence(Ordering::Acquire);
+        let old = rmw(counter, ctrl::BARRIER, AtomicOp::Add, 1, Ordering::AcqRel);
+        if old + 1 >= total {
+            rmw(counter, ctrl::BARRIER, AtomicOp::Xchg, 0, Ordering::Relaxed);
+            rmw(
+                generation,
+                ctrl::BARRIER_GEN,
                 AtomicOp::Add,
                 1,
-                Ordering::AcqRel,
-            )
+                Ordering::Release,
+            );
+            return Ok(());
         }
-        .unwrap_or(0);
-        let target = (old / total + 1) * total;
         let start = Instant::now();
         let mut backoff = Backoff(0);
         loop {
-            let seen = load_u64(counter, ctrl::BARRIER);
-            if seen >= target {
+            if load_u64(generation, ctrl::BARRIER_GEN) != gen_seen {
                 fence(Ordering::Acquire);
                 return Ok(());
             }
+            let arrived = load_u64(counter, ctrl::BARRIER);
             let what = || {
                 format!(
-                    "arrivals of all {total} program instances ({} rank(s) x {per_rank}; {} arrived)",
+                    "arrivals of all {total} program instances ({} rank(s) x {per_rank}; {arrived} arrived)",
                     w.size,
-                    total - (target - seen)
                 )
             };
-            self.wait_check(op, start, what, CmpPred::Ge, target, seen)?;
+            self.wait_check(op, start, what, CmpPred::Ge, total, arrived)?;
             backoff.snooze();
         }
     }
