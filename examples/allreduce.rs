@@ -12,12 +12,18 @@ use std::time::Instant;
 use tessera::collectives::CollElem;
 use tessera::prelude::*;
 
-fn run<T: CollElem>(
-    dev: &Device,
-    name: &str,
+/// What to run: ranks, elements per rank, timed repetitions.
+#[derive(Clone, Copy)]
+struct Size {
     ranks: usize,
     n: usize,
     iters: usize,
+}
+
+fn run<T: CollElem>(
+    dev: &Device,
+    name: &str,
+    Size { ranks, n, iters }: Size,
     to_t: impl Fn(f32) -> T + Sync,
     to_f64: impl Fn(T) -> f64,
     out_ulp: f64,
@@ -96,15 +102,14 @@ fn main() {
             ],
         )?;
         let (ranks, n, iters) = (v[0], v[1], v[2]);
+        let size = Size { ranks, n, iters };
         let dev = common::comm_device();
         let (_, seed) = common::rng();
         println!("allreduce (sum): {ranks} ranks on {dev} (seed {seed})");
         run::<f32>(
             &dev,
             "all_reduce f32",
-            ranks,
-            n,
-            iters,
+            size,
             |v| v,
             |v| v as f64,
             f32::EPSILON as f64,
@@ -112,9 +117,7 @@ fn main() {
         run::<f16>(
             &dev,
             "all_reduce f16",
-            ranks,
-            n,
-            iters,
+            size,
             f16::from_f32,
             |v| v.to_f64(),
             1.0 / 2048.0,
