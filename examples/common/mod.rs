@@ -108,19 +108,25 @@ pub fn parse_args(
     Ok(vals)
 }
 
-/// The device to run communicating ranks on: the CPU. Kernels that communicate run
-/// on CPU ranks (the interpreter) only, for now; when `TESSERA_DEVICE` asks for
-/// another device, or the best device present is a GPU, says so and uses the CPU.
+/// The device to run communicating ranks on: the best device present
+/// (`TESSERA_DEVICE` overrides) when it can host a world of ranks as threads — the CPU
+/// or a SIMT emulator — else the CPU, with a note. GPU ranks need one GPU per rank
+/// (`World::on_each`) and have not run on hardware yet, so the examples do not pick
+/// them on their own.
 pub fn comm_device() -> tessera::Device {
-    let other = match std::env::var("TESSERA_DEVICE") {
-        Ok(name) if !name.trim().is_empty() => Some(name.trim().to_string()),
-        _ => tessera::Device::best().ok().map(|d| d.id()),
+    use tessera::DeviceKind;
+    match tessera::Device::best() {
+        Ok(d) if matches!(d.kind(), DeviceKind::Cpu | DeviceKind::Emu) => d,
+        Ok(d) => {
+            println!(
+                "note: the examples run their ranks as threads on one device; {} would need one GPU per rank (World::on_each), not tried on hardware yet; running the ranks on the CPU",
+                d.id()
+            );
+            tessera::Device::cpu()
+        }
+        Err(e) => {
+            println!("note: {e}; running the ranks on the CPU");
+            tessera::Device::cpu()
+        }
     }
-    .filter(|name| name != "cpu");
-    if let Some(name) = other {
-        println!(
-            "note: communicating kernels do not run on `{name}` yet (the emulator and GPU lowering of signals, waits and remote accesses are in progress); running the ranks on the CPU"
-        );
-    }
-    tessera::Device::cpu()
 }

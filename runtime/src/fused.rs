@@ -145,7 +145,7 @@ pub fn ag_gemm_kernel<T: DotInput<Acc = f32>, const TM: usize, const TN: usize, 
             let mask = r_ok & kk.lt(k);
             let v = a.load(r * k + kk, mask);
             for i in 1..ws {
-                a_full.put((me + i) % ws, dst * k + kk, v, mask);
+                a_full.put_nbi((me + i) % ws, dst * k + kk, v, mask);
             }
         }
         for i in 1..ws {
@@ -224,7 +224,7 @@ pub fn gemm_rs_kernel<T: DotInput<Acc = f32>, const TM: usize, const TN: usize, 
         let cn = ((tt % ntn) * TN as i32 + cols).expand_dims::<0>();
         let r_ok = r.lt(ms);
         let acc = gemm_tile::<T, TM, TN, TK>(a, owner * ms + r, r_ok, b, cn, n, kr);
-        stage.put(owner, (me * ms + r) * n + cn, acc, r_ok & cn.lt(n));
+        stage.put_nbi(owner, (me * ms + r) * n + cn, acc, r_ok & cn.lt(n));
         sig.signal(owner, me * tiles + tt, epoch, SignalOp::Set);
     }
 
@@ -718,7 +718,7 @@ pub mod unfused {
                 let mask = r_ok & kk.lt(k);
                 let v = a.load(r * k + kk, mask);
                 for i in 0..ws {
-                    gathered.put((me + i) % ws, (me * ms + r) * k + kk, v, mask);
+                    gathered.put_nbi((me + i) % ws, (me * ms + r) * k + kk, v, mask);
                 }
             }
         }
