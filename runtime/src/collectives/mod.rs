@@ -87,7 +87,7 @@ use kernels::{OP_MAX, OP_MIN, OP_SUM};
 use tessera_ir::dsl::{Float, Int};
 use tessera_ir::ir::ReduceOp;
 
-pub use half::{bf16, f16};
+use half::{bf16, f16};
 
 /// Element types the collectives move and reduce: `f32`, `f16`, `bf16` (reductions
 /// accumulate in `f32`).
