@@ -61,6 +61,18 @@ fn comm_all<const B: usize>(
     out.store(offs, got + t.value().cast::<f32>(), all);
     let mut c = counter.on(0);
     c.atomic_add(0, zeros::<u32, ()>() + 1u32, me.ge(0));
+    // System scope (another GPU's memory): the atom itself must be `.sys`.
+    c.atomic_rmw(
+        AtomicOp::Max,
+        1,
+        me.cast::<u32>(),
+        me.ge(0),
+        MemOrder::AcqRel,
+        MemScope::System,
+    );
+    let mut sig_left = sig.on(left);
+    let old = sig_left.atomic_cas(2, zeros::<u64, ()>(), zeros::<u64, ()>() + 5u64, me.ge(0));
+    out.store(0, old.cast::<f32>(), me.ge(0));
     fence(MemOrder::Release, MemScope::System);
     quiet();
     sig.signal_with(
@@ -362,6 +374,25 @@ fn comm_release_acquire_sequences_ptx() {
     );
     let after = find_from(&lines, add, "fence.acq_rel.gpu").expect("acquire fence after");
     assert!(after - add < 8, "{asm}");
+    // The system-scope remote max is a `.sys` atom (LLVM would emit `.gpu`), bracketed
+    // by system fences; the remote CAS (device scope) stays LLVM's, which keeps its
+    // ordering and scope.
+    let max = find_from(&lines, 0, "atom.relaxed.sys.global.max.u32")
+        .expect("a .sys atom for the system-scope atomic max");
+    assert!(
+        lines[max.saturating_sub(16)..max]
+            .iter()
+            .any(|l| l.contains("fence.acq_rel.sys")),
+        "no system release fence before the .sys atom:\n{asm}"
+    );
+    assert!(
+        find_from(&lines, max, "fence.acq_rel.sys").is_some_and(|f| f - max < 8),
+        "no system acquire fence after the .sys atom:\n{asm}"
+    );
+    assert!(
+        asm.contains("atom.acq_rel.gpu.global.cas.b64"),
+        "no device-scope CAS:\n{asm}"
+    );
 }
 
 #[test]

@@ -50,7 +50,7 @@ use inkwell::attributes::AttributeLoc;
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use tessera_ir::ScalarType;
-use tessera_ir::ir::{MemScope, SignalOp};
+use tessera_ir::ir::{AtomicOp, MemScope, SignalOp};
 
 use super::{Cx, LResult, LowerError};
 use crate::Target;
@@ -208,6 +208,25 @@ pub trait Arch {
     fn rmw_needs_fences(&self) -> bool {
         false
     }
+    /// A user atomic (`atomic_rmw op`, or `atomic_cas` when `op` is `None`) on one
+    /// element, emitted by the target itself when LLVM's generic atomic would lose its
+    /// scope; `None` lets the lowering emit the LLVM instruction. `sem` is the PTX-style
+    /// ordering for the instruction itself (`relaxed` when the lowering brackets it
+    /// with fences). The default: always `None`.
+    #[allow(clippy::too_many_arguments)]
+    fn atomic_scoped<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _op: Option<AtomicOp>,
+        _pointee: ScalarType,
+        _scope: MemScope,
+        _sem: &str,
+        _p: PointerValue<'ctx>,
+        _v0: BasicValueEnum<'ctx>,
+        _v1: Option<BasicValueEnum<'ctx>>,
+    ) -> LResult<Option<BasicValueEnum<'ctx>>> {
+        Ok(None)
+    }
     /// Declares the kernel's ABI: calling convention and launch bounds.
     fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32);
     /// The LLVM `syncscope` name of a memory scope.
@@ -346,6 +365,81 @@ impl Arch for Nvptx {
 
     fn rmw_needs_fences(&self) -> bool {
         true
+    }
+
+    /// System-scope read-modify-writes (peers' memory) as inline
+    /// `atom.{sem}.sys.global`: LLVM 22 emits every `atomicrmw` as a relaxed `.gpu`
+    /// atom, which does not make accesses from another GPU or the host morally strong
+    /// (`cmpxchg` keeps its scope and ordering, so CAS stays LLVM's). 32/64-bit
+    /// integers (add, min, max, and, or, xor, exch), f32/f64 add and exch; other types
+    /// keep LLVM's lowering.
+    fn atomic_scoped<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        op: Option<AtomicOp>,
+        pointee: ScalarType,
+        scope: MemScope,
+        sem: &str,
+        p: PointerValue<'ctx>,
+        v0: BasicValueEnum<'ctx>,
+        v1: Option<BasicValueEnum<'ctx>>,
+    ) -> LResult<Option<BasicValueEnum<'ctx>>> {
+        use ScalarType as S;
+        if scope != MemScope::System {
+            return Ok(None);
+        }
+        let bits = pointee.bits();
+        let (cons, bty) = match pointee {
+            S::I32 | S::U32 => ("r", "b32"),
+            S::I64 | S::U64 => ("l", "b64"),
+            S::F32 => ("f", "b32"),
+            S::F64 => ("d", "b64"),
+            _ => return Ok(None),
+        };
+        let signed = pointee.is_signed_int();
+        let ity = if bits == 32 { "u32" } else { "u64" };
+        let sty = if bits == 32 { "s32" } else { "s64" };
+        let what = match (op, pointee.is_float()) {
+            // LLVM keeps `cmpxchg`'s ordering and scope (`atom.acq_rel.sys...cas`).
+            (None, _) => return Ok(None),
+            (Some(AtomicOp::Xchg), _) => format!("exch.{bty}"),
+            (Some(AtomicOp::Add), false) => format!("add.{ity}"),
+            (Some(AtomicOp::Add), true) => {
+                format!("add.{}", if bits == 32 { "f32" } else { "f64" })
+            }
+            (Some(AtomicOp::Min), false) => format!("min.{}", if signed { sty } else { ity }),
+            (Some(AtomicOp::Max), false) => format!("max.{}", if signed { sty } else { ity }),
+            (Some(AtomicOp::And), false) => format!("and.{bty}"),
+            (Some(AtomicOp::Or), false) => format!("or.{bty}"),
+            (Some(AtomicOp::Xor), false) => format!("xor.{bty}"),
+            _ => return Ok(None),
+        };
+        let vty: BasicTypeEnum = v0.get_type();
+        let i64t = cx.ctx.i64_type();
+        let addr = cx.b.build_ptr_to_int(p, i64t, "")?;
+        let (asm_text, constraints, args, params) = match v1 {
+            Some(v1) => (
+                format!("atom.{sem}.sys.global.{what} $0, [$1], $2, $3;"),
+                format!("={cons},l,{cons},{cons},~{{memory}}"),
+                vec![addr.into(), v0.into(), v1.into()],
+                vec![i64t.into(), vty.into(), vty.into()],
+            ),
+            None => (
+                format!("atom.{sem}.sys.global.{what} $0, [$1], $2;"),
+                format!("={cons},l,{cons},~{{memory}}"),
+                vec![addr.into(), v0.into()],
+                vec![i64t.into(), vty.into()],
+            ),
+        };
+        let fty = inkwell::types::BasicType::fn_type(&vty, &params, false);
+        let asm = cx
+            .ctx
+            .create_inline_asm(fty, asm_text, constraints, true, false, None, false);
+        let call = cx.b.build_indirect_call(fty, asm, &args, "atom.sys")?;
+        call.try_as_basic_value()
+            .basic()
+            .map(Some)
+            .ok_or_else(|| LowerError::Llvm("atom asm returned void".into()))
     }
 
     fn poll_pause<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
