@@ -147,17 +147,6 @@ fn site_pred(f: &Function, i: usize) -> Option<CmpPred> {
     out
 }
 
-fn pred_symbol(p: CmpPred) -> &'static str {
-    match p {
-        CmpPred::Eq => "==",
-        CmpPred::Ne => "!=",
-        CmpPred::Lt => "<",
-        CmpPred::Le => "<=",
-        CmpPred::Gt => ">",
-        CmpPred::Ge => ">=",
-    }
-}
-
 /// A wait that failed on the device, decoded from a rank's error record.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum CommFault {
@@ -242,7 +231,7 @@ pub fn decode_record(
         span,
         rank,
         program,
-        pred: site_pred(f, idx).map_or(">=", pred_symbol),
+        pred: site_pred(f, idx).map_or(">=", CmpPred::symbol),
         expected: words[ERR_EXPECTED],
         observed: words[ERR_OBSERVED],
         timeout,

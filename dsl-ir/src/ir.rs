@@ -329,6 +329,18 @@ impl CmpPred {
         CmpPred::Ge,
     ];
 
+    /// The comparison as an operator: `==`, `!=`, `<`, `<=`, `>`, `>=`.
+    pub fn symbol(self) -> &'static str {
+        match self {
+            CmpPred::Eq => "==",
+            CmpPred::Ne => "!=",
+            CmpPred::Lt => "<",
+            CmpPred::Le => "<=",
+            CmpPred::Gt => ">",
+            CmpPred::Ge => ">=",
+        }
+    }
+
     /// The IR mnemonic.
     pub fn name(self) -> &'static str {
         match self {

@@ -154,17 +154,6 @@ fn pred_holds(p: CmpPred, a: u64, b: u64) -> bool {
     }
 }
 
-fn pred_symbol(p: CmpPred) -> &'static str {
-    match p {
-        CmpPred::Eq => "==",
-        CmpPred::Ne => "!=",
-        CmpPred::Lt => "<",
-        CmpPred::Le => "<=",
-        CmpPred::Gt => ">",
-        CmpPred::Ge => ">=",
-    }
-}
-
 fn load_u64(b: &HostBuffer, i: usize) -> u64 {
     // SAFETY: callers located `i` inside `b`, a buffer of u64.
     unsafe { <u64 as super::buffer::sealed::Mem>::load(b.base(), i) }
@@ -223,7 +212,7 @@ impl Prog<'_, '_> {
                 rank: w.rank,
                 program_id: self.pid,
                 what: what(),
-                pred: pred_symbol(pred),
+                pred: pred.symbol(),
                 expected,
                 observed,
                 timeout: w.timeout,
