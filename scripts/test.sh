@@ -13,6 +13,9 @@ cargo clippy --workspace --all-targets --all-features -- -D warnings
 # The runtime builds without LLVM (feature `jit` off), and with HIP (libamdhip64).
 cargo clippy -p tessera --all-targets --no-default-features -- -D warnings
 cargo clippy -p tessera --all-targets --no-default-features --features hip -- -D warnings
+# Documentation: every intra-doc link resolves.
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q \
+  -p tessera -p tessera-ir -p tessera-codegen -p tessera-macros
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"

@@ -1,6 +1,6 @@
 //! Compilation targets: what differs between GPUs, described once.
 //!
-//! The lowering is written once against [`TargetInfo`]; everything vendor-specific
+//! The lowering is written once (against `lower::arch::Arch`); everything vendor-specific
 //! (warp size, LLVM triple and CPU, address spaces, the kernel calling convention, and
 //! the intrinsics emitted for thread ids, barriers, shuffles and matrix units) hangs off
 //! [`Target`].

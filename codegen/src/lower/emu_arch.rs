@@ -1,7 +1,7 @@
 //! [`Emu`]: the [`Arch`] of the host SIMT emulator.
 //!
 //! Every target hook becomes a call to an `extern "C"` function of the emulator's
-//! runtime ([`crate::emu::runtime`]), which knows the calling OS thread's place in the
+//! runtime (`crate::emu::runtime`), which knows the calling OS thread's place in the
 //! emulated block:
 //!
 //! | hook | runtime function |
@@ -20,7 +20,7 @@
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
-//! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, [`super::arch::pack_pairs`]
+//! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::arch::pack_pairs`
 //! packing), and the runtime multiplies them with its own, independent, reading of the
 //! vendors' layouts ([`crate::emu::mma`]). Atomics use the system scope `""` (host
 //! atomics); the kernel uses the C calling convention; pointers live in address

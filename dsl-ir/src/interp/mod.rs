@@ -92,7 +92,7 @@
 //! counter reaches the next multiple of `world_size × programs per rank`. Scopes are
 //! all honoured as `system` (the strongest). Kernels with `wait_until`/`barrier_all` run
 //! every program instance on its own thread, so that all can be waiting at once (as a
-//! GPU needs the whole grid resident), at most [`comm::MAX_RESIDENT`] of them. Every
+//! GPU needs the whole grid resident), at most [`MAX_RESIDENT`] of them. Every
 //! wait gives up after the world's timeout with [`InterpError::WaitTimeout`] naming the
 //! rank, op, line, word and the expected and observed values; a failing program
 //! instance sets every rank's abort word, so the others stop waiting
@@ -117,7 +117,7 @@ mod tests;
 use std::fmt::Write as _;
 
 pub use buffer::{Element, HostBuffer, HostMemory};
-pub use comm::{CommWorld, ctrl, default_wait_timeout, parse_wait_timeout};
+pub use comm::{CommWorld, MAX_RESIDENT, ctrl, default_wait_timeout, parse_wait_timeout};
 pub use exec::{run, run_in_world};
 pub use value::{KernelArg, Scalar};
 
