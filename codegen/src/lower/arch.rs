@@ -208,22 +208,20 @@ pub trait Arch {
     fn rmw_needs_fences(&self) -> bool {
         false
     }
-    /// A user atomic (`atomic_rmw op`, or `atomic_cas` when `op` is `None`) on one
-    /// element, emitted by the target itself when LLVM's generic atomic would lose its
-    /// scope; `None` lets the lowering emit the LLVM instruction. `sem` is the PTX-style
-    /// ordering for the instruction itself (`relaxed` when the lowering brackets it
-    /// with fences). The default: always `None`.
+    /// A user `atomic_rmw` on one element, emitted by the target itself when LLVM's
+    /// `atomicrmw` would lose its scope; `None` lets the lowering emit the LLVM
+    /// instruction. `ord` is the instruction's own ordering (monotonic when the
+    /// lowering brackets it with fences). The default: always `None`.
     #[allow(clippy::too_many_arguments)]
-    fn atomic_scoped<'ctx>(
+    fn atomic_rmw_scoped<'ctx>(
         &self,
         _cx: &Cx<'ctx>,
-        _op: Option<AtomicOp>,
+        _op: AtomicOp,
         _pointee: ScalarType,
+        _ord: inkwell::AtomicOrdering,
         _scope: MemScope,
-        _sem: &str,
         _p: PointerValue<'ctx>,
-        _v0: BasicValueEnum<'ctx>,
-        _v1: Option<BasicValueEnum<'ctx>>,
+        _v: BasicValueEnum<'ctx>,
     ) -> LResult<Option<BasicValueEnum<'ctx>>> {
         Ok(None)
     }
@@ -252,6 +250,46 @@ pub trait Arch {
         c: &[FloatValue<'ctx>],
         site: u32,
     ) -> LResult<Vec<FloatValue<'ctx>>>;
+}
+
+/// The PTX `.sem` of an LLVM ordering (`relaxed` for monotonic and weaker).
+fn ptx_sem(ord: inkwell::AtomicOrdering) -> &'static str {
+    use inkwell::AtomicOrdering as O;
+    match ord {
+        O::Acquire => "acquire",
+        O::Release => "release",
+        O::AcquireRelease | O::SequentiallyConsistent => "acq_rel",
+        _ => "relaxed",
+    }
+}
+
+/// Inline PTX `atom.{instr} $0, [$1], $2;` on the global address `p` with the value
+/// `v` (register class `cons`: `r`, `l`, `f` or `d`); returns the old value. Used where
+/// LLVM's NVPTX back end would drop an atomic's ordering or scope.
+fn ptx_atom<'ctx>(
+    cx: &Cx<'ctx>,
+    instr: &str,
+    cons: &str,
+    p: PointerValue<'ctx>,
+    v: BasicValueEnum<'ctx>,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let vty: BasicTypeEnum = v.get_type();
+    let i64t = cx.ctx.i64_type();
+    let addr = cx.b.build_ptr_to_int(p, i64t, "")?;
+    let fty = inkwell::types::BasicType::fn_type(&vty, &[i64t.into(), vty.into()], false);
+    let asm = cx.ctx.create_inline_asm(
+        fty,
+        format!("atom.{instr} $0, [$1], $2;"),
+        format!("={cons},l,{cons},~{{memory}}"),
+        true,
+        false,
+        None,
+        false,
+    );
+    cx.b.build_indirect_call(fty, asm, &[addr.into(), v.into()], "atom")?
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| LowerError::Llvm("atom asm returned void".into()))
 }
 
 /// The implementation for a target.
@@ -373,16 +411,15 @@ impl Arch for Nvptx {
     /// (`cmpxchg` keeps its scope and ordering, so CAS stays LLVM's). 32/64-bit
     /// integers (add, min, max, and, or, xor, exch), f32/f64 add and exch; other types
     /// keep LLVM's lowering.
-    fn atomic_scoped<'ctx>(
+    fn atomic_rmw_scoped<'ctx>(
         &self,
         cx: &Cx<'ctx>,
-        op: Option<AtomicOp>,
+        op: AtomicOp,
         pointee: ScalarType,
+        ord: inkwell::AtomicOrdering,
         scope: MemScope,
-        sem: &str,
         p: PointerValue<'ctx>,
-        v0: BasicValueEnum<'ctx>,
-        v1: Option<BasicValueEnum<'ctx>>,
+        v: BasicValueEnum<'ctx>,
     ) -> LResult<Option<BasicValueEnum<'ctx>>> {
         use ScalarType as S;
         if scope != MemScope::System {
@@ -400,46 +437,18 @@ impl Arch for Nvptx {
         let ity = if bits == 32 { "u32" } else { "u64" };
         let sty = if bits == 32 { "s32" } else { "s64" };
         let what = match (op, pointee.is_float()) {
-            // LLVM keeps `cmpxchg`'s ordering and scope (`atom.acq_rel.sys...cas`).
-            (None, _) => return Ok(None),
-            (Some(AtomicOp::Xchg), _) => format!("exch.{bty}"),
-            (Some(AtomicOp::Add), false) => format!("add.{ity}"),
-            (Some(AtomicOp::Add), true) => {
-                format!("add.{}", if bits == 32 { "f32" } else { "f64" })
-            }
-            (Some(AtomicOp::Min), false) => format!("min.{}", if signed { sty } else { ity }),
-            (Some(AtomicOp::Max), false) => format!("max.{}", if signed { sty } else { ity }),
-            (Some(AtomicOp::And), false) => format!("and.{bty}"),
-            (Some(AtomicOp::Or), false) => format!("or.{bty}"),
-            (Some(AtomicOp::Xor), false) => format!("xor.{bty}"),
+            (AtomicOp::Xchg, _) => format!("exch.{bty}"),
+            (AtomicOp::Add, false) => format!("add.{ity}"),
+            (AtomicOp::Add, true) => format!("add.{}", if bits == 32 { "f32" } else { "f64" }),
+            (AtomicOp::Min, false) => format!("min.{}", if signed { sty } else { ity }),
+            (AtomicOp::Max, false) => format!("max.{}", if signed { sty } else { ity }),
+            (AtomicOp::And, false) => format!("and.{bty}"),
+            (AtomicOp::Or, false) => format!("or.{bty}"),
+            (AtomicOp::Xor, false) => format!("xor.{bty}"),
             _ => return Ok(None),
         };
-        let vty: BasicTypeEnum = v0.get_type();
-        let i64t = cx.ctx.i64_type();
-        let addr = cx.b.build_ptr_to_int(p, i64t, "")?;
-        let (asm_text, constraints, args, params) = match v1 {
-            Some(v1) => (
-                format!("atom.{sem}.sys.global.{what} $0, [$1], $2, $3;"),
-                format!("={cons},l,{cons},{cons},~{{memory}}"),
-                vec![addr.into(), v0.into(), v1.into()],
-                vec![i64t.into(), vty.into(), vty.into()],
-            ),
-            None => (
-                format!("atom.{sem}.sys.global.{what} $0, [$1], $2;"),
-                format!("={cons},l,{cons},~{{memory}}"),
-                vec![addr.into(), v0.into()],
-                vec![i64t.into(), vty.into()],
-            ),
-        };
-        let fty = inkwell::types::BasicType::fn_type(&vty, &params, false);
-        let asm = cx
-            .ctx
-            .create_inline_asm(fty, asm_text, constraints, true, false, None, false);
-        let call = cx.b.build_indirect_call(fty, asm, &args, "atom.sys")?;
-        call.try_as_basic_value()
-            .basic()
-            .map(Some)
-            .ok_or_else(|| LowerError::Llvm("atom asm returned void".into()))
+        let instr = format!("{}.sys.global.{what}", ptx_sem(ord));
+        ptx_atom(cx, &instr, cons, p, v).map(Some)
     }
 
     fn poll_pause<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
@@ -457,13 +466,6 @@ impl Arch for Nvptx {
         ord: inkwell::AtomicOrdering,
         scope: MemScope,
     ) -> LResult<IntValue<'ctx>> {
-        use inkwell::AtomicOrdering as O;
-        let sem = match ord {
-            O::Acquire => "acquire",
-            O::Release => "release",
-            O::AcquireRelease | O::SequentiallyConsistent => "acq_rel",
-            _ => "relaxed",
-        };
         let sc = match scope {
             MemScope::Block => "cta",
             MemScope::Device => "gpu",
@@ -473,24 +475,8 @@ impl Arch for Nvptx {
             SignalOp::Set => "exch.b64",
             SignalOp::Add => "add.u64",
         };
-        let i64t = cx.ctx.i64_type();
-        let addr = cx.b.build_ptr_to_int(p, i64t, "")?;
-        let fty = i64t.fn_type(&[i64t.into(), i64t.into()], false);
-        let asm = cx.ctx.create_inline_asm(
-            fty,
-            format!("atom.{sem}.{sc}.global.{what} $0, [$1], $2;"),
-            "=l,l,l,~{memory}".into(),
-            true,
-            false,
-            None,
-            false,
-        );
-        let call =
-            cx.b.build_indirect_call(fty, asm, &[addr.into(), v.into()], "atom")?;
-        call.try_as_basic_value()
-            .basic()
-            .map(|v| v.into_int_value())
-            .ok_or_else(|| LowerError::Llvm("atom asm returned void".into()))
+        let instr = format!("{}.{sc}.global.{what}", ptx_sem(ord));
+        Ok(ptx_atom(cx, &instr, "l", p, v.into())?.into_int_value())
     }
 
     fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {

@@ -423,16 +423,10 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
         let res = guarded(l, cond, Some(zero), || unsafe {
             use inkwell::llvm_sys::core as c;
             let p = l.access_ptr(space, p, bytes, true, "atomic")?;
-            // The instruction's own ordering: relaxed when fences bracket it.
-            let sem = match (rmw_fences, order) {
-                (true, _) | (false, MemOrder::Relaxed) => "relaxed",
-                (false, MemOrder::Acquire) => "acquire",
-                (false, MemOrder::Release) => "release",
-                (false, MemOrder::AcqRel) => "acq_rel",
-            };
-            if let Some(v) = l
-                .arch
-                .atomic_scoped(&l.cx, rmw, pointee, scope, sem, p, v0, v1)?
+            if let Some(a) = rmw
+                && let Some(v) = l
+                    .arch
+                    .atomic_rmw_scoped(&l.cx, a, pointee, ord, scope, p, v0)?
             {
                 return Ok(Some(v));
             }
