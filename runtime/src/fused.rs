@@ -75,8 +75,8 @@ fn gemm_tile<T: DotInput<Acc = f32>, const TM: usize, const TN: usize, const TK:
 /// number of arrivals of this and all earlier barriers on that word
 /// (`epoch * world_size * num_programs` for one barrier per run).
 ///
-/// Unlike `barrier_all` (one counter for the whole world), it keeps working when the
-/// kernels of a world use different grid sizes.
+/// Same guarantee as `barrier_all`, but each rank counts on (and polls) its own copy,
+/// not one word on rank 0, at the price of `world_size` signals per program.
 #[helper]
 // The `#[helper]` expansion of `0..ws` trips this lint (not the kernel macro's).
 #[allow(clippy::zero_prefixed_literal)]
