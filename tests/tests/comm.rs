@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera::prelude::*;
+use tessera_tests::kernels::ping_pong;
 use tessera_tests::line_of;
 
 const SOURCE: &str = include_str!("comm.rs");
@@ -38,28 +39,6 @@ fn add_ones(x: f32, k: usize) -> f32 {
 
 // ---------------------------------------------------------------------------------
 // Ping-pong
-
-/// Ping-pong: rank 0 writes a tile to rank 1 and signals; rank 1 waits, adds one,
-/// sends it back. `rounds` times.
-#[kernel]
-fn ping_pong<const B: usize>(data: &mut Symmetric<f32>, sig: &mut Symmetric<u64>, rounds: i32) {
-    let me = rank();
-    let offs = arange::<B>();
-    let all = offs.lt(B as i32);
-    for r in 0..rounds {
-        let round = (r + 1).cast::<u64>();
-        if me.eq(0) {
-            // Serve: send my tile, wait for the return.
-            let v = data.load(offs, all);
-            data.put_signal(1, offs, v, all, sig, 0, round, SignalOp::Set);
-            sig.wait_until(1, CmpPred::Ge, round);
-        } else {
-            sig.wait_until(0, CmpPred::Ge, round);
-            let v = data.load(offs, all) + 1.0f32;
-            data.put_signal(0, offs, v, all, sig, 1, round, SignalOp::Set);
-        }
-    }
-}
 
 #[test]
 fn ping_pong_two_ranks() {

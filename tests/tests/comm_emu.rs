@@ -14,6 +14,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera::prelude::*;
 use tessera::{EmuKind, Error};
+use tessera_tests::kernels::ping_pong;
 
 const CONFIGS: [(EmuKind, usize); 4] = [
     (EmuKind::Nv, 2),
@@ -34,28 +35,6 @@ fn world(kind: EmuKind, n: usize) -> World {
 fn random_f32(seed: u64, n: usize) -> Vec<f32> {
     let mut r = StdRng::seed_from_u64(seed);
     (0..n).map(|_| r.gen_range(-8.0f32..8.0)).collect()
-}
-
-/// Ping-pong between ranks 0 and 1 (`rounds` times); other ranks idle.
-#[kernel]
-fn ping_pong<const B: usize>(data: &mut Symmetric<f32>, sig: &mut Symmetric<u64>, rounds: i32) {
-    let me = rank();
-    let offs = arange::<B>();
-    let all = offs.lt(B as i32);
-    if me.lt(2) {
-        for r in 0..rounds {
-            let round = (r + 1).cast::<u64>();
-            if me.eq(0) {
-                let v = data.load(offs, all);
-                data.put_signal(1, offs, v, all, sig, 0, round, SignalOp::Set);
-                sig.wait_until(1, CmpPred::Ge, round);
-            } else {
-                sig.wait_until(0, CmpPred::Ge, round);
-                let v = data.load(offs, all) + 1.0f32;
-                data.put_signal(0, offs, v, all, sig, 1, round, SignalOp::Set);
-            }
-        }
-    }
 }
 
 #[test]

@@ -7,32 +7,12 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use tessera::prelude::*;
+use tessera_tests::kernels::ping_pong;
 
 const SCENARIO: &str = "TESSERA_PROCS_TEST";
 const SEED: &str = "TESSERA_PROCS_SEED";
 const B: usize = 64;
 const ROUNDS: i32 = 8;
-
-/// Ping-pong between ranks 0 and 1 (the other ranks idle).
-#[kernel]
-fn ping_pong<const B: usize>(data: &mut Symmetric<f32>, sig: &mut Symmetric<u64>, rounds: i32) {
-    let me = rank();
-    let offs = arange::<B>();
-    let all = offs.lt(B as i32);
-    for r in 0..rounds {
-        let round = (r + 1).cast::<u64>();
-        if me.eq(0) {
-            let v = data.load(offs, all);
-            data.put_signal(1, offs, v, all, sig, 0, round, SignalOp::Set);
-            sig.wait_until(1, CmpPred::Ge, round);
-        }
-        if me.eq(1) {
-            sig.wait_until(0, CmpPred::Ge, round);
-            let v = data.load(offs, all) + 1.0f32;
-            data.put_signal(0, offs, v, all, sig, 1, round, SignalOp::Set);
-        }
-    }
-}
 
 /// Every rank stores its tile into slot `rank` of every rank's `data`, then
 /// `barrier_all`, then copies every slot of its own `data` to `out`.
