@@ -14,17 +14,30 @@
 //!
 //! # Execution model
 //!
-//! One launch runs a team of `num_warps * warp_size` OS threads (warp 32 for
-//! [`EmuFlavor::Nv`], 64 for [`EmuFlavor::Amd`]). Blocks run one after another: every
-//! thread calls the kernel for block 0, leaves the team (a barrier some threads never
-//! reach is reported, not hung), meets the others at a block-end barrier, and goes on
-//! with block 1. Per-thread state (thread id, block, shared-memory base, error sink)
-//! lives in a thread-local. Shared memory is one host buffer per launch, reused by
-//! each block in turn.
+//! A GPU thread is a stackful coroutine ([`corosensei`], stacks from
+//! [`stack::StackArena`]); a block's threads are driven by one OS thread
+//! ([`team::Team::step`]): each runs until it parks at a barrier, an unfinished warp
+//! collective or a polling loop, then the next runs. A launch uses a pool of OS
+//! threads the size of the machine (never more than there are blocks), and no OS
+//! thread per GPU thread anywhere:
 //!
-//! Kernels that wait for other blocks or ranks (`wait_until`, `barrier_all`:
-//! [`Function::uses_blocking`]) would deadlock that way, so their blocks all run at
-//! once, each on its own team with its own shared memory ([`launch_in_world`]).
+//! - threads that never meet (no barrier, shuffle, matrix instruction or shared
+//!   memory) need no coroutine: each worker calls the kernel for every thread of its
+//!   blocks in turn;
+//! - otherwise each worker takes the next block, runs its threads as coroutines to
+//!   the end, and reuses the block's state (shared memory, stacks) for its next one;
+//! - kernels that wait for other blocks or ranks (`wait_until`, `barrier_all`:
+//!   [`Function::uses_blocking`]) keep every block live at once: worker `w` owns
+//!   blocks `w, w + W, ...` (each with its own shared memory) and steps them round
+//!   robin; a thread in a polling loop parks, so the thread it waits for runs. The
+//!   only limit is memory, checked before the launch ([`EmuError::OutOfMemory`]).
+//!
+//! Warp collectives are computed once per warp, by the last lane to arrive (a matrix
+//! instruction's product from the gathered fragments, scattered to the lanes).
+//! Per-thread state (thread id, block, shared-memory base, error sink, yielder)
+//! lives in a [`runtime::ThreadCtx`] the driving OS thread points a thread-local at
+//! before resuming the thread; a coroutine never moves to another OS thread.
+//!
 //! Communicating kernels take the hidden parameters of [`crate::comm`]; the heaps
 //! are host memory, so remote accesses are plain host accesses, checked against
 //! every rank's copy of the symmetric buffers.
@@ -39,11 +52,14 @@
 pub mod jit;
 pub mod mma;
 pub(crate) mod runtime;
+pub(crate) mod stack;
 pub mod team;
 
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Barrier, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use corosensei::{Coroutine, CoroutineResult, Yielder};
 
 use tessera_ir::interp::{KernelArg, Scalar};
 use tessera_ir::{Elem, Function, Span};
@@ -51,7 +67,8 @@ use tessera_ir::{Elem, Function, Span};
 use crate::target::EmuFlavor;
 use crate::{CodegenError, CompileOptions};
 use runtime::{Block, Buf, CommCtx, Launch, ThreadCtx};
-use team::Team;
+use stack::{ArenaStack, StackArena};
+use team::{Park, Step, Team};
 
 /// Why an emulated launch failed. Errors in the kernel name the op's
 /// `file:line:col`, the block and the thread.
@@ -68,11 +85,32 @@ pub enum EmuError {
         /// What happened.
         message: String,
     },
-    /// The team's OS threads could not be created.
+    /// The launch's OS threads could not be created.
     #[error("the emulator could not start its threads: {message}")]
     Threads {
         /// The OS's message.
         message: String,
+    },
+    /// The launch needs more memory than the machine has available (checked before
+    /// it starts), or its thread stacks could not be reserved.
+    #[error(
+        "{span}: kernel `{kernel}` needs about {needed_mib} MiB to run {blocks} block(s) x {threads} threads at once on the emulator ({what}); {available}"
+    )]
+    OutOfMemory {
+        /// The kernel.
+        kernel: String,
+        /// Where it is defined.
+        span: Span,
+        /// Blocks live at once.
+        blocks: u64,
+        /// Threads per block.
+        threads: u32,
+        /// The estimate (MiB).
+        needed_mib: u64,
+        /// What the estimate counts.
+        what: String,
+        /// What is available, or the OS's message.
+        available: String,
     },
     /// Launch arguments that do not match the kernel's parameters.
     #[error("{span}: bad arguments for kernel `{kernel}`, parameter `{param}`: {message}")]
@@ -199,25 +237,6 @@ pub enum EmuError {
         /// Number of ranks.
         world_size: i32,
     },
-    /// A kernel that waits (`wait_until`, `barrier_all`) needs all its blocks running
-    /// at once, one OS thread per GPU thread: this grid is too large for that.
-    #[error(
-        "{span}: kernel `{kernel}` waits for other blocks or ranks, so the emulator runs its {blocks} block(s) x {threads} threads at once; the limit is {max_blocks} blocks and {max_threads} threads (use a smaller grid or fewer warps)"
-    )]
-    TooManyBlocks {
-        /// The kernel.
-        kernel: String,
-        /// Where it is defined.
-        span: Span,
-        /// Blocks in the grid.
-        blocks: u64,
-        /// Threads per block.
-        threads: u32,
-        /// The most blocks.
-        max_blocks: u64,
-        /// The most threads in all.
-        max_threads: u64,
-    },
     /// Two threads accessed the same shared memory without a barrier in between.
     #[error(
         "{span}: shared-memory race ({kind}) in `{op}` of kernel `{kernel}`, block {b}: thread {writer} writes and thread {reader} reads without a barrier in between (other access at {other_span})",
@@ -291,21 +310,16 @@ pub struct EmuWorld {
     pub timeout: Duration,
 }
 
-/// The most blocks of a waiting kernel the emulator runs at once (as the
-/// interpreter's limit on resident program instances).
-pub const MAX_RESIDENT_BLOCKS: u64 = 1024;
-/// The most OS threads (blocks x threads per block) of one launch of a waiting kernel.
-pub const MAX_RESIDENT_THREADS: u64 = 8192;
-
 /// Runs `func` on the SIMT emulator: the real lowering for `flavor`, JIT-compiled
 /// for the host (cached), over a `grid` of blocks of `opts.num_warps * warp_size`
-/// OS threads, on the buffers and scalars of `args` (as for
+/// threads, on the buffers and scalars of `args` (as for
 /// [`tessera_ir::interp::run`]: one per parameter, in order).
 ///
-/// Blocks run one after another on one team of threads. Every global access is
-/// checked against the launch's buffers, every shared access is checked for races,
-/// and barriers report divergence; the first error (lowest block, then thread) is
-/// returned after the failing block finishes. Buffers are written in place.
+/// Blocks run in parallel on a pool of OS threads (see the module docs). Every
+/// global access is checked against the launch's buffers, every shared access is
+/// checked for races, and barriers report divergence; no block starts after one has
+/// failed, and the first error (lowest block, then thread) is returned. Buffers are
+/// written in place.
 ///
 /// A communicating kernel runs as rank 0 of a world of one (use [`launch_in_world`]).
 pub fn launch(
@@ -322,9 +336,9 @@ pub fn launch(
 /// parameters of [`crate::comm`] (with `world = None`: rank 0 of 1, with control
 /// words of its own); [`KernelArg::Symmetric`] arguments pass this rank's copy and
 /// make every rank's copy valid for the bounds checker (named like
-/// `data (rank 2's copy)`). Kernels that wait (`wait_until`, `barrier_all`) run all
-/// their blocks at once, each on its own team (at most [`MAX_RESIDENT_BLOCKS`]
-/// blocks and [`MAX_RESIDENT_THREADS`] threads). A failing thread sets every rank's
+/// `data (rank 2's copy)`). Kernels that wait (`wait_until`, `barrier_all`) keep all
+/// their blocks live at once, as coroutines (the limit is memory:
+/// [`EmuError::OutOfMemory`]). A failing thread sets every rank's
 /// `ABORT` word, releasing their waits. A wait that fails leaves its error record in
 /// this rank's control words ([`crate::comm::decode_record`]); the launch itself
 /// returns `Ok` then.
@@ -467,32 +481,31 @@ pub fn launch_in_world(
     let warp = crate::Target::Emu(flavor).warp_size();
     let shared_bytes = k.meta.shared_bytes as usize;
     let concurrent = func.uses_blocking();
-    if concurrent && (total > MAX_RESIDENT_BLOCKS || total * threads as u64 > MAX_RESIDENT_THREADS)
-    {
-        return Err(EmuError::TooManyBlocks {
-            kernel: func.name.clone(),
-            span: func.span.clone(),
-            blocks: total,
-            threads,
-            max_blocks: MAX_RESIDENT_BLOCKS,
-            max_threads: MAX_RESIDENT_THREADS,
-        });
-    }
+    // Threads that never meet (no barrier, shuffle, matrix instruction or shared
+    // memory) need no coroutines.
+    let independent = !concurrent
+        && shared_bytes == 0
+        && !k
+            .sites
+            .iter()
+            .any(|s| matches!(s.what, "barrier" | "shuffle" | "mma"));
+    let workers = std::thread::available_parallelism()
+        .map(|n| n.get() as u64)
+        .unwrap_or(1)
+        .min(total);
+    let live_blocks = if concurrent { total } else { workers };
+    check_memory(func, live_blocks, threads, shared_bytes, independent)?;
     // A team barrier must not give up before the waits do.
     let mut team_timeout = barrier_timeout();
     if uses_comm {
         team_timeout = team_timeout.max(timeout.saturating_add(Duration::from_secs(10)));
     }
-    let nblocks = if concurrent { total as usize } else { 1 };
     let launch = Launch {
         kernel: &func.name,
         kernel_span: &func.span,
         sites: &k.sites,
         grid,
         buffers,
-        blocks: (0..nblocks)
-            .map(|_| Block::new(Team::new(threads, warp, team_timeout), shared_bytes))
-            .collect(),
         comm: uses_comm.then(|| CommCtx {
             rank,
             heap_bases: heap_bases.clone(),
@@ -501,95 +514,389 @@ pub fn launch_in_world(
         failed: AtomicBool::new(false),
         stop: AtomicBool::new(false),
     };
-    // Threads that never meet (no barrier, shuffle, matrix instruction or shared
-    // memory) need no team: a few workers run the (block, thread) pairs one by one.
-    let independent = shared_bytes == 0
-        && !k
-            .sites
-            .iter()
-            .any(|s| matches!(s.what, "barrier" | "shuffle" | "mma"));
-    if independent && !concurrent {
-        let workers = std::thread::available_parallelism()
-            .map(|n| n.get() as u64)
-            .unwrap_or(1)
-            .min(total);
-        let spawn_error = std::thread::scope(|s| {
-            let mut spawn_error = None;
-            for w in 0..workers {
-                let launch = &launch;
-                let entry = k.entry;
-                let arg_addr = arg_ptrs.as_ptr() as usize;
-                let spawned = std::thread::Builder::new()
-                    .name(format!("emu-worker-{w}"))
-                    .stack_size(8 << 20)
-                    .spawn_scoped(s, move || {
-                        run_independent(w, workers, threads, launch, entry, arg_addr, total)
-                    });
-                if let Err(e) = spawned {
-                    spawn_error = Some(e.to_string());
+    let job = Job {
+        launch: &launch,
+        entry: k.entry,
+        args: arg_ptrs.as_ptr() as usize,
+        threads,
+        warp,
+        shared_bytes,
+        total,
+        workers,
+        next: AtomicU64::new(0),
+        team_timeout,
+    };
+    let outcome = std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for w in 0..workers {
+            let job = &job;
+            let spawned = std::thread::Builder::new()
+                .name(format!("emu-worker-{w}"))
+                .stack_size(8 << 20)
+                .spawn_scoped(s, move || {
+                    if independent {
+                        job.run_independent();
+                        Ok(())
+                    } else if concurrent {
+                        job.run_resident(w)
+                    } else {
+                        job.run_blocks()
+                    }
+                });
+            match spawned {
+                Ok(h) => handles.push(h),
+                Err(e) => {
+                    // Resident blocks of a waiting kernel need every worker; the
+                    // ones started see the abort and end.
                     launch.stop.store(true, Ordering::Release);
-                    break;
-                }
-            }
-            spawn_error
-        });
-        if let Some(message) = spawn_error {
-            return Err(EmuError::Threads { message });
-        }
-        return first_error(launch);
-    }
-    let sync = Barrier::new(threads as usize);
-    // Threads start once all of them exist (`Some(true)`), or go home (`Some(false)`).
-    let start = (Mutex::new(None::<bool>), Condvar::new());
-    let entry = k.entry;
-    let arg_addr = arg_ptrs.as_ptr() as usize;
-    let spawn_error = std::thread::scope(|s| {
-        let mut spawn_error = None;
-        'spawn: for b in 0..nblocks as u64 {
-            for tid in 0..threads {
-                let (launch, sync, start) = (&launch, &sync, &start);
-                let name = if concurrent {
-                    format!("emu-{b}-{tid}")
-                } else {
-                    format!("emu-{tid}")
-                };
-                // Waiting kernels run many threads at once: smaller stacks.
-                let stack = if concurrent { 2 << 20 } else { 8 << 20 };
-                let spawned = std::thread::Builder::new()
-                    .name(name)
-                    .stack_size(stack)
-                    .spawn_scoped(s, move || {
-                        let mut go = start.0.lock().unwrap_or_else(|p| p.into_inner());
-                        while go.is_none() {
-                            go = start.1.wait(go).unwrap_or_else(|p| p.into_inner());
-                        }
-                        if *go == Some(true) {
-                            drop(go);
-                            if concurrent {
-                                run_block(b, tid, launch, entry, arg_addr);
-                            } else {
-                                run_thread(tid, launch, sync, entry, arg_addr, total);
-                            }
-                        }
+                    if let Some(c) = &launch.comm {
+                        c.abort();
+                    }
+                    return Err(EmuError::Threads {
+                        message: e.to_string(),
                     });
-                if let Err(e) = spawned {
-                    spawn_error = Some(e.to_string());
-                    break 'spawn;
                 }
             }
         }
-        *start.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(spawn_error.is_none());
-        start.1.notify_all();
-        spawn_error
+        let mut first = Ok(());
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(EmuError::Threads {
+                    message: "an emulator worker panicked".into(),
+                })
+            });
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
     });
-    if let Some(message) = spawn_error {
-        return Err(EmuError::Threads { message });
-    }
+    outcome?;
     let comm = launch.comm.as_ref().map(|c| c.heap_bases[c.rank as usize]);
     first_error(launch)?;
     match comm {
         Some(base) => take_record(func, rank, base, timeout),
         None => Ok(()),
+    }
+}
+
+/// Resident memory a coroutine's stack is expected to touch (a kernel frame and the
+/// runtime calls it makes; see BENCHMARKS.md for measured depths).
+const STACK_RESIDENT_ESTIMATE: u64 = 16 << 10;
+
+/// Checks that `blocks` live blocks of `threads` threads with `shared` bytes of
+/// shared memory each fit in the memory the machine has available.
+fn check_memory(
+    func: &Function,
+    blocks: u64,
+    threads: u32,
+    shared: usize,
+    independent: bool,
+) -> Result<(), EmuError> {
+    let coroutines = if independent { 0 } else { blocks * threads as u64 };
+    // Shared memory and its two race-detection shadow words per byte, the team's
+    // exchange slots, a context and a stack per thread.
+    let per_block = shared as u64 * 17 + threads as u64 * (2 * team::SLOT_WORDS as u64 * 8 + 256);
+    let needed = blocks
+        .saturating_mul(per_block)
+        .saturating_add(coroutines.saturating_mul(STACK_RESIDENT_ESTIMATE));
+    let Some(avail) = available_memory() else {
+        return Ok(());
+    };
+    if needed <= avail {
+        return Ok(());
+    }
+    Err(EmuError::OutOfMemory {
+        kernel: func.name.clone(),
+        span: func.span.clone(),
+        blocks,
+        threads,
+        needed_mib: needed >> 20,
+        what: format!(
+            "{shared} B of shared memory per block with its race shadow, {} KiB of stack per thread",
+            STACK_RESIDENT_ESTIMATE >> 10
+        ),
+        available: format!(
+            "{} MiB are available (use a smaller grid or fewer warps)",
+            avail >> 20
+        ),
+    })
+}
+
+/// `MemAvailable` of `/proc/meminfo`, in bytes (`None` where it cannot be read).
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// One launch as the workers see it.
+struct Job<'a> {
+    launch: &'a Launch<'a>,
+    entry: unsafe extern "C" fn(*const *const u8),
+    /// The argument pointer array (as an address: shared by the workers).
+    args: usize,
+    threads: u32,
+    warp: u32,
+    shared_bytes: usize,
+    total: u64,
+    workers: u64,
+    /// The next block to take (sequential launches).
+    next: AtomicU64,
+    team_timeout: Duration,
+}
+
+/// How long a block has polled without progress ([`Team::progress`]).
+#[derive(Default)]
+struct PollClock {
+    progress: u64,
+    since: Option<Instant>,
+}
+
+impl PollClock {
+    /// After a step that ended polling: true when the block made progress since the
+    /// last check; times the team out after `timeout` without any.
+    fn check(&mut self, team: &Team, timeout: Duration) -> bool {
+        let p = team.progress();
+        if p != self.progress || self.since.is_none() {
+            let moved = p != self.progress;
+            self.progress = p;
+            self.since = Some(Instant::now());
+            return moved;
+        }
+        if self.since.is_some_and(|t| t.elapsed() > timeout) {
+            team.time_out();
+        }
+        false
+    }
+}
+
+/// A GPU thread as a coroutine on an arena stack.
+type Thread<'s> = Coroutine<(), Park, (), ArenaStack<'s>>;
+
+impl Job<'_> {
+    /// The next block for a worker of a sequential launch: none once the launch has
+    /// failed (blocks taken before still finish, so the lowest failing block is the
+    /// one reported).
+    fn take(&self) -> Option<u64> {
+        if self.launch.stop.load(Ordering::Acquire) || self.launch.failed.load(Ordering::Acquire)
+        {
+            return None;
+        }
+        let lin = self.next.fetch_add(1, Ordering::AcqRel);
+        (lin < self.total).then_some(lin)
+    }
+
+    fn arena(&self, count: usize) -> Result<StackArena, EmuError> {
+        StackArena::new(count).map_err(|e| EmuError::OutOfMemory {
+            kernel: self.launch.kernel.to_string(),
+            span: self.launch.kernel_span.clone(),
+            blocks: (count / self.threads.max(1) as usize) as u64,
+            threads: self.threads,
+            needed_mib: (e.bytes >> 20) as u64,
+            what: format!("{count} coroutine stacks reserved"),
+            available: format!("the reservation failed: {}", e.message),
+        })
+    }
+
+    /// Every thread of the blocks this worker takes, one after another (threads that
+    /// never meet: any order is a valid schedule).
+    fn run_independent(&self) {
+        let blk = Block::new(Team::new(self.threads, self.warp), 0);
+        while let Some(lin) = self.take() {
+            for tid in 0..self.threads {
+                let ctx = ThreadCtx::new(tid, self.launch, &blk, lin);
+                let _guard = runtime::enter(&ctx);
+                // SAFETY: `entry` is the JIT-compiled wrapper of this launch's kernel
+                // and `args` holds one pointer per kernel parameter to a value of its
+                // type, alive for the launch; buffer pointers cover their buffers, and
+                // the runtime checks every global access against them. The kernel
+                // calls no collective, so running its threads one after another is a
+                // valid schedule.
+                unsafe { (self.entry)(self.args as *const *const u8) };
+            }
+        }
+    }
+
+    /// The coroutine of thread `ctx` on `stack`.
+    fn spawn<'s>(&self, ctx: &ThreadCtx<'_>, stack: ArenaStack<'s>) -> Thread<'s> {
+        let (entry, args) = (self.entry, self.args);
+        let ctx = ctx as *const ThreadCtx<'_> as usize;
+        let body = move |y: &Yielder<(), Park>, ()| {
+            // SAFETY: the context outlives the coroutine: the worker keeps it until
+            // the coroutine has finished (every coroutine is driven to its end).
+            let ctx = unsafe { &*(ctx as *const ThreadCtx<'_>) };
+            ctx.yielder.set(y as *const Yielder<(), Park>);
+            // SAFETY: as in `run_independent`; the kernel's collectives park the
+            // coroutine through `ctx.yielder` and resume when the team releases them.
+            unsafe { entry(args as *const *const u8) };
+            ctx.yielder.set(std::ptr::null());
+        };
+        // SAFETY: the closure borrows nothing (it holds addresses); what they point to
+        // (the context, the arguments, the launch) outlives the coroutine, which the
+        // worker drives to completion before any of it goes.
+        unsafe { Coroutine::with_stack_unchecked(stack, body) }
+    }
+
+    /// Resumes thread `tid` of a block (its context made current); `None` when it
+    /// ended. Aborts the process if the thread overflowed its stack.
+    fn resume(
+        &self,
+        threads: &mut [Option<Thread<'_>>],
+        ctxs: &[ThreadCtx<'_>],
+        arena: &StackArena,
+        first_stack: usize,
+        tid: u32,
+    ) -> Option<Park> {
+        let t = tid as usize;
+        runtime::switch_to(&ctxs[t]);
+        let co = threads[t].as_mut()?;
+        let r = co.resume(());
+        if !arena.intact(first_stack + t) {
+            eprintln!(
+                "tessera emulator: thread {tid} of kernel `{}` overflowed its {} KiB stack; aborting",
+                self.launch.kernel,
+                stack::STACK_BYTES >> 10
+            );
+            std::process::abort();
+        }
+        match r {
+            CoroutineResult::Yield(p) => Some(p),
+            CoroutineResult::Return(()) => {
+                threads[t] = None;
+                None
+            }
+        }
+    }
+
+    /// Records the team's own error (divergence, timeout) for its block.
+    fn record_team(&self, blk: &Block, ctx: &ThreadCtx<'_>) {
+        if let Some((tid, e)) = blk.team.take_error() {
+            let e = self
+                .launch
+                .team_error(e, ctx.block.get(), blk.team.threads());
+            self.launch.record(ctx.block_lin.get(), tid, e);
+        }
+    }
+
+    /// Sequential launches: this worker takes blocks one at a time and runs each
+    /// block's threads as coroutines to the end.
+    fn run_blocks(&self) -> Result<(), EmuError> {
+        let n = self.threads as usize;
+        let arena = self.arena(n)?;
+        let blk = Block::new(Team::new(self.threads, self.warp), self.shared_bytes);
+        while let Some(lin) = self.take() {
+            blk.team.reset();
+            blk.clear_shadow();
+            let ctxs: Vec<ThreadCtx<'_>> = (0..self.threads)
+                .map(|tid| ThreadCtx::new(tid, self.launch, &blk, lin))
+                .collect();
+            let mut threads: Vec<Option<Thread<'_>>> = ctxs
+                .iter()
+                .enumerate()
+                .map(|(i, c)| Some(self.spawn(c, arena.stack(i))))
+                .collect();
+            let _guard = runtime::enter(&ctxs[0]);
+            let mut poll = PollClock::default();
+            while blk
+                .team
+                .step(|tid| self.resume(&mut threads, &ctxs, &arena, 0, tid))
+                == Step::Polling
+            {
+                // A kernel that polls without waiting for anyone else (only
+                // blocking kernels wait): bounded like a barrier.
+                poll.check(&blk.team, self.team_timeout);
+            }
+            self.record_team(&blk, &ctxs[0]);
+        }
+        Ok(())
+    }
+
+    /// Waiting kernels: every block live at once; worker `w` owns blocks `w, w + W,
+    /// ...` and steps them round robin until all have ended.
+    fn run_resident(&self, w: u64) -> Result<(), EmuError> {
+        let mine: Vec<u64> = (w..self.total).step_by(self.workers as usize).collect();
+        let n = self.threads as usize;
+        let arena = match self.arena(n * mine.len()) {
+            Ok(a) => a,
+            Err(e) => {
+                // The other workers' blocks would wait for these forever.
+                if let Some(c) = &self.launch.comm {
+                    c.abort();
+                }
+                self.launch.failed.store(true, Ordering::Release);
+                return Err(e);
+            }
+        };
+        let blocks: Vec<Block> = mine
+            .iter()
+            .map(|_| Block::new(Team::new(self.threads, self.warp), self.shared_bytes))
+            .collect();
+        let ctxs: Vec<Vec<ThreadCtx<'_>>> = mine
+            .iter()
+            .zip(&blocks)
+            .map(|(&lin, blk)| {
+                (0..self.threads)
+                    .map(|tid| ThreadCtx::new(tid, self.launch, blk, lin))
+                    .collect()
+            })
+            .collect();
+        let mut threads: Vec<Vec<Option<Thread<'_>>>> = ctxs
+            .iter()
+            .enumerate()
+            .map(|(b, cs)| {
+                cs.iter()
+                    .enumerate()
+                    .map(|(i, c)| Some(self.spawn(c, arena.stack(b * n + i))))
+                    .collect()
+            })
+            .collect();
+        let Some(first) = ctxs.first().and_then(|c| c.first()) else {
+            return Ok(());
+        };
+        let _guard = runtime::enter(first);
+        let mut done = vec![false; mine.len()];
+        let mut poll: Vec<PollClock> = mine.iter().map(|_| PollClock::default()).collect();
+        let mut idle_rounds = 0u32;
+        while done.iter().any(|d| !d) {
+            let mut progressed = false;
+            for b in 0..mine.len() {
+                if done[b] {
+                    continue;
+                }
+                let blk = &blocks[b];
+                let step = blk
+                    .team
+                    .step(|tid| self.resume(&mut threads[b], &ctxs[b], &arena, b * n, tid));
+                match step {
+                    Step::Done => {
+                        done[b] = true;
+                        progressed = true;
+                        self.record_team(blk, &ctxs[b][0]);
+                    }
+                    Step::Polling => {
+                        progressed |= poll[b].check(&blk.team, self.team_timeout);
+                        self.record_team(blk, &ctxs[b][0]);
+                    }
+                }
+            }
+            // Every live block only polled: the threads they wait for belong to other
+            // workers or ranks. Back off a little (more the longer nothing moves).
+            if progressed {
+                idle_rounds = 0;
+            } else {
+                idle_rounds = idle_rounds.saturating_add(1);
+                if idle_rounds > 4 {
+                    std::thread::sleep(Duration::from_micros(
+                        (5u64 << (idle_rounds - 4).min(5)).min(100),
+                    ));
+                } else {
+                    std::thread::yield_now();
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -611,40 +918,13 @@ fn take_record(func: &Function, rank: u32, base: u64, timeout: Duration) -> Resu
 }
 
 /// The block coordinates of linear block `lin`.
-fn block_of(grid: [u32; 3], lin: u64) -> [u32; 3] {
+pub(crate) fn block_of(grid: [u32; 3], lin: u64) -> [u32; 3] {
     let [gx, gy, _] = grid.map(|g| g as u64);
     [
         (lin % gx) as u32,
         ((lin / gx) % gy) as u32,
         (lin / (gx * gy)) as u32,
     ]
-}
-
-/// Thread `tid` of block `lin`, on that block's own team (all blocks run at once).
-fn run_block(
-    lin: u64,
-    tid: u32,
-    launch: &Launch<'_>,
-    entry: unsafe extern "C" fn(*const *const u8),
-    args: usize,
-) {
-    let blk = &launch.blocks[lin as usize];
-    let ctx = ThreadCtx {
-        tid,
-        launch,
-        blk,
-        block: std::cell::Cell::new(block_of(launch.grid, lin)),
-        block_lin: std::cell::Cell::new(lin),
-        epoch: std::cell::Cell::new(0),
-        scratch: std::cell::UnsafeCell::new(runtime::Scratch([0; 64])),
-    };
-    let _guard = runtime::enter(&ctx);
-    // SAFETY: as in `run_thread`.
-    unsafe { entry(args as *const *const u8) };
-    if let Err(e) = blk.team.exit(tid) {
-        let e = launch.team_error(e, ctx.block.get(), blk.team.threads());
-        launch.record(lin, tid, e);
-    }
 }
 
 /// The recorded error of the lowest (block, thread), if any.
@@ -656,90 +936,5 @@ fn first_error(launch: Launch<'_>) -> Result<(), EmuError> {
     match errs.into_iter().min_by_key(|e| (e.0, e.1)) {
         Some((_, _, e)) => Err(e),
         None => Ok(()),
-    }
-}
-
-/// Worker `w` of `workers` runs every thread of blocks `w, w + workers, ...` in turn
-/// (for kernels whose threads never interact).
-fn run_independent(
-    w: u64,
-    workers: u64,
-    threads: u32,
-    launch: &Launch<'_>,
-    entry: unsafe extern "C" fn(*const *const u8),
-    args: usize,
-    total: u64,
-) {
-    let mut lin = w;
-    while lin < total && !launch.stop.load(Ordering::Relaxed) {
-        let block = block_of(launch.grid, lin);
-        for tid in 0..threads {
-            let ctx = ThreadCtx {
-                tid,
-                launch,
-                blk: &launch.blocks[0],
-                block: std::cell::Cell::new(block),
-                block_lin: std::cell::Cell::new(lin),
-                epoch: std::cell::Cell::new(0),
-                scratch: std::cell::UnsafeCell::new(runtime::Scratch([0; 64])),
-            };
-            let _guard = runtime::enter(&ctx);
-            // SAFETY: as in `run_thread`; the kernel calls no collective, so running
-            // its threads one after another is a valid schedule.
-            unsafe { entry(args as *const *const u8) };
-        }
-        if launch.failed.load(Ordering::Acquire) {
-            // Blocks below this one still run (the lowest failing block is reported).
-            launch.stop.store(true, Ordering::Release);
-        }
-        lin += workers;
-    }
-}
-
-fn run_thread(
-    tid: u32,
-    launch: &Launch<'_>,
-    sync: &Barrier,
-    entry: unsafe extern "C" fn(*const *const u8),
-    args: usize,
-    total: u64,
-) {
-    let blk = &launch.blocks[0];
-    let ctx = ThreadCtx {
-        tid,
-        launch,
-        blk,
-        block: std::cell::Cell::new([0; 3]),
-        block_lin: std::cell::Cell::new(0),
-        epoch: std::cell::Cell::new(0),
-        scratch: std::cell::UnsafeCell::new(runtime::Scratch([0; 64])),
-    };
-    let _guard = runtime::enter(&ctx);
-    for lin in 0..total {
-        ctx.block.set(block_of(launch.grid, lin));
-        ctx.block_lin.set(lin);
-        ctx.epoch.set(0);
-        // SAFETY: `entry` is the JIT-compiled wrapper of this launch's kernel and
-        // `args` holds one pointer per kernel parameter to a value of its type, alive
-        // for the launch; buffer pointers cover their buffers, and the runtime checks
-        // every global access against them.
-        unsafe { entry(args as *const *const u8) };
-        if let Err(e) = blk.team.exit(tid) {
-            let e = launch.team_error(e, ctx.block.get(), blk.team.threads());
-            launch.record(lin, tid, e);
-        }
-        sync.wait();
-        // Every thread has finished the block: decide (once) whether to go on. The
-        // decision is read after the second barrier, before anyone can fail again.
-        if tid == 0 {
-            blk.team.reset();
-            blk.clear_shadow();
-            let failed = launch.failed.load(Ordering::Acquire);
-            launch.stop.store(failed, Ordering::Release);
-        }
-        sync.wait();
-        if launch.stop.load(Ordering::Acquire) {
-            break;
-        }
     }
 }

@@ -1,9 +1,11 @@
 //! The functions JIT-compiled kernels call (see [`crate::lower::emu_arch`]), and the
 //! per-launch and per-thread state they work on.
 //!
-//! Each OS thread of a launch's [`Team`] holds a pointer to its [`ThreadCtx`] in a
-//! thread-local; the `extern "C"` functions below find their thread's id, block, team,
-//! shared memory and error sink there. They never panic (a panic cannot unwind through
+//! The OS thread driving a block points a thread-local at the [`ThreadCtx`] of the
+//! GPU thread (coroutine) it resumes; the `extern "C"` functions below find their
+//! thread's id, block, team, shared memory and error sink there, and park the
+//! coroutine (through its yielder) at barriers, unfinished warp collectives and
+//! polling loops. They never panic (a panic cannot unwind through
 //! JIT-compiled frames): misuse is recorded as an [`EmuError`] and the launch stops
 //! after the current block.
 //!
@@ -19,12 +21,14 @@ use std::cell::{Cell, UnsafeCell};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use corosensei::Yielder;
+
 use half::{bf16, f16};
 use tessera_ir::Span;
 
 use super::EmuError;
 use super::mma::{self, Half};
-use super::team::{Team, TeamError};
+use super::team::{Park, Team, TeamError};
 use crate::lower::Site;
 
 /// A buffer argument of a launch.
@@ -36,15 +40,16 @@ pub(crate) struct Buf {
 }
 
 /// The state of one running block: its team of threads, its shared memory and the
-/// race-detection shadow. Sequential launches reuse one for every block; launches of
-/// blocking kernels have one per block (all blocks run at once).
+/// race-detection shadow. Each worker of a launch reuses one for every block it runs;
+/// launches of blocking kernels have one per block (all blocks are live at once). A
+/// block is touched only by the OS thread that drives it.
 pub(crate) struct Block {
     pub team: Team,
     /// The block's shared memory (owned by `_mem`).
     pub shared: *mut u8,
     pub shared_bytes: usize,
-    pub shadow_write: Vec<AtomicU64>,
-    pub shadow_read: Vec<AtomicU64>,
+    pub shadow_write: Vec<Cell<u64>>,
+    pub shadow_read: Vec<Cell<u64>>,
     _mem: Vec<u128>,
 }
 
@@ -55,8 +60,8 @@ impl Block {
             team,
             shared: mem.as_mut_ptr() as *mut u8,
             shared_bytes,
-            shadow_write: (0..shared_bytes).map(|_| AtomicU64::new(0)).collect(),
-            shadow_read: (0..shared_bytes).map(|_| AtomicU64::new(0)).collect(),
+            shadow_write: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
+            shadow_read: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
             _mem: mem,
         }
     }
@@ -64,7 +69,7 @@ impl Block {
     /// Clears the race-detection shadow for the next block.
     pub(crate) fn clear_shadow(&self) {
         for w in self.shadow_write.iter().chain(&self.shadow_read) {
-            w.store(0, Ordering::Relaxed);
+            w.set(0);
         }
     }
 }
@@ -100,8 +105,6 @@ pub(crate) struct Launch<'a> {
     pub sites: &'a [Site],
     pub grid: [u32; 3],
     pub buffers: Vec<Buf>,
-    /// One per block running at once.
-    pub blocks: Vec<Block>,
     /// The world of a communicating kernel.
     pub comm: Option<CommCtx>,
     /// Errors with their (linear block, thread) for picking the first.
@@ -110,13 +113,6 @@ pub(crate) struct Launch<'a> {
     /// Set between blocks when the launch stops.
     pub stop: AtomicBool,
 }
-
-// SAFETY: `shared` points to memory owned by the block, which outlives every thread
-// of the launch; the threads access it only through JIT-compiled kernel code, the way
-// GPU threads access shared memory (barriers order the accesses).
-unsafe impl Sync for Block {}
-// SAFETY: as above.
-unsafe impl Send for Block {}
 
 /// Errors kept per launch (the first is reported; a broken kernel may fail millions of
 /// times).
@@ -197,6 +193,36 @@ pub(crate) struct ThreadCtx<'a> {
     pub epoch: Cell<u32>,
     /// Where out-of-bounds accesses go instead.
     pub scratch: UnsafeCell<Scratch>,
+    /// The yielder of the coroutine this thread runs as (null when it runs as a
+    /// plain call: threads that never meet).
+    pub yielder: Cell<*const Yielder<(), Park>>,
+}
+
+impl<'a> ThreadCtx<'a> {
+    /// Thread `tid` of `blk`, at block `lin` of the launch's grid.
+    pub(crate) fn new(tid: u32, launch: &'a Launch<'a>, blk: &'a Block, lin: u64) -> ThreadCtx<'a> {
+        ThreadCtx {
+            tid,
+            launch,
+            blk,
+            block: Cell::new(super::block_of(launch.grid, lin)),
+            block_lin: Cell::new(lin),
+            epoch: Cell::new(0),
+            scratch: UnsafeCell::new(Scratch([0; 64])),
+            yielder: Cell::new(std::ptr::null()),
+        }
+    }
+
+    /// Suspends the calling coroutine (returns at once outside one).
+    fn park(&self, p: Park) {
+        let y = self.yielder.get();
+        if !y.is_null() {
+            // SAFETY: the coroutine stored its own yielder before running the kernel;
+            // it lives on the coroutine's stack for as long as the coroutine runs,
+            // and only the coroutine itself (running now) calls `park`.
+            unsafe { &*y }.suspend(p);
+        }
+    }
 }
 
 /// A harmless place for a bad access (up to 64 bytes, any alignment up to 64).
@@ -219,15 +245,22 @@ pub(crate) fn enter<'a>(ctx: &'a ThreadCtx<'a>) -> impl Drop + 'a {
     Guard(std::marker::PhantomData)
 }
 
+/// Makes `ctx` the calling thread's context (the scheduler, before resuming the
+/// coroutine of `ctx`'s thread; `enter`'s guard, held around the whole schedule,
+/// clears it at the end).
+pub(crate) fn switch_to(ctx: &ThreadCtx<'_>) {
+    CURRENT.with(|c| c.set(ctx as *const ThreadCtx as *const ()));
+}
+
 /// Runs `f` on the calling thread's context, or returns `default` outside a launch.
 fn with<R>(default: R, f: impl FnOnce(&ThreadCtx<'_>) -> R) -> R {
     let p = CURRENT.with(|c| c.get());
     if p.is_null() {
         return default;
     }
-    // SAFETY: `enter` stored a pointer to a `ThreadCtx` that lives on this thread's
-    // stack for as long as the guard (which clears the pointer) lives; kernels (the
-    // only callers) run inside that scope.
+    // SAFETY: `enter`/`switch_to` stored a pointer to a `ThreadCtx` that outlives the
+    // guard (which clears the pointer) of the schedule driving it; kernels (the only
+    // callers) run inside that scope, on the thread whose context was set.
     f(unsafe { &*(p as *const ThreadCtx<'_>) })
 }
 
@@ -236,12 +269,6 @@ impl ThreadCtx<'_> {
         self.launch.record(self.block_lin.get(), self.tid, e);
     }
 
-    fn team_fail(&self, e: TeamError) {
-        let e = self
-            .launch
-            .team_error(e, self.block.get(), self.blk.team.threads());
-        self.fail(e);
-    }
 }
 
 extern "C" fn tessera_emu_tid() -> i32 {
@@ -258,26 +285,16 @@ extern "C" fn tessera_emu_num_programs(axis: i32) -> i32 {
 
 extern "C" fn tessera_emu_barrier(site: i32) {
     with((), |c| {
-        if let Err(e) = c.blk.team.barrier(site as u32) {
-            c.team_fail(e);
-        }
+        c.blk.team.barrier(c.tid, site as u32, |p| c.park(p));
         c.epoch.set(c.epoch.get() + 1);
     })
 }
 
 extern "C" fn tessera_emu_shuffle_xor(v: i32, mask: i32, site: i32) -> i32 {
     with(0, |c| {
-        match c
-            .blk
+        c.blk
             .team
-            .shuffle_xor(c.tid, site as u32, v as u32, mask as u32)
-        {
-            Ok(x) => x as i32,
-            Err(e) => {
-                c.team_fail(e);
-                0
-            }
-        }
+            .shuffle_xor(c.tid, site as u32, v as u32, mask as u32, |p| c.park(p)) as i32
     })
 }
 
@@ -293,12 +310,12 @@ extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: i32) -> *mu
         let inside = bufs
             .iter()
             .find(|b| addr >= b.base && addr.wrapping_add(n) <= b.base + b.len_bytes);
+        // The lowering aligns every access to its size (a GPU faults otherwise).
+        if inside.is_some() && addr.is_multiple_of(n) {
+            return p;
+        }
         let (span, op) = c.launch.site(site as u32);
         if let Some(b) = inside {
-            // The lowering aligns every access to its size (a GPU faults otherwise).
-            if addr.is_multiple_of(n) {
-                return p;
-            }
             c.fail(EmuError::Misaligned {
                 kernel: c.launch.kernel.to_string(),
                 op,
@@ -346,12 +363,18 @@ extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: i32) -> *mu
 }
 
 /// Nanoseconds since the first call (a monotonic clock). Kernels call it in polling
-/// loops, so it also gives the core away: the emulator runs far more threads than
-/// there are cores, and the thread being waited for may need this one.
+/// loops, so it also parks the polling thread ([`Park::Poll`]): the thread being
+/// waited for (of this block, another block or another rank) gets its turn.
 extern "C" fn tessera_emu_timer_ns() -> i64 {
     static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
     let epoch = *EPOCH.get_or_init(std::time::Instant::now);
-    std::thread::sleep(std::time::Duration::from_micros(20));
+    with((), |c| {
+        if c.yielder.get().is_null() {
+            std::thread::yield_now();
+        } else {
+            c.park(Park::Poll);
+        }
+    });
     i64::try_from(epoch.elapsed().as_nanos()).unwrap_or(i64::MAX)
 }
 
@@ -404,7 +427,7 @@ extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, sit
             } else {
                 (&k.shadow_write[b], &k.shadow_read[b])
             };
-            let other = check.load(Ordering::Relaxed);
+            let other = check.get();
             if other != 0
                 && (other >> 32) as u32 == epoch
                 && owner(other) != c.tid + 1
@@ -433,7 +456,7 @@ extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, sit
                     },
                 });
             }
-            mark.store(me, Ordering::Relaxed);
+            mark.set(me);
         }
     })
 }
@@ -447,36 +470,44 @@ fn nv_mma(ty: Half, a: [u32; 4], b: [u32; 2], cf: [f32; 4], d: *mut f32, site: i
         }
         dep[4] = b[0] as u64;
         dep[5] = b[1] as u64;
-        let lane = (c.tid % 32) as usize;
-        let r = c
-            .blk
-            .team
-            .warp_collective(c.tid, site as u32, &dep, |read| {
+        let r = c.blk.team.warp_collective(
+            c.tid,
+            site as u32,
+            &dep,
+            |p| c.park(p),
+            |w| {
+                // Once per warp: gather every lane's fragments, multiply, scatter D.
                 let av: Vec<[u32; 4]> = (0..32)
-                    .map(|l| std::array::from_fn(|i| read(l, i) as u32))
+                    .map(|l| std::array::from_fn(|i| w.read(l, i) as u32))
                     .collect();
                 let bv: Vec<[u32; 2]> = (0..32)
-                    .map(|l| std::array::from_fn(|i| read(l, 4 + i) as u32))
+                    .map(|l| std::array::from_fn(|i| w.read(l, 4 + i) as u32))
                     .collect();
                 let cv: Vec<[f32; 4]> = (0..32)
-                    .map(|l| std::array::from_fn(|i| f32::from_bits(read(l, 6 + i) as u32)))
+                    .map(|l| std::array::from_fn(|i| f32::from_bits(w.read(l, 6 + i) as u32)))
                     .collect();
-                mma::nv_m16n8k16(ty, &av, &bv, &cv)[lane]
-            });
-        write_d(c, r, d);
+                scatter_d(w, &mma::nv_m16n8k16(ty, &av, &bv, &cv));
+            },
+        );
+        write_d(r, d);
     })
 }
 
-/// Writes a lane's D fragment (zeros after a team error, which is recorded) to the
-/// kernel's `[4 x float]` stack slot `d`.
-fn write_d(c: &ThreadCtx, r: Result<[f32; 4], TeamError>, d: *mut f32) {
-    let out = r.unwrap_or_else(|e| {
-        c.team_fail(e);
-        [0.0; 4]
-    });
-    for (i, v) in out.iter().enumerate() {
+/// Writes every lane's D fragment to its result slots.
+fn scatter_d(w: &super::team::WarpView<'_>, d: &[[f32; 4]]) {
+    for (l, frag) in d.iter().enumerate().take(w.lanes() as usize) {
+        for (i, v) in frag.iter().enumerate() {
+            w.write(l as u32, i, v.to_bits() as u64);
+        }
+    }
+}
+
+/// Writes a lane's D fragment (zeros after a team error) to the kernel's
+/// `[4 x float]` stack slot `d`.
+fn write_d(r: [u64; super::team::SLOT_WORDS], d: *mut f32) {
+    for (i, v) in r.iter().take(4).enumerate() {
         // SAFETY: the kernel passes a pointer to its `[4 x float]` stack slot.
-        unsafe { d.add(i).write(*v) };
+        unsafe { d.add(i).write(f32::from_bits(*v as u32)) };
     }
 }
 
@@ -489,23 +520,25 @@ fn amd_mma(ty: Half, ab: [u32; 8], cf: [f32; 4], d: *mut f32, site: i32) {
         for i in 0..4 {
             dep[8 + i] = cf[i].to_bits() as u64;
         }
-        let lane = (c.tid % 64) as usize;
-        let r = c
-            .blk
-            .team
-            .warp_collective(c.tid, site as u32, &dep, |read| {
+        let r = c.blk.team.warp_collective(
+            c.tid,
+            site as u32,
+            &dep,
+            |p| c.park(p),
+            |w| {
                 let av: Vec<[u16; 4]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| read(l, i) as u16))
+                    .map(|l| std::array::from_fn(|i| w.read(l, i) as u16))
                     .collect();
                 let bv: Vec<[u16; 4]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| read(l, 4 + i) as u16))
+                    .map(|l| std::array::from_fn(|i| w.read(l, 4 + i) as u16))
                     .collect();
                 let cv: Vec<[f32; 4]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| f32::from_bits(read(l, 8 + i) as u32)))
+                    .map(|l| std::array::from_fn(|i| f32::from_bits(w.read(l, 8 + i) as u32)))
                     .collect();
-                mma::amd_16x16x16(ty, &av, &bv, &cv)[lane]
-            });
-        write_d(c, r, d);
+                scatter_d(w, &mma::amd_16x16x16(ty, &av, &bv, &cv));
+            },
+        );
+        write_d(r, d);
     })
 }
 

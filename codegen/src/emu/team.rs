@@ -1,19 +1,34 @@
-//! The thread team of the SIMT emulator: the threads of one block run as OS threads
-//! that meet at barriers, exchange values within a warp, and execute warp-collective
-//! matrix instructions, with the GPU's meaning, and with every misuse reported instead
-//! of hung: a barrier that some threads of the block never reach (they exited, or sit
-//! at another barrier) and a barrier that times out are errors.
+//! The thread team of the SIMT emulator: the threads of one block as stackful
+//! coroutines ([`corosensei`]) driven by one OS thread, with the GPU's meaning for
+//! barriers and warp collectives, and every misuse reported instead of hung.
+//!
+//! A thread runs until it *parks*: at a block barrier, at a warp collective its warp
+//! has not completed, or in a polling loop ([`Park::Poll`], the timer call of
+//! `wait_until`/`barrier_all`). [`Team::step`] resumes the runnable threads in thread
+//! order until every thread has ended ([`Step::Done`]) or only polling threads can
+//! move ([`Step::Polling`]: the caller runs other blocks, then steps this one again).
+//!
+//! - A **block barrier** releases when every thread of the block waits at it (at one
+//!   site). When no thread can move and they are not all at one barrier (some have
+//!   exited, or wait at another barrier or collective), the barrier diverged: the
+//!   error is reported and the team is *poisoned*: barriers and collectives return at
+//!   once from then on (with zeros), so every thread runs to its end.
+//! - A **warp collective** (shuffle, matrix instruction) is completed by the last
+//!   lane of the warp to arrive, which computes the result for every lane at once
+//!   from the deposits (an `mma.sync`/MFMA product is computed once per warp) and
+//!   writes each lane's share to its result slots; the other lanes wait parked.
+//!
+//! The team is touched by one OS thread only (the one driving the block), so its
+//! state is plain cells.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::cell::Cell;
 
 /// What went wrong in a team; the launcher adds the kernel and block.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TeamError {
-    /// Some threads waited at a barrier that others never reached.
+    /// Some threads waited at a barrier or collective that others never reached.
     BarrierDivergence {
-        /// Barrier site id (the op that emitted it) of the waiting threads.
+        /// Site id (the op that emitted the barrier) of the waiting threads.
         site: u32,
         /// Threads waiting there.
         waiting: u32,
@@ -22,7 +37,8 @@ pub enum TeamError {
         /// Threads at a different barrier site, if any (site, count).
         elsewhere: Option<(u32, u32)>,
     },
-    /// A barrier was not completed within the timeout.
+    /// A barrier was not completed within the timeout (its threads waited on a
+    /// thread that kept polling).
     Timeout {
         /// Barrier site id.
         site: u32,
@@ -33,157 +49,102 @@ pub enum TeamError {
     },
 }
 
-/// A reusable barrier over `n` participants that knows who has left.
-struct Gate {
-    n: u32,
-    state: Mutex<GateState>,
-    cv: Condvar,
+/// Why a thread gave the OS thread back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Park {
+    /// At the block barrier of this site.
+    Barrier(u32),
+    /// At a warp collective of this site, waiting for the rest of the warp.
+    Warp(u32),
+    /// In a polling loop: runnable again at once, after other work had a turn.
+    Poll,
 }
 
-#[derive(Default)]
-struct GateState {
-    /// Arrivals per site in the current round: (site, count).
-    sites: Vec<(u32, u32)>,
-    waiting: u32,
-    exited: u32,
-    generation: u64,
-}
-
-impl Gate {
-    fn new(n: u32) -> Gate {
-        Gate {
-            n,
-            state: Mutex::new(GateState::default()),
-            cv: Condvar::new(),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, GateState> {
-        // Only this module touches the state, and it never panics while holding the
-        // lock; recover from poisoning all the same.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Checks whether the waiting threads can never be released: everyone still in
-    /// the kernel is waiting, but not all at one site, or some have exited.
-    fn divergence(st: &GateState, n: u32) -> Option<TeamError> {
-        if st.waiting == 0 || st.waiting + st.exited < n {
-            return None;
-        }
-        let (site, at) = st.sites.iter().copied().max_by_key(|s| s.1)?;
-        let elsewhere = st.sites.iter().copied().find(|s| s.0 != site);
-        if st.exited > 0 || elsewhere.is_some() {
-            return Some(TeamError::BarrierDivergence {
-                site,
-                waiting: at,
-                exited: st.exited,
-                elsewhere,
-            });
-        }
-        None
-    }
-
-    /// Waits at barrier `site`. Returns an error (and releases everyone) when the
-    /// barrier can never complete.
-    fn arrive(&self, site: u32, poison: &AtomicBool, timeout: Duration) -> Result<(), TeamError> {
-        let mut st = self.lock();
-        if poison.load(Ordering::Acquire) {
-            return Ok(());
-        }
-        st.waiting += 1;
-        match st.sites.iter_mut().find(|s| s.0 == site) {
-            Some(s) => s.1 += 1,
-            None => st.sites.push((site, 1)),
-        }
-        if st.waiting == self.n && st.sites.len() == 1 {
-            st.waiting = 0;
-            st.sites.clear();
-            st.generation += 1;
-            self.cv.notify_all();
-            return Ok(());
-        }
-        if let Some(e) = Gate::divergence(&st, self.n) {
-            poison.store(true, Ordering::Release);
-            self.cv.notify_all();
-            return Err(e);
-        }
-        let generation = st.generation;
-        let deadline = Instant::now() + timeout;
-        while st.generation == generation && !poison.load(Ordering::Acquire) {
-            let now = Instant::now();
-            if now >= deadline {
-                poison.store(true, Ordering::Release);
-                self.cv.notify_all();
-                return Err(TeamError::Timeout {
-                    site,
-                    waiting: st.waiting,
-                    threads: self.n,
-                });
-            }
-            st = self
-                .cv
-                .wait_timeout(st, deadline - now)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
-        }
-        Ok(())
-    }
-
-    /// A participant leaves (its kernel returned).
-    fn exit(&self, poison: &AtomicBool) -> Result<(), TeamError> {
-        let mut st = self.lock();
-        st.exited += 1;
-        if let Some(e) = Gate::divergence(&st, self.n) {
-            poison.store(true, Ordering::Release);
-            self.cv.notify_all();
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// Starts a new block: nobody waiting, nobody exited.
-    fn reset(&self) {
-        let mut st = self.lock();
-        *st = GateState {
-            generation: st.generation + 1,
-            ..GateState::default()
-        };
-    }
-}
-
-/// The threads of one block: a block-wide gate, one gate per warp, and per-lane
-/// exchange slots for warp-collective operations.
-pub struct Team {
-    threads: u32,
-    warp_size: u32,
-    block: Gate,
-    warps: Vec<Gate>,
-    /// `slots[thread * SLOT_WORDS + i]`: a lane's contribution to a collective.
-    slots: Vec<AtomicU64>,
-    poison: AtomicBool,
-    timeout: Duration,
+/// A thread's state in the team.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum St {
+    Runnable,
+    AtBarrier(u32),
+    AtWarp(u32),
+    Exited,
 }
 
 /// Words of exchange space per thread (an MMA deposits at most 16).
-const SLOT_WORDS: usize = 16;
+pub const SLOT_WORDS: usize = 16;
+
+/// The state of one block's threads.
+pub struct Team {
+    threads: u32,
+    warp_size: u32,
+    st: Vec<Cell<St>>,
+    /// Per warp: lanes arrived at the pending collective, its site, lanes exited.
+    warp_arrived: Vec<Cell<u32>>,
+    warp_site: Vec<Cell<u32>>,
+    warp_exited: Vec<Cell<u32>>,
+    exited: Cell<u32>,
+    /// `deposits[thread * SLOT_WORDS + i]`: a lane's contribution to a collective.
+    deposits: Vec<Cell<u64>>,
+    /// `results[thread * SLOT_WORDS + i]`: a lane's share of the result.
+    results: Vec<Cell<u64>>,
+    poison: Cell<bool>,
+    /// Barrier releases, completed collectives and exits so far.
+    progress: Cell<u64>,
+    /// The first error found by the team itself (divergence), with the thread it is
+    /// reported for; taken by the driver.
+    error: Cell<Option<(u32, TeamError)>>,
+}
+
+/// One warp's deposits and results, for the lane that completes a collective.
+pub struct WarpView<'a> {
+    team: &'a Team,
+    first: usize,
+    lanes: u32,
+}
+
+impl WarpView<'_> {
+    /// Lanes in the warp.
+    pub fn lanes(&self) -> u32 {
+        self.lanes
+    }
+
+    /// Word `i` of lane `lane`'s deposit.
+    pub fn read(&self, lane: u32, i: usize) -> u64 {
+        self.team.deposits[(self.first + lane as usize) * SLOT_WORDS + i].get()
+    }
+
+    /// Sets word `i` of lane `lane`'s result.
+    pub fn write(&self, lane: u32, i: usize, v: u64) {
+        self.team.results[(self.first + lane as usize) * SLOT_WORDS + i].set(v)
+    }
+}
+
+/// What [`Team::step`] ended with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Every thread has ended.
+    Done,
+    /// Only threads in polling loops can move.
+    Polling,
+}
 
 impl Team {
-    /// A team of `threads` threads in warps of `warp_size`; a barrier waiting longer
-    /// than `timeout` is reported.
-    pub fn new(threads: u32, warp_size: u32, timeout: Duration) -> Team {
-        let warps = threads.div_ceil(warp_size);
+    /// A team of `threads` threads in warps of `warp_size`.
+    pub fn new(threads: u32, warp_size: u32) -> Team {
+        let warps = threads.div_ceil(warp_size) as usize;
+        let cells = |n: usize| (0..n).map(|_| Cell::new(0)).collect::<Vec<_>>();
         Team {
             threads,
             warp_size,
-            block: Gate::new(threads),
-            warps: (0..warps)
-                .map(|w| Gate::new(warp_size.min(threads - w * warp_size)))
-                .collect(),
-            slots: (0..threads as usize * SLOT_WORDS)
-                .map(|_| AtomicU64::new(0))
-                .collect(),
-            poison: AtomicBool::new(false),
-            timeout,
+            st: (0..threads).map(|_| Cell::new(St::Runnable)).collect(),
+            warp_arrived: (0..warps).map(|_| Cell::new(0)).collect(),
+            warp_site: (0..warps).map(|_| Cell::new(0)).collect(),
+            warp_exited: (0..warps).map(|_| Cell::new(0)).collect(),
+            exited: Cell::new(0),
+            deposits: cells(threads as usize * SLOT_WORDS),
+            results: cells(threads as usize * SLOT_WORDS),
+            poison: Cell::new(false),
+            progress: Cell::new(0),
+            error: Cell::new(None),
         }
     }
 
@@ -198,177 +159,454 @@ impl Team {
     }
 
     /// True once an error released the team: barriers and collectives return at once
-    /// (with garbage), so every thread runs to its end.
+    /// (with zeros), so every thread runs to its end.
     pub fn poisoned(&self) -> bool {
-        self.poison.load(Ordering::Acquire)
+        self.poison.get()
+    }
+
+    /// Counts barrier releases, completed warp collectives and exits: a block whose
+    /// count does not change while it polls is waiting on someone else.
+    pub fn progress(&self) -> u64 {
+        self.progress.get()
+    }
+
+    /// Poisons the team (an error was recorded elsewhere).
+    pub fn poison(&self) {
+        self.poison.set(true);
     }
 
     /// Prepares the team for the next block.
     pub fn reset(&self) {
-        self.block.reset();
-        for w in &self.warps {
-            w.reset();
+        for s in &self.st {
+            s.set(St::Runnable);
+        }
+        for w in self.warp_arrived.iter().chain(&self.warp_exited) {
+            w.set(0);
+        }
+        self.exited.set(0);
+        self.poison.set(false);
+        self.error.set(None);
+    }
+
+    /// The first error the team found, if any (taken).
+    pub fn take_error(&self) -> Option<(u32, TeamError)> {
+        self.error.take()
+    }
+
+    fn fail(&self, tid: u32, e: TeamError) {
+        self.poison.set(true);
+        if let Some(old) = self.error.take() {
+            self.error.set(Some(old));
+        } else {
+            self.error.set(Some((tid, e)));
+        }
+        // Everyone parked runs on (to the end).
+        for s in &self.st {
+            if s.get() != St::Exited {
+                s.set(St::Runnable);
+            }
         }
     }
 
-    /// Block-wide barrier at `site`.
-    pub fn barrier(&self, site: u32) -> Result<(), TeamError> {
-        self.block.arrive(site, &self.poison, self.timeout)
+    fn warp_of(&self, tid: u32) -> usize {
+        (tid / self.warp_size) as usize
     }
 
-    /// Thread `tid` left the kernel.
-    pub fn exit(&self, tid: u32) -> Result<(), TeamError> {
-        let warp = &self.warps[(tid / self.warp_size) as usize];
-        let w = warp.exit(&self.poison);
-        let b = self.block.exit(&self.poison);
-        w.and(b)
+    fn warp_lanes(&self, w: usize) -> u32 {
+        self.warp_size.min(self.threads - w as u32 * self.warp_size)
     }
 
-    fn warp_sync(&self, tid: u32, site: u32) -> Result<(), TeamError> {
-        self.warps[(tid / self.warp_size) as usize].arrive(site, &self.poison, self.timeout)
+    /// Thread `tid` waits at the block barrier `site`; `park` suspends it.
+    pub fn barrier(&self, tid: u32, site: u32, park: impl FnOnce(Park)) {
+        if self.poisoned() {
+            return;
+        }
+        self.st[tid as usize].set(St::AtBarrier(site));
+        park(Park::Barrier(site));
     }
 
-    /// Every lane of `tid`'s warp deposits `data` (at most 16 words); `f` then reads
-    /// any lane's deposit by lane index. All lanes of the warp must call this.
-    pub fn warp_collective<R>(
+    /// Every lane of `tid`'s warp deposits `data` (at most [`SLOT_WORDS`] words);
+    /// the last to arrive runs `compute` once for the whole warp, which writes every
+    /// lane's result. Returns this lane's result words (zeros once poisoned). All
+    /// lanes of the warp must call this at the same site; `park` suspends the caller.
+    pub fn warp_collective(
         &self,
         tid: u32,
         site: u32,
         data: &[u64],
-        f: impl FnOnce(&dyn Fn(u32, usize) -> u64) -> R,
-    ) -> Result<R, TeamError> {
-        assert!(data.len() <= SLOT_WORDS, "collective deposit too large");
-        let base = tid as usize * SLOT_WORDS;
-        for (i, &d) in data.iter().enumerate() {
-            self.slots[base + i].store(d, Ordering::Relaxed);
+        park: impl FnOnce(Park),
+        compute: impl FnOnce(&WarpView<'_>),
+    ) -> [u64; SLOT_WORDS] {
+        debug_assert!(data.len() <= SLOT_WORDS, "collective deposit too large");
+        let zero = [0; SLOT_WORDS];
+        if self.poisoned() {
+            return zero;
         }
-        self.warp_sync(tid, site)?;
-        let warp_base = (tid / self.warp_size * self.warp_size) as usize;
-        let read = |lane: u32, i: usize| {
-            self.slots[(warp_base + lane as usize) * SLOT_WORDS + i].load(Ordering::Relaxed)
-        };
-        let r = f(&read);
-        self.warp_sync(tid, site)?;
-        Ok(r)
+        let base = tid as usize * SLOT_WORDS;
+        for (i, &d) in data.iter().enumerate().take(SLOT_WORDS) {
+            self.deposits[base + i].set(d);
+        }
+        let w = self.warp_of(tid);
+        let lanes = self.warp_lanes(w);
+        let arrived = self.warp_arrived[w].get();
+        if arrived > 0 && self.warp_site[w].get() != site {
+            let other = self.warp_site[w].get();
+            self.fail(
+                tid,
+                TeamError::BarrierDivergence {
+                    site: other,
+                    waiting: arrived,
+                    exited: self.warp_exited[w].get(),
+                    elsewhere: Some((site, 1)),
+                },
+            );
+            return zero;
+        }
+        self.warp_site[w].set(site);
+        let arrived = arrived + 1;
+        let exited = self.warp_exited[w].get();
+        if arrived + exited == lanes && exited > 0 {
+            self.fail(
+                tid,
+                TeamError::BarrierDivergence {
+                    site,
+                    waiting: arrived,
+                    exited,
+                    elsewhere: None,
+                },
+            );
+            return zero;
+        }
+        if arrived == lanes {
+            let first = w * self.warp_size as usize;
+            compute(&WarpView {
+                team: self,
+                first,
+                lanes,
+            });
+            self.warp_arrived[w].set(0);
+            self.progress.set(self.progress.get() + 1);
+            for l in first..first + lanes as usize {
+                if self.st[l].get() == St::AtWarp(site) {
+                    self.st[l].set(St::Runnable);
+                }
+            }
+        } else {
+            self.warp_arrived[w].set(arrived);
+            self.st[tid as usize].set(St::AtWarp(site));
+            park(Park::Warp(site));
+            if self.poisoned() {
+                return zero;
+            }
+        }
+        std::array::from_fn(|i| self.results[base + i].get())
     }
 
     /// The value of lane `lane ^ mask` in this warp (all lanes participate).
-    pub fn shuffle_xor(&self, tid: u32, site: u32, v: u32, mask: u32) -> Result<u32, TeamError> {
-        let lane = tid % self.warp_size;
-        let partner = (lane ^ mask) % self.warp_size;
-        self.warp_collective(tid, site, &[v as u64], |read| read(partner, 0) as u32)
+    pub fn shuffle_xor(&self, tid: u32, site: u32, v: u32, mask: u32, park: impl FnOnce(Park)) -> u32 {
+        self.warp_collective(tid, site, &[v as u64], park, |w| {
+            for l in 0..w.lanes() {
+                w.write(l, 0, w.read((l ^ mask) % w.lanes(), 0));
+            }
+        })[0] as u32
+    }
+
+    /// Thread `tid` left the kernel.
+    pub fn exit(&self, tid: u32) {
+        self.st[tid as usize].set(St::Exited);
+        self.exited.set(self.exited.get() + 1);
+        self.progress.set(self.progress.get() + 1);
+        let w = self.warp_of(tid);
+        self.warp_exited[w].set(self.warp_exited[w].get() + 1);
+        let arrived = self.warp_arrived[w].get();
+        if !self.poisoned() && arrived > 0 && arrived + self.warp_exited[w].get() == self.warp_lanes(w) {
+            self.fail(
+                tid,
+                TeamError::BarrierDivergence {
+                    site: self.warp_site[w].get(),
+                    waiting: arrived,
+                    exited: self.warp_exited[w].get(),
+                    elsewhere: None,
+                },
+            );
+        }
+    }
+
+    /// Whether thread `tid` can be resumed.
+    pub fn runnable(&self, tid: u32) -> bool {
+        self.st[tid as usize].get() == St::Runnable
+    }
+
+    /// Whether every thread has ended.
+    pub fn done(&self) -> bool {
+        self.exited.get() == self.threads
+    }
+
+    /// Called when no thread is runnable and none polls: releases a complete barrier,
+    /// or reports why the block can never go on (and poisons the team so it runs to
+    /// its end).
+    fn settle(&self) {
+        let mut sites: Vec<(u32, u32)> = Vec::new();
+        let mut first_waiter = None;
+        for (t, s) in self.st.iter().enumerate() {
+            let site = match s.get() {
+                St::AtBarrier(site) => site,
+                // Warp collectives are told apart from barriers by a high bit.
+                St::AtWarp(site) => site | 1 << 31,
+                _ => continue,
+            };
+            first_waiter.get_or_insert(t as u32);
+            match sites.iter_mut().find(|x| x.0 == site) {
+                Some(x) => x.1 += 1,
+                None => sites.push((site, 1)),
+            }
+        }
+        let exited = self.exited.get();
+        if let [(site, n)] = sites[..]
+            && n == self.threads
+            && site & (1 << 31) == 0
+        {
+            for s in &self.st {
+                s.set(St::Runnable);
+            }
+            self.progress.set(self.progress.get() + 1);
+            return;
+        }
+        let Some((site, at)) = sites.iter().copied().max_by_key(|s| s.1) else {
+            return;
+        };
+        let elsewhere = sites
+            .iter()
+            .copied()
+            .find(|s| s.0 != site)
+            .map(|(s, n)| (s & !(1 << 31), n));
+        self.fail(
+            first_waiter.unwrap_or(0),
+            TeamError::BarrierDivergence {
+                site: site & !(1 << 31),
+                waiting: at,
+                exited,
+                elsewhere,
+            },
+        );
+    }
+
+    /// The barrier site the parked threads wait at, and how many wait (for a
+    /// timeout report).
+    pub fn waiting(&self) -> (u32, u32) {
+        let mut site = 0;
+        let mut n = 0;
+        for s in &self.st {
+            if let St::AtBarrier(x) | St::AtWarp(x) = s.get() {
+                site = x;
+                n += 1;
+            }
+        }
+        (site, n)
+    }
+
+    /// Reports a timeout: the block waited too long on polling threads.
+    pub fn time_out(&self) {
+        let (site, waiting) = self.waiting();
+        let tid = self
+            .st
+            .iter()
+            .position(|s| matches!(s.get(), St::AtBarrier(_) | St::AtWarp(_)))
+            .unwrap_or(0) as u32;
+        self.fail(
+            tid,
+            TeamError::Timeout {
+                site,
+                waiting,
+                threads: self.threads,
+            },
+        );
+    }
+
+    /// Resumes runnable threads in thread order (`resume(tid)` runs thread `tid`
+    /// until it parks, returning how, or `None` when it ended) until every thread has
+    /// ended or only polling threads can move.
+    pub fn step(&self, mut resume: impl FnMut(u32) -> Option<Park>) -> Step {
+        loop {
+            let mut polled = false;
+            let mut ran = false;
+            for tid in 0..self.threads {
+                if !self.runnable(tid) {
+                    continue;
+                }
+                ran = true;
+                match resume(tid) {
+                    None => self.exit(tid),
+                    Some(Park::Poll) => polled = true,
+                    Some(_) => {}
+                }
+            }
+            if self.done() {
+                return Step::Done;
+            }
+            if polled {
+                return Step::Polling;
+            }
+            if !ran || !(0..self.threads).any(|t| self.runnable(t)) {
+                self.settle();
+            }
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
+    use corosensei::{Coroutine, CoroutineResult, Yielder};
+    use std::rc::Rc;
 
-    fn run(team: &Arc<Team>, body: impl Fn(u32) -> Result<(), TeamError> + Sync) -> Vec<TeamError> {
-        let errors = Mutex::new(Vec::new());
-        std::thread::scope(|s| {
-            for tid in 0..team.threads() {
-                let (team, body, errors) = (team.clone(), &body, &errors);
-                s.spawn(move || {
-                    let mut errs = Vec::new();
-                    if let Err(e) = body(tid) {
-                        errs.push(e);
-                    }
-                    if let Err(e) = team.exit(tid) {
-                        errs.push(e);
-                    }
-                    errors.lock().unwrap().extend(errs);
-                });
-            }
-        });
-        errors.into_inner().unwrap()
+    type Co = Coroutine<(), Park, ()>;
+
+    /// Runs `body(tid, team, park)` for every thread of `team` as coroutines.
+    fn run(team: &Rc<Team>, body: impl Fn(u32, &Team, &dyn Fn(Park)) + Clone + 'static) -> Option<(u32, TeamError)> {
+        let mut cos: Vec<Co> = (0..team.threads())
+            .map(|tid| {
+                let (team, body) = (team.clone(), body.clone());
+                Coroutine::new(move |y: &Yielder<(), Park>, ()| {
+                    body(tid, &team, &|p| y.suspend(p));
+                })
+            })
+            .collect();
+        while team.step(|tid| match cos[tid as usize].resume(()) {
+            CoroutineResult::Yield(p) => Some(p),
+            CoroutineResult::Return(()) => None,
+        }) != Step::Done
+        {}
+        team.take_error()
     }
 
     #[test]
     fn barriers_order_phases() {
-        let team = Arc::new(Team::new(64, 32, Duration::from_secs(10)));
-        let cells: Vec<AtomicU64> = (0..64).map(|_| AtomicU64::new(0)).collect();
-        let errs = run(&team, |tid| {
+        let team = Rc::new(Team::new(64, 32));
+        let cells: Rc<Vec<Cell<u64>>> = Rc::new((0..64).map(|_| Cell::new(0)).collect());
+        let err = run(&team, move |tid, team, park| {
             for round in 1..=20u64 {
-                cells[tid as usize].store(round, Ordering::Relaxed);
-                team.barrier(1)?;
+                cells[tid as usize].set(round);
+                team.barrier(tid, 1, park);
                 // Everybody's write of this round is visible after the barrier.
-                let other = cells[((tid + 17) % 64) as usize].load(Ordering::Relaxed);
-                assert_eq!(other, round);
-                team.barrier(2)?;
+                assert_eq!(cells[((tid + 17) % 64) as usize].get(), round);
+                team.barrier(tid, 2, park);
             }
-            Ok(())
         });
-        assert!(errs.is_empty(), "{errs:?}");
+        assert!(err.is_none(), "{err:?}");
     }
 
     #[test]
     fn shuffles_exchange_within_the_warp() {
-        let team = Arc::new(Team::new(128, 64, Duration::from_secs(10)));
-        let errs = run(&team, |tid| {
+        let team = Rc::new(Team::new(128, 64));
+        let err = run(&team, |tid, team, park| {
             for mask in [1, 2, 4, 8, 16, 32] {
-                let got = team.shuffle_xor(tid, 7, tid * 10, mask)?;
+                let got = team.shuffle_xor(tid, 7, tid * 10, mask, park);
                 let lane = tid % 64;
-                assert_eq!(
-                    got,
-                    (tid - lane + (lane ^ mask)) * 10,
-                    "tid {tid} mask {mask}"
-                );
+                assert_eq!(got, (tid - lane + (lane ^ mask)) * 10, "tid {tid} mask {mask}");
             }
-            Ok(())
         });
-        assert!(errs.is_empty(), "{errs:?}");
+        assert!(err.is_none(), "{err:?}");
+    }
+
+    #[test]
+    fn a_collective_is_computed_once_per_warp() {
+        let team = Rc::new(Team::new(96, 32));
+        let calls = Rc::new(Cell::new(0));
+        let c = calls.clone();
+        let err = run(&team, move |tid, team, park| {
+            let r = team.warp_collective(tid, 3, &[tid as u64], park, |w| {
+                c.set(c.get() + 1);
+                let sum: u64 = (0..w.lanes()).map(|l| w.read(l, 0)).sum();
+                for l in 0..w.lanes() {
+                    w.write(l, 0, sum + l as u64);
+                }
+            });
+            let warp = tid / 32;
+            let sum: u64 = (warp * 32..warp * 32 + 32).map(u64::from).sum();
+            assert_eq!(r[0], sum + (tid % 32) as u64);
+        });
+        assert!(err.is_none(), "{err:?}");
+        assert_eq!(calls.get(), 3);
     }
 
     #[test]
     fn a_barrier_skipped_by_some_threads_is_reported() {
-        let team = Arc::new(Team::new(32, 32, Duration::from_secs(10)));
-        let errs = run(&team, |tid| if tid < 8 { Ok(()) } else { team.barrier(5) });
+        let team = Rc::new(Team::new(32, 32));
+        let err = run(&team, |tid, team, park| {
+            if tid >= 8 {
+                team.barrier(tid, 5, park)
+            }
+        });
         assert!(
-            errs.iter().any(|e| matches!(
-                e,
-                TeamError::BarrierDivergence {
-                    site: 5,
-                    waiting: 24,
-                    exited: 8,
-                    ..
-                }
-            )),
-            "{errs:?}"
+            matches!(
+                err,
+                Some((
+                    _,
+                    TeamError::BarrierDivergence {
+                        site: 5,
+                        waiting: 24,
+                        exited: 8,
+                        ..
+                    }
+                ))
+            ),
+            "{err:?}"
         );
         assert!(team.poisoned());
     }
 
     #[test]
     fn threads_at_different_barriers_are_reported() {
-        let team = Arc::new(Team::new(16, 16, Duration::from_secs(10)));
-        let errs = run(&team, |tid| {
-            if tid % 2 == 0 {
-                team.barrier(1)
-            } else {
-                team.barrier(2)
+        let team = Rc::new(Team::new(16, 16));
+        let err = run(&team, |tid, team, park| team.barrier(tid, 1 + tid % 2, park));
+        assert!(
+            matches!(
+                err,
+                Some((
+                    _,
+                    TeamError::BarrierDivergence {
+                        elsewhere: Some(_),
+                        ..
+                    }
+                ))
+            ),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_lane_missing_from_a_collective_is_reported() {
+        let team = Rc::new(Team::new(32, 32));
+        let err = run(&team, |tid, team, park| {
+            if tid != 31 {
+                team.shuffle_xor(tid, 9, tid, 1, park);
             }
         });
         assert!(
-            errs.iter().any(|e| matches!(
-                e,
-                TeamError::BarrierDivergence {
-                    elsewhere: Some(_),
-                    ..
-                }
-            )),
-            "{errs:?}"
+            matches!(
+                err,
+                Some((
+                    _,
+                    TeamError::BarrierDivergence {
+                        site: 9,
+                        waiting: 31,
+                        exited: 1,
+                        ..
+                    }
+                ))
+            ),
+            "{err:?}"
         );
     }
 
     #[test]
     fn reset_allows_the_next_block() {
-        let team = Arc::new(Team::new(8, 8, Duration::from_secs(10)));
+        let team = Rc::new(Team::new(8, 8));
         for _ in 0..3 {
             team.reset();
-            let errs = run(&team, |_| team.barrier(0));
-            assert!(errs.is_empty(), "{errs:?}");
+            let err = run(&team, |tid, team, park| team.barrier(tid, 0, park));
+            assert!(err.is_none(), "{err:?}");
         }
     }
 }
