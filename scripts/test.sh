@@ -40,12 +40,19 @@ TESSERA_DEVICE=cpu cargo run -q -p tessera --example custom_collective -- --rank
 TESSERA_DEVICE=cpu cargo run -q -p tessera --example allreduce -- --ranks 3
 TESSERA_DEVICE=cpu cargo run -q -p tessera --example moe_all_to_all -- --ranks 3
 # The same examples on the SIMT emulator (the real GPU lowering of the communication
-# ops, both vendors' flavours; tiny sizes: one OS thread per GPU thread).
-TESSERA_DEVICE=emu-nv cargo run -q -p tessera --example ag_gemm -- --ranks 2 --rows 16 --n 64 --k 32 --iters 1
-TESSERA_DEVICE=emu-amd cargo run -q -p tessera --example custom_collective -- --ranks 3 --n 300
-TESSERA_DEVICE=emu-amd cargo run -q -p tessera --example allreduce -- --ranks 2 --n 3000 --iters 1
-TESSERA_DEVICE=emu-nv cargo run -q -p tessera --example moe_all_to_all -- --ranks 2
-TESSERA_DEVICE=emu-nv cargo run -q -p tessera --example ping_pong -- --ranks 3 --laps 3
+# ops, both vendors' flavours), at their default sizes on 4 ranks.
+for emu in emu-nv emu-amd; do
+  TESSERA_DEVICE=$emu cargo run -q -p tessera --example ag_gemm -- --ranks 4 --iters 1
+  TESSERA_DEVICE=$emu cargo run -q -p tessera --example custom_collective -- --ranks 4
+  TESSERA_DEVICE=$emu cargo run -q -p tessera --example allreduce -- --ranks 4 --iters 1
+  TESSERA_DEVICE=$emu cargo run -q -p tessera --example moe_all_to_all -- --ranks 4
+  TESSERA_DEVICE=$emu cargo run -q -p tessera --example ping_pong -- --ranks 4 --laps 20
+done
+# The single-device examples on the emulator too.
+for ex in vector_add softmax matmul layernorm; do
+  TESSERA_DEVICE=emu-nv cargo run -q -p tessera --example "$ex"
+  TESSERA_DEVICE=emu-amd cargo run -q -p tessera --example "$ex"
+done
 # Compile-only: every example kernel for an NVIDIA and an AMD target.
 aot_dir="$(mktemp -d)"
 trap 'rm -f "$log"; rm -rf "$aot_dir"' EXIT

@@ -1,5 +1,7 @@
 //! Shared helpers of the test suite: references, comparisons and poisoning.
 
+pub mod emu_world;
+
 /// Asserts `|got[i] - want[i]| <= tol(i)` for every element, naming the first bad
 /// index. NaN (the poison value) always fails.
 pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: impl Fn(usize) -> f64) {
@@ -28,6 +30,81 @@ pub fn line_of(source: &str, marker: &str) -> u32 {
 /// Kernels several communication test files use.
 pub mod kernels {
     use tessera::prelude::*;
+
+    /// Causal attention forward for one head, FlashAttention style: each program
+    /// takes `BM` query rows, walks the keys `BN` at a time up to its diagonal with an
+    /// online softmax (running max `m`, running sum `l`), and accumulates `P · V` in
+    /// f32. `q`, `k`, `v`, `o` are `seq x HD` row-major f16; `scale` multiplies `Q Kᵀ`.
+    #[kernel]
+    pub fn attention<const BM: usize, const BN: usize, const HD: usize>(
+        q: &Global<f16>,
+        k: &Global<f16>,
+        v: &Global<f16>,
+        o: &mut Global<f16>,
+        seq: i32,
+        scale: f32,
+    ) {
+        let pid = program_id(0);
+        let rm = (pid * BM + arange::<BM>()).expand_dims::<1>(); // BM x 1
+        let dc = arange::<HD>().expand_dims::<0>(); // 1 x HD
+        let dr = arange::<HD>().expand_dims::<1>(); // HD x 1
+        let qt = q.load(rm * HD as i32 + dc, rm.lt(seq) & dc.lt(HD as i32));
+        let mut m_i = full::<f32, S1<BM>>(-1.0e30);
+        let mut l_i = zeros::<f32, S1<BM>>();
+        let mut acc = zeros::<f32, S2<BM, HD>>();
+        let hi = (pid + 1) * BM as i32;
+        for n0 in (0..hi).step_by(BN) {
+            let rn = n0 + arange::<BN>();
+            let kc = rn.expand_dims::<0>(); // 1 x BN
+            let kr = rn.expand_dims::<1>(); // BN x 1
+            let kt = k.load(kc * HD as i32 + dr, kc.lt(seq) & dr.lt(HD as i32)); // HD x BN
+            let s = dot(qt, kt, zeros::<f32, S2<BM, BN>>()) * scale;
+            let s = select(rm.ge(kc) & kc.lt(seq), s, -1.0e30f32);
+            let m_new = m_i.maximum(s.max::<1>());
+            let p = (s - m_new.expand_dims::<1>()).exp();
+            let alpha = (m_i - m_new).exp();
+            l_i = l_i * alpha + p.sum::<1>();
+            let vt = v.load(kr * HD as i32 + dc, kr.lt(seq) & dc.lt(HD as i32)); // BN x HD
+            acc = dot(p.cast::<f16>(), vt, acc * alpha.expand_dims::<1>());
+            m_i = m_new;
+        }
+        let out = acc / l_i.expand_dims::<1>();
+        o.store(
+            rm * HD as i32 + dc,
+            out.cast::<f16>(),
+            rm.lt(seq) & dc.lt(HD as i32),
+        );
+    }
+
+    /// Causal attention in f64 from the f16 inputs (the reference for [`attention`]).
+    pub fn attention_reference(
+        q: &[f16],
+        k: &[f16],
+        v: &[f16],
+        seq: usize,
+        d: usize,
+        scale: f64,
+    ) -> Vec<f64> {
+        let f = |x: &f16| x.to_f64();
+        let mut o = vec![0.0; seq * d];
+        for i in 0..seq {
+            let s: Vec<f64> = (0..=i)
+                .map(|j| {
+                    (0..d)
+                        .map(|c| f(&q[i * d + c]) * f(&k[j * d + c]))
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let l: f64 = e.iter().sum();
+            for c in 0..d {
+                o[i * d + c] = (0..=i).map(|j| e[j] * f(&v[j * d + c])).sum::<f64>() / l;
+            }
+        }
+        o
+    }
 
     /// Ping-pong between ranks 0 and 1, `rounds` times: rank 0 puts its tile to rank 1
     /// and signals; rank 1 waits, adds one, puts it back and signals. Other ranks idle.

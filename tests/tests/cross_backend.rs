@@ -285,6 +285,132 @@ fn layernorm() {
 }
 
 // ---------------------------------------------------------------------------------
+// The example kernels at sizes that cross several tiles in every dimension (the
+// emulator runs GPU threads as coroutines, so realistic shapes fit in CI's time).
+
+#[test]
+fn large_vector_add() {
+    let n = (1 << 20) + 3;
+    let f = ir::<vector_add::vector_add<1024>>();
+    let args = [
+        inp(&rand_f32(11, n, -100.0, 100.0)),
+        inp(&rand_f32(12, n, -100.0, 100.0)),
+        out::<f32>(n),
+        Arg::Sc(S::I32(n as i32)),
+    ];
+    check("vector_add 1M+3", &f, g1(n.div_ceil(1024)), &args, 4, 0.0);
+}
+
+#[test]
+fn large_matmul_f16_256() {
+    let (m, n, k) = (256usize, 256usize, 256usize);
+    let args = matmul_args(m, n, k, f16::from_f32);
+    let f = ir::<matmul::matmul<f16, 64, 64, 32>>();
+    let grid = [(m / 64) as u32, (n / 64) as u32, 1];
+    check(
+        "matmul f16 256^3 (64x64x32)",
+        &f,
+        grid,
+        &args,
+        4,
+        4e-5 * k as f64,
+    );
+    let f = ir::<matmul::matmul<f16, 128, 128, 32>>();
+    let grid = [(m / 128) as u32, (n / 128) as u32, 1];
+    check(
+        "matmul f16 256^3 (128x128x32, 8 warps)",
+        &f,
+        grid,
+        &args,
+        8,
+        4e-5 * k as f64,
+    );
+}
+
+#[test]
+fn large_matmul_f32_ragged() {
+    let (m, n, k) = (250usize, 190usize, 130usize);
+    let f = ir::<matmul::matmul<f32, 32, 32, 16>>();
+    let grid = [m.div_ceil(32) as u32, n.div_ceil(32) as u32, 1];
+    check(
+        "matmul f32 250x190x130",
+        &f,
+        grid,
+        &matmul_args(m, n, k, |v| v),
+        4,
+        4e-5 * k as f64,
+    );
+}
+
+#[test]
+fn large_softmax_1024x1000() {
+    let (rows, cols) = (1024usize, 1000usize);
+    let f = ir::<softmax::softmax<f32, 4, 1024>>();
+    let args = [
+        inp(&rand_f32(13, rows * cols, -8.0, 8.0)),
+        out::<f32>(rows * cols),
+        Arg::Sc(S::I32(rows as i32)),
+        Arg::Sc(S::I32(cols as i32)),
+    ];
+    check("softmax f32 1024x1000", &f, g1(rows / 4), &args, 4, 0.0);
+}
+
+#[test]
+fn large_layernorm_256x1000() {
+    let (rows, cols) = (256usize, 1000usize);
+    let f = ir::<layernorm::layernorm<f32, 256>>();
+    let args = [
+        inp(&rand_f32(14, rows * cols, -4.0, 6.0)),
+        inp(&rand_f32(15, cols, 0.5, 1.5)),
+        inp(&rand_f32(16, cols, -1.0, 1.0)),
+        out::<f32>(rows * cols),
+        out::<f32>(rows),
+        out::<f32>(rows),
+        Arg::Sc(S::I32(cols as i32)),
+        Arg::Sc(S::F32(1e-5)),
+    ];
+    check("layernorm 256x1000", &f, g1(rows), &args, 4, 0.0);
+}
+
+#[test]
+fn large_causal_attention_seq256() {
+    use tessera_tests::kernels::{attention, attention_reference};
+    let (seq, d) = (256usize, 64usize);
+    let h = |seed| -> Vec<f16> {
+        rand_f32(seed, seq * d, -1.0, 1.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect()
+    };
+    let (q, k, v) = (h(17), h(18), h(19));
+    let scale = 1.0 / (d as f32).sqrt();
+    let f = ir::<attention<64, 64, 64>>();
+    let args = [
+        inp(&q),
+        inp(&k),
+        inp(&v),
+        out::<f16>(seq * d),
+        Arg::Sc(S::I32(seq as i32)),
+        Arg::Sc(S::F32(scale)),
+    ];
+    // The interpreter against an f64 reference first (P is rounded to f16 before
+    // P·V, as on the matrix units), then the emulator against the interpreter.
+    let reference = make(&args);
+    interp::run(&f, g1(seq / 64), &reference).expect("interpreter");
+    let KernelArg::Buffer(o) = &reference[3] else {
+        unreachable!()
+    };
+    let want = attention_reference(&q, &k, &v, seq, d, scale as f64);
+    for (i, (g, w)) in values(o).iter().zip(&want).enumerate() {
+        assert!(
+            (g - w).abs() <= 4e-3 + 4e-3 * w.abs(),
+            "attention (interpreter) element {i}: {g} vs {w}"
+        );
+    }
+    check("causal attention seq 256", &f, g1(seq / 64), &args, 4, 2e-3);
+}
+
+// ---------------------------------------------------------------------------------
 // Op-level kernels.
 
 #[kernel]

@@ -593,7 +593,11 @@ fn check_memory(
     shared: usize,
     independent: bool,
 ) -> Result<(), EmuError> {
-    let coroutines = if independent { 0 } else { blocks * threads as u64 };
+    let coroutines = if independent {
+        0
+    } else {
+        blocks * threads as u64
+    };
     // Shared memory and its two race-detection shadow words per byte, the team's
     // exchange slots, a context and a stack per thread.
     let per_block = shared as u64 * 17 + threads as u64 * (2 * team::SLOT_WORDS as u64 * 8 + 256);
@@ -680,8 +684,7 @@ impl Job<'_> {
     /// failed (blocks taken before still finish, so the lowest failing block is the
     /// one reported).
     fn take(&self) -> Option<u64> {
-        if self.launch.stop.load(Ordering::Acquire) || self.launch.failed.load(Ordering::Acquire)
-        {
+        if self.launch.stop.load(Ordering::Acquire) || self.launch.failed.load(Ordering::Acquire) {
             return None;
         }
         let lin = self.next.fetch_add(1, Ordering::AcqRel);

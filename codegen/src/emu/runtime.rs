@@ -268,7 +268,6 @@ impl ThreadCtx<'_> {
     fn fail(&self, e: EmuError) {
         self.launch.record(self.block_lin.get(), self.tid, e);
     }
-
 }
 
 extern "C" fn tessera_emu_tid() -> i32 {

@@ -303,7 +303,14 @@ impl Team {
     }
 
     /// The value of lane `lane ^ mask` in this warp (all lanes participate).
-    pub fn shuffle_xor(&self, tid: u32, site: u32, v: u32, mask: u32, park: impl FnOnce(Park)) -> u32 {
+    pub fn shuffle_xor(
+        &self,
+        tid: u32,
+        site: u32,
+        v: u32,
+        mask: u32,
+        park: impl FnOnce(Park),
+    ) -> u32 {
         self.warp_collective(tid, site, &[v as u64], park, |w| {
             for l in 0..w.lanes() {
                 w.write(l, 0, w.read((l ^ mask) % w.lanes(), 0));
@@ -319,7 +326,10 @@ impl Team {
         let w = self.warp_of(tid);
         self.warp_exited[w].set(self.warp_exited[w].get() + 1);
         let arrived = self.warp_arrived[w].get();
-        if !self.poisoned() && arrived > 0 && arrived + self.warp_exited[w].get() == self.warp_lanes(w) {
+        if !self.poisoned()
+            && arrived > 0
+            && arrived + self.warp_exited[w].get() == self.warp_lanes(w)
+        {
             self.fail(
                 tid,
                 TeamError::BarrierDivergence {
@@ -463,7 +473,10 @@ mod tests {
     type Co = Coroutine<(), Park, ()>;
 
     /// Runs `body(tid, team, park)` for every thread of `team` as coroutines.
-    fn run(team: &Rc<Team>, body: impl Fn(u32, &Team, &dyn Fn(Park)) + Clone + 'static) -> Option<(u32, TeamError)> {
+    fn run(
+        team: &Rc<Team>,
+        body: impl Fn(u32, &Team, &dyn Fn(Park)) + Clone + 'static,
+    ) -> Option<(u32, TeamError)> {
         let mut cos: Vec<Co> = (0..team.threads())
             .map(|tid| {
                 let (team, body) = (team.clone(), body.clone());
@@ -503,7 +516,11 @@ mod tests {
             for mask in [1, 2, 4, 8, 16, 32] {
                 let got = team.shuffle_xor(tid, 7, tid * 10, mask, park);
                 let lane = tid % 64;
-                assert_eq!(got, (tid - lane + (lane ^ mask)) * 10, "tid {tid} mask {mask}");
+                assert_eq!(
+                    got,
+                    (tid - lane + (lane ^ mask)) * 10,
+                    "tid {tid} mask {mask}"
+                );
             }
         });
         assert!(err.is_none(), "{err:?}");
@@ -559,7 +576,9 @@ mod tests {
     #[test]
     fn threads_at_different_barriers_are_reported() {
         let team = Rc::new(Team::new(16, 16));
-        let err = run(&team, |tid, team, park| team.barrier(tid, 1 + tid % 2, park));
+        let err = run(&team, |tid, team, park| {
+            team.barrier(tid, 1 + tid % 2, park)
+        });
         assert!(
             matches!(
                 err,
