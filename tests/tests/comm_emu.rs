@@ -1,11 +1,9 @@
 //! Device-side communication on the SIMT emulator (`emu-nv`, `emu-amd`), with 2 and 4
 //! ranks: the real lowering of `signal`, `wait_until`, `barrier_all` and `remote_ptr`
-//! runs JIT-compiled, one OS thread per GPU thread, every block of a waiting kernel at
-//! once. Ping-pong, ring exchange, a message-passing litmus, remote atomics, repeated
+//! runs JIT-compiled, GPU threads as coroutines, every block of a waiting kernel live
+//! at once. Ping-pong, ring exchange, a message-passing litmus, remote atomics, repeated
 //! `barrier_all`, a missing signal (timeout naming the wait's line, the peer's
 //! failure recognised as a consequence) and a bad peer.
-//!
-//! Grids and tiles are tiny: the emulator runs every GPU thread as an OS thread.
 
 use std::sync::Mutex;
 use std::time::Duration;

@@ -2,12 +2,13 @@
 //! on the host, with the GPU's meaning for barriers, warp shuffles and matrix
 //! instructions supplied here.
 //!
-//! - [`team`]: the threads of a block as OS threads; barriers and warp collectives
+//! - [`team`]: the threads of a block as coroutines; barriers and warp collectives
 //!   that report divergence and timeouts instead of hanging;
 //! - [`mma`]: the matrix instructions with the vendors' fragment layouts, written
 //!   independently of the lowering so a wrong layout computes a wrong product;
 //! - [`jit`]: the lowering with the emulator's arch ([`crate::lower::emu_arch`]),
 //!   compiled for the host by LLVM's MCJIT, cached in memory;
+//! - `stack`: the coroutines' stacks, many to a reserved (not committed) mapping;
 //! - `runtime`: the functions the compiled kernels call (thread and block ids,
 //!   barriers, shuffles, matrix instructions, bounds checks, race detection);
 //! - [`launch`]: runs a kernel over a grid and reports the first error.
@@ -15,7 +16,7 @@
 //! # Execution model
 //!
 //! A GPU thread is a stackful coroutine ([`corosensei`], stacks from
-//! [`stack::StackArena`]); a block's threads are driven by one OS thread
+//! `stack::StackArena`); a block's threads are driven by one OS thread
 //! ([`team::Team::step`]): each runs until it parks at a barrier, an unfinished warp
 //! collective or a polling loop, then the next runs. A launch uses a pool of OS
 //! threads the size of the machine (never more than there are blocks), and no OS
@@ -35,7 +36,7 @@
 //! Warp collectives are computed once per warp, by the last lane to arrive (a matrix
 //! instruction's product from the gathered fragments, scattered to the lanes).
 //! Per-thread state (thread id, block, shared-memory base, error sink, yielder)
-//! lives in a [`runtime::ThreadCtx`] the driving OS thread points a thread-local at
+//! lives in a `runtime::ThreadCtx` the driving OS thread points a thread-local at
 //! before resuming the thread; a coroutine never moves to another OS thread.
 //!
 //! Communicating kernels take the hidden parameters of [`crate::comm`]; the heaps

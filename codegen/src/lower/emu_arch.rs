@@ -1,7 +1,7 @@
 //! [`Emu`]: the [`Arch`] of the host SIMT emulator.
 //!
 //! Every target hook becomes a call to an `extern "C"` function of the emulator's
-//! runtime (`crate::emu::runtime`), which knows the calling OS thread's place in the
+//! runtime (`crate::emu::runtime`), which knows the calling GPU thread's place in the
 //! emulated block:
 //!
 //! | hook | runtime function |
@@ -13,7 +13,7 @@
 //! | shuffle xor | `i32 tessera_emu_shuffle_xor(i32 v, i32 mask, i32 site)` |
 //! | shared memory | `ptr tessera_emu_shared_base()` (a per-block host buffer) |
 //! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` |
-//! | timer (ns) | `i64 tessera_emu_timer_ns()` (also yields the core: it is called in polling loops) |
+//! | timer (ns) | `i64 tessera_emu_timer_ns()` (also parks the calling GPU thread: it is called in polling loops, and the thread waited for must get its turn) |
 //! | bad `remote_ptr` peer | `void tessera_emu_bad_peer(i32 peer, i32 world, i32 site)` (records the error) |
 //! | shared access | `void tessera_emu_note_shared(ptr p, i32 bytes, i32 is_write, i32 site)` |
 //! | `mma.sync` m16n8k16 | `void tessera_emu_mma_nv_{f16,bf16}(i32 a0..a3, i32 b0, b1, float c0..c3, ptr d, i32 site)` |
