@@ -806,7 +806,7 @@ impl Job<'_> {
             while blk
                 .team
                 .step(|tid| self.resume(&mut threads, &ctxs, &arena, 0, tid))
-                == Step::Polling
+                == Step::Yielded
             {
                 // A kernel that polls without waiting for anyone else (only
                 // blocking kernels wait): bounded like a barrier.
@@ -879,7 +879,7 @@ impl Job<'_> {
                         progressed = true;
                         self.record_team(blk, &ctxs[b][0]);
                     }
-                    Step::Polling => {
+                    Step::Yielded => {
                         progressed |= poll[b].check(&blk.team, self.team_timeout);
                         self.record_team(blk, &ctxs[b][0]);
                     }

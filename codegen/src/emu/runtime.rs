@@ -377,6 +377,13 @@ extern "C" fn tessera_emu_timer_ns() -> i64 {
     i64::try_from(epoch.elapsed().as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// Called at every loop back edge: the other threads of the block (and the other
+/// blocks of a waiting kernel) get a turn, so a thread that spins on a value another
+/// thread of its block writes makes progress, as on a GPU.
+extern "C" fn tessera_emu_yield() {
+    with((), |c| c.park(Park::Yield));
+}
+
 extern "C" fn tessera_emu_bad_peer(peer: i32, world: i32, site: i32) {
     with((), |c| {
         let (span, op) = c.launch.site(site as u32);
@@ -652,6 +659,7 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
             "tessera_emu_timer_ns",
             tessera_emu_timer_ns as *const () as usize,
         ),
+        ("tessera_emu_yield", tessera_emu_yield as *const () as usize),
         (
             "tessera_emu_bad_peer",
             tessera_emu_bad_peer as *const () as usize,

@@ -3,10 +3,11 @@
 //! barriers and warp collectives, and every misuse reported instead of hung.
 //!
 //! A thread runs until it *parks*: at a block barrier, at a warp collective its warp
-//! has not completed, or in a polling loop ([`Park::Poll`], the timer call of
-//! `wait_until`/`barrier_all`). [`Team::step`] resumes the runnable threads in thread
-//! order until every thread has ended ([`Step::Done`]) or only polling threads can
-//! move ([`Step::Polling`]: the caller runs other blocks, then steps this one again).
+//! has not completed, in a polling loop ([`Park::Poll`], the timer call of
+//! `wait_until`/`barrier_all`) or at a loop's back edge ([`Park::Yield`]).
+//! [`Team::step`] resumes the runnable threads in thread order until every thread has
+//! ended ([`Step::Done`]) or only threads that yielded can move ([`Step::Yielded`]:
+//! the caller runs other blocks, then steps this one again).
 //!
 //! - A **block barrier** releases when every thread of the block waits at it (at one
 //!   site). When no thread can move and they are not all at one barrier (some have
@@ -58,6 +59,9 @@ pub enum Park {
     Warp(u32),
     /// In a polling loop: runnable again at once, after other work had a turn.
     Poll,
+    /// At the back edge of a loop: runnable again at once (the other threads get a
+    /// turn, as GPU threads of a warp that spin on each other do).
+    Yield,
 }
 
 /// A thread's state in the team.
@@ -123,8 +127,8 @@ impl WarpView<'_> {
 pub enum Step {
     /// Every thread has ended.
     Done,
-    /// Only threads in polling loops can move.
-    Polling,
+    /// Only threads that yielded (polling loops, loop back edges) can move.
+    Yielded,
 }
 
 impl Team {
@@ -164,8 +168,9 @@ impl Team {
         self.poison.get()
     }
 
-    /// Counts barrier releases, completed warp collectives and exits: a block whose
-    /// count does not change while it polls is waiting on someone else.
+    /// Counts barrier releases, completed warp collectives, loop iterations and
+    /// exits: a block whose count does not change while it polls is waiting on
+    /// someone else.
     pub fn progress(&self) -> u64 {
         self.progress.get()
     }
@@ -448,14 +453,18 @@ impl Team {
                 match resume(tid) {
                     None => self.exit(tid),
                     Some(Park::Poll) => polled = true,
-                    Some(_) => {}
+                    Some(Park::Yield) => {
+                        polled = true;
+                        self.progress.set(self.progress.get() + 1);
+                    }
+                    Some(Park::Barrier(_) | Park::Warp(_)) => {}
                 }
             }
             if self.done() {
                 return Step::Done;
             }
             if polled {
-                return Step::Polling;
+                return Step::Yielded;
             }
             if !ran || !(0..self.threads).any(|t| self.runnable(t)) {
                 self.settle();

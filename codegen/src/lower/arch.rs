@@ -202,6 +202,11 @@ pub trait Arch {
     fn poll_pause<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
         Ok(())
     }
+    /// Emitted at the back edge of every runtime loop (`for`, `while`): the
+    /// emulator lets the other threads run there; GPUs emit nothing.
+    fn loop_backedge<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
+        Ok(())
+    }
     /// True when the back end drops the ordering of `atomicrmw` (LLVM 22 NVPTX emits a
     /// relaxed `atom` for every ordering): the lowering then brackets a relaxed
     /// `atomicrmw` with fences at the op's scope (release before, acquire after).

@@ -14,6 +14,7 @@
 //! | shared memory | `ptr tessera_emu_shared_base()` (a per-block host buffer) |
 //! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` |
 //! | timer (ns) | `i64 tessera_emu_timer_ns()` (also parks the calling GPU thread: it is called in polling loops, and the thread waited for must get its turn) |
+//! | loop back edge | `void tessera_emu_yield()` (the other threads get a turn) |
 //! | bad `remote_ptr` peer | `void tessera_emu_bad_peer(i32 peer, i32 world, i32 site)` (records the error) |
 //! | shared access | `void tessera_emu_note_shared(ptr p, i32 bytes, i32 is_write, i32 site)` |
 //! | `mma.sync` m16n8k16 | `void tessera_emu_mma_nv_{f16,bf16}(i32 a0..a3, i32 b0, b1, float c0..c3, ptr d, i32 site)` |
@@ -191,6 +192,12 @@ impl Arch for Emu {
         let ty = cx.ctx.void_type().fn_type(&[i32t.into(); 3], false);
         let args = [peer.into(), world.into(), Emu::site(cx, site)];
         call(cx, "tessera_emu_bad_peer", ty, &args)?;
+        Ok(())
+    }
+
+    fn loop_backedge<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        let ty = cx.ctx.void_type().fn_type(&[], false);
+        call(cx, "tessera_emu_yield", ty, &[])?;
         Ok(())
     }
 

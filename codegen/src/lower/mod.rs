@@ -1054,6 +1054,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             ys_conv.push(self.convert(y, &t.layout, span)?);
         }
         let next = self.cx.b.build_int_add(ivv, step, "iv.next")?;
+        self.arch.loop_backedge(&self.cx)?;
         let latch = self.cx.cur_block();
         iv.add_incoming(&[(&next, latch)]);
         for (ps, y) in phis.iter().zip(&ys_conv) {
@@ -1145,6 +1146,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         for (y, t) in ys.iter().zip(&inits) {
             ys_conv.push(self.convert(y, &t.layout, span)?);
         }
+        self.arch.loop_backedge(&self.cx)?;
         let latch = self.cx.cur_block();
         for (ps, y) in phis.iter().zip(&ys_conv) {
             for (p, r) in ps.iter().zip(&y.regs) {
