@@ -17,6 +17,26 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
         .iter()
         .map(|&v| l.val(v))
         .collect::<LResult<_>>()?;
+    // The operands meet in the layout of the first one that cannot be recomputed
+    // cheaply (else of the first non-uniform one); the others are recomputed or
+    // converted into it.
+    let lead = (0..ops.len())
+        .find(|&i| !ops[i].uniform && !l.rematerializable(op.operands[i]))
+        .or_else(|| (0..ops.len()).find(|&i| !ops[i].uniform))
+        .unwrap_or(0);
+    let leader = ops[lead].layout.clone();
+    for (i, t) in ops.iter_mut().enumerate() {
+        *t = l.relayout(op.operands[i], t, &leader, &op.span)?;
+    }
+    lower_with(l, op, ops)
+}
+
+/// The elementwise `op` on operand tiles already in one layout (uniform ones in any).
+pub(super) fn lower_with<'ctx>(
+    l: &mut Lowerer<'_, 'ctx>,
+    op: &Op,
+    ops: Vec<Tile<'ctx>>,
+) -> LResult<Tile<'ctx>> {
     let res_elem = l.f.ty(op.results[0]).elem;
     let in_elem = ops[if op.kind == OpKind::Select { 1 } else { 0 }].elem;
     let s_in = in_elem.scalar();
@@ -28,9 +48,6 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
         .unwrap_or(&ops[0])
         .layout
         .clone();
-    for t in ops.iter_mut() {
-        *t = l.convert(t, &leader, &op.span)?;
-    }
     let n = if all_uniform { 1 } else { leader.num_regs() };
     let mut regs = Vec::with_capacity(n);
     for r in 0..n {

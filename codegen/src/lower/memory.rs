@@ -22,6 +22,23 @@ use super::{LResult, LowerError, Lowerer, Tile, is_dup_reg};
 pub(super) fn lower_addptr<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     let p = l.val(op.operands[0])?;
     let o = l.val(op.operands[1])?;
+    let lay = if p.uniform || (l.rematerializable(op.operands[0]) && !o.uniform) {
+        o.layout.clone()
+    } else {
+        p.layout.clone()
+    };
+    let p = l.relayout(op.operands[0], &p, &lay, &op.span)?;
+    let o = l.relayout(op.operands[1], &o, &lay, &op.span)?;
+    addptr_with(l, p, o)
+}
+
+/// `addptr` on a pointer tile and an offset tile already in one layout (uniform ones
+/// in any).
+pub(super) fn addptr_with<'ctx>(
+    l: &mut Lowerer<'_, 'ctx>,
+    p: Tile<'ctx>,
+    o: Tile<'ctx>,
+) -> LResult<Tile<'ctx>> {
     let Elem::Ptr { pointee, .. } = p.elem else {
         return Err(LowerError::Llvm("addptr on a non-pointer".into()));
     };
@@ -31,8 +48,6 @@ pub(super) fn lower_addptr<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
     } else {
         p.layout.clone()
     };
-    let p = l.convert(&p, &lay, &op.span)?;
-    let o = l.convert(&o, &lay, &op.span)?;
     let et = l.mem_ty(Elem::Scalar(pointee));
     let uniform = p.uniform && o.uniform;
     let n = if uniform { 1 } else { lay.num_regs() };
@@ -165,18 +180,36 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     let elem = Elem::Scalar(pointee);
     let mut ptrs = ptrs;
     let mut lay = ptrs.layout.clone();
+    // Loads that feed only matrix units take 16-byte vectors (the `dot` operands are
+    // staged through shared memory, whatever layout they arrive in), when the
+    // pointers and mask can be recomputed in that layout.
+    if !ptrs.uniform && l.feeds_only_dot(op.results[0]) {
+        let want = crate::layout::Layout::blocked(
+            &lay.shape,
+            (16 / pointee.size_bytes().max(1)) as u32,
+            l.ws,
+            l.nw,
+        );
+        if want != lay
+            && l.rematerializable(op.operands[0])
+            && (!has_mask || l.rematerializable(op.operands[1]))
+        {
+            ptrs = l.relayout(op.operands[0], &ptrs, &want, &op.span)?;
+            lay = want;
+        }
+    }
     let mask = if has_mask {
         let m = l.val(op.operands[1])?;
         if ptrs.uniform && !m.uniform {
             lay = m.layout.clone();
-            ptrs = l.convert(&ptrs, &lay, &op.span)?;
+            ptrs = l.relayout(op.operands[0], &ptrs, &lay, &op.span)?;
         }
-        Some(l.convert(&m, &lay, &op.span)?)
+        Some(l.relayout(op.operands[1], &m, &lay, &op.span)?)
     } else {
         None
     };
     let other = if has_other {
-        Some(l.convert(&l.val(op.operands[2])?, &lay, &op.span)?)
+        Some(l.relayout(op.operands[2], &l.val(op.operands[2])?, &lay, &op.span)?)
     } else {
         None
     };
@@ -265,13 +298,17 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
     let elem = Elem::Scalar(pointee);
     let val = l.val(op.operands[1])?;
     let mut lay = ptrs.layout.clone();
-    if ptrs.uniform && !val.uniform {
+    // The value keeps its layout when the pointers (and mask) can be recomputed in
+    // it: a `dot` result is stored from its fragments, with no conversion.
+    let cheap_addr =
+        l.rematerializable(op.operands[0]) && (!has_mask || l.rematerializable(op.operands[2]));
+    if !val.uniform && (ptrs.uniform || (cheap_addr && !l.rematerializable(op.operands[1]))) {
         lay = val.layout.clone();
-        ptrs = l.convert(&ptrs, &lay, &op.span)?;
+        ptrs = l.relayout(op.operands[0], &ptrs, &lay, &op.span)?;
     }
-    let val = l.convert(&val, &lay, &op.span)?;
+    let val = l.relayout(op.operands[1], &val, &lay, &op.span)?;
     let mask = if has_mask {
-        Some(l.convert(&l.val(op.operands[2])?, &lay, &op.span)?)
+        Some(l.relayout(op.operands[2], &l.val(op.operands[2])?, &lay, &op.span)?)
     } else {
         None
     };

@@ -68,6 +68,7 @@ mod elementwise;
 pub mod emu_arch;
 mod memory;
 mod reduce;
+mod remat;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -331,6 +332,8 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub lane: IntValue<'ctx>,
     pub warp: IntValue<'ctx>,
     hints: HashMap<ValueId, Layout>,
+    /// The op defining each value (none for parameters and region arguments).
+    defs: HashMap<ValueId, &'a Op>,
     sites: RefCell<Vec<Site>>,
     /// The hidden parameters of a communicating kernel ([`crate::comm`]).
     comm: Option<comm::CommVals<'ctx>>,
@@ -416,6 +419,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             lane,
             warp,
             hints: HashMap::new(),
+            defs: {
+                let mut d = HashMap::new();
+                collect_defs(&f.body, &mut d);
+                d
+            },
             sites: RefCell::new(Vec::new()),
             cur_op: RefCell::new((f.span.clone(), "kernel")),
             comm,
@@ -725,15 +733,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.arch.barrier(&self.cx, site)
     }
 
-    /// `t` in layout `to` (same shape).
-    pub fn convert(&mut self, t: &Tile<'ctx>, to: &Layout, span: &Span) -> LResult<Tile<'ctx>> {
+    /// `t` in layout `to` without moving data between threads (the same layout, a
+    /// uniform value, or a register renaming where every thread already holds what
+    /// it needs), if possible.
+    pub fn convert_cheap(&self, t: &Tile<'ctx>, to: &Layout) -> Option<Tile<'ctx>> {
         if t.layout == *to {
-            return Ok(t.clone());
+            return Some(t.clone());
         }
         if t.uniform {
-            return Ok(self.uniform_tile(t.elem, to.clone(), t.regs[0]));
+            return Some(self.uniform_tile(t.elem, to.clone(), t.regs[0]));
         }
-        // A register renaming when every thread already holds what it needs.
         if t.layout.lane == to.lane && t.layout.warp == to.warp {
             let mut by_off = HashMap::new();
             for r in 0..t.layout.num_regs() as u32 {
@@ -743,13 +752,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 .map(|r| by_off.get(&to.reg_offset(r)).map(|&s| t.regs[s as usize]))
                 .collect();
             if let Some(regs) = regs {
-                return Ok(Tile {
+                return Some(Tile {
                     elem: t.elem,
                     layout: to.clone(),
                     regs,
                     uniform: false,
                 });
             }
+        }
+        None
+    }
+
+    /// `t` in layout `to` (same shape); through shared memory unless
+    /// [`Self::convert_cheap`] applies. Prefer [`Self::relayout`] where the value's id
+    /// is known: it recomputes cheap values instead.
+    pub fn convert(&mut self, t: &Tile<'ctx>, to: &Layout, span: &Span) -> LResult<Tile<'ctx>> {
+        if let Some(r) = self.convert_cheap(t, to) {
+            return Ok(r);
         }
         let mt = self.mem_ty(t.elem);
         let size = type_bytes(t.elem);
@@ -893,7 +912,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     _ => broadcast_bit_images(&src.layout.shape, &shape),
                 };
                 let p = d.compose_bits(&src.layout.shape, &images);
-                let g = self.convert(&src, &p, span)?;
+                let g = self.relayout(op.operands[0], &src, &p, span)?;
                 let t = Tile { layout: d, ..g };
                 self.set(op.results[0], t);
             }
@@ -1164,6 +1183,18 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
 /// True when register `r` duplicates a lower register (it has a bit set whose basis
 /// is zero).
+/// Records the defining op of every value defined in `r` and its nested regions.
+fn collect_defs<'a>(r: &'a Region, d: &mut HashMap<ValueId, &'a Op>) {
+    for op in &r.ops {
+        for &v in &op.results {
+            d.insert(v, op);
+        }
+        for sub in &op.regions {
+            collect_defs(sub, d);
+        }
+    }
+}
+
 pub fn is_dup_reg(l: &Layout, r: usize) -> bool {
     l.reg
         .iter()
