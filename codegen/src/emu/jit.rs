@@ -38,6 +38,9 @@ pub(crate) struct Compiled {
     pub meta: KernelMeta,
     /// Site id → op.
     pub sites: Vec<Site>,
+    /// The largest stack frame of the compiled code, as LLVM's code generator
+    /// reported it (bytes).
+    pub frame_bytes: u64,
 }
 
 type Key = (String, EmuFlavor, CompileOptions);
@@ -132,6 +135,23 @@ fn build(func: &Function, flavor: EmuFlavor, opts: &CompileOptions) -> Result<Co
     b.build_call(kernel, &vals, "").map_err(llvm)?;
     b.build_return(None).map_err(llvm)?;
 
+    // Stack probes: a frame larger than a page touches every page it spans, so a
+    // stack overflow hits the guard page instead of skipping it; and every frame's
+    // size is reported (`warn-stack-size` 0 makes LLVM diagnose any frame), so the
+    // launcher can size the threads' stacks.
+    let mut f = module.get_first_function();
+    while let Some(func) = f {
+        if func.count_basic_blocks() > 0 {
+            for (k, v) in [("probe-stack", "inline-asm"), ("warn-stack-size", "0")] {
+                func.add_attribute(
+                    inkwell::attributes::AttributeLoc::Function,
+                    ctx.create_string_attribute(k, v),
+                );
+            }
+        }
+        f = func.get_next_function();
+    }
+    let frames = FrameSizes::install(ctx);
     module
         .verify()
         .map_err(|m| jit_err(format!("invalid LLVM IR: {m}")))?;
@@ -161,6 +181,7 @@ fn build(func: &Function, flavor: EmuFlavor, opts: &CompileOptions) -> Result<Co
     let addr = ee
         .get_function_address(ENTRY)
         .map_err(|e| jit_err(e.to_string()))?;
+    let frame_bytes = frames.largest();
     // Keep the code alive for the life of the process (the cache hands out pointers).
     std::mem::forget(ee);
     std::mem::forget(module);
@@ -171,5 +192,54 @@ fn build(func: &Function, flavor: EmuFlavor, opts: &CompileOptions) -> Result<Co
         entry,
         meta: lowered.meta,
         sites: lowered.sites,
+        frame_bytes,
     })
+}
+
+/// Collects the frame sizes LLVM's code generator reports for the functions of one
+/// context (the `warn-stack-size` diagnostics).
+struct FrameSizes {
+    sizes: &'static Mutex<Vec<u64>>,
+}
+
+impl FrameSizes {
+    /// Installs the diagnostic handler on `ctx` (which lives for the process).
+    fn install(ctx: &'static Context) -> FrameSizes {
+        let sizes: &'static Mutex<Vec<u64>> = Box::leak(Box::new(Mutex::new(Vec::new())));
+        extern "C" fn handler(
+            info: inkwell::llvm_sys::prelude::LLVMDiagnosticInfoRef,
+            data: *mut std::ffi::c_void,
+        ) {
+            // SAFETY: LLVM passes a valid diagnostic; its description is a C string
+            // we own and free with `LLVMDisposeMessage`.
+            let text = unsafe {
+                let p = inkwell::llvm_sys::core::LLVMGetDiagInfoDescription(info);
+                let s = std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned();
+                inkwell::llvm_sys::core::LLVMDisposeMessage(p);
+                s
+            };
+            if let Some(rest) = text.split("stack frame size (").nth(1)
+                && let Some(n) = rest.split(')').next().and_then(|n| n.trim().parse().ok())
+            {
+                // SAFETY: `data` is the leaked `Mutex` installed with this handler.
+                let sizes = unsafe { &*(data as *const Mutex<Vec<u64>>) };
+                sizes.lock().unwrap_or_else(|p| p.into_inner()).push(n);
+            }
+        }
+        // SAFETY: the handler and its data (leaked) live for the process, like the
+        // context.
+        unsafe {
+            inkwell::llvm_sys::core::LLVMContextSetDiagnosticHandler(
+                ctx.raw(),
+                Some(handler),
+                sizes as *const Mutex<Vec<u64>> as *mut std::ffi::c_void,
+            )
+        };
+        FrameSizes { sizes }
+    }
+
+    fn largest(&self) -> u64 {
+        let v = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+        v.iter().copied().max().unwrap_or(0)
+    }
 }

@@ -526,38 +526,58 @@ pub fn launch_in_world(
         workers,
         next: AtomicU64::new(0),
         team_timeout,
+        frame_bytes: k.frame_bytes,
     };
+    // Every worker's stacks are reserved before any block runs (a resident block may
+    // wait for another worker's), and the workers start together once all exist.
+    let arenas = (0..workers)
+        .map(|w| match (independent, concurrent) {
+            (true, _) => Ok(None),
+            (false, false) => job.arena(threads as usize).map(Some),
+            (false, true) => job
+                .arena(threads as usize * job.owned(w as usize).len())
+                .map(Some),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let start = (Mutex::new(None::<bool>), std::sync::Condvar::new());
     let outcome = std::thread::scope(|s| {
         let mut handles = Vec::new();
-        for w in 0..workers {
-            let job = &job;
+        let mut spawn_error = None;
+        for (w, arena) in arenas.iter().enumerate() {
+            let (job, start) = (&job, &start);
             let spawned = std::thread::Builder::new()
                 .name(format!("emu-worker-{w}"))
                 .stack_size(8 << 20)
                 .spawn_scoped(s, move || {
-                    if independent {
-                        job.run_independent();
-                        Ok(())
-                    } else if concurrent {
-                        job.run_resident(w)
-                    } else {
-                        job.run_blocks()
+                    let mut go = start.0.lock().unwrap_or_else(|p| p.into_inner());
+                    while go.is_none() {
+                        go = start.1.wait(go).unwrap_or_else(|p| p.into_inner());
+                    }
+                    if *go != Some(true) {
+                        return Ok(());
+                    }
+                    drop(go);
+                    match arena {
+                        None => {
+                            job.run_independent();
+                            Ok(())
+                        }
+                        Some(a) if concurrent => job.run_resident(w as u64, a),
+                        Some(a) => job.run_blocks(a),
                     }
                 });
             match spawned {
                 Ok(h) => handles.push(h),
                 Err(e) => {
-                    // Resident blocks of a waiting kernel need every worker; the
-                    // ones started see the abort and end.
-                    launch.stop.store(true, Ordering::Release);
-                    if let Some(c) = &launch.comm {
-                        c.abort();
-                    }
-                    return Err(EmuError::Threads {
-                        message: e.to_string(),
-                    });
+                    spawn_error = Some(e.to_string());
+                    break;
                 }
             }
+        }
+        *start.0.lock().unwrap_or_else(|p| p.into_inner()) = Some(spawn_error.is_none());
+        start.1.notify_all();
+        if let Some(message) = spawn_error {
+            return Err(EmuError::Threads { message });
         }
         let mut first = Ok(());
         for h in handles {
@@ -650,6 +670,8 @@ struct Job<'a> {
     /// The next block to take (sequential launches).
     next: AtomicU64,
     team_timeout: Duration,
+    /// The kernel's largest stack frame (sizes the threads' stacks).
+    frame_bytes: u64,
 }
 
 /// How long a block has polled without progress ([`Team::progress`]).
@@ -660,20 +682,25 @@ struct PollClock {
 }
 
 impl PollClock {
-    /// After a step that ended polling: true when the block made progress since the
-    /// last check; times the team out after `timeout` without any.
+    /// After a step that ended with threads that yielded: true when the block made
+    /// progress (or computes) since the last check. Times the team out when threads
+    /// have waited at a barrier for `timeout` without progress (the emulator's
+    /// barrier timeout, `$TESSERA_EMU_TIMEOUT_MS`); a block where nobody waits is
+    /// never timed out here.
     fn check(&mut self, team: &Team, timeout: Duration) -> bool {
         let p = team.progress();
-        if p != self.progress || self.since.is_none() {
-            let moved = p != self.progress;
+        let waiting = team.waiting().is_some();
+        if p != self.progress || self.since.is_none() || !waiting {
+            let moved = p != self.progress || team.computing();
             self.progress = p;
             self.since = Some(Instant::now());
             return moved;
         }
-        if self.since.is_some_and(|t| t.elapsed() > timeout) {
+        if self.since.is_some_and(|t| t.elapsed() > timeout) && !team.cancelled() {
             team.time_out();
+            self.since = None;
         }
-        false
+        team.computing()
     }
 }
 
@@ -693,7 +720,7 @@ impl Job<'_> {
     }
 
     fn arena(&self, count: usize) -> Result<StackArena, EmuError> {
-        StackArena::new(count).map_err(|e| EmuError::OutOfMemory {
+        StackArena::new(count, self.frame_bytes).map_err(|e| EmuError::OutOfMemory {
             kernel: self.launch.kernel.to_string(),
             span: self.launch.kernel_span.clone(),
             blocks: (count / self.threads.max(1) as usize) as u64,
@@ -755,23 +782,40 @@ impl Job<'_> {
     ) -> Option<Park> {
         let t = tid as usize;
         runtime::switch_to(&ctxs[t]);
+        let cancelled = self.team_cancelled(ctxs);
         let co = threads[t].as_mut()?;
         let r = co.resume(());
         if !arena.intact(first_stack + t) {
             eprintln!(
                 "tessera emulator: thread {tid} of kernel `{}` overflowed its {} KiB stack; aborting",
                 self.launch.kernel,
-                stack::STACK_BYTES >> 10
+                arena.bytes >> 10
             );
             std::process::abort();
         }
         match r {
+            CoroutineResult::Yield(Park::Poll | Park::Yield) if cancelled => {
+                // The team timed out and this thread still loops: end it.
+                // SAFETY: the coroutine is suspended in `tessera_emu_timer_ns` or
+                // `tessera_emu_yield`, called from JIT-compiled kernel code: those
+                // frames hold only plain values and references (nothing to drop), and
+                // no other code refers to the coroutine's stack; the stack returns to
+                // the arena when the coroutine is dropped.
+                unsafe { co.force_reset() };
+                threads[t] = None;
+                None
+            }
             CoroutineResult::Yield(p) => Some(p),
             CoroutineResult::Return(()) => {
                 threads[t] = None;
                 None
             }
         }
+    }
+
+    /// Whether the team of the block `ctxs` belong to timed out.
+    fn team_cancelled(&self, ctxs: &[ThreadCtx<'_>]) -> bool {
+        ctxs.first().is_some_and(|c| c.blk.team.cancelled())
     }
 
     /// Records the team's own error (divergence, timeout) for its block.
@@ -784,11 +828,16 @@ impl Job<'_> {
         }
     }
 
+    /// The blocks worker `w` owns in a launch of a waiting kernel.
+    fn owned(&self, w: usize) -> Vec<u64> {
+        (w as u64..self.total)
+            .step_by(self.workers as usize)
+            .collect()
+    }
+
     /// Sequential launches: this worker takes blocks one at a time and runs each
-    /// block's threads as coroutines to the end.
-    fn run_blocks(&self) -> Result<(), EmuError> {
-        let n = self.threads as usize;
-        let arena = self.arena(n)?;
+    /// block's threads as coroutines (on `arena`'s stacks) to the end.
+    fn run_blocks(&self, arena: &StackArena) -> Result<(), EmuError> {
         let blk = Block::new(Team::new(self.threads, self.warp), self.shared_bytes);
         while let Some(lin) = self.take() {
             blk.team.reset();
@@ -799,13 +848,15 @@ impl Job<'_> {
             let mut threads: Vec<Option<Thread<'_>>> = ctxs
                 .iter()
                 .enumerate()
-                .map(|(i, c)| Some(self.spawn(c, arena.stack(i))))
+                // SAFETY: stack `i` for thread `i`; the previous block's coroutines
+                // on these stacks have all been dropped (the last iteration's vector).
+                .map(|(i, c)| Some(self.spawn(c, unsafe { arena.stack(i) })))
                 .collect();
             let _guard = runtime::enter(&ctxs[0]);
             let mut poll = PollClock::default();
             while blk
                 .team
-                .step(|tid| self.resume(&mut threads, &ctxs, &arena, 0, tid))
+                .step(|tid| self.resume(&mut threads, &ctxs, arena, 0, tid))
                 == Step::Yielded
             {
                 // A kernel that polls without waiting for anyone else (only
@@ -819,20 +870,9 @@ impl Job<'_> {
 
     /// Waiting kernels: every block live at once; worker `w` owns blocks `w, w + W,
     /// ...` and steps them round robin until all have ended.
-    fn run_resident(&self, w: u64) -> Result<(), EmuError> {
-        let mine: Vec<u64> = (w..self.total).step_by(self.workers as usize).collect();
+    fn run_resident(&self, w: u64, arena: &StackArena) -> Result<(), EmuError> {
+        let mine = self.owned(w as usize);
         let n = self.threads as usize;
-        let arena = match self.arena(n * mine.len()) {
-            Ok(a) => a,
-            Err(e) => {
-                // The other workers' blocks would wait for these forever.
-                if let Some(c) = &self.launch.comm {
-                    c.abort();
-                }
-                self.launch.failed.store(true, Ordering::Release);
-                return Err(e);
-            }
-        };
         let blocks: Vec<Block> = mine
             .iter()
             .map(|_| Block::new(Team::new(self.threads, self.warp), self.shared_bytes))
@@ -852,7 +892,9 @@ impl Job<'_> {
             .map(|(b, cs)| {
                 cs.iter()
                     .enumerate()
-                    .map(|(i, c)| Some(self.spawn(c, arena.stack(b * n + i))))
+                    // SAFETY: stack `b * n + i` for thread `i` of local block `b`:
+                    // each once.
+                    .map(|(i, c)| Some(self.spawn(c, unsafe { arena.stack(b * n + i) })))
                     .collect()
             })
             .collect();
@@ -872,7 +914,7 @@ impl Job<'_> {
                 let blk = &blocks[b];
                 let step = blk
                     .team
-                    .step(|tid| self.resume(&mut threads[b], &ctxs[b], &arena, b * n, tid));
+                    .step(|tid| self.resume(&mut threads[b], &ctxs[b], arena, b * n, tid));
                 match step {
                     Step::Done => {
                         done[b] = true;

@@ -135,6 +135,11 @@ impl Launch<'_> {
         let mut errs = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         if errs.len() < MAX_ERRORS {
             errs.push((block_lin, tid, e));
+        } else if let Some(worst) = (0..errs.len()).max_by_key(|&i| (errs[i].0, errs[i].1))
+            && (block_lin, tid) < (errs[worst].0, errs[worst].1)
+        {
+            // Blocks run in parallel: keep the lowest (block, thread) errors.
+            errs[worst] = (block_lin, tid, e);
         }
     }
 

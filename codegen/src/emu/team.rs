@@ -93,6 +93,10 @@ pub struct Team {
     poison: Cell<bool>,
     /// Barrier releases, completed collectives and exits so far.
     progress: Cell<u64>,
+    /// Some thread yielded at a loop back edge in the last step (it computes).
+    computing: Cell<bool>,
+    /// The team timed out: threads still looping are ended at their next park.
+    cancelled: Cell<bool>,
     /// The first error found by the team itself (divergence), with the thread it is
     /// reported for; taken by the driver.
     error: Cell<Option<(u32, TeamError)>>,
@@ -148,6 +152,8 @@ impl Team {
             results: cells(threads as usize * SLOT_WORDS),
             poison: Cell::new(false),
             progress: Cell::new(0),
+            computing: Cell::new(false),
+            cancelled: Cell::new(false),
             error: Cell::new(None),
         }
     }
@@ -168,11 +174,23 @@ impl Team {
         self.poison.get()
     }
 
-    /// Counts barrier releases, completed warp collectives, loop iterations and
-    /// exits: a block whose count does not change while it polls is waiting on
-    /// someone else.
+    /// Counts barrier releases, completed warp collectives and exits: a block whose
+    /// count does not change while some of its threads wait at a barrier is waiting
+    /// on the threads that loop or poll.
     pub fn progress(&self) -> u64 {
         self.progress.get()
+    }
+
+    /// Whether a thread yielded at a loop back edge in the last [`Team::step`] (the
+    /// block computes rather than waits on someone else).
+    pub fn computing(&self) -> bool {
+        self.computing.get()
+    }
+
+    /// True once the team timed out: a thread that parks in a loop from then on is
+    /// ended by its driver (it would spin forever).
+    pub fn cancelled(&self) -> bool {
+        self.cancelled.get()
     }
 
     /// Poisons the team (an error was recorded elsewhere).
@@ -190,6 +208,7 @@ impl Team {
         }
         self.exited.set(0);
         self.poison.set(false);
+        self.cancelled.set(false);
         self.error.set(None);
     }
 
@@ -406,28 +425,28 @@ impl Team {
         );
     }
 
-    /// The barrier site the parked threads wait at, and how many wait (for a
-    /// timeout report).
-    pub fn waiting(&self) -> (u32, u32) {
-        let mut site = 0;
-        let mut n = 0;
-        for s in &self.st {
-            if let St::AtBarrier(x) | St::AtWarp(x) = s.get() {
-                site = x;
-                n += 1;
-            }
-        }
-        (site, n)
-    }
-
-    /// Reports a timeout: the block waited too long on polling threads.
-    pub fn time_out(&self) {
-        let (site, waiting) = self.waiting();
-        let tid = self
+    /// The first thread parked at a barrier or collective, its site, and how many
+    /// threads wait at that site; `None` when nobody waits.
+    pub fn waiting(&self) -> Option<(u32, u32, u32)> {
+        let first = self
             .st
             .iter()
-            .position(|s| matches!(s.get(), St::AtBarrier(_) | St::AtWarp(_)))
-            .unwrap_or(0) as u32;
+            .position(|s| matches!(s.get(), St::AtBarrier(_) | St::AtWarp(_)))?;
+        let at = self.st[first].get();
+        let n = self.st.iter().filter(|s| s.get() == at).count() as u32;
+        let (St::AtBarrier(site) | St::AtWarp(site)) = at else {
+            return None;
+        };
+        Some((first as u32, site, n))
+    }
+
+    /// Reports a timeout: threads waited too long at a barrier for threads that loop
+    /// or poll; the team is poisoned and cancelled (looping threads are ended).
+    pub fn time_out(&self) {
+        let Some((tid, site, waiting)) = self.waiting() else {
+            return;
+        };
+        self.cancelled.set(true);
         self.fail(
             tid,
             TeamError::Timeout {
@@ -442,6 +461,7 @@ impl Team {
     /// until it parks, returning how, or `None` when it ended) until every thread has
     /// ended or only polling threads can move.
     pub fn step(&self, mut resume: impl FnMut(u32) -> Option<Park>) -> Step {
+        self.computing.set(false);
         loop {
             let mut polled = false;
             let mut ran = false;
@@ -455,7 +475,7 @@ impl Team {
                     Some(Park::Poll) => polled = true,
                     Some(Park::Yield) => {
                         polled = true;
-                        self.progress.set(self.progress.get() + 1);
+                        self.computing.set(true);
                     }
                     Some(Park::Barrier(_) | Park::Warp(_)) => {}
                 }
@@ -626,6 +646,63 @@ mod tests {
             ),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn a_barrier_waiting_on_a_polling_thread_times_out_and_cancels() {
+        let team = Rc::new(Team::new(8, 8));
+        let mut cos: Vec<Co> = (0..8u32)
+            .map(|tid| {
+                let team = team.clone();
+                Coroutine::new(move |y: &Yielder<(), Park>, ()| {
+                    if tid == 3 {
+                        // Polls for something that never comes.
+                        loop {
+                            y.suspend(Park::Poll);
+                        }
+                    }
+                    team.barrier(tid, 4, |p| {
+                        y.suspend(p);
+                    });
+                })
+            })
+            .collect();
+        let mut steps = 0;
+        loop {
+            let step = team.step(|tid| {
+                let t = tid as usize;
+                match cos[t].resume(()) {
+                    CoroutineResult::Yield(Park::Poll) if team.cancelled() => {
+                        // SAFETY: suspended in the loop above: nothing to drop.
+                        unsafe { cos[t].force_reset() };
+                        None
+                    }
+                    CoroutineResult::Yield(p) => Some(p),
+                    CoroutineResult::Return(()) => None,
+                }
+            });
+            if step == Step::Done {
+                break;
+            }
+            steps += 1;
+            assert!(!team.computing(), "polling is not computing");
+            if steps == 10 {
+                assert_eq!(team.waiting(), Some((0, 4, 7)));
+                team.time_out();
+            }
+            assert!(steps < 100, "the cancelled thread did not end");
+        }
+        assert!(matches!(
+            team.take_error(),
+            Some((
+                0,
+                TeamError::Timeout {
+                    site: 4,
+                    waiting: 7,
+                    threads: 8
+                }
+            ))
+        ));
     }
 
     #[test]
