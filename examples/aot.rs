@@ -106,18 +106,26 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     })
 }
 
-/// One example kernel: its file name, how to compile it, and how to precompile it
-/// into an artifact store.
+/// One example kernel: its file name, its number of warps (`None`: `--num-warps`),
+/// how to compile it, and how to precompile it into an artifact store.
 type Job = (
     &'static str,
+    Option<u32>,
     fn(&Specialization, Target, &CompileOptions) -> Result<Artifact, Error>,
     fn(Target, &CompileOptions, &ArtifactStore) -> Result<Vec<PathBuf>, Error>,
 );
 
 macro_rules! job {
+    ($name:literal, warps = $w:literal, $k:ty) => {
+        job!(@ $name, Some($w), $k)
+    };
     ($name:literal, $k:ty) => {
+        job!(@ $name, None, $k)
+    };
+    (@ $name:literal, $warps:expr, $k:ty) => {
         (
             $name,
+            $warps,
             |sp, t, o| compile_kernel_specialized::<$k>(&(), sp, t, o),
             // Every specialization a launch can look up.
             |t, o, s| {
@@ -133,14 +141,15 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 7] = [
+const JOBS: [Job; 8] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
     job!("matmul_f32", matmul::matmul<f32, 64, 64, 32>),
     job!("matmul_f16", matmul::matmul<f16, 64, 64, 32>),
-    // The tile size of the Triton comparison (benches/vs_triton).
+    // The tile sizes of the Triton comparison (benches/vs_triton).
     job!("matmul_f16_128x128x32", matmul::matmul<f16, 128, 128, 32>),
+    job!("matmul_f16_128x128x64", warps = 8, matmul::matmul<f16, 128, 128, 64>),
     job!("layernorm", layernorm::layernorm<f32, 256>),
 ];
 
@@ -159,9 +168,12 @@ fn run(args: &Args) -> Result<(), String> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tname = target.to_string();
-        for (name, compile, store) in JOBS {
+        for (name, warps, compile, store) in JOBS {
+            let opts = CompileOptions {
+                num_warps: warps.unwrap_or(args.opts.num_warps),
+            };
             let t = Instant::now();
-            let art = match compile(&args.spec, target, &args.opts) {
+            let art = match compile(&args.spec, target, &opts) {
                 Ok(art) => art,
                 Err(e) => {
                     eprintln!("{tname:>8} {name:<12} FAILED: {e}");
@@ -177,7 +189,7 @@ fn run(args: &Args) -> Result<(), String> {
             }
             write(&dir.join(format!("{name}.ll")), art.llvm_ir.as_bytes())?;
             if let Some(s) = &args.store {
-                store(target, &args.opts, &ArtifactStore::new(s)).map_err(|e| e.to_string())?;
+                store(target, &opts, &ArtifactStore::new(s)).map_err(|e| e.to_string())?;
             }
             println!(
                 "{tname:>8} {name:<12} {:>9} bytes {:>5} threads {:>6} B smem {:>9.1} ms  {}",

@@ -411,6 +411,15 @@ fn pack(epoch: u32, tid: u32, site: u32) -> u64 {
 
 extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, site: i32) {
     with((), |c| {
+        note_shared(c, p, bytes, is_write != 0, site);
+    })
+}
+
+/// Checks a shared access of `bytes` at `p` by thread `c` (bounds, races) and records
+/// it in the race shadow; false (with the error recorded) when it is out of bounds.
+fn note_shared(c: &ThreadCtx<'_>, p: *const u8, bytes: i32, is_write: bool, site: i32) -> bool {
+    let is_write = is_write as i32;
+    {
         let l = c.launch;
         let k = c.blk;
         let off = (p as usize).wrapping_sub(k.shared as usize);
@@ -427,7 +436,7 @@ extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, sit
                 index: off as i64,
                 len: k.shared_bytes,
             });
-            return;
+            return false;
         }
         let epoch = c.epoch.get();
         let me = pack(epoch, c.tid, site as u32);
@@ -468,6 +477,77 @@ extern "C" fn tessera_emu_note_shared(p: *mut u8, bytes: i32, is_write: i32, sit
                 });
             }
             mark.set(me);
+        }
+    }
+    true
+}
+
+/// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16`, from the PTX ISA's
+/// description (not from the lowering's fragment tables): lane `8 * i + j` holds the
+/// address of row `j` of 8x8 matrix `i` (eight 16-bit elements, 16 bytes, 16-byte
+/// aligned); afterwards lane `t` holds, for each matrix, elements `(t / 4, 2 * (t % 4))`
+/// and `(t / 4, 2 * (t % 4) + 1)` (row, column) packed low to high, or with `.trans`
+/// `(2 * (t % 4), t / 4)` and `(2 * (t % 4) + 1, t / 4)`. Computed once per warp.
+extern "C" fn tessera_emu_ldmatrix(p: *const u8, num: i32, trans: i32, out: *mut u32, site: i32) {
+    with((), |c| {
+        let num = num.clamp(1, 4) as usize;
+        let lane = (c.tid % 32) as usize;
+        // The row this lane addresses is read by the instruction (when it is used).
+        let mut ok = true;
+        if lane < 8 * num {
+            if !(p as usize).is_multiple_of(16) {
+                let (span, op) = c.launch.site(site as u32);
+                c.fail(EmuError::Misaligned {
+                    kernel: c.launch.kernel.to_string(),
+                    op,
+                    span,
+                    block: c.block.get(),
+                    thread: c.tid,
+                    buffer: "<shared memory>".into(),
+                    offset_bytes: (p as usize).wrapping_sub(c.blk.shared as usize),
+                    bytes: 16,
+                });
+                ok = false;
+            }
+            ok &= note_shared(c, p, 16, false, site);
+        }
+        let addr = if ok { p as u64 } else { 0 };
+        let (shared, len) = (c.blk.shared as usize, c.blk.shared_bytes);
+        let r = c.blk.team.warp_collective(
+            c.tid,
+            site as u32,
+            &[addr],
+            |p| c.park(p),
+            |w| {
+                let row = |i: usize| -> [u16; 8] {
+                    let a = w.read(i as u32, 0) as usize;
+                    let inside = a >= shared && a + 16 <= shared + len && a.is_multiple_of(16);
+                    if !inside {
+                        return [0; 8];
+                    }
+                    // SAFETY: 16 bytes inside the block's shared memory, 16-byte
+                    // aligned (checked above); the warp's threads are parked here.
+                    let bytes = unsafe { *(a as *const [u8; 16]) };
+                    std::array::from_fn(|e| u16::from_le_bytes([bytes[2 * e], bytes[2 * e + 1]]))
+                };
+                let rows: Vec<[u16; 8]> = (0..8 * num).map(row).collect();
+                for t in 0..w.lanes() as usize {
+                    for m in 0..num {
+                        let (r0, c0, r1, c1) = if trans != 0 {
+                            (2 * (t % 4), t / 4, 2 * (t % 4) + 1, t / 4)
+                        } else {
+                            (t / 4, 2 * (t % 4), t / 4, 2 * (t % 4) + 1)
+                        };
+                        let lo = rows[8 * m + r0][c0] as u64;
+                        let hi = rows[8 * m + r1][c1] as u64;
+                        w.write(t as u32, m, lo | hi << 16);
+                    }
+                }
+            },
+        );
+        for (m, v) in r.iter().take(num).enumerate() {
+            // SAFETY: the kernel passes a pointer to its `[4 x i32]` stack slot.
+            unsafe { out.add(m).write(*v as u32) };
         }
     })
 }
@@ -665,6 +745,10 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
             tessera_emu_timer_ns as *const () as usize,
         ),
         ("tessera_emu_yield", tessera_emu_yield as *const () as usize),
+        (
+            "tessera_emu_ldmatrix",
+            tessera_emu_ldmatrix as *const () as usize,
+        ),
         (
             "tessera_emu_bad_peer",
             tessera_emu_bad_peer as *const () as usize,

@@ -244,6 +244,26 @@ pub trait Arch {
     }
     /// The matrix instruction for `dot` on `input` elements, if any.
     fn mma(&self, input: ScalarType) -> Option<MmaInfo>;
+    /// Whether [`Arch::ldmatrix`] is available (NVIDIA sm_75+).
+    fn has_ldmatrix(&self) -> bool {
+        false
+    }
+    /// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16` (PTX ISA, "Warp-level
+    /// matrix load instruction: ldmatrix"): lane `8 * i + j` gives the address `p` of
+    /// row `j` of matrix `i` (`i < num`; 8 16-bit elements, 16-byte aligned); returns,
+    /// per matrix, the `i32` holding this lane's two elements: row `lane / 4`, columns
+    /// `2 * (lane % 4)` and `+ 1` (transposed: rows `2 * (lane % 4)` and `+ 1` of
+    /// column `lane / 4`), the first in the low half.
+    fn ldmatrix<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _p: PointerValue<'ctx>,
+        _num: u32,
+        _trans: bool,
+        _site: u32,
+    ) -> LResult<Vec<IntValue<'ctx>>> {
+        Err(LowerError::Llvm("ldmatrix on a target without it".into()))
+    }
     /// Emits one matrix instruction: `a` and `b` hold the fragment elements in
     /// [`FragInfo::runs`] order, `c` the accumulator fragment; returns D.
     fn emit_mma<'ctx>(
@@ -339,6 +359,28 @@ pub struct Amdgpu {
 
 fn axis_char(axis: u8) -> char {
     ['x', 'y', 'z'][axis.min(2) as usize]
+}
+
+/// `ldmatrix` through the NVVM intrinsic (one `i32` per matrix).
+fn nvvm_ldmatrix<'ctx>(
+    cx: &Cx<'ctx>,
+    p: PointerValue<'ctx>,
+    num: u32,
+    trans: bool,
+) -> LResult<Vec<IntValue<'ctx>>> {
+    let name = format!(
+        "llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{num}{}.b16",
+        if trans { ".trans" } else { "" }
+    );
+    // Overloaded on the pointer type (a shared-memory pointer here).
+    let v = cx.call_intrinsic(&name, &[p.get_type().into()], &[p.into()])?;
+    if num == 1 {
+        return Ok(vec![v.into_int_value()]);
+    }
+    let s = v.into_struct_value();
+    (0..num)
+        .map(|i| Ok(cx.b.build_extract_value(s, i, "")?.into_int_value()))
+        .collect()
 }
 
 impl Arch for Nvptx {
@@ -497,6 +539,21 @@ impl Arch for Nvptx {
             MemScope::Device => "device",
             MemScope::System => "",
         }
+    }
+
+    fn has_ldmatrix(&self) -> bool {
+        self.sm >= 75
+    }
+
+    fn ldmatrix<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        p: PointerValue<'ctx>,
+        num: u32,
+        trans: bool,
+        _site: u32,
+    ) -> LResult<Vec<IntValue<'ctx>>> {
+        nvvm_ldmatrix(cx, p, num, trans)
     }
 
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {

@@ -93,10 +93,14 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
 }
 
 /// Writes every register of `t` to `base + offset(element index)` (in elements).
+/// Runs of up to `max_vec` registers holding consecutive elements are written as one
+/// vector store: the caller promises that `offset` maps such a run (starting at a
+/// multiple of its length) to consecutive, equally aligned places.
 fn write_tile<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     t: &Tile<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
+    max_vec: u32,
     offset: impl Fn(IntValue<'ctx>) -> LResult<IntValue<'ctx>>,
 ) -> LResult<()> {
     let mt = l.mem_ty(t.elem);
@@ -109,12 +113,44 @@ fn write_tile<'ctx>(
         }
         return Ok(());
     }
-    for (r, e) in l.elem_indices(&t.layout)?.into_iter().enumerate() {
+    // Leading register bases that walk consecutive elements.
+    let mut run = 1u32;
+    for (i, &b) in t.layout.reg.iter().enumerate() {
+        if b == 1 << i && (1 << (i + 1)) <= max_vec {
+            run = 1 << (i + 1);
+        } else {
+            break;
+        }
+    }
+    let idx = l.elem_indices(&t.layout)?;
+    let mut r = 0;
+    while r < idx.len() {
         if super::is_dup_reg(&t.layout, r) {
+            r += 1;
             continue;
         }
-        let p = l.smem_ptr(base, mt, offset(e)?)?;
-        l.smem_store(p, t.regs[r])?;
+        let p = l.smem_ptr(base, mt, offset(idx[r])?)?;
+        if run > 1 && r + run as usize <= idx.len() {
+            let vt: BasicTypeEnum = match mt {
+                BasicTypeEnum::FloatType(f) => f.vec_type(run).into(),
+                BasicTypeEnum::IntType(i) => i.vec_type(run).into(),
+                _ => unreachable!("scalar shared-memory type"),
+            };
+            let mut v = match vt {
+                BasicTypeEnum::VectorType(v) => v.get_poison(),
+                _ => unreachable!(),
+            };
+            for i in 0..run as usize {
+                let x = l.store_to_mem(t.elem, t.regs[r + i])?;
+                v = l.cx.b.build_insert_element(v, x, l.cx.i32(i as i64), "")?;
+            }
+            let s = l.smem_store(p, v.into())?;
+            let _ = s.set_alignment(run * super::type_bytes(t.elem));
+            r += run as usize;
+        } else {
+            l.smem_store(p, l.store_to_mem(t.elem, t.regs[r])?)?;
+            r += 1;
+        }
     }
     Ok(())
 }
@@ -131,9 +167,14 @@ fn lower_fma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     let a_elems = (m * k).div_ceil(16 / size.min(16)) * (16 / size.min(16));
     let base = l.scratch((a_elems + k * n) * size, &op.span);
     let mt = l.mem_ty(a.elem);
-    write_tile(l, &a, base, Ok)?;
+    // Row-major, `b` right after `a` (rounded to 16 bytes): runs of consecutive
+    // elements stay consecutive.
+    let vec = 16 / size.clamp(1, 16);
+    write_tile(l, &a, base, vec, Ok)?;
     let boff = l.cx.i32(a_elems as i64);
-    write_tile(l, &b, base, |e| Ok(l.cx.b.build_int_add(e, boff, "")?))?;
+    write_tile(l, &b, base, vec, |e| {
+        Ok(l.cx.b.build_int_add(e, boff, "")?)
+    })?;
     l.barrier()?;
     let lay = c.layout.clone();
     let idx = l.elem_indices(&lay)?;
@@ -282,6 +323,93 @@ fn load_frag<'ctx>(
     Ok(out)
 }
 
+/// The two 16-bit elements of each `i32` an `ldmatrix` returned, low half first.
+fn unpack_pairs<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    ety: BasicTypeEnum<'ctx>,
+    regs: &[IntValue<'ctx>],
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let vt = ety.into_float_type().vec_type(2);
+    let mut out = Vec::with_capacity(2 * regs.len());
+    for &r in regs {
+        let v = l.cx.b.build_bit_cast(r, vt, "")?.into_vector_value();
+        for i in 0..2 {
+            out.push(l.cx.b.build_extract_element(v, l.cx.i32(i), "")?);
+        }
+    }
+    Ok(out)
+}
+
+/// `lane & mask` shifted right by `shift`, times `mul` (address arithmetic).
+fn lane_part<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    mask: u32,
+    shift: u32,
+    mul: u32,
+) -> LResult<IntValue<'ctx>> {
+    let b = &l.cx.b;
+    let x = b.build_and(l.lane, l.cx.i32(mask as i64), "")?;
+    let x = b.build_right_shift(x, l.cx.i32(shift as i64), false, "")?;
+    Ok(b.build_int_mul(x, l.cx.i32(mul as i64), "")?)
+}
+
+/// The A fragment of `mma.m16n8k16` for rows `row0..row0 + 16` and `k0..k0 + 16` of
+/// `a[m][stride]` at `base`, with one `ldmatrix.x4`: the four 8x8 matrices are (rows
+/// 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15), which are
+/// the fragment's registers `a0a1`, `a2a3`, `a4a5`, `a6a7` (PTX ISA, "Matrix
+/// Fragments for mma.m16n8k16"); lane `i` gives row `i % 16` at k `8 * (i / 16)`.
+fn ldmatrix_a<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    ety: BasicTypeEnum<'ctx>,
+    base: inkwell::values::PointerValue<'ctx>,
+    stride: u32,
+    row0: IntValue<'ctx>,
+    k0: u32,
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let b = &l.cx.b;
+    let row = b.build_int_add(row0, lane_part(l, 15, 0, 1)?, "")?;
+    let k = b.build_int_add(lane_part(l, 16, 4, 8)?, l.cx.i32(k0 as i64), "")?;
+    let off = b.build_int_add(b.build_int_mul(row, l.cx.i32(stride as i64), "")?, k, "")?;
+    let p = l.smem_ptr(base, ety, off)?;
+    let site = l.new_site("ldmatrix");
+    let regs = l.arch.ldmatrix(&l.cx, p, 4, false, site)?;
+    unpack_pairs(l, ety, &regs)
+}
+
+/// B fragments of `mma.m16n8k16` for the n8 tiles starting at columns `cols` (one or
+/// two) and `k0..k0 + 16`, from `b[n][stride]` (transposed) at `base + first`, with one
+/// `ldmatrix` (`.x2` per tile): per tile the matrices (n 0-7, k 0-7) and (n 0-7, k 8-15)
+/// are the registers `b0b1`, `b2b3`; lane `i` gives column `i % 8` of tile `i / 16` at
+/// k `8 * ((i / 8) % 2)`.
+#[allow(clippy::too_many_arguments)]
+fn ldmatrix_b<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    ety: BasicTypeEnum<'ctx>,
+    base: inkwell::values::PointerValue<'ctx>,
+    first: IntValue<'ctx>,
+    stride: u32,
+    cols: &[IntValue<'ctx>],
+    k0: u32,
+) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
+    let b = &l.cx.b;
+    let col0 = if cols.len() == 2 {
+        let hi = b.build_int_compare(inkwell::IntPredicate::UGE, l.lane, l.cx.i32(16), "")?;
+        b.build_select(hi, cols[1], cols[0], "")?.into_int_value()
+    } else {
+        cols[0]
+    };
+    let n = b.build_int_add(col0, lane_part(l, 7, 0, 1)?, "")?;
+    let k = b.build_int_add(lane_part(l, 8, 3, 8)?, l.cx.i32(k0 as i64), "")?;
+    let off = b.build_int_add(b.build_int_mul(n, l.cx.i32(stride as i64), "")?, k, "")?;
+    let off = b.build_int_add(off, first, "")?;
+    let p = l.smem_ptr(base, ety, off)?;
+    let site = l.new_site("ldmatrix");
+    let regs = l
+        .arch
+        .ldmatrix(&l.cx, p, 2 * cols.len() as u32, false, site)?;
+    regs.chunks(2).map(|r| unpack_pairs(l, ety, r)).collect()
+}
+
 fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
     let a = l.val(op.operands[0])?;
     let b = l.val(op.operands[1])?;
@@ -297,14 +425,15 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let ety = l.ty(Elem::Scalar(s));
     let kb = k.trailing_zeros() as i64;
     let nb = n.trailing_zeros() as i64;
-    // a[m][k] at m * stride + k; b[k][n] at a_elems + n * stride + k.
-    write_tile(l, &a, base, |e| {
+    // a[m][k] at m * stride + k (runs along k stay consecutive, and rows start at
+    // multiples of 8 elements: 16-byte stores); b[k][n] at a_elems + n * stride + k.
+    write_tile(l, &a, base, 8.min(k), |e| {
         let bd = &l.cx.b;
         let r = bd.build_right_shift(e, l.cx.i32(kb), false, "")?;
         let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
         Ok(bd.build_int_add(bd.build_int_mul(r, l.cx.i32(stride as i64), "")?, cc, "")?)
     })?;
-    write_tile(l, &b, base, |e| {
+    write_tile(l, &b, base, 1, |e| {
         let bd = &l.cx.b;
         let kk = bd.build_right_shift(e, l.cx.i32(nb), false, "")?;
         let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;
@@ -330,6 +459,9 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let zero = l.cx.i32(0);
     let b_first = l.cx.i32(a_elems as i64);
     let fr = 1usize << info.c_reg.len();
+    // `ldmatrix` reads the NVIDIA m16n8k16 fragments (stride is a multiple of 8
+    // elements, so every row address is 16-byte aligned).
+    let ldm = l.arch.has_ldmatrix() && (info.m, info.n, info.k) == (16, 8, 16);
     let mut acc: Vec<FloatValue<'ctx>> = c.regs.iter().map(|v| v.into_float_value()).collect();
     for ks in 0..k / info.k {
         let k0 = ks * info.k;
@@ -341,21 +473,33 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
                 l.cx.i32(info.m as i64),
                 "",
             )?;
-            afr.push(load_frag(
-                l, &info.a, ety, base, zero, stride, ao, ak, row0, k0,
-            )?);
+            afr.push(if ldm {
+                ldmatrix_a(l, ety, base, stride, row0, k0)?
+            } else {
+                load_frag(l, &info.a, ety, base, zero, stride, ao, ak, row0, k0)?
+            });
         }
         let mut bfr = Vec::new();
-        for nr in 0..p.reps_n {
-            let col0 = l.cx.b.build_int_mul(
-                l.cx.b
-                    .build_int_add(wn, l.cx.i32((nr * p.warps_n) as i64), "")?,
-                l.cx.i32(info.n as i64),
-                "",
-            )?;
-            bfr.push(load_frag(
-                l, &info.b, ety, base, b_first, stride, bo, bk, col0, k0,
-            )?);
+        let col0s = (0..p.reps_n)
+            .map(|nr| {
+                Ok(l.cx.b.build_int_mul(
+                    l.cx.b
+                        .build_int_add(wn, l.cx.i32((nr * p.warps_n) as i64), "")?,
+                    l.cx.i32(info.n as i64),
+                    "",
+                )?)
+            })
+            .collect::<LResult<Vec<_>>>()?;
+        if ldm {
+            for pair in col0s.chunks(2) {
+                bfr.extend(ldmatrix_b(l, ety, base, b_first, stride, pair, k0)?);
+            }
+        } else {
+            for &col0 in &col0s {
+                bfr.push(load_frag(
+                    l, &info.b, ety, base, b_first, stride, bo, bk, col0, k0,
+                )?);
+            }
         }
         for (mr, af) in afr.iter().enumerate() {
             for (nr, bf) in bfr.iter().enumerate() {

@@ -18,6 +18,7 @@
 //! | bad `remote_ptr` peer | `void tessera_emu_bad_peer(i32 peer, i32 world, i32 site)` (records the error) |
 //! | shared access | `void tessera_emu_note_shared(ptr p, i32 bytes, i32 is_write, i32 site)` |
 //! | `mma.sync` m16n8k16 | `void tessera_emu_mma_nv_{f16,bf16}(i32 a0..a3, i32 b0, b1, float c0..c3, ptr d, i32 site)` |
+//! | `ldmatrix` (emu-nv) | `void tessera_emu_ldmatrix(ptr row, i32 num, i32 trans, ptr out, i32 site)` (one `i32` per matrix to `out`) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
@@ -61,6 +62,28 @@ fn call<'ctx>(
 ) -> LResult<Option<BasicValueEnum<'ctx>>> {
     let f = declare(cx, name, ty);
     Ok(cx.b.build_call(f, args, "")?.try_as_basic_value().basic())
+}
+
+/// A stack slot of `ty` in the function's entry block (an alloca inside a loop would
+/// grow the stack every iteration).
+fn entry_alloca<'ctx>(
+    cx: &Cx<'ctx>,
+    ty: inkwell::types::BasicTypeEnum<'ctx>,
+    name: &str,
+) -> LResult<PointerValue<'ctx>> {
+    let fnv =
+        cx.b.get_insert_block()
+            .and_then(|bb| bb.get_parent())
+            .ok_or_else(|| LowerError::Llvm("alloca outside a function".into()))?;
+    let entry = fnv
+        .get_first_basic_block()
+        .ok_or_else(|| LowerError::Llvm("function without entry block".into()))?;
+    let tb = cx.ctx.create_builder();
+    match entry.get_first_instruction() {
+        Some(i) => tb.position_before(&i),
+        None => tb.position_at_end(entry),
+    }
+    Ok(tb.build_alloca(ty, name)?)
 }
 
 fn int_result<'ctx>(v: Option<BasicValueEnum<'ctx>>) -> LResult<IntValue<'ctx>> {
@@ -217,6 +240,48 @@ impl Arch for Emu {
             }
             .mma(input),
         }
+    }
+
+    fn has_ldmatrix(&self) -> bool {
+        self.flavor == EmuFlavor::Nv
+    }
+
+    fn ldmatrix<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        p: PointerValue<'ctx>,
+        num: u32,
+        trans: bool,
+        site: u32,
+    ) -> LResult<Vec<IntValue<'ctx>>> {
+        if self.flavor != EmuFlavor::Nv {
+            return Err(LowerError::Llvm("ldmatrix on emu-amd".into()));
+        }
+        let i32t = cx.ctx.i32_type();
+        let out_ty = i32t.array_type(4);
+        let out = entry_alloca(cx, out_ty.into(), "ldm.out")?;
+        let pt = Emu::ptr_ty(cx);
+        let ty = cx.ctx.void_type().fn_type(
+            &[pt.into(), i32t.into(), i32t.into(), pt.into(), i32t.into()],
+            false,
+        );
+        let args = [
+            p.into(),
+            cx.i32(num as i64).into(),
+            cx.i32(trans as i64).into(),
+            out.into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_ldmatrix", ty, &args)?;
+        (0..num)
+            .map(|i| {
+                let q = unsafe {
+                    // SAFETY: `out` is a `[4 x i32]` and `i < 4`.
+                    cx.b.build_in_bounds_gep(out_ty, out, &[cx.i32(0), cx.i32(i as i64)], "")?
+                };
+                Ok(cx.b.build_load(i32t, q, "")?.into_int_value())
+            })
+            .collect()
     }
 
     fn emit_mma<'ctx>(

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""The matmul main loop, Tessera against Triton, per unit of matrix work.
+
+For `matmul_f16_128x128x32` (4 warps) and `matmul_f16_128x128x64` (8 warps), on
+`sm_80` and `gfx942`: Triton 3.9 compiles `kernels.matmul` in this run with what its
+launcher specializes on (16-byte aligned pointers, i32 sizes divisible by 16, buffers
+under 2 GiB on hip) and its default num_stages; Tessera's aot example writes the
+all-divisible specialization, and the project's ptxas assembles both sides' PTX for
+sm_80 (`-O3`). `loops.py` finds each main loop and counts, per 64 KFLOP of matrix
+work per warp: instructions, barriers, shared stores and loads, global loads (and
+their average width), spill accesses.
+
+    bash benches/vs_triton/run-loops.sh            # sets up, then runs this
+    python3 benches/vs_triton/loop_table.py        # with triton importable
+
+Prints a markdown table with the ratio ours/Triton for the loop cost and the barriers,
+and the targets of the codegen v2 issue (loop cost <= 1.3x, barriers <= 2x, no spills).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+import loops  # noqa: E402
+
+CONFIGS = [
+    # name, BM, BN, BK, num_warps
+    ("matmul_f16_128x128x32", 128, 128, 32, 4),
+    ("matmul_f16_128x128x64", 128, 128, 64, 8),
+]
+TARGETS = [("sm_80", "cuda", 80, 32), ("gfx942", "hip", "gfx942", 64)]
+KEYS = ["instructions", "barriers", "shared_stores", "shared_loads", "global_loads", "global_load_bits", "spills"]
+
+
+def ptxas(ptx: Path, arch: str, out: Path) -> None:
+    tool = shutil.which("ptxas") or str(ROOT / ".tools/bin/ptxas")
+    subprocess.run([tool, f"-arch={arch}", "-O3", str(ptx), "-o", str(out)], check=True, capture_output=True)
+
+
+def triton_side(work: Path) -> dict:
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    import kernels
+
+    out = {}
+    sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "m": "i32", "n": "i32", "k": "i32",
+           "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
+    for name, bm, bn, bk, nw in CONFIGS:
+        for tgt, backend, arch, warp in TARGETS:
+            attrs = {}
+            for i, ty in enumerate(sig.values()):
+                if ty.startswith("*"):
+                    attrs[(i,)] = [["tt.divisibility", 16]] + ([["tt.pointer_range", 32]] if backend == "hip" else [])
+                elif ty == "i32":
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+            cache = tempfile.mkdtemp(prefix="triton-cache-")
+            os.environ["TRITON_CACHE_DIR"] = cache
+            ck = triton.compile(ASTSource(kernels.matmul, sig, {"BM": bm, "BN": bn, "BK": bk}, attrs),
+                                target=GPUTarget(backend, arch, warp), options={"num_warps": nw})
+            shutil.rmtree(cache, ignore_errors=True)
+            d = work / "triton" / tgt
+            d.mkdir(parents=True, exist_ok=True)
+            if backend == "cuda":
+                ptx = d / f"{name}.ptx"
+                ptx.write_text(ck.asm["ptx"])
+                cubin = d / f"{name}.cubin"
+                ptxas(ptx, "sm_80", cubin)
+                out[(name, tgt)] = loops.nv_metrics(cubin)
+            else:
+                s = d / f"{name}.s"
+                s.write_text(ck.asm["amdgcn"])
+                out[(name, tgt)] = loops.amd_metrics(s)
+            out[(name, tgt)]["num_stages"] = ck.metadata.num_stages
+    return out
+
+
+def ours_side(work: Path) -> dict:
+    out = {}
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "tessera", "--example", "aot"], cwd=ROOT, check=True)
+    exe = ROOT / "target/release/examples/aot"
+    for tgt, *_ in TARGETS:
+        d = work / "ours" / tgt
+        if d.exists():
+            shutil.rmtree(d)
+        subprocess.run([str(exe), "--target", tgt, "--out", str(d)], cwd=ROOT, check=True, capture_output=True)
+        for name, *_ in CONFIGS:
+            if tgt.startswith("sm_"):
+                cubin = d / f"{name}.cubin"
+                ptxas(d / f"{name}.ptx", tgt, cubin)
+                out[(name, tgt)] = loops.nv_metrics(cubin)
+            else:
+                out[(name, tgt)] = loops.amd_metrics(d / f"{name}.s")
+    return out
+
+
+def main() -> int:
+    work = ROOT / "target/vs_triton/loops"
+    work.mkdir(parents=True, exist_ok=True)
+    tri = triton_side(work)
+    ours = ours_side(work)
+    (work / "results.json").write_text(json.dumps(
+        {f"{n}/{t}": {"triton": tri[(n, t)], "tessera": ours[(n, t)]} for (n, t) in tri}, indent=1))
+    print("| kernel | target | side | " + " | ".join(KEYS) + " | loop cost vs Triton | barriers vs Triton |")
+    print("|---|---|---|" + "---|" * len(KEYS) + "---|---|")
+    verdicts = []
+    for name, *_ in CONFIGS:
+        for tgt, *_ in TARGETS:
+            t, o = tri[(name, tgt)], ours[(name, tgt)]
+            for side, m in (("Triton", t), ("Tessera", o)):
+                cells = " | ".join(str(m.get(k, "n/a")) for k in KEYS)
+                ratio = bar = ""
+                if side == "Tessera" and "error" not in m and "error" not in t:
+                    r = m["instructions"] / t["instructions"]
+                    b = m["barriers"] / t["barriers"] if t["barriers"] else float("inf") if m["barriers"] else 1.0
+                    ratio, bar = f"{r:.2f}x", f"{b:.2f}x"
+                    ok = r <= 1.3 and b <= 2.0 and m["spills"] == 0
+                    verdicts.append(f"{name} {tgt}: loop {r:.2f}x (target <= 1.3x), barriers {b:.2f}x (<= 2x), "
+                                    f"spills {m['spills']}: {'met' if ok else 'MISSED'}")
+                stages = f" (num_stages {m['num_stages']})" if side == "Triton" else ""
+                print(f"| {name} | {tgt} | {side}{stages} | {cells} | {ratio} | {bar} |")
+    print()
+    for v in verdicts:
+        print("- " + v)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
