@@ -233,11 +233,21 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
                 BasicTypeEnum::IntType(i) => i.vec_type(vec).into(),
                 _ => unreachable!("scalar memory type"),
             };
-            let poison = match vt {
-                BasicTypeEnum::VectorType(v) => v.get_poison(),
-                _ => unreachable!(),
+            // Masked-off vectors (the mask is constant over the vector) take `other`
+            // (or zeros) on the branch's false edge: no per-element select.
+            let BasicTypeEnum::VectorType(vty) = vt else {
+                unreachable!()
             };
-            let loaded = guarded(l, m, Some(poison.into()), || {
+            let mut fallback = vty.const_zero();
+            if let (Some(_), Some(o)) = (&m, &other) {
+                for i in 0..vec as usize {
+                    let x = l.store_to_mem(elem, o.regs[r + i])?;
+                    fallback =
+                        l.cx.b
+                            .build_insert_element(fallback, x, l.cx.i32(i as i64), "")?;
+                }
+            }
+            let loaded = guarded(l, m, Some(fallback.into()), || {
                 let p = l.access_ptr(space, p, vec * size, false, "load")?;
                 let v = l.cx.b.build_load(vt, p, "")?;
                 set_align(v, vec * size);
@@ -249,12 +259,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
                 let e =
                     l.cx.b
                         .build_extract_element(loaded, l.cx.i32(i as i64), "")?;
-                let e = match (&m, &other) {
-                    (Some(mv), Some(o)) => l.cx.b.build_select(*mv, e, o.regs[r + i], "")?,
-                    (Some(mv), None) => l.cx.b.build_select(*mv, e, zero, "")?,
-                    _ => e,
-                };
-                regs.push(e);
+                regs.push(l.reg_from_mem(elem, e)?);
             }
             r += vec as usize;
             continue;
