@@ -16,6 +16,11 @@
 //!   - A (16×16): `A[lane % 16][4 * (lane / 16) + i]`;
 //!   - B (16×16): `B[4 * (lane / 16) + i][lane % 16]`;
 //!   - C and D (16×16): `C[4 * (lane / 16) + i][lane % 16]`.
+//! - AMD `v_mfma_f32_32x32x8{f16,bf16_1k}` (same sources), 64 lanes, item `i` in 0..4
+//!   of A and B, item `v` in 0..16 of C and D:
+//!   - A (32×8): `A[lane % 32][4 * (lane / 32) + i]`;
+//!   - B (8×32): `B[4 * (lane / 32) + i][lane % 32]`;
+//!   - C and D (32×32): `C[v % 4 + 4 * (lane / 32) + 8 * (v / 4)][lane % 32]`.
 //!
 //! Products of 16-bit inputs are exact in f32; the sum over k is accumulated in f32 in
 //! increasing k, then added to C (the hardware's internal order is unspecified; tests
@@ -112,6 +117,31 @@ pub fn amd_16x16x16(ty: Half, a: &[[u16; 4]], b: &[[u16; 4]], c: &[[f32; 4]]) ->
         .collect()
 }
 
+/// `v_mfma_f32_32x32x8{f16,bf16_1k}` for one wave: every lane's A and B elements
+/// (16-bit bits) and C; returns every lane's D.
+pub fn amd_32x32x8(ty: Half, a: &[[u16; 4]], b: &[[u16; 4]], c: &[[f32; 16]]) -> Vec<[f32; 16]> {
+    assert!(
+        a.len() == 64 && b.len() == 64 && c.len() == 64,
+        "one wave of 64 lanes"
+    );
+    let (mut am, mut bm, mut cm) = (vec![0.0; 32 * 8], vec![0.0; 8 * 32], vec![0.0; 32 * 32]);
+    let row = |lane: usize, v: usize| v % 4 + 4 * (lane / 32) + 8 * (v / 4);
+    for lane in 0..64 {
+        for i in 0..4 {
+            let k = 4 * (lane / 32) + i;
+            am[(lane % 32) * 8 + k] = ty.to_f32(a[lane][i]);
+            bm[k * 32 + lane % 32] = ty.to_f32(b[lane][i]);
+        }
+        for v in 0..16 {
+            cm[row(lane, v) * 32 + lane % 32] = c[lane][v];
+        }
+    }
+    let d = product(&am, &bm, &cm, 32, 32, 8);
+    (0..64)
+        .map(|lane| std::array::from_fn(|v| d[row(lane, v) * 32 + lane % 32]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,5 +229,32 @@ mod tests {
         let d2 = nv_m16n8k16(Half::F16, &a2, &b, &c);
         assert_eq!(d2[0][0], 0.0);
         assert_eq!(d2[0][2], 1.0);
+    }
+
+    #[test]
+    fn amd_32x32x8_fragments_compute_the_matrix_product() {
+        let ty = Half::F16;
+        let bits = |x: f32| f16::from_f32(x).to_bits();
+        let (mut a, mut b) = (vec![[0u16; 4]; 64], vec![[0u16; 4]; 64]);
+        let mut c = vec![[0f32; 16]; 64];
+        for lane in 0..64 {
+            for i in 0..4 {
+                let k = 4 * (lane / 32) + i;
+                a[lane][i] = bits(val(lane % 32, k, 1));
+                b[lane][i] = bits(val(k, lane % 32, 2));
+            }
+            for v in 0..16 {
+                c[lane][v] = val(v % 4 + 4 * (lane / 32) + 8 * (v / 4), lane % 32, 3);
+            }
+        }
+        let d = amd_32x32x8(ty, &a, &b, &c);
+        for lane in 0..64 {
+            for v in 0..16 {
+                let (r, col) = (v % 4 + 4 * (lane / 32) + 8 * (v / 4), lane % 32);
+                let want: f32 =
+                    (0..8).map(|k| val(r, k, 1) * val(k, col, 2)).sum::<f32>() + val(r, col, 3);
+                assert_eq!(d[lane][v], want, "lane {lane} item {v}");
+            }
+        }
     }
 }

@@ -685,6 +685,54 @@ macro_rules! amd_entry {
     };
 }
 
+fn amd_mma32(ty: Half, ab: *const u32, cd: *mut f32, site: i32) {
+    with((), |c| {
+        let mut dep = [0u64; 24];
+        for (i, d) in dep.iter_mut().enumerate().take(8) {
+            // SAFETY: the kernel passes its `[8 x i32]` slot.
+            *d = unsafe { ab.add(i).read() } as u64;
+        }
+        for i in 0..16 {
+            // SAFETY: the kernel passes its `[16 x float]` slot.
+            dep[8 + i] = unsafe { cd.add(i).read() }.to_bits() as u64;
+        }
+        let r = c.blk.team.warp_collective(
+            c.tid,
+            site as u32,
+            &dep,
+            |p| c.park(p),
+            |w| {
+                let av: Vec<[u16; 4]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| w.read(l, i) as u16))
+                    .collect();
+                let bv: Vec<[u16; 4]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| w.read(l, 4 + i) as u16))
+                    .collect();
+                let cv: Vec<[f32; 16]> = (0..64)
+                    .map(|l| std::array::from_fn(|i| f32::from_bits(w.read(l, 8 + i) as u32)))
+                    .collect();
+                for (l, d) in mma::amd_32x32x8(ty, &av, &bv, &cv).iter().enumerate() {
+                    for (i, v) in d.iter().enumerate() {
+                        w.write(l as u32, i, v.to_bits() as u64);
+                    }
+                }
+            },
+        );
+        for (i, v) in r.iter().take(16).enumerate() {
+            // SAFETY: as above.
+            unsafe { cd.add(i).write(f32::from_bits(*v as u32)) };
+        }
+    })
+}
+
+extern "C" fn tessera_emu_mma_amd32_f16(ab: *const u32, cd: *mut f32, site: i32) {
+    amd_mma32(Half::F16, ab, cd, site)
+}
+
+extern "C" fn tessera_emu_mma_amd32_bf16(ab: *const u32, cd: *mut f32, site: i32) {
+    amd_mma32(Half::Bf16, ab, cd, site)
+}
+
 nv_entry!(tessera_emu_mma_nv_f16, Half::F16);
 nv_entry!(tessera_emu_mma_nv_bf16, Half::Bf16);
 amd_entry!(tessera_emu_mma_amd_f16, Half::F16);
@@ -745,6 +793,14 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
             tessera_emu_timer_ns as *const () as usize,
         ),
         ("tessera_emu_yield", tessera_emu_yield as *const () as usize),
+        (
+            "tessera_emu_mma_amd32_f16",
+            tessera_emu_mma_amd32_f16 as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_amd32_bf16",
+            tessera_emu_mma_amd32_bf16 as *const () as usize,
+        ),
         (
             "tessera_emu_ldmatrix",
             tessera_emu_ldmatrix as *const () as usize,

@@ -73,8 +73,8 @@ enum St {
     Exited,
 }
 
-/// Words of exchange space per thread (an MMA deposits at most 16).
-pub const SLOT_WORDS: usize = 16;
+/// Words of exchange space per thread (an MFMA 32x32x8 deposits 24: A, B and C).
+pub const SLOT_WORDS: usize = 24;
 
 /// The state of one block's threads.
 pub struct Team {

@@ -244,6 +244,11 @@ pub trait Arch {
     }
     /// The matrix instruction for `dot` on `input` elements, if any.
     fn mma(&self, input: ScalarType) -> Option<MmaInfo>;
+    /// The matrix instruction for a `dot` of an `m x k` by `k x n` tile: the
+    /// largest the target has that tiles it (default: [`Arch::mma`]).
+    fn mma_for(&self, input: ScalarType, _m: u32, _n: u32, _k: u32) -> Option<MmaInfo> {
+        self.mma(input)
+    }
     /// Whether [`Arch::ldmatrix`] is available (NVIDIA sm_75+).
     fn has_ldmatrix(&self) -> bool {
         false
@@ -767,6 +772,15 @@ impl Arch for Amdgpu {
         })
     }
 
+    fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32) -> Option<MmaInfo> {
+        let small = self.mma(input)?;
+        if m % 32 == 0 && n % 32 == 0 && k % 8 == 0 {
+            Some(amd_mfma_32x32x8())
+        } else {
+            Some(small)
+        }
+    }
+
     fn emit_mma<'ctx>(
         &self,
         cx: &Cx<'ctx>,
@@ -777,6 +791,7 @@ impl Arch for Amdgpu {
         _site: u32,
     ) -> LResult<Vec<FloatValue<'ctx>>> {
         let bf = input == ScalarType::BF16;
+        let wide = c.len() == 16;
         let vec4 = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
             let vt = v[0].get_type().into_float_type().vec_type(4);
             let mut acc = vt.get_poison();
@@ -792,15 +807,16 @@ impl Arch for Amdgpu {
             }
         };
         let (va, vb) = (vec4(a)?, vec4(b)?);
-        let ft = cx.ctx.f32_type().vec_type(4);
+        let ft = cx.ctx.f32_type().vec_type(c.len() as u32);
         let mut vc = ft.get_poison();
         for (i, x) in c.iter().enumerate() {
             vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
         }
-        let name = if bf {
-            "llvm.amdgcn.mfma.f32.16x16x16bf16.1k"
-        } else {
-            "llvm.amdgcn.mfma.f32.16x16x16f16"
+        let name = match (wide, bf) {
+            (false, true) => "llvm.amdgcn.mfma.f32.16x16x16bf16.1k",
+            (false, false) => "llvm.amdgcn.mfma.f32.16x16x16f16",
+            (true, true) => "llvm.amdgcn.mfma.f32.32x32x8bf16.1k",
+            (true, false) => "llvm.amdgcn.mfma.f32.32x32x8f16",
         };
         let z = cx.i32(0);
         let d = cx
@@ -810,14 +826,37 @@ impl Arch for Amdgpu {
                 &[va, vb, vc.into(), z.into(), z.into(), z.into()],
             )?
             .into_vector_value();
-        (0..4)
+        (0..c.len() as u64)
             .map(|i| {
                 Ok(cx
                     .b
-                    .build_extract_element(d, cx.i32(i), "")?
+                    .build_extract_element(d, cx.i32(i as i64), "")?
                     .into_float_value())
             })
             .collect()
+    }
+}
+
+/// AMD `v_mfma_f32_32x32x8{f16,bf16_1k}` (CDNA3 ISA; AMD Matrix Instruction
+/// Calculator), 64 lanes, item `i` in 0..4 of A and B, 16 items `v` of C/D:
+/// - A (32×8): `A[lane % 32][4 * (lane / 32) + i]`; B (8×32): `B[4 * (lane / 32) + i][lane % 32]`;
+/// - C/D (32×32): `C[(v % 4) + 4 * (lane / 32) + 8 * (v / 4)][lane % 32]`.
+pub fn amd_mfma_32x32x8() -> MmaInfo {
+    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (0, 4)];
+    MmaInfo {
+        m: 32,
+        n: 32,
+        k: 8,
+        c_reg: vec![(1, 0), (2, 0), (8, 0), (16, 0)],
+        c_lane: vec![(0, 1), (0, 2), (0, 4), (0, 8), (0, 16), (4, 0)],
+        a: FragInfo {
+            lane: lane.clone(),
+            runs: vec![(0, 0, 4)],
+        },
+        b: FragInfo {
+            lane,
+            runs: vec![(0, 0, 4)],
+        },
     }
 }
 

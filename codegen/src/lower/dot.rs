@@ -38,8 +38,8 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     let a = l.f.ty(op.operands[0]);
     let b = l.f.ty(op.operands[1]);
     let s = a.scalar_type()?;
-    let info = l.arch.mma(s)?;
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let info = l.arch.mma_for(s, m, n, k)?;
     if m % info.m != 0 || n % info.n != 0 || k % info.k != 0 {
         return None;
     }

@@ -19,6 +19,7 @@
 //! | shared access | `void tessera_emu_note_shared(ptr p, i32 bytes, i32 is_write, i32 site)` |
 //! | `mma.sync` m16n8k16 | `void tessera_emu_mma_nv_{f16,bf16}(i32 a0..a3, i32 b0, b1, float c0..c3, ptr d, i32 site)` |
 //! | `ldmatrix` (emu-nv) | `void tessera_emu_ldmatrix(ptr row, i32 num, i32 trans, ptr out, i32 site)` (one `i32` per matrix to `out`) |
+//! | MFMA 32x32x8 | `void tessera_emu_mma_amd32_{f16,bf16}(ptr ab, ptr cd, i32 site)` (`[8 x i32]` A then B, 16-bit elements zero-extended; `[16 x float]` C in, D out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
@@ -232,6 +233,16 @@ impl Arch for Emu {
         ""
     }
 
+    fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32) -> Option<MmaInfo> {
+        match self.flavor {
+            EmuFlavor::Nv => Nvptx { sm: 80 }.mma_for(input, m, n, k),
+            EmuFlavor::Amd => Amdgpu {
+                arch: AmdArch::Gfx942,
+            }
+            .mma_for(input, m, n, k),
+        }
+    }
+
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
         match self.flavor {
             EmuFlavor::Nv => Nvptx { sm: 80 }.mma(input),
@@ -295,6 +306,9 @@ impl Arch for Emu {
     ) -> LResult<Vec<FloatValue<'ctx>>> {
         let i32t = cx.ctx.i32_type();
         let f32t = cx.ctx.f32_type();
+        if self.flavor == EmuFlavor::Amd && c.len() == 16 {
+            return emit_mfma_32x32x8(cx, input, a, b, c, site);
+        }
         let (ints, name): (Vec<IntValue<'ctx>>, &str) = match self.flavor {
             EmuFlavor::Nv => {
                 let mut v = pack_pairs(cx, a)?;
@@ -360,4 +374,58 @@ impl Arch for Emu {
             })
             .collect()
     }
+}
+
+/// MFMA 32x32x8 on emu-amd: `a` and `b` (4 halves each, zero-extended to `i32`) go in
+/// an `[8 x i32]` slot and the 16 accumulators in a `[16 x float]` slot that
+/// `void tessera_emu_mma_amd32_{f16,bf16}(ptr ab, ptr cd, i32 site)` overwrites with D.
+fn emit_mfma_32x32x8<'ctx>(
+    cx: &Cx<'ctx>,
+    input: ScalarType,
+    a: &[BasicValueEnum<'ctx>],
+    b: &[BasicValueEnum<'ctx>],
+    c: &[FloatValue<'ctx>],
+    site: u32,
+) -> LResult<Vec<FloatValue<'ctx>>> {
+    let (i16t, i32t, f32t) = (cx.ctx.i16_type(), cx.ctx.i32_type(), cx.ctx.f32_type());
+    let abty = i32t.array_type(8);
+    let cdty = f32t.array_type(16);
+    let ab = entry_alloca(cx, abty.into(), "mfma.ab")?;
+    let cd = entry_alloca(cx, cdty.into(), "mfma.cd")?;
+    for (i, x) in a.iter().chain(b).enumerate() {
+        let bits = cx.b.build_bit_cast(*x, i16t, "")?.into_int_value();
+        let v = cx.b.build_int_z_extend(bits, i32t, "")?;
+        // SAFETY: `ab` is an `[8 x i32]` and `i < 8` (4 elements of each operand).
+        let p = unsafe {
+            cx.b.build_in_bounds_gep(abty, ab, &[cx.i32(0), cx.i32(i as i64)], "")?
+        };
+        cx.b.build_store(p, v)?;
+    }
+    for (i, x) in c.iter().enumerate() {
+        // SAFETY: `cd` is a `[16 x float]` and `i < 16`.
+        let p = unsafe {
+            cx.b.build_in_bounds_gep(cdty, cd, &[cx.i32(0), cx.i32(i as i64)], "")?
+        };
+        cx.b.build_store(p, *x)?;
+    }
+    let pt = Emu::ptr_ty(cx);
+    let ty = cx
+        .ctx
+        .void_type()
+        .fn_type(&[pt.into(), pt.into(), i32t.into()], false);
+    let name = if input == ScalarType::BF16 {
+        "tessera_emu_mma_amd32_bf16"
+    } else {
+        "tessera_emu_mma_amd32_f16"
+    };
+    call(cx, name, ty, &[ab.into(), cd.into(), Emu::site(cx, site)])?;
+    (0..16)
+        .map(|i| {
+            // SAFETY: as above.
+            let p = unsafe {
+                cx.b.build_in_bounds_gep(cdty, cd, &[cx.i32(0), cx.i32(i)], "")?
+            };
+            Ok(cx.b.build_load(f32t, p, "")?.into_float_value())
+        })
+        .collect()
 }
