@@ -774,7 +774,7 @@ impl Arch for Amdgpu {
 
     fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32) -> Option<MmaInfo> {
         let small = self.mma(input)?;
-        if m % 32 == 0 && n % 32 == 0 && k % 8 == 0 {
+        if m.is_multiple_of(32) && n.is_multiple_of(32) && k.is_multiple_of(8) {
             Some(amd_mfma_32x32x8())
         } else {
             Some(small)
