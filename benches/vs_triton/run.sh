@@ -3,6 +3,7 @@
 # triton==3.9.0, makes sure ptxas/cuobjdump/nvdisasm (.tools/bin) and llvm-objdump-22
 # are there, then runs compare.py with the given arguments.
 # Usage: bash benches/vs_triton/run.sh [--update-benchmarks] [--reps N] [--skip-ours]
+#        bash benches/vs_triton/run.sh --loops   # the matmul main-loop table (loop_table.py)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -35,4 +36,8 @@ if ! venv_ok; then
   log "triton installed in $(( $(date +%s) - t0 ))s ($(du -sh "$VENV" | cut -f1))"
 fi
 
+if [ "${1:-}" = "--loops" ]; then
+  # The matmul main loop per unit of matrix work (loop_table.py).
+  exec "$VENV/bin/python" "$ROOT/benches/vs_triton/loop_table.py"
+fi
 exec "$VENV/bin/python" "$ROOT/benches/vs_triton/compare.py" "$@"

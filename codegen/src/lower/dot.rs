@@ -1,15 +1,20 @@
 //! `dot`: matrix units where the target has them, an FMA loop everywhere else.
 //!
-//! **FMA path** (every target and type): `a` and `b` go to shared memory row-major;
-//! every thread computes the accumulator elements its registers hold (in the
+//! **FMA path** (every target and type): `a` and `b` go to shared memory row-major
+//! (16-byte stores where a thread's registers hold consecutive elements); every
+//! thread computes the accumulator elements its registers hold (in the
 //! accumulator's own layout, so no conversion) with a loop over `k`, adding products
 //! in increasing `k` without fusing — bit-exact with the interpreter.
 //!
 //! **Matrix path** (f16/bf16 inputs, f32 accumulator, `M`, `N`, `K` multiples of the
-//! instruction shape; `mma.sync` m16n8k16 on sm_80+, MFMA 16x16x16 on gfx90a/gfx942):
-//! `a` is stored row-major and `b` transposed (`[N][K]`, so both operands' fragments
-//! are runs of consecutive `k`), each row padded by 8 elements (16 bytes) so that the
-//! fragment loads of the 8 row groups hit distinct banks. Warps tile `M` first, then
+//! instruction shape; `mma.sync` m16n8k16 on sm_80+; on gfx90a/gfx942 MFMA 32x32x8
+//! where the tile is a multiple of 32x32, else 16x16x16, [`Arch::mma_for`](super::arch::Arch::mma_for)):
+//! `a` is stored row-major (16-byte stores of the 8 consecutive `k` a thread loaded)
+//! and `b` transposed (`[N][K]`, so both operands' fragments are runs of consecutive
+//! `k`), each row padded by 8 elements (16 bytes) so that the fragment loads of the 8
+//! row groups hit distinct banks (and every row starts 16-byte aligned). On NVIDIA the
+//! fragments are read with `ldmatrix` (`.x4` per 16x16 A tile, `.x4`/`.x2` per pair
+//! of / single n8 B tile); elsewhere with vector loads of each run. Warps tile `M` first, then
 //! `N`; each warp loops over its `reps_m × reps_n` instruction tiles for every
 //! `k`-step. The accumulator layout ([`mma_layout`]) is the instruction's C fragment
 //! repeated over tiles: register bits = fragment bits, then `N` repeats, then `M`

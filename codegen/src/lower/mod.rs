@@ -23,6 +23,15 @@
 //! register of the result's canonical layout needs: a register renaming when each
 //! thread already holds them, otherwise a round trip through shared memory.
 //!
+//! Cheap index and mask values (aranges, splats, integer arithmetic, compares,
+//! pointer offsets) are never converted through shared memory where their consumer
+//! needs another layout: `remat` recomputes them in that layout (broadcast sources,
+//! elementwise operands, the pointers and mask of a load or store). So the offsets
+//! and masks of a matmul's loads cost no barrier, and a load that feeds only `dot`
+//! takes the 16-byte blocked layout ([`Layout::blocked`] with `16 / size` elements per
+//! thread) when its pointers can be recomputed in it; a store keeps the value's layout
+//! (a `dot` result is stored straight from its fragments) when its pointers can.
+//!
 //! Layout conversions through shared memory write each register at its element index
 //! (replicated threads write the same value to the same place, which is benign), then
 //! barrier, read, barrier. All scratch lives in one static `[N x i8] addrspace(3)`
