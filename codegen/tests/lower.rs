@@ -317,7 +317,8 @@ fn matmul_f16_uses_matrix_units() {
     for t in ["gfx90a", "gfx942"] {
         let d = out_for(&outs, t);
         if !d.is_empty() {
-            assert!(d.contains("v_mfma_f32_16x16x16"), "{t}: {d}");
+            // 64x64 tiles: the 32x32x8 instruction.
+            assert!(d.contains("v_mfma_f32_32x32x8"), "{t}: {d}");
         }
     }
 }
@@ -339,7 +340,7 @@ fn matmul_bf16_uses_matrix_units() {
     let d = out_for(&outs, "gfx942");
     if !d.is_empty() {
         assert!(
-            d.contains("v_mfma_f32_16x16x16_bf16") || d.contains("v_mfma_f32_16x16x16bf16"),
+            d.contains("v_mfma_f32_32x32x8_bf16") || d.contains("v_mfma_f32_32x32x8bf16"),
             "{d}"
         );
     }
