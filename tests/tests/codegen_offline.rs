@@ -100,9 +100,32 @@ fn comm_small<const B: usize>(data: &mut Symmetric<f32>, sig: &mut Symmetric<u64
     barrier_all();
 }
 
-const COMM_KERNELS: [(&str, Compile); 2] = [
+const COMM_KERNELS: [(&str, Compile); 4] = [
     ("comm_all", compile::<comm_all<128>>),
     ("comm_small", compile::<comm_small<128>>),
+    // The fused plans' kernels, at the tiles they launch with (the matmul's path).
+    (
+        "ag_gemm_f16",
+        compile::<
+            tessera::fused::ag_gemm_kernel<
+                f16,
+                { tessera::fused::BM },
+                { tessera::fused::BN },
+                { tessera::fused::BK },
+            >,
+        >,
+    ),
+    (
+        "gemm_rs_f16",
+        compile::<
+            tessera::fused::gemm_rs_kernel<
+                f16,
+                { tessera::fused::BM },
+                { tessera::fused::BN },
+                { tessera::fused::BK },
+            >,
+        >,
+    ),
 ];
 
 fn compile<K: Kernel<Comptime = ()>>(target: Target) -> Result<Artifact, Error> {
