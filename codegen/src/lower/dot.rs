@@ -382,12 +382,13 @@ fn ldmatrix_a<'ctx>(
 }
 
 /// B fragments of `mma.m16n8k16` for the n8 tiles starting at columns `cols` (one or
-/// two) and `k0..k0 + 16`, from `b[n][stride]` (transposed) at `base + first`, with one
-/// `ldmatrix` (`.x2` per tile): per tile the matrices (n 0-7, k 0-7) and (n 0-7, k 8-15)
-/// are the registers `b0b1`, `b2b3`; lane `i` gives column `i % 8` of tile `i / 16` at
-/// k `8 * ((i / 8) % 2)`.
+/// two) and `k0..k0 + 16`, from row-major `b[k][stride]` at `base + first`, with one
+/// `ldmatrix.trans` (`.x2` per tile): per tile the 8x8 matrices (k 0-7) and (k 8-15)
+/// of its 8 columns, transposed, are the registers `b0b1` (k `2 * (lane % 4)` and `+ 1`
+/// at column `lane / 4`) and `b2b3`; lane `i` gives row k `i % 8 + 8 * ((i / 8) % 2)` of
+/// tile `i / 16`.
 #[allow(clippy::too_many_arguments)]
-fn ldmatrix_b<'ctx>(
+fn ldmatrix_b_trans<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     ety: BasicTypeEnum<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
@@ -403,15 +404,15 @@ fn ldmatrix_b<'ctx>(
     } else {
         cols[0]
     };
-    let n = b.build_int_add(col0, lane_part(l, 7, 0, 1)?, "")?;
-    let k = b.build_int_add(lane_part(l, 8, 3, 8)?, l.cx.i32(k0 as i64), "")?;
-    let off = b.build_int_add(b.build_int_mul(n, l.cx.i32(stride as i64), "")?, k, "")?;
+    let kr = b.build_int_add(lane_part(l, 7, 0, 1)?, lane_part(l, 8, 3, 8)?, "")?;
+    let kr = b.build_int_add(kr, l.cx.i32(k0 as i64), "")?;
+    let off = b.build_int_add(b.build_int_mul(kr, l.cx.i32(stride as i64), "")?, col0, "")?;
     let off = b.build_int_add(off, first, "")?;
     let p = l.smem_ptr(base, ety, off)?;
     let site = l.new_site("ldmatrix");
     let regs = l
         .arch
-        .ldmatrix(&l.cx, p, 2 * cols.len() as u32, false, site)?;
+        .ldmatrix(&l.cx, p, 2 * cols.len() as u32, true, site)?;
     regs.chunks(2).map(|r| unpack_pairs(l, ety, r)).collect()
 }
 
@@ -424,9 +425,16 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let s = a.elem.scalar().unwrap_or(ScalarType::F16);
     let clay = c_layout(&p, m, n, l.nw);
     let c = l.convert(&c, &clay, &op.span)?;
+    let info = &p.info;
+    // `ldmatrix` reads the NVIDIA m16n8k16 fragments; B is then row-major (16-byte
+    // stores, read with `.trans`). Every row is padded by 8 elements, so row addresses
+    // are 16-byte aligned and the 8 rows of an 8x8 matrix hit distinct bank groups.
+    let ldm = l.arch.has_ldmatrix() && (info.m, info.n, info.k) == (16, 8, 16);
     let stride = k + PAD;
     let a_elems = m * stride;
-    let base = l.scratch((a_elems + n * stride) * 2, &op.span);
+    let b_stride = if ldm { n + PAD } else { stride };
+    let b_elems = if ldm { k * b_stride } else { n * stride };
+    let base = l.scratch((a_elems + b_elems) * 2, &op.span);
     let ety = l.ty(Elem::Scalar(s));
     let kb = k.trailing_zeros() as i64;
     let nb = n.trailing_zeros() as i64;
@@ -438,15 +446,20 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
         let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
         Ok(bd.build_int_add(bd.build_int_mul(r, l.cx.i32(stride as i64), "")?, cc, "")?)
     })?;
-    write_tile(l, &b, base, 1, |e| {
+    // b[k][n] at a_elems + k * b_stride + n (ldmatrix: runs along n stay consecutive),
+    // else transposed at a_elems + n * stride + k.
+    write_tile(l, &b, base, if ldm { 8.min(n) } else { 1 }, |e| {
         let bd = &l.cx.b;
         let kk = bd.build_right_shift(e, l.cx.i32(nb), false, "")?;
         let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;
-        let o = bd.build_int_add(bd.build_int_mul(nn, l.cx.i32(stride as i64), "")?, kk, "")?;
+        let o = if ldm {
+            bd.build_int_add(bd.build_int_mul(kk, l.cx.i32(b_stride as i64), "")?, nn, "")?
+        } else {
+            bd.build_int_add(bd.build_int_mul(nn, l.cx.i32(stride as i64), "")?, kk, "")?
+        };
         Ok(bd.build_int_add(o, l.cx.i32(a_elems as i64), "")?)
     })?;
     l.barrier()?;
-    let info = &p.info;
     let bd = &l.cx.b;
     let wm = bd.build_and(l.warp, l.cx.i32(p.warps_m as i64 - 1), "")?;
     let wn = bd.build_and(
@@ -464,9 +477,6 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let zero = l.cx.i32(0);
     let b_first = l.cx.i32(a_elems as i64);
     let fr = 1usize << info.c_reg.len();
-    // `ldmatrix` reads the NVIDIA m16n8k16 fragments (stride is a multiple of 8
-    // elements, so every row address is 16-byte aligned).
-    let ldm = l.arch.has_ldmatrix() && (info.m, info.n, info.k) == (16, 8, 16);
     let mut acc: Vec<FloatValue<'ctx>> = c.regs.iter().map(|v| v.into_float_value()).collect();
     for ks in 0..k / info.k {
         let k0 = ks * info.k;
@@ -497,7 +507,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             .collect::<LResult<Vec<_>>>()?;
         if ldm {
             for pair in col0s.chunks(2) {
-                bfr.extend(ldmatrix_b(l, ety, base, b_first, stride, pair, k0)?);
+                bfr.extend(ldmatrix_b_trans(l, ety, base, b_first, b_stride, pair, k0)?);
             }
         } else {
             for &col0 in &col0s {
