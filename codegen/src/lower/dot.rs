@@ -59,6 +59,62 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     })
 }
 
+/// Whether `dot` stages its B operand transposed (`[N][K]`): on the matrix path of
+/// targets without `ldmatrix`.
+fn b_transposed(l: &Lowerer<'_, '_>, p: &Plan) -> bool {
+    !(l.arch.has_ldmatrix() && (p.info.m, p.info.n, p.info.k) == (16, 8, 16))
+}
+
+/// The layout a load that feeds only `dot` operands should produce, given its shape
+/// and the 16-byte vector width: for a B operand staged transposed, each thread holds
+/// `vec` consecutive `n` (one 16-byte load) of 2 consecutive `k` rows, so the staging
+/// writes pairs of consecutive `k` (32-bit stores) instead of single elements; `None`
+/// for the default 16-byte blocked layout.
+pub(super) fn operand_load_layout(
+    l: &Lowerer<'_, '_>,
+    v: tessera_ir::ValueId,
+    shape: &[u32],
+    vec: u32,
+) -> Option<Layout> {
+    let uses = l.dot_uses(v);
+    let all_bt = !uses.is_empty()
+        && uses
+            .iter()
+            .all(|&(op, i)| i == 1 && plan(l, op).is_some_and(|p| b_transposed(l, &p)));
+    if !all_bt || shape.len() != 2 {
+        return None;
+    }
+    let (kb, nb) = (shape[0].trailing_zeros(), shape[1].trailing_zeros());
+    let threads = (l.ws * l.nw).trailing_zeros();
+    let vb = vec.trailing_zeros().min(nb);
+    // k bits in registers: at most 1 (pairs), and only if the threads still cover
+    // the tile with the rest.
+    let rk = u32::from(kb >= 1 && vb + 1 + threads <= kb + nb);
+    // Flat index bits: n is bits 0..nb, k is bits nb..nb + kb.
+    let mut order: Vec<u32> = (0..vb).collect(); // n vector
+    order.extend((0..rk).map(|i| nb + i)); // k pairs
+    order.extend(vb..nb); // the rest of n
+    order.extend(nb + rk..nb + kb); // the rest of k
+    let bits = |range: std::ops::Range<usize>| -> Vec<u32> {
+        range.map(|i| order.get(i).map_or(0, |&b| 1 << b)).collect()
+    };
+    let (nreg0, nlane, nwarp) = (
+        (vb + rk) as usize,
+        l.ws.trailing_zeros() as usize,
+        l.nw.trailing_zeros() as usize,
+    );
+    let mut reg = bits(0..nreg0);
+    let lane = bits(nreg0..nreg0 + nlane);
+    let warp = bits(nreg0 + nlane..nreg0 + nlane + nwarp);
+    reg.extend(order.iter().skip(nreg0 + nlane + nwarp).map(|&b| 1u32 << b));
+    Some(Layout {
+        shape: shape.to_vec(),
+        reg,
+        lane,
+        warp,
+    })
+}
+
 /// The accumulator layout of `dot` on the matrix units, if it uses them.
 pub(super) fn mma_layout(l: &Lowerer<'_, '_>, op: &Op) -> Option<Layout> {
     let p = plan(l, op)?;
@@ -98,14 +154,16 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
 }
 
 /// Writes every register of `t` to `base + offset(element index)` (in elements).
-/// Runs of up to `max_vec` registers holding consecutive elements are written as one
-/// vector store: the caller promises that `offset` maps such a run (starting at a
-/// multiple of its length) to consecutive, equally aligned places.
+/// `runs[i]` is the element-index step that `offset` maps to `2^i` consecutive places
+/// (e.g. `[1, 2, 4]` along a row-major row, `[N, 2N]` down a column stored
+/// transposed): registers that differ only in those steps, when the layout holds them
+/// in registers, are written as one vector store. The caller promises that a run's
+/// first place is aligned to the run's size.
 fn write_tile<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     t: &Tile<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
-    max_vec: u32,
+    runs: &[u32],
     offset: impl Fn(IntValue<'ctx>) -> LResult<IntValue<'ctx>>,
 ) -> LResult<()> {
     let mt = l.mem_ty(t.elem);
@@ -118,46 +176,55 @@ fn write_tile<'ctx>(
         }
         return Ok(());
     }
-    // Leading register bases that walk consecutive elements.
-    let mut run = 1u32;
-    for (i, &b) in t.layout.reg.iter().enumerate() {
-        if b == 1 << i && (1 << (i + 1)) <= max_vec {
-            run = 1 << (i + 1);
-        } else {
-            break;
+    // The register bits holding the run steps, in order (as far as they are there).
+    let mut run_bits: Vec<usize> = Vec::new();
+    for step in runs {
+        match t.layout.reg.iter().position(|b| b == step) {
+            Some(bit) => run_bits.push(bit),
+            None => break,
         }
     }
+    let run_mask: usize = run_bits.iter().map(|&b| 1 << b).sum();
+    let run = 1usize << run_bits.len();
     let idx = l.elem_indices(&t.layout)?;
-    let mut r = 0;
-    while r < idx.len() {
-        if super::is_dup_reg(&t.layout, r) {
-            r += 1;
+    for (r, &e) in idx.iter().enumerate() {
+        if super::is_dup_reg(&t.layout, r) || r & run_mask != 0 {
             continue;
         }
-        let p = l.smem_ptr(base, mt, offset(idx[r])?)?;
-        if run > 1 && r + run as usize <= idx.len() {
-            let vt: BasicTypeEnum = match mt {
-                BasicTypeEnum::FloatType(f) => f.vec_type(run).into(),
-                BasicTypeEnum::IntType(i) => i.vec_type(run).into(),
-                _ => unreachable!("scalar shared-memory type"),
-            };
-            let mut v = match vt {
-                BasicTypeEnum::VectorType(v) => v.get_poison(),
-                _ => unreachable!(),
-            };
-            for i in 0..run as usize {
-                let x = l.store_to_mem(t.elem, t.regs[r + i])?;
-                v = l.cx.b.build_insert_element(v, x, l.cx.i32(i as i64), "")?;
-            }
-            let s = l.smem_store(p, v.into())?;
-            let _ = s.set_alignment(run * super::type_bytes(t.elem));
-            r += run as usize;
-        } else {
+        let p = l.smem_ptr(base, mt, offset(e)?)?;
+        if run == 1 {
             l.smem_store(p, l.store_to_mem(t.elem, t.regs[r])?)?;
-            r += 1;
+            continue;
         }
+        let vt: BasicTypeEnum = match mt {
+            BasicTypeEnum::FloatType(f) => f.vec_type(run as u32).into(),
+            BasicTypeEnum::IntType(i) => i.vec_type(run as u32).into(),
+            _ => unreachable!("scalar shared-memory type"),
+        };
+        let BasicTypeEnum::VectorType(vty) = vt else {
+            unreachable!()
+        };
+        let mut v = vty.get_poison();
+        for i in 0..run {
+            // Register `r` with run bit `j` set for every set bit `j` of `i`.
+            let ri = run_bits
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| i >> j & 1 == 1)
+                .fold(r, |acc, (_, &b)| acc | 1 << b);
+            let x = l.store_to_mem(t.elem, t.regs[ri])?;
+            v = l.cx.b.build_insert_element(v, x, l.cx.i32(i as i64), "")?;
+        }
+        let s = l.smem_store(p, v.into())?;
+        let _ = s.set_alignment(run as u32 * super::type_bytes(t.elem));
     }
     Ok(())
+}
+
+/// The steps `[1, 2, 4, ...]` of a run of `n` consecutive elements (`n` a power of
+/// two): see [`write_tile`].
+fn row_runs(n: u32) -> Vec<u32> {
+    (0..n.trailing_zeros()).map(|i| 1 << i).collect()
 }
 
 fn lower_fma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
@@ -175,9 +242,9 @@ fn lower_fma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     // Row-major, `b` right after `a` (rounded to 16 bytes): runs of consecutive
     // elements stay consecutive.
     let vec = 16 / size.clamp(1, 16);
-    write_tile(l, &a, base, vec, Ok)?;
+    write_tile(l, &a, base, &row_runs(vec.min(k)), Ok)?;
     let boff = l.cx.i32(a_elems as i64);
-    write_tile(l, &b, base, vec, |e| {
+    write_tile(l, &b, base, &row_runs(vec.min(n)), |e| {
         Ok(l.cx.b.build_int_add(e, boff, "")?)
     })?;
     l.barrier()?;
@@ -429,7 +496,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     // `ldmatrix` reads the NVIDIA m16n8k16 fragments; B is then row-major (16-byte
     // stores, read with `.trans`). Every row is padded by 8 elements, so row addresses
     // are 16-byte aligned and the 8 rows of an 8x8 matrix hit distinct bank groups.
-    let ldm = l.arch.has_ldmatrix() && (info.m, info.n, info.k) == (16, 8, 16);
+    let ldm = !b_transposed(l, &p);
     let stride = k + PAD;
     let a_elems = m * stride;
     let b_stride = if ldm { n + PAD } else { stride };
@@ -440,7 +507,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let nb = n.trailing_zeros() as i64;
     // a[m][k] at m * stride + k (runs along k stay consecutive, and rows start at
     // multiples of 8 elements: 16-byte stores); b[k][n] at a_elems + n * stride + k.
-    write_tile(l, &a, base, 8.min(k), |e| {
+    write_tile(l, &a, base, &row_runs(8.min(k)), |e| {
         let bd = &l.cx.b;
         let r = bd.build_right_shift(e, l.cx.i32(kb), false, "")?;
         let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
@@ -448,7 +515,10 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     })?;
     // b[k][n] at a_elems + k * b_stride + n (ldmatrix: runs along n stay consecutive),
     // else transposed at a_elems + n * stride + k.
-    write_tile(l, &b, base, if ldm { 8.min(n) } else { 1 }, |e| {
+    // Transposed, a run goes down a column: steps of `n` elements (pairs of k, which
+    // `operand_load_layout` puts in registers).
+    let b_runs = if ldm { row_runs(8.min(n)) } else { vec![n] };
+    write_tile(l, &b, base, &b_runs, |e| {
         let bd = &l.cx.b;
         let kk = bd.build_right_shift(e, l.cx.i32(nb), false, "")?;
         let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;

@@ -184,12 +184,9 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     // staged through shared memory, whatever layout they arrive in), when the
     // pointers and mask can be recomputed in that layout.
     if !ptrs.uniform && l.feeds_only_dot(op.results[0]) {
-        let want = crate::layout::Layout::blocked(
-            &lay.shape,
-            (16 / pointee.size_bytes().max(1)) as u32,
-            l.ws,
-            l.nw,
-        );
+        let vec = (16 / pointee.size_bytes().max(1)) as u32;
+        let want = super::dot::operand_load_layout(l, op.results[0], &lay.shape, vec)
+            .unwrap_or_else(|| crate::layout::Layout::blocked(&lay.shape, vec, l.ws, l.nw));
         if want != lay
             && l.rematerializable(op.operands[0])
             && (!has_mask || l.rematerializable(op.operands[1]))

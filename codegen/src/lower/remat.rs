@@ -44,6 +44,17 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         self.convert(t, to, span)
     }
 
+    /// The `dot` ops `v` is an operand of, with the operand index.
+    pub(super) fn dot_uses(&self, v: ValueId) -> Vec<(&Op, usize)> {
+        let mut out = Vec::new();
+        visit_uses(&self.f.body, v, &mut |op, i| {
+            if op.kind == OpKind::Dot {
+                out.push((op, i));
+            }
+        });
+        out
+    }
+
     /// Whether every use of `v` is an operand of `dot` (`A` or `B`).
     pub(super) fn feeds_only_dot(&self, v: ValueId) -> bool {
         let mut any = false;
@@ -192,7 +203,7 @@ fn cheap(l: &Lowerer<'_, '_>, op: &Op) -> bool {
 }
 
 /// Calls `f(op, operand index)` for every use of `v` in `r` and its nested regions.
-fn visit_uses(r: &tessera_ir::ir::Region, v: ValueId, f: &mut impl FnMut(&Op, usize)) {
+fn visit_uses<'a>(r: &'a tessera_ir::ir::Region, v: ValueId, f: &mut impl FnMut(&'a Op, usize)) {
     for op in &r.ops {
         for (i, &o) in op.operands.iter().enumerate() {
             if o == v {
