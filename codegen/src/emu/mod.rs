@@ -18,7 +18,7 @@
 //! A GPU thread is a stackful coroutine ([`corosensei`], stacks from
 //! `stack::StackArena`); a block's threads are driven by one OS thread
 //! ([`team::Team::step`]): each runs until it parks at a barrier, an unfinished warp
-//! collective or a polling loop, then the next runs. A launch uses a pool of OS
+//! collective, a polling loop or a loop's back edge, then the next runs. A launch uses a pool of OS
 //! threads the size of the machine (never more than there are blocks), and no OS
 //! thread per GPU thread anywhere:
 //!
