@@ -18,9 +18,9 @@
 //! A GPU thread is a stackful coroutine ([`corosensei`], stacks from
 //! `stack::StackArena`); a block's threads are driven by one OS thread
 //! ([`team::Team::step`]): each runs until it parks at a barrier, an unfinished warp
-//! collective, a polling loop or a loop's back edge, then the next runs. A launch uses a pool of OS
-//! threads the size of the machine (never more than there are blocks), and no OS
-//! thread per GPU thread anywhere:
+//! collective, a polling loop or a loop's back edge, then the next runs. A launch
+//! uses a pool of OS threads the size of the machine (never more than there are
+//! blocks), and no OS thread per GPU thread anywhere:
 //!
 //! - threads that never meet (no barrier, shuffle, matrix instruction or shared
 //!   memory) need no coroutine: each worker calls the kernel for every thread of its
