@@ -84,6 +84,21 @@ pub fn emit_module(
         .verify()
         .map_err(|m| llvm_err("invalid LLVM IR", m.to_string()))?;
     let machine = target_machine(target).map_err(|m| llvm_err("target machine", m))?;
+    if let Target::Amdgpu(arch) = target
+        && module.get_flag("amdhsa_code_object_version").is_none()
+    {
+        // The code object version (module flag `amdhsa_code_object_version`, the
+        // version times 100), else LLVM's default (6 in LLVM 22).
+        let v = module
+            .get_context()
+            .i32_type()
+            .const_int(arch.code_object_version() as u64 * 100, false);
+        module.add_basic_value_flag(
+            "amdhsa_code_object_version",
+            inkwell::module::FlagBehavior::Error,
+            v,
+        );
+    }
     module.set_triple(&machine.get_triple());
     module.set_data_layout(&machine.get_target_data().get_data_layout());
     module

@@ -63,6 +63,16 @@ impl AmdArch {
             AmdArch::Gfx1100 => "gfx1100",
         }
     }
+
+    /// The code object version Tessera emits for this target: 5 on every one. LLVM 22
+    /// defaults to version 6, which ROCm before 6.3 refuses
+    /// (`HSA_STATUS_ERROR_INVALID_CODE_OBJECT`); version 5 loads on ROCm 5.x and 6.x.
+    /// This table is the one place to change it per target.
+    pub fn code_object_version(self) -> u32 {
+        match self {
+            AmdArch::Gfx90a | AmdArch::Gfx942 | AmdArch::Gfx1100 => 5,
+        }
+    }
 }
 
 /// Every target the test suite validates.

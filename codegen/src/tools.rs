@@ -260,6 +260,36 @@ pub fn amdgpu_resources(hsaco: &[u8]) -> Result<Vec<AmdgpuResources>, CodegenErr
     Ok(kernels)
 }
 
+/// The code object version of an HSACO, read from its AMDGPU metadata note
+/// (`amdhsa.version: [ 1, m ]` is version `3 + m`) with `llvm-readobj --notes`.
+pub fn amdgpu_code_object_version(hsaco: &[u8]) -> Result<u32, CodegenError> {
+    let tool = llvm_tool("llvm-readobj")?;
+    let dir = TempDir::new("readobj")?;
+    let input = dir.path().join("kernel.hsaco");
+    std::fs::write(&input, hsaco).map_err(|e| tool_io("llvm-readobj", &input, e))?;
+    let (out, _) = run(&tool, &[OsStr::new("--notes"), input.as_os_str()])?;
+    parse_amdhsa_version(&out).ok_or_else(|| CodegenError::Tool {
+        tool: "llvm-readobj".into(),
+        message: "the code object has no amdhsa.version in its metadata note".into(),
+    })
+}
+
+/// The code object version from `llvm-readobj --notes` output (`amdhsa.version:`
+/// followed by `[ 1, m ]` on the same line or as two list items).
+pub fn parse_amdhsa_version(notes: &str) -> Option<u32> {
+    let at = notes.find("amdhsa.version:")?;
+    let nums: Vec<u32> = notes[at + "amdhsa.version:".len()..]
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .take(2)
+        .map(|s| s.parse().ok())
+        .collect::<Option<_>>()?;
+    match nums[..] {
+        [1, minor] => Some(3 + minor),
+        _ => None,
+    }
+}
+
 /// Parses the `amdhsa.kernels` list of `llvm-readobj --notes` output.
 pub fn parse_amdgpu_notes(notes: &str) -> Vec<AmdgpuResources> {
     let mut kernels = Vec::new();

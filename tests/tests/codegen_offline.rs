@@ -453,3 +453,37 @@ fn comm_snapshots() {
         stable(&build("comm_small", COMM_KERNELS[1].1, GFX942).asm)
     );
 }
+
+/// Every HSACO is code object version 5 (ROCm before 6.3 refuses LLVM 22's default,
+/// version 6): the AMDGPU metadata note says `amdhsa.version: [1, 2]`, and the ELF
+/// header's OS/ABI is AMDGPU_HSA (64) with ABI version 3 (`ELFABIVERSION_AMDGPU_HSA_V5`).
+#[test]
+fn every_hsaco_is_code_object_v5() {
+    let mut failures = Vec::new();
+    for (name, f) in KERNELS.iter().chain(COMM_KERNELS.iter()) {
+        for arch in [AmdArch::Gfx90a, AmdArch::Gfx942, AmdArch::Gfx1100] {
+            let art = build(name, *f, Target::Amdgpu(arch));
+            let label = format!("{name} {}", arch.name());
+            match tools::amdgpu_code_object_version(&art.binary) {
+                Ok(5) => {}
+                Ok(v) => failures.push(format!("{label}: code object v{v} in the notes")),
+                Err(e) => failures.push(format!("{label}: {e}")),
+            }
+            let (osabi, abiv) = (art.binary.get(7).copied(), art.binary.get(8).copied());
+            if (osabi, abiv) != (Some(64), Some(3)) {
+                failures.push(format!(
+                    "{label}: ELF OS/ABI {osabi:?}, ABI version {abiv:?}"
+                ));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert_eq!(
+        tools::parse_amdhsa_version("amdhsa.version:\n  - 1\n  - 2\n"),
+        Some(5)
+    );
+    assert_eq!(
+        tools::parse_amdhsa_version("amdhsa.version: [ 1, 3 ]"),
+        Some(6)
+    );
+}
