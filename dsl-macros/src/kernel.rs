@@ -269,7 +269,9 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
 
     let vis = &f.vis;
     let name = &f.sig.ident;
+    // The kernel's name as the user reads it (`r#match` is `match`).
     let name_str = name.to_string();
+    let name_str = name_str.strip_prefix("r#").unwrap_or(&name_str).to_string();
     let attrs: Vec<_> = f
         .attrs
         .iter()

@@ -312,7 +312,7 @@ pub fn lower_with_sites<'ctx>(
     l.run().map_err(err)?;
     let shared_bytes = l.finish_shared().map_err(err)?;
     let meta = KernelMeta {
-        name: func.name.clone(),
+        name: kernel_symbol(&func.name),
         num_threads,
         shared_bytes,
     };
@@ -380,7 +380,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             ] as [BasicMetadataTypeEnum; 4]);
         }
         let fty = cx.ctx.void_type().fn_type(&params, false);
-        let kernel = cx.module.add_function(&f.name, fty, None);
+        let kernel = cx.module.add_function(&kernel_symbol(&f.name), fty, None);
         let comm = if uses_comm {
             let n = f.params.len() as u32;
             let p = |i: u32, name: &str| {
@@ -1192,6 +1192,35 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
 /// True when register `r` duplicates a lower register (it has a bit set whose basis
 /// is zero).
+/// The object-file symbol of a kernel named `name` (what [`KernelMeta::name`] holds
+/// and a driver looks up): the name itself when it is a plain ASCII identifier
+/// (`[A-Za-z_][A-Za-z0-9_]*`, every target's assembler takes it) not starting with
+/// `__tsr_`; otherwise `__tsr_` and the name's UTF-8 bytes, ASCII letters and digits
+/// kept and every other byte written `_` and two hex digits. Distinct names give
+/// distinct symbols (the encoding can be read back, and plain names never carry the
+/// prefix). Rust allows kernels named `r#match` or `núcleo`; LLVM aborts on some
+/// such symbols, and PTX identifiers are ASCII.
+pub fn kernel_symbol(name: &str) -> String {
+    let plain = name
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with("__tsr_");
+    if plain {
+        return name.to_string();
+    }
+    let mut s = String::from("__tsr_");
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("_{b:02x}"));
+        }
+    }
+    s
+}
+
 /// Records the defining op of every value defined in `r` and its nested regions.
 fn collect_defs<'a>(r: &'a Region, d: &mut HashMap<ValueId, &'a Op>) {
     for op in &r.ops {
