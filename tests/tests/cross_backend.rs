@@ -773,3 +773,35 @@ fn out_of_bounds_names_the_line() {
         assert!(msg.contains(&format!("cross_backend.rs:{line}:")), "{msg}");
     }
 }
+
+/// A counter every thread reads (a uniform scalar load), then the program writes inside
+/// an `if` on the value read: every thread of the program must see the value from
+/// before the write (the GPU lowering loads once per block and broadcasts).
+#[kernel]
+fn read_then_bump<const B: usize>(counter: &mut Global<i32>, out: &mut Global<i32>) {
+    let at = program_id(0) * 0;
+    let yes = at.eq(0);
+    let c = counter.load(at, yes);
+    let i = arange::<B>();
+    if c.eq(0) {
+        counter.store(at, c + 1, yes);
+        out.store(i, i * 0 + 1, i.lt(B as i32));
+    } else {
+        out.store(i, i * 0 + 2, i.lt(B as i32));
+    }
+}
+
+#[test]
+fn a_scalar_read_before_the_block_writes_it_is_one_value() {
+    let f = ir::<read_then_bump<256>>();
+    let args = [inp(&[0i32]), out::<i32>(256)];
+    // `counter` is an input buffer copied fresh for every backend, and written.
+    check("read then bump", &f, g1(1), &args, 4, 0.0);
+    let got = make(&args);
+    emu::launch(&f, EmuFlavor::Nv, &CompileOptions::default(), g1(1), &got).expect("launch");
+    let (KernelArg::Buffer(c), KernelArg::Buffer(o)) = (&got[0], &got[1]) else {
+        unreachable!()
+    };
+    assert_eq!(c.to_vec::<i32>().expect("i32"), vec![1]);
+    assert_eq!(o.to_vec::<i32>().expect("i32"), vec![1; 256]);
+}

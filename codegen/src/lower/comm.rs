@@ -170,7 +170,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 
     /// Runs `body` in thread 0 only.
-    fn in_thread0(&mut self, body: impl FnOnce(&mut Self) -> LResult<()>) -> LResult<()> {
+    pub(super) fn in_thread0(
+        &mut self,
+        body: impl FnOnce(&mut Self) -> LResult<()>,
+    ) -> LResult<()> {
         let is0 = self
             .cx
             .b

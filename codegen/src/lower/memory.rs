@@ -218,6 +218,37 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     let all_uniform = ptrs.uniform
         && mask.as_ref().is_none_or(|m| m.uniform)
         && other.as_ref().is_none_or(|o| o.uniform);
+    if all_uniform && l.may_be_written(op.operands[0]) {
+        // Every thread would load the same element, but the kernel may write it (this
+        // program in a branch on the value, another program or rank): threads loading
+        // it at different times could see different values of one "uniform" scalar.
+        // Thread 0 loads once and the block shares the value through shared memory.
+        let m = mask.as_ref().map(|m| m.regs[0].into_int_value());
+        let o = l.store_to_mem(elem, other.as_ref().map_or(zero, |o| o.regs[0]))?;
+        let p = ptrs.regs[0].into_pointer_value();
+        let slot = l.scratch(size.max(1), &op.span);
+        l.in_thread0(|l| {
+            let v = guarded(l, m, Some(o), || {
+                let p = l.access_ptr(space, p, size, false, "load")?;
+                let v = l.cx.b.build_load(mem_ty, p, "")?;
+                set_align(v, size);
+                Ok(Some(v))
+            })?
+            .expect("a value on both edges");
+            l.smem_store(slot, v)?;
+            Ok(())
+        })?;
+        l.barrier()?;
+        let v = l.smem_load(mem_ty, slot)?;
+        let v = l.reg_from_mem(elem, v)?;
+        l.barrier()?;
+        return Ok(Tile {
+            elem,
+            regs: vec![v; lay.num_regs()],
+            layout: lay,
+            uniform: true,
+        });
+    }
     let n = if all_uniform { 1 } else { lay.num_regs() };
     let mut regs: Vec<BasicValueEnum<'ctx>> = Vec::with_capacity(n);
     let mut r = 0;
@@ -550,4 +581,70 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
     }
     l.barrier()?;
     Ok(Tile { regs, ..t })
+}
+
+impl Lowerer<'_, '_> {
+    /// Whether the memory `ptr` (a pointer value) points into may be written while
+    /// the kernel runs: unless it derives from a read-only parameter (`&Global`: the
+    /// borrow checker keeps a written buffer from being passed as one) or from a
+    /// parameter no store or atomic of the kernel writes through, in a kernel that
+    /// does not communicate (a peer may write any symmetric buffer).
+    pub(super) fn may_be_written(&self, ptr: tessera_ir::ValueId) -> bool {
+        if self.f.uses_comm() {
+            return true;
+        }
+        let Some(base) = self.pointer_base(ptr) else {
+            return true;
+        };
+        let Some(param) = self.f.params.iter().find(|p| p.value == base) else {
+            return true;
+        };
+        if param.attrs.readonly {
+            return false;
+        }
+        let mut written = false;
+        self.f.walk(&mut |o| {
+            let writes = matches!(
+                o.kind,
+                OpKind::Store { .. }
+                    | OpKind::AtomicRmw { .. }
+                    | OpKind::AtomicCas { .. }
+                    | OpKind::Signal { .. }
+            );
+            if writes
+                && o.operands
+                    .first()
+                    .is_none_or(|&p| self.pointer_base(p) != Some(base))
+            {
+                // A write through an unknown base may alias anything.
+                written |= o
+                    .operands
+                    .first()
+                    .is_none_or(|&p| self.pointer_base(p).is_none());
+            } else if writes {
+                written = true;
+            }
+        });
+        written
+    }
+
+    /// The parameter or region argument a pointer value is an offset of (following
+    /// `addptr`, splats and shape ops), if it can be told.
+    fn pointer_base(&self, mut v: tessera_ir::ValueId) -> Option<tessera_ir::ValueId> {
+        for _ in 0..256 {
+            let Some(op) = self.defs.get(&v) else {
+                return Some(v);
+            };
+            match op.kind {
+                OpKind::AddPtr
+                | OpKind::Splat
+                | OpKind::Broadcast
+                | OpKind::ExpandDims { .. }
+                | OpKind::Reshape
+                | OpKind::Permute { .. } => v = op.operands[0],
+                _ => return None,
+            }
+        }
+        None
+    }
 }
