@@ -119,3 +119,25 @@ fn a_grid_too_large_for_memory_is_an_error_before_the_launch() {
     assert!(msg.contains("tests/tests/emu_capacity.rs"), "{msg}");
     assert!(msg.contains("MiB are available"), "{msg}");
 }
+
+/// A waiting kernel whose blocks would fit in memory for one rank but not for the
+/// eight ranks of its world (which launch it at the same time) is refused before any
+/// rank starts, naming the kernel and the world.
+#[test]
+fn the_memory_check_counts_every_rank_of_the_world() {
+    let info = std::fs::read_to_string("/proc/meminfo").expect("/proc/meminfo");
+    let avail_kib: u64 = info
+        .lines()
+        .find(|l| l.starts_with("MemAvailable:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .expect("MemAvailable");
+    // 256 threads per block at the check's 16 KiB of stack each (plus a little):
+    // blocks for half the memory on one rank, so four times the memory on eight.
+    let per_block_kib = 256 * 16;
+    let blocks = (avail_kib / 2 / per_block_kib).max(1) as usize;
+    let err = ring_world(EmuFlavor::Nv, 8, blocks).expect_err("too large for the world");
+    assert!(err.contains("8 rank(s)"), "{err}");
+    assert!(err.contains("ring_after_barrier"), "{err}");
+    assert!(err.contains("MiB are available"), "{err}");
+}

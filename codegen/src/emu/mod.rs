@@ -95,14 +95,16 @@ pub enum EmuError {
     /// The launch needs more memory than the machine has available (checked before
     /// it starts), or its thread stacks could not be reserved.
     #[error(
-        "{span}: kernel `{kernel}` needs about {needed_mib} MiB to run {blocks} block(s) x {threads} threads at once on the emulator ({what}); {available}"
+        "{span}: kernel `{kernel}` needs about {needed_mib} MiB to run {ranks} rank(s) x {blocks} block(s) x {threads} threads at once on the emulator ({what}); {available}"
     )]
     OutOfMemory {
         /// The kernel.
         kernel: String,
         /// Where it is defined.
         span: Span,
-        /// Blocks live at once.
+        /// Ranks of the world launching it at once (1 outside a waiting kernel's world).
+        ranks: u64,
+        /// Blocks live at once (per rank).
         blocks: u64,
         /// Threads per block.
         threads: u32,
@@ -495,7 +497,14 @@ pub fn launch_in_world(
         .unwrap_or(1)
         .min(total);
     let live_blocks = if concurrent { total } else { workers };
-    check_memory(func, live_blocks, threads, shared_bytes, independent)?;
+    // The ranks of a world launch their kernels at the same time (one program, many
+    // ranks): a waiting kernel's memory is checked for all of them at once.
+    let ranks = if concurrent && uses_comm {
+        heap_bases.len() as u64
+    } else {
+        1
+    };
+    check_memory(func, ranks, live_blocks, threads, shared_bytes, independent)?;
     // A team barrier must not give up before the waits do.
     let mut team_timeout = barrier_timeout();
     if uses_comm {
@@ -605,10 +614,11 @@ pub fn launch_in_world(
 /// runtime calls it makes; see BENCHMARKS.md for measured depths).
 const STACK_RESIDENT_ESTIMATE: u64 = 16 << 10;
 
-/// Checks that `blocks` live blocks of `threads` threads with `shared` bytes of
-/// shared memory each fit in the memory the machine has available.
+/// Checks that `ranks` x `blocks` live blocks of `threads` threads with `shared`
+/// bytes of shared memory each fit in the memory the machine has available.
 fn check_memory(
     func: &Function,
+    ranks: u64,
     blocks: u64,
     threads: u32,
     shared: usize,
@@ -624,7 +634,8 @@ fn check_memory(
     let per_block = shared as u64 * 17 + threads as u64 * (2 * team::SLOT_WORDS as u64 * 8 + 256);
     let needed = blocks
         .saturating_mul(per_block)
-        .saturating_add(coroutines.saturating_mul(STACK_RESIDENT_ESTIMATE));
+        .saturating_add(coroutines.saturating_mul(STACK_RESIDENT_ESTIMATE))
+        .saturating_mul(ranks);
     let Some(avail) = available_memory() else {
         return Ok(());
     };
@@ -634,6 +645,7 @@ fn check_memory(
     Err(EmuError::OutOfMemory {
         kernel: func.name.clone(),
         span: func.span.clone(),
+        ranks,
         blocks,
         threads,
         needed_mib: needed >> 20,
@@ -723,6 +735,7 @@ impl Job<'_> {
         StackArena::new(count, self.frame_bytes).map_err(|e| EmuError::OutOfMemory {
             kernel: self.launch.kernel.to_string(),
             span: self.launch.kernel_span.clone(),
+            ranks: 1,
             blocks: (count / self.threads.max(1) as usize) as u64,
             threads: self.threads,
             needed_mib: (e.bytes >> 20) as u64,
