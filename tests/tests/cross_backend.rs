@@ -805,3 +805,52 @@ fn a_scalar_read_before_the_block_writes_it_is_one_value() {
     assert_eq!(c.to_vec::<i32>().expect("i32"), vec![1]);
     assert_eq!(o.to_vec::<i32>().expect("i32"), vec![1; 256]);
 }
+
+/// `x / d` elementwise, `d` holding one zero.
+#[kernel]
+fn divide<const B: usize>(x: &Global<i32>, d: &Global<i32>, out: &mut Global<i32>) {
+    let i = arange::<B>();
+    let all = i.lt(B as i32);
+    let q = x.load(i, all) / d.load(i, all); // DIVIDE
+    out.store(i, q, all);
+}
+
+/// Integer division by zero has one meaning: the CPU interpreter and the emulator
+/// (the GPU lowering) both report it with the op's line; on a GPU it yields 0.
+#[test]
+fn integer_division_by_zero_is_reported_by_the_interpreter_and_the_emulator() {
+    let f = ir::<divide<128>>();
+    let line = line_of(include_str!("cross_backend.rs"), "// DIVIDE");
+    let mut d: Vec<i32> = (0..128).map(|i| i % 7 + 1).collect();
+    d[77] = 0;
+    let args = [inp(&vec![84i32; 128]), inp(&d), out::<i32>(128)];
+    let err = interp::run(&f, g1(1), &make(&args)).expect_err("divides by zero");
+    assert!(
+        err.to_string()
+            .contains(&format!("cross_backend.rs:{line}:")),
+        "{err}"
+    );
+    for flavor in FLAVORS {
+        let got = make(&args);
+        let err = emu::launch(&f, flavor, &CompileOptions::default(), g1(1), &got)
+            .expect_err("divides by zero");
+        assert!(
+            matches!(&err, EmuError::DivisionByZero { span, .. } if span.line == line),
+            "{flavor:?}: {err}"
+        );
+        assert!(
+            err.to_string().contains("integer division by zero"),
+            "{err}"
+        );
+    }
+    // Without the zero, every backend agrees.
+    d[77] = 5;
+    check(
+        "divide",
+        &f,
+        g1(1),
+        &[inp(&vec![84i32; 128]), inp(&d), out::<i32>(128)],
+        4,
+        0.0,
+    );
+}

@@ -240,6 +240,24 @@ pub enum EmuError {
         /// Number of ranks.
         world_size: i32,
     },
+    /// An integer division or remainder by zero (on a GPU it yields 0; the emulator
+    /// and the interpreter report it).
+    #[error(
+        "{span}: integer division by zero in `{op}` of kernel `{kernel}` at block {b}, thread {thread}",
+        b = fmt3(.block)
+    )]
+    DivisionByZero {
+        /// The kernel.
+        kernel: String,
+        /// The op's mnemonic.
+        op: &'static str,
+        /// Its source location.
+        span: Span,
+        /// The block.
+        block: [u32; 3],
+        /// The thread.
+        thread: u32,
+    },
     /// Two threads accessed the same shared memory without a barrier in between.
     #[error(
         "{span}: shared-memory race ({kind}) in `{op}` of kernel `{kernel}`, block {b}: thread {writer} writes and thread {reader} reads without a barrier in between (other access at {other_span})",

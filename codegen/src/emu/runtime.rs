@@ -382,6 +382,24 @@ extern "C" fn tessera_emu_timer_ns() -> i64 {
     i64::try_from(epoch.elapsed().as_nanos()).unwrap_or(i64::MAX)
 }
 
+/// Reports an integer division or remainder by zero (`is_zero` nonzero); the kernel
+/// goes on with the GPU's result, 0.
+extern "C" fn tessera_emu_check_divisor(is_zero: i32, site: i32) {
+    if is_zero == 0 {
+        return;
+    }
+    with((), |c| {
+        let (span, op) = c.launch.site(site as u32);
+        c.fail(EmuError::DivisionByZero {
+            kernel: c.launch.kernel.to_string(),
+            op,
+            span,
+            block: c.block.get(),
+            thread: c.tid,
+        });
+    })
+}
+
 /// Called at every loop back edge: the other threads of the block (and the other
 /// blocks of a waiting kernel) get a turn, so a thread that spins on a value another
 /// thread of its block writes makes progress, as on a GPU.
@@ -793,6 +811,10 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
             tessera_emu_timer_ns as *const () as usize,
         ),
         ("tessera_emu_yield", tessera_emu_yield as *const () as usize),
+        (
+            "tessera_emu_check_divisor",
+            tessera_emu_check_divisor as *const () as usize,
+        ),
         (
             "tessera_emu_mma_amd32_f16",
             tessera_emu_mma_amd32_f16 as *const () as usize,

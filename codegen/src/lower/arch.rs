@@ -202,6 +202,17 @@ pub trait Arch {
     fn poll_pause<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
         Ok(())
     }
+    /// Emitted before an integer division or remainder by `divisor`: the emulator
+    /// reports a zero divisor (the interpreter does too); GPUs emit nothing and the
+    /// division yields 0.
+    fn check_divisor<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _divisor: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        Ok(())
+    }
     /// Emitted at the back edge of every runtime loop (`for`, `while`): the
     /// emulator lets the other threads run there; GPUs emit nothing.
     fn loop_backedge<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {

@@ -52,6 +52,13 @@ pub(super) fn lower_with<'ctx>(
     let mut regs = Vec::with_capacity(n);
     for r in 0..n {
         let args: Vec<BasicValueEnum<'ctx>> = ops.iter().map(|t| t.regs[r]).collect();
+        if let OpKind::Binary(BinaryOp::Div | BinaryOp::Rem) = op.kind
+            && s_in.is_some_and(|s| s.is_int())
+        {
+            let site = l.new_site("integer division");
+            l.arch
+                .check_divisor(&l.cx, args[1].into_int_value(), site)?;
+        }
         let v = match &op.kind {
             OpKind::Binary(b) => binary(&l.cx, *b, sc(s_in), args[0], args[1])?,
             OpKind::Unary(u) => unary(&l.cx, l.arch, *u, sc(s_in), args[0], &op.span)?,

@@ -14,6 +14,7 @@
 //! | shared memory | `ptr tessera_emu_shared_base()` (a per-block host buffer) |
 //! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` |
 //! | timer (ns) | `i64 tessera_emu_timer_ns()` (also parks the calling GPU thread: it is called in polling loops, and the thread waited for must get its turn) |
+//! | integer divisor | `void tessera_emu_check_divisor(i32 is_zero, i32 site)` (reports a division by zero) |
 //! | loop back edge | `void tessera_emu_yield()` (the other threads get a turn) |
 //! | bad `remote_ptr` peer | `void tessera_emu_bad_peer(i32 peer, i32 world, i32 site)` (records the error) |
 //! | shared access | `void tessera_emu_note_shared(ptr p, i32 bytes, i32 is_write, i32 site)` |
@@ -216,6 +217,30 @@ impl Arch for Emu {
         let ty = cx.ctx.void_type().fn_type(&[i32t.into(); 3], false);
         let args = [peer.into(), world.into(), Emu::site(cx, site)];
         call(cx, "tessera_emu_bad_peer", ty, &args)?;
+        Ok(())
+    }
+
+    fn check_divisor<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        divisor: IntValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        let zero = divisor.get_type().const_zero();
+        let is0 =
+            cx.b.build_int_compare(inkwell::IntPredicate::EQ, divisor, zero, "div0")?;
+        let is0 = cx.b.build_int_z_extend(is0, cx.ctx.i32_type(), "")?;
+        let i32t = cx.ctx.i32_type();
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[i32t.into(), i32t.into()], false);
+        call(
+            cx,
+            "tessera_emu_check_divisor",
+            ty,
+            &[is0.into(), Emu::site(cx, site)],
+        )?;
         Ok(())
     }
 
