@@ -41,8 +41,8 @@
 //!
 //! - Integer division or remainder by zero yields 0 on a GPU; the interpreter and the
 //!   emulator report it as an error naming the op's line (the emulator through
-//!   `Arch::check_divisor`), so a kernel that divides by
-//!   zero is caught on the CPU. `MIN / -1` wraps as in the interpreter. Emitted as selects around a safe
+//!   `Arch::check_divisor`), so a kernel that divides by zero is caught on the CPU.
+//!   `MIN / -1` wraps as in the interpreter. Emitted as selects around a safe
 //!   divisor, since `sdiv`/`udiv` by zero and `sdiv MIN, -1` are UB in LLVM.
 //! - `reduce` combines in a tree (registers, then butterfly shuffles over lanes, then
 //!   warps in order), not strictly left to right, so float sums may round
