@@ -51,7 +51,7 @@ OURS_MATCH = {
     "vector_add": dict(need=["vector_add"], avoid=[], prefer=["1024"]),
     "softmax_f32": dict(need=["softmax"], avoid=["f16", "bf16", "f64"], prefer=["f32"]),
     "matmul_f16_64x64x32": dict(need=["matmul"], avoid=["f32", "bf16", "f64", "128"], prefer=["f16", "64"]),
-    "matmul_f16_128x128x32": dict(need=["matmul", "128"], avoid=["f32", "bf16", "f64"], prefer=["f16"]),
+    "matmul_f16_128x128x32": dict(need=["matmul", "128x128x32"], avoid=["f32", "bf16", "f64"], prefer=["f16"]),
     "layernorm_f32": dict(need=["layernorm"], avoid=["f16", "bf16", "f64"], prefer=["f32"]),
 }
 
