@@ -644,6 +644,11 @@ fn dot_shapes() {
     dot_case::<bf16, 64, 32, 16>(bf16::from_f32, 4);
     dot_case::<f16, 16, 64, 64>(f16::from_f32, 2);
     dot_case::<bf16, 32, 16, 64>(bf16::from_f32, 8);
+    // MFMA 32x32x8 on emu-amd: k = 8 (one step), one wave per 32x32 tile, bf16.
+    dot_case::<f16, 32, 32, 8>(f16::from_f32, 1);
+    dot_case::<bf16, 64, 64, 16>(bf16::from_f32, 4);
+    // More waves than 32x32 tiles: 16x16x16 instead.
+    dot_case::<f16, 64, 64, 32>(f16::from_f32, 8);
 }
 
 /// Runtime `for`/`if`/`while` with carried values (as in `execution.rs`).

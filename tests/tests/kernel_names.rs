@@ -15,6 +15,13 @@ fn r#match(out: &mut Global<i32>) {
     out.store(i, i + 1, i.lt(64));
 }
 
+/// Named like one of the emulator's runtime hooks.
+#[kernel]
+fn tessera_emu_yield(out: &mut Global<i32>) {
+    let i = arange::<64>();
+    out.store(i, i - 3, i.lt(64));
+}
+
 #[kernel]
 fn núcleo_ñ(out: &mut Global<i32>) {
     let i = arange::<64>();
@@ -74,6 +81,9 @@ fn odd_kernel_names_run_on_the_cpu_and_the_emulator() {
         assert_eq!(out.download().expect("download"), want);
         núcleo_ñ::launch(&dev, 1u32, (&mut out,)).expect("launch");
         let want: Vec<i32> = (0..64).map(|i| 2 * i).collect();
+        assert_eq!(out.download().expect("download"), want);
+        tessera_emu_yield::launch(&dev, 1u32, (&mut out,)).expect("launch");
+        let want: Vec<i32> = (0..64).map(|i| i - 3).collect();
         assert_eq!(out.download().expect("download"), want);
     }
 }

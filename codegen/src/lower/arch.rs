@@ -255,9 +255,17 @@ pub trait Arch {
     }
     /// The matrix instruction for `dot` on `input` elements, if any.
     fn mma(&self, input: ScalarType) -> Option<MmaInfo>;
-    /// The matrix instruction for a `dot` of an `m x k` by `k x n` tile: the
-    /// largest the target has that tiles it (default: [`Arch::mma`]).
-    fn mma_for(&self, input: ScalarType, _m: u32, _n: u32, _k: u32) -> Option<MmaInfo> {
+    /// The matrix instruction for a `dot` of an `m x k` by `k x n` tile on
+    /// `num_warps` warps: the largest the target has that tiles it with a tile for
+    /// every warp (default: [`Arch::mma`]).
+    fn mma_for(
+        &self,
+        input: ScalarType,
+        _m: u32,
+        _n: u32,
+        _k: u32,
+        _num_warps: u32,
+    ) -> Option<MmaInfo> {
         self.mma(input)
     }
     /// Whether [`Arch::ldmatrix`] is available (NVIDIA sm_75+).
@@ -783,9 +791,22 @@ impl Arch for Amdgpu {
         })
     }
 
-    fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32) -> Option<MmaInfo> {
+    fn mma_for(
+        &self,
+        input: ScalarType,
+        m: u32,
+        n: u32,
+        k: u32,
+        num_warps: u32,
+    ) -> Option<MmaInfo> {
         let small = self.mma(input)?;
-        if m.is_multiple_of(32) && n.is_multiple_of(32) && k.is_multiple_of(8) {
+        // 32x32 tiles only when there is one for every wave (else the 16x16 ones keep
+        // more waves busy).
+        if m.is_multiple_of(32)
+            && n.is_multiple_of(32)
+            && k.is_multiple_of(8)
+            && (m / 32) * (n / 32) >= num_warps
+        {
             Some(amd_mfma_32x32x8())
         } else {
             Some(small)

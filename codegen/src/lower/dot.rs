@@ -44,7 +44,7 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     let b = l.f.ty(op.operands[1]);
     let s = a.scalar_type()?;
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    let info = l.arch.mma_for(s, m, n, k)?;
+    let info = l.arch.mma_for(s, m, n, k, l.nw)?;
     if m % info.m != 0 || n % info.n != 0 || k % info.k != 0 {
         return None;
     }
@@ -183,6 +183,25 @@ fn write_tile<'ctx>(
             Some(bit) => run_bits.push(bit),
             None => break,
         }
+    }
+    // Only when the run's element bits are set by its registers alone (so a run's
+    // first element, hence its first place, is aligned to the run).
+    let steps: u32 = run_bits
+        .iter()
+        .map(|&b| t.layout.reg[b])
+        .fold(0, |a, s| a | s);
+    let others_clear = t
+        .layout
+        .reg
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !run_bits.contains(i))
+        .map(|(_, b)| b)
+        .chain(&t.layout.lane)
+        .chain(&t.layout.warp)
+        .all(|b| b & steps == 0);
+    if !others_clear {
+        run_bits.clear();
     }
     let run_mask: usize = run_bits.iter().map(|&b| 1 << b).sum();
     let run = 1usize << run_bits.len();

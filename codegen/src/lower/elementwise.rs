@@ -50,12 +50,13 @@ pub(super) fn lower_with<'ctx>(
         .clone();
     let n = if all_uniform { 1 } else { leader.num_regs() };
     let mut regs = Vec::with_capacity(n);
+    // One site per op for the emulator's divisor check.
+    let div_site = (matches!(op.kind, OpKind::Binary(BinaryOp::Div | BinaryOp::Rem))
+        && s_in.is_some_and(|s| s.is_int()))
+    .then(|| l.new_site("integer division"));
     for r in 0..n {
         let args: Vec<BasicValueEnum<'ctx>> = ops.iter().map(|t| t.regs[r]).collect();
-        if let OpKind::Binary(BinaryOp::Div | BinaryOp::Rem) = op.kind
-            && s_in.is_some_and(|s| s.is_int())
-        {
-            let site = l.new_site("integer division");
+        if let Some(site) = div_site {
             l.arch
                 .check_divisor(&l.cx, args[1].into_int_value(), site)?;
         }

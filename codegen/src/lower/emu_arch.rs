@@ -258,13 +258,13 @@ impl Arch for Emu {
         ""
     }
 
-    fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32) -> Option<MmaInfo> {
+    fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32, nw: u32) -> Option<MmaInfo> {
         match self.flavor {
-            EmuFlavor::Nv => Nvptx { sm: 80 }.mma_for(input, m, n, k),
+            EmuFlavor::Nv => Nvptx { sm: 80 }.mma_for(input, m, n, k, nw),
             EmuFlavor::Amd => Amdgpu {
                 arch: AmdArch::Gfx942,
             }
-            .mma_for(input, m, n, k),
+            .mma_for(input, m, n, k, nw),
         }
     }
 

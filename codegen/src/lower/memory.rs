@@ -585,10 +585,12 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
 
 impl Lowerer<'_, '_> {
     /// Whether the memory `ptr` (a pointer value) points into may be written while
-    /// the kernel runs: unless it derives from a read-only parameter (`&Global`: the
-    /// borrow checker keeps a written buffer from being passed as one) or from a
-    /// parameter no store or atomic of the kernel writes through, in a kernel that
-    /// does not communicate (a peer may write any symmetric buffer).
+    /// the kernel runs: unless it derives from a parameter that no store or atomic of
+    /// the kernel writes through, in a kernel that does not communicate (a peer may
+    /// write any symmetric buffer). Parameters do not alias a written one (a
+    /// `&mut Global` is exclusive at launch); a write through a pointer of unknown
+    /// origin (loaded, loop-carried) may alias anything. The `readonly` attribute is
+    /// not trusted on its own: textual IR may carry it on a parameter it writes.
     pub(super) fn may_be_written(&self, ptr: tessera_ir::ValueId) -> bool {
         if self.f.uses_comm() {
             return true;
@@ -596,12 +598,10 @@ impl Lowerer<'_, '_> {
         let Some(base) = self.pointer_base(ptr) else {
             return true;
         };
-        let Some(param) = self.f.params.iter().find(|p| p.value == base) else {
+        if !self.f.params.iter().any(|p| p.value == base) {
             return true;
-        };
-        if param.attrs.readonly {
-            return false;
         }
+        let is_param = |v: tessera_ir::ValueId| self.f.params.iter().any(|p| p.value == v);
         let mut written = false;
         self.f.walk(&mut |o| {
             let writes = matches!(
@@ -611,18 +611,15 @@ impl Lowerer<'_, '_> {
                     | OpKind::AtomicCas { .. }
                     | OpKind::Signal { .. }
             );
-            if writes
-                && o.operands
-                    .first()
-                    .is_none_or(|&p| self.pointer_base(p) != Some(base))
-            {
-                // A write through an unknown base may alias anything.
-                written |= o
-                    .operands
-                    .first()
-                    .is_none_or(|&p| self.pointer_base(p).is_none());
-            } else if writes {
-                written = true;
+            if !writes {
+                return;
+            }
+            match o.operands.first().and_then(|&p| self.pointer_base(p)) {
+                // Through this parameter, or through a pointer of unknown origin.
+                Some(b) if b == base || !is_param(b) => written = true,
+                None => written = true,
+                // Through another parameter: no alias.
+                Some(_) => {}
             }
         });
         written

@@ -1192,12 +1192,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     }
 }
 
-/// True when register `r` duplicates a lower register (it has a bit set whose basis
-/// is zero).
 /// The object-file symbol of a kernel named `name` (what [`KernelMeta::name`] holds
 /// and a driver looks up): the name itself when it is a plain ASCII identifier
 /// (`[A-Za-z_][A-Za-z0-9_]*`, every target's assembler takes it) not starting with
-/// `__tsr_`; otherwise `__tsr_` and the name's UTF-8 bytes, ASCII letters and digits
+/// `__tsr_`, `tessera_` or `__tessera` (the emulator's hooks and Tessera's own
+/// symbols); otherwise `__tsr_` and the name's UTF-8 bytes, ASCII letters and digits
 /// kept and every other byte written `_` and two hex digits. Distinct names give
 /// distinct symbols (the encoding can be read back, and plain names never carry the
 /// prefix). Rust allows kernels named `r#match` or `núcleo`; LLVM aborts on some
@@ -1208,7 +1207,9 @@ pub fn kernel_symbol(name: &str) -> String {
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && !name.starts_with("__tsr_");
+        && !name.starts_with("__tsr_")
+        && !name.starts_with("tessera_")
+        && !name.starts_with("__tessera");
     if plain {
         return name.to_string();
     }
@@ -1235,6 +1236,8 @@ fn collect_defs<'a>(r: &'a Region, d: &mut HashMap<ValueId, &'a Op>) {
     }
 }
 
+/// True when register `r` duplicates a lower register (it has a bit set whose basis
+/// is zero).
 pub fn is_dup_reg(l: &Layout, r: usize) -> bool {
     l.reg
         .iter()
