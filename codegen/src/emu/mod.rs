@@ -540,7 +540,6 @@ pub fn launch_in_world(
         }),
         errors: Mutex::new(Vec::new()),
         failed: AtomicBool::new(false),
-        stop: AtomicBool::new(false),
     };
     let job = Job {
         launch: &launch,
@@ -742,7 +741,7 @@ impl Job<'_> {
     /// failed (blocks taken before still finish, so the lowest failing block is the
     /// one reported).
     fn take(&self) -> Option<u64> {
-        if self.launch.stop.load(Ordering::Acquire) || self.launch.failed.load(Ordering::Acquire) {
+        if self.launch.failed.load(Ordering::Acquire) {
             return None;
         }
         let lin = self.next.fetch_add(1, Ordering::AcqRel);

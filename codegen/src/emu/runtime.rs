@@ -110,8 +110,6 @@ pub(crate) struct Launch<'a> {
     /// Errors with their (linear block, thread) for picking the first.
     pub errors: Mutex<Vec<(u64, u32, EmuError)>>,
     pub failed: AtomicBool,
-    /// Set between blocks when the launch stops.
-    pub stop: AtomicBool,
 }
 
 /// Errors kept per launch (the first is reported; a broken kernel may fail millions of
@@ -586,15 +584,9 @@ fn nv_mma(ty: Half, a: [u32; 4], b: [u32; 2], cf: [f32; 4], d: *mut f32, site: i
             |p| c.park(p),
             |w| {
                 // Once per warp: gather every lane's fragments, multiply, scatter D.
-                let av: Vec<[u32; 4]> = (0..32)
-                    .map(|l| std::array::from_fn(|i| w.read(l, i) as u32))
-                    .collect();
-                let bv: Vec<[u32; 2]> = (0..32)
-                    .map(|l| std::array::from_fn(|i| w.read(l, 4 + i) as u32))
-                    .collect();
-                let cv: Vec<[f32; 4]> = (0..32)
-                    .map(|l| std::array::from_fn(|i| f32::from_bits(w.read(l, 6 + i) as u32)))
-                    .collect();
+                let av: Vec<[u32; 4]> = gather(w, 0, |x| x as u32);
+                let bv: Vec<[u32; 2]> = gather(w, 4, |x| x as u32);
+                let cv: Vec<[f32; 4]> = gather(w, 6, as_f32);
                 scatter_d(w, &mma::nv_m16n8k16(ty, &av, &bv, &cv));
             },
         );
@@ -602,8 +594,24 @@ fn nv_mma(ty: Half, a: [u32; 4], b: [u32; 2], cf: [f32; 4], d: *mut f32, site: i
     })
 }
 
+/// Every lane's `N` deposit words from word `first` on, each converted by `f`.
+fn gather<const N: usize, T>(
+    w: &super::team::WarpView<'_>,
+    first: usize,
+    f: impl Fn(u64) -> T,
+) -> Vec<[T; N]> {
+    (0..w.lanes())
+        .map(|l| std::array::from_fn(|i| f(w.read(l, first + i))))
+        .collect()
+}
+
+/// An f32 from the low half of a deposit word.
+fn as_f32(x: u64) -> f32 {
+    f32::from_bits(x as u32)
+}
+
 /// Writes every lane's D fragment to its result slots.
-fn scatter_d(w: &super::team::WarpView<'_>, d: &[[f32; 4]]) {
+fn scatter_d<const N: usize>(w: &super::team::WarpView<'_>, d: &[[f32; N]]) {
     for (l, frag) in d.iter().enumerate().take(w.lanes() as usize) {
         for (i, v) in frag.iter().enumerate() {
             w.write(l as u32, i, v.to_bits() as u64);
@@ -635,15 +643,9 @@ fn amd_mma(ty: Half, ab: [u32; 8], cf: [f32; 4], d: *mut f32, site: i32) {
             &dep,
             |p| c.park(p),
             |w| {
-                let av: Vec<[u16; 4]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| w.read(l, i) as u16))
-                    .collect();
-                let bv: Vec<[u16; 4]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| w.read(l, 4 + i) as u16))
-                    .collect();
-                let cv: Vec<[f32; 4]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| f32::from_bits(w.read(l, 8 + i) as u32)))
-                    .collect();
+                let av: Vec<[u16; 4]> = gather(w, 0, |x| x as u16);
+                let bv: Vec<[u16; 4]> = gather(w, 4, |x| x as u16);
+                let cv: Vec<[f32; 4]> = gather(w, 8, as_f32);
                 scatter_d(w, &mma::amd_16x16x16(ty, &av, &bv, &cv));
             },
         );
@@ -720,20 +722,10 @@ fn amd_mma32(ty: Half, ab: *const u32, cd: *mut f32, site: i32) {
             &dep,
             |p| c.park(p),
             |w| {
-                let av: Vec<[u16; 4]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| w.read(l, i) as u16))
-                    .collect();
-                let bv: Vec<[u16; 4]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| w.read(l, 4 + i) as u16))
-                    .collect();
-                let cv: Vec<[f32; 16]> = (0..64)
-                    .map(|l| std::array::from_fn(|i| f32::from_bits(w.read(l, 8 + i) as u32)))
-                    .collect();
-                for (l, d) in mma::amd_32x32x8(ty, &av, &bv, &cv).iter().enumerate() {
-                    for (i, v) in d.iter().enumerate() {
-                        w.write(l as u32, i, v.to_bits() as u64);
-                    }
-                }
+                let av: Vec<[u16; 4]> = gather(w, 0, |x| x as u16);
+                let bv: Vec<[u16; 4]> = gather(w, 4, |x| x as u16);
+                let cv: Vec<[f32; 16]> = gather(w, 8, as_f32);
+                scatter_d(w, &mma::amd_32x32x8(ty, &av, &bv, &cv));
             },
         );
         for (i, v) in r.iter().take(16).enumerate() {

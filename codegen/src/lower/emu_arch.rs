@@ -363,22 +363,9 @@ impl Arch for Emu {
                 (v, name)
             }
         };
-        // The D fragment comes back through a stack slot allocated in the entry block
-        // (an alloca inside a loop would grow the stack every iteration).
-        let fnv =
-            cx.b.get_insert_block()
-                .and_then(|bb| bb.get_parent())
-                .ok_or_else(|| LowerError::Llvm("mma outside a function".into()))?;
-        let entry = fnv
-            .get_first_basic_block()
-            .ok_or_else(|| LowerError::Llvm("function without entry block".into()))?;
-        let tb = cx.ctx.create_builder();
-        match entry.get_first_instruction() {
-            Some(i) => tb.position_before(&i),
-            None => tb.position_at_end(entry),
-        }
+        // The D fragment comes back through a stack slot.
         let dty = f32t.array_type(4);
-        let d = tb.build_alloca(dty, "mma.d")?;
+        let d = entry_alloca(cx, dty.into(), "mma.d")?;
         let mut params: Vec<BasicMetadataTypeEnum> = vec![i32t.into(); ints.len()];
         params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
         params.push(Emu::ptr_ty(cx).into());

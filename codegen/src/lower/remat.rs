@@ -37,9 +37,11 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         if let Some(r) = self.convert_cheap(t, to) {
             return Ok(r);
         }
-        let mut budget = BUDGET;
-        if let Some(r) = self.remat(v, to, &mut budget)? {
-            return Ok(r);
+        if self.rematerializable(v) {
+            let mut budget = BUDGET;
+            if let Some(r) = self.remat(v, to, &mut budget)? {
+                return Ok(r);
+            }
         }
         self.convert(t, to, span)
     }
@@ -101,7 +103,9 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         let Some(op) = self.defs.get(&v).copied() else {
             return Ok(None);
         };
-        if *budget == 0 || !cheap(self, op) || !self.remat_ok(v, &mut budget.clone()) {
+        // The caller checked the whole tree ([`Self::rematerializable`]), with the same
+        // budget accounting, so this never gives up half way.
+        if *budget == 0 || !cheap(self, op) {
             return Ok(None);
         }
         *budget -= 1;
