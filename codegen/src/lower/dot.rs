@@ -9,19 +9,23 @@
 //! **Matrix path** (f16/bf16 inputs, f32 accumulator, `M`, `N`, `K` multiples of the
 //! instruction shape; `mma.sync` m16n8k16 on sm_80+; on gfx90a/gfx942 MFMA 32x32x8
 //! where the tile is a multiple of 32x32, else 16x16x16, [`Arch::mma_for`](super::arch::Arch::mma_for)):
-//! `a` is stored row-major (16-byte stores of the 8 consecutive `k` a thread loaded)
-//! and `b` transposed (`[N][K]`, so both operands' fragments are runs of consecutive
-//! `k`), each row padded by 8 elements (16 bytes) so that the fragment loads of the 8
-//! row groups hit distinct banks (and every row starts 16-byte aligned). On NVIDIA the
-//! fragments are read with `ldmatrix` (`.x4` per 16x16 A tile, `.x4`/`.x2` per pair
-//! of / single n8 B tile); elsewhere with vector loads of each run. Warps tile `M` first, then
+//! `a` is stored row-major and, on NVIDIA, `b` too; elsewhere `b` is stored
+//! transposed (`[N][K]`, so both operands' fragments are runs of consecutive `k`).
+//! Each array is XOR-swizzled ([`Swizzle`]) for the width of its fragment reads, so
+//! the rows one read touches hit distinct banks without padding, and the staging
+//! stores (16 bytes, or one swizzle unit) stay whole. On NVIDIA the fragments are
+//! read with `ldmatrix` (`.x4` per 16x16 A tile, `.x4`/`.x2` per pair of / single n8
+//! B tile) from 16-byte units; elsewhere with one vector load per run of `k`, from
+//! units of the run's length. Warps tile `M` first, then
 //! `N`; each warp loops over its `reps_m × reps_n` instruction tiles for every
 //! `k`-step. The accumulator layout ([`mma_layout`]) is the instruction's C fragment
 //! repeated over tiles: register bits = fragment bits, then `N` repeats, then `M`
 //! repeats; warp bits = `M` tiles, then `N` tiles (extra warps replicate).
 
 use inkwell::types::BasicTypeEnum;
-use inkwell::values::{BasicValueEnum, FloatValue, IntValue};
+use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue};
+use std::collections::HashMap;
+
 use tessera_ir::ir::Op;
 use tessera_ir::{Elem, ScalarType};
 
@@ -29,7 +33,114 @@ use super::arch::{FragInfo, MmaInfo};
 use super::{LResult, Lowerer, Tile};
 use crate::layout::Layout;
 
-const PAD: u32 = 8;
+/// An XOR-swizzled row-major shared-memory array `[rows][cols]` of one `dot` operand.
+///
+/// A row is cut into units of `vec` consecutive elements (the width one lane reads or
+/// writes at once); unit `u` of row `r` is stored at unit `u ^ phase(r)` with
+/// `phase(r) = (r / per_phase) % max_phase`. The phases are chosen so that the rows an
+/// access touches at the same column (8 rows of 16 bytes for `ldmatrix`, 16 rows of 8
+/// bytes for MFMA fragments: 128 bytes, all 32 banks) land in distinct banks, with no
+/// padding: `per_phase` rows share a 128-byte line, and `max_phase` phases cycle
+/// through the line's units. Units never cross rows, and a unit's elements stay
+/// consecutive, so a store or load of at most `vec` aligned elements stays one access.
+///
+/// A transposed B is written by stores whose lanes step 8 rows apart (each lane holds
+/// 8 consecutive `n`), and the rows of a line all sit at the same phase; for it
+/// [`Self::mixed`] XORs a second, higher slice of the row bits into the unit index
+/// within the 128-byte line, which spreads those stores over all the banks while the
+/// fragment reads stay conflict-free. Every term takes row bits above the bits it
+/// flips, so the map stays a bijection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Swizzle {
+    /// Elements per row.
+    pub cols: u32,
+    /// Elements per unit.
+    pub vec: u32,
+    /// Consecutive rows with the same phase.
+    pub per_phase: u32,
+    /// Number of distinct phases.
+    pub max_phase: u32,
+    /// `(shift, mask)`: the units `(row >> shift) & mask` are XORed in as well (the
+    /// shift is at least the lowest set bit of the mask, see [`Self::mixed`]).
+    pub mix: Option<(u32, u32)>,
+}
+
+impl Swizzle {
+    /// The swizzle of rows of `cols` elements of `elem_bytes` bytes each, accessed
+    /// `vec` elements at a time (all powers of two).
+    pub fn new(cols: u32, elem_bytes: u32, vec: u32) -> Swizzle {
+        let vec = vec.min(cols);
+        let row_bytes = cols * elem_bytes;
+        let units_per_line = (128 / (vec * elem_bytes)).max(1);
+        let per_phase = (128 / row_bytes).max(1);
+        let max_phase = (cols / vec).min(units_per_line / per_phase).max(1);
+        Swizzle {
+            cols,
+            vec,
+            per_phase,
+            max_phase,
+            mix: None,
+        }
+    }
+
+    /// The same, with row bits `row_shift..` XORed into the units of a 128-byte line
+    /// from unit bit `unit_shift` up as well (see the type's docs).
+    pub fn mixed(self, row_shift: u32, unit_shift: u32, elem_bytes: u32) -> Swizzle {
+        let line_units = (128 / (self.vec * elem_bytes)).max(1);
+        let mask = (line_units - 1) & !((1 << unit_shift) - 1);
+        // A term must take row bits above every bit it flips: the unit bits above the
+        // row's own units are the low row bits.
+        let unit_bits = (self.cols / self.vec).trailing_zeros();
+        if row_shift < unit_shift || mask == 0 || row_shift - unit_shift + unit_bits == 0 {
+            return self;
+        }
+        Swizzle {
+            mix: Some((row_shift - unit_shift, mask)),
+            ..self
+        }
+    }
+
+    /// The element offset of `(row, col)`.
+    pub fn offset(&self, row: u32, col: u32) -> u32 {
+        let mut phase = (row / self.per_phase) % self.max_phase;
+        if let Some((shift, mask)) = self.mix {
+            phase ^= (row >> shift) & mask;
+        }
+        (row * self.cols + col) ^ (phase * self.vec)
+    }
+
+    /// [`Self::offset`] in LLVM IR.
+    pub(super) fn emit<'ctx>(
+        &self,
+        cx: &super::Cx<'ctx>,
+        row: IntValue<'ctx>,
+        col: IntValue<'ctx>,
+    ) -> LResult<IntValue<'ctx>> {
+        let b = &cx.b;
+        let c = |x: u32| cx.i32(x as i64);
+        let flat = b.build_int_add(b.build_int_mul(row, c(self.cols), "")?, col, "")?;
+        let term = |shift: u32, mask: u32| -> LResult<IntValue<'ctx>> {
+            let t = b.build_right_shift(row, c(shift), false, "")?;
+            Ok(b.build_and(t, c(mask), "")?)
+        };
+        let mut phase = None;
+        if self.max_phase > 1 {
+            phase = Some(term(self.per_phase.trailing_zeros(), self.max_phase - 1)?);
+        }
+        if let Some((shift, mask)) = self.mix {
+            let t = term(shift, mask)?;
+            phase = Some(match phase {
+                Some(p) => b.build_xor(p, t, "")?,
+                None => t,
+            });
+        }
+        let Some(phase) = phase else {
+            return Ok(flat);
+        };
+        let sw = b.build_left_shift(phase, c(self.vec.trailing_zeros()), "")?;
+        Ok(b.build_xor(flat, sw, "")?)
+    }
+}
 
 struct Plan {
     info: MmaInfo,
@@ -77,42 +188,72 @@ pub(super) fn operand_load_layout(
     vec: u32,
 ) -> Option<Layout> {
     let uses = l.dot_uses(v);
-    let all_bt = !uses.is_empty()
-        && uses
-            .iter()
-            .all(|&(op, i)| i == 1 && plan(l, op).is_some_and(|p| b_transposed(l, &p)));
-    if !all_bt || shape.len() != 2 {
+    // The swizzle unit of each use's transposed B (`None` for another use).
+    let units: Vec<Option<u32>> = uses
+        .iter()
+        .map(|&(op, i)| {
+            let p = plan(l, op).filter(|p| i == 1 && b_transposed(l, p))?;
+            Some(frag_unit(&p.info, &p.info.b, false, shape[0]))
+        })
+        .collect();
+    let unit = (*units.first()?)?;
+    if shape.len() != 2 || units.iter().any(|&u| u != Some(unit)) {
         return None;
     }
+    Some(bt_load_layout(shape, vec, l.ws, l.nw, unit))
+}
+
+/// The elements of one swizzle unit of an operand array read by fragments `f`
+/// without `ldmatrix`: the fragment's shortest run of `k`, twice that with paired
+/// reads.
+fn frag_unit(info: &MmaInfo, f: &FragInfo, ldm: bool, k: u32) -> u32 {
+    let r = f.runs.iter().map(|r| r.2).min().unwrap_or(1);
+    if paired_reads(info, ldm, k) { 2 * r } else { r }
+}
+
+/// The layout of [`operand_load_layout`] for a B operand staged transposed into an
+/// array of `unit`-element swizzle units: `vec` consecutive `n` and (where the threads
+/// still cover the tile) 2 consecutive `k` per thread; then lanes along `n`, one
+/// vector per unit of a 128-byte line, then along `k` up to the 32 lanes of one
+/// 32-bit store group; then the rest of `n`, then of `k`.
+pub(super) fn bt_load_layout(shape: &[u32], vec: u32, ws: u32, nw: u32, unit: u32) -> Layout {
     let (kb, nb) = (shape[0].trailing_zeros(), shape[1].trailing_zeros());
-    let threads = (l.ws * l.nw).trailing_zeros();
+    let threads = (ws * nw).trailing_zeros();
     let vb = vec.trailing_zeros().min(nb);
     // k bits in registers: at most 1 (pairs), and only if the threads still cover
     // the tile with the rest.
     let rk = u32::from(kb >= 1 && vb + 1 + threads <= kb + nb);
     // Flat index bits: n is bits 0..nb, k is bits nb..nb + kb.
+    // Lanes take one n vector per unit of a line (16-bit elements), then k bits up to
+    // 32 lanes, so that the lanes of one 32-bit store can cover the 32 banks of the
+    // transposed array (see `mix_for_stores`), then the rest.
+    let n_lane_bits = (64 / unit.max(1)).trailing_zeros();
+    let n_first = (vb + n_lane_bits).min(nb);
+    let k_next = (nb + rk + 5u32.saturating_sub(n_lane_bits)).min(nb + kb);
     let mut order: Vec<u32> = (0..vb).collect(); // n vector
     order.extend((0..rk).map(|i| nb + i)); // k pairs
-    order.extend(vb..nb); // the rest of n
-    order.extend(nb + rk..nb + kb); // the rest of k
+    order.extend(vb..n_first); // 16 n vectors
+    order.extend(nb + rk..k_next); // one more k
+    order.extend(n_first..nb); // the rest of n
+    order.extend(k_next..nb + kb); // the rest of k
     let bits = |range: std::ops::Range<usize>| -> Vec<u32> {
         range.map(|i| order.get(i).map_or(0, |&b| 1 << b)).collect()
     };
     let (nreg0, nlane, nwarp) = (
         (vb + rk) as usize,
-        l.ws.trailing_zeros() as usize,
-        l.nw.trailing_zeros() as usize,
+        ws.trailing_zeros() as usize,
+        nw.trailing_zeros() as usize,
     );
     let mut reg = bits(0..nreg0);
     let lane = bits(nreg0..nreg0 + nlane);
     let warp = bits(nreg0 + nlane..nreg0 + nlane + nwarp);
     reg.extend(order.iter().skip(nreg0 + nlane + nwarp).map(|&b| 1u32 << b));
-    Some(Layout {
+    Layout {
         shape: shape.to_vec(),
         reg,
         lane,
         warp,
-    })
+    }
 }
 
 /// The accumulator layout of `dot` on the matrix units, if it uses them.
@@ -374,7 +515,7 @@ fn lane_coords<'ctx>(
 }
 
 /// Loads one operand fragment whose first outer index is `outer0` and first k `k0`,
-/// from a `[outer][stride]` array at `base` (in elements).
+/// from the `[outer][k]` array `swz` at `base + first` (in elements).
 #[allow(clippy::too_many_arguments)]
 fn load_frag<'ctx>(
     l: &Lowerer<'_, 'ctx>,
@@ -382,7 +523,7 @@ fn load_frag<'ctx>(
     ety: BasicTypeEnum<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
     first: IntValue<'ctx>,
-    stride: u32,
+    swz: &Swizzle,
     lane_o: IntValue<'ctx>,
     lane_k: IntValue<'ctx>,
     outer0: IntValue<'ctx>,
@@ -394,24 +535,36 @@ fn load_frag<'ctx>(
     let kk = b.build_int_add(lane_k, l.cx.i32(k0 as i64), "")?;
     for &(oo, ko, len) in &f.runs {
         let row = b.build_int_add(o, l.cx.i32(oo as i64), "")?;
-        let off = b.build_int_add(
-            b.build_int_mul(row, l.cx.i32(stride as i64), "")?,
-            b.build_int_add(kk, l.cx.i32(ko as i64), "")?,
-            "",
-        )?;
-        let off = b.build_int_add(off, first, "")?;
-        let p = l.smem_ptr(base, ety, off)?;
-        let vt = ety.into_float_type().vec_type(len);
-        let v = l.smem_load(vt.into(), p)?;
-        unsafe {
-            use inkwell::values::AsValueRef;
-            inkwell::llvm_sys::core::LLVMSetAlignment(v.as_value_ref(), len * 2);
-        }
-        for i in 0..len {
-            out.push(b.build_extract_element(v.into_vector_value(), l.cx.i32(i as i64), "")?);
-        }
+        let col = b.build_int_add(kk, l.cx.i32(ko as i64), "")?;
+        out.extend(load_run(l, ety, base, first, swz, row, col, len)?);
     }
     Ok(out)
+}
+
+/// The `len` consecutive elements at `(row, col)` of the array `swz` at `base + first`
+/// (one vector load; the run lies within one swizzle unit).
+#[allow(clippy::too_many_arguments)]
+fn load_run<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    ety: BasicTypeEnum<'ctx>,
+    base: inkwell::values::PointerValue<'ctx>,
+    first: IntValue<'ctx>,
+    swz: &Swizzle,
+    row: IntValue<'ctx>,
+    col: IntValue<'ctx>,
+    len: u32,
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let b = &l.cx.b;
+    let off = b.build_int_add(swz.emit(&l.cx, row, col)?, first, "")?;
+    let p = l.smem_ptr(base, ety, off)?;
+    let vt = ety.into_float_type().vec_type(len);
+    let v = l.smem_load(vt.into(), p)?;
+    if let Some(i) = v.as_instruction_value() {
+        let _ = i.set_alignment(len * super::type_bytes(Elem::Scalar(ScalarType::F16)));
+    }
+    (0..len)
+        .map(|i| Ok(b.build_extract_element(v.into_vector_value(), l.cx.i32(i as i64), "")?))
+        .collect()
 }
 
 /// The two 16-bit elements of each `i32` an `ldmatrix` returned, low half first.
@@ -445,7 +598,7 @@ fn lane_part<'ctx>(
 }
 
 /// The A fragment of `mma.m16n8k16` for rows `row0..row0 + 16` and `k0..k0 + 16` of
-/// `a[m][stride]` at `base`, with one `ldmatrix.x4`: the four 8x8 matrices are (rows
+/// the `a[m][k]` array `swz` at `base`, with one `ldmatrix.x4`: the four 8x8 matrices are (rows
 /// 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15), which are
 /// the fragment's registers `a0a1`, `a2a3`, `a4a5`, `a6a7` (PTX ISA, "Matrix
 /// Fragments for mma.m16n8k16"); lane `i` gives row `i % 16` at k `8 * (i / 16)`.
@@ -453,14 +606,14 @@ fn ldmatrix_a<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     ety: BasicTypeEnum<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
-    stride: u32,
+    swz: &Swizzle,
     row0: IntValue<'ctx>,
     k0: u32,
 ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let b = &l.cx.b;
     let row = b.build_int_add(row0, lane_part(l, 15, 0, 1)?, "")?;
     let k = b.build_int_add(lane_part(l, 16, 4, 8)?, l.cx.i32(k0 as i64), "")?;
-    let off = b.build_int_add(b.build_int_mul(row, l.cx.i32(stride as i64), "")?, k, "")?;
+    let off = swz.emit(&l.cx, row, k)?;
     let p = l.smem_ptr(base, ety, off)?;
     let site = l.new_site("ldmatrix");
     let regs = l.arch.ldmatrix(&l.cx, p, 4, false, site)?;
@@ -468,7 +621,7 @@ fn ldmatrix_a<'ctx>(
 }
 
 /// B fragments of `mma.m16n8k16` for the n8 tiles starting at columns `cols` (one or
-/// two) and `k0..k0 + 16`, from row-major `b[k][stride]` at `base + first`, with one
+/// two) and `k0..k0 + 16`, from the row-major `b[k][n]` array `swz` at `base + first`, with one
 /// `ldmatrix.trans` (`.x2` per tile): per tile the 8x8 matrices (k 0-7) and (k 8-15)
 /// of its 8 columns, transposed, are the registers `b0b1` (k `2 * (lane % 4)` and `+ 1`
 /// at column `lane / 4`) and `b2b3`; lane `i` gives row k `i % 8 + 8 * ((i / 8) % 2)` of
@@ -479,7 +632,7 @@ fn ldmatrix_b_trans<'ctx>(
     ety: BasicTypeEnum<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
     first: IntValue<'ctx>,
-    stride: u32,
+    swz: &Swizzle,
     cols: &[IntValue<'ctx>],
     k0: u32,
 ) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
@@ -492,14 +645,119 @@ fn ldmatrix_b_trans<'ctx>(
     };
     let kr = b.build_int_add(lane_part(l, 7, 0, 1)?, lane_part(l, 8, 3, 8)?, "")?;
     let kr = b.build_int_add(kr, l.cx.i32(k0 as i64), "")?;
-    let off = b.build_int_add(b.build_int_mul(kr, l.cx.i32(stride as i64), "")?, col0, "")?;
-    let off = b.build_int_add(off, first, "")?;
+    let off = b.build_int_add(swz.emit(&l.cx, kr, col0)?, first, "")?;
     let p = l.smem_ptr(base, ety, off)?;
     let site = l.new_site("ldmatrix");
     let regs = l
         .arch
         .ldmatrix(&l.cx, p, 2 * cols.len() as u32, true, site)?;
     regs.chunks(2).map(|r| unpack_pairs(l, ety, r)).collect()
+}
+
+/// Whether the fragment reads of two consecutive k-steps are one 8-element run per
+/// lane: on the matrix path without `ldmatrix`, when each lane's fragment is one run
+/// of 4 `k` and `K` holds whole pairs of steps. The pair's `2 * info.k` columns are
+/// then dealt out so that a lane's run `2 * lane_k .. + 8` holds its 4 for the first
+/// step and its 4 for the second: the k order inside the pair is permuted, the same
+/// way for A and B (whose lanes map to `k` alike), which leaves the product unchanged
+/// and makes every read 16 bytes.
+pub(super) fn paired_reads(info: &MmaInfo, ldm: bool, k: u32) -> bool {
+    let lane_k = |f: &FragInfo| f.lane.iter().map(|l| l.1).collect::<Vec<_>>();
+    !ldm && info.a.runs == [(0, 0, 4)]
+        && info.b.runs == [(0, 0, 4)]
+        && lane_k(&info.a) == lane_k(&info.b)
+        && k % (2 * info.k) == 0
+}
+
+/// The shared arrays of `dot`'s operands on the matrix path (`a[m][k]`, and `b[k][n]`
+/// when read with `ldmatrix`, else `b[n][k]`), swizzled for the width each fragment
+/// read takes: 16-byte rows of 8x8 matrices for `ldmatrix`, else the fragment's
+/// shortest run of consecutive `k`. `ws` and `nw` give the staging stores' layout
+/// ([`bt_load_layout`] for a transposed B).
+pub(super) fn operand_swizzles(
+    info: &MmaInfo,
+    ldm: bool,
+    (n, k): (u32, u32),
+    elem_bytes: u32,
+    (ws, nw): (u32, u32),
+) -> (Swizzle, Swizzle) {
+    if ldm {
+        let v = 16 / elem_bytes;
+        (
+            Swizzle::new(k, elem_bytes, v),
+            Swizzle::new(n, elem_bytes, v),
+        )
+    } else {
+        let (au, bu) = (
+            frag_unit(info, &info.a, ldm, k),
+            frag_unit(info, &info.b, ldm, k),
+        );
+        let bt = Swizzle::new(k, elem_bytes, bu);
+        (
+            Swizzle::new(k, elem_bytes, au),
+            mix_for_stores(
+                bt,
+                &bt_load_layout(&[k, n], 16 / elem_bytes, ws, nw, bu),
+                elem_bytes,
+                ws,
+            ),
+        )
+    }
+}
+
+/// `swz` (the transposed B, `[n][k]`) mixed so that the stores of `lay` (the `[k][n]`
+/// registers) spread over the banks too: the lanes of one store walk rows `n` 8
+/// apart, which the plain phases map to few units. Tries each row slice and unit
+/// offset of [`Swizzle::mixed`] and keeps the first that minimises (the passes of one
+/// fragment read, then of one staging store: reads are the more frequent); the swizzle is XOR
+/// linear in the row and column bits, so one aligned read group and one store
+/// register stand for all of them.
+fn mix_for_stores(swz: Swizzle, lay: &Layout, elem_bytes: u32, ws: u32) -> Swizzle {
+    let n = lay.shape[1];
+    let unit_bytes = swz.vec * elem_bytes;
+    // A fragment read: rows 0.. (one per lane of a 128-byte group) at unit 0.
+    let read_rows = (128 / unit_bytes).min(n);
+    let read = |z: &Swizzle| {
+        let units = (0..read_rows).map(|r| z.offset(r, 0) / z.vec);
+        max_share(units.map(|u| (u % (128 / unit_bytes), u)))
+    };
+    // A staging store: register 0 of the lanes of one 128-byte group.
+    let pairs = lay.reg.contains(&n);
+    let store_bytes = elem_bytes << u32::from(pairs);
+    let group = (128 / store_bytes).min(ws);
+    let store = |z: &Swizzle| {
+        let words = (0..group).map(|t| {
+            let e = lay.elem_index(0, t, 0);
+            let word = z.offset(e % n, e / n) * elem_bytes / 4;
+            (word % 32, word)
+        });
+        max_share(words)
+    };
+    let line_bits = (128 / unit_bytes).trailing_zeros();
+    let mut best = (swz, (read(&swz), store(&swz)));
+    for row_shift in 1..8 {
+        for unit_shift in 0..line_bits {
+            let z = swz.mixed(row_shift, unit_shift, elem_bytes);
+            let (r, st) = (read(&z), store(&z));
+            let score = (r, st);
+            if score < best.1 {
+                best = (z, score);
+            }
+        }
+    }
+    best.0
+}
+
+/// The largest number of distinct values sharing a key, over `(key, value)` pairs.
+fn max_share(pairs: impl Iterator<Item = (u32, u32)>) -> u32 {
+    let mut by_key: HashMap<u32, Vec<u32>> = HashMap::new();
+    for (k, v) in pairs {
+        let vs = by_key.entry(k).or_default();
+        if !vs.contains(&v) {
+            vs.push(v);
+        }
+    }
+    by_key.values().map(|v| v.len() as u32).max().unwrap_or(1)
 }
 
 fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
@@ -513,38 +771,37 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let c = l.convert(&c, &clay, &op.span)?;
     let info = &p.info;
     // `ldmatrix` reads the NVIDIA m16n8k16 fragments; B is then row-major (16-byte
-    // stores, read with `.trans`). Every row is padded by 8 elements, so row addresses
-    // are 16-byte aligned and the 8 rows of an 8x8 matrix hit distinct bank groups.
+    // stores, read with `.trans`). Elsewhere B is staged transposed (`[n][k]`).
     let ldm = !b_transposed(l, &p);
-    let stride = k + PAD;
-    let a_elems = m * stride;
-    let b_stride = if ldm { n + PAD } else { stride };
-    let b_elems = if ldm { k * b_stride } else { n * stride };
-    let base = l.scratch((a_elems + b_elems) * 2, &op.span);
+    let (a_swz, b_swz) = operand_swizzles(info, ldm, (n, k), 2, (l.ws, l.nw));
+    let a_elems = m * k;
+    let base = l.scratch((a_elems + k * n) * 2, &op.span);
     let ety = l.ty(Elem::Scalar(s));
     let kb = k.trailing_zeros() as i64;
     let nb = n.trailing_zeros() as i64;
-    // a[m][k] at m * stride + k (runs along k stay consecutive, and rows start at
-    // multiples of 8 elements: 16-byte stores); b[k][n] at a_elems + n * stride + k.
-    write_tile(l, &a, base, &row_runs(8.min(k)), |e| {
+    // a[m][k] at a_swz(m, k): runs along k of at most one unit stay consecutive.
+    write_tile(l, &a, base, &row_runs(a_swz.vec), |e| {
         let bd = &l.cx.b;
         let r = bd.build_right_shift(e, l.cx.i32(kb), false, "")?;
         let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
-        Ok(bd.build_int_add(bd.build_int_mul(r, l.cx.i32(stride as i64), "")?, cc, "")?)
+        a_swz.emit(&l.cx, r, cc)
     })?;
-    // b[k][n] at a_elems + k * b_stride + n (ldmatrix: runs along n stay consecutive),
-    // else transposed at a_elems + n * stride + k.
-    // Transposed, a run goes down a column: steps of `n` elements (pairs of k, which
-    // `operand_load_layout` puts in registers).
-    let b_runs = if ldm { row_runs(8.min(n)) } else { vec![n] };
+    // b[k][n] at a_elems + b_swz(k, n) (ldmatrix: runs along n stay consecutive),
+    // else transposed at a_elems + b_swz(n, k): a run goes down a column, steps of `n`
+    // elements (pairs of k, which `operand_load_layout` puts in registers).
+    let b_runs = if ldm {
+        row_runs(b_swz.vec)
+    } else {
+        vec![n; usize::from(b_swz.vec >= 2)]
+    };
     write_tile(l, &b, base, &b_runs, |e| {
         let bd = &l.cx.b;
         let kk = bd.build_right_shift(e, l.cx.i32(nb), false, "")?;
         let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;
         let o = if ldm {
-            bd.build_int_add(bd.build_int_mul(kk, l.cx.i32(b_stride as i64), "")?, nn, "")?
+            b_swz.emit(&l.cx, kk, nn)?
         } else {
-            bd.build_int_add(bd.build_int_mul(nn, l.cx.i32(stride as i64), "")?, kk, "")?
+            b_swz.emit(&l.cx, nn, kk)?
         };
         Ok(bd.build_int_add(o, l.cx.i32(a_elems as i64), "")?)
     })?;
@@ -567,9 +824,18 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let b_first = l.cx.i32(a_elems as i64);
     let fr = 1usize << info.c_reg.len();
     let mut acc: Vec<FloatValue<'ctx>> = c.regs.iter().map(|v| v.into_float_value()).collect();
-    for ks in 0..k / info.k {
+    // With paired reads each lane reads its fragments of two k-steps as one run of 8
+    // (see `paired_reads`): k-steps go two at a time.
+    let span = if paired_reads(info, ldm, k) { 2 } else { 1 };
+    let two = l.cx.i32(2);
+    let (ak2, bk2) = (
+        l.cx.b.build_int_mul(ak, two, "")?,
+        l.cx.b.build_int_mul(bk, two, "")?,
+    );
+    for ks in (0..k / info.k).step_by(span as usize) {
         let k0 = ks * info.k;
-        let mut afr = Vec::new();
+        // afr[step][m tile], bfr[step][n tile].
+        let mut afr = vec![Vec::new(); span as usize];
         for mr in 0..p.reps_m {
             let row0 = l.cx.b.build_int_mul(
                 l.cx.b
@@ -577,13 +843,21 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
                 l.cx.i32(info.m as i64),
                 "",
             )?;
-            afr.push(if ldm {
-                ldmatrix_a(l, ety, base, stride, row0, k0)?
+            if ldm {
+                afr[0].push(ldmatrix_a(l, ety, base, &a_swz, row0, k0)?);
+            } else if span == 2 {
+                let row = l.cx.b.build_int_add(row0, ao, "")?;
+                let col = l.cx.b.build_int_add(ak2, l.cx.i32(k0 as i64), "")?;
+                let v = load_run(l, ety, base, zero, &a_swz, row, col, 8)?;
+                afr[0].push(v[..4].to_vec());
+                afr[1].push(v[4..].to_vec());
             } else {
-                load_frag(l, &info.a, ety, base, zero, stride, ao, ak, row0, k0)?
-            });
+                afr[0].push(load_frag(
+                    l, &info.a, ety, base, zero, &a_swz, ao, ak, row0, k0,
+                )?);
+            }
         }
-        let mut bfr = Vec::new();
+        let mut bfr = vec![Vec::new(); span as usize];
         let col0s = (0..p.reps_n)
             .map(|nr| {
                 Ok(l.cx.b.build_int_mul(
@@ -596,21 +870,31 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             .collect::<LResult<Vec<_>>>()?;
         if ldm {
             for pair in col0s.chunks(2) {
-                bfr.extend(ldmatrix_b_trans(l, ety, base, b_first, b_stride, pair, k0)?);
+                bfr[0].extend(ldmatrix_b_trans(l, ety, base, b_first, &b_swz, pair, k0)?);
             }
         } else {
             for &col0 in &col0s {
-                bfr.push(load_frag(
-                    l, &info.b, ety, base, b_first, stride, bo, bk, col0, k0,
-                )?);
+                if span == 2 {
+                    let row = l.cx.b.build_int_add(col0, bo, "")?;
+                    let col = l.cx.b.build_int_add(bk2, l.cx.i32(k0 as i64), "")?;
+                    let v = load_run(l, ety, base, b_first, &b_swz, row, col, 8)?;
+                    bfr[0].push(v[..4].to_vec());
+                    bfr[1].push(v[4..].to_vec());
+                } else {
+                    bfr[0].push(load_frag(
+                        l, &info.b, ety, base, b_first, &b_swz, bo, bk, col0, k0,
+                    )?);
+                }
             }
         }
-        for (mr, af) in afr.iter().enumerate() {
-            for (nr, bf) in bfr.iter().enumerate() {
-                let at = (mr * p.reps_n as usize + nr) * fr;
-                let site = l.new_site("mma");
-                let d = l.arch.emit_mma(&l.cx, s, af, bf, &acc[at..at + fr], site)?;
-                acc[at..at + fr].copy_from_slice(&d);
+        for (afs, bfs) in afr.iter().zip(&bfr) {
+            for (mr, af) in afs.iter().enumerate() {
+                for (nr, bf) in bfs.iter().enumerate() {
+                    let at = (mr * p.reps_n as usize + nr) * fr;
+                    let site = l.new_site("mma");
+                    let d = l.arch.emit_mma(&l.cx, s, af, bf, &acc[at..at + fr], site)?;
+                    acc[at..at + fr].copy_from_slice(&d);
+                }
             }
         }
     }

@@ -73,6 +73,8 @@
 //! and `barrier_all` (see that module for the memory-model sequences).
 
 pub mod arch;
+#[cfg(test)]
+mod banks;
 mod comm;
 mod dot;
 mod elementwise;
