@@ -666,7 +666,7 @@ pub(super) fn paired_reads(info: &MmaInfo, ldm: bool, k: u32) -> bool {
     !ldm && info.a.runs == [(0, 0, 4)]
         && info.b.runs == [(0, 0, 4)]
         && lane_k(&info.a) == lane_k(&info.b)
-        && k % (2 * info.k) == 0
+        && k.is_multiple_of(2 * info.k)
 }
 
 /// The shared arrays of `dot`'s operands on the matrix path (`a[m][k]`, and `b[k][n]`
