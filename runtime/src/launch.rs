@@ -462,6 +462,21 @@ pub fn launch<K: Kernel>(
                         crate::EmuKind::Amd => tessera_codegen::target::EmuFlavor::Amd,
                     };
                     let opts = tessera_codegen::CompileOptions::default();
+                    // Specialized like a GPU launch with these arguments, so the
+                    // emulator runs the code a GPU would.
+                    let spec: Vec<bool> = args
+                        .iter()
+                        .map(|a| match &a.0 {
+                            Arg::Buffer { storage, .. } | Arg::Symmetric { storage, .. } => {
+                                match storage {
+                                    Storage::Host(raw) => raw.as_mut_ptr() as usize % 16 == 0,
+                                    _ => false,
+                                }
+                            }
+                            Arg::Scalar(s) => scalar_divisible_by_16(s),
+                        })
+                        .collect();
+                    let compiled = compiled.specialized(spec);
                     // Communicating kernels get this rank's hidden arguments; a wait
                     // that fails comes back as `EmuError::Comm` (decoded from the
                     // rank's error record).

@@ -130,30 +130,57 @@ fn check(name: &str, f: &Function, grid: [u32; 3], args: &[Arg], num_warps: u32,
     let reference = make(args);
     interp::run(f, grid, &reference).unwrap_or_else(|e| panic!("{name}: interpreter: {e}"));
     let opts = CompileOptions { num_warps };
+    // As written, and specialized as a GPU launch with these arguments would be
+    // (aligned buffers, integers that are multiples of 16: the 16-byte paths).
+    let spec = f.specialized(&launch_facts(args));
+    let variants: Vec<(&str, &Function)> = if spec == *f {
+        vec![("", f)]
+    } else {
+        vec![("", f), (" (specialized)", &spec)]
+    };
     for flavor in FLAVORS {
-        let got = make(args);
-        emu::launch(f, flavor, &opts, grid, &got)
-            .unwrap_or_else(|e| panic!("{name} on {flavor:?}: {e}"));
-        for (i, a) in args.iter().enumerate() {
-            let (Arg::Out(t, _), KernelArg::Buffer(w), KernelArg::Buffer(g)) =
-                (a, &reference[i], &got[i])
-            else {
-                continue;
-            };
-            let (abs, rel) = tolerance(*t);
-            let (w, g) = (values(w), values(g));
-            for (j, (x, y)) in w.iter().zip(&g).enumerate() {
-                let ok = (x.is_nan() && y.is_nan())
-                    || x == y
-                    || (x - y).abs() <= abs + extra_abs + rel * x.abs();
-                assert!(
-                    ok,
-                    "{name} on {flavor:?} (num_warps {num_warps}): output {} element {j}: emu {y}, interpreter {x}",
-                    f.params[i].name
-                );
+        for &(how, f) in &variants {
+            let got = make(args);
+            emu::launch(f, flavor, &opts, grid, &got)
+                .unwrap_or_else(|e| panic!("{name}{how} on {flavor:?}: {e}"));
+            for (i, a) in args.iter().enumerate() {
+                let (Arg::Out(t, _), KernelArg::Buffer(w), KernelArg::Buffer(g)) =
+                    (a, &reference[i], &got[i])
+                else {
+                    continue;
+                };
+                let (abs, rel) = tolerance(*t);
+                let (w, g) = (values(w), values(g));
+                for (j, (x, y)) in w.iter().zip(&g).enumerate() {
+                    let ok = (x.is_nan() && y.is_nan())
+                        || x == y
+                        || (x - y).abs() <= abs + extra_abs + rel * x.abs();
+                    assert!(
+                        ok,
+                        "{name}{how} on {flavor:?} (num_warps {num_warps}): output {} element {j}: emu {y}, interpreter {x}",
+                        f.params[i].name
+                    );
+                }
             }
         }
     }
+}
+
+/// What the runtime specializes a GPU launch on: buffers (aligned allocations) and
+/// integers that are multiples of 16.
+fn launch_facts(args: &[Arg]) -> Vec<bool> {
+    args.iter()
+        .map(|a| match a {
+            Arg::In(_) | Arg::Out(..) => true,
+            Arg::Sc(s) => match *s {
+                S::I32(v) => v % 16 == 0,
+                S::I64(v) => v % 16 == 0,
+                S::U32(v) => v % 16 == 0,
+                S::U64(v) => v % 16 == 0,
+                _ => false,
+            },
+        })
+        .collect()
 }
 
 fn ir<K: Kernel<Comptime = ()>>() -> Arc<Function> {
