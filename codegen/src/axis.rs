@@ -326,6 +326,7 @@ mod tests {
             ParamAttrs {
                 readonly: false,
                 divisibility: Some(16),
+                within_2gib: false,
             },
         );
         let pid = b

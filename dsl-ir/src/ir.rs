@@ -837,6 +837,32 @@ pub struct ParamAttrs {
     /// For pointers: the address is a multiple of this many bytes; for integers: the
     /// value is a multiple of this. Enables wide memory accesses in codegen.
     pub divisibility: Option<u32>,
+    /// For pointers: the buffer it points to is smaller than 2 GiB, so every element
+    /// the kernel may access through it lies less than 2^31 bytes past it. Lets AMD
+    /// codegen address masked loads with 32-bit buffer offsets (out-of-range reads
+    /// return 0) instead of exec-mask branches; the runtime sets it per launch.
+    pub within_2gib: bool,
+}
+
+/// What a launch knows about one argument: the facts [`Function::specialized`]
+/// records.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct ParamFacts {
+    /// A pointer that is 16-byte aligned, or an integer that is a multiple of 16.
+    pub divisible_by_16: bool,
+    /// A pointer into a buffer smaller than 2 GiB ([`ParamAttrs::within_2gib`]).
+    pub within_2gib: bool,
+}
+
+impl ParamFacts {
+    /// Facts for a launch argument: `divisible_by_16` as given, and for pointers
+    /// whether the buffer is smaller than 2 GiB.
+    pub fn new(divisible_by_16: bool, within_2gib: bool) -> ParamFacts {
+        ParamFacts {
+            divisible_by_16,
+            within_2gib,
+        }
+    }
 }
 
 /// A kernel parameter.
@@ -909,17 +935,21 @@ impl Function {
     }
 
     /// A copy specialized on launch facts, as Triton does: for each parameter whose
-    /// flag in `divisible_by_16` is set, records that the pointer is 16-byte aligned or
-    /// the integer is a multiple of 16 ([`ParamAttrs::divisibility`]), which lets
-    /// codegen prove wide, unmasked-per-vector memory accesses. Flags past the
+    /// `divisible_by_16` is set, records that the pointer is 16-byte aligned or the
+    /// integer is a multiple of 16 ([`ParamAttrs::divisibility`]), which lets codegen
+    /// prove wide, unmasked-per-vector memory accesses; for each pointer whose
+    /// `within_2gib` is set, records [`ParamAttrs::within_2gib`]. Facts past the
     /// parameter list are ignored; float parameters are left alone.
-    pub fn specialized(&self, divisible_by_16: &[bool]) -> Function {
+    pub fn specialized(&self, facts: &[ParamFacts]) -> Function {
         let mut f = self.clone();
-        for (p, &d) in f.params.iter_mut().zip(divisible_by_16) {
+        for (p, fact) in f.params.iter_mut().zip(facts) {
             let ty = &self.values[p.value.index()].ty;
             let eligible = ty.elem.is_ptr() || ty.scalar_type().is_some_and(|s| s.is_int());
-            if d && eligible {
+            if fact.divisible_by_16 && eligible {
                 p.attrs.divisibility = Some(16);
+            }
+            if fact.within_2gib && ty.elem.is_ptr() {
+                p.attrs.within_2gib = true;
             }
         }
         f

@@ -26,5 +26,5 @@ pub mod types;
 pub mod verify;
 
 pub use builder::{BuildError, FunctionBuilder};
-pub use ir::{Function, Op, OpKind, Region, Span, ValueId};
+pub use ir::{Function, Op, OpKind, ParamFacts, Region, Span, ValueId};
 pub use types::{AddrSpace, Elem, ScalarType, Type};

@@ -538,6 +538,7 @@ impl Parser<'_> {
                 let start = self.pos;
                 match self.word("a parameter attribute")?.as_str() {
                     "readonly" => attrs.readonly = true,
+                    "within_2gib" => attrs.within_2gib = true,
                     "div" => {
                         self.expect(b'=')?;
                         attrs.divisibility = Some(self.small_int::<u32>("divisibility")?);
@@ -546,7 +547,7 @@ impl Parser<'_> {
                         return Err(self.err_at(
                             start,
                             format!(
-                                "unknown parameter attribute `{w}` (expected `readonly` or `div=N`)"
+                                "unknown parameter attribute `{w}` (expected `readonly`, `div=N` or `within_2gib`)"
                             ),
                         ));
                     }
@@ -967,6 +968,7 @@ mod tests {
             ParamAttrs {
                 readonly: true,
                 divisibility: Some(16),
+                within_2gib: true,
             },
         );
         let out = b.param("out", Type::global_ptr(F32), ParamAttrs::default());
@@ -976,6 +978,7 @@ mod tests {
             ParamAttrs {
                 readonly: false,
                 divisibility: Some(4),
+                within_2gib: false,
             },
         );
         let n = b.param("n", i32t(), ParamAttrs::default());

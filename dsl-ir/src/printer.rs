@@ -193,6 +193,9 @@ impl Printer<'_> {
             if let Some(d) = p.attrs.divisibility {
                 attrs.push(format!("div={d}"));
             }
+            if p.attrs.within_2gib {
+                attrs.push("within_2gib".to_string());
+            }
             if !attrs.is_empty() {
                 let _ = write!(self.out, " {{{}}}", attrs.join(", "));
             }
@@ -442,6 +445,7 @@ mod tests {
         let mut b = FunctionBuilder::new("add", Span::new(file, 10, 1));
         let ro = ParamAttrs {
             readonly: true,
+            within_2gib: false,
             divisibility: Some(16),
         };
         let x = b.param("x", Type::global_ptr(F32), ro);

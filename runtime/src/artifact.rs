@@ -19,6 +19,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use tessera_ir::Function;
+use tessera_ir::ParamFacts;
 
 use sha2::{Digest, Sha256};
 
@@ -69,12 +70,24 @@ pub enum Specialization {
 }
 
 impl Specialization {
-    /// Applies it to IR.
+    /// Applies it to IR. A flagged pointer is also taken to address a buffer smaller
+    /// than 2 GiB ([`tessera_ir::ir::ParamAttrs::within_2gib`]), as runtime launches
+    /// with such buffers specialize: a launch with a larger buffer asks for the
+    /// specialization without that fact.
     pub fn apply(&self, func: &Function) -> Function {
+        let facts = |flags: &[bool]| -> Vec<ParamFacts> {
+            flags
+                .iter()
+                .zip(&func.params)
+                .map(|(&f, p)| ParamFacts::new(f, f && func.ty(p.value).elem.is_ptr()))
+                .collect()
+        };
         match self {
             Specialization::None => func.clone(),
-            Specialization::AllDivisible => func.specialized(&vec![true; func.params.len()]),
-            Specialization::Divisible(flags) => func.specialized(flags),
+            Specialization::AllDivisible => {
+                func.specialized(&facts(&vec![true; func.params.len()]))
+            }
+            Specialization::Divisible(flags) => func.specialized(&facts(flags)),
         }
     }
 

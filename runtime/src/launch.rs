@@ -10,7 +10,7 @@ use tessera_ir::dsl::DType;
 use tessera_ir::interp::{self, KernelArg};
 use tessera_ir::ir::ConstValue;
 use tessera_ir::types::ScalarType;
-use tessera_ir::{BuildError, Function};
+use tessera_ir::{BuildError, Function, ParamFacts};
 
 #[cfg(not(feature = "jit"))]
 use crate::artifact::ArtifactStore;
@@ -81,6 +81,8 @@ enum Arg<'a> {
     Buffer {
         /// Its storage.
         storage: &'a Storage,
+        /// Its size in bytes.
+        bytes: usize,
         /// The device it lives on.
         device: &'a Device,
     },
@@ -88,6 +90,8 @@ enum Arg<'a> {
     Symmetric {
         /// This rank's copy.
         storage: &'a Storage,
+        /// Its size in bytes.
+        bytes: usize,
         /// The device it lives on.
         device: &'a Device,
         /// Every rank's copy (host worlds).
@@ -104,6 +108,7 @@ impl<'a> LaunchArg<'a> {
     pub fn buffer<T: Element>(b: &'a Buffer<T>) -> LaunchArg<'a> {
         LaunchArg(Arg::Buffer {
             storage: &b.storage,
+            bytes: b.len() * T::TY.size_bytes(),
             device: b.device(),
         })
     }
@@ -113,6 +118,7 @@ impl<'a> LaunchArg<'a> {
         let b: &'a Buffer<T> = b;
         LaunchArg(Arg::Buffer {
             storage: &b.storage,
+            bytes: b.len() * T::TY.size_bytes(),
             device: b.device(),
         })
     }
@@ -121,6 +127,7 @@ impl<'a> LaunchArg<'a> {
     pub fn symmetric<T: Element>(b: &'a SymBuffer<T>) -> LaunchArg<'a> {
         LaunchArg(Arg::Symmetric {
             storage: &b.local().storage,
+            bytes: b.local().len() * T::TY.size_bytes(),
             device: b.device(),
             copies: &b.copies,
             world: b.world_shared(),
@@ -198,7 +205,7 @@ struct Compiled {
     ir_text: String,
     /// GPU specializations of this IR on launch facts (which parameters are
     /// divisible by 16), built on first use.
-    specs: Mutex<HashMap<Vec<bool>, Arc<Compiled>>>,
+    specs: Mutex<HashMap<Vec<ParamFacts>, Arc<Compiled>>>,
 }
 
 impl Compiled {
@@ -210,14 +217,14 @@ impl Compiled {
         }
     }
 
-    /// This kernel specialized like Triton does: parameters whose flag is set are
-    /// known to be 16-byte aligned pointers or multiples of 16, which codegen turns
-    /// into 128-bit accesses. Each specialization has its own IR text, so its own
-    /// artifact key.
-    fn specialized(&self, divisible_by_16: Vec<bool>) -> Arc<Compiled> {
+    /// This kernel specialized like Triton does: parameters known to be 16-byte
+    /// aligned pointers or multiples of 16, which codegen turns into 128-bit accesses,
+    /// and pointers into buffers smaller than 2 GiB (32-bit buffer offsets on AMD).
+    /// Each specialization has its own IR text, so its own artifact key.
+    fn specialized(&self, facts: Vec<ParamFacts>) -> Arc<Compiled> {
         let mut specs = self.specs.lock().unwrap_or_else(|e| e.into_inner());
         specs
-            .entry(divisible_by_16)
+            .entry(facts)
             .or_insert_with_key(|spec| Arc::new(Compiled::new(self.func.specialized(spec))))
             .clone()
     }
@@ -239,20 +246,32 @@ fn scalar_divisible_by_16(s: &interp::Scalar) -> bool {
     }
 }
 
+/// Buffers smaller than this get [`ParamFacts::within_2gib`].
+const TWO_GIB: usize = 1 << 31;
+
+/// A launch's facts about a buffer at `addr` of `bytes` bytes.
+fn buffer_facts(addr: u64, bytes: usize) -> ParamFacts {
+    ParamFacts::new(addr.is_multiple_of(16), bytes < TWO_GIB)
+}
+
 /// A GPU launch's arguments (buffers by device address, via `address`, which
 /// answers `None` for storage of another kind) and its specialization: which
-/// arguments are divisible by 16 (aligned addresses, integer multiples of 16).
+/// arguments are divisible by 16 (aligned addresses, integer multiples of 16), and
+/// which buffers are smaller than 2 GiB.
 fn gpu_args(
     args: &[LaunchArg<'_>],
     address: impl Fn(&Storage) -> Option<u64>,
-) -> Result<(Vec<GpuArg>, Vec<bool>), String> {
+) -> Result<(Vec<GpuArg>, Vec<ParamFacts>), String> {
     args.iter()
         .map(|a| match &a.0 {
-            Arg::Buffer { storage, .. } | Arg::Symmetric { storage, .. } => {
+            Arg::Buffer { storage, bytes, .. } | Arg::Symmetric { storage, bytes, .. } => {
                 let addr = address(storage).ok_or("buffer storage mismatch")?;
-                Ok((GpuArg::U64(addr), addr % 16 == 0))
+                Ok((GpuArg::U64(addr), buffer_facts(addr, *bytes)))
             }
-            Arg::Scalar(s) => Ok((gpu_scalar(*s), scalar_divisible_by_16(s))),
+            Arg::Scalar(s) => Ok((
+                gpu_scalar(*s),
+                ParamFacts::new(scalar_divisible_by_16(s), false),
+            )),
         })
         .collect::<Result<Vec<_>, &str>>()
         .map(|v| v.into_iter().unzip())
@@ -464,16 +483,15 @@ pub fn launch<K: Kernel>(
                     let opts = tessera_codegen::CompileOptions::default();
                     // Specialized like a GPU launch with these arguments, so the
                     // emulator runs the code a GPU would.
-                    let spec: Vec<bool> = args
+                    let spec: Vec<ParamFacts> = args
                         .iter()
                         .map(|a| match &a.0 {
-                            Arg::Buffer { storage, .. } | Arg::Symmetric { storage, .. } => {
-                                match storage {
-                                    Storage::Host(raw) => raw.as_mut_ptr() as usize % 16 == 0,
-                                    _ => false,
-                                }
-                            }
-                            Arg::Scalar(s) => scalar_divisible_by_16(s),
+                            Arg::Buffer { storage, bytes, .. }
+                            | Arg::Symmetric { storage, bytes, .. } => match storage {
+                                Storage::Host(raw) => buffer_facts(raw.as_mut_ptr() as u64, *bytes),
+                                _ => ParamFacts::default(),
+                            },
+                            Arg::Scalar(s) => ParamFacts::new(scalar_divisible_by_16(s), false),
                         })
                         .collect();
                     let compiled = compiled.specialized(spec);

@@ -487,3 +487,35 @@ fn every_hsaco_is_code_object_v5() {
         Some(6)
     );
 }
+
+/// Specialized as a launch with buffers smaller than 2 GiB (and sizes that are
+/// multiples of 16), the gfx942 matmul reads its masked operand tiles with raw
+/// buffer loads: no `global_load` left, and no exec-mask branch around any load
+/// (the masked stores after the loop still branch).
+#[test]
+fn gfx942_masked_loads_are_buffer_loads() {
+    use tessera::ir::ParamFacts;
+    let func = kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds");
+    let opts = CompileOptions { num_warps: 4 };
+    let disasm = |within_2gib: bool| {
+        let facts = vec![ParamFacts::new(true, within_2gib); func.params.len()];
+        let art = compile_ir(&func.specialized(&facts), GFX942, &opts).expect("compiles");
+        tools::amdgpu_disasm(&art.binary, AmdArch::Gfx942).expect("llvm-objdump")
+    };
+    let count = |dis: &str, op: &str| {
+        dis.lines()
+            .filter(|l| l.trim_start().starts_with(op))
+            .count()
+    };
+    let (buf, plain) = (disasm(true), disasm(false));
+    assert_eq!(count(&buf, "buffer_load_dwordx4"), 4, "{buf}");
+    assert_eq!(count(&buf, "global_load"), 0, "{buf}");
+    assert_eq!(count(&plain, "buffer_load"), 0, "{plain}");
+    assert_eq!(count(&plain, "global_load_dwordx4"), 4, "{plain}");
+    // The plain build branches around each of its 4 loads; the buffer build does not.
+    assert_eq!(
+        count(&plain, "s_cbranch_execz"),
+        count(&buf, "s_cbranch_execz") + 4,
+        "{buf}\n{plain}"
+    );
+}

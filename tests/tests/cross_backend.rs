@@ -42,9 +42,9 @@ use rand::{Rng, SeedableRng};
 use tessera::codegen::CompileOptions;
 use tessera::codegen::emu::{self, EmuError};
 use tessera::codegen::target::EmuFlavor;
-use tessera::ir::Function;
 use tessera::ir::ScalarType;
 use tessera::ir::interp::{self, Element, HostBuffer, KernelArg, Scalar as S};
+use tessera::ir::{Function, ParamFacts};
 use tessera::prelude::*;
 use tessera_tests::line_of;
 
@@ -166,19 +166,22 @@ fn check(name: &str, f: &Function, grid: [u32; 3], args: &[Arg], num_warps: u32,
     }
 }
 
-/// What the runtime specializes a GPU launch on: buffers (aligned allocations) and
-/// integers that are multiples of 16.
-fn launch_facts(args: &[Arg]) -> Vec<bool> {
+/// What the runtime specializes a GPU launch on: buffers (aligned allocations,
+/// smaller than 2 GiB) and integers that are multiples of 16.
+fn launch_facts(args: &[Arg]) -> Vec<ParamFacts> {
     args.iter()
         .map(|a| match a {
-            Arg::In(_) | Arg::Out(..) => true,
-            Arg::Sc(s) => match *s {
-                S::I32(v) => v % 16 == 0,
-                S::I64(v) => v % 16 == 0,
-                S::U32(v) => v % 16 == 0,
-                S::U64(v) => v % 16 == 0,
-                _ => false,
-            },
+            Arg::In(_) | Arg::Out(..) => ParamFacts::new(true, true),
+            Arg::Sc(s) => {
+                let d = match *s {
+                    S::I32(v) => v % 16 == 0,
+                    S::I64(v) => v % 16 == 0,
+                    S::U32(v) => v % 16 == 0,
+                    S::U64(v) => v % 16 == 0,
+                    _ => false,
+                };
+                ParamFacts::new(d, false)
+            }
         })
         .collect()
 }

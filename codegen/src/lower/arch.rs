@@ -272,6 +272,28 @@ pub trait Arch {
     fn has_ldmatrix(&self) -> bool {
         false
     }
+    /// Whether [`Arch::buffer_load`] is available (AMD CDNA).
+    fn has_buffer_load(&self) -> bool {
+        false
+    }
+    /// A raw buffer load (AMD CDNA3 ISA, `BUFFER_LOAD_DWORD*` through a buffer
+    /// resource of stride 0 and `num_records` bytes at global pointer `base`, offset
+    /// enabled): the `ty` value (1, 2, 4, 8 or 16 bytes) at byte offset `offset` (an
+    /// unsigned `i32`), or zero when the access is out of range (`offset + size >
+    /// num_records`). Callers keep every access wholly in or wholly out of range.
+    fn buffer_load<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _base: PointerValue<'ctx>,
+        _num_records: u32,
+        _offset: IntValue<'ctx>,
+        _ty: BasicTypeEnum<'ctx>,
+        _site: u32,
+    ) -> LResult<BasicValueEnum<'ctx>> {
+        Err(LowerError::Llvm(
+            "buffer load on a target without it".into(),
+        ))
+    }
     /// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16` (PTX ISA, "Warp-level
     /// matrix load instruction: ldmatrix"): lane `8 * i + j` gives the address `p` of
     /// row `j` of matrix `i` (`i < num`; 8 16-bit elements, 16-byte aligned); returns,
@@ -654,7 +676,60 @@ impl Arch for Nvptx {
     }
 }
 
+/// The integer type a raw buffer load of `bytes` bytes returns (`i8`, `i16`, `i32`,
+/// `<2 x i32>`, `<4 x i32>`), bit-cast to what the caller asked for.
+fn buffer_word_type<'ctx>(cx: &Cx<'ctx>, bytes: u32) -> LResult<BasicTypeEnum<'ctx>> {
+    let i32t = cx.ctx.i32_type();
+    Ok(match bytes {
+        1 => cx.ctx.i8_type().into(),
+        2 => cx.ctx.i16_type().into(),
+        4 => i32t.into(),
+        8 => i32t.vec_type(2).into(),
+        16 => i32t.vec_type(4).into(),
+        b => return Err(LowerError::Llvm(format!("buffer load of {b} bytes"))),
+    })
+}
+
 impl Arch for Amdgpu {
+    fn has_buffer_load(&self) -> bool {
+        matches!(self.arch, AmdArch::Gfx90a | AmdArch::Gfx942)
+    }
+
+    fn buffer_load<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        base: PointerValue<'ctx>,
+        num_records: u32,
+        offset: IntValue<'ctx>,
+        ty: BasicTypeEnum<'ctx>,
+        _site: u32,
+    ) -> LResult<BasicValueEnum<'ctx>> {
+        let p8 = cx.ctx.ptr_type(AddressSpace::from(8u16));
+        let bytes = super::type_size(ty);
+        let word = buffer_word_type(cx, bytes)?;
+        // Stride 0, `num_records` bytes; dword 3 as the GFX9 family wants it
+        // (DST_SEL_XYZW, 32-bit data format).
+        let rsrc = cx.call_intrinsic(
+            "llvm.amdgcn.make.buffer.rsrc",
+            &[p8.into(), base.get_type().into()],
+            &[
+                base.into(),
+                cx.ctx.i16_type().const_zero().into(),
+                cx.ctx
+                    .i64_type()
+                    .const_int(num_records as u64, false)
+                    .into(),
+                cx.i32(0x27000).into(),
+            ],
+        )?;
+        let v = cx.call_intrinsic(
+            "llvm.amdgcn.raw.ptr.buffer.load",
+            &[word],
+            &[rsrc, offset.into(), cx.i32(0).into(), cx.i32(0).into()],
+        )?;
+        Ok(cx.b.build_bit_cast(v, ty, "")?)
+    }
+
     fn target(&self) -> Target {
         Target::Amdgpu(self.arch)
     }

@@ -32,9 +32,10 @@
 
 use inkwell::AddressSpace;
 use inkwell::module::Linkage;
-use inkwell::types::{BasicMetadataTypeEnum, FunctionType};
+use inkwell::types::{BasicMetadataTypeEnum, BasicTypeEnum, FunctionType};
 use inkwell::values::{
-    BasicMetadataValueEnum, BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue,
+    BasicMetadataValueEnum, BasicValue, BasicValueEnum, FloatValue, FunctionValue, IntValue,
+    PointerValue,
 };
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
@@ -280,6 +281,60 @@ impl Arch for Emu {
 
     fn has_ldmatrix(&self) -> bool {
         self.flavor == EmuFlavor::Nv
+    }
+
+    fn has_buffer_load(&self) -> bool {
+        self.flavor == EmuFlavor::Amd
+    }
+
+    /// The ISA's range rule, checked here: in range when `offset + size <=
+    /// num_records` (as unsigned 64-bit), then an ordinary checked load at
+    /// `base + offset`; else zero, without touching memory.
+    fn buffer_load<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        base: PointerValue<'ctx>,
+        num_records: u32,
+        offset: IntValue<'ctx>,
+        ty: BasicTypeEnum<'ctx>,
+        site: u32,
+    ) -> LResult<BasicValueEnum<'ctx>> {
+        let b = &cx.b;
+        let i64t = cx.ctx.i64_type();
+        let bytes = super::type_size(ty);
+        let off = b.build_int_z_extend(offset, i64t, "")?;
+        let end = b.build_int_add(off, i64t.const_int(bytes as u64, false), "")?;
+        let in_range = b.build_int_compare(
+            inkwell::IntPredicate::ULE,
+            end,
+            i64t.const_int(num_records as u64, false),
+            "",
+        )?;
+        let f = b
+            .get_insert_block()
+            .and_then(|bb| bb.get_parent())
+            .ok_or_else(|| LowerError::Llvm("builder outside a function".into()))?;
+        let (load_bb, join) = (
+            cx.ctx.append_basic_block(f, "buffer.in_range"),
+            cx.ctx.append_basic_block(f, "buffer.join"),
+        );
+        let from = b.get_insert_block().expect("a block");
+        b.build_conditional_branch(in_range, load_bb, join)?;
+        b.position_at_end(load_bb);
+        // SAFETY: an in-bounds GEP over bytes of the buffer `base` points into; the
+        // checked access below validates the address before it is dereferenced.
+        let p = unsafe { b.build_gep(cx.ctx.i8_type(), base, &[off], "")? };
+        let p = self.check_global(cx, p, bytes, site)?;
+        let v = b.build_load(ty, p, "")?;
+        if let Some(i) = v.as_instruction_value() {
+            let _ = i.set_alignment(bytes.min(16));
+        }
+        let load_end = b.get_insert_block().expect("a block");
+        b.build_unconditional_branch(join)?;
+        b.position_at_end(join);
+        let phi = b.build_phi(ty, "")?;
+        phi.add_incoming(&[(&ty.const_zero(), from), (&v, load_end)]);
+        Ok(phi.as_basic_value())
     }
 
     fn ldmatrix<'ctx>(

@@ -15,7 +15,7 @@ use inkwell::basic_block::BasicBlock;
 use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValue, BasicValueEnum, IntValue, PointerValue};
 use tessera_ir::ir::{AtomicOp, MemOrder, Op, OpKind};
-use tessera_ir::{Elem, ScalarType};
+use tessera_ir::{AddrSpace, Elem, ScalarType};
 
 use super::{LResult, LowerError, Lowerer, Tile, is_dup_reg};
 
@@ -251,10 +251,61 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     }
     let n = if all_uniform { 1 } else { lay.num_regs() };
     let mut regs: Vec<BasicValueEnum<'ctx>> = Vec::with_capacity(n);
+    // On AMD, masked loads through a pointer into a buffer smaller than 2 GiB read
+    // through a buffer resource: a masked-off access gets an out-of-range offset and
+    // reads zero, with no exec-mask branch.
+    let buffer = if has_mask && !all_uniform && space == AddrSpace::Global {
+        buffer_base(l, op.operands[0])?
+    } else {
+        None
+    };
     let mut r = 0;
     while r < n {
         let m = mask.as_ref().map(|m| m.regs[r].into_int_value());
         let p = ptrs.regs[r].into_pointer_value();
+        if let (Some(base), Some(m)) = (buffer, m) {
+            let len = if vec > 1 && r + vec as usize <= n {
+                vec
+            } else {
+                1
+            };
+            let vt: BasicTypeEnum = match (len, mem_ty) {
+                (1, t) => t,
+                (_, BasicTypeEnum::FloatType(f)) => f.vec_type(len).into(),
+                (_, BasicTypeEnum::IntType(i)) => i.vec_type(len).into(),
+                _ => unreachable!("scalar memory type"),
+            };
+            let v = buffer_load(l, base, p, m, vt)?;
+            let v = match &other {
+                Some(o) if !(o.uniform && is_zero_const(o.regs[0])) => {
+                    let mut fb: BasicValueEnum = vt.const_zero();
+                    for i in 0..len as usize {
+                        let x = l.store_to_mem(elem, o.regs[r + i])?;
+                        fb = match fb {
+                            BasicValueEnum::VectorValue(fv) => {
+                                l.cx.b
+                                    .build_insert_element(fv, x, l.cx.i32(i as i64), "")?
+                                    .into()
+                            }
+                            _ => x,
+                        };
+                    }
+                    l.cx.b.build_select(m, v, fb, "")?
+                }
+                _ => v,
+            };
+            match v {
+                BasicValueEnum::VectorValue(vv) => {
+                    for i in 0..len as usize {
+                        let e = l.cx.b.build_extract_element(vv, l.cx.i32(i as i64), "")?;
+                        regs.push(l.reg_from_mem(elem, e)?);
+                    }
+                }
+                v => regs.push(l.reg_from_mem(elem, v)?),
+            }
+            r += len as usize;
+            continue;
+        }
         if vec > 1 && r + vec as usize <= n {
             let vt: BasicTypeEnum = match mem_ty {
                 BasicTypeEnum::FloatType(f) => f.vec_type(vec).into(),
@@ -318,6 +369,74 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         regs,
         uniform: false,
     })
+}
+
+/// Bytes of a raw buffer resource for a pointer into a buffer smaller than 2 GiB:
+/// every in-bounds access ends at or before `2^31 - 1`.
+const BUFFER_RECORDS: u32 = 0x7fff_ffff;
+/// The offset masked-off accesses take: past [`BUFFER_RECORDS`], so they read zero.
+const BUFFER_OUT_OF_RANGE: u32 = 0x8000_0000;
+
+/// The base pointer of the buffer resource loads through `ptrs` may use: the
+/// parameter the pointers are offsets of, when the target has buffer loads and the
+/// launch knows that buffer is smaller than 2 GiB ([`ParamAttrs::within_2gib`]).
+///
+/// [`ParamAttrs::within_2gib`]: tessera_ir::ir::ParamAttrs::within_2gib
+fn buffer_base<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    ptrs: tessera_ir::ValueId,
+) -> LResult<Option<PointerValue<'ctx>>> {
+    if !l.arch.has_buffer_load() {
+        return Ok(None);
+    }
+    let Some(base) = l.pointer_base(ptrs) else {
+        return Ok(None);
+    };
+    if !l
+        .f
+        .params
+        .iter()
+        .any(|p| p.value == base && p.attrs.within_2gib)
+    {
+        return Ok(None);
+    }
+    Ok(Some(l.val(base)?.regs[0].into_pointer_value()))
+}
+
+/// A `ty` load at `p` (a pointer into the buffer at `base`) through a buffer
+/// resource, or zero where `m` is false.
+fn buffer_load<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    base: PointerValue<'ctx>,
+    p: PointerValue<'ctx>,
+    m: IntValue<'ctx>,
+    ty: BasicTypeEnum<'ctx>,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let b = &l.cx.b;
+    let i64t = l.cx.ctx.i64_type();
+    let off = b.build_int_sub(
+        b.build_ptr_to_int(p, i64t, "")?,
+        b.build_ptr_to_int(base, i64t, "")?,
+        "",
+    )?;
+    let off = b.build_int_truncate(off, l.cx.ctx.i32_type(), "")?;
+    let oob =
+        l.cx.ctx
+            .i32_type()
+            .const_int(BUFFER_OUT_OF_RANGE as u64, false);
+    let off = b.build_select(m, off, oob, "")?.into_int_value();
+    let site = l.new_site("load");
+    l.arch
+        .buffer_load(&l.cx, base, BUFFER_RECORDS, off, ty, site)
+}
+
+/// Whether `v` is a zero constant.
+fn is_zero_const(v: BasicValueEnum<'_>) -> bool {
+    match v {
+        BasicValueEnum::IntValue(i) => i.get_zero_extended_constant() == Some(0),
+        BasicValueEnum::FloatValue(f) => f.get_constant().is_some_and(|(x, _)| x.to_bits() == 0),
+        _ => false,
+    }
 }
 
 pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<()> {
@@ -627,7 +746,7 @@ impl Lowerer<'_, '_> {
 
     /// The parameter or region argument a pointer value is an offset of (following
     /// `addptr`, splats and shape ops), if it can be told.
-    fn pointer_base(&self, mut v: tessera_ir::ValueId) -> Option<tessera_ir::ValueId> {
+    pub(super) fn pointer_base(&self, mut v: tessera_ir::ValueId) -> Option<tessera_ir::ValueId> {
         for _ in 0..256 {
             let Some(op) = self.defs.get(&v) else {
                 return Some(v);

@@ -234,6 +234,7 @@ impl KernelParams {
                 ParamAttrs {
                     readonly,
                     divisibility: None,
+                    within_2gib: false,
                 },
             )
         });
