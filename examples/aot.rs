@@ -47,8 +47,8 @@ use tessera::aot::{
 use tessera::prelude::*;
 
 const USAGE: &str = "usage: aot --target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
-                     --out <dir> [--num-warps <1|2|4|8|16>] [--specialize <all|none>] \
-                     [--store <dir>]";
+                     --out <dir> [--num-warps <1|2|4|8|16>] [--num-stages <1..8>] \
+                     [--specialize <all|none>] [--store <dir>]";
 
 struct Args {
     targets: Vec<Target>,
@@ -85,6 +85,15 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                     .ok()
                     .filter(|n: &u32| n.is_power_of_two() && *n <= 16)
                     .ok_or_else(|| format!("--num-warps: `{v}` is not 1, 2, 4, 8 or 16"))?;
+            }
+            "--num-stages" => {
+                let v = value()?;
+                opts.num_stages = Some(
+                    v.parse()
+                        .ok()
+                        .filter(|n: &u32| (1..=8).contains(n))
+                        .ok_or_else(|| format!("--num-stages: `{v}` is not 1 to 8"))?,
+                );
             }
             "--specialize" => {
                 spec = match value()?.as_str() {
@@ -171,6 +180,7 @@ fn run(args: &Args) -> Result<(), String> {
         for (name, warps, compile, store) in JOBS {
             let opts = CompileOptions {
                 num_warps: warps.unwrap_or(args.opts.num_warps),
+                num_stages: args.opts.num_stages,
             };
             let t = Instant::now();
             let art = match compile(&args.spec, target, &opts) {

@@ -21,6 +21,7 @@ pub mod emit;
 pub mod emu;
 pub mod layout;
 pub mod lower;
+pub mod pipeline;
 pub mod target;
 pub mod tools;
 
@@ -34,11 +35,28 @@ pub struct CompileOptions {
     /// Warps (wavefronts) per program instance; the block has
     /// `num_warps * warp_size` threads. A power of two from 1 to 16.
     pub num_warps: u32,
+    /// Loop iterations whose `dot` operand tiles are in flight at once
+    /// ([`pipeline`]): 1 turns pipelining off, `None` takes the target's default
+    /// ([`lower::arch::Arch::default_num_stages`]). At most 8.
+    pub num_stages: Option<u32>,
 }
 
 impl Default for CompileOptions {
     fn default() -> Self {
-        CompileOptions { num_warps: 4 }
+        CompileOptions {
+            num_warps: 4,
+            num_stages: None,
+        }
+    }
+}
+
+impl CompileOptions {
+    /// `num_warps` warps, the target's default stages.
+    pub fn warps(num_warps: u32) -> CompileOptions {
+        CompileOptions {
+            num_warps,
+            ..CompileOptions::default()
+        }
     }
 }
 

@@ -898,13 +898,13 @@ fn eight_warps_and_one_warp() {
     let f = snapshot("softmax_f32");
     for nw in [1, 8] {
         for t in ALL_TARGETS {
-            compile_ext(&f, t, &CompileOptions { num_warps: nw }, nw == 1);
+            compile_ext(&f, t, &CompileOptions::warps(nw), nw == 1);
         }
     }
     let f = snapshot("matmul_f16");
     for nw in [1, 2, 8] {
         for t in ALL_TARGETS {
-            compile_ext(&f, t, &CompileOptions { num_warps: nw }, nw == 1);
+            compile_ext(&f, t, &CompileOptions::warps(nw), nw == 1);
         }
     }
 }

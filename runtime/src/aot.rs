@@ -110,6 +110,7 @@ pub fn precompile<K: Kernel>(
         &target.to_string(),
         &KernelOptions {
             num_warps: opts.num_warps,
+            num_stages: opts.num_stages,
         },
     );
     store.put(&func.name, &key, &kernel_binary(&art))

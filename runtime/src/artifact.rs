@@ -39,18 +39,27 @@ const MAGIC: &[u8; 8] = b"TSRKBIN1";
 pub struct KernelOptions {
     /// Warps (wavefronts) per program instance: a power of two from 1 to 16.
     pub num_warps: u32,
+    /// Loop iterations whose `dot` operand tiles are in flight at once (1 to 8;
+    /// `None`: the target's default, 3 on NVIDIA and 2 on AMD).
+    pub num_stages: Option<u32>,
 }
 
 impl Default for KernelOptions {
     fn default() -> Self {
-        KernelOptions { num_warps: 4 }
+        KernelOptions {
+            num_warps: 4,
+            num_stages: None,
+        }
     }
 }
 
 impl KernelOptions {
     /// The stable text that goes into the key.
     pub fn describe(&self) -> String {
-        format!("num_warps={}", self.num_warps)
+        match self.num_stages {
+            Some(s) => format!("num_warps={},num_stages={s}", self.num_warps),
+            None => format!("num_warps={},num_stages=default", self.num_warps),
+        }
     }
 }
 

@@ -643,8 +643,10 @@ fn resolve_binary(
                 kernel: name.clone(),
                 reason: format!("{e}"),
             })?;
+            let ko = KernelOptions::default();
             let opts = tessera_codegen::CompileOptions {
-                num_warps: KernelOptions::default().num_warps,
+                num_warps: ko.num_warps,
+                num_stages: ko.num_stages,
             };
             let art = crate::aot::compile_ir(&compiled.func, t, &opts)?;
             Ok(crate::aot::kernel_binary(&art))

@@ -131,7 +131,10 @@ fn artifacts_are_found_by_kernel_key_and_missing_ones_named() {
             .find::<add_one<128>>(&(), &Specialization::None, "sm_80", &opts)
             .is_err()
     );
-    let eight = KernelOptions { num_warps: 8 };
+    let eight = KernelOptions {
+        num_warps: 8,
+        ..KernelOptions::default()
+    };
     assert!(
         store
             .find::<add_one<128>>(&(), &Specialization::None, "sm_90", &eight)

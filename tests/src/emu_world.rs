@@ -111,7 +111,7 @@ pub fn ring_world(flavor: EmuFlavor, ranks: usize, blocks: usize) -> Result<Dura
         .map(|_| Arc::new(HostBuffer::from_slice(&vec![f32::NAN; elems])))
         .collect();
     let bases: Vec<u64> = heaps.iter().map(|h| h.base() as u64).collect();
-    let opts = CompileOptions { num_warps };
+    let opts = CompileOptions::warps(num_warps);
     let t = Instant::now();
     let res = std::thread::scope(|s| {
         let handles: Vec<_> = (0..ranks)

@@ -129,7 +129,7 @@ fn tolerance(t: ScalarType) -> (f64, f64) {
 fn check(name: &str, f: &Function, grid: [u32; 3], args: &[Arg], num_warps: u32, extra_abs: f64) {
     let reference = make(args);
     interp::run(f, grid, &reference).unwrap_or_else(|e| panic!("{name}: interpreter: {e}"));
-    let opts = CompileOptions { num_warps };
+    let opts = CompileOptions::warps(num_warps);
     // As written, and specialized as a GPU launch with these arguments would be
     // (aligned buffers, integers that are multiples of 16: the 16-byte paths).
     let spec = f.specialized(&launch_facts(args));
@@ -651,7 +651,7 @@ fn dot_case<T: Element + DotInput<Acc = f32>, const M: usize, const N: usize, co
     let w = values(w);
     for flavor in FLAVORS {
         let got = make(&reference);
-        emu::launch(&f, flavor, &CompileOptions { num_warps }, g1(1), &got)
+        emu::launch(&f, flavor, &CompileOptions::warps(num_warps), g1(1), &got)
             .unwrap_or_else(|e| panic!("{name} on {flavor:?}: {e}"));
         let KernelArg::Buffer(g) = &got[2] else {
             unreachable!()

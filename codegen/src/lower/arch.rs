@@ -272,6 +272,14 @@ pub trait Arch {
     fn has_ldmatrix(&self) -> bool {
         false
     }
+    /// The default [`crate::CompileOptions::num_stages`]: tiles of `dot` operands in
+    /// flight in a loop ([`crate::pipeline`]).
+    fn default_num_stages(&self) -> u32 {
+        match self.target().vendor() {
+            crate::target::Vendor::Nvidia => 3,
+            _ => 2,
+        }
+    }
     /// Whether [`Arch::buffer_load`] is available (AMD CDNA).
     fn has_buffer_load(&self) -> bool {
         false

@@ -760,32 +760,87 @@ fn max_share(pairs: impl Iterator<Item = (u32, u32)>) -> u32 {
     by_key.values().map(|v| v.len() as u32).max().unwrap_or(1)
 }
 
-fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
-    let a = l.val(op.operands[0])?;
-    let b = l.val(op.operands[1])?;
-    let c = l.val(op.operands[2])?;
-    let (m, k) = (a.layout.shape[0], a.layout.shape[1]);
-    let n = b.layout.shape[1];
-    let s = a.elem.scalar().unwrap_or(ScalarType::F16);
-    let clay = c_layout(&p, m, n, l.nw);
-    let c = l.convert(&c, &clay, &op.span)?;
-    let info = &p.info;
-    // `ldmatrix` reads the NVIDIA m16n8k16 fragments; B is then row-major (16-byte
-    // stores, read with `.trans`). Elsewhere B is staged transposed (`[n][k]`).
-    let ldm = !b_transposed(l, &p);
-    let (a_swz, b_swz) = operand_swizzles(info, ldm, (n, k), 2, (l.ws, l.nw));
-    let a_elems = m * k;
-    let base = l.scratch((a_elems + k * n) * 2, &op.span);
-    let ety = l.ty(Elem::Scalar(s));
+/// The shared arrays of a `dot` on the matrix path: `a[m][k]` then `b` (`[k][n]`
+/// read with `ldmatrix`, else `[n][k]`), swizzled ([`operand_swizzles`]).
+struct Arrays {
+    ldm: bool,
+    a_swz: Swizzle,
+    b_swz: Swizzle,
+    m: u32,
+    n: u32,
+    k: u32,
+}
+
+impl Arrays {
+    fn new(l: &Lowerer<'_, '_>, op: &Op, p: &Plan) -> Arrays {
+        let a = &l.f.ty(op.operands[0]).shape;
+        let (m, k, n) = (a[0], a[1], l.f.ty(op.operands[1]).shape[1]);
+        // `ldmatrix` reads the NVIDIA m16n8k16 fragments; B is then row-major (16-byte
+        // stores, read with `.trans`). Elsewhere B is staged transposed (`[n][k]`).
+        let ldm = !b_transposed(l, p);
+        let (a_swz, b_swz) = operand_swizzles(&p.info, ldm, (n, k), 2, (l.ws, l.nw));
+        Arrays {
+            ldm,
+            a_swz,
+            b_swz,
+            m,
+            n,
+            k,
+        }
+    }
+
+    /// Elements of A (B follows).
+    fn a_elems(&self) -> u32 {
+        self.m * self.k
+    }
+
+    /// Bytes of both arrays.
+    fn bytes(&self) -> u32 {
+        (self.a_elems() + self.k * self.n) * 2
+    }
+}
+
+/// The bytes of shared memory in which `dot` stages its operands on the matrix path
+/// (`None`: the FMA path).
+pub(super) fn matrix_staging_bytes(l: &Lowerer<'_, '_>, op: &Op) -> Option<u32> {
+    plan(l, op).map(|p| Arrays::new(l, op, &p).bytes())
+}
+
+/// Writes operand `which` (0: A, 1: B) of the matrix-path `dot` `op`, the tile `t`,
+/// into its array at `base` (no barrier).
+pub(super) fn stage_operand<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    op: &Op,
+    which: usize,
+    t: &Tile<'ctx>,
+    base: inkwell::values::PointerValue<'ctx>,
+) -> LResult<()> {
+    let Some(p) = plan(l, op) else {
+        return Err(super::LowerError::Llvm("staging an FMA-path dot".into()));
+    };
+    stage(l, &Arrays::new(l, op, &p), which, t, base)
+}
+
+fn stage<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    arr: &Arrays,
+    which: usize,
+    t: &Tile<'ctx>,
+    base: inkwell::values::PointerValue<'ctx>,
+) -> LResult<()> {
+    let (n, k, ldm) = (arr.n, arr.k, arr.ldm);
+    let (a_swz, b_swz, a_elems) = (arr.a_swz, arr.b_swz, arr.a_elems());
     let kb = k.trailing_zeros() as i64;
     let nb = n.trailing_zeros() as i64;
-    // a[m][k] at a_swz(m, k): runs along k of at most one unit stay consecutive.
-    write_tile(l, &a, base, &row_runs(a_swz.vec), |e| {
-        let bd = &l.cx.b;
-        let r = bd.build_right_shift(e, l.cx.i32(kb), false, "")?;
-        let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
-        a_swz.emit(&l.cx, r, cc)
-    })?;
+    if which == 0 {
+        // a[m][k] at a_swz(m, k): runs along k of at most one unit stay consecutive.
+        return write_tile(l, t, base, &row_runs(a_swz.vec), |e| {
+            let bd = &l.cx.b;
+            let r = bd.build_right_shift(e, l.cx.i32(kb), false, "")?;
+            let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
+            a_swz.emit(&l.cx, r, cc)
+        });
+    }
     // b[k][n] at a_elems + b_swz(k, n) (ldmatrix: runs along n stay consecutive),
     // else transposed at a_elems + b_swz(n, k): a run goes down a column, steps of `n`
     // elements (pairs of k, which `operand_load_layout` puts in registers).
@@ -794,7 +849,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     } else {
         vec![n; usize::from(b_swz.vec >= 2)]
     };
-    write_tile(l, &b, base, &b_runs, |e| {
+    write_tile(l, t, base, &b_runs, |e| {
         let bd = &l.cx.b;
         let kk = bd.build_right_shift(e, l.cx.i32(nb), false, "")?;
         let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;
@@ -804,8 +859,39 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             b_swz.emit(&l.cx, nn, kk)?
         };
         Ok(bd.build_int_add(o, l.cx.i32(a_elems as i64), "")?)
-    })?;
-    l.barrier()?;
+    })
+}
+
+fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
+    let arr = Arrays::new(l, op, &p);
+    let (m, n, k, ldm) = (arr.m, arr.n, arr.k, arr.ldm);
+    let (a_swz, b_swz, a_elems) = (arr.a_swz, arr.b_swz, arr.a_elems());
+    let s =
+        l.f.ty(op.operands[0])
+            .scalar_type()
+            .unwrap_or(ScalarType::F16);
+    let c = l.val(op.operands[2])?;
+    let clay = c_layout(&p, m, n, l.nw);
+    let c = l.convert(&c, &clay, &op.span)?;
+    let info = &p.info;
+    // A loop-carried operand is already in this dot's own arrays (the loop staged it
+    // and waited at a barrier, see `Lowerer::lower_for`); the rest is written here.
+    let base = match l.pipe_base(op) {
+        Some(b) => b,
+        None => l.scratch(arr.bytes(), &op.span),
+    };
+    let ety = l.ty(Elem::Scalar(s));
+    let mut wrote = false;
+    for which in 0..2 {
+        if !l.is_staged(op.operands[which]) {
+            let t = l.val(op.operands[which])?;
+            stage(l, &arr, which, &t, base)?;
+            wrote = true;
+        }
+    }
+    if wrote {
+        l.barrier()?;
+    }
     let bd = &l.cx.b;
     let wm = bd.build_and(l.warp, l.cx.i32(p.warps_m as i64 - 1), "")?;
     let wn = bd.build_and(

@@ -266,6 +266,12 @@ pub fn lower_kernel<'ctx>(
             opts.num_warps
         )));
     }
+    if opts.num_stages.is_some_and(|s| !(1..=8).contains(&s)) {
+        return Err(CodegenError::Options(format!(
+            "num_stages must be from 1 to 8, got {:?}",
+            opts.num_stages
+        )));
+    }
     let arch = arch::for_target(target);
     lower_with_arch(ctx, func, arch.as_ref(), opts)
 }
@@ -289,6 +295,23 @@ pub fn lower_with_sites<'ctx>(
     opts: &CompileOptions,
 ) -> Result<Lowered<'ctx>, CodegenError> {
     let target = arch.target();
+    let stages = opts
+        .num_stages
+        .unwrap_or_else(|| arch.default_num_stages())
+        .clamp(1, 8);
+    // Only loads feeding `dot`s on the matrix units: their loop keeps the tile in the
+    // `dot`'s shared arrays (`Lowerer::plan_staging`), not in registers.
+    let nw = opts.num_warps;
+    let matrix_dot = |f: &Function, d: &Op| {
+        let (a, b) = (f.ty(d.operands[0]), f.ty(d.operands[1]));
+        let (Some(s), [m, k], [_, n]) = (a.scalar_type(), &a.shape[..], &b.shape[..]) else {
+            return false;
+        };
+        arch.mma_for(s, *m, *n, *k, nw)
+            .is_some_and(|i| m % i.m == 0 && n % i.n == 0 && k % i.k == 0)
+    };
+    let pipelined = crate::pipeline::pipeline_loads(func, stages, &matrix_dot);
+    let func = &pipelined;
     let err = |e: LowerError| match e {
         LowerError::Unsupported { span, message } => CodegenError::Unsupported {
             kernel: func.name.clone(),
@@ -347,6 +370,17 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     hints: HashMap<ValueId, Layout>,
     /// The op defining each value (none for parameters and region arguments).
     defs: HashMap<ValueId, &'a Op>,
+    /// Where a value flows on through a loop: a `for` init to its region argument, a
+    /// `yield`ed value to the next iteration's argument and the loop's result.
+    flows: HashMap<ValueId, Vec<ValueId>>,
+    /// Loop-carried `dot` operands kept in the `dot`'s shared arrays instead of
+    /// registers (see [`Self::lower_for`]): the region argument, the `dot` and the
+    /// operand index.
+    staged: HashMap<ValueId, (&'a Op, usize)>,
+    /// Where each of those `dot`s' arrays start, past the start of shared memory.
+    pipe_dots: HashMap<*const Op, u32>,
+    /// Shared memory the arrays of [`Self::pipe_dots`] take (scratch comes after).
+    pipe_bytes: u32,
     sites: RefCell<Vec<Site>>,
     /// The hidden parameters of a communicating kernel ([`crate::comm`]).
     comm: Option<comm::CommVals<'ctx>>,
@@ -432,6 +466,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             lane,
             warp,
             hints: HashMap::new(),
+            staged: HashMap::new(),
+            pipe_dots: HashMap::new(),
+            pipe_bytes: 0,
+            flows: {
+                let mut m = HashMap::new();
+                collect_flows(&f.body, &mut m);
+                m
+            },
             defs: {
                 let mut d = HashMap::new();
                 collect_defs(&f.body, &mut d);
@@ -473,6 +515,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.vals.insert(p.value, t);
         }
         self.compute_hints(&self.f.body);
+        self.plan_staging(&self.f.body);
         let body = &self.f.body;
         self.lower_region(body)?;
         self.cx.b.build_return(None)?;
@@ -481,7 +524,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Replaces the placeholder shared global with one of the final size.
     fn finish_shared(&mut self) -> LResult<u32> {
-        let bytes = self.smem_bytes;
+        let bytes = self.pipe_bytes + self.smem_bytes;
         let limit = self.target().shared_memory_limit();
         if bytes > limit {
             let span = self
@@ -518,8 +561,80 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.smem_bytes = bytes;
             self.smem_span = Some(span.clone());
         }
-        self.smem_base
-            .unwrap_or_else(|| self.smem.as_pointer_value())
+        self.smem_at(self.pipe_bytes)
+    }
+
+    /// The start of shared memory plus `offset` bytes.
+    fn smem_at(&self, offset: u32) -> PointerValue<'ctx> {
+        let base = self
+            .smem_base
+            .unwrap_or_else(|| self.smem.as_pointer_value());
+        if offset == 0 {
+            return base;
+        }
+        let i8t = self.cx.ctx.i8_type();
+        // SAFETY: an offset inside the block's shared memory, which `finish_shared`
+        // sizes to hold the staged arrays and the scratch after them.
+        unsafe {
+            self.cx
+                .b
+                .build_in_bounds_gep(i8t, base, &[self.cx.i32(offset as i64)], "")
+                .unwrap_or(base)
+        }
+    }
+
+    /// The shared arrays of `dot` `op` when a loop stages an operand of it there.
+    pub fn pipe_base(&self, op: &Op) -> Option<PointerValue<'ctx>> {
+        let off = *self.pipe_dots.get(&(op as *const Op))?;
+        Some(self.smem_at(off))
+    }
+
+    /// Whether `v` is a loop-carried operand kept in its `dot`'s shared arrays.
+    pub fn is_staged(&self, v: ValueId) -> bool {
+        self.staged.contains_key(&v)
+    }
+
+    /// Finds the loop-carried values to keep in shared memory: a region argument of a
+    /// `for` whose one use is operand A or B of a `dot` on the matrix path (and whose
+    /// final value is not used after the loop). The loop writes the initial and each
+    /// yielded tile into the `dot`'s own arrays and waits at a barrier, so the value
+    /// crosses the back edge in shared memory, not registers: a pipelined operand
+    /// load ([`crate::pipeline`]) overlaps the `dot` before it, with no register
+    /// copies.
+    fn plan_staging(&mut self, r: &'a Region) {
+        for op in &r.ops {
+            for sub in &op.regions {
+                self.plan_staging(sub);
+            }
+            if op.kind != OpKind::For {
+                continue;
+            }
+            let body = &op.regions[0];
+            for (j, &arg) in body.args.iter().enumerate().skip(1) {
+                let mut uses: Vec<(&'a Op, usize)> = Vec::new();
+                visit_uses_in(body, arg, &mut |o, i| uses.push((o, i)));
+                let result_used = op.results.get(j - 1).is_some_and(|&res| {
+                    let mut any = false;
+                    visit_uses_in(&self.f.body, res, &mut |_, _| any = true);
+                    any
+                });
+                let [(d, i)] = uses[..] else {
+                    continue;
+                };
+                if d.kind != OpKind::Dot || i >= 2 || result_used {
+                    continue;
+                }
+                let Some(bytes) = dot::matrix_staging_bytes(self, d) else {
+                    continue;
+                };
+                self.staged.insert(arg, (d, i));
+                let key = d as *const Op;
+                if !self.pipe_dots.contains_key(&key) {
+                    self.pipe_dots.insert(key, self.pipe_bytes);
+                    self.pipe_bytes += bytes.div_ceil(16) * 16;
+                }
+            }
+        }
     }
 
     /// A new site id for a hook emitted for the current op.
@@ -1030,8 +1145,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let ub = self.val(op.operands[1])?.regs[0].into_int_value();
         let step = self.val(op.operands[2])?.regs[0].into_int_value();
         let mut inits = Vec::new();
+        let mut staged_any = false;
         for (i, &v) in op.operands[3..].iter().enumerate() {
             let t = self.val(v)?;
+            if let Some(t) = self.stage_carried(body.args.get(i + 1), &t)? {
+                staged_any = true;
+                inits.push(t);
+                continue;
+            }
             let t = match body
                 .args
                 .get(i + 1)
@@ -1042,6 +1163,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 _ => t,
             };
             inits.push(t);
+        }
+        if staged_any {
+            self.barrier()?;
         }
         let pre = self.cx.cur_block();
         let header = self.cx.ctx.append_basic_block(self.kernel, "for.header");
@@ -1082,8 +1206,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let ys = self.lower_region(body)?;
         self.restore_op(op);
         let mut ys_conv = Vec::new();
-        for (y, t) in ys.iter().zip(&inits) {
+        for (j, (y, t)) in ys.iter().zip(&inits).enumerate() {
+            // The `dot` that read the staged tile ended at a barrier: overwrite it.
+            if let Some(s) = self.stage_carried(body.args.get(j + 1), y)? {
+                ys_conv.push(s);
+                continue;
+            }
             ys_conv.push(self.convert(y, &t.layout, span)?);
+        }
+        if staged_any {
+            self.barrier()?;
         }
         let next = self.cx.b.build_int_add(ivv, step, "iv.next")?;
         self.arch.loop_backedge(&self.cx)?;
@@ -1100,6 +1232,29 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.set(*r, t);
         }
         Ok(())
+    }
+
+    /// When region argument `arg` is staged ([`Self::plan_staging`]), writes `t` into
+    /// its `dot`'s shared array (the caller adds the barrier) and returns the
+    /// register-less tile that stands for it.
+    fn stage_carried(
+        &mut self,
+        arg: Option<&ValueId>,
+        t: &Tile<'ctx>,
+    ) -> LResult<Option<Tile<'ctx>>> {
+        let Some(&(d, which)) = arg.and_then(|a| self.staged.get(a)) else {
+            return Ok(None);
+        };
+        let base = self
+            .pipe_base(d)
+            .ok_or_else(|| LowerError::Llvm("a staged dot without arrays".into()))?;
+        dot::stage_operand(self, d, which, t, base)?;
+        Ok(Some(Tile {
+            elem: t.elem,
+            layout: t.layout.clone(),
+            regs: Vec::new(),
+            uniform: false,
+        }))
     }
 
     fn lower_if(&mut self, op: &Op) -> LResult<()> {
@@ -1227,6 +1382,43 @@ pub fn kernel_symbol(name: &str) -> String {
 }
 
 /// Records the defining op of every value defined in `r` and its nested regions.
+/// Calls `f(op, operand index)` for every use of `v` in `r` and its nested regions.
+fn visit_uses_in<'a>(r: &'a Region, v: ValueId, f: &mut impl FnMut(&'a Op, usize)) {
+    for op in &r.ops {
+        for (i, &o) in op.operands.iter().enumerate() {
+            if o == v {
+                f(op, i);
+            }
+        }
+        for sub in &op.regions {
+            visit_uses_in(sub, v, f);
+        }
+    }
+}
+
+fn collect_flows(r: &Region, m: &mut HashMap<ValueId, Vec<ValueId>>) {
+    for op in &r.ops {
+        if op.kind == OpKind::For {
+            let body = &op.regions[0];
+            for (i, &init) in op.operands.iter().skip(3).enumerate() {
+                if let Some(&a) = body.args.get(i + 1) {
+                    m.entry(init).or_default().push(a);
+                }
+            }
+            if let Some(y) = body.ops.last() {
+                for (j, &v) in y.operands.iter().enumerate() {
+                    let to = m.entry(v).or_default();
+                    to.extend(body.args.get(j + 1).copied());
+                    to.extend(op.results.get(j).copied());
+                }
+            }
+        }
+        for sub in &op.regions {
+            collect_flows(sub, m);
+        }
+    }
+}
+
 fn collect_defs<'a>(r: &'a Region, d: &mut HashMap<ValueId, &'a Op>) {
     for op in &r.ops {
         for &v in &op.results {

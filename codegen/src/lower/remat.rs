@@ -46,25 +46,50 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         self.convert(t, to, span)
     }
 
-    /// The `dot` ops `v` is an operand of, with the operand index.
-    pub(super) fn dot_uses(&self, v: ValueId) -> Vec<(&Op, usize)> {
-        let mut out = Vec::new();
-        visit_uses(&self.f.body, v, &mut |op, i| {
-            if op.kind == OpKind::Dot {
-                out.push((op, i));
+    /// `v` and every value it flows into through loops (`for` inits and `yield`s:
+    /// a pipelined tile reaches its `dot` as a loop-carried value).
+    fn flow_closure(&self, v: ValueId) -> Vec<ValueId> {
+        let mut out = vec![v];
+        let mut i = 0;
+        while i < out.len() {
+            for &n in self.flows.get(&out[i]).into_iter().flatten() {
+                if !out.contains(&n) {
+                    out.push(n);
+                }
             }
-        });
+            i += 1;
+        }
         out
     }
 
-    /// Whether every use of `v` is an operand of `dot` (`A` or `B`).
+    /// The `dot` ops `v` (or a value it flows into through a loop) is an operand of,
+    /// with the operand index.
+    pub(super) fn dot_uses(&self, v: ValueId) -> Vec<(&Op, usize)> {
+        let mut out = Vec::new();
+        for v in self.flow_closure(v) {
+            visit_uses(&self.f.body, v, &mut |op, i| {
+                if op.kind == OpKind::Dot {
+                    out.push((op, i));
+                }
+            });
+        }
+        out
+    }
+
+    /// Whether every use of `v` is an operand of `dot` (`A` or `B`), following it
+    /// through loops (`for` inits and `yield`s only pass it on).
     pub(super) fn feeds_only_dot(&self, v: ValueId) -> bool {
         let mut any = false;
         let mut only = true;
-        visit_uses(&self.f.body, v, &mut |op, i| {
-            any = true;
-            only &= op.kind == OpKind::Dot && i < 2;
-        });
+        for v in self.flow_closure(v) {
+            visit_uses(&self.f.body, v, &mut |op, i| {
+                let passes_on = (op.kind == OpKind::For && i >= 3) || op.kind == OpKind::Yield;
+                if !passes_on {
+                    any = true;
+                    only &= op.kind == OpKind::Dot && i < 2;
+                }
+            });
+        }
         any && only
     }
 
