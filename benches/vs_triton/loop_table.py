@@ -38,6 +38,9 @@ CONFIGS = [
     ("matmul_f16_128x128x64", 128, 128, 64, 8),
 ]
 TARGETS = [("sm_80", "cuda", 80, 32), ("gfx942", "hip", "gfx942", 64)]
+# `STAGES=N bash benches/vs_triton/run.sh --loops` builds our side with `--num-stages N`
+# (default: the targets' defaults, 3 on NVIDIA and 2 on AMD).
+STAGES = os.environ.get("STAGES", "")
 KEYS = ["instructions", "barriers", "shared_stores", "shared_loads", "global_loads", "global_load_bits", "spills"]
 
 
@@ -94,7 +97,9 @@ def ours_side(work: Path) -> dict:
         d = work / "ours" / tgt
         if d.exists():
             shutil.rmtree(d)
-        subprocess.run([str(exe), "--target", tgt, "--out", str(d)], cwd=ROOT, check=True, capture_output=True)
+        extra = ["--num-stages", STAGES] if STAGES else []
+        subprocess.run([str(exe), "--target", tgt, "--out", str(d), *extra], cwd=ROOT, check=True,
+                       capture_output=True)
         for name, *_ in CONFIGS:
             if tgt.startswith("sm_"):
                 cubin = d / f"{name}.cubin"
@@ -128,7 +133,8 @@ def main() -> int:
                     ok = r <= 1.3 and b <= 2.0 and m["spills"] == 0
                     verdicts.append(f"{name} {tgt}: loop {r:.2f}x (target <= 1.3x), barriers {b:.2f}x (<= 2x), "
                                     f"spills {m['spills']}: {'met' if ok else 'MISSED'}")
-                stages = f" (num_stages {m['num_stages']})" if side == "Triton" else ""
+                stages = f" (num_stages {m['num_stages']})" if side == "Triton" else (
+                    f" (num_stages {STAGES})" if STAGES else " (default num_stages)")
                 print(f"| {name} | {tgt} | {side}{stages} | {cells} | {ratio} | {bar} |")
     print()
     for v in verdicts:
