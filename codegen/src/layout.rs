@@ -188,6 +188,35 @@ impl Layout {
     }
 }
 
+impl std::fmt::Display for Layout {
+    /// `[shape] reg … | lane … | warp …`, each basis as the coordinates of the element
+    /// it selects (`-` for a zero basis: replication).
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let dims: Vec<String> = self.shape.iter().map(u32::to_string).collect();
+        write!(f, "[{}]", dims.join("x"))?;
+        for (name, bases) in [
+            ("reg", &self.reg),
+            ("lane", &self.lane),
+            ("warp", &self.warp),
+        ] {
+            write!(f, " {name}")?;
+            for &b in bases {
+                if b == 0 {
+                    write!(f, " -")?;
+                } else {
+                    let c: Vec<String> =
+                        coords(&self.shape, b).iter().map(u32::to_string).collect();
+                    write!(f, " ({})", c.join(","))?;
+                }
+            }
+            if name != "warp" {
+                write!(f, " |")?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// XOR of the bases of the set bits of `x`.
 pub fn xor_bases(bases: &[u32], x: u32) -> u32 {
     bases

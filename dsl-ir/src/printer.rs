@@ -59,6 +59,21 @@ pub fn print_function(f: &Function) -> String {
         f,
         names: &names,
         out: String::new(),
+        notes: None,
+    };
+    p.function();
+    p.out
+}
+
+/// [`print_function`] with `notes(op)` printed as `// ` comment lines before each
+/// op, at its indentation (the text still parses: the parser skips comments).
+pub fn print_function_with_notes(f: &Function, notes: &dyn Fn(&Op) -> Vec<String>) -> String {
+    let names = Names::new(f);
+    let mut p = Printer {
+        f,
+        names: &names,
+        out: String::new(),
+        notes: Some(notes),
     };
     p.function();
     p.out
@@ -73,6 +88,7 @@ pub fn print_op(f: &Function, op: &Op) -> String {
         f,
         names: &names,
         out: String::new(),
+        notes: None,
     };
     p.op(op, 0);
     p.out
@@ -165,7 +181,11 @@ struct Printer<'a> {
     f: &'a Function,
     names: &'a Names,
     out: String,
+    /// Comment lines to print before an op.
+    notes: Option<Notes<'a>>,
 }
+
+type Notes<'a> = &'a dyn Fn(&Op) -> Vec<String>;
 
 impl Printer<'_> {
     fn ty(&self, v: ValueId) -> String {
@@ -232,6 +252,16 @@ impl Printer<'_> {
     }
 
     fn op(&mut self, op: &Op, indent: usize) {
+        if let Some(notes) = self.notes {
+            for n in notes(op) {
+                for line in n.lines() {
+                    push_indent(&mut self.out, indent);
+                    self.out.push_str("// ");
+                    self.out.push_str(line);
+                    self.out.push('\n');
+                }
+            }
+        }
         push_indent(&mut self.out, indent);
         if !op.results.is_empty() {
             let r = self.values(&op.results);

@@ -22,6 +22,9 @@
 //! `TESSERA_DUMP=llvm,ptx,amdgcn` (or `all`) writes each compilation's optimized LLVM
 //! IR (`.ll`), PTX (`.ptx`) and AMDGCN assembly (`.s`) to `TESSERA_DUMP_DIR`, named
 //! `<kernel>-<hash>.<ext>`; the hash covers the IR, the target and the options.
+//! `TESSERA_DUMP=layout` writes the lowered IR with each value's layout and every
+//! layout conversion as comments (`.layout`, see
+//! [`tessera_codegen::lower::lower_with_layouts`]).
 
 use std::path::PathBuf;
 
@@ -67,6 +70,12 @@ pub fn compile_ir(
     opts: &CompileOptions,
 ) -> Result<Artifact, Error> {
     let art = tessera_codegen::compile(func, target, opts)?;
+    if dump_enabled("layout") {
+        let text = tessera_codegen::lower::lower_with_layouts(func, target, opts)?;
+        let ir = tessera_ir::printer::print_function(func);
+        let hash = dump_hash(&[&ir, &target.to_string(), &format!("{opts:?}")]);
+        dump_text("layout", &func.name, hash, "layout", text.as_bytes())?;
+    }
     if ["llvm", "ptx", "amdgcn"].iter().any(|s| dump_enabled(s)) {
         let ir = tessera_ir::printer::print_function(func);
         let hash = dump_hash(&[&ir, &target.to_string(), &format!("{opts:?}")]);

@@ -322,8 +322,8 @@ fn lock_cache() -> std::sync::MutexGuard<'static, HashMap<IrKey, Arc<Compiled>>>
     cache().lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// The stages listed in `TESSERA_DUMP` (comma-separated: `ir`, `llvm`, `ptx`, `amdgcn`,
-/// or `all`).
+/// The stages listed in `TESSERA_DUMP` (comma-separated: `ir`, `layout`, `llvm`, `ptx`,
+/// `amdgcn`, or `all`).
 fn dump_stages() -> Vec<String> {
     std::env::var("TESSERA_DUMP")
         .map(|v| {

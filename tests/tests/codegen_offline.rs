@@ -581,3 +581,29 @@ fn matmul_operand_loads_are_pipelined() {
     };
     assert_eq!(run(&f), run(&p));
 }
+
+/// `TESSERA_DUMP=layout`'s text for the 128x128x32 matmul on sm_80 and gfx942: each
+/// op's result layouts, the recomputed operand offsets and masks, the staged loop
+/// operands and the dot's instruction and swizzled arrays; it parses as IR.
+#[test]
+fn layout_dump_names_layouts_conversions_and_arrays() {
+    use tessera::codegen::lower::lower_with_layouts;
+    let f = kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds");
+    for (target, inst) in [(SM80, "16x8x16"), (GFX942, "32x32x8")] {
+        let text = lower_with_layouts(&f, target, &CompileOptions::default()).expect("lowers");
+        for want in [
+            "// layout [128x32] reg (0,1) (0,2) (0,4)",
+            "// recompute an operand in [128x32]",
+            "operand A of the loop's dot written into the dot's shared arrays",
+            &format!("// dot on the matrix units: {inst} instructions"),
+            "// A array Swizzle {",
+        ] {
+            assert!(text.contains(want), "{target}: no `{want}` in\n{text}");
+        }
+        assert!(
+            !text.contains("through shared memory"),
+            "{target}: a conversion in\n{text}"
+        );
+        tessera::ir::parser::parse_function(&text).expect("the dump parses");
+    }
+}

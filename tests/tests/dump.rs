@@ -15,7 +15,7 @@ fn dump_writes_the_ir() {
     // SAFETY: this is the only test of this binary, and no other thread reads the
     // environment while it is being set.
     unsafe {
-        std::env::set_var("TESSERA_DUMP", "ir");
+        std::env::set_var("TESSERA_DUMP", "ir,layout");
         std::env::set_var("TESSERA_DUMP_DIR", &dir);
     }
     let dev = Device::cpu();
@@ -26,6 +26,7 @@ fn dump_writes_the_ir() {
     let files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "ir"))
         .collect();
     assert_eq!(files.len(), 1, "{files:?}");
     let name = files[0].file_name().unwrap().to_string_lossy().to_string();
@@ -37,5 +38,17 @@ fn dump_writes_the_ir() {
     assert!(text.starts_with("kernel @twice("), "{text}");
     assert!(text.contains("mul"), "{text}");
     tessera::ir::parser::parse_function(&text).expect("the dump parses");
+    // A GPU compilation writes the layouts too: the IR as lowered, annotated.
+    let sm80: tessera::aot::Target = "sm_80".parse().unwrap();
+    tessera::aot::compile_kernel::<twice<64>>(&(), sm80, &Default::default()).unwrap();
+    let layouts: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "layout"))
+        .collect();
+    assert_eq!(layouts.len(), 1, "{layouts:?}");
+    let text = std::fs::read_to_string(&layouts[0]).unwrap();
+    assert!(text.contains("// layout [64] reg (1) (2) | lane"), "{text}");
+    tessera::ir::parser::parse_function(&text).expect("the layout dump parses");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -880,6 +880,23 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
         Some(b) => b,
         None => l.scratch(arr.bytes(), &op.span),
     };
+    l.note(|| {
+        format!(
+            "dot on the matrix units: {}x{}x{} instructions, warps {}x{}, {}x{} tiles per warp, {}\n\
+             A array {:?}\nB array ({}) {:?}",
+            info.m,
+            info.n,
+            info.k,
+            p.warps_m,
+            p.warps_n,
+            p.reps_m,
+            p.reps_n,
+            if ldm { "ldmatrix reads" } else if paired_reads(info, ldm, k) { "paired 16-byte reads" } else { "fragment reads" },
+            a_swz,
+            if ldm { "[k][n]" } else { "[n][k]" },
+            b_swz
+        )
+    });
     let ety = l.ty(Elem::Scalar(s));
     let mut wrote = false;
     for which in 0..2 {

@@ -249,6 +249,26 @@ pub struct Lowered<'ctx> {
     pub meta: KernelMeta,
     /// The site table: site id → op.
     pub sites: Vec<Site>,
+    /// With [`lower_with_layouts`]: the lowered IR (after [`crate::pipeline`]) with
+    /// each op's result layouts and layout conversions as comments.
+    pub layouts: Option<String>,
+}
+
+/// Lowers `func` for `target` like [`lower_kernel`] and returns the IR it lowered
+/// (after [`crate::pipeline`]) annotated, before each op, with the layout of each
+/// result and every layout change the op needed: register renamings, values
+/// recomputed in another layout, conversions through shared memory, operands kept in
+/// a `dot`'s shared arrays, and the matrix instruction and arrays of each `dot`.
+/// What `TESSERA_DUMP=layout` writes.
+pub fn lower_with_layouts(
+    func: &Function,
+    target: Target,
+    opts: &CompileOptions,
+) -> Result<String, CodegenError> {
+    let ctx = Context::create();
+    let arch = arch::for_target(target);
+    let l = lower_impl(&ctx, func, arch.as_ref(), opts, true)?;
+    Ok(l.layouts.unwrap_or_default())
 }
 
 /// Lowers `func` into a new LLVM module for `target`: one kernel entry point named
@@ -294,6 +314,16 @@ pub fn lower_with_sites<'ctx>(
     arch: &dyn Arch,
     opts: &CompileOptions,
 ) -> Result<Lowered<'ctx>, CodegenError> {
+    lower_impl(ctx, func, arch, opts, false)
+}
+
+fn lower_impl<'ctx>(
+    ctx: &'ctx Context,
+    func: &Function,
+    arch: &dyn Arch,
+    opts: &CompileOptions,
+    with_layouts: bool,
+) -> Result<Lowered<'ctx>, CodegenError> {
     let target = arch.target();
     let stages = opts
         .num_stages
@@ -336,8 +366,17 @@ pub fn lower_with_sites<'ctx>(
     };
     let num_threads = opts.num_warps * arch.warp_size();
     let mut l = Lowerer::new(cx, arch, func, opts.num_warps).map_err(err)?;
+    if with_layouts {
+        l.notes = Some(RefCell::new(HashMap::new()));
+    }
     l.run().map_err(err)?;
     let shared_bytes = l.finish_shared().map_err(err)?;
+    let layouts = l.notes.take().map(|n| {
+        let n = n.into_inner();
+        tessera_ir::printer::print_function_with_notes(func, &|op| {
+            n.get(&(op as *const Op)).cloned().unwrap_or_default()
+        })
+    });
     let meta = KernelMeta {
         name: kernel_symbol(&func.name),
         num_threads,
@@ -347,6 +386,7 @@ pub fn lower_with_sites<'ctx>(
         sites: l.sites.into_inner(),
         module: l.cx.module,
         meta,
+        layouts,
     })
 }
 
@@ -390,6 +430,10 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     comm_exit: Option<BasicBlock<'ctx>>,
     /// The op being lowered (span, mnemonic), for new sites.
     cur_op: RefCell<(Span, &'static str)>,
+    /// The op being lowered, for [`Self::note`].
+    cur_op_ptr: std::cell::Cell<*const Op>,
+    /// With [`lower_with_layouts`]: notes per op.
+    notes: Option<RefCell<HashMap<*const Op, Vec<String>>>>,
 }
 
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
@@ -481,6 +525,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             },
             sites: RefCell::new(Vec::new()),
             cur_op: RefCell::new((f.span.clone(), "kernel")),
+            cur_op_ptr: std::cell::Cell::new(std::ptr::null()),
+            notes: None,
             comm,
             comm_sites: 0,
             comm_exit: None,
@@ -896,8 +942,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// is known: it recomputes cheap values instead.
     pub fn convert(&mut self, t: &Tile<'ctx>, to: &Layout, span: &Span) -> LResult<Tile<'ctx>> {
         if let Some(r) = self.convert_cheap(t, to) {
+            if r.layout != t.layout && !t.uniform {
+                self.note(|| format!("convert by register renaming: {} -> {}", t.layout, to));
+            }
             return Ok(r);
         }
+        self.note(|| format!("convert through shared memory: {} -> {}", t.layout, to));
         let mt = self.mem_ty(t.elem);
         let size = type_bytes(t.elem);
         let base = self.scratch(t.layout.numel() * size, span);
@@ -977,6 +1027,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Makes `op` the op that new sites belong to (again, after its regions).
     fn restore_op(&self, op: &Op) {
         *self.cur_op.borrow_mut() = (op.span.clone(), op.kind.mnemonic());
+        self.cur_op_ptr.set(op as *const Op);
+    }
+
+    /// Records a layout note for the op being lowered (with [`lower_with_layouts`]).
+    pub fn note(&self, text: impl FnOnce() -> String) {
+        if let Some(n) = &self.notes {
+            n.borrow_mut()
+                .entry(self.cur_op_ptr.get())
+                .or_default()
+                .push(text());
+        }
     }
 
     fn lower_op(&mut self, op: &Op) -> LResult<()> {
@@ -1101,6 +1162,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.lower_comm(op, site)?;
             }
         }
+        if self.notes.is_some() {
+            self.restore_op(op);
+            for &r in &op.results {
+                if let Some(t) = self.vals.get(&r) {
+                    let what = if t.regs.is_empty() {
+                        "in shared memory".to_string()
+                    } else if t.uniform {
+                        format!("uniform {}", t.layout)
+                    } else {
+                        t.layout.to_string()
+                    };
+                    self.note(|| format!("layout {what}"));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -1148,7 +1224,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let mut staged_any = false;
         for (i, &v) in op.operands[3..].iter().enumerate() {
             let t = self.val(v)?;
-            if let Some(t) = self.stage_carried(body.args.get(i + 1), &t)? {
+            if let Some(t) =
+                self.stage_carried(body.args.get(i + 1), &t, "the first iteration's")?
+            {
                 staged_any = true;
                 inits.push(t);
                 continue;
@@ -1208,7 +1286,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let mut ys_conv = Vec::new();
         for (j, (y, t)) in ys.iter().zip(&inits).enumerate() {
             // The `dot` that read the staged tile ended at a barrier: overwrite it.
-            if let Some(s) = self.stage_carried(body.args.get(j + 1), y)? {
+            if let Some(s) = self.stage_carried(body.args.get(j + 1), y, "the next iteration's")? {
                 ys_conv.push(s);
                 continue;
             }
@@ -1241,6 +1319,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         arg: Option<&ValueId>,
         t: &Tile<'ctx>,
+        which_tile: &str,
     ) -> LResult<Option<Tile<'ctx>>> {
         let Some(&(d, which)) = arg.and_then(|a| self.staged.get(a)) else {
             return Ok(None);
@@ -1248,6 +1327,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let base = self
             .pipe_base(d)
             .ok_or_else(|| LowerError::Llvm("a staged dot without arrays".into()))?;
+        self.note(|| {
+            format!(
+                "{which_tile} operand {} of the loop's dot written into the dot's shared arrays",
+                ["A", "B"][which]
+            )
+        });
         dot::stage_operand(self, d, which, t, base)?;
         Ok(Some(Tile {
             elem: t.elem,

@@ -40,6 +40,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         if self.rematerializable(v) {
             let mut budget = BUDGET;
             if let Some(r) = self.remat(v, to, &mut budget)? {
+                self.note(|| format!("recompute an operand in {to} (was {})", t.layout));
                 return Ok(r);
             }
         }
