@@ -127,9 +127,29 @@ fn tolerance(t: ScalarType) -> (f64, f64) {
 /// Runs `f` on the interpreter and both emulator flavors and compares every output;
 /// `extra_abs` widens the absolute tolerance (for `dot`).
 fn check(name: &str, f: &Function, grid: [u32; 3], args: &[Arg], num_warps: u32, extra_abs: f64) {
+    check_with(
+        name,
+        f,
+        grid,
+        args,
+        &CompileOptions::warps(num_warps),
+        extra_abs,
+    );
+}
+
+/// [`check`] with explicit compile options.
+fn check_with(
+    name: &str,
+    f: &Function,
+    grid: [u32; 3],
+    args: &[Arg],
+    opts: &CompileOptions,
+    extra_abs: f64,
+) {
     let reference = make(args);
     interp::run(f, grid, &reference).unwrap_or_else(|e| panic!("{name}: interpreter: {e}"));
-    let opts = CompileOptions::warps(num_warps);
+    let num_warps = opts.num_warps;
+    let opts = opts.clone();
     // As written, and specialized as a GPU launch with these arguments would be
     // (aligned buffers, integers that are multiples of 16: the 16-byte paths).
     let spec = f.specialized(&launch_facts(args));
@@ -280,6 +300,26 @@ fn matmul_f16_mma_path() {
     let args = matmul_args(m, n, k, f16::from_f32);
     check("matmul f16", &f, grid, &args, 4, 4e-5 * k as f64);
     check("matmul f16 (8 warps)", &f, grid, &args, 8, 4e-5 * k as f64);
+}
+
+/// Every `num_stages`, with sizes that are multiples of 16 but not of the tile (the
+/// specialized run takes 16-byte loads: `cp.async` rings on emu-nv, register
+/// prefetch into the dot's arrays and buffer loads on emu-amd), so the last
+/// iteration's copies are half masked off (zero-filled) and so are the edge tiles'.
+#[test]
+fn pipelined_matmul_every_stage_count() {
+    let (m, n, k) = (80usize, 112usize, 176usize);
+    let f = ir::<matmul::matmul<f16, 64, 64, 32>>();
+    let grid = [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1];
+    let args = matmul_args(m, n, k, f16::from_f32);
+    for stages in [1, 2, 3, 4] {
+        let opts = CompileOptions {
+            num_warps: 4,
+            num_stages: Some(stages),
+        };
+        let name = format!("matmul f16 ({stages} stages)");
+        check_with(&name, &f, grid, &args, &opts, 4e-5 * k as f64);
+    }
 }
 
 #[test]

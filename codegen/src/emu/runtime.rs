@@ -17,7 +17,8 @@
 //! writing the same value to the same place (which the lowering does on purpose) is
 //! not reported.
 
-use std::cell::{Cell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
+use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -199,6 +200,26 @@ pub(crate) struct ThreadCtx<'a> {
     /// The yielder of the coroutine this thread runs as (null when it runs as a
     /// plain call: threads that never meet).
     pub yielder: Cell<*const Yielder<(), Park>>,
+    /// This thread's `cp.async` copies not yet waited for.
+    pub copies: RefCell<AsyncCopies>,
+}
+
+/// One `cp.async`: the bytes read from global memory when it was issued, to land at
+/// `dst` in shared memory when a `cp.async.wait_group` covers its group.
+pub(crate) struct AsyncCopy {
+    dst: usize,
+    bytes: [u8; 16],
+    len: usize,
+    site: i32,
+}
+
+/// A thread's `cp.async` groups (PTX ISA, "cp.async.commit_group" and
+/// "cp.async.wait_group"): the copies issued since the last commit, and the committed
+/// groups, oldest first.
+#[derive(Default)]
+pub(crate) struct AsyncCopies {
+    open: Vec<AsyncCopy>,
+    committed: VecDeque<Vec<AsyncCopy>>,
 }
 
 impl<'a> ThreadCtx<'a> {
@@ -213,6 +234,7 @@ impl<'a> ThreadCtx<'a> {
             epoch: Cell::new(0),
             scratch: UnsafeCell::new(Scratch([0; 64])),
             yielder: Cell::new(std::ptr::null()),
+            copies: RefCell::new(AsyncCopies::default()),
         }
     }
 
@@ -496,6 +518,87 @@ fn note_shared(c: &ThreadCtx<'_>, p: *const u8, bytes: i32, is_write: bool, site
         }
     }
     true
+}
+
+/// `cp.async.cg.shared.global [dst], [src], bytes, src_bytes` (PTX ISA, "cp.async"):
+/// copies `bytes` (4, 8 or 16, both addresses aligned to it) from global `src` to
+/// shared `dst`, the bytes past `src_bytes` zero (`src_bytes = 0` reads nothing).
+/// The copy is asynchronous: here the source is read now and the destination written
+/// only when a `cp.async.wait_group` covers the copy's group, so a kernel that reads
+/// the destination without waiting reads stale data, as it may on a GPU.
+extern "C" fn tessera_emu_cp_async(
+    dst: *mut u8,
+    src: *const u8,
+    bytes: i32,
+    src_bytes: i32,
+    site: i32,
+) {
+    with((), |c| {
+        let len = bytes.clamp(1, 16) as usize;
+        let n = (src_bytes.max(0) as usize).min(len);
+        if !(dst as usize).is_multiple_of(len) {
+            let (span, op) = c.launch.site(site as u32);
+            c.fail(EmuError::Misaligned {
+                kernel: c.launch.kernel.to_string(),
+                op,
+                span,
+                block: c.block.get(),
+                thread: c.tid,
+                buffer: "<shared memory>".into(),
+                offset_bytes: (dst as usize).wrapping_sub(c.blk.shared as usize),
+                bytes: len as u32,
+            });
+            return;
+        }
+        let mut data = [0u8; 16];
+        if n > 0 {
+            let p = tessera_emu_check_global(src as *mut u8, len as i32, site);
+            // SAFETY: `check_global` returned `src` after checking that `len >= n`
+            // bytes there lie in a buffer of the launch, or a scratch area as large.
+            unsafe { std::ptr::copy_nonoverlapping(p, data.as_mut_ptr(), n) };
+        }
+        c.copies.borrow_mut().open.push(AsyncCopy {
+            dst: dst as usize,
+            bytes: data,
+            len,
+            site,
+        });
+    })
+}
+
+/// `cp.async.commit_group`: the copies issued since the last commit form a group.
+extern "C" fn tessera_emu_cp_async_commit() {
+    with((), |c| {
+        let mut q = c.copies.borrow_mut();
+        let g = std::mem::take(&mut q.open);
+        q.committed.push_back(g);
+    })
+}
+
+/// `cp.async.wait_group n`: every committed group but the newest `n` lands in shared
+/// memory (checked and recorded as this thread's writes).
+extern "C" fn tessera_emu_cp_async_wait(n: i32) {
+    with((), |c| {
+        let keep = n.max(0) as usize;
+        loop {
+            let g = {
+                let mut q = c.copies.borrow_mut();
+                if q.committed.len() <= keep {
+                    break;
+                }
+                q.committed.pop_front()
+            };
+            for cp in g.into_iter().flatten() {
+                if note_shared(c, cp.dst as *const u8, cp.len as i32, true, cp.site) {
+                    // SAFETY: `note_shared` checked that the `len` bytes at `dst` lie
+                    // in this block's shared memory.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(cp.bytes.as_ptr(), cp.dst as *mut u8, cp.len)
+                    };
+                }
+            }
+        }
+    })
 }
 
 /// `ldmatrix.sync.aligned.m8n8.x{num}{.trans}.shared.b16`, from the PTX ISA's
@@ -818,6 +921,18 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         (
             "tessera_emu_ldmatrix",
             tessera_emu_ldmatrix as *const () as usize,
+        ),
+        (
+            "tessera_emu_cp_async",
+            tessera_emu_cp_async as *const () as usize,
+        ),
+        (
+            "tessera_emu_cp_async_commit",
+            tessera_emu_cp_async_commit as *const () as usize,
+        ),
+        (
+            "tessera_emu_cp_async_wait",
+            tessera_emu_cp_async_wait as *const () as usize,
         ),
         (
             "tessera_emu_bad_peer",

@@ -280,6 +280,32 @@ pub trait Arch {
             _ => 2,
         }
     }
+    /// Whether [`Arch::cp_async`] is available (NVIDIA sm_80+).
+    fn has_cp_async(&self) -> bool {
+        false
+    }
+    /// `cp.async.{ca,cg}.shared.global [dst], [src], bytes, src_bytes` (PTX ISA,
+    /// "cp.async"): an asynchronous copy of `bytes` (4, 8 or 16; both addresses
+    /// aligned to it) from global `src` to shared `dst`, zero past `src_bytes`.
+    fn cp_async<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _dst: PointerValue<'ctx>,
+        _src: PointerValue<'ctx>,
+        _bytes: u32,
+        _src_bytes: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm("cp.async on a target without it".into()))
+    }
+    /// `cp.async.commit_group`: the copies issued since the last commit form a group.
+    fn cp_async_commit<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
+        Err(LowerError::Llvm("cp.async on a target without it".into()))
+    }
+    /// `cp.async.wait_group n`: waits until at most the newest `n` groups are pending.
+    fn cp_async_wait<'ctx>(&self, _cx: &Cx<'ctx>, _n: u32) -> LResult<()> {
+        Err(LowerError::Llvm("cp.async on a target without it".into()))
+    }
     /// Whether [`Arch::buffer_load`] is available (AMD CDNA).
     fn has_buffer_load(&self) -> bool {
         false
@@ -438,6 +464,44 @@ fn nvvm_ldmatrix<'ctx>(
 }
 
 impl Arch for Nvptx {
+    fn has_cp_async(&self) -> bool {
+        self.sm >= 80
+    }
+
+    fn cp_async<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        dst: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        bytes: u32,
+        src_bytes: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        // `.cg` (L2 only) exists for 16 bytes; 4 and 8 take `.ca`.
+        let name = match bytes {
+            16 => "llvm.nvvm.cp.async.cg.shared.global.16.s",
+            8 => "llvm.nvvm.cp.async.ca.shared.global.8.s",
+            4 => "llvm.nvvm.cp.async.ca.shared.global.4.s",
+            b => return Err(LowerError::Llvm(format!("cp.async of {b} bytes"))),
+        };
+        cx.call_intrinsic(name, &[], &[dst.into(), src.into(), src_bytes.into()])?;
+        Ok(())
+    }
+
+    fn cp_async_commit<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        cx.call_intrinsic("llvm.nvvm.cp.async.commit.group", &[], &[])?;
+        Ok(())
+    }
+
+    fn cp_async_wait<'ctx>(&self, cx: &Cx<'ctx>, n: u32) -> LResult<()> {
+        cx.call_intrinsic(
+            "llvm.nvvm.cp.async.wait.group",
+            &[],
+            &[cx.i32(n as i64).into()],
+        )?;
+        Ok(())
+    }
+
     fn target(&self) -> Target {
         Target::Nvptx { sm: self.sm }
     }

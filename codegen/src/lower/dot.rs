@@ -821,6 +821,48 @@ pub(super) fn stage_operand<'ctx>(
     stage(l, &Arrays::new(l, op, &p), which, t, base)
 }
 
+/// Where (in elements from the arrays' base) operand `which`'s element `e` (its flat
+/// index in the operand tile) goes: `a[m][k]` at `a_swz(m, k)`; `b[k][n]` at
+/// `a_elems + b_swz(k, n)` with `ldmatrix`, else transposed at `a_elems + b_swz(n, k)`.
+fn elem_offset<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    arr: &Arrays,
+    which: usize,
+    e: IntValue<'ctx>,
+) -> LResult<IntValue<'ctx>> {
+    let bd = &l.cx.b;
+    if which == 0 {
+        let k = arr.k;
+        let r = bd.build_right_shift(e, l.cx.i32(k.trailing_zeros() as i64), false, "")?;
+        let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
+        return arr.a_swz.emit(&l.cx, r, cc);
+    }
+    let n = arr.n;
+    let kk = bd.build_right_shift(e, l.cx.i32(n.trailing_zeros() as i64), false, "")?;
+    let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;
+    let o = if arr.ldm {
+        arr.b_swz.emit(&l.cx, kk, nn)?
+    } else {
+        arr.b_swz.emit(&l.cx, nn, kk)?
+    };
+    Ok(bd.build_int_add(o, l.cx.i32(arr.a_elems() as i64), "")?)
+}
+
+/// [`elem_offset`] for the matrix-path `dot` `op` (an asynchronous copy's target).
+pub(super) fn operand_offset<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    op: &Op,
+    which: usize,
+    e: IntValue<'ctx>,
+) -> LResult<IntValue<'ctx>> {
+    let Some(p) = plan(l, op) else {
+        return Err(super::LowerError::Llvm(
+            "an FMA-path dot has no arrays".into(),
+        ));
+    };
+    elem_offset(l, &Arrays::new(l, op, &p), which, e)
+}
+
 fn stage<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     arr: &Arrays,
@@ -828,38 +870,17 @@ fn stage<'ctx>(
     t: &Tile<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
 ) -> LResult<()> {
-    let (n, k, ldm) = (arr.n, arr.k, arr.ldm);
-    let (a_swz, b_swz, a_elems) = (arr.a_swz, arr.b_swz, arr.a_elems());
-    let kb = k.trailing_zeros() as i64;
-    let nb = n.trailing_zeros() as i64;
-    if which == 0 {
-        // a[m][k] at a_swz(m, k): runs along k of at most one unit stay consecutive.
-        return write_tile(l, t, base, &row_runs(a_swz.vec), |e| {
-            let bd = &l.cx.b;
-            let r = bd.build_right_shift(e, l.cx.i32(kb), false, "")?;
-            let cc = bd.build_and(e, l.cx.i32(k as i64 - 1), "")?;
-            a_swz.emit(&l.cx, r, cc)
-        });
-    }
-    // b[k][n] at a_elems + b_swz(k, n) (ldmatrix: runs along n stay consecutive),
-    // else transposed at a_elems + b_swz(n, k): a run goes down a column, steps of `n`
-    // elements (pairs of k, which `operand_load_layout` puts in registers).
-    let b_runs = if ldm {
-        row_runs(b_swz.vec)
+    // A: runs along k of at most one unit stay consecutive. B: with ldmatrix runs
+    // along n; transposed, a run goes down a column, steps of `n` elements (pairs of
+    // k, which `operand_load_layout` puts in registers).
+    let runs = if which == 0 {
+        row_runs(arr.a_swz.vec)
+    } else if arr.ldm {
+        row_runs(arr.b_swz.vec)
     } else {
-        vec![n; usize::from(b_swz.vec >= 2)]
+        vec![arr.n; usize::from(arr.b_swz.vec >= 2)]
     };
-    write_tile(l, t, base, &b_runs, |e| {
-        let bd = &l.cx.b;
-        let kk = bd.build_right_shift(e, l.cx.i32(nb), false, "")?;
-        let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;
-        let o = if ldm {
-            b_swz.emit(&l.cx, kk, nn)?
-        } else {
-            b_swz.emit(&l.cx, nn, kk)?
-        };
-        Ok(bd.build_int_add(o, l.cx.i32(a_elems as i64), "")?)
-    })
+    write_tile(l, t, base, &runs, |e| elem_offset(l, arr, which, e))
 }
 
 fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
@@ -876,9 +897,16 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let info = &p.info;
     // A loop-carried operand is already in this dot's own arrays (the loop staged it
     // and waited at a barrier, see `Lowerer::lower_for`); the rest is written here.
-    let base = match l.pipe_base(op) {
-        Some(b) => b,
-        None => l.scratch(arr.bytes(), &op.span),
+    // With asynchronous copies, the operands are in this iteration's slot of the
+    // ring, and the loop's next barrier (before the slot is refilled) ends the reads.
+    let ring = l.async_dot(op).is_some();
+    let base = if ring {
+        l.async_base(op, None)?
+    } else {
+        match l.pipe_base(op) {
+            Some(b) => b,
+            None => l.scratch(arr.bytes(), &op.span),
+        }
     };
     l.note(|| {
         format!(
@@ -1001,7 +1029,9 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             }
         }
     }
-    l.barrier()?;
+    if !ring {
+        l.barrier()?;
+    }
     Ok(Tile {
         elem: c.elem,
         layout: clay,

@@ -287,6 +287,55 @@ impl Arch for Emu {
         self.flavor == EmuFlavor::Amd
     }
 
+    fn has_cp_async(&self) -> bool {
+        self.flavor == EmuFlavor::Nv
+    }
+
+    fn cp_async<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        dst: PointerValue<'ctx>,
+        src: PointerValue<'ctx>,
+        bytes: u32,
+        src_bytes: IntValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
+        let ty = cx.ctx.void_type().fn_type(
+            &[pt.into(), pt.into(), i32t.into(), i32t.into(), i32t.into()],
+            false,
+        );
+        let args = [
+            dst.into(),
+            src.into(),
+            cx.i32(bytes as i64).into(),
+            src_bytes.into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_cp_async", ty, &args)?;
+        Ok(())
+    }
+
+    fn cp_async_commit<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        let ty = cx.ctx.void_type().fn_type(&[], false);
+        call(cx, "tessera_emu_cp_async_commit", ty, &[])?;
+        Ok(())
+    }
+
+    fn cp_async_wait<'ctx>(&self, cx: &Cx<'ctx>, n: u32) -> LResult<()> {
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[cx.ctx.i32_type().into()], false);
+        call(
+            cx,
+            "tessera_emu_cp_async_wait",
+            ty,
+            &[cx.i32(n as i64).into()],
+        )?;
+        Ok(())
+    }
+
     /// The ISA's range rule, checked here: in range when `offset + size <=
     /// num_records` (as unsigned 64-bit), then an ordinary checked load at
     /// `base + offset`; else zero, without touching memory.

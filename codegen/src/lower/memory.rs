@@ -249,6 +249,17 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
             uniform: true,
         });
     }
+    if let Some(&(d, which, slot)) = l.async_loads.get(&op.results[0]) {
+        return async_copy(
+            l,
+            op,
+            &ptrs,
+            mask.as_ref(),
+            &lay,
+            vec * size,
+            (d, which, slot),
+        );
+    }
     let n = if all_uniform { 1 } else { lay.num_regs() };
     let mut regs: Vec<BasicValueEnum<'ctx>> = Vec::with_capacity(n);
     // On AMD, masked loads through a pointer into a buffer smaller than 2 GiB read
@@ -367,6 +378,108 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         elem,
         layout: lay,
         regs,
+        uniform: false,
+    })
+}
+
+/// Whether load `op` can become asynchronous copies ([`super::arch::Arch::cp_async`])
+/// of 16 bytes into a `dot`'s arrays: a global load with no `other` (masked-off
+/// elements read zero), whose pointers and mask the lowering recomputes in the
+/// 16-byte layout, with 16-byte runs of consecutive, aligned elements and a mask
+/// constant over each run.
+pub(super) fn async_copy_ok(l: &Lowerer<'_, '_>, op: &Op) -> bool {
+    let OpKind::Load {
+        has_mask,
+        has_other,
+    } = op.kind
+    else {
+        return false;
+    };
+    let ty = l.f.ty(op.operands[0]);
+    let Elem::Ptr { pointee, space } = ty.elem else {
+        return false;
+    };
+    let size = pointee.size_bytes() as u64;
+    if has_other || space != AddrSpace::Global || pointee == ScalarType::I1 || size == 0 {
+        return false;
+    }
+    let v = 16 / size;
+    if 16 % size != 0 || ty.shape.last().is_none_or(|&n| (n as u64) < v) {
+        return false;
+    }
+    if !l.will_be_rematerializable(op.operands[0])
+        || (has_mask && !l.will_be_rematerializable(op.operands[1]))
+    {
+        return false;
+    }
+    let info = l.axis.get(l.f, op.operands[0]);
+    let d = info.contiguity.len() - 1;
+    if info.contiguity[d] < v || info.divisibility[d] < 16 {
+        return false;
+    }
+    !has_mask || l.axis.get(l.f, op.operands[1]).constancy[d] >= v
+}
+
+/// Lowers load `op` (pointers `ptrs`, `mask`, in layout `lay` of `bytes`-byte runs)
+/// as asynchronous copies into its `dot`'s ring slot; the value lives there, so the
+/// tile has no registers.
+fn async_copy<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    op: &Op,
+    ptrs: &Tile<'ctx>,
+    mask: Option<&Tile<'ctx>>,
+    lay: &crate::layout::Layout,
+    bytes: u32,
+    (d, which, slot): (&Op, usize, super::AsyncSlot),
+) -> LResult<Tile<'ctx>> {
+    let Elem::Ptr { pointee, .. } = ptrs.elem else {
+        return Err(LowerError::Llvm("load from a non-pointer".into()));
+    };
+    let size = pointee.size_bytes() as u32;
+    if bytes != 16 {
+        return Err(LowerError::Llvm(format!(
+            "an asynchronous copy of {bytes} bytes (the load's layout has no 16-byte runs)"
+        )));
+    }
+    let run = (bytes / size) as usize;
+    let base = l.async_base(d, Some(slot))?;
+    let mt = l.mem_ty(Elem::Scalar(pointee));
+    let idx = l.elem_indices(lay)?;
+    for r in (0..lay.num_regs()).step_by(run) {
+        if is_dup_reg(lay, r) {
+            continue;
+        }
+        let off = super::dot::operand_offset(l, d, which, idx[r])?;
+        let dst = l.smem_ptr(base, mt, off)?;
+        let src = ptrs.regs[r].into_pointer_value();
+        let full = l.cx.i32(bytes as i64);
+        let n = match mask {
+            Some(m) => {
+                l.cx.b
+                    .build_select(m.regs[r].into_int_value(), full, l.cx.i32(0), "")?
+                    .into_int_value()
+            }
+            None => full,
+        };
+        let site = l.new_site("cp.async");
+        l.arch.cp_async(&l.cx, dst, src, bytes, n, site)?;
+    }
+    l.async_issued(d, slot)?;
+    l.note(|| {
+        format!(
+            "asynchronous 16-byte copies (cp.async, zero-filled where masked) of operand {} into the dot's ring of arrays ({})",
+            ["A", "B"][which],
+            match slot {
+                super::AsyncSlot::Fixed(s) => format!("slot {s}"),
+                super::AsyncSlot::Next => "the slot being filled".to_string(),
+            }
+        )
+    });
+    let _ = op;
+    Ok(Tile {
+        elem: Elem::Scalar(pointee),
+        layout: lay.clone(),
+        regs: Vec::new(),
         uniform: false,
     })
 }

@@ -421,6 +421,20 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pipe_dots: HashMap<*const Op, u32>,
     /// Shared memory the arrays of [`Self::pipe_dots`] take (scratch comes after).
     pipe_bytes: u32,
+    /// Whether `dot` operand pipelines may use asynchronous copies ([`Arch::cp_async`]).
+    allow_async: bool,
+    /// `dot`s whose operands arrive by asynchronous copies into a ring of arrays.
+    async_dots: HashMap<*const Op, AsyncDot>,
+    /// The loads that become asynchronous copies: their `dot`, operand, and slot.
+    async_loads: HashMap<ValueId, (&'a Op, usize, AsyncSlot)>,
+    /// Region arguments of those pipelines (they hold nothing in registers).
+    async_args: std::collections::HashSet<ValueId>,
+    /// Asynchronous copies issued per (`dot`, slot) so far: the group is committed
+    /// when both operands' are.
+    async_issued: RefCell<HashMap<(*const Op, Option<u32>), u32>>,
+    /// While lowering a pipelined loop's body: per `dot`, the byte offsets (within its
+    /// ring) of the slot its operands are read from and of the slot being filled.
+    async_slots: RefCell<HashMap<*const Op, (IntValue<'ctx>, IntValue<'ctx>)>>,
     sites: RefCell<Vec<Site>>,
     /// The hidden parameters of a communicating kernel ([`crate::comm`]).
     comm: Option<comm::CommVals<'ctx>>,
@@ -510,6 +524,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             lane,
             warp,
             hints: HashMap::new(),
+            allow_async: true,
+            async_dots: HashMap::new(),
+            async_loads: HashMap::new(),
+            async_args: std::collections::HashSet::new(),
+            async_issued: RefCell::new(HashMap::new()),
+            async_slots: RefCell::new(HashMap::new()),
             staged: HashMap::new(),
             pipe_dots: HashMap::new(),
             pipe_bytes: 0,
@@ -655,8 +675,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             if op.kind != OpKind::For {
                 continue;
             }
+            if self.allow_async && self.arch.has_cp_async() {
+                self.plan_async(op, r);
+            }
             let body = &op.regions[0];
             for (j, &arg) in body.args.iter().enumerate().skip(1) {
+                if self.staged.contains_key(&arg) {
+                    continue;
+                }
                 let mut uses: Vec<(&'a Op, usize)> = Vec::new();
                 visit_uses_in(body, arg, &mut |o, i| uses.push((o, i)));
                 let result_used = op.results.get(j - 1).is_some_and(|&res| {
@@ -681,6 +707,195 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
             }
         }
+    }
+
+    /// The uses of `v` in `r` (and nested regions).
+    fn uses_in(r: &'a Region, v: ValueId) -> Vec<(&'a Op, usize)> {
+        let mut out = Vec::new();
+        visit_uses_in(r, v, &mut |o, i| out.push((o, i)));
+        out
+    }
+
+    /// Plans asynchronous copies for the pipelined operands of the `dot`s in loop
+    /// `for_op` (in region `parent`): both operands of a matrix-path `dot` must come
+    /// as [`crate::pipeline`] leaves them, a chain of region arguments `t0 .. t(d-1)`
+    /// (`t0` the `dot`'s operand, each yielded as the one before, the last fed by a
+    /// load in the body) whose initial values are loads just before the loop, every
+    /// load one [`Arch::cp_async`] can do. Then each load copies straight into a ring
+    /// of `d + 1` copies of the `dot`'s arrays (iteration `i` in slot `i % (d + 1)`),
+    /// the region arguments hold nothing, and the loop waits for iteration `i`'s
+    /// group at its top (see [`Self::lower_for`]).
+    fn plan_async(&mut self, for_op: &'a Op, parent: &'a Region) {
+        let body = &for_op.regions[0];
+        let Some(y) = body.ops.last() else {
+            return;
+        };
+        let def_in = |r: &'a Region, v: ValueId| r.ops.iter().find(|o| o.results.contains(&v));
+        // Per dot: per operand, (args of the chain, prologue loads, loop load).
+        type Chain<'b> = (Vec<ValueId>, Vec<&'b Op>, &'b Op);
+        let mut chains: Vec<(&'a Op, usize, Chain<'a>)> = Vec::new();
+        for &a0 in body.args.iter().skip(1) {
+            let [(d, which)] = Self::uses_in(body, a0)[..] else {
+                continue;
+            };
+            if d.kind != OpKind::Dot || which >= 2 || dot::matrix_staging_bytes(self, d).is_none() {
+                continue;
+            }
+            let arg_index = |a: ValueId| body.args.iter().position(|&x| x == a);
+            let mut args = vec![a0];
+            let mut cur = a0;
+            let last = loop {
+                let Some(k) = arg_index(cur) else { break None };
+                let next = y.operands[k - 1];
+                if let Some(k2) = arg_index(next) {
+                    // `next` is yielded as `cur` (operand `k - 1`), and used nowhere else.
+                    let uses = Self::uses_in(body, next);
+                    let only_yield =
+                        uses.len() == 1 && std::ptr::eq(uses[0].0, y) && uses[0].1 == k - 1;
+                    if k2 == 0 || !only_yield || args.contains(&next) {
+                        break None;
+                    }
+                    args.push(next);
+                    cur = next;
+                    continue;
+                }
+                break def_in(body, next).filter(|l| {
+                    matches!(l.kind, OpKind::Load { .. })
+                        && Self::uses_in(body, next).len() == 1
+                        && memory::async_copy_ok(self, l)
+                });
+            };
+            let Some(last) = last else {
+                continue;
+            };
+            let mut pro = Vec::new();
+            for &a in &args {
+                let k = arg_index(a).expect("a region argument");
+                let init = for_op.operands[3 + k - 1];
+                match def_in(parent, init) {
+                    Some(l)
+                        if matches!(l.kind, OpKind::Load { .. })
+                            && Self::uses_in(parent, init).len() == 1
+                            && memory::async_copy_ok(self, l) =>
+                    {
+                        pro.push(l)
+                    }
+                    _ => break,
+                }
+            }
+            if pro.len() == args.len() {
+                chains.push((d, which, (args, pro, last)));
+            }
+        }
+        for (i, (d, which, (args, ..))) in chains.iter().enumerate() {
+            if *which != 0 {
+                continue;
+            }
+            let Some((_, _, (b_args, ..))) = chains
+                .iter()
+                .find(|(d2, w2, _)| std::ptr::eq(*d2, *d) && *w2 == 1)
+            else {
+                continue;
+            };
+            if b_args.len() != args.len() {
+                continue;
+            }
+            let ahead = args.len() as u32;
+            let slot_bytes = dot::matrix_staging_bytes(self, d).unwrap_or(0).div_ceil(16) * 16;
+            let slots = ahead + 1;
+            if self.pipe_bytes + slots * slot_bytes > self.target().shared_memory_limit() {
+                continue;
+            }
+            self.async_dots.insert(
+                *d as *const Op,
+                AsyncDot {
+                    offset: self.pipe_bytes,
+                    slot_bytes,
+                    slots,
+                    ahead,
+                },
+            );
+            self.pipe_bytes += slots * slot_bytes;
+            self.pipe_dots
+                .insert(*d as *const Op, self.async_dots[&(*d as *const Op)].offset);
+            let _ = i;
+            for (d2, w2, (cargs, pro, last)) in &chains {
+                if !std::ptr::eq(*d2, *d) {
+                    continue;
+                }
+                for &a in cargs {
+                    self.async_args.insert(a);
+                }
+                self.staged.insert(cargs[0], (d2, *w2));
+                for (s, l) in pro.iter().enumerate() {
+                    self.async_loads
+                        .insert(l.results[0], (d2, *w2, AsyncSlot::Fixed(s as u32)));
+                }
+                self.async_loads
+                    .insert(last.results[0], (d2, *w2, AsyncSlot::Next));
+            }
+        }
+    }
+
+    /// The asynchronous-copy ring of `dot` `op`, if it has one.
+    pub(crate) fn async_dot(&self, op: &Op) -> Option<AsyncDot> {
+        self.async_dots.get(&(op as *const Op)).copied()
+    }
+
+    /// The array base of slot `slot` of `op`'s ring (the read slot for `None`... see
+    /// [`AsyncSlot`]): `Fixed` slots are constant, `Next` and the read slot come from
+    /// the loop being lowered.
+    pub(crate) fn async_base(
+        &self,
+        op: &Op,
+        slot: Option<AsyncSlot>,
+    ) -> LResult<PointerValue<'ctx>> {
+        let a = self
+            .async_dot(op)
+            .ok_or_else(|| LowerError::Llvm("no ring for this dot".into()))?;
+        let base = self.smem_at(a.offset);
+        let off = match slot {
+            Some(AsyncSlot::Fixed(s)) => return Ok(self.smem_at(a.offset + s * a.slot_bytes)),
+            Some(AsyncSlot::Next) => self
+                .async_slots
+                .borrow()
+                .get(&(op as *const Op))
+                .map(|s| s.1),
+            None => self
+                .async_slots
+                .borrow()
+                .get(&(op as *const Op))
+                .map(|s| s.0),
+        }
+        .ok_or_else(|| LowerError::Llvm("a ring slot outside its loop".into()))?;
+        // SAFETY: a byte offset inside the ring, which `finish_shared` sizes.
+        Ok(unsafe {
+            self.cx
+                .b
+                .build_in_bounds_gep(self.cx.ctx.i8_type(), base, &[off], "")?
+        })
+    }
+
+    /// Counts an asynchronous copy of operand `which` for `dot` `op` into `slot`;
+    /// commits the group once both operands' copies are issued.
+    pub(crate) fn async_issued(&self, op: &Op, slot: AsyncSlot) -> LResult<()> {
+        let key = (
+            op as *const Op,
+            match slot {
+                AsyncSlot::Fixed(s) => Some(s),
+                AsyncSlot::Next => None,
+            },
+        );
+        let n = {
+            let mut m = self.async_issued.borrow_mut();
+            let n = m.entry(key).or_insert(0);
+            *n += 1;
+            *n
+        };
+        if n == 2 {
+            self.arch.cp_async_commit(&self.cx)?;
+        }
+        Ok(())
     }
 
     /// A new site id for a hook emitted for the current op.
@@ -1222,8 +1437,28 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let step = self.val(op.operands[2])?.regs[0].into_int_value();
         let mut inits = Vec::new();
         let mut staged_any = false;
+        // The `dot`s of this loop fed by asynchronous copies (`plan_async`).
+        let mut rings: Vec<(&Op, AsyncDot)> = Vec::new();
+        for a in &body.args {
+            if let Some(&(d, _)) = self.staged.get(a)
+                && self.async_args.contains(a)
+                && let Some(r) = self.async_dot(d)
+                && !rings.iter().any(|(x, _)| std::ptr::eq(*x, d))
+            {
+                rings.push((d, r));
+            }
+        }
         for (i, &v) in op.operands[3..].iter().enumerate() {
             let t = self.val(v)?;
+            if body
+                .args
+                .get(i + 1)
+                .is_some_and(|a| self.async_args.contains(a))
+            {
+                // In the ring already (the prologue's copies).
+                inits.push(t);
+                continue;
+            }
             if let Some(t) =
                 self.stage_carried(body.args.get(i + 1), &t, "the first iteration's")?
             {
@@ -1261,6 +1496,26 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
             phis.push(ps);
         }
+        // Per ring: the byte offsets of the slot read this iteration and of the slot
+        // its copies for iteration `i + ahead` fill.
+        let i32t = self.cx.ctx.i32_type();
+        let mut ring_phis = Vec::new();
+        for (d, r) in &rings {
+            let (rd, wr) = (
+                self.cx.b.build_phi(i32t, "ring.read")?,
+                self.cx.b.build_phi(i32t, "ring.fill")?,
+            );
+            rd.add_incoming(&[(&self.cx.i32(0), pre)]);
+            wr.add_incoming(&[(&self.cx.i32((r.ahead * r.slot_bytes) as i64), pre)]);
+            self.async_slots.borrow_mut().insert(
+                *d as *const Op,
+                (
+                    rd.as_basic_value().into_int_value(),
+                    wr.as_basic_value().into_int_value(),
+                ),
+            );
+            ring_phis.push((rd, wr, *r));
+        }
         let ivv = iv.as_basic_value().into_int_value();
         let c = self
             .cx
@@ -1268,6 +1523,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             .build_int_compare(inkwell::IntPredicate::SLT, ivv, ub, "")?;
         self.cx.b.build_conditional_branch(c, bb_body, exit)?;
         self.cx.b.position_at_end(bb_body);
+        if let Some(ahead) = rings.iter().map(|(_, r)| r.ahead).min() {
+            // This iteration's copies have landed (at most the `ahead - 1` newer groups
+            // are pending) and are visible to the block; every thread is done with the
+            // slot the loop's copies refill next (read in the previous iteration).
+            self.note(|| {
+                format!(
+                    "cp.async.wait_group {} and a barrier at the top of each iteration",
+                    ahead - 1
+                )
+            });
+            self.arch.cp_async_wait(&self.cx, ahead - 1)?;
+            self.barrier()?;
+        }
         let ive = self.f.ty(op.operands[0]).elem;
         if let Some(&a) = body.args.first() {
             let t = self.scalar_tile(ive, ivv.into());
@@ -1285,6 +1553,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.restore_op(op);
         let mut ys_conv = Vec::new();
         for (j, (y, t)) in ys.iter().zip(&inits).enumerate() {
+            if body
+                .args
+                .get(j + 1)
+                .is_some_and(|a| self.async_args.contains(a))
+            {
+                ys_conv.push(y.clone());
+                continue;
+            }
             // The `dot` that read the staged tile ended at a barrier: overwrite it.
             if let Some(s) = self.stage_carried(body.args.get(j + 1), y, "the next iteration's")? {
                 ys_conv.push(s);
@@ -1296,9 +1572,29 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.barrier()?;
         }
         let next = self.cx.b.build_int_add(ivv, step, "iv.next")?;
+        let mut ring_next = Vec::new();
+        for (rd, wr, r) in &ring_phis {
+            let size = self.cx.i32((r.slots * r.slot_bytes) as i64);
+            let adv = |p: &inkwell::values::PhiValue<'ctx>| -> LResult<IntValue<'ctx>> {
+                let b = &self.cx.b;
+                let n = b.build_int_add(
+                    p.as_basic_value().into_int_value(),
+                    self.cx.i32(r.slot_bytes as i64),
+                    "",
+                )?;
+                let wrap = b.build_int_compare(inkwell::IntPredicate::EQ, n, size, "")?;
+                Ok(b.build_select(wrap, self.cx.i32(0), n, "")?
+                    .into_int_value())
+            };
+            ring_next.push((adv(rd)?, adv(wr)?));
+        }
         self.arch.loop_backedge(&self.cx)?;
         let latch = self.cx.cur_block();
         iv.add_incoming(&[(&next, latch)]);
+        for ((rd, wr, _), (nr, nw)) in ring_phis.iter().zip(&ring_next) {
+            rd.add_incoming(&[(nr, latch)]);
+            wr.add_incoming(&[(nw, latch)]);
+        }
         for (ps, y) in phis.iter().zip(&ys_conv) {
             for (p, r) in ps.iter().zip(&y.regs) {
                 p.add_incoming(&[(r as &dyn BasicValue, latch)]);
@@ -1306,6 +1602,13 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         self.cx.b.build_unconditional_branch(header)?;
         self.cx.b.position_at_end(exit);
+        if !rings.is_empty() {
+            // The copies for iterations past the end land before anything else.
+            self.arch.cp_async_wait(&self.cx, 0)?;
+            for (d, _) in &rings {
+                self.async_slots.borrow_mut().remove(&(*d as *const Op));
+            }
+        }
         for (r, t) in op.results.iter().zip(carried) {
             self.set(*r, t);
         }
@@ -1467,6 +1770,25 @@ pub fn kernel_symbol(name: &str) -> String {
 }
 
 /// Records the defining op of every value defined in `r` and its nested regions.
+/// A `dot` fed by asynchronous copies: `slots` arrays of `slot_bytes` from `offset`
+/// in shared memory, `ahead` iterations' copies in flight.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct AsyncDot {
+    offset: u32,
+    slot_bytes: u32,
+    slots: u32,
+    ahead: u32,
+}
+
+/// Which array of the ring an asynchronous copy fills.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum AsyncSlot {
+    /// Slot `s`: the prologue's copy for iteration `s`.
+    Fixed(u32),
+    /// The loop's copy for iteration `i + ahead`: the slot being filled.
+    Next,
+}
+
 /// Calls `f(op, operand index)` for every use of `v` in `r` and its nested regions.
 fn visit_uses_in<'a>(r: &'a Region, v: ValueId, f: &mut impl FnMut(&'a Op, usize)) {
     for op in &r.ops {

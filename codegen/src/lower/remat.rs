@@ -98,21 +98,43 @@ impl<'ctx> Lowerer<'_, 'ctx> {
     /// cheap and pure).
     pub(super) fn rematerializable(&self, v: ValueId) -> bool {
         let mut budget = BUDGET;
-        self.remat_ok(v, &mut budget)
+        self.remat_ok(v, &mut budget, false)
     }
 
-    fn remat_ok(&self, v: ValueId, budget: &mut u32) -> bool {
+    /// [`Self::rematerializable`] before lowering: scalar values that no op defines
+    /// (parameters, loop induction variables) count as the uniform values they will be.
+    pub(super) fn will_be_rematerializable(&self, v: ValueId) -> bool {
+        let mut budget = BUDGET;
+        self.remat_ok(v, &mut budget, true)
+    }
+
+    fn remat_ok(&self, v: ValueId, budget: &mut u32, planning: bool) -> bool {
         if self.vals.get(&v).is_some_and(|t| t.uniform) {
+            return true;
+        }
+        if planning && !self.defs.contains_key(&v) && self.f.ty(v).shape.is_empty() {
             return true;
         }
         let Some(op) = self.defs.get(&v).copied() else {
             return false;
         };
-        if *budget == 0 || !cheap(self, op) {
+        // Before lowering, constants and splats are not lowered yet; they will be
+        // uniform.
+        let uniform_op = planning
+            && matches!(
+                op.kind,
+                OpKind::Const(_)
+                    | OpKind::Splat
+                    | OpKind::ProgramId { .. }
+                    | OpKind::NumPrograms { .. }
+            );
+        if *budget == 0 || !(uniform_op || cheap(self, op)) {
             return false;
         }
         *budget -= 1;
-        op.operands.iter().all(|&o| self.remat_ok(o, budget))
+        op.operands
+            .iter()
+            .all(|&o| self.remat_ok(o, budget, planning))
     }
 
     /// Re-emits `v`'s defining ops in layout `to`; `None` when `v` is not cheap.
