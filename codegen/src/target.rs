@@ -133,6 +133,9 @@ pub enum Vendor {
     Amd,
 }
 
+/// The most shared memory a PTX kernel declares statically (CUDA's 48 KiB).
+pub const NVIDIA_STATIC_SHARED_BYTES: u32 = 48 * 1024;
+
 impl Target {
     /// NVIDIA or AMD; for the emulator, the vendor it imitates.
     pub fn vendor(self) -> Vendor {
@@ -206,13 +209,27 @@ impl Target {
         if self.is_emu() { 0 } else { 3 }
     }
 
-    /// Bytes of shared memory one block may use without opting in to more.
+    /// Bytes of shared memory one block may use: on NVIDIA the opt-in maximum per
+    /// block of the architecture (sm_80 163 KiB, sm_86/sm_89 99 KiB, sm_90 227 KiB);
+    /// past [`NVIDIA_STATIC_SHARED_BYTES`] the kernel declares it dynamic
+    /// ([`Self::dynamic_shared`]) and the launch opts in.
     pub fn shared_memory_limit(self) -> u32 {
         match self {
-            Target::Nvptx { .. } => 48 * 1024,
+            Target::Nvptx { sm: 80 } => 166_912,
+            Target::Nvptx { sm: 86 | 89 } => 101_376,
+            Target::Nvptx { sm } if sm >= 90 => 232_448,
+            Target::Nvptx { .. } => NVIDIA_STATIC_SHARED_BYTES,
             Target::Amdgpu(_) => 64 * 1024,
             Target::Emu(f) => f.imitates().shared_memory_limit(),
         }
+    }
+
+    /// Whether a kernel needing `bytes` of shared memory declares it dynamic
+    /// (`.extern .shared`, sized by the launch): on NVIDIA past the 48 KiB a static
+    /// declaration may hold. The runtime launches such kernels with `bytes` of dynamic
+    /// shared memory, after raising the kernel's limit to it.
+    pub fn dynamic_shared(self, bytes: u32) -> bool {
+        matches!(self, Target::Nvptx { .. }) && bytes > NVIDIA_STATIC_SHARED_BYTES
     }
 
     /// The file extension of the compiled artifact (`ptx`, `hsaco`, or `o`: a host

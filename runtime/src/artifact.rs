@@ -30,6 +30,12 @@ use crate::disk_cache::{CacheKey, DiskCache};
 /// share the workspace version, so a runtime without LLVM knows it too.
 pub const COMPILER_VERSION: &str = concat!("tessera-", env!("CARGO_PKG_VERSION"));
 
+/// NVIDIA kernels needing more shared memory than this declare it dynamic (the
+/// codegen's `NVIDIA_STATIC_SHARED_BYTES`): their launch passes
+/// [`KernelBinary::shared_bytes`] of dynamic shared memory and raises the kernel's
+/// limit to it.
+pub const DYNAMIC_SHARED_PAST: u32 = 48 * 1024;
+
 /// First bytes of a serialized [`KernelBinary`] (format version 1).
 const MAGIC: &[u8; 8] = b"TSRKBIN1";
 
@@ -164,7 +170,9 @@ pub struct KernelBinary {
     pub target: String,
     /// Threads per block.
     pub num_threads: u32,
-    /// Static shared memory in bytes.
+    /// Shared memory in bytes: declared in the PTX up to 48 KiB, past that dynamic
+    /// (an unsized `.extern .shared` array the launch sizes to this), see
+    /// [`DYNAMIC_SHARED_PAST`].
     pub shared_bytes: u32,
     /// PTX text (NVIDIA) or an HSACO code object (AMD).
     pub binary: Vec<u8>,

@@ -519,7 +519,17 @@ impl CudaDevice {
             .ctx
             .load_module(Ptx::from_src(src))
             .map_err(self.err(what.clone()))?;
-        let func = module.load_function(&bin.name).map_err(self.err(what))?;
+        let func = module
+            .load_function(&bin.name)
+            .map_err(self.err(what.clone()))?;
+        if bin.shared_bytes > crate::artifact::DYNAMIC_SHARED_PAST {
+            // Dynamic shared memory past 48 KiB needs the kernel's opt-in.
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bin.shared_bytes as i32,
+            )
+            .map_err(self.err(what))?;
+        }
         let k = Arc::new(CudaKernel { func, bin });
         Ok(self
             .lock_kernels()
@@ -563,8 +573,12 @@ impl CudaDevice {
         let cfg = LaunchConfig {
             grid_dim: (grid[0], grid[1], grid[2]),
             block_dim: (k.bin.num_threads, 1, 1),
-            // Shared memory is static (declared in the PTX), see `KernelBinary`.
-            shared_mem_bytes: 0,
+            // Declared in the PTX up to 48 KiB, dynamic past it (`KernelBinary`).
+            shared_mem_bytes: if k.bin.shared_bytes > crate::artifact::DYNAMIC_SHARED_PAST {
+                k.bin.shared_bytes
+            } else {
+                0
+            },
         };
         // SAFETY: the arguments match the kernel's parameters in number and size
         // (checked against the IR by `launch`), device addresses belong to live

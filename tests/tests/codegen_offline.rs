@@ -607,3 +607,53 @@ fn layout_dump_names_layouts_conversions_and_arrays() {
         tessera::ir::parser::parse_function(&text).expect("the dump parses");
     }
 }
+
+/// On sm_80, specialized as launches are, the matmuls' operand loads become
+/// `cp.async` rings of 3 copies of the dot's arrays: 16-byte copies, one commit group
+/// per iteration, a wait for all but the newest group and one barrier per
+/// iteration. The 128x128x64 ring (96 KiB) is dynamic shared memory; every PTX
+/// assembles with no spills. Without the launch facts (unknown alignment) the loads
+/// stay loads.
+#[test]
+fn sm80_matmuls_pipeline_through_cp_async_rings() {
+    use tessera::ir::ParamFacts;
+    assert_eq!(
+        tessera::artifact::DYNAMIC_SHARED_PAST,
+        tessera::codegen::target::NVIDIA_STATIC_SHARED_BYTES
+    );
+    let cases = [
+        (
+            kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds"),
+            4,
+            3 * 16384,
+        ),
+        (
+            kernel_ir::<matmul::matmul<f16, 128, 128, 64>>(&()).expect("builds"),
+            8,
+            3 * 32768,
+        ),
+    ];
+    for (func, num_warps, ring) in cases {
+        let facts = vec![ParamFacts::new(true, true); func.params.len()];
+        let spec = func.specialized(&facts);
+        let art = compile_ir(&spec, SM80, &CompileOptions::warps(num_warps)).expect("compiles");
+        let ptx = &art.asm;
+        let count = |s: &str| ptx.matches(s).count();
+        // 8 per thread per iteration (4 of A, 4 of B): 2 in the prologue, 1 in the loop.
+        assert_eq!(count("cp.async.cg.shared.global"), 3 * 8, "{ptx}");
+        assert_eq!(count("cp.async.commit_group"), 3, "{ptx}");
+        assert_eq!(count("cp.async.wait_group \t1;"), 1, "{ptx}");
+        assert_eq!(count("bar.sync"), 1, "{ptx}");
+        assert_eq!(art.meta.shared_bytes as usize, ring);
+        assert_eq!(ptx.contains(".extern .shared"), ring > 48 * 1024, "{ptx}");
+        let report = tools::ptxas(ptx, "sm_80").expect("ptxas");
+        assert_eq!(
+            (report.spill_stores_bytes, report.spill_loads_bytes),
+            (0, 0),
+            "{} registers",
+            report.registers
+        );
+        let plain = compile_ir(&func, SM80, &CompileOptions::warps(num_warps)).expect("compiles");
+        assert_eq!(plain.asm.matches("cp.async").count(), 0);
+    }
+}

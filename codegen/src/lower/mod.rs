@@ -604,14 +604,24 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let old = self.smem;
         if bytes > 0 && self.smem_base.is_none() {
-            let ty = self.cx.ctx.i8_type().array_type(bytes);
+            let dynamic = self.target().dynamic_shared(bytes);
+            // Dynamic shared memory is an unsized external array the launch sizes.
+            let ty = self
+                .cx
+                .ctx
+                .i8_type()
+                .array_type(if dynamic { 0 } else { bytes });
             let g = self.cx.module.add_global(
                 ty,
                 Some(arch::shared_space(self.target())),
                 "__tessera_smem",
             );
-            g.set_linkage(Linkage::Internal);
-            g.set_initializer(&ty.get_undef());
+            if dynamic {
+                g.set_linkage(Linkage::External);
+            } else {
+                g.set_linkage(Linkage::Internal);
+                g.set_initializer(&ty.get_undef());
+            }
             g.set_alignment(16);
             old.as_pointer_value()
                 .replace_all_uses_with(g.as_pointer_value());
