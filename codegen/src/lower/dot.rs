@@ -159,8 +159,7 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     if m % info.m != 0 || n % info.n != 0 || k % info.k != 0 {
         return None;
     }
-    let warps_m = l.nw.min(m / info.m);
-    let warps_n = (l.nw / warps_m).min(n / info.n);
+    let (warps_m, warps_n) = warp_grid(l.nw, m / info.m, n / info.n);
     Some(Plan {
         reps_m: m / (info.m * warps_m),
         reps_n: n / (info.n * warps_n),
@@ -168,6 +167,34 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
         warps_m,
         warps_n,
     })
+}
+
+/// The warp grid of a `dot` with `tiles_m x tiles_n` instruction tiles on `nw` warps:
+/// the split of the warps (powers of two, each at most its tile count) that gives
+/// each warp the squarest block, `tiles_m / warps_m + tiles_n / warps_n` smallest
+/// (each warp reads the A fragments of its rows and the B fragments of its columns,
+/// so that sum is its fragment reads per k-step), more warps along M on a tie; when
+/// the tiles are fewer than the warps, M first and the rest replicate.
+fn warp_grid(nw: u32, tiles_m: u32, tiles_n: u32) -> (u32, u32) {
+    let mut best: Option<(u32, u32, u32)> = None;
+    let mut wm = nw;
+    while wm >= 1 {
+        let wn = nw / wm;
+        if wm <= tiles_m && wn <= tiles_n {
+            let cost = tiles_m / wm + tiles_n / wn;
+            if best.is_none_or(|b| cost < b.0) {
+                best = Some((cost, wm, wn));
+            }
+        }
+        wm /= 2;
+    }
+    match best {
+        Some((_, wm, wn)) => (wm, wn),
+        None => {
+            let wm = nw.min(tiles_m);
+            (wm, (nw / wm).min(tiles_n))
+        }
+    }
 }
 
 /// Whether `dot` stages its B operand transposed (`[N][K]`): on the matrix path of

@@ -324,11 +324,30 @@ fn lower_impl<'ctx>(
     opts: &CompileOptions,
     with_layouts: bool,
 ) -> Result<Lowered<'ctx>, CodegenError> {
-    let target = arch.target();
     let stages = opts
         .num_stages
         .unwrap_or_else(|| arch.default_num_stages())
         .clamp(1, 8);
+    let (l, rings) = lower_staged(ctx, func, arch, opts, with_layouts, stages)?;
+    // By default, more than 2 stages are for `cp.async` rings: where no loop got one
+    // (unknown alignment, no `cp.async`), register prefetch keeps one tile in flight
+    // (a deeper one would hold every further tile in registers).
+    if opts.num_stages.is_none() && stages > 2 && !rings {
+        return Ok(lower_staged(ctx, func, arch, opts, with_layouts, 2)?.0);
+    }
+    Ok(l)
+}
+
+/// [`lower_impl`] with `stages`; also whether a loop got a `cp.async` ring.
+fn lower_staged<'ctx>(
+    ctx: &'ctx Context,
+    func: &Function,
+    arch: &dyn Arch,
+    opts: &CompileOptions,
+    with_layouts: bool,
+    stages: u32,
+) -> Result<(Lowered<'ctx>, bool), CodegenError> {
+    let target = arch.target();
     // Only loads feeding `dot`s on the matrix units: their loop keeps the tile in the
     // `dot`'s shared arrays (`Lowerer::plan_staging`), not in registers.
     let nw = opts.num_warps;
@@ -382,12 +401,16 @@ fn lower_impl<'ctx>(
         num_threads,
         shared_bytes,
     };
-    Ok(Lowered {
-        sites: l.sites.into_inner(),
-        module: l.cx.module,
-        meta,
-        layouts,
-    })
+    let rings = !l.async_dots.is_empty();
+    Ok((
+        Lowered {
+            sites: l.sites.into_inner(),
+            module: l.cx.module,
+            meta,
+            layouts,
+        },
+        rings,
+    ))
 }
 
 pub(crate) struct Lowerer<'a, 'ctx> {
