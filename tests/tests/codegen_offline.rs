@@ -657,3 +657,66 @@ fn sm80_matmuls_pipeline_through_cp_async_rings() {
         assert_eq!(plain.asm.matches("cp.async").count(), 0);
     }
 }
+
+/// Layout assignment leaves no conversion through shared memory in any example or
+/// fused kernel, plain or specialized as launches are, on either vendor: the anchors
+/// (16-byte operand loads, the matrix units' accumulators, stores in their value's
+/// layout) reach every use by register renaming or by recomputing index and mask
+/// values (`TESSERA_DUMP=layout` shows each).
+#[test]
+fn no_kernel_converts_through_shared_memory() {
+    use tessera::codegen::lower::lower_with_layouts;
+    use tessera::ir::ParamFacts;
+    type Ir = fn() -> std::sync::Arc<tessera::ir::Function>;
+    fn ir<K: Kernel<Comptime = ()>>() -> std::sync::Arc<tessera::ir::Function> {
+        kernel_ir::<K>(&()).expect("builds")
+    }
+    use tessera::fused::{BK, BM, BN};
+    let kernels: [(&str, Ir, u32); 10] = [
+        ("vector_add", ir::<vector_add::vector_add<1024>>, 4),
+        ("softmax_f32", ir::<softmax::softmax<f32, 4, 1024>>, 4),
+        ("softmax_f16", ir::<softmax::softmax<f16, 4, 1024>>, 4),
+        ("matmul_f32", ir::<matmul::matmul<f32, 64, 64, 32>>, 4),
+        ("matmul_f16", ir::<matmul::matmul<f16, 64, 64, 32>>, 4),
+        (
+            "matmul_f16_128x128x32",
+            ir::<matmul::matmul<f16, 128, 128, 32>>,
+            4,
+        ),
+        (
+            "matmul_f16_128x128x64",
+            ir::<matmul::matmul<f16, 128, 128, 64>>,
+            8,
+        ),
+        ("layernorm", ir::<layernorm::layernorm<f32, 256>>, 4),
+        (
+            "ag_gemm_f16",
+            ir::<tessera::fused::ag_gemm_kernel<f16, BM, BN, BK>>,
+            4,
+        ),
+        (
+            "gemm_rs_f16",
+            ir::<tessera::fused::gemm_rs_kernel<f16, BM, BN, BK>>,
+            4,
+        ),
+    ];
+    let mut found = Vec::new();
+    for (name, f, warps) in kernels {
+        let f = f();
+        let facts = vec![ParamFacts::new(true, true); f.params.len()];
+        for func in [(*f).clone(), f.specialized(&facts)] {
+            for target in [SM80, SM90, GFX942] {
+                let text = lower_with_layouts(&func, target, &CompileOptions::warps(warps))
+                    .expect("lowers");
+                let n = text.matches("convert through shared memory").count();
+                if n > 0 {
+                    found.push(format!("{name} on {target}: {n}"));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "conversions through shared memory: {found:?}"
+    );
+}
