@@ -1,16 +1,214 @@
-//! The HIP backend (feature `hip`): the HIP runtime API through hip-sys.
+//! The HIP backend (feature `hip`): the HIP runtime API, loaded at run time.
 //!
-//! `hipGetDeviceCount` answering an error or zero devices makes every entry point
-//! return [`Error::DeviceUnavailable`]. Each device uses HIP's null stream of that
-//! device as its default stream (see [`crate::Device`]); kernels are HSACO code objects
-//! loaded with `hipModuleLoadData` and launched with `hipModuleLaunchKernel`.
+//! `libamdhip64` is opened with `dlopen` on first use (`libamdhip64.so`, then the
+//! `.so.7`, `.so.6` and `.so.5` names, then `$HIP_PATH/lib` and `/opt/rocm/lib`), so a
+//! binary built with `hip` starts on a machine without ROCm, and with any ROCm
+//! version: no runtime found, `hipGetDeviceCount` answering an error or zero devices
+//! make every entry point return [`Error::DeviceUnavailable`]. Error codes stay
+//! integers (a code this file does not know is reported by number, never undefined
+//! behaviour), and device properties come from `hipDeviceGetAttribute`, whose numbering
+//! is stable across ROCm versions, rather than from `hipDeviceProp_t`, whose layout is
+//! not. Each device uses HIP's null stream of that device as its default stream (see
+//! [`crate::Device`]); kernels are HSACO code objects loaded with `hipModuleLoadData`
+//! and launched with `hipModuleLaunchKernel`.
 
 use std::collections::HashMap;
 use std::ffi::{CStr, CString, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use hip_sys::hiprt as h;
+/// The HIP runtime API as this backend uses it: types, constants and the entry points,
+/// which forward to `libamdhip64` (resolved once, see [`api`]); without a runtime every
+/// call answers `hipErrorNotInitialized`.
+#[allow(
+    non_camel_case_types,
+    non_snake_case,
+    non_upper_case_globals,
+    clippy::too_many_arguments
+)]
+mod h {
+    use std::ffi::{c_char, c_int, c_uint, c_void};
+
+    /// A HIP status code (`hipError_t`), kept as the integer HIP returns.
+    #[repr(transparent)]
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct hipError_t(pub c_int);
+
+    impl hipError_t {
+        pub const hipSuccess: hipError_t = hipError_t(0);
+        pub const hipErrorNotInitialized: hipError_t = hipError_t(3);
+        pub const hipErrorPeerAccessAlreadyEnabled: hipError_t = hipError_t(704);
+    }
+
+    pub type hipDeviceptr_t = *mut c_void;
+    pub type hipStream_t = *mut c_void;
+    pub type hipEvent_t = *mut c_void;
+    pub type hipModule_t = *mut c_void;
+    pub type hipFunction_t = *mut c_void;
+
+    /// `hipIpcMemHandle_t`: 64 opaque bytes.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    pub struct hipIpcMemHandle_t {
+        pub reserved: [c_char; 64],
+    }
+
+    pub const hipStreamNonBlocking: c_uint = 1;
+    pub const hipIpcMemLazyEnablePeerAccess: c_uint = 1;
+
+    /// `hipDeviceAttribute_t` values (the CUDA-compatible range, numbered alike since
+    /// ROCm 5.0).
+    pub const hipDeviceAttributeMultiprocessorCount: c_int = 63;
+    pub const hipDeviceAttributeMaxSharedMemoryPerBlock: c_int = 74;
+    pub const hipDeviceAttributeSharedMemPerBlockOptin: c_int = 75;
+    pub const hipDeviceAttributeWarpSize: c_int = 87;
+
+    /// Declares the entry points: a table of function pointers resolved from the
+    /// library, and a forwarding function of the same name for each.
+    macro_rules! api {
+        ($($name:ident: fn($($arg:ident: $ty:ty),*) -> $ret:ty;)*) => {
+            /// The resolved entry points (the library stays loaded with them).
+            pub struct Api {
+                _lib: libloading::Library,
+                $($name: unsafe extern "C" fn($($ty),*) -> $ret,)*
+            }
+
+            impl Api {
+                /// Resolves every entry point from `lib`.
+                pub fn resolve(lib: libloading::Library) -> Result<Api, String> {
+                    // SAFETY: each symbol is the HIP runtime function of that name,
+                    // whose C signature the declaration above follows; the pointers
+                    // are used only while `lib` (kept in the table) is loaded.
+                    unsafe {
+                        $(let $name = *lib
+                            .get::<unsafe extern "C" fn($($ty),*) -> $ret>(
+                                concat!(stringify!($name), "\0").as_bytes(),
+                            )
+                            .map_err(|e| format!("{}: {e}", stringify!($name)))?;)*
+                        Ok(Api { _lib: lib, $($name,)* })
+                    }
+                }
+            }
+
+            $(
+                /// Forwards to the HIP runtime's function of the same name.
+                ///
+                /// # Safety
+                ///
+                /// As the HIP function's contract.
+                pub unsafe fn $name($($arg: $ty),*) -> $ret {
+                    match super::api() {
+                        // SAFETY: the caller keeps the HIP function's contract.
+                        Ok(a) => unsafe { (a.$name)($($arg),*) },
+                        Err(_) => not_loaded(),
+                    }
+                }
+            )*
+        };
+    }
+
+    /// What an entry point answers without a runtime.
+    trait NotLoaded {
+        fn not_loaded() -> Self;
+    }
+    impl NotLoaded for hipError_t {
+        fn not_loaded() -> Self {
+            hipError_t::hipErrorNotInitialized
+        }
+    }
+    impl NotLoaded for *const c_char {
+        fn not_loaded() -> Self {
+            std::ptr::null()
+        }
+    }
+    fn not_loaded<T: NotLoaded>() -> T {
+        T::not_loaded()
+    }
+
+    api! {
+        hipGetErrorString: fn(e: hipError_t) -> *const c_char;
+        hipGetDeviceCount: fn(n: *mut c_int) -> hipError_t;
+        hipSetDevice: fn(d: c_int) -> hipError_t;
+        hipDeviceGetAttribute: fn(v: *mut c_int, attr: c_int, d: c_int) -> hipError_t;
+        hipDeviceGetName: fn(name: *mut c_char, len: c_int, d: c_int) -> hipError_t;
+        hipDeviceTotalMem: fn(bytes: *mut usize, d: c_int) -> hipError_t;
+        hipGetDeviceProperties: fn(props: *mut c_void, d: c_int) -> hipError_t;
+        hipMalloc: fn(p: *mut *mut c_void, bytes: usize) -> hipError_t;
+        hipFree: fn(p: *mut c_void) -> hipError_t;
+        hipMemset: fn(p: *mut c_void, v: c_int, bytes: usize) -> hipError_t;
+        hipMemsetD32Async: fn(p: hipDeviceptr_t, v: c_int, n: usize, s: hipStream_t) -> hipError_t;
+        hipMemcpyHtoD: fn(dst: hipDeviceptr_t, src: *mut c_void, bytes: usize) -> hipError_t;
+        hipMemcpyDtoH: fn(dst: *mut c_void, src: hipDeviceptr_t, bytes: usize) -> hipError_t;
+        hipMemcpyPeer: fn(dst: *mut c_void, dd: c_int, src: *const c_void, sd: c_int, bytes: usize) -> hipError_t;
+        hipDeviceSynchronize: fn() -> hipError_t;
+        hipDeviceEnablePeerAccess: fn(peer: c_int, flags: c_uint) -> hipError_t;
+        hipEventCreate: fn(e: *mut hipEvent_t) -> hipError_t;
+        hipEventRecord: fn(e: hipEvent_t, s: hipStream_t) -> hipError_t;
+        hipEventSynchronize: fn(e: hipEvent_t) -> hipError_t;
+        hipEventElapsedTime: fn(ms: *mut f32, a: hipEvent_t, b: hipEvent_t) -> hipError_t;
+        hipEventDestroy: fn(e: hipEvent_t) -> hipError_t;
+        hipStreamCreateWithFlags: fn(s: *mut hipStream_t, flags: c_uint) -> hipError_t;
+        hipStreamSynchronize: fn(s: hipStream_t) -> hipError_t;
+        hipStreamDestroy: fn(s: hipStream_t) -> hipError_t;
+        hipIpcGetMemHandle: fn(h: *mut hipIpcMemHandle_t, p: *mut c_void) -> hipError_t;
+        hipIpcOpenMemHandle: fn(p: *mut *mut c_void, h: hipIpcMemHandle_t, flags: c_uint) -> hipError_t;
+        hipIpcCloseMemHandle: fn(p: *mut c_void) -> hipError_t;
+        hipModuleLoadData: fn(m: *mut hipModule_t, image: *const c_void) -> hipError_t;
+        hipModuleGetFunction: fn(f: *mut hipFunction_t, m: hipModule_t, name: *const c_char) -> hipError_t;
+        hipModuleLaunchKernel: fn(
+            f: hipFunction_t,
+            gx: c_uint,
+            gy: c_uint,
+            gz: c_uint,
+            bx: c_uint,
+            by: c_uint,
+            bz: c_uint,
+            shared: c_uint,
+            s: hipStream_t,
+            params: *mut *mut c_void,
+            extra: *mut *mut c_void
+        ) -> hipError_t;
+    }
+}
+
+/// The library names tried, in order.
+fn hip_library_candidates() -> Vec<std::path::PathBuf> {
+    let mut out: Vec<std::path::PathBuf> = [
+        "libamdhip64.so",
+        "libamdhip64.so.7",
+        "libamdhip64.so.6",
+        "libamdhip64.so.5",
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
+    if let Ok(p) = std::env::var("HIP_PATH") {
+        out.push(std::path::Path::new(&p).join("lib/libamdhip64.so"));
+    }
+    out.push("/opt/rocm/lib/libamdhip64.so".into());
+    out
+}
+
+/// The HIP runtime, loaded on first use; the error says what was tried.
+fn api() -> Result<&'static h::Api, &'static str> {
+    static API: OnceLock<Result<h::Api, String>> = OnceLock::new();
+    API.get_or_init(|| {
+        let mut tried = Vec::new();
+        for c in hip_library_candidates() {
+            // SAFETY: loading the HIP runtime runs its initializers, which have no
+            // preconditions.
+            match unsafe { libloading::Library::new(&c) } {
+                Ok(lib) => {
+                    return h::Api::resolve(lib).map_err(|e| format!("{}: {e}", c.display()));
+                }
+                Err(e) => tried.push(format!("{}: {e}", c.display())),
+            }
+        }
+        Err(format!("no HIP runtime found (tried {})", tried.join("; ")))
+    })
+    .as_ref()
+    .map_err(String::as_str)
+}
 
 use crate::Error;
 use crate::artifact::KernelBinary;
@@ -18,13 +216,21 @@ use crate::device::DeviceProperties;
 use crate::launch::GpuArg;
 
 fn describe(e: h::hipError_t) -> String {
-    // SAFETY: hipGetErrorString returns a static string for every code.
+    if let Err(why) = api() {
+        return why.to_string();
+    }
+    // SAFETY: hipGetErrorString returns a static string for every code (an unknown
+    // one included).
     let s = unsafe { h::hipGetErrorString(e) };
     if s.is_null() {
-        format!("{e:?}")
+        format!("HIP error {}", e.0)
     } else {
         // SAFETY: non-null, NUL-terminated, static.
-        format!("{e:?} ({})", unsafe { CStr::from_ptr(s) }.to_string_lossy())
+        format!(
+            "HIP error {} ({})",
+            e.0,
+            unsafe { CStr::from_ptr(s) }.to_string_lossy()
+        )
     }
 }
 
@@ -47,6 +253,7 @@ pub(crate) fn count() -> usize {
 }
 
 fn count_or_error() -> Result<usize, String> {
+    api().map_err(str::to_string)?;
     let mut n: std::os::raw::c_int = 0;
     // SAFETY: writes one int.
     let e = unsafe { h::hipGetDeviceCount(&mut n) };
@@ -112,9 +319,37 @@ impl Drop for HipBuf {
     }
 }
 
+fn name_of(ordinal: usize) -> String {
+    format!("hip:{ordinal}")
+}
+
+/// The first NUL-terminated `gfx<digits and letters>` string in `bytes` (the
+/// architecture name in a `hipDeviceProp_t`), with its feature suffix.
+fn gcn_arch_name(bytes: &[u8]) -> Option<String> {
+    let mut i = 0;
+    while i + 4 <= bytes.len() {
+        if &bytes[i..i + 3] == b"gfx" && bytes[i + 3].is_ascii_alphanumeric() {
+            let end = bytes[i..].iter().position(|&b| b == 0)? + i;
+            let s = std::str::from_utf8(&bytes[i..end]).ok()?;
+            let arch = s.split(':').next().unwrap_or("");
+            if arch[3..].bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return Some(s.to_string());
+            }
+        }
+        i += 1;
+    }
+    None
+}
+
 /// Opens HIP device `ordinal` (once per process).
 pub(crate) fn open(ordinal: usize) -> Result<Arc<HipDevice>, Error> {
     let name = format!("hip:{ordinal}");
+    if let Err(why) = api() {
+        return Err(Error::DeviceUnavailable {
+            device: name,
+            reason: why.to_string(),
+        });
+    }
     let n = count_or_error().map_err(|e| Error::DeviceUnavailable {
         device: name.clone(),
         reason: format!("no HIP device found (hipGetDeviceCount: {e})"),
@@ -131,19 +366,52 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<HipDevice>, Error> {
     if let Some(d) = open.get(&ordinal) {
         return Ok(d.clone());
     }
-    // The struct grew across HIP versions: leave room for a newer runtime's.
-    #[repr(C)]
-    struct Props {
-        p: h::hipDeviceProp_t,
-        _room: [u8; 4096],
-    }
-    let mut props = std::mem::MaybeUninit::<Props>::zeroed();
-    // SAFETY: writes at most sizeof(hipDeviceProp_t) (of a HIP version) bytes.
-    check(ordinal, "querying device properties", unsafe {
-        h::hipGetDeviceProperties(&mut (*props.as_mut_ptr()).p, ordinal as i32)
+    let attr = |a: std::os::raw::c_int, what: &str| -> Result<i32, Error> {
+        let mut v = 0;
+        // SAFETY: writes one int.
+        check(ordinal, what, unsafe {
+            h::hipDeviceGetAttribute(&mut v, a, ordinal as i32)
+        })?;
+        Ok(v)
+    };
+    let multiprocessors = attr(
+        h::hipDeviceAttributeMultiprocessorCount,
+        "querying the CU count",
+    )?;
+    let warp_size = attr(h::hipDeviceAttributeWarpSize, "querying the wavefront size")?;
+    let shared = attr(
+        h::hipDeviceAttributeMaxSharedMemoryPerBlock,
+        "querying shared memory",
+    )?;
+    let shared_optin = attr(
+        h::hipDeviceAttributeSharedMemPerBlockOptin,
+        "querying shared memory",
+    )
+    .unwrap_or(shared);
+    let mut name = [0 as std::os::raw::c_char; 256];
+    // SAFETY: writes at most `name.len()` bytes, NUL-terminated.
+    check(ordinal, "querying the device name", unsafe {
+        h::hipDeviceGetName(name.as_mut_ptr(), name.len() as i32, ordinal as i32)
     })?;
-    // SAFETY: zero-initialized plain data, filled by HIP.
-    let p = unsafe { props.assume_init() }.p;
+    let mut total_memory = 0usize;
+    // SAFETY: writes one size.
+    check(ordinal, "querying the memory size", unsafe {
+        h::hipDeviceTotalMem(&mut total_memory, ordinal as i32)
+    })?;
+    // The architecture name (`gfx942:sramecc+:xnack-`) is only in `hipDeviceProp_t`,
+    // whose layout changed across ROCm versions: read it into a buffer larger than any
+    // version's struct and take the one `gfx…` string in it.
+    let mut props = vec![0u8; 16 * 1024];
+    // SAFETY: writes at most sizeof(hipDeviceProp_t) of this runtime's version, which
+    // is far below the buffer's size.
+    check(ordinal, "querying device properties", unsafe {
+        h::hipGetDeviceProperties(props.as_mut_ptr() as *mut c_void, ordinal as i32)
+    })?;
+    let arch = gcn_arch_name(&props).ok_or_else(|| Error::Driver {
+        device: name_of(ordinal),
+        what: "querying device properties".into(),
+        message: "the runtime's device properties name no gfx architecture".into(),
+    })?;
     let cstr = |s: &[std::os::raw::c_char]| {
         let bytes: Vec<u8> = s
             .iter()
@@ -152,19 +420,27 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<HipDevice>, Error> {
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     };
-    let arch = cstr(&p.gcnArchName);
     let target = arch.split(':').next().unwrap_or("").to_string();
+    if !(1..=1024).contains(&warp_size) || multiprocessors < 0 || shared < 0 {
+        return Err(Error::Driver {
+            device: name_of(ordinal),
+            what: "querying device properties".into(),
+            message: format!(
+                "implausible properties: {multiprocessors} CUs, wavefront {warp_size}, {shared} B shared"
+            ),
+        });
+    }
     let dev = Arc::new(HipDevice {
         ordinal,
         props: DeviceProperties {
-            name: cstr(&p.name),
+            name: cstr(&name),
             target,
             compute_capability: None,
-            multiprocessors: p.multiProcessorCount.max(0) as u32,
-            warp_size: p.warpSize.max(0) as u32,
-            shared_per_block: p.sharedMemPerBlock,
-            shared_per_block_optin: p.sharedMemPerBlock,
-            total_memory: p.totalGlobalMem,
+            multiprocessors: multiprocessors as u32,
+            warp_size: warp_size as u32,
+            shared_per_block: shared as usize,
+            shared_per_block_optin: shared_optin.max(shared) as usize,
+            total_memory,
         },
         kernels: Mutex::new(HashMap::new()),
     });
@@ -521,5 +797,34 @@ impl HipDevice {
                 std::ptr::null_mut(),
             )
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_arch_name_is_found_in_any_layout() {
+        let mut props = vec![0u8; 2048];
+        props[..19].copy_from_slice(b"AMD Instinct MI300X");
+        props[1200..1222].copy_from_slice(b"gfx942:sramecc+:xnack-");
+        assert_eq!(
+            gcn_arch_name(&props).as_deref(),
+            Some("gfx942:sramecc+:xnack-")
+        );
+        let mut props = vec![0u8; 512];
+        props[300..306].copy_from_slice(b"gfx90a");
+        assert_eq!(gcn_arch_name(&props).as_deref(), Some("gfx90a"));
+        // Not an architecture: no name, or `gfx` not followed by one.
+        assert_eq!(gcn_arch_name(&[0u8; 64]), None);
+        assert_eq!(gcn_arch_name(b"the gfx-card\0"), None);
+    }
+
+    #[test]
+    fn error_codes_stay_integers() {
+        // A code no HIP version defines is described by number, not undefined.
+        let s = describe(h::hipError_t(123_456));
+        assert!(s.contains("123456") || s.contains("no HIP runtime"), "{s}");
     }
 }

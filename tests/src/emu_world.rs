@@ -66,7 +66,7 @@ unsafe impl HostMemory for Heap {
     }
 }
 
-/// Runs [`ring_after_barrier`] on `ranks` ranks (OS threads) of `blocks` blocks of
+/// Runs the kernel `ring_after_barrier` on `ranks` ranks (OS threads) of `blocks` blocks of
 /// 256 threads each (8 warps of 32 on `Nv`, 4 waves of 64 on `Amd`), all live at
 /// once, and checks every rank's output. Returns the wall time of the launches.
 pub fn ring_world(flavor: EmuFlavor, ranks: usize, blocks: usize) -> Result<Duration, String> {
