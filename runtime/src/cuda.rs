@@ -549,9 +549,35 @@ impl CudaDevice {
         k: &CudaKernel,
         grid: [u32; 3],
         args: &[GpuArg],
+        waits: bool,
     ) -> Result<(), Error> {
         let what = format!("launching kernel `{}`", k.bin.name);
         let shared = k.bin.shared_bytes as usize;
+        crate::launch::check_grid(
+            &k.bin.name,
+            crate::launch::GridLimits::Cuda,
+            grid,
+            k.bin.num_threads,
+        )?;
+        let dynamic = if k.bin.shared_bytes > crate::artifact::DYNAMIC_SHARED_PAST {
+            shared
+        } else {
+            0
+        };
+        if waits {
+            let per_sm = k
+                .func
+                .occupancy_max_active_blocks_per_multiprocessor(k.bin.num_threads, dynamic, None)
+                .map_err(self.err(format!("querying the occupancy of `{}`", k.bin.name)))?;
+            let programs = grid.iter().map(|&g| g as u64).product();
+            crate::launch::check_resident(
+                &k.bin.name,
+                &self.props.name,
+                programs,
+                per_sm,
+                self.props.multiprocessors,
+            )?;
+        }
         if shared > self.props.shared_per_block_optin {
             return Err(Error::Launch {
                 kernel: k.bin.name.clone(),
@@ -574,11 +600,7 @@ impl CudaDevice {
             grid_dim: (grid[0], grid[1], grid[2]),
             block_dim: (k.bin.num_threads, 1, 1),
             // Declared in the PTX up to 48 KiB, dynamic past it (`KernelBinary`).
-            shared_mem_bytes: if k.bin.shared_bytes > crate::artifact::DYNAMIC_SHARED_PAST {
-                k.bin.shared_bytes
-            } else {
-                0
-            },
+            shared_mem_bytes: dynamic as u32,
         };
         // SAFETY: the arguments match the kernel's parameters in number and size
         // (checked against the IR by `launch`), device addresses belong to live

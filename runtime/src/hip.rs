@@ -155,6 +155,7 @@ mod h {
         hipIpcCloseMemHandle: fn(p: *mut c_void) -> hipError_t;
         hipModuleLoadData: fn(m: *mut hipModule_t, image: *const c_void) -> hipError_t;
         hipModuleGetFunction: fn(f: *mut hipFunction_t, m: hipModule_t, name: *const c_char) -> hipError_t;
+        hipModuleOccupancyMaxActiveBlocksPerMultiprocessor: fn(n: *mut c_int, f: hipFunction_t, block: c_int, shared: usize) -> hipError_t;
         hipModuleLaunchKernel: fn(
             f: hipFunction_t,
             gx: c_uint,
@@ -767,9 +768,36 @@ impl HipDevice {
         k: &HipKernel,
         grid: [u32; 3],
         args: &[GpuArg],
+        waits: bool,
     ) -> Result<(), Error> {
         let what = format!("launching kernel `{}`", k.bin.name);
+        crate::launch::check_grid(
+            &k.bin.name,
+            crate::launch::GridLimits::Hip,
+            grid,
+            k.bin.num_threads,
+        )?;
         self.set(&what)?;
+        if waits {
+            let mut per_cu = 0;
+            // SAFETY: writes one int; live function.
+            check(self.ordinal, &what, unsafe {
+                h::hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
+                    &mut per_cu,
+                    k.func,
+                    k.bin.num_threads as i32,
+                    0,
+                )
+            })?;
+            let programs = grid.iter().map(|&g| g as u64).product();
+            crate::launch::check_resident(
+                &k.bin.name,
+                &self.props.name,
+                programs,
+                per_cu.max(0) as u32,
+                self.props.multiprocessors,
+            )?;
+        }
         // Each parameter's value lives in `args`; HIP reads them through pointers.
         let mut params: Vec<*mut c_void> = args
             .iter()

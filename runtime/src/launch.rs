@@ -246,6 +246,83 @@ fn scalar_divisible_by_16(s: &interp::Scalar) -> bool {
     }
 }
 
+/// Which GPU launch limits apply ([`check_grid`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GridLimits {
+    /// CUDA: x < 2^31, y and z <= 65535 blocks.
+    Cuda,
+    /// HIP (AMD): each dimension's work items (blocks x threads) within 32 bits.
+    Hip,
+}
+
+/// Checks a launch of `grid` blocks of `threads` threads against the vendor's limits,
+/// naming the kernel and the limit (instead of the driver's bare "invalid value").
+pub(crate) fn check_grid(
+    kernel: &str,
+    limits: GridLimits,
+    grid: [u32; 3],
+    threads: u32,
+) -> Result<(), Error> {
+    let bad = |reason: String| {
+        Err(Error::Launch {
+            kernel: kernel.to_string(),
+            reason,
+        })
+    };
+    match limits {
+        GridLimits::Cuda => {
+            if grid[0] > i32::MAX as u32 {
+                return bad(format!(
+                    "a grid of {} programs along x: CUDA allows at most 2^31 - 1",
+                    grid[0]
+                ));
+            }
+            for (axis, &g) in ["y", "z"].iter().zip(&grid[1..]) {
+                if g > 65_535 {
+                    return bad(format!(
+                        "a grid of {g} programs along {axis}: CUDA allows at most 65535 (put the large extent on x)"
+                    ));
+                }
+            }
+        }
+        GridLimits::Hip => {
+            let dims = [threads as u64, 1, 1];
+            for ((axis, &g), d) in ["x", "y", "z"].iter().zip(&grid).zip(dims) {
+                if g as u64 * d > u32::MAX as u64 {
+                    return bad(format!(
+                        "{g} programs of {d} threads along {axis}: HIP dispatches at most 2^32 - 1 work items per dimension"
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// For a kernel that waits for other programs (`wait_until`, `barrier_all`): every
+/// one of its `programs` must be resident at once, and the device holds at most
+/// `per_unit` per multiprocessor (the driver's occupancy answer) on `units` of them.
+pub(crate) fn check_resident(
+    kernel: &str,
+    device: &str,
+    programs: u64,
+    per_unit: u32,
+    units: u32,
+) -> Result<(), Error> {
+    let limit = per_unit as u64 * units as u64;
+    if programs <= limit {
+        return Ok(());
+    }
+    Err(Error::Launch {
+        kernel: kernel.to_string(),
+        reason: format!(
+            "it waits for other programs (wait_until / barrier_all), so all {programs} programs must be resident at once, \
+             but {device} holds at most {limit} ({per_unit} per multiprocessor x {units}): launch at most {limit} programs \
+             and loop over the work in each, or give each program fewer warps or less shared memory"
+        ),
+    })
+}
+
 /// Buffers smaller than this get [`ParamFacts::within_2gib`].
 const TWO_GIB: usize = 1 << 31;
 
@@ -529,7 +606,7 @@ pub fn launch<K: Kernel>(
             let compiled = compiled.specialized(spec);
             let key = gpu_key(device, &compiled)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
-            d.launch(&k, dims, &gargs)?;
+            d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
             check_comm_record(device, &compiled.func)?;
         }
         #[cfg(feature = "hip")]
@@ -543,7 +620,7 @@ pub fn launch<K: Kernel>(
             let compiled = compiled.specialized(spec);
             let key = gpu_key(device, &compiled)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
-            d.launch(&k, dims, &gargs)?;
+            d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
             check_comm_record(device, &compiled.func)?;
         }
     }
@@ -663,5 +740,39 @@ fn resolve_binary(
             file: ArtifactStore::new("").path(name, key).display().to_string(),
             hint: "set TESSERA_AOT_DIR or use Device::with_artifacts".into(),
         })
+    }
+}
+
+#[cfg(test)]
+mod limit_tests {
+    use super::*;
+
+    #[test]
+    fn grid_limits_name_the_kernel_and_the_limit() {
+        assert!(check_grid("k", GridLimits::Cuda, [1 << 30, 65_535, 65_535], 1024).is_ok());
+        let e = check_grid("k", GridLimits::Cuda, [1, 65_536, 1], 128).unwrap_err();
+        assert!(
+            matches!(&e, Error::Launch { kernel, reason } if kernel == "k" && reason.contains("65535") && reason.contains(" y")),
+            "{e}"
+        );
+        assert!(check_grid("k", GridLimits::Cuda, [u32::MAX, 1, 1], 128).is_err());
+        // HIP: work items per dimension within 32 bits.
+        assert!(check_grid("k", GridLimits::Hip, [(1 << 24) - 1, 1 << 20, 1], 256).is_ok());
+        assert!(check_grid("k", GridLimits::Hip, [1 << 24, 1, 1], 256).is_err());
+        let e = check_grid("k", GridLimits::Hip, [1 << 24, 1, 1], 512).unwrap_err();
+        assert!(e.to_string().contains("2^32 - 1 work items"), "{e}");
+    }
+
+    #[test]
+    fn waiting_kernels_need_every_program_resident() {
+        assert!(check_resident("ring", "H200", 132 * 2, 2, 132).is_ok());
+        let e = check_resident("ring", "H200", 132 * 2 + 1, 2, 132).unwrap_err();
+        let s = e.to_string();
+        assert!(
+            s.contains("ring") && s.contains("265 programs") && s.contains("at most 264"),
+            "{s}"
+        );
+        // No residency at all (occupancy 0): any launch is refused.
+        assert!(check_resident("ring", "MI300X", 1, 0, 304).is_err());
     }
 }
