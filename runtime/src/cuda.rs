@@ -515,10 +515,20 @@ impl CudaDevice {
                 reason: "the entry name contains NUL".into(),
             });
         }
-        let module = self
-            .ctx
-            .load_module(Ptx::from_src(src))
-            .map_err(self.err(what.clone()))?;
+        let module = match self.ctx.load_module(Ptx::from_src(src.clone())) {
+            Ok(m) => m,
+            Err(e) => {
+                // The driver's own words on the PTX it refused, if it has any.
+                let mut err = self.err(what.clone())(e);
+                if let (Error::Driver { message, .. }, Some(log)) =
+                    (&mut err, self.jit_error_log(&src))
+                {
+                    message.push_str("; the driver's JIT log: ");
+                    message.push_str(log.trim());
+                }
+                return Err(err);
+            }
+        };
         let func = module
             .load_function(&bin.name)
             .map_err(self.err(what.clone()))?;
@@ -536,6 +546,43 @@ impl CudaDevice {
             .entry(key.to_string())
             .or_insert(k)
             .clone())
+    }
+
+    /// The error log of the driver's PTX JIT for `ptx` (why it refuses the module),
+    /// or `None` when it loads or says nothing.
+    fn jit_error_log(&self, ptx: &str) -> Option<String> {
+        let ptx = std::ffi::CString::new(ptx).ok()?;
+        self.ctx.bind_to_thread().ok()?;
+        let mut log = vec![0u8; 16 * 1024];
+        let mut opts = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        // The size option's value is the integer itself, in the pointer slot.
+        let mut vals: [*mut std::ffi::c_void; 2] = [
+            log.as_mut_ptr() as *mut std::ffi::c_void,
+            log.len() as *mut std::ffi::c_void,
+        ];
+        let mut module = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated PTX image; two options whose values are a buffer
+        // and its size, the driver writing at most that many bytes into it; the
+        // context is current on this thread.
+        let r = unsafe {
+            sys::cuModuleLoadDataEx(
+                &mut module,
+                ptx.as_ptr() as *const std::ffi::c_void,
+                opts.len() as u32,
+                opts.as_mut_ptr(),
+                vals.as_mut_ptr(),
+            )
+        };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: loaded just above, unloaded once.
+            unsafe { sys::cuModuleUnload(module) };
+            return None;
+        }
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        (end > 0).then(|| String::from_utf8_lossy(&log[..end]).into_owned())
     }
 
     fn lock_kernels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<CudaKernel>>> {

@@ -252,6 +252,7 @@ pub(crate) enum GridLimits {
     /// CUDA: x < 2^31, y and z <= 65535 blocks.
     Cuda,
     /// HIP (AMD): each dimension's work items (blocks x threads) within 32 bits.
+    #[cfg_attr(not(feature = "hip"), allow(dead_code))]
     Hip,
 }
 
