@@ -608,6 +608,7 @@ pub fn launch<K: Kernel>(
             let key = gpu_key(device, &compiled)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
+            check_trap(device, &compiled.func)?;
             check_comm_record(device, &compiled.func)?;
         }
         #[cfg(feature = "hip")]
@@ -622,6 +623,7 @@ pub fn launch<K: Kernel>(
             let key = gpu_key(device, &compiled)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
+            check_trap(device, &compiled.func)?;
             check_comm_record(device, &compiled.func)?;
         }
     }
@@ -646,6 +648,21 @@ fn gpu_comm_args(device: &Device, func: &Function) -> Result<Vec<GpuArg>, String
 /// After a GPU launch of a kernel that waits: synchronizes, and turns a device-side
 /// error record (a wait that timed out, or was released by another rank's failure)
 /// into an error naming the wait's file:line:col. Other kernels are not synchronized.
+/// A communicating kernel can trap on the device (`remote_ptr` of a peer out of
+/// range): wait for it here, so the fault is reported as this kernel's, not as a
+/// sticky error of whatever call comes next.
+fn check_trap(device: &Device, func: &Function) -> Result<(), Error> {
+    if !func.uses_comm() {
+        return Ok(());
+    }
+    device.synchronize().map_err(|e| Error::Launch {
+        kernel: func.name.clone(),
+        reason: format!(
+            "the kernel faulted on the device (a trap: e.g. a peer rank out of range in `remote_ptr`); the device is unusable until the process restarts: {e}"
+        ),
+    })
+}
+
 fn check_comm_record(device: &Device, func: &Function) -> Result<(), Error> {
     let Some(c) = device.comm.as_ref().filter(|_| func.uses_blocking()) else {
         return Ok(());
