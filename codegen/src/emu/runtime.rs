@@ -520,6 +520,21 @@ fn note_shared(c: &ThreadCtx<'_>, p: *const u8, bytes: i32, is_write: bool, site
     true
 }
 
+/// Records a shared-memory access of `bytes` at `p` that is not aligned to its size.
+fn misaligned_shared(c: &ThreadCtx<'_>, p: *const u8, bytes: u32, site: i32) {
+    let (span, op) = c.launch.site(site as u32);
+    c.fail(EmuError::Misaligned {
+        kernel: c.launch.kernel.to_string(),
+        op,
+        span,
+        block: c.block.get(),
+        thread: c.tid,
+        buffer: "<shared memory>".into(),
+        offset_bytes: (p as usize).wrapping_sub(c.blk.shared as usize),
+        bytes,
+    });
+}
+
 /// `cp.async.cg.shared.global [dst], [src], bytes, src_bytes` (PTX ISA, "cp.async"):
 /// copies `bytes` (4, 8 or 16, both addresses aligned to it) from global `src` to
 /// shared `dst`, the bytes past `src_bytes` zero (`src_bytes = 0` reads nothing).
@@ -537,17 +552,7 @@ extern "C" fn tessera_emu_cp_async(
         let len = bytes.clamp(1, 16) as usize;
         let n = (src_bytes.max(0) as usize).min(len);
         if !(dst as usize).is_multiple_of(len) {
-            let (span, op) = c.launch.site(site as u32);
-            c.fail(EmuError::Misaligned {
-                kernel: c.launch.kernel.to_string(),
-                op,
-                span,
-                block: c.block.get(),
-                thread: c.tid,
-                buffer: "<shared memory>".into(),
-                offset_bytes: (dst as usize).wrapping_sub(c.blk.shared as usize),
-                bytes: len as u32,
-            });
+            misaligned_shared(c, dst, len as u32, site);
             return;
         }
         let mut data = [0u8; 16];
@@ -615,17 +620,7 @@ extern "C" fn tessera_emu_ldmatrix(p: *const u8, num: i32, trans: i32, out: *mut
         let mut ok = true;
         if lane < 8 * num {
             if !(p as usize).is_multiple_of(16) {
-                let (span, op) = c.launch.site(site as u32);
-                c.fail(EmuError::Misaligned {
-                    kernel: c.launch.kernel.to_string(),
-                    op,
-                    span,
-                    block: c.block.get(),
-                    thread: c.tid,
-                    buffer: "<shared memory>".into(),
-                    offset_bytes: (p as usize).wrapping_sub(c.blk.shared as usize),
-                    bytes: 16,
-                });
+                misaligned_shared(c, p, 16, site);
                 ok = false;
             }
             ok &= note_shared(c, p, 16, false, site);

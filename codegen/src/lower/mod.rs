@@ -717,10 +717,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     continue;
                 }
                 let mut uses: Vec<(&'a Op, usize)> = Vec::new();
-                visit_uses_in(body, arg, &mut |o, i| uses.push((o, i)));
+                remat::visit_uses(body, arg, &mut |o, i| uses.push((o, i)));
                 let result_used = op.results.get(j - 1).is_some_and(|&res| {
                     let mut any = false;
-                    visit_uses_in(&self.f.body, res, &mut |_, _| any = true);
+                    remat::visit_uses(&self.f.body, res, &mut |_, _| any = true);
                     any
                 });
                 let [(d, i)] = uses[..] else {
@@ -745,7 +745,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// The uses of `v` in `r` (and nested regions).
     fn uses_in(r: &'a Region, v: ValueId) -> Vec<(&'a Op, usize)> {
         let mut out = Vec::new();
-        visit_uses_in(r, v, &mut |o, i| out.push((o, i)));
+        remat::visit_uses(r, v, &mut |o, i| out.push((o, i)));
         out
     }
 
@@ -1820,20 +1820,6 @@ pub(crate) enum AsyncSlot {
     Fixed(u32),
     /// The loop's copy for iteration `i + ahead`: the slot being filled.
     Next,
-}
-
-/// Calls `f(op, operand index)` for every use of `v` in `r` and its nested regions.
-fn visit_uses_in<'a>(r: &'a Region, v: ValueId, f: &mut impl FnMut(&'a Op, usize)) {
-    for op in &r.ops {
-        for (i, &o) in op.operands.iter().enumerate() {
-            if o == v {
-                f(op, i);
-            }
-        }
-        for sub in &op.regions {
-            visit_uses_in(sub, v, f);
-        }
-    }
 }
 
 fn collect_flows(r: &Region, m: &mut HashMap<ValueId, Vec<ValueId>>) {

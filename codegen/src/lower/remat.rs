@@ -255,7 +255,11 @@ fn cheap(l: &Lowerer<'_, '_>, op: &Op) -> bool {
 }
 
 /// Calls `f(op, operand index)` for every use of `v` in `r` and its nested regions.
-fn visit_uses<'a>(r: &'a tessera_ir::ir::Region, v: ValueId, f: &mut impl FnMut(&'a Op, usize)) {
+pub(super) fn visit_uses<'a>(
+    r: &'a tessera_ir::ir::Region,
+    v: ValueId,
+    f: &mut impl FnMut(&'a Op, usize),
+) {
     for op in &r.ops {
         for (i, &o) in op.operands.iter().enumerate() {
             if o == v {
