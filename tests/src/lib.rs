@@ -106,6 +106,35 @@ pub mod kernels {
         o
     }
 
+    /// `C = A · B + R` (f16 inputs, f32 residual and output, row-major, masked
+    /// edges): a matmul whose epilogue adds a loaded tile, the commonest fused GEMM
+    /// epilogue.
+    #[kernel]
+    pub fn matmul_residual<const BM: usize, const BN: usize, const BK: usize>(
+        a: &Global<f16>,
+        b: &Global<f16>,
+        r: &Global<f32>,
+        c: &mut Global<f32>,
+        m: i32,
+        n: i32,
+        k: i32,
+    ) {
+        let rm = (program_id(0) * BM + arange::<BM>()).expand_dims::<1>();
+        let rn = (program_id(1) * BN + arange::<BN>()).expand_dims::<0>();
+        let rk = arange::<BK>();
+        let mut acc = zeros::<f32, S2<BM, BN>>();
+        for k0 in (0..k).step_by(BK) {
+            let kk = k0 + rk;
+            let (k_col, k_row) = (kk.expand_dims::<0>(), kk.expand_dims::<1>());
+            let a_tile = a.load(rm * k + k_col, rm.lt(m) & k_col.lt(k));
+            let b_tile = b.load(k_row * n + rn, k_row.lt(k) & rn.lt(n));
+            acc = dot(a_tile, b_tile, acc);
+        }
+        let out = rm * n + rn;
+        let mask = rm.lt(m) & rn.lt(n);
+        c.store(out, acc + r.load(out, mask), mask);
+    }
+
     /// Ping-pong between ranks 0 and 1, `rounds` times: rank 0 puts its tile to rank 1
     /// and signals; rank 1 waits, adds one, puts it back and signals. Other ranks idle.
     #[kernel]

@@ -672,7 +672,8 @@ fn no_kernel_converts_through_shared_memory() {
         kernel_ir::<K>(&()).expect("builds")
     }
     use tessera::fused::{BK, BM, BN};
-    let kernels: [(&str, Ir, u32); 10] = [
+    use tessera_tests::kernels::matmul_residual;
+    let kernels: [(&str, Ir, u32); 11] = [
         ("vector_add", ir::<vector_add::vector_add<1024>>, 4),
         ("softmax_f32", ir::<softmax::softmax<f32, 4, 1024>>, 4),
         ("softmax_f16", ir::<softmax::softmax<f16, 4, 1024>>, 4),
@@ -699,6 +700,8 @@ fn no_kernel_converts_through_shared_memory() {
             ir::<tessera::fused::gemm_rs_kernel<f16, BM, BN, BK>>,
             4,
         ),
+        // The residual is loaded straight into the accumulator's layout.
+        ("matmul_residual", ir::<matmul_residual<64, 64, 32>>, 4),
     ];
     let mut found = Vec::new();
     for (name, f, warps) in kernels {

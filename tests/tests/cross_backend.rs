@@ -330,6 +330,21 @@ fn pipelined_matmul_every_stage_count() {
     check(name, &f, grid, &args, 8, 4e-5 * k as f64);
 }
 
+/// A residual added in the matmul's epilogue, loaded in the accumulator's layout.
+#[test]
+fn matmul_residual_epilogue() {
+    use tessera_tests::kernels::matmul_residual;
+    let (m, n, k) = (80usize, 96usize, 64usize);
+    let f = ir::<matmul_residual<64, 64, 32>>();
+    let grid = [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1];
+    let mut args = matmul_args(m, n, k, f16::from_f32);
+    // a, b, c, m, n, k -> a, b, r, c (f32), m, n, k
+    let r = rand_f32(6, m * n, -2.0, 2.0);
+    args.insert(2, inp(&r));
+    args[3] = out::<f32>(m * n);
+    check("matmul + residual", &f, grid, &args, 4, 4e-5 * k as f64);
+}
+
 #[test]
 fn matmul_bf16_mma_path() {
     let (m, n, k) = (70usize, 50usize, 40usize);

@@ -194,6 +194,16 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
             ptrs = l.relayout(op.operands[0], &ptrs, &want, &op.span)?;
             lay = want;
         }
+    } else if !ptrs.uniform
+        && let Some(want) = l.consumer_layout(op.results[0])
+        && want != lay
+        && l.rematerializable(op.operands[0])
+        && (!has_mask || l.rematerializable(op.operands[1]))
+        && (!has_other || l.rematerializable(op.operands[2]))
+    {
+        // Loaded straight into the layout its consumer computes in.
+        ptrs = l.relayout(op.operands[0], &ptrs, &want, &op.span)?;
+        lay = want;
     }
     let mask = if has_mask {
         let m = l.val(op.operands[1])?;

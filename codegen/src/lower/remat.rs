@@ -94,6 +94,39 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         any && only
     }
 
+    /// The layout that spares the elementwise consumers of `v` (a load's value) a
+    /// conversion: that of another operand of such a use that is lowered already, not
+    /// uniform, and not cheap to recompute, so it would lead the op and `v` would be
+    /// converted into it (a matmul accumulator plus a loaded residual, say). Backward
+    /// propagation of that operand's layout to the load, whose pointers and mask are
+    /// recomputed instead (Triton's RemoveLayoutConversions does the same).
+    pub(super) fn consumer_layout(&self, v: ValueId) -> Option<Layout> {
+        let shape = &self.f.ty(v).shape;
+        let mut want = None;
+        visit_uses(&self.f.body, v, &mut |op, _| {
+            let elementwise = matches!(
+                op.kind,
+                OpKind::Binary(_)
+                    | OpKind::Unary(_)
+                    | OpKind::Cmp(_)
+                    | OpKind::Select
+                    | OpKind::Cast
+                    | OpKind::Fma
+            );
+            if want.is_some() || !elementwise {
+                return;
+            }
+            want = op
+                .operands
+                .iter()
+                .filter(|&&o| o != v)
+                .filter_map(|&o| self.vals.get(&o).map(|t| (o, t)))
+                .find(|(o, t)| !t.uniform && t.layout.shape == *shape && !self.rematerializable(*o))
+                .map(|(_, t)| t.layout.clone());
+        });
+        want
+    }
+
     /// Whether `v` could be recomputed in another layout (its defining ops are all
     /// cheap and pure).
     pub(super) fn rematerializable(&self, v: ValueId) -> bool {
