@@ -952,3 +952,50 @@ fn integer_division_by_zero_is_reported_by_the_interpreter_and_the_emulator() {
         0.0,
     );
 }
+
+/// `out = xᵀ · 2`: a transpose of a loaded tile, a layout conversion. On one warp it
+/// exchanges register and lane bits by warp shuffles; on 4 warps it goes through
+/// shared memory (the warps exchange data).
+#[kernel]
+fn transpose_tile<const R: usize, const C: usize>(x: &Global<f32>, out: &mut Global<f32>) {
+    let rows = arange::<R>().expand_dims::<1>();
+    let cols = arange::<C>().expand_dims::<0>();
+    let t = x.load_unmasked(rows * C as i32 + cols).trans() * 2.0f32;
+    let (tr, tc) = (
+        arange::<C>().expand_dims::<1>(),
+        arange::<R>().expand_dims::<0>(),
+    );
+    out.store_unmasked(tr * R as i32 + tc, t);
+}
+
+#[test]
+fn transpose_by_shuffles_and_through_shared_memory() {
+    let f = ir::<transpose_tile<16, 32>>();
+    let x = rand_f32(11, 16 * 32, -4.0, 4.0);
+    let args = [inp(&x), out::<f32>(16 * 32)];
+    for warps in [1, 4] {
+        check(
+            &format!("transpose ({warps} warps)"),
+            &f,
+            g1(1),
+            &args,
+            warps,
+            0.0,
+        );
+    }
+    // Which path each takes, on both vendors' layouts.
+    for (target, warps, want) in [
+        ("sm_80", 1, "convert by warp shuffles"),
+        ("gfx942", 1, "convert by warp shuffles"),
+        ("sm_80", 4, "convert through shared memory"),
+    ] {
+        let t: tessera::codegen::Target = target.parse().expect("a target");
+        let text =
+            tessera::codegen::lower::lower_with_layouts(&f, t, &CompileOptions::warps(warps))
+                .expect("lowers");
+        assert!(
+            text.contains(want),
+            "{target}, {warps} warps: no `{want}` in\n{text}"
+        );
+    }
+}

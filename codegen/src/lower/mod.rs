@@ -82,6 +82,7 @@ pub mod emu_arch;
 mod memory;
 mod reduce;
 mod remat;
+mod shuffle;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -1193,6 +1194,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             if r.layout != t.layout && !t.uniform {
                 self.note(|| format!("convert by register renaming: {} -> {}", t.layout, to));
             }
+            return Ok(r);
+        }
+        if let Some(r) = self.convert_by_shuffles(t, to)? {
+            self.note(|| format!("convert by warp shuffles: {} -> {}", t.layout, to));
             return Ok(r);
         }
         self.note(|| format!("convert through shared memory: {} -> {}", t.layout, to));

@@ -30,7 +30,7 @@ fn combine<'ctx>(
 }
 
 /// Shuffles any scalar (up to 64 bits) with the arch's `i32` shuffle.
-fn shuffle<'ctx>(
+pub(super) fn shuffle<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     v: BasicValueEnum<'ctx>,
     mask: u32,
