@@ -76,13 +76,13 @@ pub mod arch;
 #[cfg(test)]
 mod banks;
 mod comm;
+mod convert;
 mod dot;
 mod elementwise;
 pub mod emu_arch;
 mod memory;
 mod reduce;
 mod remat;
-mod shuffle;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -1200,16 +1200,35 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.note(|| format!("convert by warp shuffles: {} -> {}", t.layout, to));
             return Ok(r);
         }
-        self.note(|| format!("convert through shared memory: {} -> {}", t.layout, to));
         let mt = self.mem_ty(t.elem);
         let size = type_bytes(t.elem);
+        let sw = convert::conversion_swizzle(&t.layout, to, size, self.ws);
+        self.note(|| {
+            format!(
+                "convert through shared memory (swizzle {sw:?}): {} -> {}",
+                t.layout, to
+            )
+        });
         let base = self.scratch(t.layout.numel() * size, span);
+        let place = |idx: IntValue<'ctx>| -> LResult<IntValue<'ctx>> {
+            let Some((s, v, w)) = sw else {
+                return Ok(idx);
+            };
+            let b = &self.cx.b;
+            let hi = b.build_and(
+                b.build_right_shift(idx, self.cx.i32(s as i64), false, "")?,
+                self.cx.i32((1 << w) - 1),
+                "",
+            )?;
+            let x = b.build_left_shift(hi, self.cx.i32(v as i64), "")?;
+            Ok(b.build_xor(idx, x, "")?)
+        };
         let src_idx = self.elem_indices(&t.layout)?;
         for (r, idx) in src_idx.iter().enumerate() {
             if is_dup_reg(&t.layout, r) {
                 continue;
             }
-            let p = self.smem_ptr(base, mt, *idx)?;
+            let p = self.smem_ptr(base, mt, place(*idx)?)?;
             let v = self.store_to_mem(t.elem, t.regs[r])?;
             self.smem_store(p, v)?;
         }
@@ -1217,7 +1236,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let dst_idx = self.elem_indices(to)?;
         let mut regs = Vec::with_capacity(dst_idx.len());
         for idx in dst_idx {
-            let p = self.smem_ptr(base, mt, idx)?;
+            let p = self.smem_ptr(base, mt, place(idx)?)?;
             let v = self.smem_load(mt, p)?;
             regs.push(self.reg_from_mem(t.elem, v)?);
         }

@@ -1,6 +1,8 @@
-//! Layout conversions inside a warp by shuffles: the cheaper path between a register
-//! renaming and a round trip through shared memory.
+//! Layout conversions: by warp shuffles where the data stays in a warp, else through
+//! XOR-swizzled shared memory.
 //!
+//! **Shuffles** are the cheaper path between a register renaming and a round trip
+//! through shared memory.
 //! A conversion between two bit layouts with the same warp bases, no replication, and
 //! the same element bits held by each warp moves data only between a warp's lanes.
 //! Where the target's lane bits are the source's lane and register bits exchanged in
@@ -15,6 +17,65 @@ use tessera_ir::Elem;
 
 use super::{LResult, Lowerer, Tile};
 use crate::layout::Layout;
+
+/// The XOR swizzle of a conversion's scratch array: index bits `s .. s + w` are XORed
+/// into bits `v .. v + w` (`s >= v + w`, so the map is a bijection), chosen so that
+/// the warp's stores (in the source layout) and loads (in the target layout) spread
+/// over the 32 banks; `None` when the plain row-major array is as good.
+///
+/// **Shared memory**: a conversion that is not a renaming or shuffles stores each
+/// register at its element's place and loads the target's registers back; without a
+/// swizzle a transpose's stores hit one bank per column (4-way on a 16x32 f32 tile).
+/// The search tries every such slice and keeps the one with the fewest passes of the
+/// worse of the two accesses (then of their sum), the bank counted the way the
+/// hardware does (32 banks of 4 bytes, one pass per distinct word on a bank).
+pub(crate) fn conversion_swizzle(
+    from: &Layout,
+    to: &Layout,
+    elem_bytes: u32,
+    ws: u32,
+) -> Option<(u32, u32, u32)> {
+    let n = from.numel().trailing_zeros();
+    let cost = |sw: Option<(u32, u32, u32)>| {
+        let mut worst = [1u32; 2];
+        for (k, lay) in [from, to].into_iter().enumerate() {
+            for r in 0..lay.num_regs() as u32 {
+                let mut banks: Vec<Vec<u32>> = vec![Vec::new(); 32];
+                for lane in 0..ws.min(32) {
+                    let idx = swizzled(lay.elem_index(r, lane, 0), sw);
+                    let word = idx * elem_bytes / 4;
+                    let b = &mut banks[(word % 32) as usize];
+                    if !b.contains(&word) {
+                        b.push(word);
+                    }
+                }
+                let p = banks.iter().map(|b| b.len() as u32).max().unwrap_or(1);
+                worst[k] = worst[k].max(p);
+            }
+        }
+        (worst[0].max(worst[1]), worst[0] + worst[1])
+    };
+    let mut best = (None, cost(None));
+    for s in 1..n {
+        for v in 0..s {
+            for w in 1..=(s - v).min(n - s).min(5) {
+                let c = cost(Some((s, v, w)));
+                if c < best.1 {
+                    best = (Some((s, v, w)), c);
+                }
+            }
+        }
+    }
+    best.0
+}
+
+/// `idx` with `sw`'s bits XORed in (see [`conversion_swizzle`]).
+pub(crate) fn swizzled(idx: u32, sw: Option<(u32, u32, u32)>) -> u32 {
+    match sw {
+        Some((s, v, w)) => idx ^ (((idx >> s) & ((1 << w) - 1)) << v),
+        None => idx,
+    }
+}
 
 impl<'ctx> Lowerer<'_, 'ctx> {
     /// `t` in layout `to` by warp shuffles (see the module docs), if this conversion
