@@ -986,12 +986,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     // ----- helpers -------------------------------------------------------------
 
+    /// The default layout of a tile: 4 consecutive elements per thread, fewer where
+    /// the tile has enough elements for every thread but not 4 each (a 256-element
+    /// row on 128 threads: 2 each, where 4 would leave half the warps replicating the
+    /// other half's loads). Tiles smaller than the block replicate whatever the width.
     pub fn canonical(&self, shape: &[u32]) -> Layout {
         if shape.is_empty() {
-            Layout::uniform(shape, self.ws, self.nw)
-        } else {
-            Layout::blocked(shape, 4, self.ws, self.nw)
+            return Layout::uniform(shape, self.ws, self.nw);
         }
+        let threads = self.ws * self.nw;
+        let numel = crate::layout::numel(shape);
+        let mut vec = 4;
+        while numel >= threads && vec > 1 && numel < vec * threads {
+            vec /= 2;
+        }
+        Layout::blocked(shape, vec, self.ws, self.nw)
     }
 
     pub fn scalar_tile(&self, elem: Elem, v: BasicValueEnum<'ctx>) -> Tile<'ctx> {
