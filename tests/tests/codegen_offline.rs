@@ -723,3 +723,44 @@ fn no_kernel_converts_through_shared_memory() {
         "conversions through shared memory: {found:?}"
     );
 }
+
+/// Softmax (f16 and f32) and vector_add move 16 bytes a thread, specialized as
+/// launched, with no thread replicating another's elements; layernorm's 256-wide row
+/// on 128 threads takes 2 elements a thread (8 bytes) rather than leaving half the
+/// warps to load what the other half loads.
+#[test]
+fn elementwise_kernels_take_16_byte_accesses_without_replicas() {
+    use tessera::codegen::lower::lower_with_layouts;
+    use tessera::ir::ParamFacts;
+    type Ir = fn() -> std::sync::Arc<tessera::ir::Function>;
+    fn ir<K: Kernel<Comptime = ()>>() -> std::sync::Arc<tessera::ir::Function> {
+        kernel_ir::<K>(&()).expect("builds")
+    }
+    let kernels: [(&str, Ir, bool); 4] = [
+        ("vector_add", ir::<vector_add::vector_add<1024>>, true),
+        ("softmax_f32", ir::<softmax::softmax<f32, 4, 1024>>, true),
+        ("softmax_f16", ir::<softmax::softmax<f16, 4, 1024>>, true),
+        ("layernorm", ir::<layernorm::layernorm<f32, 256>>, false),
+    ];
+    for (name, f, wide) in kernels {
+        let f = f();
+        let spec = f.specialized(&vec![ParamFacts::new(true, true); f.params.len()]);
+        let art = compile_ir(&spec, SM90, &CompileOptions::default()).expect("compiles");
+        let v4 = art
+            .asm
+            .lines()
+            .filter(|l| l.trim_start().starts_with("ld.global") && l.contains(".v4."))
+            .count();
+        assert_eq!(v4 > 0, wide, "{name}: {v4} 16-byte loads");
+        // Every load's layout: no zero (replicated) lane or warp basis.
+        let text = lower_with_layouts(&spec, SM90, &CompileOptions::default()).expect("lowers");
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, l) in lines.iter().enumerate() {
+            if l.contains(" = load ") {
+                let lay = lines[i - 1];
+                let threads = lay.split(" | lane").nth(1).unwrap_or("");
+                assert!(!threads.contains(" -"), "{name}: a replicated load: {lay}");
+            }
+        }
+    }
+}

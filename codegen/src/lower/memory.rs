@@ -195,15 +195,20 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
             lay = want;
         }
     } else if !ptrs.uniform
-        && let Some(want) = l.consumer_layout(op.results[0])
-        && want != lay
         && l.rematerializable(op.operands[0])
         && (!has_mask || l.rematerializable(op.operands[1]))
         && (!has_other || l.rematerializable(op.operands[2]))
     {
-        // Loaded straight into the layout its consumer computes in.
-        ptrs = l.relayout(op.operands[0], &ptrs, &want, &op.span)?;
-        lay = want;
+        // Loaded straight into the layout its consumer computes in; else in 16-byte
+        // runs per thread where the tile has that many for every thread (narrow
+        // elements: 8 f16 rather than the default 4).
+        let want = l
+            .consumer_layout(op.results[0])
+            .unwrap_or_else(|| wide_layout(l, &lay, pointee.size_bytes() as u32));
+        if want != lay {
+            ptrs = l.relayout(op.operands[0], &ptrs, &want, &op.span)?;
+            lay = want;
+        }
     }
     let mask = if has_mask {
         let m = l.val(op.operands[1])?;
@@ -390,6 +395,26 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         regs,
         uniform: false,
     })
+}
+
+/// The blocked layout of 16 bytes of `bytes`-byte elements per thread when the tile
+/// holds that many for every thread and `lay` has fewer; else `lay`.
+fn wide_layout(
+    l: &Lowerer<'_, '_>,
+    lay: &crate::layout::Layout,
+    bytes: u32,
+) -> crate::layout::Layout {
+    let vec = (16 / bytes.max(1)).max(1);
+    if lay.numel() < vec * l.ws * l.nw
+        || lay.reg.len() as u32 >= vec.trailing_zeros()
+            && lay.reg[..vec.trailing_zeros() as usize]
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == 1 << i)
+    {
+        return lay.clone();
+    }
+    crate::layout::Layout::blocked(&lay.shape, vec, l.ws, l.nw)
 }
 
 /// Whether load `op` can become asynchronous copies ([`super::arch::Arch::cp_async`])

@@ -445,6 +445,11 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pipe_dots: HashMap<*const Op, u32>,
     /// Shared memory the arrays of [`Self::pipe_dots`] take (scratch comes after).
     pipe_bytes: u32,
+    /// A reduction's result (and what `expand_dims`/`reshape` make of it): the layout
+    /// of the tile it was reduced from. Broadcasting it back to that shape produces
+    /// that layout, a register renaming (each thread holds the combined value of
+    /// its own elements), like Triton's slice layouts and their parents.
+    parents: HashMap<ValueId, Layout>,
     /// Whether `dot` operand pipelines may use asynchronous copies ([`Arch::cp_async`]).
     allow_async: bool,
     /// `dot`s whose operands arrive by asynchronous copies into a ring of arrays.
@@ -549,6 +554,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             warp,
             hints: HashMap::new(),
             allow_async: true,
+            parents: HashMap::new(),
             async_dots: HashMap::new(),
             async_loads: HashMap::new(),
             async_args: std::collections::HashSet::new(),
@@ -1371,12 +1377,18 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     layout: src.layout.with_shape(&shape),
                     ..src
                 };
+                if let Some(p) = self.parents.get(&op.operands[0]).cloned() {
+                    self.parents.insert(op.results[0], p);
+                }
                 self.set(op.results[0], t);
             }
             OpKind::Broadcast | OpKind::Permute { .. } => {
                 let src = self.val(op.operands[0])?;
                 let shape = self.result_shape(op);
-                let d = self.canonical(&shape);
+                let d = match self.parents.get(&op.operands[0]) {
+                    Some(p) if op.kind == OpKind::Broadcast && p.shape == shape => p.clone(),
+                    _ => self.canonical(&shape),
+                };
                 let images = match &op.kind {
                     OpKind::Permute { order } => permute_bit_images(&src.layout.shape, order),
                     _ => broadcast_bit_images(&src.layout.shape, &shape),
@@ -1414,6 +1426,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
             OpKind::Reduce { axis, op: rop } => {
                 let t = reduce::lower_reduce(self, op, *axis as usize, *rop)?;
+                let from = self.val(op.operands[0])?.layout;
+                if !from.is_thread_uniform() {
+                    self.parents.insert(op.results[0], from);
+                }
                 self.set(op.results[0], t);
             }
             OpKind::Scan {
