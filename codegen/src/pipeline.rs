@@ -267,7 +267,10 @@ impl Emitter<'_> {
 /// Pipelines the loads of `for_op` (see the module docs); returns the prologue to
 /// insert before it, or `None` (and leaves it alone) when no load qualifies.
 fn pipeline_for(f: &mut Function, for_op: &mut Op, ahead: u32, keep: Keep<'_>) -> Option<Vec<Op>> {
-    let body = &for_op.regions[0];
+    let body = for_op.regions.first()?;
+    if body.ops.last().is_none_or(|y| y.kind != OpKind::Yield) || body.args.is_empty() {
+        return None; // not a verified loop body: leave it alone
+    }
     let cands: Vec<(usize, Vec<usize>)> = body
         .ops
         .iter()
@@ -337,11 +340,12 @@ fn pipeline_for(f: &mut Function, for_op: &mut Op, ahead: u32, keep: Keep<'_>) -
         substitute(op, &subst);
     }
     // The yield shifts the tiles down and appends the new one.
-    let y = ops.last_mut().expect("a terminator");
-    debug_assert_eq!(y.kind, OpKind::Yield);
-    for (args, n) in new_args.iter().zip(&next) {
-        y.operands.extend(args.iter().skip(1).copied());
-        y.operands.push(*n);
+    // (The body ends in its `yield`: checked before anything changed.)
+    if let Some(y) = ops.last_mut() {
+        for (args, n) in new_args.iter().zip(&next) {
+            y.operands.extend(args.iter().skip(1).copied());
+            y.operands.push(*n);
+        }
     }
     body.ops = ops;
     body.args.extend(new_args.iter().flatten().copied());

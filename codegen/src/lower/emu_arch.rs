@@ -367,7 +367,8 @@ impl Arch for Emu {
             cx.ctx.append_basic_block(f, "buffer.in_range"),
             cx.ctx.append_basic_block(f, "buffer.join"),
         );
-        let from = b.get_insert_block().expect("a block");
+        let no_block = || LowerError::Llvm("builder outside a block".into());
+        let from = b.get_insert_block().ok_or_else(no_block)?;
         b.build_conditional_branch(in_range, load_bb, join)?;
         b.position_at_end(load_bb);
         // SAFETY: an in-bounds GEP over bytes of the buffer `base` points into; the
@@ -378,7 +379,7 @@ impl Arch for Emu {
         if let Some(i) = v.as_instruction_value() {
             let _ = i.set_alignment(bytes.min(16));
         }
-        let load_end = b.get_insert_block().expect("a block");
+        let load_end = b.get_insert_block().ok_or_else(no_block)?;
         b.build_unconditional_branch(join)?;
         b.position_at_end(join);
         let phi = b.build_phi(ty, "")?;

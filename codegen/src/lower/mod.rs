@@ -810,7 +810,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             };
             let mut pro = Vec::new();
             for &a in &args {
-                let k = arg_index(a).expect("a region argument");
+                let Some(k) = arg_index(a) else { break };
                 let init = for_op.operands[3 + k - 1];
                 match def_in(parent, init) {
                     Some(l)
