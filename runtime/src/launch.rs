@@ -327,9 +327,16 @@ pub(crate) fn check_resident(
 /// Buffers smaller than this get [`ParamFacts::within_2gib`].
 const TWO_GIB: usize = 1 << 31;
 
-/// A launch's facts about a buffer at `addr` of `bytes` bytes.
-fn buffer_facts(addr: u64, bytes: usize) -> ParamFacts {
-    ParamFacts::new(addr.is_multiple_of(16), bytes < TWO_GIB)
+/// A launch's facts about argument `a`, a buffer at device address `addr` (nothing
+/// is known of a buffer without one) or a scalar.
+fn arg_facts(a: &Arg<'_>, addr: Option<u64>) -> ParamFacts {
+    match a {
+        Arg::Buffer { bytes, .. } | Arg::Symmetric { bytes, .. } => addr
+            .map_or_else(ParamFacts::default, |addr| {
+                ParamFacts::new(addr.is_multiple_of(16), *bytes < TWO_GIB)
+            }),
+        Arg::Scalar(s) => ParamFacts::new(scalar_divisible_by_16(s), false),
+    }
 }
 
 /// A GPU launch's arguments (buffers by device address, via `address`, which
@@ -342,14 +349,11 @@ fn gpu_args(
 ) -> Result<(Vec<GpuArg>, Vec<ParamFacts>), String> {
     args.iter()
         .map(|a| match &a.0 {
-            Arg::Buffer { storage, bytes, .. } | Arg::Symmetric { storage, bytes, .. } => {
+            Arg::Buffer { storage, .. } | Arg::Symmetric { storage, .. } => {
                 let addr = address(storage).ok_or("buffer storage mismatch")?;
-                Ok((GpuArg::U64(addr), buffer_facts(addr, *bytes)))
+                Ok((GpuArg::U64(addr), arg_facts(&a.0, Some(addr))))
             }
-            Arg::Scalar(s) => Ok((
-                gpu_scalar(*s),
-                ParamFacts::new(scalar_divisible_by_16(s), false),
-            )),
+            Arg::Scalar(s) => Ok((gpu_scalar(*s), arg_facts(&a.0, None))),
         })
         .collect::<Result<Vec<_>, &str>>()
         .map(|v| v.into_iter().unzip())
@@ -563,13 +567,19 @@ pub fn launch<K: Kernel>(
                     // emulator runs the code a GPU would.
                     let spec: Vec<ParamFacts> = args
                         .iter()
-                        .map(|a| match &a.0 {
-                            Arg::Buffer { storage, bytes, .. }
-                            | Arg::Symmetric { storage, bytes, .. } => match storage {
-                                Storage::Host(raw) => buffer_facts(raw.as_mut_ptr() as u64, *bytes),
-                                _ => ParamFacts::default(),
-                            },
-                            Arg::Scalar(s) => ParamFacts::new(scalar_divisible_by_16(s), false),
+                        .map(|a| {
+                            let addr = match &a.0 {
+                                Arg::Buffer {
+                                    storage: Storage::Host(raw),
+                                    ..
+                                }
+                                | Arg::Symmetric {
+                                    storage: Storage::Host(raw),
+                                    ..
+                                } => Some(raw.as_mut_ptr() as u64),
+                                _ => None,
+                            };
+                            arg_facts(&a.0, addr)
                         })
                         .collect();
                     let compiled = compiled.specialized(spec);

@@ -40,17 +40,11 @@ pub(crate) fn conversion_swizzle(
         let mut worst = [1u32; 2];
         for (k, lay) in [from, to].into_iter().enumerate() {
             for r in 0..lay.num_regs() as u32 {
-                let mut banks: Vec<Vec<u32>> = vec![Vec::new(); 32];
-                for lane in 0..ws.min(32) {
-                    let idx = swizzled(lay.elem_index(r, lane, 0), sw);
-                    let word = idx * elem_bytes / 4;
-                    let b = &mut banks[(word % 32) as usize];
-                    if !b.contains(&word) {
-                        b.push(word);
-                    }
-                }
-                let p = banks.iter().map(|b| b.len() as u32).max().unwrap_or(1);
-                worst[k] = worst[k].max(p);
+                let words = (0..ws.min(32)).map(|lane| {
+                    let word = swizzled(lay.elem_index(r, lane, 0), sw) * elem_bytes / 4;
+                    (word % 32, word)
+                });
+                worst[k] = worst[k].max(super::dot::max_share(words));
             }
         }
         (worst[0].max(worst[1]), worst[0] + worst[1])

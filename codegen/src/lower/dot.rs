@@ -776,7 +776,7 @@ fn mix_for_stores(swz: Swizzle, lay: &Layout, elem_bytes: u32, ws: u32) -> Swizz
 }
 
 /// The largest number of distinct values sharing a key, over `(key, value)` pairs.
-fn max_share(pairs: impl Iterator<Item = (u32, u32)>) -> u32 {
+pub(super) fn max_share(pairs: impl Iterator<Item = (u32, u32)>) -> u32 {
     let mut by_key: HashMap<u32, Vec<u32>> = HashMap::new();
     for (k, v) in pairs {
         let vs = by_key.entry(k).or_default();

@@ -265,15 +265,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         });
     }
     if let Some(&(d, which, slot)) = l.async_loads.get(&op.results[0]) {
-        return async_copy(
-            l,
-            op,
-            &ptrs,
-            mask.as_ref(),
-            &lay,
-            vec * size,
-            (d, which, slot),
-        );
+        return async_copy(l, &ptrs, mask.as_ref(), &lay, vec * size, (d, which, slot));
     }
     let n = if all_uniform { 1 } else { lay.num_regs() };
     let mut regs: Vec<BasicValueEnum<'ctx>> = Vec::with_capacity(n);
@@ -455,12 +447,11 @@ pub(super) fn async_copy_ok(l: &Lowerer<'_, '_>, op: &Op) -> bool {
     !has_mask || l.axis.get(l.f, op.operands[1]).constancy[d] >= v
 }
 
-/// Lowers load `op` (pointers `ptrs`, `mask`, in layout `lay` of `bytes`-byte runs)
+/// Lowers a load (pointers `ptrs`, `mask`, in layout `lay` of `bytes`-byte runs)
 /// as asynchronous copies into its `dot`'s ring slot; the value lives there, so the
 /// tile has no registers.
 fn async_copy<'ctx>(
     l: &Lowerer<'_, 'ctx>,
-    op: &Op,
     ptrs: &Tile<'ctx>,
     mask: Option<&Tile<'ctx>>,
     lay: &crate::layout::Layout,
@@ -510,7 +501,6 @@ fn async_copy<'ctx>(
             }
         )
     });
-    let _ = op;
     Ok(Tile {
         elem: Elem::Scalar(pointee),
         layout: lay.clone(),

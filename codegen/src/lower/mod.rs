@@ -827,7 +827,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 chains.push((d, which, (args, pro, last)));
             }
         }
-        for (i, (d, which, (args, ..))) in chains.iter().enumerate() {
+        for (d, which, (args, ..)) in &chains {
             if *which != 0 {
                 continue;
             }
@@ -858,7 +858,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.pipe_bytes += slots * slot_bytes;
             self.pipe_dots
                 .insert(*d as *const Op, self.async_dots[&(*d as *const Op)].offset);
-            let _ = i;
             for (d2, w2, (cargs, pro, last)) in &chains {
                 if !std::ptr::eq(*d2, *d) {
                     continue;
