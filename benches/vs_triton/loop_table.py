@@ -2,11 +2,11 @@
 """The matmul main loop, Tessera against Triton, per unit of matrix work.
 
 For `matmul_f16_128x128x32` (4 warps) and `matmul_f16_128x128x64` (8 warps), on
-`sm_80` and `gfx942`: Triton 3.9 compiles `kernels.matmul` in this run with what its
+`sm_80`, `sm_90a` and `gfx942`: Triton 3.9 compiles `kernels.matmul` in this run with what its
 launcher specializes on (16-byte aligned pointers, i32 sizes divisible by 16, buffers
 under 2 GiB on hip) and its default num_stages; Tessera's aot example writes the
 all-divisible specialization, and the project's ptxas assembles both sides' PTX for
-sm_80 (`-O3`). `loops.py` finds each main loop and counts, per 64 KFLOP of matrix
+their target (`-O3`; Triton's cuda:90 is sm_90a, where both sides use wgmma). `loops.py` finds each main loop and counts, per 64 KFLOP of matrix
 work per warp: instructions, barriers, shared stores and loads, global loads (and
 their average width), spill accesses.
 
@@ -37,11 +37,11 @@ CONFIGS = [
     ("matmul_f16_128x128x32", 128, 128, 32, 4),
     ("matmul_f16_128x128x64", 128, 128, 64, 8),
 ]
-TARGETS = [("sm_80", "cuda", 80, 32), ("gfx942", "hip", "gfx942", 64)]
+TARGETS = [("sm_80", "cuda", 80, 32), ("sm_90a", "cuda", 90, 32), ("gfx942", "hip", "gfx942", 64)]
 # `STAGES=N bash benches/vs_triton/run.sh --loops` builds our side with `--num-stages N`
 # (default: the targets' defaults, 3 on NVIDIA and 2 on AMD).
 STAGES = os.environ.get("STAGES", "")
-KEYS = ["instructions", "barriers", "shared_stores", "shared_loads", "global_loads", "global_load_bits", "spills"]
+KEYS = ["matrix", "instructions", "barriers", "shared_stores", "shared_loads", "global_loads", "global_load_bits", "spills"]
 
 
 def ptxas(ptx: Path, arch: str, out: Path) -> None:
@@ -79,7 +79,7 @@ def triton_side(work: Path) -> dict:
                 ptx = d / f"{name}.ptx"
                 ptx.write_text(ck.asm["ptx"])
                 cubin = d / f"{name}.cubin"
-                ptxas(ptx, "sm_80", cubin)
+                ptxas(ptx, tgt, cubin)
                 out[(name, tgt)] = loops.nv_metrics(cubin)
             else:
                 s = d / f"{name}.s"

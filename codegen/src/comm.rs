@@ -352,7 +352,7 @@ mod tests {
         for (comm, n) in [(false, 1), (true, 5)] {
             let f = kernel(comm);
             for t in [
-                crate::Target::Nvptx { sm: 90 },
+                crate::Target::nvptx(90),
                 crate::Target::Amdgpu(crate::AmdArch::Gfx942),
             ] {
                 let ctx = Context::create();

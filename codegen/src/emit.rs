@@ -370,7 +370,7 @@ entry:
     #[test]
     fn ptx_from_a_hand_built_module() {
         for sm in [80, 90] {
-            let out = emit_hand(Target::Nvptx { sm });
+            let out = emit_hand(Target::nvptx(sm));
             assert!(out.asm.contains(&format!(".target sm_{sm}")), "{}", out.asm);
             assert!(out.asm.contains(".entry hand("), "{}", out.asm);
             assert!(out.asm.contains("add.rn.f32"), "{}", out.asm);
@@ -400,7 +400,7 @@ entry:
         let module = ctx.create_module("bad");
         let f = module.add_function("bad", ctx.void_type().fn_type(&[], false), None);
         ctx.append_basic_block(f, "entry"); // no terminator
-        let err = emit_module(&module, Target::Nvptx { sm: 80 }, "bad").unwrap_err();
+        let err = emit_module(&module, Target::nvptx(80), "bad").unwrap_err();
         assert!(
             matches!(&err, CodegenError::Llvm { message, .. } if message.contains("invalid LLVM IR")),
             "{err}"

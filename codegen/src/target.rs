@@ -15,6 +15,9 @@ pub enum Target {
     Nvptx {
         /// Compute capability times ten plus minor (80, 86, 89, 90).
         sm: u32,
+        /// The architecture-specific variant (`sm_90a`: PTX with `wgmma`, which only
+        /// compute capability 9.0 runs; no forward compatibility).
+        arch_specific: bool,
     },
     /// AMD, by gfx architecture.
     Amdgpu(AmdArch),
@@ -31,14 +34,18 @@ pub enum EmuFlavor {
     Nv,
     /// Wave 64 and the MFMA 16x16x16 fragment layouts, as for gfx942.
     Amd,
+    /// Warp 32 and the Hopper warpgroup instructions (`wgmma` from shared-memory
+    /// descriptors): the layout decisions of sm_90a.
+    Sm90a,
 }
 
 impl EmuFlavor {
     /// The GPU target whose layout decisions the emulator reproduces.
     pub fn imitates(self) -> Target {
         match self {
-            EmuFlavor::Nv => Target::Nvptx { sm: 80 },
+            EmuFlavor::Nv => Target::nvptx(80),
             EmuFlavor::Amd => Target::Amdgpu(AmdArch::Gfx942),
+            EmuFlavor::Sm90a => Target::SM90A,
         }
     }
 }
@@ -76,22 +83,27 @@ impl AmdArch {
 }
 
 /// Every target the test suite validates.
-pub const ALL_TARGETS: [Target; 5] = [
-    Target::Nvptx { sm: 80 },
-    Target::Nvptx { sm: 90 },
+pub const ALL_TARGETS: [Target; 6] = [
+    Target::nvptx(80),
+    Target::nvptx(90),
+    Target::SM90A,
     Target::Amdgpu(AmdArch::Gfx90a),
     Target::Amdgpu(AmdArch::Gfx942),
     Target::Amdgpu(AmdArch::Gfx1100),
 ];
 
-/// Both flavors of the SIMT emulator (not GPU targets: kept out of [`ALL_TARGETS`]).
+/// The two vendor flavors of the SIMT emulator (not GPU targets: kept out of
+/// [`ALL_TARGETS`]); [`EmuFlavor::Sm90a`] is run where a kernel has a `dot`.
 pub const EMU_TARGETS: [Target; 2] = [Target::Emu(EmuFlavor::Nv), Target::Emu(EmuFlavor::Amd)];
 
-/// A target name that is not one of `sm_80`, `sm_86`, `sm_89`, `sm_90`, `gfx90a`,
-/// `gfx942`, `gfx1100`, `emu-nv`, `emu-amd`.
+/// The Hopper emulator flavor, `emu-sm90a`.
+pub const EMU_SM90A: Target = Target::Emu(EmuFlavor::Sm90a);
+
+/// A target name that is not one of `sm_80`, `sm_86`, `sm_89`, `sm_90`, `sm_90a`,
+/// `gfx90a`, `gfx942`, `gfx1100`, `emu-nv`, `emu-amd`, `emu-sm90a`.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown target `{0}` (expected sm_80, sm_86, sm_89, sm_90, gfx90a, gfx942, gfx1100, emu-nv or emu-amd)"
+    "unknown target `{0}` (expected sm_80, sm_86, sm_89, sm_90, sm_90a, gfx90a, gfx942, gfx1100, emu-nv, emu-amd or emu-sm90a)"
 )]
 pub struct UnknownTarget(pub String);
 
@@ -99,15 +111,17 @@ impl FromStr for Target {
     type Err = UnknownTarget;
     fn from_str(s: &str) -> Result<Target, UnknownTarget> {
         match s {
-            "sm_80" => Ok(Target::Nvptx { sm: 80 }),
-            "sm_86" => Ok(Target::Nvptx { sm: 86 }),
-            "sm_89" => Ok(Target::Nvptx { sm: 89 }),
-            "sm_90" => Ok(Target::Nvptx { sm: 90 }),
+            "sm_80" => Ok(Target::nvptx(80)),
+            "sm_86" => Ok(Target::nvptx(86)),
+            "sm_89" => Ok(Target::nvptx(89)),
+            "sm_90" => Ok(Target::nvptx(90)),
+            "sm_90a" => Ok(Target::SM90A),
             "gfx90a" => Ok(Target::Amdgpu(AmdArch::Gfx90a)),
             "gfx942" => Ok(Target::Amdgpu(AmdArch::Gfx942)),
             "gfx1100" => Ok(Target::Amdgpu(AmdArch::Gfx1100)),
             "emu-nv" => Ok(Target::Emu(EmuFlavor::Nv)),
             "emu-amd" => Ok(Target::Emu(EmuFlavor::Amd)),
+            "emu-sm90a" => Ok(EMU_SM90A),
             _ => Err(UnknownTarget(s.to_string())),
         }
     }
@@ -116,10 +130,13 @@ impl FromStr for Target {
 impl fmt::Display for Target {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Target::Nvptx { sm } => write!(f, "sm_{sm}"),
+            Target::Nvptx { sm, arch_specific } => {
+                write!(f, "sm_{sm}{}", if *arch_specific { "a" } else { "" })
+            }
             Target::Amdgpu(a) => f.write_str(a.name()),
             Target::Emu(EmuFlavor::Nv) => f.write_str("emu-nv"),
             Target::Emu(EmuFlavor::Amd) => f.write_str("emu-amd"),
+            Target::Emu(EmuFlavor::Sm90a) => f.write_str("emu-sm90a"),
         }
     }
 }
@@ -137,6 +154,30 @@ pub enum Vendor {
 pub const NVIDIA_STATIC_SHARED_BYTES: u32 = 48 * 1024;
 
 impl Target {
+    /// sm_90a: Hopper with its architecture-specific instructions (`wgmma`).
+    pub const SM90A: Target = Target::Nvptx {
+        sm: 90,
+        arch_specific: true,
+    };
+
+    /// The portable NVIDIA target of compute capability `sm` (`sm_80`, `sm_90`, ...).
+    pub const fn nvptx(sm: u32) -> Target {
+        Target::Nvptx {
+            sm,
+            arch_specific: false,
+        }
+    }
+
+    /// Whether `dot` can use the Hopper warpgroup matrix instructions (`wgmma`):
+    /// sm_90a and the emulator imitating it.
+    pub fn has_wgmma(self) -> bool {
+        match self {
+            Target::Nvptx { sm, arch_specific } => arch_specific && sm == 90,
+            Target::Emu(f) => f.imitates().has_wgmma(),
+            Target::Amdgpu(_) => false,
+        }
+    }
+
     /// NVIDIA or AMD; for the emulator, the vendor it imitates.
     pub fn vendor(self) -> Vendor {
         match self {
@@ -172,7 +213,7 @@ impl Target {
     /// The LLVM CPU name (the host's for the emulator).
     pub fn cpu(self) -> String {
         match self {
-            Target::Nvptx { sm } => format!("sm_{sm}"),
+            Target::Nvptx { .. } => self.to_string(),
             Target::Amdgpu(a) => a.name().to_string(),
             Target::Emu(_) => inkwell::targets::TargetMachine::get_host_cpu_name().to_string(),
         }
@@ -193,7 +234,7 @@ impl Target {
     /// MFMA (CDNA); the emulator emulates them.
     pub fn has_matrix_units(self) -> bool {
         match self {
-            Target::Nvptx { sm } => sm >= 80,
+            Target::Nvptx { sm, .. } => sm >= 80,
             Target::Amdgpu(a) => matches!(a, AmdArch::Gfx90a | AmdArch::Gfx942),
             Target::Emu(_) => true,
         }
@@ -215,9 +256,9 @@ impl Target {
     /// ([`Self::dynamic_shared`]) and the launch opts in.
     pub fn shared_memory_limit(self) -> u32 {
         match self {
-            Target::Nvptx { sm: 80 } => 166_912,
-            Target::Nvptx { sm: 86 | 89 } => 101_376,
-            Target::Nvptx { sm } if sm >= 90 => 232_448,
+            Target::Nvptx { sm: 80, .. } => 166_912,
+            Target::Nvptx { sm: 86 | 89, .. } => 101_376,
+            Target::Nvptx { sm, .. } if sm >= 90 => 232_448,
             Target::Nvptx { .. } => NVIDIA_STATIC_SHARED_BYTES,
             Target::Amdgpu(_) => 64 * 1024,
             Target::Emu(f) => f.imitates().shared_memory_limit(),
@@ -258,6 +299,10 @@ mod tests {
         assert_eq!(Target::Emu(EmuFlavor::Amd).warp_size(), 64);
         assert!("sm_70".parse::<Target>().is_err());
         assert_eq!(Target::Amdgpu(AmdArch::Gfx942).warp_size(), 64);
+        assert_eq!("sm_90a".parse::<Target>(), Ok(Target::SM90A));
+        assert_eq!(EMU_SM90A.to_string().parse::<Target>(), Ok(EMU_SM90A));
+        assert!(Target::SM90A.has_wgmma() && EMU_SM90A.has_wgmma());
+        assert!(!Target::nvptx(90).has_wgmma());
         assert_eq!(Target::Amdgpu(AmdArch::Gfx1100).warp_size(), 32);
     }
 }

@@ -98,7 +98,7 @@ fn compile_ext(func: &Function, target: Target, opts: &CompileOptions, allow_spi
         shared_bytes: meta.shared_bytes,
     };
     match target {
-        Target::Nvptx { sm } => {
+        Target::Nvptx { .. } => {
             let buf = tm
                 .write_to_memory_buffer(&module, FileType::Assembly)
                 .expect("PTX");
@@ -107,7 +107,7 @@ fn compile_ext(func: &Function, target: Target, opts: &CompileOptions, allow_spi
             std::fs::write(&p, &out.asm).expect("write ptx");
             if let Some(ptxas) = tool(&["ptxas"]) {
                 let o = Command::new(ptxas)
-                    .arg(format!("-arch=sm_{sm}"))
+                    .arg(format!("-arch={target}"))
                     .arg("-v")
                     .arg(&p)
                     .arg("-o")
@@ -121,7 +121,7 @@ fn compile_ext(func: &Function, target: Target, opts: &CompileOptions, allow_spi
                 );
                 assert!(
                     o.status.success(),
-                    "ptxas rejected {} for sm_{sm}:\n{text}\n{}",
+                    "ptxas rejected {} for {target}:\n{text}\n{}",
                     func.name,
                     out.asm
                 );
@@ -129,7 +129,7 @@ fn compile_ext(func: &Function, target: Target, opts: &CompileOptions, allow_spi
                     allow_spills
                         || !text.contains("bytes spill")
                         || text.contains("0 bytes spill stores, 0 bytes spill loads"),
-                    "{} spills on sm_{sm}: {text}",
+                    "{} spills on {target}: {text}",
                     func.name
                 );
                 out.ptxas = text;
@@ -571,12 +571,7 @@ fn f64_transcendentals_are_unsupported_with_a_span() {
     k.store(r);
     let f = k.b.finish();
     let ctx = Context::create();
-    match lower_kernel(
-        &ctx,
-        &f,
-        Target::Nvptx { sm: 80 },
-        &CompileOptions::default(),
-    ) {
+    match lower_kernel(&ctx, &f, Target::nvptx(80), &CompileOptions::default()) {
         Err(e @ CodegenError::Unsupported { .. }) => {
             let m = e.to_string();
             assert!(m.contains("k.rs:7:9") && m.contains("sm_80"), "{m}");

@@ -132,7 +132,10 @@ impl CudaBuf {
 /// known architecture not above it (PTX is JIT-compiled forward by the driver).
 pub(crate) fn target_for(major: u32, minor: u32) -> Option<&'static str> {
     match major * 10 + minor {
-        90.. => Some("sm_90"),
+        // sm_90a code runs on 9.0 only (architecture-specific PTX is not forward
+        // compatible); later GPUs JIT the portable sm_90 PTX.
+        90 => Some("sm_90a"),
+        91.. => Some("sm_90"),
         89 => Some("sm_89"),
         86..=88 => Some("sm_86"),
         80..=85 => Some("sm_80"),

@@ -74,7 +74,7 @@ pub fn ring_world(flavor: EmuFlavor, ranks: usize, blocks: usize) -> Result<Dura
         return Err(format!("{ranks} ranks x {blocks} blocks"));
     }
     let num_warps = match flavor {
-        EmuFlavor::Nv => 8,
+        EmuFlavor::Nv | EmuFlavor::Sm90a => 8,
         EmuFlavor::Amd => 4,
     };
     let f = tessera::kernel_ir::<ring_after_barrier<B>>(&()).map_err(|e| e.to_string())?;

@@ -142,8 +142,9 @@ const KERNELS: [(&str, Compile); 6] = [
     ("layernorm", compile::<layernorm::layernorm<f32, 256>>),
 ];
 
-const SM80: Target = Target::Nvptx { sm: 80 };
-const SM90: Target = Target::Nvptx { sm: 90 };
+const SM80: Target = Target::nvptx(80);
+const SM90: Target = Target::nvptx(90);
+const SM90A: Target = Target::SM90A;
 const GFX942: Target = Target::Amdgpu(AmdArch::Gfx942);
 
 fn build(name: &str, f: Compile, target: Target) -> Artifact {
@@ -158,7 +159,7 @@ fn ptx(art: &Artifact) -> &str {
 fn ptx_assembles_without_spills() {
     let mut failures = Vec::new();
     for (name, f) in KERNELS {
-        for target in [SM80, SM90] {
+        for target in [SM80, SM90, SM90A] {
             let art = build(name, f, target);
             match tools::ptxas(ptx(&art), &target.to_string()) {
                 Ok(r) => {
@@ -327,8 +328,12 @@ fn amdgcn_snapshots_gfx942() {
 fn comm_kernels_assemble_and_link() {
     let mut failures = Vec::new();
     for (name, f) in COMM_KERNELS {
-        for target in [SM80, SM90] {
+        for target in [SM80, SM90, SM90A] {
             let art = build(name, f, target);
+            // The fused plans' GEMMs take the warpgroup instructions on sm_90a.
+            if target == SM90A && name.contains("gemm") && !art.asm.contains("wgmma.mma_async") {
+                failures.push(format!("{name} {target}: no wgmma"));
+            }
             match tools::ptxas(ptx(&art), &target.to_string()) {
                 Ok(r) if r.spill_stores_bytes + r.spill_loads_bytes != 0 => {
                     failures.push(format!("{name} {target} spills:\n{}", r.log))
@@ -655,6 +660,65 @@ fn sm80_matmuls_pipeline_through_cp_async_rings() {
         );
         let plain = compile_ir(&func, SM80, &CompileOptions::warps(num_warps)).expect("compiles");
         assert_eq!(plain.asm.matches("cp.async").count(), 0);
+    }
+}
+
+/// On sm_90a the benchmarked matmul tiles take `wgmma` (m64n128k16, operands from
+/// the `cp.async` ring through 128B-swizzle descriptors): per loop iteration the
+/// same copies as sm_80, then one proxy fence, `wgmma.fence`, the tile's
+/// instructions, one commit and one wait; HGMMA in the SASS, no HMMA, no spills.
+#[test]
+fn sm90a_matmuls_use_wgmma_from_cp_async_rings() {
+    use tessera::ir::ParamFacts;
+    let cases = [
+        (
+            kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds"),
+            4,
+            3 * 16384,
+            // 2 row tiles of 64 per warpgroup x 2 k-steps.
+            4,
+        ),
+        (
+            kernel_ir::<matmul::matmul<f16, 128, 128, 64>>(&()).expect("builds"),
+            8,
+            3 * 32768,
+            // One row tile per warpgroup x 4 k-steps.
+            4,
+        ),
+    ];
+    for (func, num_warps, ring, wgmmas) in cases {
+        let facts = vec![ParamFacts::new(true, true); func.params.len()];
+        let spec = func.specialized(&facts);
+        let art = compile_ir(&spec, SM90A, &CompileOptions::warps(num_warps)).expect("compiles");
+        let ptx = &art.asm;
+        let count = |s: &str| ptx.matches(s).count();
+        assert!(ptx.contains(".target sm_90a"), "{ptx}");
+        assert_eq!(count("cp.async.cg.shared.global"), 3 * 8, "{ptx}");
+        assert_eq!(
+            count("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"),
+            wgmmas,
+            "{ptx}"
+        );
+        for one in [
+            "fence.proxy.async.shared::cta",
+            "wgmma.fence.sync.aligned",
+            "wgmma.commit_group.sync.aligned",
+            "wgmma.wait_group.sync.aligned 0",
+        ] {
+            assert_eq!(count(one), 1, "{one}: {ptx}");
+        }
+        assert_eq!(count("mma.sync"), 0, "{ptx}");
+        assert_eq!(art.meta.shared_bytes as usize, ring);
+        let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
+        assert_eq!(
+            (report.spill_stores_bytes, report.spill_loads_bytes),
+            (0, 0),
+            "{} registers",
+            report.registers
+        );
+        let sass = tools::sass(&report.cubin).expect("cuobjdump");
+        assert!(sass.contains("HGMMA.64x128x16.F32"), "{sass}");
+        assert!(!sass.contains("HMMA"), "{sass}");
     }
 }
 

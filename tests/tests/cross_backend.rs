@@ -50,6 +50,21 @@ use tessera_tests::line_of;
 
 const FLAVORS: [EmuFlavor; 2] = [EmuFlavor::Nv, EmuFlavor::Amd];
 
+/// The flavors a kernel runs on: both vendors', and the Hopper one (`wgmma`) for a
+/// kernel with a `dot` (elsewhere it lowers as emu-nv does).
+fn flavors_for(f: &Function) -> Vec<EmuFlavor> {
+    fn has_dot(r: &tessera::ir::ir::Region) -> bool {
+        r.ops
+            .iter()
+            .any(|o| o.kind == tessera::ir::ir::OpKind::Dot || o.regions.iter().any(has_dot))
+    }
+    let mut v = FLAVORS.to_vec();
+    if has_dot(&f.body) {
+        v.push(EmuFlavor::Sm90a);
+    }
+    v
+}
+
 /// One launch argument of a case.
 enum Arg {
     /// An input buffer (copied fresh for every backend).
@@ -158,7 +173,7 @@ fn check_with(
     } else {
         vec![("", f), (" (specialized)", &spec)]
     };
-    for flavor in FLAVORS {
+    for flavor in flavors_for(f) {
         for &(how, f) in &variants {
             let got = make(args);
             emu::launch(f, flavor, &opts, grid, &got)
@@ -712,7 +727,7 @@ fn dot_case<T: Element + DotInput<Acc = f32>, const M: usize, const N: usize, co
         unreachable!()
     };
     let w = values(w);
-    for flavor in FLAVORS {
+    for flavor in flavors_for(&f) {
         let got = make(&reference);
         emu::launch(&f, flavor, &CompileOptions::warps(num_warps), g1(1), &got)
             .unwrap_or_else(|e| panic!("{name} on {flavor:?}: {e}"));

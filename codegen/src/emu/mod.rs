@@ -55,6 +55,7 @@ pub mod mma;
 pub(crate) mod runtime;
 pub(crate) mod stack;
 pub mod team;
+pub mod wgmma;
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -173,6 +174,27 @@ pub enum EmuError {
         offset_bytes: usize,
         /// The access size (and required alignment).
         bytes: u32,
+    },
+    /// A matrix or asynchronous instruction used against its rules (a `wgmma`
+    /// without its fence, accumulators touched while in flight, an operand layout
+    /// the emulator does not model); on a GPU the result would be undefined.
+    #[error(
+        "{span}: invalid {op} in kernel `{kernel}` at block {b}, thread {thread}: {message}",
+        b = fmt3(.block)
+    )]
+    Instruction {
+        /// The kernel.
+        kernel: String,
+        /// The op's mnemonic.
+        op: &'static str,
+        /// The op's source location.
+        span: Span,
+        /// The block (program id).
+        block: [u32; 3],
+        /// The thread in the block.
+        thread: u32,
+        /// What is wrong.
+        message: String,
     },
     /// A barrier that some threads of the block never reached.
     #[error(

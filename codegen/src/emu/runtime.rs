@@ -30,6 +30,7 @@ use tessera_ir::Span;
 use super::EmuError;
 use super::mma::{self, Half};
 use super::team::{Park, Team, TeamError};
+use super::wgmma::{self as wg, POISON, WgOp, WgState};
 use crate::lower::Site;
 
 /// A buffer argument of a launch.
@@ -56,10 +57,16 @@ pub(crate) struct Block {
 
 impl Block {
     pub(crate) fn new(team: Team, shared_bytes: usize) -> Block {
-        let mut mem = vec![0u128; shared_bytes.div_ceil(16).max(1)];
+        // 1024 bytes of slack: the shared base is 1024-aligned, as the `wgmma`
+        // swizzle patterns (address bits 4..10) and the lowering assume.
+        let mut mem = vec![0u128; shared_bytes.div_ceil(16).max(1) + 64];
+        let raw = mem.as_mut_ptr() as *mut u8;
+        let pad = (raw as usize).next_multiple_of(1024) - raw as usize;
         Block {
             team,
-            shared: mem.as_mut_ptr() as *mut u8,
+            // SAFETY: `pad < 1024` and the allocation has 1024 bytes past
+            // `shared_bytes`.
+            shared: unsafe { raw.add(pad) },
             shared_bytes,
             shadow_write: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
             shadow_read: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
@@ -202,6 +209,10 @@ pub(crate) struct ThreadCtx<'a> {
     pub yielder: Cell<*const Yielder<(), Park>>,
     /// This thread's `cp.async` copies not yet waited for.
     pub copies: RefCell<AsyncCopies>,
+    /// This thread's `wgmma` state.
+    pub wg: RefCell<WgState>,
+    /// Shared memory written (generic proxy) since the last `fence.proxy.async`.
+    pub wg_dirty: Cell<bool>,
 }
 
 /// One `cp.async`: the bytes read from global memory when it was issued, to land at
@@ -235,6 +246,8 @@ impl<'a> ThreadCtx<'a> {
             scratch: UnsafeCell::new(Scratch([0; 64])),
             yielder: Cell::new(std::ptr::null()),
             copies: RefCell::new(AsyncCopies::default()),
+            wg: RefCell::new(WgState::default()),
+            wg_dirty: Cell::new(false),
         }
     }
 
@@ -476,6 +489,9 @@ fn note_shared(c: &ThreadCtx<'_>, p: *const u8, bytes: i32, is_write: bool, site
             });
             return false;
         }
+        if is_write != 0 {
+            c.wg_dirty.set(true);
+        }
         let epoch = c.epoch.get();
         let me = pack(epoch, c.tid, site as u32);
         let owner = |w: u64| ((w >> 16) & 0xffff) as u32;
@@ -662,6 +678,170 @@ extern "C" fn tessera_emu_ldmatrix(p: *const u8, num: i32, trans: i32, out: *mut
         for (m, v) in r.iter().take(num).enumerate() {
             // SAFETY: the kernel passes a pointer to its `[4 x i32]` stack slot.
             unsafe { out.add(m).write(*v as u32) };
+        }
+    })
+}
+
+/// Records an invalid use of a `wgmma` instruction at `site`.
+fn wg_fail(c: &ThreadCtx<'_>, site: i32, message: String) {
+    let (span, op) = c.launch.site(site as u32);
+    c.fail(EmuError::Instruction {
+        kernel: c.launch.kernel.to_string(),
+        op,
+        span,
+        block: c.block.get(),
+        thread: c.tid,
+        message,
+    });
+}
+
+/// `fence.proxy.async.shared::cta` (this thread's shared writes are visible to its
+/// later `wgmma` operand reads).
+extern "C" fn tessera_emu_fence_proxy_async() {
+    with((), |c| c.wg_dirty.set(false))
+}
+
+/// `wgmma.fence.sync.aligned`.
+extern "C" fn tessera_emu_wgmma_fence(_site: i32) {
+    with((), |c| c.wg.borrow_mut().fenced = true)
+}
+
+/// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{f16,bf16}` (see [`super::wgmma`]):
+/// `acc` holds this thread's `n / 2` accumulators, which read as [`POISON`] until a
+/// wait completes the instruction. `ty` is 0 for f16, 1 for bf16.
+#[allow(clippy::too_many_arguments)]
+extern "C" fn tessera_emu_wgmma(
+    ty: i32,
+    n: i32,
+    desc_a: i64,
+    desc_b: i64,
+    trans_b: i32,
+    acc: *mut f32,
+    slot: i32,
+    site: i32,
+) {
+    with((), |c| {
+        if !(8..=256).contains(&n) || n % 8 != 0 {
+            return wg_fail(c, site, format!("N = {n} (8 to 256, a multiple of 8)"));
+        }
+        let regs = n as usize / 2;
+        // SAFETY: the kernel passes its `[n / 2 x float]` stack slot.
+        let acc = unsafe { std::slice::from_raw_parts_mut(acc, regs) };
+        let slot = slot as u32;
+        if c.wg_dirty.get() {
+            return wg_fail(
+                c,
+                site,
+                "the thread wrote shared memory since its last fence.proxy.async: the \
+                 wgmma operand reads may not see it"
+                    .into(),
+            );
+        }
+        let mut st = c.wg.borrow_mut();
+        if st.pending(slot) {
+            // Chained onto an in-flight wgmma: the registers must be untouched.
+            if acc.iter().any(|v| v.to_bits() != POISON) {
+                drop(st);
+                return wg_fail(
+                    c,
+                    site,
+                    "accumulator registers of an in-flight wgmma were modified".into(),
+                );
+            }
+        } else {
+            if !st.fenced {
+                drop(st);
+                return wg_fail(
+                    c,
+                    site,
+                    "no wgmma.fence between writing the accumulator registers and the wgmma".into(),
+                );
+            }
+            st.regs.insert(slot, acc.to_vec());
+        }
+        st.open.push(WgOp {
+            ty: if ty == 1 { Half::Bf16 } else { Half::F16 },
+            n: n as u32,
+            desc_a: desc_a as u64,
+            desc_b: desc_b as u64,
+            trans_b: trans_b != 0,
+            slot,
+            site,
+        });
+        acc.fill(f32::from_bits(POISON));
+    })
+}
+
+/// `wgmma.commit_group.sync.aligned`.
+extern "C" fn tessera_emu_wgmma_commit(_site: i32) {
+    with((), |c| {
+        let mut st = c.wg.borrow_mut();
+        let g = std::mem::take(&mut st.open);
+        st.committed.push_back(g);
+    })
+}
+
+/// `wgmma.wait_group.sync.aligned pending`: completes every committed group but the
+/// newest `pending` (reading their operands from shared memory now), then writes
+/// `slot`'s `regs` accumulators to `acc` if none of its wgmmas is still in flight
+/// (else [`POISON`]).
+extern "C" fn tessera_emu_wgmma_wait(pending: i32, acc: *mut f32, regs: i32, slot: i32, site: i32) {
+    with((), |c| {
+        let keep = pending.max(0) as usize;
+        loop {
+            let g = {
+                let mut st = c.wg.borrow_mut();
+                if st.committed.len() <= keep {
+                    break;
+                }
+                st.committed.pop_front()
+            };
+            for op in g.into_iter().flatten() {
+                let mut regs = c.wg.borrow_mut().regs.remove(&op.slot).unwrap_or_default();
+                regs.resize((op.n / 2) as usize, 0.0);
+                let (shared, len) = (c.blk.shared, c.blk.shared_bytes);
+                let r = wg::execute(&op, c.tid, &mut regs, |addr| {
+                    let a = addr as usize;
+                    if a + 2 > len {
+                        return Err(format!(
+                            "an operand element at shared address {a:#x} is outside the block's {len} bytes"
+                        ));
+                    }
+                    // SAFETY: 2 bytes inside the block's shared memory (checked).
+                    let p = unsafe { shared.add(a) };
+                    note_shared(c, p, 2, false, op.site);
+                    // SAFETY: as above; an unaligned read of a u16 is fine.
+                    Ok(unsafe { (p as *const u16).read_unaligned() })
+                });
+                if let Err(m) = r {
+                    wg_fail(c, op.site, m);
+                }
+                c.wg.borrow_mut().regs.insert(op.slot, regs);
+            }
+        }
+        let regs = regs.max(0) as usize;
+        // SAFETY: the kernel passes its `[regs x float]` stack slot.
+        let out = unsafe { std::slice::from_raw_parts_mut(acc, regs) };
+        let mut st = c.wg.borrow_mut();
+        let slot = slot as u32;
+        if st.pending(slot) {
+            out.fill(f32::from_bits(POISON));
+            return;
+        }
+        // The accumulators are ordinary registers again: the next wgmma on them
+        // needs a new wgmma.fence.
+        st.fenced = false;
+        let v = st.regs.remove(&slot);
+        drop(st);
+        match v {
+            Some(v) if v.len() == regs => out.copy_from_slice(&v),
+            Some(_) => wg_fail(
+                c,
+                site,
+                "wait for an accumulator tile of another size".into(),
+            ),
+            // Nothing in flight: the registers stay as they are.
+            None => {}
         }
     })
 }
@@ -912,6 +1092,23 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         (
             "tessera_emu_mma_amd32_bf16",
             tessera_emu_mma_amd32_bf16 as *const () as usize,
+        ),
+        (
+            "tessera_emu_fence_proxy_async",
+            tessera_emu_fence_proxy_async as *const () as usize,
+        ),
+        (
+            "tessera_emu_wgmma_fence",
+            tessera_emu_wgmma_fence as *const () as usize,
+        ),
+        ("tessera_emu_wgmma", tessera_emu_wgmma as *const () as usize),
+        (
+            "tessera_emu_wgmma_commit",
+            tessera_emu_wgmma_commit as *const () as usize,
+        ),
+        (
+            "tessera_emu_wgmma_wait",
+            tessera_emu_wgmma_wait as *const () as usize,
         ),
         (
             "tessera_emu_ldmatrix",

@@ -344,6 +344,67 @@ pub trait Arch {
     ) -> LResult<Vec<IntValue<'ctx>>> {
         Err(LowerError::Llvm("ldmatrix on a target without it".into()))
     }
+    /// The 32-bit shared-memory address of `p` (a pointer into the block's shared
+    /// memory): the offset in the `.shared` window on GPUs (what matrix descriptors
+    /// hold), the offset from the block's shared base in the emulator.
+    fn shared_address<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        p: PointerValue<'ctx>,
+    ) -> LResult<IntValue<'ctx>> {
+        Ok(cx.b.build_ptr_to_int(p, cx.ctx.i32_type(), "saddr")?)
+    }
+    /// `fence.proxy.async.shared::cta`: orders this thread's earlier generic-proxy
+    /// shared-memory accesses (stores, `cp.async`) before later async-proxy ones
+    /// (`wgmma` operand reads). Only emitted on targets with [`Target::has_wgmma`].
+    fn fence_async_shared<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
+        Err(LowerError::Llvm("wgmma on a target without it".into()))
+    }
+    /// `wgmma.fence.sync.aligned`: orders earlier register accesses before the
+    /// following `wgmma.mma_async`s (needed before the first one of a `dot`).
+    fn wgmma_fence<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        Err(LowerError::Llvm("wgmma on a target without it".into()))
+    }
+    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} d, a_desc, b_desc, 1, 1, 1,
+    /// 0, {trans_b}` (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+    /// `D = A·B + D` for the warpgroup's 64 x n tile, A (64 x 16, K-major) and B
+    /// (16 x n, N-major when `trans_b`) read from shared memory through the matrix
+    /// descriptors; `acc` holds this thread's `n / 2` accumulators (the D fragment).
+    /// Returns the accumulators, which are only defined after a
+    /// [`Arch::wgmma_wait`] covering the instruction; `slot` names the accumulator
+    /// tile (the emulator tracks it).
+    #[allow(clippy::too_many_arguments)]
+    fn wgmma<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _input: ScalarType,
+        _n: u32,
+        _desc_a: IntValue<'ctx>,
+        _desc_b: IntValue<'ctx>,
+        _trans_b: bool,
+        _acc: &[FloatValue<'ctx>],
+        _slot: u32,
+        _site: u32,
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        Err(LowerError::Llvm("wgmma on a target without it".into()))
+    }
+    /// `wgmma.commit_group.sync.aligned`: the `wgmma`s issued since the last commit
+    /// form a group.
+    fn wgmma_commit<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        Err(LowerError::Llvm("wgmma on a target without it".into()))
+    }
+    /// `wgmma.wait_group.sync.aligned pending`: waits until at most `pending` groups
+    /// are in flight; `accs[slot]` are the accumulator tiles of the waited-for
+    /// `wgmma`s, returned defined.
+    fn wgmma_wait<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _pending: u32,
+        _accs: &[Vec<FloatValue<'ctx>>],
+        _site: u32,
+    ) -> LResult<Vec<Vec<FloatValue<'ctx>>>> {
+        Err(LowerError::Llvm("wgmma on a target without it".into()))
+    }
     /// Emits one matrix instruction: `a` and `b` hold the fragment elements in
     /// [`FragInfo::runs`] order, `c` the accumulator fragment; returns D.
     fn emit_mma<'ctx>(
@@ -400,7 +461,7 @@ fn ptx_atom<'ctx>(
 /// The implementation for a target.
 pub fn for_target(t: Target) -> Box<dyn Arch> {
     match t {
-        Target::Nvptx { sm } => Box::new(Nvptx { sm }),
+        Target::Nvptx { sm, arch_specific } => Box::new(Nvptx { sm, arch_specific }),
         Target::Amdgpu(a) => Box::new(Amdgpu { arch: a }),
         Target::Emu(flavor) => Box::new(super::emu_arch::Emu { flavor }),
     }
@@ -429,6 +490,8 @@ pub(crate) fn pack_pairs<'ctx>(
 pub struct Nvptx {
     /// Compute capability.
     pub sm: u32,
+    /// sm_90a: the architecture-specific instructions (`wgmma`).
+    pub arch_specific: bool,
 }
 
 /// AMD GCN/CDNA/RDNA.
@@ -463,9 +526,143 @@ fn nvvm_ldmatrix<'ctx>(
         .collect()
 }
 
+/// A side-effecting inline PTX statement with no operands.
+fn ptx_stmt(cx: &Cx<'_>, text: &str) -> LResult<()> {
+    let fty = cx.ctx.void_type().fn_type(&[], false);
+    let asm = cx.ctx.create_inline_asm(
+        fty,
+        text.to_string(),
+        "~{memory}".into(),
+        true,
+        false,
+        None,
+        false,
+    );
+    cx.b.build_indirect_call(fty, asm, &[], "")?;
+    Ok(())
+}
+
+/// Inline PTX `text` whose first `accs.len()` operands are the f32 registers `accs`,
+/// read and written (tied `=f` outputs); `extra` are further `(constraint, value)`
+/// inputs, numbered after them. Returns the registers after it.
+fn ptx_with_accs<'ctx>(
+    cx: &Cx<'ctx>,
+    text: String,
+    accs: &[FloatValue<'ctx>],
+    extra: &[(&str, BasicValueEnum<'ctx>)],
+) -> LResult<Vec<FloatValue<'ctx>>> {
+    use inkwell::types::BasicMetadataTypeEnum as T;
+    let f32t = cx.ctx.f32_type();
+    let n = accs.len();
+    let ret = cx.ctx.struct_type(&vec![f32t.into(); n], false);
+    let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+    cons.extend(extra.iter().map(|(c, _)| c.to_string()));
+    cons.extend((0..n).map(|i| i.to_string()));
+    cons.push("~{memory}".into());
+    // Inputs: the extras, then the tied accumulators (so `$n..` are the extras).
+    let mut params: Vec<T> = extra.iter().map(|(_, v)| T::from(v.get_type())).collect();
+    params.extend(vec![T::from(f32t); n]);
+    let fty = ret.fn_type(&params, false);
+    let asm = cx
+        .ctx
+        .create_inline_asm(fty, text, cons.join(","), true, false, None, false);
+    let mut args: Vec<inkwell::values::BasicMetadataValueEnum> =
+        extra.iter().map(|(_, v)| (*v).into()).collect();
+    args.extend(
+        accs.iter()
+            .map(|&v| inkwell::values::BasicMetadataValueEnum::from(v)),
+    );
+    let call = cx.b.build_indirect_call(fty, asm, &args, "")?;
+    let s = call
+        .try_as_basic_value()
+        .basic()
+        .ok_or_else(|| LowerError::Llvm("asm returned void".into()))?
+        .into_struct_value();
+    (0..n as u32)
+        .map(|i| Ok(cx.b.build_extract_value(s, i, "")?.into_float_value()))
+        .collect()
+}
+
 impl Arch for Nvptx {
     fn has_cp_async(&self) -> bool {
         self.sm >= 80
+    }
+
+    fn fence_async_shared<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        ptx_stmt(cx, "fence.proxy.async.shared::cta;")
+    }
+
+    fn wgmma_fence<'ctx>(&self, cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        ptx_stmt(cx, "wgmma.fence.sync.aligned;")
+    }
+
+    fn wgmma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        n: u32,
+        desc_a: IntValue<'ctx>,
+        desc_b: IntValue<'ctx>,
+        trans_b: bool,
+        acc: &[FloatValue<'ctx>],
+        _slot: u32,
+        _site: u32,
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        if !self.target().has_wgmma() {
+            return Err(LowerError::Llvm("wgmma needs sm_90a".into()));
+        }
+        let ty = match input {
+            ScalarType::F16 => "f16",
+            ScalarType::BF16 => "bf16",
+            t => return Err(LowerError::Llvm(format!("wgmma on {t:?}"))),
+        };
+        // Operands: $0..$r-1 the accumulators (outputs), $r, $r+1 the descriptors.
+        let r = acc.len();
+        let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
+        let text = format!(
+            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, ${}, ${}, p, 1, 1, 0, {};\n}}",
+            r + 2,
+            regs.join(","),
+            r,
+            r + 1,
+            u32::from(trans_b)
+        );
+        ptx_with_accs(
+            cx,
+            text,
+            acc,
+            &[
+                ("l", desc_a.into()),
+                ("l", desc_b.into()),
+                ("r", cx.i32(1).into()),
+            ],
+        )
+    }
+
+    fn wgmma_commit<'ctx>(&self, cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        ptx_stmt(cx, "wgmma.commit_group.sync.aligned;")
+    }
+
+    fn wgmma_wait<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        pending: u32,
+        accs: &[Vec<FloatValue<'ctx>>],
+        _site: u32,
+    ) -> LResult<Vec<Vec<FloatValue<'ctx>>>> {
+        // The accumulators pass through the wait so that no later use moves above it.
+        let all: Vec<FloatValue<'ctx>> = accs.iter().flatten().copied().collect();
+        let out = ptx_with_accs(
+            cx,
+            format!("wgmma.wait_group.sync.aligned {pending};"),
+            &all,
+            &[],
+        )?;
+        let mut it = out.into_iter();
+        Ok(accs
+            .iter()
+            .map(|a| it.by_ref().take(a.len()).collect())
+            .collect())
     }
 
     fn cp_async<'ctx>(
@@ -503,7 +700,10 @@ impl Arch for Nvptx {
     }
 
     fn target(&self) -> Target {
-        Target::Nvptx { sm: self.sm }
+        Target::Nvptx {
+            sm: self.sm,
+            arch_specific: self.arch_specific,
+        }
     }
 
     fn thread_id<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {

@@ -30,6 +30,7 @@ use tessera_ir::ir::Op;
 use tessera_ir::{Elem, ScalarType};
 
 use super::arch::{FragInfo, MmaInfo};
+use super::wgmma;
 use super::{LResult, Lowerer, Tile};
 use crate::layout::Layout;
 
@@ -150,7 +151,12 @@ struct Plan {
     reps_n: u32,
 }
 
+/// The `mma.sync`/MFMA plan of `op` (`None` on the FMA path, and for a `dot` that
+/// takes the `wgmma` path, [`super::wgmma::plan`]).
 fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
+    if wgmma::plan(l, op).is_some() {
+        return None;
+    }
     let a = l.f.ty(op.operands[0]);
     let b = l.f.ty(op.operands[1]);
     let s = a.scalar_type()?;
@@ -285,6 +291,9 @@ pub(super) fn bt_load_layout(shape: &[u32], vec: u32, ws: u32, nw: u32, unit: u3
 
 /// The accumulator layout of `dot` on the matrix units, if it uses them.
 pub(super) fn mma_layout(l: &Lowerer<'_, '_>, op: &Op) -> Option<Layout> {
+    if let Some(p) = wgmma::plan(l, op) {
+        return Some(wgmma::c_layout(&p, l.nw));
+    }
     let p = plan(l, op)?;
     let m = l.f.ty(op.operands[0]).shape[0];
     let n = l.f.ty(op.operands[1]).shape[1];
@@ -315,6 +324,9 @@ fn c_layout(p: &Plan, m: u32, n: u32, nw: u32) -> Layout {
 }
 
 pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
+    if let Some(p) = wgmma::plan(l, op) {
+        return wgmma::lower(l, op, p);
+    }
     match plan(l, op) {
         Some(p) => lower_mma(l, op, p),
         None => lower_fma(l, op),
@@ -327,7 +339,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
 /// transposed): registers that differ only in those steps, when the layout holds them
 /// in registers, are written as one vector store. The caller promises that a run's
 /// first place is aligned to the run's size.
-fn write_tile<'ctx>(
+pub(super) fn write_tile<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     t: &Tile<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
@@ -830,6 +842,9 @@ impl Arrays {
 /// The bytes of shared memory in which `dot` stages its operands on the matrix path
 /// (`None`: the FMA path).
 pub(super) fn matrix_staging_bytes(l: &Lowerer<'_, '_>, op: &Op) -> Option<u32> {
+    if let Some(p) = wgmma::plan(l, op) {
+        return Some(wgmma::Arrays::new(&p).bytes());
+    }
     plan(l, op).map(|p| Arrays::new(l, op, &p).bytes())
 }
 
@@ -842,6 +857,12 @@ pub(super) fn stage_operand<'ctx>(
     t: &Tile<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
 ) -> LResult<()> {
+    if let Some(p) = wgmma::plan(l, op) {
+        let arr = wgmma::Arrays::new(&p);
+        return write_tile(l, t, base, &wgmma::store_runs(), |e| {
+            wgmma::elem_offset(l, &p, &arr, which, e)
+        });
+    }
     let Some(p) = plan(l, op) else {
         return Err(super::LowerError::Llvm("staging an FMA-path dot".into()));
     };
@@ -882,6 +903,9 @@ pub(super) fn operand_offset<'ctx>(
     which: usize,
     e: IntValue<'ctx>,
 ) -> LResult<IntValue<'ctx>> {
+    if let Some(p) = wgmma::plan(l, op) {
+        return wgmma::elem_offset(l, &p, &wgmma::Arrays::new(&p), which, e);
+    }
     let Some(p) = plan(l, op) else {
         return Err(super::LowerError::Llvm(
             "an FMA-path dot has no arrays".into(),

@@ -21,6 +21,11 @@
 //! | `mma.sync` m16n8k16 | `void tessera_emu_mma_nv_{f16,bf16}(i32 a0..a3, i32 b0, b1, float c0..c3, ptr d, i32 site)` |
 //! | `ldmatrix` (emu-nv) | `void tessera_emu_ldmatrix(ptr row, i32 num, i32 trans, ptr out, i32 site)` (one `i32` per matrix to `out`) |
 //! | MFMA 32x32x8 | `void tessera_emu_mma_amd32_{f16,bf16}(ptr ab, ptr cd, i32 site)` (`[8 x i32]` A then B, 16-bit elements zero-extended; `[16 x float]` C in, D out) |
+//! | shared address (descriptors) | `p - tessera_emu_shared_base()` |
+//! | `fence.proxy.async.shared::cta` | `void tessera_emu_fence_proxy_async()` |
+//! | `wgmma.fence` / `.commit_group` | `void tessera_emu_wgmma_{fence,commit}(i32 site)` |
+//! | `wgmma.mma_async` m64nNk16 (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 trans_b, ptr acc, i32 slot, i32 site)` (`[n/2 x float]` accumulators in, poison out) |
+//! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
@@ -94,7 +99,19 @@ fn int_result<'ctx>(v: Option<BasicValueEnum<'ctx>>) -> LResult<IntValue<'ctx>> 
         .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))
 }
 
+/// The NVIDIA fragment layouts every NVIDIA flavor shares (`mma.sync` m16n8k16).
+const NV_MMA: Nvptx = Nvptx {
+    sm: 80,
+    arch_specific: false,
+};
+
 impl Emu {
+    /// Whether the flavor imitates an NVIDIA GPU (warp 32, `ldmatrix`, `cp.async`,
+    /// `mma.sync`).
+    fn nv_like(&self) -> bool {
+        matches!(self.flavor, EmuFlavor::Nv | EmuFlavor::Sm90a)
+    }
+
     fn site<'ctx>(cx: &Cx<'ctx>, site: u32) -> BasicMetadataValueEnum<'ctx> {
         cx.i32(site as i64).into()
     }
@@ -261,7 +278,7 @@ impl Arch for Emu {
 
     fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32, nw: u32) -> Option<MmaInfo> {
         match self.flavor {
-            EmuFlavor::Nv => Nvptx { sm: 80 }.mma_for(input, m, n, k, nw),
+            EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma_for(input, m, n, k, nw),
             EmuFlavor::Amd => Amdgpu {
                 arch: AmdArch::Gfx942,
             }
@@ -271,7 +288,7 @@ impl Arch for Emu {
 
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
         match self.flavor {
-            EmuFlavor::Nv => Nvptx { sm: 80 }.mma(input),
+            EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma(input),
             EmuFlavor::Amd => Amdgpu {
                 arch: AmdArch::Gfx942,
             }
@@ -280,7 +297,7 @@ impl Arch for Emu {
     }
 
     fn has_ldmatrix(&self) -> bool {
-        self.flavor == EmuFlavor::Nv
+        self.nv_like()
     }
 
     fn has_buffer_load(&self) -> bool {
@@ -288,7 +305,7 @@ impl Arch for Emu {
     }
 
     fn has_cp_async(&self) -> bool {
-        self.flavor == EmuFlavor::Nv
+        self.nv_like()
     }
 
     fn cp_async<'ctx>(
@@ -395,7 +412,7 @@ impl Arch for Emu {
         trans: bool,
         site: u32,
     ) -> LResult<Vec<IntValue<'ctx>>> {
-        if self.flavor != EmuFlavor::Nv {
+        if !self.nv_like() {
             return Err(LowerError::Llvm("ldmatrix on emu-amd".into()));
         }
         let i32t = cx.ctx.i32_type();
@@ -425,6 +442,127 @@ impl Arch for Emu {
             .collect()
     }
 
+    fn shared_address<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        p: PointerValue<'ctx>,
+    ) -> LResult<IntValue<'ctx>> {
+        let pt = Emu::ptr_ty(cx);
+        let base = call(cx, "tessera_emu_shared_base", pt.fn_type(&[], false), &[])?
+            .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))?
+            .into_pointer_value();
+        let i64t = cx.ctx.i64_type();
+        let d = cx.b.build_int_sub(
+            cx.b.build_ptr_to_int(p, i64t, "")?,
+            cx.b.build_ptr_to_int(base, i64t, "")?,
+            "",
+        )?;
+        Ok(cx.b.build_int_truncate(d, cx.ctx.i32_type(), "saddr")?)
+    }
+
+    fn fence_async_shared<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        let ty = cx.ctx.void_type().fn_type(&[], false);
+        call(cx, "tessera_emu_fence_proxy_async", ty, &[])?;
+        Ok(())
+    }
+
+    fn wgmma_fence<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[cx.ctx.i32_type().into()], false);
+        call(cx, "tessera_emu_wgmma_fence", ty, &[Emu::site(cx, site)])?;
+        Ok(())
+    }
+
+    fn wgmma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        n: u32,
+        desc_a: IntValue<'ctx>,
+        desc_b: IntValue<'ctx>,
+        trans_b: bool,
+        acc: &[FloatValue<'ctx>],
+        slot: u32,
+        site: u32,
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        if self.flavor != EmuFlavor::Sm90a {
+            return Err(LowerError::Llvm("wgmma outside emu-sm90a".into()));
+        }
+        let (i32t, i64t) = (cx.ctx.i32_type(), cx.ctx.i64_type());
+        let slot_ptr = store_floats(cx, acc, "wgmma.acc")?;
+        let ty = cx.ctx.void_type().fn_type(
+            &[
+                i32t.into(),
+                i32t.into(),
+                i64t.into(),
+                i64t.into(),
+                i32t.into(),
+                Emu::ptr_ty(cx).into(),
+                i32t.into(),
+                i32t.into(),
+            ],
+            false,
+        );
+        let args = [
+            cx.i32(i64::from(input == ScalarType::BF16)).into(),
+            cx.i32(n as i64).into(),
+            desc_a.into(),
+            desc_b.into(),
+            cx.i32(i64::from(trans_b)).into(),
+            slot_ptr.into(),
+            cx.i32(slot as i64).into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_wgmma", ty, &args)?;
+        load_floats(cx, slot_ptr, acc.len())
+    }
+
+    fn wgmma_commit<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[cx.ctx.i32_type().into()], false);
+        call(cx, "tessera_emu_wgmma_commit", ty, &[Emu::site(cx, site)])?;
+        Ok(())
+    }
+
+    fn wgmma_wait<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        pending: u32,
+        accs: &[Vec<FloatValue<'ctx>>],
+        site: u32,
+    ) -> LResult<Vec<Vec<FloatValue<'ctx>>>> {
+        let i32t = cx.ctx.i32_type();
+        let ty = cx.ctx.void_type().fn_type(
+            &[
+                i32t.into(),
+                Emu::ptr_ty(cx).into(),
+                i32t.into(),
+                i32t.into(),
+                i32t.into(),
+            ],
+            false,
+        );
+        accs.iter()
+            .enumerate()
+            .map(|(slot, acc)| {
+                let p = store_floats(cx, acc, "wgmma.wait")?;
+                let args = [
+                    cx.i32(pending as i64).into(),
+                    p.into(),
+                    cx.i32(acc.len() as i64).into(),
+                    cx.i32(slot as i64).into(),
+                    Emu::site(cx, site),
+                ];
+                call(cx, "tessera_emu_wgmma_wait", ty, &args)?;
+                load_floats(cx, p, acc.len())
+            })
+            .collect()
+    }
+
     fn emit_mma<'ctx>(
         &self,
         cx: &Cx<'ctx>,
@@ -440,7 +578,7 @@ impl Arch for Emu {
             return emit_mfma_32x32x8(cx, input, a, b, c, site);
         }
         let (ints, name): (Vec<IntValue<'ctx>>, &str) = match self.flavor {
-            EmuFlavor::Nv => {
+            EmuFlavor::Nv | EmuFlavor::Sm90a => {
                 let mut v = pack_pairs(cx, a)?;
                 v.extend(pack_pairs(cx, b)?);
                 let name = if input == ScalarType::BF16 {
@@ -491,6 +629,43 @@ impl Arch for Emu {
             })
             .collect()
     }
+}
+
+/// A new `[n x float]` stack slot (in the entry block) holding `v`.
+fn store_floats<'ctx>(
+    cx: &Cx<'ctx>,
+    v: &[FloatValue<'ctx>],
+    name: &str,
+) -> LResult<PointerValue<'ctx>> {
+    let ty = cx.ctx.f32_type().array_type(v.len() as u32);
+    let p = entry_alloca(cx, ty.into(), name)?;
+    for (i, x) in v.iter().enumerate() {
+        // SAFETY: `p` is an `[n x float]` and `i < n`.
+        let q = unsafe {
+            cx.b.build_in_bounds_gep(ty, p, &[cx.i32(0), cx.i32(i as i64)], "")?
+        };
+        cx.b.build_store(q, *x)?;
+    }
+    Ok(p)
+}
+
+/// The `n` floats of the `[n x float]` slot `p`.
+fn load_floats<'ctx>(
+    cx: &Cx<'ctx>,
+    p: PointerValue<'ctx>,
+    n: usize,
+) -> LResult<Vec<FloatValue<'ctx>>> {
+    let f32t = cx.ctx.f32_type();
+    let ty = f32t.array_type(n as u32);
+    (0..n)
+        .map(|i| {
+            // SAFETY: `p` is an `[n x float]` and `i < n`.
+            let q = unsafe {
+                cx.b.build_in_bounds_gep(ty, p, &[cx.i32(0), cx.i32(i as i64)], "")?
+            };
+            Ok(cx.b.build_load(f32t, q, "")?.into_float_value())
+        })
+        .collect()
 }
 
 /// MFMA 32x32x8 on emu-amd: `a` and `b` (4 halves each, zero-extended to `i32`) go in

@@ -83,6 +83,7 @@ pub mod emu_arch;
 mod memory;
 mod reduce;
 mod remat;
+mod wgmma;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -652,12 +653,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 g.set_linkage(Linkage::Internal);
                 g.set_initializer(&ty.get_undef());
             }
-            g.set_alignment(16);
+            g.set_alignment(self.smem_align());
             old.as_pointer_value()
                 .replace_all_uses_with(g.as_pointer_value());
         }
         unsafe { old.delete() };
         Ok(bytes)
+    }
+
+    /// The alignment of every array in shared memory: 16 bytes, or on targets with
+    /// `wgmma` the 1024 bytes its 128-byte swizzle repeats over (offsets stay
+    /// multiples of it, and so does the block's shared memory).
+    pub(crate) fn smem_align(&self) -> u32 {
+        if self.target().has_wgmma() {
+            wgmma::ARRAY_ALIGN
+        } else {
+            16
+        }
     }
 
     /// Reserves `bytes` of scratch for the op at `span`; returns the base pointer.
@@ -743,7 +755,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let key = d as *const Op;
                 if !self.pipe_dots.contains_key(&key) {
                     self.pipe_dots.insert(key, self.pipe_bytes);
-                    self.pipe_bytes += bytes.div_ceil(16) * 16;
+                    self.pipe_bytes += bytes.next_multiple_of(self.smem_align());
                 }
             }
         }
@@ -841,7 +853,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 continue;
             }
             let ahead = args.len() as u32;
-            let slot_bytes = dot::matrix_staging_bytes(self, d).unwrap_or(0).div_ceil(16) * 16;
+            let slot_bytes = dot::matrix_staging_bytes(self, d)
+                .unwrap_or(0)
+                .next_multiple_of(self.smem_align());
             let slots = ahead + 1;
             if self.pipe_bytes + slots * slot_bytes > self.target().shared_memory_limit() {
                 continue;

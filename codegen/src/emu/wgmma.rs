@@ -1,0 +1,231 @@
+//! The Hopper warpgroup matrix instructions as the PTX ISA defines them, for the
+//! emulator: `wgmma.mma_async` (matrix descriptors, swizzle modes, the D fragment),
+//! `wgmma.fence`, `wgmma.commit_group` and `wgmma.wait_group`.
+//!
+//! Written from the PTX ISA ("Asynchronous Warpgroup Level Matrix Multiply-Accumulate
+//! Instructions": "Matrix Descriptor Format", "Shared Memory Matrix Layout", "Register
+//! Fragments", "wgmma.wait_group"), independently of the lowering (`lower::wgmma`):
+//!
+//! - **Descriptor**: bits 0..14 start address `>> 4`, 16..30 leading-dimension byte
+//!   offset (LBO) `>> 4`, 32..46 stride-dimension byte offset (SBO) `>> 4`, 49..52 the
+//!   base offset, 62..64 the swizzle mode (0 none, 1 128B, 2 64B, 3 32B).
+//! - **Swizzled canonical layouts**, swizzle width `S` bytes, `T = 16 / elem_bytes`
+//!   elements per 16-byte unit (byte offsets from the start address):
+//!   - K-major, element `(mn, k)`: `(mn % 8) S + (mn / 8) SBO + k elem_bytes` (a row of
+//!     `S` bytes holds consecutive `k`; LBO unused);
+//!   - MN-major, element `(mn, k)`: `(mn % (S / elem_bytes)) elem_bytes +
+//!     (mn / (S / elem_bytes)) LBO + (k % 8) S + (k / 8) SBO`;
+//!
+//!   then the address bits `[4, 4 + log2(S / 16))` are XORed with the bits
+//!   `[7, 7 + log2(S / 16))` (the repeating pattern starts on a multiple of `8 S`
+//!   bytes; a non-zero base offset is not emulated and reported).
+//! - **D fragment** of `m64nNk16` with f32 accumulators: thread `t` of the warpgroup
+//!   (warp `w = t / 32 % 4`, lane `l = t % 32`) holds `N / 2` registers; register `i`
+//!   is `D[16 w + l / 4 + 8 ((i / 2) % 2)][8 (i / 4) + 2 (l % 4) + i % 2]`.
+//!
+//! Each emulated thread computes its own D registers (the hardware computes the
+//! warpgroup's tile; the sum of the threads' shares is the same thing), when a
+//! `wgmma.wait_group` covers the instruction's group: that is when the operands are
+//! read from shared memory, so a kernel that overwrites them too early computes with
+//! the new data, as it may on a GPU. Between issue and completion the accumulator
+//! registers hold [`POISON`].
+
+use std::collections::{HashMap, VecDeque};
+
+use super::mma::Half;
+
+/// The bits every accumulator register of an in-flight `wgmma` reads as (a quiet NaN
+/// with a payload): a kernel that uses them before the wait computes NaNs.
+pub const POISON: u32 = 0x7fc0_dead;
+
+/// One issued `wgmma.mma_async`.
+#[derive(Clone, Copy, Debug)]
+pub struct WgOp {
+    /// Input type.
+    pub ty: Half,
+    /// `N` of the instruction.
+    pub n: u32,
+    /// Matrix descriptors of A and B.
+    pub desc_a: u64,
+    pub desc_b: u64,
+    /// `imm-trans-b`: B is N-major.
+    pub trans_b: bool,
+    /// The accumulator tile (the lowering's slot).
+    pub slot: u32,
+    /// The op's site.
+    pub site: i32,
+}
+
+/// A thread's warpgroup-MMA state.
+#[derive(Default)]
+pub struct WgState {
+    /// A `wgmma.fence` since the last wait (needed before the first `wgmma` on
+    /// registers that other instructions wrote).
+    pub fenced: bool,
+    /// Shared memory written by this thread (generic proxy) since its last
+    /// `fence.proxy.async`.
+    pub dirty: bool,
+    /// The accumulators of in-flight slots (the registers' true contents).
+    pub regs: HashMap<u32, Vec<f32>>,
+    /// Issued since the last commit.
+    pub open: Vec<WgOp>,
+    /// Committed groups, oldest first.
+    pub committed: VecDeque<Vec<WgOp>>,
+}
+
+impl WgState {
+    /// Whether any issued, not yet completed op accumulates into `slot`.
+    pub fn pending(&self, slot: u32) -> bool {
+        self.open
+            .iter()
+            .chain(self.committed.iter().flatten())
+            .any(|o| o.slot == slot)
+    }
+}
+
+/// A descriptor's fields.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Desc {
+    /// Start address (bytes in the shared window).
+    pub start: u32,
+    /// Leading-dimension byte offset.
+    pub lbo: u32,
+    /// Stride-dimension byte offset.
+    pub sbo: u32,
+    /// Swizzle bytes `S` (32, 64, 128).
+    pub swizzle: u32,
+}
+
+/// Decodes a descriptor; `Err` names what the emulator does not model.
+pub fn decode(d: u64) -> Result<Desc, String> {
+    let field = |lo: u32| (((d >> lo) & 0x3fff) as u32) << 4;
+    let base_offset = (d >> 49) & 7;
+    if base_offset != 0 {
+        return Err(format!(
+            "matrix descriptor {d:#x} has base offset {base_offset} (not emulated)"
+        ));
+    }
+    let swizzle = match d >> 62 {
+        1 => 128,
+        2 => 64,
+        3 => 32,
+        _ => {
+            return Err(format!(
+                "matrix descriptor {d:#x} uses the no-swizzle (interleaved) layout (not emulated)"
+            ));
+        }
+    };
+    Ok(Desc {
+        start: field(0),
+        lbo: field(16),
+        sbo: field(32),
+        swizzle,
+    })
+}
+
+/// The shared address of element `(mn, k)` of the operand `d` describes (K-major or
+/// MN-major), `eb` bytes per element.
+pub fn element_address(d: &Desc, mn: u32, k: u32, mn_major: bool, eb: u32) -> u32 {
+    let s = d.swizzle;
+    let off = if mn_major {
+        let per_row = s / eb;
+        (mn % per_row) * eb + (mn / per_row) * d.lbo + (k % 8) * s + (k / 8) * d.sbo
+    } else {
+        (mn % 8) * s + (mn / 8) * d.sbo + k * eb
+    };
+    let addr = d.start.wrapping_add(off);
+    let mask = s / 16 - 1;
+    addr ^ (((addr >> 7) & mask) << 4)
+}
+
+/// The (row, column) of register `i` of the D fragment of thread `t` (in the block;
+/// its warpgroup is `t / 128`).
+pub fn d_coords(t: u32, i: u32) -> (u32, u32) {
+    let (w, l) = ((t / 32) % 4, t % 32);
+    (
+        16 * w + l / 4 + 8 * ((i / 2) % 2),
+        8 * (i / 4) + 2 * (l % 4) + i % 2,
+    )
+}
+
+/// Executes `op` for thread `t`: `acc` (its `n / 2` registers) becomes `A·B + acc`,
+/// elements read by `read(address)` (a 16-bit element, or `Err` for an address
+/// outside shared memory).
+pub fn execute(
+    op: &WgOp,
+    t: u32,
+    acc: &mut [f32],
+    mut read: impl FnMut(u32) -> Result<u16, String>,
+) -> Result<(), String> {
+    let (da, db) = (decode(op.desc_a)?, decode(op.desc_b)?);
+    let (ty, eb) = (op.ty, 2);
+    for (i, c) in acc.iter_mut().enumerate().take((op.n / 2) as usize) {
+        let (row, col) = d_coords(t, i as u32);
+        let mut s = 0.0f32;
+        for k in 0..16 {
+            let a = read(element_address(&da, row, k, false, eb))?;
+            let b = read(element_address(&db, col, k, op.trans_b, eb))?;
+            s += to_f32(ty, a) * to_f32(ty, b);
+        }
+        *c += s;
+    }
+    Ok(())
+}
+
+fn to_f32(ty: Half, bits: u16) -> f32 {
+    match ty {
+        Half::F16 => half::f16::from_bits(bits).to_f32(),
+        Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_fields_decode() {
+        // Start 0x1230, LBO 8192, SBO 1024, 128B swizzle.
+        let d = (0x1230u64 >> 4) | ((8192 >> 4) << 16) | ((1024u64 >> 4) << 32) | (1 << 62);
+        let x = decode(d).expect("valid");
+        assert_eq!(
+            x,
+            Desc {
+                start: 0x1230,
+                lbo: 8192,
+                sbo: 1024,
+                swizzle: 128
+            }
+        );
+        assert!(decode(d | (1 << 49)).is_err());
+        assert!(decode(d & !(3 << 62)).is_err());
+    }
+
+    #[test]
+    fn the_128b_swizzle_permutes_units_within_rows() {
+        // K-major 128B: row r's 16-byte unit u is at unit u ^ (r % 8) of the row.
+        let d = Desc {
+            start: 0,
+            lbo: 16,
+            sbo: 1024,
+            swizzle: 128,
+        };
+        for r in 0..16 {
+            for u in 0..8 {
+                let a = element_address(&d, r, 8 * u, false, 2);
+                assert_eq!(a, (r / 8) * 1024 + (r % 8) * 128 + 16 * (u ^ (r % 8)));
+            }
+        }
+    }
+
+    #[test]
+    fn d_fragment_covers_the_tile_once() {
+        let mut seen = std::collections::HashSet::new();
+        for t in 0..128 {
+            for i in 0..64 {
+                assert!(seen.insert(d_coords(t, i)));
+            }
+        }
+        assert_eq!(seen.len(), 64 * 128);
+    }
+}

@@ -1,0 +1,401 @@
+//! `dot` on the Hopper warpgroup matrix instructions (sm_90a): `wgmma.mma_async`
+//! with both operands in shared memory, read through matrix descriptors.
+//!
+//! **Warps.** Four consecutive warps form a warpgroup; each warpgroup computes
+//! `64 x n_inst` tiles of the accumulator with `m64n{n_inst}k16` instructions.
+//! Warpgroups split `M` first (64 rows each), then `N`; a warpgroup repeats over the
+//! rest of its `M` (`reps_m` tiles, each its own accumulator registers).
+//!
+//! **Accumulator layout** (PTX ISA, "Register fragment: wgmma .m64nNk16, matrix D"):
+//! warp `w % 4` of the warpgroup holds rows `16 (w % 4) ..+ 16`; in it, with
+//! `g = lane / 4`, `t = lane % 4`, register `i` holds row `g + 8 ((i / 2) % 2)`,
+//! column `8 (i / 4) + 2 t + i % 2`, the `mma.m16n8` C fragment repeated over the
+//! `n_inst / 8` column chunks.
+//!
+//! **Shared arrays** (PTX ISA, "Shared Memory Matrix Layout", the swizzled canonical
+//! layouts): A `[M][K]` K-major and B `[K][N]` N-major (`imm-trans-b = 1`), each cut
+//! into column blocks of `S` bytes (`S = min(128, cols * 2)`: the 128B, 64B or 32B
+//! swizzle mode); a block is `rows x S` bytes, rows consecutive, the 16-byte units
+//! of row `r` XORed with `(r / (128 / S)) % (S / 16)` — the hardware's
+//! address-bit swizzle (`addr[4..] ^= addr[7..]`) once every block starts at a
+//! 1024-byte boundary, which is how the arrays are placed. That is [`Swizzle::new`]
+//! of `S / 2` columns, accessed 8 at a time, so staging stores stay 16 bytes.
+//!
+//! **Descriptors** (PTX ISA, "Matrix Descriptor Format"): start address `>> 4` in
+//! bits 0..14, leading-dimension byte offset `>> 4` in 16..30, stride-dimension byte
+//! offset `>> 4` in 32..46, the swizzle mode in 62..64 (1: 128B, 2: 64B, 3: 32B).
+//! A (K-major): the stride offset is the 8-row step `8 S`, the leading offset unused
+//! (1); the `k`-step `s` of block `b` starts at `b M S + m0 S + (16 s mod S/2) * 2`.
+//! B (N-major): leading offset = the next column block (`K S` bytes), stride offset
+//! = the next 8 rows of `k` (`8 S`); the step starts at `n0 / (S/2) * K S + k0 S`.
+
+use inkwell::values::{FloatValue, IntValue, PointerValue};
+use tessera_ir::ScalarType;
+use tessera_ir::ir::Op;
+
+use super::dot::Swizzle;
+use super::{LResult, Lowerer, Tile};
+use crate::layout::Layout;
+
+/// Shared arrays of a `wgmma` dot start at multiples of this many bytes (the period
+/// of the 128-byte swizzle, so the descriptors' base offset is 0).
+pub(crate) const ARRAY_ALIGN: u32 = 1024;
+
+/// How a `dot` maps onto warpgroups.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct WgPlan {
+    /// Input element type (f16 or bf16).
+    pub input: ScalarType,
+    /// `N` of one instruction (a warpgroup's share of the tile's columns).
+    pub n_inst: u32,
+    /// Warpgroups along `M` and `N`.
+    pub wg_m: u32,
+    pub wg_n: u32,
+    /// 64-row tiles per warpgroup.
+    pub reps_m: u32,
+    /// The tile shape.
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+}
+
+/// The warpgroup plan of `dot` `op`, if it takes the `wgmma` path: a target with
+/// `wgmma`, f16/bf16 inputs with an f32 accumulator, whole warpgroups, `M` a multiple
+/// of 64, `K` of 16, every dimension a power of two, and a warpgroup's `N` between
+/// 16 and 256 and made of whole swizzle blocks.
+pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
+    if !l.target().has_wgmma() {
+        return None;
+    }
+    let a = l.f.ty(op.operands[0]);
+    let b = l.f.ty(op.operands[1]);
+    let c = l.f.ty(op.operands[2]);
+    let input = a.scalar_type()?;
+    if !matches!(input, ScalarType::F16 | ScalarType::BF16)
+        || b.scalar_type()? != input
+        || c.scalar_type()? != ScalarType::F32
+    {
+        return None;
+    }
+    let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
+    let nw = l.nw;
+    if !nw.is_multiple_of(4) || !m.is_multiple_of(64) || !k.is_multiple_of(16) {
+        return None;
+    }
+    if ![m, n, k, nw].iter().all(|x| x.is_power_of_two()) {
+        return None;
+    }
+    let wgs = nw / 4;
+    let wg_m = wgs.min(m / 64);
+    let wg_n = wgs / wg_m;
+    let n_inst = n / wg_n;
+    let block = (n).min(64);
+    if !(16..=256).contains(&n_inst) || !n_inst.is_multiple_of(block) {
+        return None;
+    }
+    Some(WgPlan {
+        input,
+        n_inst,
+        wg_m,
+        wg_n,
+        reps_m: m / 64 / wg_m,
+        m,
+        n,
+        k,
+    })
+}
+
+/// The accumulator layout of the plan (see the module docs).
+pub(super) fn c_layout(p: &WgPlan, nw: u32) -> Layout {
+    let mut reg: Vec<Vec<u32>> = vec![vec![0, 1], vec![8, 0]];
+    for j in 0..(p.n_inst / 8).trailing_zeros() {
+        reg.push(vec![0, 8 << j]);
+    }
+    for j in 0..p.reps_m.trailing_zeros() {
+        reg.push(vec![(64 * p.wg_m) << j, 0]);
+    }
+    let lane = vec![vec![0, 2], vec![0, 4], vec![1, 0], vec![2, 0], vec![4, 0]];
+    let mut warp = vec![vec![16, 0], vec![32, 0]];
+    for j in 0..p.wg_m.trailing_zeros() {
+        warp.push(vec![64 << j, 0]);
+    }
+    for j in 0..p.wg_n.trailing_zeros() {
+        warp.push(vec![0, p.n_inst << j]);
+    }
+    while warp.len() < nw.trailing_zeros() as usize {
+        warp.push(vec![0, 0]);
+    }
+    Layout::from_coords(&[p.m, p.n], &reg, &lane, &warp)
+}
+
+/// One operand array: `[rows][cols]` cut into column blocks of `block` elements,
+/// each block `rows x block` consecutive and swizzled by `swz`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Array {
+    pub rows: u32,
+    pub block: u32,
+    pub swz: Swizzle,
+}
+
+impl Array {
+    fn new(rows: u32, cols: u32) -> Array {
+        let block = cols.min(64);
+        Array {
+            rows,
+            block,
+            swz: Swizzle::new(block, 2, 8),
+        }
+    }
+
+    /// Swizzle bytes `S` (one row of a block).
+    fn row_bytes(&self) -> u32 {
+        self.block * 2
+    }
+
+    /// The descriptor's swizzle-mode field.
+    fn mode(&self) -> u64 {
+        match self.row_bytes() {
+            128 => 1,
+            64 => 2,
+            _ => 3,
+        }
+    }
+
+    /// The element offset of `(row, col)` (constant indices).
+    #[cfg(test)]
+    pub fn offset(&self, row: u32, col: u32) -> u32 {
+        (col / self.block) * self.rows * self.block + self.swz.offset(row, col % self.block)
+    }
+
+    /// [`Self::offset`] in LLVM IR.
+    fn emit<'ctx>(
+        &self,
+        cx: &super::Cx<'ctx>,
+        row: IntValue<'ctx>,
+        col: IntValue<'ctx>,
+    ) -> LResult<IntValue<'ctx>> {
+        let b = &cx.b;
+        let sh = cx.i32(self.block.trailing_zeros() as i64);
+        let blk = b.build_right_shift(col, sh, false, "")?;
+        let within = b.build_and(col, cx.i32(self.block as i64 - 1), "")?;
+        let inner = self.swz.emit(cx, row, within)?;
+        let start = b.build_int_mul(blk, cx.i32((self.rows * self.block) as i64), "")?;
+        Ok(b.build_int_add(start, inner, "")?)
+    }
+}
+
+/// The two arrays of a plan: A `[m][k]` at element 0, B `[k][n]` after it.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Arrays {
+    pub a: Array,
+    pub b: Array,
+    pub a_elems: u32,
+    pub b_elems: u32,
+}
+
+impl Arrays {
+    pub fn new(p: &WgPlan) -> Arrays {
+        Arrays {
+            a: Array::new(p.m, p.k),
+            b: Array::new(p.k, p.n),
+            a_elems: p.m * p.k,
+            b_elems: p.k * p.n,
+        }
+    }
+
+    /// Bytes of both arrays, a multiple of [`ARRAY_ALIGN`].
+    pub fn bytes(&self) -> u32 {
+        ((self.a_elems + self.b_elems) * 2).next_multiple_of(ARRAY_ALIGN)
+    }
+}
+
+/// Where operand `which`'s element `e` (flat index in the operand tile) goes, in
+/// elements from the arrays' base.
+pub(super) fn elem_offset<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    p: &WgPlan,
+    arr: &Arrays,
+    which: usize,
+    e: IntValue<'ctx>,
+) -> LResult<IntValue<'ctx>> {
+    let bd = &l.cx.b;
+    let cols = if which == 0 { p.k } else { p.n };
+    let r = bd.build_right_shift(e, l.cx.i32(cols.trailing_zeros() as i64), false, "")?;
+    let c = bd.build_and(e, l.cx.i32(cols as i64 - 1), "")?;
+    if which == 0 {
+        return arr.a.emit(&l.cx, r, c);
+    }
+    let o = arr.b.emit(&l.cx, r, c)?;
+    Ok(bd.build_int_add(o, l.cx.i32(arr.a_elems as i64), "")?)
+}
+
+/// The element steps of one 16-byte staging store (along a row).
+pub(super) fn store_runs() -> Vec<u32> {
+    vec![1, 2, 4]
+}
+
+/// A descriptor: `(start >> 4) & 0x3fff` from the runtime address `start` (bytes),
+/// the constant fields from `hi`.
+fn descriptor<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    start: IntValue<'ctx>,
+    lbo: u32,
+    sbo: u32,
+    mode: u64,
+) -> LResult<IntValue<'ctx>> {
+    let b = &l.cx.b;
+    let i64t = l.cx.ctx.i64_type();
+    let enc = |x: u32| u64::from((x & 0x3ffff) >> 4);
+    let lo = b.build_and(
+        b.build_right_shift(start, l.cx.i32(4), false, "")?,
+        l.cx.i32(0x3fff),
+        "",
+    )?;
+    let lo = b.build_int_z_extend(lo, i64t, "")?;
+    let hi = (enc(lbo) << 16) | (enc(sbo) << 32) | (mode << 62);
+    Ok(b.build_or(lo, i64t.const_int(hi, false), "desc")?)
+}
+
+pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LResult<Tile<'ctx>> {
+    let arr = Arrays::new(&p);
+    let c = l.val(op.operands[2])?;
+    let clay = c_layout(&p, l.nw);
+    let c = l.convert(&c, &clay, &op.span)?;
+    let ring = l.async_dot(op).is_some();
+    let base: PointerValue<'ctx> = if ring {
+        l.async_base(op, None)?
+    } else {
+        match l.pipe_base(op) {
+            Some(b) => b,
+            None => l.scratch(arr.bytes(), &op.span),
+        }
+    };
+    l.note(|| {
+        format!(
+            "dot on wgmma: m64n{}k16 instructions, warpgroups {}x{}, {} tiles per warpgroup\n\
+             A array [m][k] (K-major, {}B swizzle) {:?}\nB array [k][n] (N-major, {}B swizzle) {:?}",
+            p.n_inst,
+            p.wg_m,
+            p.wg_n,
+            p.reps_m,
+            arr.a.row_bytes(),
+            arr.a.swz,
+            arr.b.row_bytes(),
+            arr.b.swz
+        )
+    });
+    let mut wrote = false;
+    for which in 0..2 {
+        if !l.is_staged(op.operands[which]) {
+            let t = l.val(op.operands[which])?;
+            super::dot::write_tile(l, &t, base, &store_runs(), |e| {
+                elem_offset(l, &p, &arr, which, e)
+            })?;
+            wrote = true;
+        }
+    }
+    if wrote {
+        l.barrier()?;
+    }
+    // Every thread's shared-memory writes (stores, waited-for cp.async copies) are
+    // generic-proxy accesses; the descriptors' reads are async-proxy ones.
+    l.arch.fence_async_shared(&l.cx)?;
+    let bd = &l.cx.b;
+    let wg = bd.build_right_shift(l.warp, l.cx.i32(2), false, "")?;
+    let wgm = bd.build_and(wg, l.cx.i32(p.wg_m as i64 - 1), "")?;
+    let wgn = bd.build_right_shift(wg, l.cx.i32(p.wg_m.trailing_zeros() as i64), false, "")?;
+    let wgn = bd.build_and(wgn, l.cx.i32(p.wg_n as i64 - 1), "")?;
+    let saddr = l.arch.shared_address(&l.cx, base)?;
+    // Byte offsets of this warpgroup's rows of A and columns of B.
+    let (a_s, b_s) = (arr.a.row_bytes(), arr.b.row_bytes());
+    let a_row0 = bd.build_int_mul(wgm, l.cx.i32((64 * a_s) as i64), "")?;
+    let b_col0 = bd.build_int_mul(
+        wgn,
+        l.cx.i32(((p.n_inst / arr.b.block) * p.k * b_s) as i64),
+        "",
+    )?;
+    let a_base = bd.build_int_add(saddr, a_row0, "")?;
+    let b_base = bd.build_int_add(
+        bd.build_int_add(saddr, l.cx.i32((arr.a_elems * 2) as i64), "")?,
+        b_col0,
+        "",
+    )?;
+    let regs = (p.n_inst / 2) as usize;
+    let mut accs: Vec<Vec<FloatValue<'ctx>>> = (0..p.reps_m as usize)
+        .map(|r| {
+            c.regs[r * regs..(r + 1) * regs]
+                .iter()
+                .map(|v| v.into_float_value())
+                .collect()
+        })
+        .collect();
+    let site = l.new_site("wgmma.fence");
+    l.arch.wgmma_fence(&l.cx, site)?;
+    for ks in 0..p.k / 16 {
+        let k0 = ks * 16;
+        // B: rows k0.. of this warpgroup's first column block.
+        let b_off = k0 * b_s;
+        let b_start = l.cx.b.build_int_add(b_base, l.cx.i32(b_off as i64), "")?;
+        let desc_b = descriptor(l, b_start, p.k * b_s, 8 * b_s, arr.b.mode())?;
+        for (r, acc) in accs.iter_mut().enumerate() {
+            let m0 = r as u32 * 64 * p.wg_m;
+            let a_off = (k0 / arr.a.block) * p.m * a_s + m0 * a_s + (k0 % arr.a.block) * 2;
+            let a_start = l.cx.b.build_int_add(a_base, l.cx.i32(a_off as i64), "")?;
+            let desc_a = descriptor(l, a_start, 16, 8 * a_s, arr.a.mode())?;
+            let site = l.new_site("wgmma");
+            *acc = l.arch.wgmma(
+                &l.cx, p.input, p.n_inst, desc_a, desc_b, true, acc, r as u32, site,
+            )?;
+        }
+    }
+    let site = l.new_site("wgmma.commit_group");
+    l.arch.wgmma_commit(&l.cx, site)?;
+    let site = l.new_site("wgmma.wait_group");
+    let accs = l.arch.wgmma_wait(&l.cx, 0, &accs, site)?;
+    if !ring {
+        l.barrier()?;
+    }
+    Ok(Tile {
+        elem: c.elem,
+        layout: clay,
+        regs: accs.into_iter().flatten().map(|v| v.into()).collect(),
+        uniform: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lowering's arrays against the hardware's definition of the swizzled
+    /// canonical layouts, computed here from the PTX ISA's formulas on byte
+    /// addresses (independently of [`Swizzle`]).
+    #[test]
+    fn arrays_match_the_canonical_layouts() {
+        // (rows, cols): K-major A blocks and N-major B blocks of every mode.
+        for (rows, cols) in [
+            (64, 16),
+            (64, 32),
+            (128, 64),
+            (128, 128),
+            (16, 128),
+            (32, 32),
+        ] {
+            let arr = Array::new(rows, cols);
+            let s = arr.row_bytes();
+            let mut seen = std::collections::HashSet::new();
+            for r in 0..rows {
+                for c in 0..cols {
+                    // Canonical: block-major, then rows of S bytes; then the address
+                    // bits [4, 4 + log2(S/16)) XOR bits [7, ..).
+                    let plain = (c / (s / 2)) * rows * s + r * s + (c % (s / 2)) * 2;
+                    let bits = (s / 16).trailing_zeros();
+                    let mask = (1 << bits) - 1;
+                    let hw = plain ^ (((plain >> 7) & mask) << 4);
+                    assert_eq!(arr.offset(r, c) * 2, hw, "({r}, {c}) of {rows}x{cols}");
+                    assert!(seen.insert(hw));
+                }
+            }
+        }
+    }
+}
