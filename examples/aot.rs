@@ -150,7 +150,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 8] = [
+const JOBS: [Job; 9] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -160,6 +160,9 @@ const JOBS: [Job; 8] = [
     job!("matmul_f16_128x128x32", matmul::matmul<f16, 128, 128, 32>),
     job!("matmul_f16_128x128x64", warps = 8, matmul::matmul<f16, 128, 128, 64>),
     job!("layernorm", layernorm::layernorm<f32, 256>),
+    // FlashAttention-2 forward, 128 query rows x 64 keys per step, head dim 64
+    // (examples/attention.rs launches 64x64 tiles).
+    job!("attention_fwd_128x64", tessera::attention::attention_fwd<f16, 128, 64, 64>),
 ];
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {

@@ -56,6 +56,27 @@ pub enum EmuKind {
     Nv,
     /// Wave 64 and MFMA layouts (as for gfx942).
     Amd,
+    /// Warp 32 and the Hopper warpgroup instructions, `wgmma` (as for sm_90a).
+    Sm90a,
+}
+
+impl EmuKind {
+    /// The device name, as `TESSERA_DEVICE` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EmuKind::Nv => "emu-nv",
+            EmuKind::Amd => "emu-amd",
+            EmuKind::Sm90a => "emu-sm90a",
+        }
+    }
+
+    /// Threads per warp of the GPU it imitates.
+    pub fn warp_size(self) -> u32 {
+        match self {
+            EmuKind::Nv | EmuKind::Sm90a => 32,
+            EmuKind::Amd => 64,
+        }
+    }
 }
 
 /// What a device is made of.
@@ -134,10 +155,7 @@ impl Device {
             Ok(Device::from_backend(Backend::Emu(kind)))
         } else {
             Err(Error::DeviceUnavailable {
-                device: match kind {
-                    EmuKind::Nv => "emu-nv".into(),
-                    EmuKind::Amd => "emu-amd".into(),
-                },
+                device: kind.name().into(),
                 reason: "the emulator needs tessera's `jit` feature (LLVM)".into(),
             })
         }
@@ -205,6 +223,7 @@ impl Device {
             ("hip", i) => Device::hip(i.unwrap_or(0)),
             ("emu-nv", None) => Device::emu(EmuKind::Nv),
             ("emu-amd", None) => Device::emu(EmuKind::Amd),
+            ("emu-sm90a", None) => Device::emu(EmuKind::Sm90a),
             _ => Err(Error::UnknownDevice(name.to_string())),
         }
     }
@@ -244,6 +263,7 @@ impl Device {
         match &self.backend {
             Backend::Cpu | Backend::Emu(EmuKind::Nv) => 0,
             Backend::Emu(EmuKind::Amd) => 1,
+            Backend::Emu(EmuKind::Sm90a) => 2,
             Backend::Cuda(d) => d.ordinal,
             #[cfg(feature = "hip")]
             Backend::Hip(d) => d.ordinal,
@@ -254,8 +274,13 @@ impl Device {
     pub fn id(&self) -> String {
         match self.kind() {
             DeviceKind::Cpu => "cpu".into(),
-            DeviceKind::Emu if self.ordinal() == 0 => "emu-nv".into(),
-            DeviceKind::Emu => "emu-amd".into(),
+            DeviceKind::Emu => match self.ordinal() {
+                0 => EmuKind::Nv,
+                1 => EmuKind::Amd,
+                _ => EmuKind::Sm90a,
+            }
+            .name()
+            .into(),
             DeviceKind::Cuda => format!("cuda:{}", self.ordinal()),
             DeviceKind::Hip => format!("hip:{}", self.ordinal()),
         }
@@ -269,14 +294,7 @@ impl Device {
                 "cpu (reference interpreter, {} threads)",
                 rayon::current_num_threads()
             ),
-            Backend::Emu(k) => format!(
-                "{} (SIMT emulator, warp {})",
-                self.id(),
-                match k {
-                    EmuKind::Nv => 32,
-                    EmuKind::Amd => 64,
-                }
-            ),
+            Backend::Emu(k) => format!("{} (SIMT emulator, warp {})", self.id(), k.warp_size()),
             _ => {
                 let p = self.properties();
                 format!(
@@ -308,10 +326,7 @@ impl Device {
                 target: self.id(),
                 compute_capability: None,
                 multiprocessors: 1,
-                warp_size: match k {
-                    EmuKind::Nv => 32,
-                    EmuKind::Amd => 64,
-                },
+                warp_size: k.warp_size(),
                 shared_per_block: 48 * 1024,
                 shared_per_block_optin: 48 * 1024,
                 total_memory: 0,

@@ -561,6 +561,7 @@ pub fn launch<K: Kernel>(
                     let flavor = match k {
                         crate::EmuKind::Nv => tessera_codegen::target::EmuFlavor::Nv,
                         crate::EmuKind::Amd => tessera_codegen::target::EmuFlavor::Amd,
+                        crate::EmuKind::Sm90a => tessera_codegen::target::EmuFlavor::Sm90a,
                     };
                     let opts = tessera_codegen::CompileOptions::default();
                     // Specialized like a GPU launch with these arguments, so the

@@ -36,6 +36,7 @@ extern crate self as tessera;
 #[cfg(feature = "jit")]
 pub mod aot;
 pub mod artifact;
+pub mod attention;
 mod buffer;
 pub mod collectives;
 mod cuda;

@@ -330,7 +330,23 @@ fn lower_impl<'ctx>(
         .num_stages
         .unwrap_or_else(|| arch.default_num_stages())
         .clamp(1, 8);
-    let (l, rings) = lower_staged(ctx, func, arch, opts, with_layouts, stages)?;
+    let (l, rings) = match lower_staged(ctx, func, arch, opts, with_layouts, stages) {
+        Ok(x) => x,
+        // By default, a kernel whose pipelined form the target cannot hold (its
+        // operand tiles in flight exceed the shared memory) takes fewer stages, down
+        // to none; the first error stands if every count fails, or if the user chose
+        // the stages.
+        Err(e @ CodegenError::Unsupported { .. }) if opts.num_stages.is_none() && stages > 1 => {
+            let fewer = [2, 1].into_iter().filter(|&s| s < stages);
+            for s in fewer {
+                if let Ok((l, _)) = lower_staged(ctx, func, arch, opts, with_layouts, s) {
+                    return Ok(l);
+                }
+            }
+            return Err(e);
+        }
+        Err(e) => return Err(e),
+    };
     // By default, more than 2 stages are for `cp.async` rings: where no loop got one
     // (unknown alignment, no `cp.async`), register prefetch keeps one tile in flight
     // (a deeper one would hold every further tile in registers).
