@@ -2,7 +2,7 @@
 # The GPU check, prepared here and run on a GPU machine that has a driver, PyTorch
 # and Triton but no Rust and no LLVM.
 #
-#   scripts/gpu-check.sh [--dry-run] [--target sm_90]
+#   scripts/gpu-check.sh [--dry-run] [--target sm_90a]
 #
 # 1. builds examples/gpu_check.rs in release WITHOUT LLVM (`--no-default-features`)
 #    and checks that it links no libLLVM;
@@ -23,12 +23,12 @@ if [ -f .tools/env.sh ]; then
   . .tools/env.sh
 fi
 dry_run=0
-target=sm_90
+target=sm_90a  # an H200 (compute capability 9.0) runs sm_90a code
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
     --target) target="$2"; shift ;;
-    *) echo "usage: $0 [--dry-run] [--target sm_90]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--dry-run] [--target sm_90a]" >&2; exit 2 ;;
   esac
   shift
 done

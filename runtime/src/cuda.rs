@@ -659,3 +659,20 @@ impl CudaDevice {
         unsafe { b.launch(cfg) }.map(|_| ()).map_err(self.err(what))
     }
 }
+
+#[cfg(test)]
+mod target_tests {
+    use super::target_for;
+
+    /// Compute capability 9.0 gets the architecture-specific sm_90a (wgmma), which
+    /// only 9.0 runs; newer GPUs the portable sm_90 PTX, older ones their own.
+    #[test]
+    fn capabilities_map_to_targets() {
+        assert_eq!(target_for(9, 0), Some("sm_90a"));
+        assert_eq!(target_for(10, 0), Some("sm_90"));
+        assert_eq!(target_for(8, 9), Some("sm_89"));
+        assert_eq!(target_for(8, 6), Some("sm_86"));
+        assert_eq!(target_for(8, 0), Some("sm_80"));
+        assert_eq!(target_for(7, 5), None);
+    }
+}
