@@ -934,6 +934,23 @@ fn stage<'ctx>(
     write_tile(l, t, base, &runs, |e| elem_offset(l, arr, which, e))
 }
 
+/// Where the shared arrays (`bytes` of them) of matrix-path `dot` `op` are: this
+/// iteration's slot of its `cp.async` ring, the arrays a loop stages its operands
+/// in, or scratch.
+pub(super) fn arrays_base<'ctx>(
+    l: &mut Lowerer<'_, 'ctx>,
+    op: &Op,
+    bytes: u32,
+) -> LResult<inkwell::values::PointerValue<'ctx>> {
+    if l.async_dot(op).is_some() {
+        return l.async_base(op, None);
+    }
+    Ok(match l.pipe_base(op) {
+        Some(b) => b,
+        None => l.scratch(bytes, &op.span),
+    })
+}
+
 fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
     let arr = Arrays::new(l, op, &p);
     let (m, n, k, ldm) = (arr.m, arr.n, arr.k, arr.ldm);
@@ -951,14 +968,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     // With asynchronous copies, the operands are in this iteration's slot of the
     // ring, and the loop's next barrier (before the slot is refilled) ends the reads.
     let ring = l.async_dot(op).is_some();
-    let base = if ring {
-        l.async_base(op, None)?
-    } else {
-        match l.pipe_base(op) {
-            Some(b) => b,
-            None => l.scratch(arr.bytes(), &op.span),
-        }
-    };
+    let base = arrays_base(l, op, arr.bytes())?;
     l.note(|| {
         format!(
             "dot on the matrix units: {}x{}x{} instructions, warps {}x{}, {}x{} tiles per warp, {}\n\

@@ -262,14 +262,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     let clay = c_layout(&p, l.nw);
     let c = l.convert(&c, &clay, &op.span)?;
     let ring = l.async_dot(op).is_some();
-    let base: PointerValue<'ctx> = if ring {
-        l.async_base(op, None)?
-    } else {
-        match l.pipe_base(op) {
-            Some(b) => b,
-            None => l.scratch(arr.bytes(), &op.span),
-        }
-    };
+    let base: PointerValue<'ctx> = super::dot::arrays_base(l, op, arr.bytes())?;
     l.note(|| {
         format!(
             "dot on wgmma: m64n{}k16 instructions, warpgroups {}x{}, {} tiles per warpgroup\n\
