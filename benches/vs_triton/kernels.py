@@ -116,3 +116,43 @@ CASES = {
                                   "mean_ptr": "*fp32", "rstd_ptr": "*fp32", "n_cols": "i32", "eps": "fp32",
                                   "BLOCK": "constexpr"}, {"BLOCK": 256}, 4, "layernorm::<f32, 256>"),
 }
+
+
+@triton.jit
+def attention_fwd(q_ptr, k_ptr, v_ptr, o_ptr, seq_q, seq_k, scale_log2, causal,
+                  BM: tl.constexpr, BN: tl.constexpr, HD: tl.constexpr):
+    """FlashAttention-2 forward, the semantics of runtime/src/attention.rs
+    (`tessera::attention::attention_fwd`): q, o are [heads][seq_q][HD], k, v
+    [heads][seq_k][HD] row-major; program (i, h) takes BM query rows of head h and
+    walks the keys BN at a time with an exp2 online softmax; `causal` (0 or 1, a
+    runtime value) masks keys j > i and stops the loop at the diagonal."""
+    pid = tl.program_id(0)
+    head = tl.program_id(1)
+    q_base = head * seq_q * HD
+    kv_base = head * seq_k * HD
+    rm = (pid * BM + tl.arange(0, BM))[:, None]
+    dc = tl.arange(0, HD)[None, :]
+    dr = tl.arange(0, HD)[:, None]
+    q = tl.load(q_ptr + q_base + rm * HD + dc, mask=rm < seq_q, other=0.0)
+    m_i = tl.full((BM, ), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BM, ), dtype=tl.float32)
+    acc = tl.zeros((BM, HD), dtype=tl.float32)
+    not_causal = 1 - causal
+    hi = tl.minimum(seq_k, (pid + 1) * BM + not_causal * seq_k)
+    last_key = rm + not_causal * seq_k
+    for n0 in range(0, hi, BN):
+        rn = n0 + tl.arange(0, BN)
+        kc = rn[None, :]
+        kr = rn[:, None]
+        k = tl.load(k_ptr + kv_base + kc * HD + dr, mask=kc < seq_k, other=0.0)
+        s = tl.dot(q, k) * scale_log2
+        s = tl.where((last_key >= kc) & (kc < seq_k), s, -1.0e30)
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.math.exp2(s - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_ptr + kv_base + kr * HD + dc, mask=kr < seq_k, other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + q_base + rm * HD + dc, out.to(o_ptr.dtype.element_ty), mask=rm < seq_q)

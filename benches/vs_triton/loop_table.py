@@ -37,6 +37,9 @@ CONFIGS = [
     ("matmul_f16_128x128x32", 128, 128, 32, 4),
     ("matmul_f16_128x128x64", 128, 128, 64, 8),
 ]
+# FlashAttention-2 forward (`kernels.attention_fwd`, runtime/src/attention.rs): name,
+# BM, BN, head dim, num_warps.
+ATTENTION = [("attention_fwd_128x64", 128, 64, 64, 4)]
 TARGETS = [("sm_80", "cuda", 80, 32), ("sm_90a", "cuda", 90, 32), ("gfx942", "hip", "gfx942", 64)]
 # `STAGES=N bash benches/vs_triton/run.sh --loops` builds our side with `--num-stages N`
 # (default: the targets' defaults, 3 on NVIDIA and 2 on AMD).
@@ -58,19 +61,28 @@ def triton_side(work: Path) -> dict:
     import kernels
 
     out = {}
+    jobs = []
     sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "m": "i32", "n": "i32", "k": "i32",
            "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
     for name, bm, bn, bk, nw in CONFIGS:
+        jobs.append((name, kernels.matmul, sig, {"BM": bm, "BN": bn, "BK": bk}, nw, ()))
+    att_sig = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "seq_q": "i32",
+               "seq_k": "i32", "scale_log2": "fp32", "causal": "i32",
+               "BM": "constexpr", "BN": "constexpr", "HD": "constexpr"}
+    for name, bm, bn, hd, nw in ATTENTION:
+        # `causal` is a flag (0 or 1): no divisibility; the sequence lengths are.
+        jobs.append((name, kernels.attention_fwd, att_sig, {"BM": bm, "BN": bn, "HD": hd}, nw, ("causal",)))
+    for name, fn, sg, consts, nw, plain in jobs:
         for tgt, backend, arch, warp in TARGETS:
             attrs = {}
-            for i, ty in enumerate(sig.values()):
+            for i, (pname, ty) in enumerate(sg.items()):
                 if ty.startswith("*"):
                     attrs[(i,)] = [["tt.divisibility", 16]] + ([["tt.pointer_range", 32]] if backend == "hip" else [])
-                elif ty == "i32":
+                elif ty == "i32" and pname not in plain:
                     attrs[(i,)] = [["tt.divisibility", 16]]
             cache = tempfile.mkdtemp(prefix="triton-cache-")
             os.environ["TRITON_CACHE_DIR"] = cache
-            ck = triton.compile(ASTSource(kernels.matmul, sig, {"BM": bm, "BN": bn, "BK": bk}, attrs),
+            ck = triton.compile(ASTSource(fn, sg, consts, attrs),
                                 target=GPUTarget(backend, arch, warp), options={"num_warps": nw})
             shutil.rmtree(cache, ignore_errors=True)
             d = work / "triton" / tgt
@@ -100,7 +112,7 @@ def ours_side(work: Path) -> dict:
         extra = ["--num-stages", STAGES] if STAGES else []
         subprocess.run([str(exe), "--target", tgt, "--out", str(d), *extra], cwd=ROOT, check=True,
                        capture_output=True)
-        for name, *_ in CONFIGS:
+        for name, *_ in CONFIGS + ATTENTION:
             if tgt.startswith("sm_"):
                 cubin = d / f"{name}.cubin"
                 ptxas(d / f"{name}.ptx", tgt, cubin)
@@ -120,7 +132,7 @@ def main() -> int:
     print("| kernel | target | side | " + " | ".join(KEYS) + " | loop cost vs Triton | barriers vs Triton |")
     print("|---|---|---|" + "---|" * len(KEYS) + "---|---|")
     verdicts = []
-    for name, *_ in CONFIGS:
+    for name, *_ in CONFIGS + ATTENTION:
         for tgt, *_ in TARGETS:
             t, o = tri[(name, tgt)], ours[(name, tgt)]
             for side, m in (("Triton", t), ("Tessera", o)):

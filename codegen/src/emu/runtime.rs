@@ -708,18 +708,20 @@ extern "C" fn tessera_emu_wgmma_fence(_site: i32) {
 
 /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{f16,bf16}` (see [`super::wgmma`]):
 /// `acc` holds this thread's `n / 2` accumulators, which read as [`POISON`] until a
-/// wait completes the instruction. `ty` is 0 for f16, 1 for bf16.
+/// wait completes the instruction. `ty` is 0 for f16, 1 for bf16; `flags` bit 0 is
+/// `imm-trans-b`, bit 1 `scale-d` (clear: `D = A·B`, the registers are not read).
 #[allow(clippy::too_many_arguments)]
 extern "C" fn tessera_emu_wgmma(
     ty: i32,
     n: i32,
     desc_a: i64,
     desc_b: i64,
-    trans_b: i32,
+    flags: i32,
     acc: *mut f32,
     slot: i32,
     site: i32,
 ) {
+    let (trans_b, scale_d) = (flags & 1 != 0, flags & 2 != 0);
     with((), |c| {
         if !(8..=256).contains(&n) || n % 8 != 0 {
             return wg_fail(c, site, format!("N = {n} (8 to 256, a multiple of 8)"));
@@ -764,7 +766,8 @@ extern "C" fn tessera_emu_wgmma(
             n: n as u32,
             desc_a: desc_a as u64,
             desc_b: desc_b as u64,
-            trans_b: trans_b != 0,
+            trans_b,
+            scale_d,
             slot,
             site,
         });

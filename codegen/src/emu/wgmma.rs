@@ -50,6 +50,9 @@ pub struct WgOp {
     pub desc_b: u64,
     /// `imm-trans-b`: B is N-major.
     pub trans_b: bool,
+    /// The `scale-d` predicate: false computes `D = A·B` (the accumulators' old
+    /// contents are not read).
+    pub scale_d: bool,
     /// The accumulator tile (the lowering's slot).
     pub slot: u32,
     /// The op's site.
@@ -159,6 +162,9 @@ pub fn execute(
 ) -> Result<(), String> {
     let (da, db) = (decode(op.desc_a)?, decode(op.desc_b)?);
     let (ty, eb) = (op.ty, 2);
+    if !op.scale_d {
+        acc.fill(0.0);
+    }
     for (i, c) in acc.iter_mut().enumerate().take((op.n / 2) as usize) {
         let (row, col) = d_coords(t, i as u32);
         let mut s = 0.0f32;

@@ -372,7 +372,8 @@ pub trait Arch {
     /// descriptors; `acc` holds this thread's `n / 2` accumulators (the D fragment).
     /// Returns the accumulators, which are only defined after a
     /// [`Arch::wgmma_wait`] covering the instruction; `slot` names the accumulator
-    /// tile (the emulator tracks it).
+    /// tile (the emulator tracks it). With `scale_d` false (the `scale-d` predicate)
+    /// the instruction computes `D = A·B`, ignoring `acc`.
     #[allow(clippy::too_many_arguments)]
     fn wgmma<'ctx>(
         &self,
@@ -382,6 +383,7 @@ pub trait Arch {
         _desc_a: IntValue<'ctx>,
         _desc_b: IntValue<'ctx>,
         _trans_b: bool,
+        _scale_d: bool,
         _acc: &[FloatValue<'ctx>],
         _slot: u32,
         _site: u32,
@@ -604,6 +606,7 @@ impl Arch for Nvptx {
         desc_a: IntValue<'ctx>,
         desc_b: IntValue<'ctx>,
         trans_b: bool,
+        scale_d: bool,
         acc: &[FloatValue<'ctx>],
         _slot: u32,
         _site: u32,
@@ -634,7 +637,7 @@ impl Arch for Nvptx {
             &[
                 ("l", desc_a.into()),
                 ("l", desc_b.into()),
-                ("r", cx.i32(1).into()),
+                ("r", cx.i32(i64::from(scale_d)).into()),
             ],
         )
     }

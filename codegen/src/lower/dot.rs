@@ -989,7 +989,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let ety = l.ty(Elem::Scalar(s));
     let mut wrote = false;
     for which in 0..2 {
-        if !l.is_staged(op.operands[which]) {
+        if !l.is_staged(op, which) {
             let t = l.val(op.operands[which])?;
             stage(l, &arr, which, &t, base)?;
             wrote = true;

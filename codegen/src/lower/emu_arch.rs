@@ -24,7 +24,7 @@
 //! | shared address (descriptors) | `p - tessera_emu_shared_base()` |
 //! | `fence.proxy.async.shared::cta` | `void tessera_emu_fence_proxy_async()` |
 //! | `wgmma.fence` / `.commit_group` | `void tessera_emu_wgmma_{fence,commit}(i32 site)` |
-//! | `wgmma.mma_async` m64nNk16 (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 trans_b, ptr acc, i32 slot, i32 site)` (`[n/2 x float]` accumulators in, poison out) |
+//! | `wgmma.mma_async` m64nNk16 (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` (flags: bit 0 `imm-trans-b`, bit 1 `scale-d`) (`[n/2 x float]` accumulators in, poison out) |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //!
@@ -483,6 +483,7 @@ impl Arch for Emu {
         desc_a: IntValue<'ctx>,
         desc_b: IntValue<'ctx>,
         trans_b: bool,
+        scale_d: bool,
         acc: &[FloatValue<'ctx>],
         slot: u32,
         site: u32,
@@ -510,7 +511,8 @@ impl Arch for Emu {
             cx.i32(n as i64).into(),
             desc_a.into(),
             desc_b.into(),
-            cx.i32(i64::from(trans_b)).into(),
+            cx.i32(i64::from(trans_b) | (i64::from(scale_d) << 1))
+                .into(),
             slot_ptr.into(),
             cx.i32(slot as i64).into(),
             Emu::site(cx, site),

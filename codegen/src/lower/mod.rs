@@ -86,7 +86,7 @@ mod remat;
 mod wgmma;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use inkwell::AddressSpace;
 use inkwell::basic_block::BasicBlock;
@@ -458,6 +458,9 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     /// registers (see [`Self::lower_for`]): the region argument, the `dot` and the
     /// operand index.
     staged: HashMap<ValueId, (&'a Op, usize)>,
+    /// Operands of matrix-path `dot`s in a loop that are defined before the loop:
+    /// written into the `dot`'s own arrays once, before the loop (`(dot, which)`).
+    invariant: HashSet<(*const Op, usize)>,
     /// Where each of those `dot`s' arrays start, past the start of shared memory.
     pipe_dots: HashMap<*const Op, u32>,
     /// Shared memory the arrays of [`Self::pipe_dots`] take (scratch comes after).
@@ -578,6 +581,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             async_issued: RefCell::new(HashMap::new()),
             async_slots: RefCell::new(HashMap::new()),
             staged: HashMap::new(),
+            invariant: HashSet::new(),
             pipe_dots: HashMap::new(),
             pipe_bytes: 0,
             flows: {
@@ -723,9 +727,19 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Some(self.smem_at(off))
     }
 
-    /// Whether `v` is a loop-carried operand kept in its `dot`'s shared arrays.
-    pub fn is_staged(&self, v: ValueId) -> bool {
-        self.staged.contains_key(&v)
+    /// Whether operand `which` of `dot` `op` is already in the `dot`'s shared arrays:
+    /// a loop-carried operand kept there, or a loop-invariant one written there
+    /// before the loop.
+    pub fn is_staged(&self, op: &Op, which: usize) -> bool {
+        self.staged.contains_key(&op.operands[which])
+            || self.invariant.contains(&(op as *const Op, which))
+    }
+
+    /// Whether `v` is defined by an op of `r` (or of a region nested in it).
+    fn defined_in(r: &Region, v: ValueId) -> bool {
+        r.ops
+            .iter()
+            .any(|o| o.results.contains(&v) || o.regions.iter().any(|s| Self::defined_in(s, v)))
     }
 
     /// Finds the loop-carried values to keep in shared memory: a region argument of a
@@ -747,6 +761,28 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.plan_async(op, r);
             }
             let body = &op.regions[0];
+            // Loop-invariant operands of the body's own dots (Q in attention): written
+            // into the dot's arrays once, before the loop, instead of every iteration.
+            for d in body.ops.iter().filter(|o| o.kind == OpKind::Dot) {
+                let key = d as *const Op;
+                if self.async_dots.contains_key(&key) {
+                    continue;
+                }
+                let Some(bytes) = dot::matrix_staging_bytes(self, d) else {
+                    continue;
+                };
+                for which in 0..2 {
+                    let v = d.operands[which];
+                    if body.args.contains(&v) || Self::defined_in(body, v) {
+                        continue;
+                    }
+                    self.invariant.insert((key, which));
+                    if !self.pipe_dots.contains_key(&key) {
+                        self.pipe_dots.insert(key, self.pipe_bytes);
+                        self.pipe_bytes += bytes.next_multiple_of(self.smem_align());
+                    }
+                }
+            }
             for (j, &arg) in body.args.iter().enumerate().skip(1) {
                 if self.staged.contains_key(&arg) {
                     continue;
@@ -1303,12 +1339,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 if let Some(y) = body.ops.last() {
                     for (i, &yv) in y.operands.iter().enumerate() {
                         let def = body.ops.iter().find(|o| o.results.contains(&yv));
-                        if let Some(d) = def
-                            && d.kind == OpKind::Dot
-                            && let Some(l) = dot::mma_layout(self, d)
-                            && let Some(&arg) = body.args.get(i + 1)
-                        {
-                            self.hints.insert(arg, l);
+                        let Some(&arg) = body.args.get(i + 1) else {
+                            continue;
+                        };
+                        match def {
+                            Some(d) if d.kind == OpKind::Dot => {
+                                if let Some(l) = dot::mma_layout(self, d) {
+                                    self.hints.insert(arg, l);
+                                }
+                            }
+                            _ => {
+                                if let Some((l, parent)) = self.reduce_hint(body, yv, 0) {
+                                    self.hints.insert(arg, l);
+                                    self.parents.insert(arg, parent);
+                                }
+                            }
                         }
                     }
                 }
@@ -1316,6 +1361,48 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             for sub in &op.regions {
                 self.compute_hints(sub);
             }
+        }
+    }
+
+    /// The layout for a loop-carried statistic of a `dot` result (FlashAttention's
+    /// running row max and sum): a value of `body` computed elementwise from a
+    /// reduction along `axis` of a tile that the body computes elementwise from a
+    /// `dot` gets that `dot`'s accumulator layout sliced along `axis`, the layout the
+    /// reduction produces, so the statistic crosses the back edge and meets the
+    /// reduction with no conversion.
+    /// Returns the sliced layout and its parent (the accumulator layout).
+    fn reduce_hint(&self, body: &Region, v: ValueId, depth: u32) -> Option<(Layout, Layout)> {
+        if depth > 8 {
+            return None;
+        }
+        let d = body.ops.iter().find(|o| o.results.contains(&v))?;
+        match &d.kind {
+            OpKind::Reduce { axis, .. } => {
+                let root = Self::dot_root(body, d.operands[0], 0)?;
+                let parent = dot::mma_layout(self, root)?;
+                Some((parent.sliced(*axis as usize), parent))
+            }
+            OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Fma | OpKind::Select => d
+                .operands
+                .iter()
+                .find_map(|&o| self.reduce_hint(body, o, depth + 1)),
+            _ => None,
+        }
+    }
+
+    /// The `dot` of `body` that `v` is computed from elementwise (same shape), if any.
+    fn dot_root(body: &Region, v: ValueId, depth: u32) -> Option<&Op> {
+        if depth > 8 {
+            return None;
+        }
+        let d = body.ops.iter().find(|o| o.results.contains(&v))?;
+        match &d.kind {
+            OpKind::Dot => Some(d),
+            OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Fma | OpKind::Select | OpKind::Cast => d
+                .operands
+                .iter()
+                .find_map(|&o| Self::dot_root(body, o, depth + 1)),
+            _ => None,
         }
     }
 
@@ -1434,6 +1521,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             | OpKind::Select
             | OpKind::Cast => {
                 let t = elementwise::lower(self, op)?;
+                // A value computed elementwise from a reduction, in its layout, keeps
+                // the reduction's parent (a running maximum broadcast back is free).
+                let parent = op.operands.iter().find_map(|o| {
+                    let p = self.parents.get(o)?;
+                    (self.vals.get(o)?.layout == t.layout).then(|| p.clone())
+                });
+                if let Some(p) = parent {
+                    self.parents.insert(op.results[0], p);
+                }
                 self.set(op.results[0], t);
             }
             OpKind::AddPtr => {
@@ -1588,6 +1684,25 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             };
             inits.push(t);
         }
+        for d in body.ops.iter().filter(|o| o.kind == OpKind::Dot) {
+            for which in 0..2 {
+                if !self.invariant.contains(&(d as *const Op, which)) {
+                    continue;
+                }
+                let base = self.pipe_base(d).ok_or_else(|| {
+                    LowerError::Llvm("an invariant operand without arrays".into())
+                })?;
+                let t = self.val(d.operands[which])?;
+                self.note(|| {
+                    format!(
+                        "the loop-invariant operand {} of the loop's dot written into the dot's shared arrays",
+                        ["A", "B"][which]
+                    )
+                });
+                dot::stage_operand(self, d, which, &t, base)?;
+                staged_any = true;
+            }
+        }
         if staged_any {
             self.barrier()?;
         }
@@ -1720,7 +1835,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.async_slots.borrow_mut().remove(&(*d as *const Op));
             }
         }
-        for (r, t) in op.results.iter().zip(carried) {
+        for (i, (r, t)) in op.results.iter().zip(carried).enumerate() {
+            // A carried statistic keeps its parent after the loop (see
+            // `reduce_hint`) when it kept the layout.
+            if let Some(p) = body.args.get(i + 1).and_then(|a| self.parents.get(a))
+                && self.hints.get(&body.args[i + 1]) == Some(&t.layout)
+            {
+                self.parents.insert(*r, p.clone());
+            }
             self.set(*r, t);
         }
         Ok(())

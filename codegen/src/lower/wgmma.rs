@@ -259,6 +259,13 @@ fn descriptor<'ctx>(
 pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LResult<Tile<'ctx>> {
     let arr = Arrays::new(&p);
     let c = l.val(op.operands[2])?;
+    // A zero accumulator (`zeros` or `full(0)`) is not materialized: the first
+    // k-step's instructions clear `scale-d` (D = A·B) and take undefined registers.
+    let zero_c = c.uniform
+        && c.regs
+            .first()
+            .and_then(|v| v.into_float_value().get_constant())
+            .is_some_and(|(x, _)| x == 0.0);
     let clay = c_layout(&p, l.nw);
     let c = l.convert(&c, &clay, &op.span)?;
     let ring = l.async_dot(op).is_some();
@@ -279,7 +286,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     });
     let mut wrote = false;
     for which in 0..2 {
-        if !l.is_staged(op.operands[which]) {
+        if !l.is_staged(op, which) {
             let t = l.val(op.operands[which])?;
             super::dot::write_tile(l, &t, base, &store_runs(), |e| {
                 elem_offset(l, &p, &arr, which, e)
@@ -314,8 +321,12 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
         "",
     )?;
     let regs = (p.n_inst / 2) as usize;
+    let poison = l.cx.ctx.f32_type().get_poison();
     let mut accs: Vec<Vec<FloatValue<'ctx>>> = (0..p.reps_m as usize)
         .map(|r| {
+            if zero_c {
+                return vec![poison; regs];
+            }
             c.regs[r * regs..(r + 1) * regs]
                 .iter()
                 .map(|v| v.into_float_value())
@@ -336,8 +347,9 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
             let a_start = l.cx.b.build_int_add(a_base, l.cx.i32(a_off as i64), "")?;
             let desc_a = descriptor(l, a_start, 16, 8 * a_s, arr.a.mode())?;
             let site = l.new_site("wgmma");
+            let scale_d = !(zero_c && ks == 0);
             *acc = l.arch.wgmma(
-                &l.cx, p.input, p.n_inst, desc_a, desc_b, true, acc, r as u32, site,
+                &l.cx, p.input, p.n_inst, desc_a, desc_b, true, scale_d, acc, r as u32, site,
             )?;
         }
     }
