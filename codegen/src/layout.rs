@@ -75,6 +75,15 @@ impl Layout {
         }
     }
 
+    /// [`Self::blocked`] of a 2-D `[rows][cols]` tile walked column-major: `vec`
+    /// consecutive rows of one column per thread, then lanes and warps down the
+    /// columns (a transposed operand whose rows are contiguous in memory).
+    pub fn blocked_columns(shape: &[u32], vec: u32, warp_size: u32, num_warps: u32) -> Layout {
+        let t = [shape[1], shape[0]];
+        Layout::blocked(&t, vec, warp_size, num_warps)
+            .compose_bits(shape, &permute_bit_images(shape, &[1, 0]))
+    }
+
     /// A layout where every thread holds every element in one register each (for a
     /// scalar: one register holding the value in every thread).
     pub fn uniform(shape: &[u32], warp_size: u32, num_warps: u32) -> Layout {

@@ -859,7 +859,7 @@ pub(super) fn stage_operand<'ctx>(
 ) -> LResult<()> {
     if let Some(p) = wgmma::plan(l, op) {
         let arr = wgmma::Arrays::new(&p);
-        return write_tile(l, t, base, &wgmma::store_runs(), |e| {
+        return write_tile(l, t, base, &wgmma::store_runs(&p, which), |e| {
             wgmma::elem_offset(l, &p, &arr, which, e)
         });
     }

@@ -89,20 +89,35 @@ fn vector_width(l: &Lowerer<'_, '_>, op: &Op, ptrs: &Tile<'_>, mask: Option<usiz
     }
     let size = pointee.size_bytes() as u64;
     let lay = &ptrs.layout;
-    let Some(&last) = lay.shape.last() else {
+    if lay.shape.is_empty() {
         return 1;
+    }
+    // The dimension the leading register bases walk: the last one, or (a tile walked
+    // column-major, see `Layout::blocked_columns`) the first of a 2-D one. Its
+    // elements must be consecutive in memory (the axis analysis says so below).
+    let rank = lay.shape.len();
+    let d = if rank == 2 && lay.reg.first() == Some(&lay.shape[1]) {
+        0
+    } else {
+        rank - 1
     };
-    // Leading register bases must walk consecutive elements.
+    let (stride, extent) = (
+        lay.shape[d + 1..].iter().product::<u32>() as u64,
+        lay.shape[d] as u64,
+    );
+    // Leading register bases must walk consecutive elements along `d`.
     let mut run = 1u64;
     for (i, &b) in lay.reg.iter().enumerate() {
-        if b == 1 << i && (1u64 << (i + 1)) <= last as u64 {
+        if u64::from(b) == stride << i && (1u64 << (i + 1)) <= extent {
             run = 1 << (i + 1);
         } else {
             break;
         }
     }
     let info = l.axis.get(l.f, op.operands[0]);
-    let d = info.contiguity.len() - 1;
+    if info.contiguity.len() != rank {
+        return 1;
+    }
     let mut v = run
         .min(16 / size)
         .min(info.contiguity[d])
@@ -185,8 +200,13 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     // pointers and mask can be recomputed in that layout.
     if !ptrs.uniform && l.feeds_only_dot(op.results[0]) {
         let vec = (16 / pointee.size_bytes().max(1)) as u32;
-        let want = super::dot::operand_load_layout(l, op.results[0], &lay.shape, vec)
-            .unwrap_or_else(|| crate::layout::Layout::blocked(&lay.shape, vec, l.ws, l.nw));
+        let want = if super::wgmma::k_major_operand(l, op) {
+            // Contiguous along `k` (dimension 0): 16-byte runs down the columns.
+            crate::layout::Layout::blocked_columns(&lay.shape, vec, l.ws, l.nw)
+        } else {
+            super::dot::operand_load_layout(l, op.results[0], &lay.shape, vec)
+                .unwrap_or_else(|| crate::layout::Layout::blocked(&lay.shape, vec, l.ws, l.nw))
+        };
         if want != lay
             && l.rematerializable(op.operands[0])
             && (!has_mask || l.rematerializable(op.operands[1]))

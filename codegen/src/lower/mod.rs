@@ -450,7 +450,7 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub warp: IntValue<'ctx>,
     hints: HashMap<ValueId, Layout>,
     /// The op defining each value (none for parameters and region arguments).
-    defs: HashMap<ValueId, &'a Op>,
+    pub(crate) defs: HashMap<ValueId, &'a Op>,
     /// Where a value flows on through a loop: a `for` init to its region argument, a
     /// `yield`ed value to the next iteration's argument and the loop's result.
     flows: HashMap<ValueId, Vec<ValueId>>,

@@ -49,7 +49,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
 
     /// `v` and every value it flows into through loops (`for` inits and `yield`s:
     /// a pipelined tile reaches its `dot` as a loop-carried value).
-    fn flow_closure(&self, v: ValueId) -> Vec<ValueId> {
+    pub(super) fn flow_closure(&self, v: ValueId) -> Vec<ValueId> {
         let mut out = vec![v];
         let mut i = 0;
         while i < out.len() {

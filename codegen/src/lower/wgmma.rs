@@ -30,8 +30,8 @@
 //! = the next 8 rows of `k` (`8 S`); the step starts at `n0 / (S/2) * K S + k0 S`.
 
 use inkwell::values::{FloatValue, IntValue, PointerValue};
-use tessera_ir::ScalarType;
-use tessera_ir::ir::Op;
+use tessera_ir::ir::{Op, OpKind};
+use tessera_ir::{ScalarType, ValueId};
 
 use super::dot::Swizzle;
 use super::{LResult, Lowerer, Tile};
@@ -57,6 +57,49 @@ pub(super) struct WgPlan {
     pub m: u32,
     pub n: u32,
     pub k: u32,
+    /// B is stored K-major (`[n][k]`, `imm-trans-b = 0`): it arrives with consecutive
+    /// `k` contiguous in memory ([`k_contiguous`]), like attention's `Kᵀ`.
+    pub b_k_major: bool,
+}
+
+/// Whether every load that `v` (a `dot` operand `[k][n]`) comes from reads runs of at
+/// least 16 bytes along dimension 0 (`k`) and none along dimension 1: a transposed
+/// operand, which then loads and stages 16 bytes at a time along `k`.
+pub(super) fn k_contiguous(l: &Lowerer<'_, '_>, v: ValueId) -> bool {
+    let mut loads = l
+        .defs
+        .values()
+        .filter(|o| matches!(o.kind, OpKind::Load { .. }))
+        .filter(|o| l.flow_closure(o.results[0]).contains(&v))
+        .peekable();
+    loads.peek().is_some() && loads.all(|ld| dim0_contiguous(l, ld))
+}
+
+/// Whether load `ld` feeds only B operands of `wgmma` dots that store B K-major
+/// ([`WgPlan::b_k_major`]): it then loads in [`Layout::blocked_columns`].
+pub(super) fn k_major_operand(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
+    let uses = l.dot_uses(ld.results[0]);
+    !uses.is_empty()
+        && uses
+            .iter()
+            .all(|&(d, i)| i == 1 && plan(l, d).is_some_and(|p| p.b_k_major))
+}
+
+/// Whether load `ld` (of a 2-D tile) reads runs of 16 bytes along dimension 0 and
+/// single elements along dimension 1.
+pub(super) fn dim0_contiguous(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
+    let shape = &l.f.ty(ld.results[0]).shape;
+    let Some(s) = l.f.ty(ld.results[0]).scalar_type() else {
+        return false;
+    };
+    let vec = u64::from(16 / (s.size_bytes() as u32).max(1));
+    let info = l.axis.get(l.f, ld.operands[0]);
+    shape.len() == 2
+        && u64::from(shape[0]) >= vec
+        && info.contiguity.len() == 2
+        && info.contiguity[0] >= vec
+        && info.contiguity[1] == 1
+        && info.divisibility[0] >= 16
 }
 
 /// The warpgroup plan of `dot` `op`, if it takes the `wgmma` path: a target with
@@ -102,6 +145,7 @@ pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
         m,
         n,
         k,
+        b_k_major: k_contiguous(l, op.operands[1]),
     })
 }
 
@@ -184,7 +228,8 @@ impl Array {
     }
 }
 
-/// The two arrays of a plan: A `[m][k]` at element 0, B `[k][n]` after it.
+/// The two arrays of a plan: A `[m][k]` at element 0, B `[k][n]` (or `[n][k]` when
+/// [`WgPlan::b_k_major`]) after it.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Arrays {
     pub a: Array,
@@ -197,7 +242,11 @@ impl Arrays {
     pub fn new(p: &WgPlan) -> Arrays {
         Arrays {
             a: Array::new(p.m, p.k),
-            b: Array::new(p.k, p.n),
+            b: if p.b_k_major {
+                Array::new(p.n, p.k)
+            } else {
+                Array::new(p.k, p.n)
+            },
             a_elems: p.m * p.k,
             b_elems: p.k * p.n,
         }
@@ -225,13 +274,23 @@ pub(super) fn elem_offset<'ctx>(
     if which == 0 {
         return arr.a.emit(&l.cx, r, c);
     }
-    let o = arr.b.emit(&l.cx, r, c)?;
+    let o = if p.b_k_major {
+        arr.b.emit(&l.cx, c, r)?
+    } else {
+        arr.b.emit(&l.cx, r, c)?
+    };
     Ok(bd.build_int_add(o, l.cx.i32(arr.a_elems as i64), "")?)
 }
 
-/// The element steps of one 16-byte staging store (along a row).
-pub(super) fn store_runs() -> Vec<u32> {
-    vec![1, 2, 4]
+/// The element steps (in the operand tile's flat index) of one 16-byte staging store
+/// of operand `which`: along a row of the array (`k` for A; for B `n`, or `k`, a
+/// column of the `[k][n]` tile, when K-major).
+pub(super) fn store_runs(p: &WgPlan, which: usize) -> Vec<u32> {
+    if which == 1 && p.b_k_major {
+        vec![p.n, 2 * p.n, 4 * p.n]
+    } else {
+        vec![1, 2, 4]
+    }
 }
 
 /// A descriptor: `(start >> 4) & 0x3fff` from the runtime address `start` (bytes),
@@ -273,13 +332,18 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     l.note(|| {
         format!(
             "dot on wgmma: m64n{}k16 instructions, warpgroups {}x{}, {} tiles per warpgroup\n\
-             A array [m][k] (K-major, {}B swizzle) {:?}\nB array [k][n] (N-major, {}B swizzle) {:?}",
+             A array [m][k] (K-major, {}B swizzle) {:?}\nB array {} ({}B swizzle) {:?}",
             p.n_inst,
             p.wg_m,
             p.wg_n,
             p.reps_m,
             arr.a.row_bytes(),
             arr.a.swz,
+            if p.b_k_major {
+                "[n][k] (K-major)"
+            } else {
+                "[k][n] (N-major)"
+            },
             arr.b.row_bytes(),
             arr.b.swz
         )
@@ -288,7 +352,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     for which in 0..2 {
         if !l.is_staged(op, which) {
             let t = l.val(op.operands[which])?;
-            super::dot::write_tile(l, &t, base, &store_runs(), |e| {
+            super::dot::write_tile(l, &t, base, &store_runs(&p, which), |e| {
                 elem_offset(l, &p, &arr, which, e)
             })?;
             wrote = true;
@@ -309,9 +373,14 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     // Byte offsets of this warpgroup's rows of A and columns of B.
     let (a_s, b_s) = (arr.a.row_bytes(), arr.b.row_bytes());
     let a_row0 = bd.build_int_mul(wgm, l.cx.i32((64 * a_s) as i64), "")?;
+    // N-major: whole column blocks of `K x S`; K-major: rows of `S` bytes.
     let b_col0 = bd.build_int_mul(
         wgn,
-        l.cx.i32(((p.n_inst / arr.b.block) * p.k * b_s) as i64),
+        l.cx.i32(if p.b_k_major {
+            (p.n_inst * b_s) as i64
+        } else {
+            ((p.n_inst / arr.b.block) * p.k * b_s) as i64
+        }),
         "",
     )?;
     let a_base = bd.build_int_add(saddr, a_row0, "")?;
@@ -337,10 +406,18 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     l.arch.wgmma_fence(&l.cx, site)?;
     for ks in 0..p.k / 16 {
         let k0 = ks * 16;
-        // B: rows k0.. of this warpgroup's first column block.
-        let b_off = k0 * b_s;
-        let b_start = l.cx.b.build_int_add(b_base, l.cx.i32(b_off as i64), "")?;
-        let desc_b = descriptor(l, b_start, p.k * b_s, 8 * b_s, arr.b.mode())?;
+        // B N-major: rows k0.. of this warpgroup's first column block; K-major: as A,
+        // columns k0.. of its first row.
+        let desc_b = if p.b_k_major {
+            let b_off = (k0 / arr.b.block) * p.n * b_s + (k0 % arr.b.block) * 2;
+            let b_start = l.cx.b.build_int_add(b_base, l.cx.i32(b_off as i64), "")?;
+            descriptor(l, b_start, 16, 8 * b_s, arr.b.mode())?
+        } else {
+            let b_start =
+                l.cx.b
+                    .build_int_add(b_base, l.cx.i32((k0 * b_s) as i64), "")?;
+            descriptor(l, b_start, p.k * b_s, 8 * b_s, arr.b.mode())?
+        };
         for (r, acc) in accs.iter_mut().enumerate() {
             let m0 = r as u32 * 64 * p.wg_m;
             let a_off = (k0 / arr.a.block) * p.m * a_s + m0 * a_s + (k0 % arr.a.block) * 2;
@@ -349,7 +426,16 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
             let site = l.new_site("wgmma");
             let scale_d = !(zero_c && ks == 0);
             *acc = l.arch.wgmma(
-                &l.cx, p.input, p.n_inst, desc_a, desc_b, true, scale_d, acc, r as u32, site,
+                &l.cx,
+                p.input,
+                p.n_inst,
+                desc_a,
+                desc_b,
+                !p.b_k_major,
+                scale_d,
+                acc,
+                r as u32,
+                site,
             )?;
         }
     }
