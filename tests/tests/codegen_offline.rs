@@ -731,13 +731,18 @@ fn sm90a_matmuls_use_wgmma_from_cp_async_rings() {
 fn sm90a_attention_takes_wgmma_without_conversions_or_spills() {
     use tessera::codegen::lower::lower_with_layouts;
     use tessera::ir::ParamFacts;
-    let func = kernel_ir::<tessera::attention::attention_fwd<f16, 128, 64, 64>>(&()).expect("builds");
+    let func =
+        kernel_ir::<tessera::attention::attention_fwd<f16, 128, 64, 64>>(&()).expect("builds");
     let spec = func.specialized(&vec![ParamFacts::new(true, true); func.params.len()]);
     let opts = CompileOptions::warps(4);
     let art = compile_ir(&spec, SM90A, &opts).expect("compiles");
     let ptx = &art.asm;
     let count = |s: &str| ptx.matches(s).count();
-    assert_eq!(count("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"), 16, "{ptx}");
+    assert_eq!(
+        count("wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16"),
+        16,
+        "{ptx}"
+    );
     assert_eq!(count(", p, 1, 1, 0, 0;"), 8, "Q Kᵀ with a K-major B: {ptx}");
     assert_eq!(count(", p, 1, 1, 0, 1;"), 8, "P V with an N-major B: {ptx}");
     assert_eq!(count("ld.global.u16") + count("ld.global.b16"), 0, "{ptx}");

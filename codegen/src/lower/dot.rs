@@ -209,6 +209,21 @@ fn b_transposed(l: &Lowerer<'_, '_>, p: &Plan) -> bool {
     !(l.arch.has_ldmatrix() && (p.info.m, p.info.n, p.info.k) == (16, 8, 16))
 }
 
+/// Whether load `ld` feeds only B operands of `dot`s that stage B with consecutive
+/// `k` together (`[n][k]`: K-major on `wgmma`, transposed on the matrix path without
+/// `ldmatrix`) and reads 16-byte runs along `k` (dimension 0): it then loads in
+/// [`Layout::blocked_columns`], and the staging stores take whole runs of `k`.
+pub(super) fn k_major_operand(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
+    let uses = l.dot_uses(ld.results[0]);
+    let k_major = |d: &Op| match wgmma::plan(l, d) {
+        Some(p) => p.b_k_major,
+        None => plan(l, d).is_some_and(|p| b_transposed(l, &p)),
+    };
+    !uses.is_empty()
+        && wgmma::dim0_contiguous(l, ld)
+        && uses.iter().all(|&(d, i)| i == 1 && k_major(d))
+}
+
 /// The layout a load that feeds only `dot` operands should produce, given its shape
 /// and the 16-byte vector width: for a B operand staged transposed, each thread holds
 /// `vec` consecutive `n` (one 16-byte load) of 2 consecutive `k` rows, so the staging
@@ -922,14 +937,15 @@ fn stage<'ctx>(
     base: inkwell::values::PointerValue<'ctx>,
 ) -> LResult<()> {
     // A: runs along k of at most one unit stay consecutive. B: with ldmatrix runs
-    // along n; transposed, a run goes down a column, steps of `n` elements (pairs of
-    // k, which `operand_load_layout` puts in registers).
+    // along n; transposed, a run goes down a column of the tile, steps of `n` elements
+    // (pairs of k, which `operand_load_layout` puts in registers, or up to a unit of
+    // consecutive k from a load walked down the columns).
     let runs = if which == 0 {
         row_runs(arr.a_swz.vec)
     } else if arr.ldm {
         row_runs(arr.b_swz.vec)
     } else {
-        vec![arr.n; usize::from(arr.b_swz.vec >= 2)]
+        row_runs(arr.b_swz.vec).iter().map(|s| s * arr.n).collect()
     };
     write_tile(l, t, base, &runs, |e| elem_offset(l, arr, which, e))
 }

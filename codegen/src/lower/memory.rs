@@ -200,7 +200,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     // pointers and mask can be recomputed in that layout.
     if !ptrs.uniform && l.feeds_only_dot(op.results[0]) {
         let vec = (16 / pointee.size_bytes().max(1)) as u32;
-        let want = if super::wgmma::k_major_operand(l, op) {
+        let want = if super::dot::k_major_operand(l, op) {
             // Contiguous along `k` (dimension 0): 16-byte runs down the columns.
             crate::layout::Layout::blocked_columns(&lay.shape, vec, l.ws, l.nw)
         } else {

@@ -75,16 +75,6 @@ pub(super) fn k_contiguous(l: &Lowerer<'_, '_>, v: ValueId) -> bool {
     loads.peek().is_some() && loads.all(|ld| dim0_contiguous(l, ld))
 }
 
-/// Whether load `ld` feeds only B operands of `wgmma` dots that store B K-major
-/// ([`WgPlan::b_k_major`]): it then loads in [`Layout::blocked_columns`].
-pub(super) fn k_major_operand(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
-    let uses = l.dot_uses(ld.results[0]);
-    !uses.is_empty()
-        && uses
-            .iter()
-            .all(|&(d, i)| i == 1 && plan(l, d).is_some_and(|p| p.b_k_major))
-}
-
 /// Whether load `ld` (of a 2-D tile) reads runs of 16 bytes along dimension 0 and
 /// single elements along dimension 1.
 pub(super) fn dim0_contiguous(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
