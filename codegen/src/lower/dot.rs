@@ -217,7 +217,7 @@ pub(super) fn k_major_operand(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
     let uses = l.dot_uses(ld.results[0]);
     let k_major = |d: &Op| match wgmma::plan(l, d) {
         Some(p) => p.b_k_major,
-        None => plan(l, d).is_some_and(|p| b_transposed(l, &p)),
+        None => plan(l, d).is_some_and(|p| b_transposed(l, &p) || b_nk(l, d, &p)),
     };
     !uses.is_empty()
         && wgmma::dim0_contiguous(l, ld)
@@ -708,6 +708,39 @@ fn ldmatrix_b_trans<'ctx>(
     regs.chunks(2).map(|r| unpack_pairs(l, ety, r)).collect()
 }
 
+/// B fragments of `mma.m16n8k16` for the n8 tiles starting at columns `cols` (one or
+/// two) and `k0..k0 + 16`, from the `b[n][k]` array `swz` at `base + first`, with one
+/// plain `ldmatrix` (`.x2` per tile): per tile the 8x8 matrices (rows n, k 0-7) and
+/// (k 8-15) are the registers `b0b1` (k `2 * (lane % 4)` and `+ 1` at n `lane / 4`)
+/// and `b2b3`; lane `i` gives row n `i % 8` at k `8 * ((i / 8) % 2)` of tile `i / 16`.
+#[allow(clippy::too_many_arguments)]
+fn ldmatrix_b_nk<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    ety: BasicTypeEnum<'ctx>,
+    base: inkwell::values::PointerValue<'ctx>,
+    first: IntValue<'ctx>,
+    swz: &Swizzle,
+    cols: &[IntValue<'ctx>],
+    k0: u32,
+) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
+    let b = &l.cx.b;
+    let col0 = if cols.len() == 2 {
+        let hi = b.build_int_compare(inkwell::IntPredicate::UGE, l.lane, l.cx.i32(16), "")?;
+        b.build_select(hi, cols[1], cols[0], "")?.into_int_value()
+    } else {
+        cols[0]
+    };
+    let row = b.build_int_add(col0, lane_part(l, 7, 0, 1)?, "")?;
+    let k = b.build_int_add(lane_part(l, 8, 3, 8)?, l.cx.i32(k0 as i64), "")?;
+    let off = b.build_int_add(swz.emit(&l.cx, row, k)?, first, "")?;
+    let p = l.smem_ptr(base, ety, off)?;
+    let site = l.new_site("ldmatrix");
+    let regs = l
+        .arch
+        .ldmatrix(&l.cx, p, 2 * cols.len() as u32, false, site)?;
+    regs.chunks(2).map(|r| unpack_pairs(l, ety, r)).collect()
+}
+
 /// Whether the fragment reads of two consecutive k-steps are one 8-element run per
 /// lane: on the matrix path without `ldmatrix`, when each lane's fragment is one run
 /// of 4 `k` and `K` holds whole pairs of steps. The pair's `2 * info.k` columns are
@@ -818,6 +851,9 @@ pub(super) fn max_share(pairs: impl Iterator<Item = (u32, u32)>) -> u32 {
 /// read with `ldmatrix`, else `[n][k]`), swizzled ([`operand_swizzles`]).
 struct Arrays {
     ldm: bool,
+    /// With `ldmatrix`: B staged `[n][k]` (a B contiguous along `k`, see
+    /// [`b_nk`]) and read without `.trans`.
+    b_nk: bool,
     a_swz: Swizzle,
     b_swz: Swizzle,
     m: u32,
@@ -832,9 +868,15 @@ impl Arrays {
         // `ldmatrix` reads the NVIDIA m16n8k16 fragments; B is then row-major (16-byte
         // stores, read with `.trans`). Elsewhere B is staged transposed (`[n][k]`).
         let ldm = !b_transposed(l, p);
-        let (a_swz, b_swz) = operand_swizzles(&p.info, ldm, (n, k), 2, (l.ws, l.nw));
+        let b_nk = b_nk(l, op, p);
+        let (a_swz, mut b_swz) = operand_swizzles(&p.info, ldm, (n, k), 2, (l.ws, l.nw));
+        if b_nk {
+            // Rows of `k`, read 16 bytes (8 k) at a time, as A's.
+            b_swz = Swizzle::new(k, 2, 8);
+        }
         Arrays {
             ldm,
+            b_nk,
             a_swz,
             b_swz,
             m,
@@ -852,6 +894,14 @@ impl Arrays {
     fn bytes(&self) -> u32 {
         (self.a_elems() + self.k * self.n) * 2
     }
+}
+
+/// Whether the `ldmatrix` path stages B `[n][k]` (read with plain `ldmatrix`, whose
+/// 8x8 matrices of `[n][k]` rows are the B fragments): when B arrives contiguous
+/// along `k` ([`wgmma::k_contiguous`], attention's `Kᵀ`), so that its loads and
+/// staging stores are 16 bytes.
+fn b_nk(l: &Lowerer<'_, '_>, op: &Op, p: &Plan) -> bool {
+    !b_transposed(l, p) && wgmma::k_contiguous(l, op.operands[1])
 }
 
 /// The bytes of shared memory in which `dot` stages its operands on the matrix path
@@ -903,7 +953,7 @@ fn elem_offset<'ctx>(
     let n = arr.n;
     let kk = bd.build_right_shift(e, l.cx.i32(n.trailing_zeros() as i64), false, "")?;
     let nn = bd.build_and(e, l.cx.i32(n as i64 - 1), "")?;
-    let o = if arr.ldm {
+    let o = if arr.ldm && !arr.b_nk {
         arr.b_swz.emit(&l.cx, kk, nn)?
     } else {
         arr.b_swz.emit(&l.cx, nn, kk)?
@@ -942,7 +992,7 @@ fn stage<'ctx>(
     // consecutive k from a load walked down the columns).
     let runs = if which == 0 {
         row_runs(arr.a_swz.vec)
-    } else if arr.ldm {
+    } else if arr.ldm && !arr.b_nk {
         row_runs(arr.b_swz.vec)
     } else {
         row_runs(arr.b_swz.vec).iter().map(|s| s * arr.n).collect()
@@ -998,7 +1048,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             p.reps_n,
             if ldm { "ldmatrix reads" } else if paired_reads(info, ldm, k) { "paired 16-byte reads" } else { "fragment reads" },
             a_swz,
-            if ldm { "[k][n]" } else { "[n][k]" },
+            if ldm && !arr.b_nk { "[k][n]" } else { "[n][k]" },
             b_swz
         )
     });
@@ -1078,7 +1128,11 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             .collect::<LResult<Vec<_>>>()?;
         if ldm {
             for pair in col0s.chunks(2) {
-                bfr[0].extend(ldmatrix_b_trans(l, ety, base, b_first, &b_swz, pair, k0)?);
+                bfr[0].extend(if arr.b_nk {
+                    ldmatrix_b_nk(l, ety, base, b_first, &b_swz, pair, k0)?
+                } else {
+                    ldmatrix_b_trans(l, ety, base, b_first, &b_swz, pair, k0)?
+                });
             }
         } else {
             for &col0 in &col0s {
