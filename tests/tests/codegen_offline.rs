@@ -724,7 +724,8 @@ fn sm90a_matmuls_use_wgmma_from_cp_async_rings() {
 
 /// FlashAttention-2 forward on sm_90a at the benchmarked tile (128 x 64, head dim
 /// 64, 4 warps): both dots on wgmma, `Kᵀ` (contiguous along `k`) loaded 16 bytes at a
-/// time and staged K-major (`imm-trans-b` 0) while `V` is N-major (1); the running
+/// time and staged K-major (`imm-trans-b` 0); `P` goes to its wgmma from registers
+/// (the accumulator layout of `Q Kᵀ` holds the A fragments) and `V` is N-major; the running
 /// row statistics stay in the accumulator's sliced layout (no conversion through
 /// shared memory); no spills and no wait injected by ptxas.
 #[test]
@@ -744,7 +745,7 @@ fn sm90a_attention_takes_wgmma_without_conversions_or_spills() {
         "{ptx}"
     );
     assert_eq!(count(", p, 1, 1, 0, 0;"), 8, "Q Kᵀ with a K-major B: {ptx}");
-    assert_eq!(count(", p, 1, 1, 0, 1;"), 8, "P V with an N-major B: {ptx}");
+    assert_eq!(count(", p, 1, 1, 1;"), 8, "P V: A from registers, N-major B: {ptx}");
     assert_eq!(count("ld.global.u16") + count("ld.global.b16"), 0, "{ptx}");
     let text = lower_with_layouts(&spec, SM90A, &opts).expect("lowers");
     assert!(!text.contains("convert through shared memory"), "{text}");

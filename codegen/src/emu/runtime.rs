@@ -721,8 +721,66 @@ extern "C" fn tessera_emu_wgmma(
     slot: i32,
     site: i32,
 ) {
-    let (trans_b, scale_d) = (flags & 1 != 0, flags & 2 != 0);
     with((), |c| {
+        wg_issue(c, (ty, n), (desc_a, None), desc_b, flags, acc, slot, site)
+    })
+}
+
+/// `wgmma.mma_async` with A from registers: `a0..a3` are this thread's A fragment
+/// registers (see [`super::wgmma`]); the warp's lanes exchange them here (the
+/// instruction is warp-synchronous), each keeping its quad's, and the rest is
+/// [`tessera_emu_wgmma`].
+#[allow(clippy::too_many_arguments)]
+extern "C" fn tessera_emu_wgmma_rs(
+    ty: i32,
+    n: i32,
+    a0: i32,
+    a1: i32,
+    a2: i32,
+    a3: i32,
+    desc_b: i64,
+    flags: i32,
+    acc: *mut f32,
+    slot: i32,
+    site: i32,
+) {
+    with((), |c| {
+        let dep = [a0, a1, a2, a3].map(|x| x as u32 as u64);
+        let r = c.blk.team.warp_collective(
+            c.tid,
+            site as u32,
+            &dep,
+            |p| c.park(p),
+            |w| {
+                for l in 0..w.lanes() {
+                    let quad = l & !3;
+                    for q in 0..4 {
+                        for j in 0..4 {
+                            w.write(l, (4 * q + j) as usize, w.read(quad + q, j as usize));
+                        }
+                    }
+                }
+            },
+        );
+        let quad: [u32; 16] = std::array::from_fn(|i| r[i] as u32);
+        wg_issue(c, (ty, n), (0, Some(quad)), desc_b, flags, acc, slot, site)
+    })
+}
+
+/// Issues one `wgmma.mma_async` for thread `c` (see [`tessera_emu_wgmma`]).
+#[allow(clippy::too_many_arguments)]
+fn wg_issue(
+    c: &ThreadCtx<'_>,
+    (ty, n): (i32, i32),
+    (desc_a, a_quad): (i64, Option<[u32; 16]>),
+    desc_b: i64,
+    flags: i32,
+    acc: *mut f32,
+    slot: i32,
+    site: i32,
+) {
+    let (trans_b, scale_d) = (flags & 1 != 0, flags & 2 != 0);
+    {
         if !(8..=256).contains(&n) || n % 8 != 0 {
             return wg_fail(c, site, format!("N = {n} (8 to 256, a multiple of 8)"));
         }
@@ -768,11 +826,12 @@ extern "C" fn tessera_emu_wgmma(
             desc_b: desc_b as u64,
             trans_b,
             scale_d,
+            a_quad,
             slot,
             site,
         });
         acc.fill(f32::from_bits(POISON));
-    })
+    }
 }
 
 /// `wgmma.commit_group.sync.aligned`.
@@ -1105,6 +1164,10 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
             tessera_emu_wgmma_fence as *const () as usize,
         ),
         ("tessera_emu_wgmma", tessera_emu_wgmma as *const () as usize),
+        (
+            "tessera_emu_wgmma_rs",
+            tessera_emu_wgmma_rs as *const () as usize,
+        ),
         (
             "tessera_emu_wgmma_commit",
             tessera_emu_wgmma_commit as *const () as usize,

@@ -19,6 +19,9 @@
 //!   then the address bits `[4, 4 + log2(S / 16))` are XORed with the bits
 //!   `[7, 7 + log2(S / 16))` (the repeating pattern starts on a multiple of `8 S`
 //!   bytes; a non-zero base offset is not emulated and reported).
+//! - **A from registers**: per warp of the warpgroup, the `mma.m16n8k16` A fragment
+//!   of its 16 rows: lane `l`, element `i` (0..8, two per `.b32` register, the first
+//!   in the low half) is `A[16 w + l / 4 + 8 ((i / 2) % 2)][2 (l % 4) + i % 2 + 8 (i / 4)]`.
 //! - **D fragment** of `m64nNk16` with f32 accumulators: thread `t` of the warpgroup
 //!   (warp `w = t / 32 % 4`, lane `l = t % 32`) holds `N / 2` registers; register `i`
 //!   is `D[16 w + l / 4 + 8 ((i / 2) % 2)][8 (i / 4) + 2 (l % 4) + i % 2]`.
@@ -53,6 +56,9 @@ pub struct WgOp {
     /// The `scale-d` predicate: false computes `D = A·B` (the accumulators' old
     /// contents are not read).
     pub scale_d: bool,
+    /// A from registers: the four `.b32` A registers of each lane of this thread's
+    /// quad (lanes `4 (l / 4) ..+ 4`), in lane order; `None`: A through `desc_a`.
+    pub a_quad: Option<[u32; 16]>,
     /// The accumulator tile (the lowering's slot).
     pub slot: u32,
     /// The op's site.
@@ -160,7 +166,11 @@ pub fn execute(
     acc: &mut [f32],
     mut read: impl FnMut(u32) -> Result<u16, String>,
 ) -> Result<(), String> {
-    let (da, db) = (decode(op.desc_a)?, decode(op.desc_b)?);
+    let da = match op.a_quad {
+        Some(_) => None,
+        None => Some(decode(op.desc_a)?),
+    };
+    let db = decode(op.desc_b)?;
     let (ty, eb) = (op.ty, 2);
     if !op.scale_d {
         acc.fill(0.0);
@@ -169,13 +179,25 @@ pub fn execute(
         let (row, col) = d_coords(t, i as u32);
         let mut s = 0.0f32;
         for k in 0..16 {
-            let a = read(element_address(&da, row, k, false, eb))?;
+            let a = match (&da, &op.a_quad) {
+                (Some(da), _) => read(element_address(da, row, k, false, eb))?,
+                (None, Some(q)) => a_from_quad(q, row % 16, k),
+                (None, None) => unreachable!("A has a descriptor or registers"),
+            };
             let b = read(element_address(&db, col, k, op.trans_b, eb))?;
             s += to_f32(ty, a) * to_f32(ty, b);
         }
         *c += s;
     }
     Ok(())
+}
+
+/// Element `(row, k)` (row within the warp's 16) of A from the quad's registers: held
+/// by quad lane `(k % 8) / 2` as element `k % 2 + 2 (row / 8) + 4 (k / 8)`.
+fn a_from_quad(q: &[u32; 16], row: u32, k: u32) -> u16 {
+    let lane = (k % 8) / 2;
+    let i = k % 2 + 2 * (row / 8) + 4 * (k / 8);
+    (q[(4 * lane + i / 2) as usize] >> (16 * (i % 2))) as u16
 }
 
 fn to_f32(ty: Half, bits: u16) -> f32 {

@@ -390,6 +390,26 @@ pub trait Arch {
     ) -> LResult<Vec<FloatValue<'ctx>>> {
         Err(LowerError::Llvm("wgmma on a target without it".into()))
     }
+    /// [`Arch::wgmma`] with A from registers (`wgmma.mma_async ... d, {a0, a1, a2, a3},
+    /// b_desc, ...`): `a` are this thread's four `.b32` registers of the A fragment (two
+    /// 16-bit elements each, the first in the low half), per warp of the warpgroup
+    /// the `mma.m16n8k16` A fragment of its 16 rows.
+    #[allow(clippy::too_many_arguments)]
+    fn wgmma_rs<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _input: ScalarType,
+        _n: u32,
+        _a: &[IntValue<'ctx>],
+        _desc_b: IntValue<'ctx>,
+        _trans_b: bool,
+        _scale_d: bool,
+        _acc: &[FloatValue<'ctx>],
+        _slot: u32,
+        _site: u32,
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        Err(LowerError::Llvm("wgmma on a target without it".into()))
+    }
     /// `wgmma.commit_group.sync.aligned`: the `wgmma`s issued since the last commit
     /// form a group.
     fn wgmma_commit<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
@@ -640,6 +660,50 @@ impl Arch for Nvptx {
                 ("r", cx.i32(i64::from(scale_d)).into()),
             ],
         )
+    }
+
+    fn wgmma_rs<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        n: u32,
+        a: &[IntValue<'ctx>],
+        desc_b: IntValue<'ctx>,
+        trans_b: bool,
+        scale_d: bool,
+        acc: &[FloatValue<'ctx>],
+        _slot: u32,
+        _site: u32,
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        if !self.target().has_wgmma() || a.len() != 4 {
+            return Err(LowerError::Llvm(
+                "wgmma needs sm_90a and 4 A registers".into(),
+            ));
+        }
+        let ty = match input {
+            ScalarType::F16 => "f16",
+            ScalarType::BF16 => "bf16",
+            t => return Err(LowerError::Llvm(format!("wgmma on {t:?}"))),
+        };
+        // $0..$r-1 the accumulators, $r..$r+3 A, $r+4 the B descriptor, $r+5 scale-d.
+        let r = acc.len();
+        let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
+        let text = format!(
+            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, {};\n}}",
+            r + 5,
+            regs.join(","),
+            r,
+            r + 1,
+            r + 2,
+            r + 3,
+            r + 4,
+            u32::from(trans_b)
+        );
+        let mut extra: Vec<(&str, BasicValueEnum<'ctx>)> =
+            a.iter().map(|&x| ("r", x.into())).collect();
+        extra.push(("l", desc_b.into()));
+        extra.push(("r", cx.i32(i64::from(scale_d)).into()));
+        ptx_with_accs(cx, text, acc, &extra)
     }
 
     fn wgmma_commit<'ctx>(&self, cx: &Cx<'ctx>, _site: u32) -> LResult<()> {

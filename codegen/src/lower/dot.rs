@@ -26,10 +26,10 @@ use inkwell::types::BasicTypeEnum;
 use inkwell::values::{BasicValue, BasicValueEnum, FloatValue, IntValue};
 use std::collections::HashMap;
 
-use tessera_ir::ir::Op;
-use tessera_ir::{Elem, ScalarType};
+use tessera_ir::ir::{Op, OpKind};
+use tessera_ir::{Elem, ScalarType, ValueId};
 
-use super::arch::{FragInfo, MmaInfo};
+use super::arch::{Arch, FragInfo, MmaInfo};
 use super::wgmma;
 use super::{LResult, Lowerer, Tile};
 use crate::layout::Layout;
@@ -165,7 +165,15 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     if m % info.m != 0 || n % info.n != 0 || k % info.k != 0 {
         return None;
     }
-    let (warps_m, warps_n) = warp_grid(l.nw, m / info.m, n / info.n);
+    let (tiles_m, tiles_n) = (m / info.m, n / info.n);
+    // A chain of dots (one's result, elementwise, is the next one's A) puts every
+    // warp along M, so the first's accumulators are the second's A fragments
+    // ([`a_fragments_in_registers`]) and its row reductions stay inside warps.
+    let (warps_m, warps_n) = if tiles_m >= l.nw && in_chain(l, op) {
+        (l.nw, 1)
+    } else {
+        warp_grid(l.nw, tiles_m, tiles_n)
+    };
     Some(Plan {
         reps_m: m / (info.m * warps_m),
         reps_n: n / (info.n * warps_n),
@@ -173,6 +181,109 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
         warps_m,
         warps_n,
     })
+}
+
+/// The `dot` whose result `v` is computed from by elementwise ops of the same shape
+/// (casts included), if any.
+fn dot_source<'f>(l: &Lowerer<'f, '_>, v: ValueId, depth: u32) -> Option<&'f Op> {
+    if depth > 8 {
+        return None;
+    }
+    let d = *l.defs.get(&v)?;
+    match d.kind {
+        OpKind::Dot => Some(d),
+        OpKind::Binary(_) | OpKind::Unary(_) | OpKind::Fma | OpKind::Select | OpKind::Cast => d
+            .operands
+            .iter()
+            .filter(|&&o| l.f.ty(o).shape == l.f.ty(v).shape)
+            .find_map(|&o| dot_source(l, o, depth + 1)),
+        _ => None,
+    }
+}
+
+/// Whether `op` is in a chain of `dot`s: its A operand is computed from a `dot`'s
+/// result, or its result is another `dot`'s A (attention's `S = Q Kᵀ`, `O += P V`).
+fn in_chain(l: &Lowerer<'_, '_>, op: &Op) -> bool {
+    dot_source(l, op.operands[0], 0).is_some()
+        || l.defs.values().any(|d| {
+            d.kind == OpKind::Dot
+                && dot_source(l, d.operands[0], 0).is_some_and(|s| std::ptr::eq(s, op))
+        })
+}
+
+/// The registers of the A tile `a` (layout `lay`) that are the A fragments of `p`'s
+/// instructions, `[m tile][k step][element]` in [`FragInfo::runs`] order, when `a`
+/// already holds them: its lane bases are the fragment's, its warp bases the rows of
+/// the plan's warps along M (none along N), and every fragment element of every tile
+/// and step is in some register of the lane that reads it (a chained `dot`'s `P`,
+/// computed in the previous `dot`'s accumulator layout: the `mma.m16n8` C fragments
+/// of two n8 tiles are the A fragment of a k16 step).
+fn a_fragments_in_registers(p: &Plan, lay: &Layout) -> Option<Vec<Vec<Vec<usize>>>> {
+    let (m, k) = (lay.shape[0], lay.shape[1]);
+    let info = &p.info;
+    let flat = |row: u32, col: u32| row * k + col;
+    let lane_ok = info.a.lane.len() == lay.lane.len()
+        && info
+            .a
+            .lane
+            .iter()
+            .zip(&lay.lane)
+            .all(|(&(o, kk), &b)| flat(o, kk) == b);
+    let wm_bits = p.warps_m.trailing_zeros() as usize;
+    let warp_ok = lay.warp.iter().enumerate().all(|(j, &b)| {
+        if j < wm_bits {
+            b == flat(info.m << j, 0)
+        } else {
+            b == 0
+        }
+    });
+    if !lane_ok || !warp_ok || m % info.m != 0 {
+        return None;
+    }
+    let mut reg_of: HashMap<u32, usize> = HashMap::new();
+    for r in 0..lay.num_regs() {
+        let e = crate::layout::xor_bases(&lay.reg, r as u32);
+        reg_of.entry(e).or_insert(r);
+    }
+    (0..p.reps_m)
+        .map(|mr| {
+            (0..k / info.k)
+                .map(|ks| {
+                    let mut regs = Vec::new();
+                    for &(oo, ko, len) in &info.a.runs {
+                        for e in 0..len {
+                            let row = mr * p.warps_m * info.m + oo;
+                            let col = ks * info.k + ko + e;
+                            regs.push(*reg_of.get(&flat(row, col))?);
+                        }
+                    }
+                    Some(regs)
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// [`a_fragments_in_registers`] for a `wgmma` plan: per warp of a warpgroup, the A
+/// register fragment of `wgmma.m64nNk16` is the `mma.m16n8k16` one of the warp's 16
+/// rows; warps along M are the warpgroup's four then the warpgroups along M, and a
+/// 64-row tile repeats every `64 wg_m` rows.
+pub(super) fn wgmma_a_fragments(p: &wgmma::WgPlan, lay: &Layout) -> Option<Vec<Vec<Vec<usize>>>> {
+    let info = super::arch::Nvptx {
+        sm: 80,
+        arch_specific: false,
+    }
+    .mma(p.input)?;
+    let plan = Plan {
+        info,
+        warps_m: 4 * p.wg_m,
+        warps_n: p.wg_n,
+        reps_m: p.reps_m,
+        reps_n: 1,
+    };
+    // Rep `mr` starts at row `mr * warps_m * 16 = mr * 64 wg_m`, as the wgmma plan's;
+    // the k steps are 16 wide, as wgmma's.
+    a_fragments_in_registers(&plan, lay)
 }
 
 /// The warp grid of a `dot` with `tiles_m x tiles_n` instruction tiles on `nw` warps:
@@ -1053,8 +1164,25 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
         )
     });
     let ety = l.ty(Elem::Scalar(s));
+    // A chained dot's A (attention's P) may hold its fragments already: no staging.
+    let a_in_regs = if l.is_staged(op, 0) || paired_reads(info, ldm, k) {
+        None
+    } else {
+        let t = l.val(op.operands[0])?;
+        if t.uniform {
+            None
+        } else {
+            a_fragments_in_registers(&p, &t.layout).map(|f| (t, f))
+        }
+    };
+    if a_in_regs.is_some() {
+        l.note(|| "operand A from registers (its layout holds the A fragments)".into());
+    }
     let mut wrote = false;
     for which in 0..2 {
+        if which == 0 && a_in_regs.is_some() {
+            continue;
+        }
         if !l.is_staged(op, which) {
             let t = l.val(op.operands[which])?;
             stage(l, &arr, which, &t, base)?;
@@ -1101,7 +1229,14 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
                 l.cx.i32(info.m as i64),
                 "",
             )?;
-            if ldm {
+            if let Some((t, frags)) = &a_in_regs {
+                afr[0].push(
+                    frags[mr as usize][ks as usize]
+                        .iter()
+                        .map(|&r| t.regs[r])
+                        .collect(),
+                );
+            } else if ldm {
                 afr[0].push(ldmatrix_a(l, ety, base, &a_swz, row0, k0)?);
             } else if span == 2 {
                 let row = l.cx.b.build_int_add(row0, ao, "")?;

@@ -25,6 +25,7 @@
 //! | `fence.proxy.async.shared::cta` | `void tessera_emu_fence_proxy_async()` |
 //! | `wgmma.fence` / `.commit_group` | `void tessera_emu_wgmma_{fence,commit}(i32 site)` |
 //! | `wgmma.mma_async` m64nNk16 (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` (flags: bit 0 `imm-trans-b`, bit 1 `scale-d`) (`[n/2 x float]` accumulators in, poison out) |
+//! | `wgmma.mma_async` with A in registers | `void tessera_emu_wgmma_rs(i32 ty, i32 n, i32 a0..a3, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //!
@@ -518,6 +519,50 @@ impl Arch for Emu {
             Emu::site(cx, site),
         ];
         call(cx, "tessera_emu_wgmma", ty, &args)?;
+        load_floats(cx, slot_ptr, acc.len())
+    }
+
+    fn wgmma_rs<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        n: u32,
+        a: &[IntValue<'ctx>],
+        desc_b: IntValue<'ctx>,
+        trans_b: bool,
+        scale_d: bool,
+        acc: &[FloatValue<'ctx>],
+        slot: u32,
+        site: u32,
+    ) -> LResult<Vec<FloatValue<'ctx>>> {
+        if self.flavor != EmuFlavor::Sm90a || a.len() != 4 {
+            return Err(LowerError::Llvm("wgmma outside emu-sm90a".into()));
+        }
+        let (i32t, i64t) = (cx.ctx.i32_type(), cx.ctx.i64_type());
+        let slot_ptr = store_floats(cx, acc, "wgmma.acc")?;
+        let mut params: Vec<BasicMetadataTypeEnum> = vec![i32t.into(); 6];
+        params.extend::<[BasicMetadataTypeEnum; 5]>([
+            i64t.into(),
+            i32t.into(),
+            Emu::ptr_ty(cx).into(),
+            i32t.into(),
+            i32t.into(),
+        ]);
+        let ty = cx.ctx.void_type().fn_type(&params, false);
+        let mut args: Vec<BasicMetadataValueEnum> = vec![
+            cx.i32(i64::from(input == ScalarType::BF16)).into(),
+            cx.i32(n as i64).into(),
+        ];
+        args.extend(a.iter().map(|&x| BasicMetadataValueEnum::from(x)));
+        args.extend([
+            desc_b.into(),
+            cx.i32(i64::from(trans_b) | (i64::from(scale_d) << 1))
+                .into(),
+            slot_ptr.into(),
+            cx.i32(slot as i64).into(),
+            Emu::site(cx, site),
+        ]);
+        call(cx, "tessera_emu_wgmma_rs", ty, &args)?;
         load_floats(cx, slot_ptr, acc.len())
     }
 

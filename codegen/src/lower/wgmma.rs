@@ -338,8 +338,26 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
             arr.b.swz
         )
     });
+    // A chained dot's A (attention's P) in the accumulator layout of the dot before
+    // it holds the A register fragments: `wgmma` reads A from registers.
+    let a_in_regs = if l.is_staged(op, 0) {
+        None
+    } else {
+        let t = l.val(op.operands[0])?;
+        if t.uniform {
+            None
+        } else {
+            super::dot::wgmma_a_fragments(&p, &t.layout).map(|f| (t, f))
+        }
+    };
+    if a_in_regs.is_some() {
+        l.note(|| "operand A from registers (wgmma with register A)".into());
+    }
     let mut wrote = false;
     for which in 0..2 {
+        if which == 0 && a_in_regs.is_some() {
+            continue;
+        }
         if !l.is_staged(op, which) {
             let t = l.val(op.operands[which])?;
             super::dot::write_tile(l, &t, base, &store_runs(&p, which), |e| {
@@ -415,6 +433,23 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
             let desc_a = descriptor(l, a_start, 16, 8 * a_s, arr.a.mode())?;
             let site = l.new_site("wgmma");
             let scale_d = !(zero_c && ks == 0);
+            if let Some((t, frags)) = &a_in_regs {
+                let vals: Vec<_> = frags[r][ks as usize].iter().map(|&i| t.regs[i]).collect();
+                let a = super::arch::pack_pairs(&l.cx, &vals)?;
+                *acc = l.arch.wgmma_rs(
+                    &l.cx,
+                    p.input,
+                    p.n_inst,
+                    &a,
+                    desc_b,
+                    !p.b_k_major,
+                    scale_d,
+                    acc,
+                    r as u32,
+                    site,
+                )?;
+                continue;
+            }
             *acc = l.arch.wgmma(
                 &l.cx,
                 p.input,
