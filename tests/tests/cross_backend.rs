@@ -518,6 +518,68 @@ fn large_causal_attention_seq256() {
     check("causal attention seq 256", &f, g1(seq / 64), &args, 4, 2e-3);
 }
 
+/// The library FlashAttention-2 forward (`tessera::attention::attention_fwd`) on
+/// every flavor against the interpreter: 2 heads, ragged lengths, causal and not, head
+/// dim 64 (f16) and 128 (bf16). On emu-sm90a both dots take wgmma (`Kᵀ` K-major, `P`
+/// from registers), on emu-nv `mma.sync` with `P` from registers.
+#[test]
+fn flash_attention_forward() {
+    use tessera::attention::{LOG2_E, attention_fwd};
+    fn case<T: Element + DotInput<Acc = f32>, const HD: usize>(
+        name: &str,
+        conv: impl Fn(f32) -> T,
+        (seq_q, seq_k, causal): (usize, usize, bool),
+        abs: f64,
+    ) where
+        attention_fwd<T, 64, 64, HD>: Kernel<Comptime = ()>,
+    {
+        let heads = 2;
+        let h = |seed, n| -> Vec<T> {
+            rand_f32(seed, n, -1.0, 1.0)
+                .into_iter()
+                .map(&conv)
+                .collect()
+        };
+        let (q, k, v) = (
+            h(31, heads * seq_q * HD),
+            h(32, heads * seq_k * HD),
+            h(33, heads * seq_k * HD),
+        );
+        let f = ir::<attention_fwd<T, 64, 64, HD>>();
+        let args = [
+            inp(&q),
+            inp(&k),
+            inp(&v),
+            out::<T>(heads * seq_q * HD),
+            Arg::Sc(S::I32(seq_q as i32)),
+            Arg::Sc(S::I32(seq_k as i32)),
+            Arg::Sc(S::F32(LOG2_E / (HD as f32).sqrt())),
+            Arg::Sc(S::I32(i32::from(causal))),
+        ];
+        check(
+            name,
+            &f,
+            [seq_q.div_ceil(64) as u32, heads as u32, 1],
+            &args,
+            4,
+            abs,
+        );
+    }
+    case::<f16, 64>(
+        "attention f16 d64 causal",
+        f16::from_f32,
+        (150, 150, true),
+        2e-3,
+    );
+    case::<f16, 64>("attention f16 d64", f16::from_f32, (100, 176, false), 2e-3);
+    case::<bf16, 128>(
+        "attention bf16 d128",
+        bf16::from_f32,
+        (80, 112, false),
+        1.6e-2,
+    );
+}
+
 // ---------------------------------------------------------------------------------
 // Op-level kernels.
 

@@ -908,7 +908,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             let slot_bytes = dot::matrix_staging_bytes(self, d)
                 .unwrap_or(0)
                 .next_multiple_of(self.smem_align());
-            let slots = ahead + 1;
+            let overlap = if self.target().has_wgmma() {
+                Self::chained_acc(body, d)
+            } else {
+                None
+            };
+            let slots = ahead + 1 + u32::from(overlap.is_some());
             if self.pipe_bytes + slots * slot_bytes > self.target().shared_memory_limit() {
                 continue;
             }
@@ -919,6 +924,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     slot_bytes,
                     slots,
                     ahead,
+                    overlap,
                 },
             );
             self.pipe_bytes += slots * slot_bytes;
@@ -940,6 +946,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     .insert(last.results[0], (d2, *w2, AsyncSlot::Next));
             }
         }
+    }
+
+    /// The index (in `body`'s arguments) of the accumulator that `dot` `d` only
+    /// chains: `d`'s C is that argument, used nowhere else in the body, and `d`'s result
+    /// is yielded for it and used nowhere else.
+    fn chained_acc(body: &'a Region, d: &Op) -> Option<usize> {
+        let j = body.args.iter().position(|&a| a == d.operands[2])?;
+        let y = body.ops.last()?;
+        if j == 0 || y.kind != OpKind::Yield || y.operands.get(j - 1) != Some(&d.results[0]) {
+            return None;
+        }
+        let arg_uses = Self::uses_in(body, d.operands[2]);
+        let res_uses = Self::uses_in(body, d.results[0]);
+        let only = |u: &[(&Op, usize)], op: &Op, i: usize| {
+            u.len() == 1 && std::ptr::eq(u[0].0, op) && u[0].1 == i
+        };
+        (only(&arg_uses, d, 2) && only(&res_uses, y, j - 1)).then_some(j)
     }
 
     /// The asynchronous-copy ring of `dot` `op`, if it has one.
@@ -1828,11 +1851,18 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         self.cx.b.build_unconditional_branch(header)?;
         self.cx.b.position_at_end(exit);
+        let mut carried = carried;
         if !rings.is_empty() {
             // The copies for iterations past the end land before anything else.
             self.arch.cp_async_wait(&self.cx, 0)?;
-            for (d, _) in &rings {
+            for (d, r) in &rings {
                 self.async_slots.borrow_mut().remove(&(*d as *const Op));
+                // The last iteration's wgmma group, left in flight, completes.
+                if let Some(j) = r.overlap
+                    && let Some(t) = carried.get_mut(j - 1)
+                {
+                    *t = wgmma::finish_in_flight(self, d, t)?;
+                }
             }
         }
         for (i, (r, t)) in op.results.iter().zip(carried).enumerate() {
@@ -2011,6 +2041,12 @@ pub(crate) struct AsyncDot {
     slot_bytes: u32,
     slots: u32,
     ahead: u32,
+    /// On `wgmma` targets, the loop-carried accumulator (its index in the body's
+    /// arguments) when the dot only chains it (`acc = dot(a, b, acc)`): each
+    /// iteration then leaves its wgmma group in flight (`wait_group 1`), the ring has
+    /// one more slot so the slot being refilled is never one an in-flight group
+    /// reads, and the loop ends with `wait_group 0`.
+    pub(crate) overlap: Option<usize>,
 }
 
 /// Which array of the ring an asynchronous copy fills.

@@ -466,8 +466,14 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     }
     let site = l.new_site("wgmma.commit_group");
     l.arch.wgmma_commit(&l.cx, site)?;
+    // A ring with an overlapped accumulator leaves this group in flight (the loop
+    // waits for the previous iteration's, and for the last after the loop).
+    let pending = u32::from(l.async_dot(op).is_some_and(|a| a.overlap.is_some()));
+    if pending > 0 {
+        l.note(|| "wgmma.wait_group 1: the group stays in flight into the next iteration".into());
+    }
     let site = l.new_site("wgmma.wait_group");
-    let accs = l.arch.wgmma_wait(&l.cx, 0, &accs, site)?;
+    let accs = l.arch.wgmma_wait(&l.cx, pending, &accs, site)?;
     if !ring {
         l.barrier()?;
     }
@@ -476,6 +482,37 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
         layout: clay,
         regs: accs.into_iter().flatten().map(|v| v.into()).collect(),
         uniform: false,
+    })
+}
+
+/// Waits for the in-flight wgmma group of `dot` `d` whose accumulators `t` holds
+/// (after a loop that overlapped it, see `AsyncDot::overlap`).
+pub(super) fn finish_in_flight<'ctx>(
+    l: &mut Lowerer<'_, 'ctx>,
+    d: &Op,
+    t: &Tile<'ctx>,
+) -> LResult<Tile<'ctx>> {
+    let Some(p) = plan(l, d) else {
+        return Err(super::LowerError::Llvm(
+            "an overlapped dot off wgmma".into(),
+        ));
+    };
+    let regs = (p.n_inst / 2) as usize;
+    if t.regs.len() != regs * p.reps_m as usize {
+        return Err(super::LowerError::Llvm(
+            "overlapped accumulator of another size".into(),
+        ));
+    }
+    let accs: Vec<Vec<FloatValue<'ctx>>> = t
+        .regs
+        .chunks(regs)
+        .map(|c| c.iter().map(|v| v.into_float_value()).collect())
+        .collect();
+    let site = l.new_site("wgmma.wait_group");
+    let done = l.arch.wgmma_wait(&l.cx, 0, &accs, site)?;
+    Ok(Tile {
+        regs: done.into_iter().flatten().map(|v| v.into()).collect(),
+        ..t.clone()
     })
 }
 
