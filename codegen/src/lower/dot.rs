@@ -218,7 +218,7 @@ fn in_chain(l: &Lowerer<'_, '_>, op: &Op) -> bool {
 /// and step is in some register of the lane that reads it (a chained `dot`'s `P`,
 /// computed in the previous `dot`'s accumulator layout: the `mma.m16n8` C fragments
 /// of two n8 tiles are the A fragment of a k16 step).
-fn a_fragments_in_registers(p: &Plan, lay: &Layout) -> Option<Vec<Vec<Vec<usize>>>> {
+fn a_fragments_in_registers(p: &Plan, lay: &Layout) -> Option<AFrags> {
     let (m, k) = (lay.shape[0], lay.shape[1]);
     let info = &p.info;
     let flat = |row: u32, col: u32| row * k + col;
@@ -264,11 +264,36 @@ fn a_fragments_in_registers(p: &Plan, lay: &Layout) -> Option<Vec<Vec<Vec<usize>
         .collect()
 }
 
+/// Fragment register indices `[m tile][k step][element]` of an A operand.
+pub(super) type AFrags = Vec<Vec<Vec<usize>>>;
+
+/// The tile of `dot` `op`'s A and the registers of its A fragments (`frags` of its
+/// layout) when A is in registers that already hold them (a chained dot's `P`), not
+/// staged by a loop; `None` when A goes through shared memory.
+pub(super) fn a_from_registers<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    op: &Op,
+    frags: impl FnOnce(&Layout) -> Option<AFrags>,
+) -> LResult<Option<(Tile<'ctx>, AFrags)>> {
+    if l.is_staged(op, 0) {
+        return Ok(None);
+    }
+    let t = l.val(op.operands[0])?;
+    if t.uniform {
+        return Ok(None);
+    }
+    let Some(f) = frags(&t.layout) else {
+        return Ok(None);
+    };
+    l.note(|| "operand A from registers (its layout holds the A fragments)".into());
+    Ok(Some((t, f)))
+}
+
 /// [`a_fragments_in_registers`] for a `wgmma` plan: per warp of a warpgroup, the A
 /// register fragment of `wgmma.m64nNk16` is the `mma.m16n8k16` one of the warp's 16
 /// rows; warps along M are the warpgroup's four then the warpgroups along M, and a
 /// 64-row tile repeats every `64 wg_m` rows.
-pub(super) fn wgmma_a_fragments(p: &wgmma::WgPlan, lay: &Layout) -> Option<Vec<Vec<Vec<usize>>>> {
+pub(super) fn wgmma_a_fragments(p: &wgmma::WgPlan, lay: &Layout) -> Option<AFrags> {
     let info = super::arch::Nvptx {
         sm: 80,
         arch_specific: false,
@@ -786,13 +811,16 @@ fn ldmatrix_a<'ctx>(
 }
 
 /// B fragments of `mma.m16n8k16` for the n8 tiles starting at columns `cols` (one or
-/// two) and `k0..k0 + 16`, from the row-major `b[k][n]` array `swz` at `base + first`, with one
-/// `ldmatrix.trans` (`.x2` per tile): per tile the 8x8 matrices (k 0-7) and (k 8-15)
-/// of its 8 columns, transposed, are the registers `b0b1` (k `2 * (lane % 4)` and `+ 1`
-/// at column `lane / 4`) and `b2b3`; lane `i` gives row k `i % 8 + 8 * ((i / 8) % 2)` of
-/// tile `i / 16`.
+/// two) and `k0..k0 + 16`, from the B array `swz` at `base + first`, with one
+/// `ldmatrix` (`.x2` per tile), per tile the registers `b0b1` (k `2 * (lane % 4)` and
+/// `+ 1` at column `lane / 4`) and `b2b3` (k + 8):
+/// - `b[k][n]` (`nk` false), with `.trans`: the 8x8 matrices (k 0-7) and (k 8-15) of
+///   the tile's 8 columns, transposed; lane `i` gives row k `i % 8 + 8 * ((i / 8) % 2)`
+///   of tile `i / 16`;
+/// - `b[n][k]` (`nk`), plain: the matrices (rows n, k 0-7) and (k 8-15); lane `i`
+///   gives row n `i % 8` at k `8 * ((i / 8) % 2)` of tile `i / 16`.
 #[allow(clippy::too_many_arguments)]
-fn ldmatrix_b_trans<'ctx>(
+fn ldmatrix_b<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     ety: BasicTypeEnum<'ctx>,
     base: inkwell::values::PointerValue<'ctx>,
@@ -800,6 +828,7 @@ fn ldmatrix_b_trans<'ctx>(
     swz: &Swizzle,
     cols: &[IntValue<'ctx>],
     k0: u32,
+    nk: bool,
 ) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
     let b = &l.cx.b;
     let col0 = if cols.len() == 2 {
@@ -808,47 +837,21 @@ fn ldmatrix_b_trans<'ctx>(
     } else {
         cols[0]
     };
-    let kr = b.build_int_add(lane_part(l, 7, 0, 1)?, lane_part(l, 8, 3, 8)?, "")?;
-    let kr = b.build_int_add(kr, l.cx.i32(k0 as i64), "")?;
-    let off = b.build_int_add(swz.emit(&l.cx, kr, col0)?, first, "")?;
-    let p = l.smem_ptr(base, ety, off)?;
-    let site = l.new_site("ldmatrix");
-    let regs = l
-        .arch
-        .ldmatrix(&l.cx, p, 2 * cols.len() as u32, true, site)?;
-    regs.chunks(2).map(|r| unpack_pairs(l, ety, r)).collect()
-}
-
-/// B fragments of `mma.m16n8k16` for the n8 tiles starting at columns `cols` (one or
-/// two) and `k0..k0 + 16`, from the `b[n][k]` array `swz` at `base + first`, with one
-/// plain `ldmatrix` (`.x2` per tile): per tile the 8x8 matrices (rows n, k 0-7) and
-/// (k 8-15) are the registers `b0b1` (k `2 * (lane % 4)` and `+ 1` at n `lane / 4`)
-/// and `b2b3`; lane `i` gives row n `i % 8` at k `8 * ((i / 8) % 2)` of tile `i / 16`.
-#[allow(clippy::too_many_arguments)]
-fn ldmatrix_b_nk<'ctx>(
-    l: &Lowerer<'_, 'ctx>,
-    ety: BasicTypeEnum<'ctx>,
-    base: inkwell::values::PointerValue<'ctx>,
-    first: IntValue<'ctx>,
-    swz: &Swizzle,
-    cols: &[IntValue<'ctx>],
-    k0: u32,
-) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
-    let b = &l.cx.b;
-    let col0 = if cols.len() == 2 {
-        let hi = b.build_int_compare(inkwell::IntPredicate::UGE, l.lane, l.cx.i32(16), "")?;
-        b.build_select(hi, cols[1], cols[0], "")?.into_int_value()
+    let off = if nk {
+        let row = b.build_int_add(col0, lane_part(l, 7, 0, 1)?, "")?;
+        let k = b.build_int_add(lane_part(l, 8, 3, 8)?, l.cx.i32(k0 as i64), "")?;
+        swz.emit(&l.cx, row, k)?
     } else {
-        cols[0]
+        let kr = b.build_int_add(lane_part(l, 7, 0, 1)?, lane_part(l, 8, 3, 8)?, "")?;
+        let kr = b.build_int_add(kr, l.cx.i32(k0 as i64), "")?;
+        swz.emit(&l.cx, kr, col0)?
     };
-    let row = b.build_int_add(col0, lane_part(l, 7, 0, 1)?, "")?;
-    let k = b.build_int_add(lane_part(l, 8, 3, 8)?, l.cx.i32(k0 as i64), "")?;
-    let off = b.build_int_add(swz.emit(&l.cx, row, k)?, first, "")?;
+    let off = b.build_int_add(off, first, "")?;
     let p = l.smem_ptr(base, ety, off)?;
     let site = l.new_site("ldmatrix");
     let regs = l
         .arch
-        .ldmatrix(&l.cx, p, 2 * cols.len() as u32, false, site)?;
+        .ldmatrix(&l.cx, p, 2 * cols.len() as u32, !nk, site)?;
     regs.chunks(2).map(|r| unpack_pairs(l, ety, r)).collect()
 }
 
@@ -1165,19 +1168,11 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     });
     let ety = l.ty(Elem::Scalar(s));
     // A chained dot's A (attention's P) may hold its fragments already: no staging.
-    let a_in_regs = if l.is_staged(op, 0) || paired_reads(info, ldm, k) {
+    let a_in_regs = if paired_reads(info, ldm, k) {
         None
     } else {
-        let t = l.val(op.operands[0])?;
-        if t.uniform {
-            None
-        } else {
-            a_fragments_in_registers(&p, &t.layout).map(|f| (t, f))
-        }
+        a_from_registers(l, op, |lay| a_fragments_in_registers(&p, lay))?
     };
-    if a_in_regs.is_some() {
-        l.note(|| "operand A from registers (its layout holds the A fragments)".into());
-    }
     let mut wrote = false;
     for which in 0..2 {
         if which == 0 && a_in_regs.is_some() {
@@ -1263,11 +1258,9 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             .collect::<LResult<Vec<_>>>()?;
         if ldm {
             for pair in col0s.chunks(2) {
-                bfr[0].extend(if arr.b_nk {
-                    ldmatrix_b_nk(l, ety, base, b_first, &b_swz, pair, k0)?
-                } else {
-                    ldmatrix_b_trans(l, ety, base, b_first, &b_swz, pair, k0)?
-                });
+                bfr[0].extend(ldmatrix_b(
+                    l, ety, base, b_first, &b_swz, pair, k0, arr.b_nk,
+                )?);
             }
         } else {
             for &col0 in &col0s {

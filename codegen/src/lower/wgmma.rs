@@ -340,19 +340,8 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     });
     // A chained dot's A (attention's P) in the accumulator layout of the dot before
     // it holds the A register fragments: `wgmma` reads A from registers.
-    let a_in_regs = if l.is_staged(op, 0) {
-        None
-    } else {
-        let t = l.val(op.operands[0])?;
-        if t.uniform {
-            None
-        } else {
-            super::dot::wgmma_a_fragments(&p, &t.layout).map(|f| (t, f))
-        }
-    };
-    if a_in_regs.is_some() {
-        l.note(|| "operand A from registers (wgmma with register A)".into());
-    }
+    let a_in_regs =
+        super::dot::a_from_registers(l, op, |lay| super::dot::wgmma_a_fragments(&p, lay))?;
     let mut wrote = false;
     for which in 0..2 {
         if which == 0 && a_in_regs.is_some() {
