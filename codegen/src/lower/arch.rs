@@ -86,6 +86,17 @@ pub struct MmaInfo {
     pub b: FragInfo,
 }
 
+/// Where a [`Arch::wgmma`] reads its A operand.
+#[derive(Clone, Copy, Debug)]
+pub enum WgmmaA<'a, 'ctx> {
+    /// From shared memory (K-major), through this matrix descriptor (`i64`).
+    Desc(IntValue<'ctx>),
+    /// From this thread's four `.b32` registers of the A fragment (two 16-bit
+    /// elements each, the first in the low half): per warp of the warpgroup, the
+    /// `mma.m16n8k16` A fragment of its 16 rows.
+    Regs(&'a [IntValue<'ctx>]),
+}
+
 /// Target-specific emission. Every method emits at the builder's position.
 pub trait Arch {
     /// The target.
@@ -365,42 +376,22 @@ pub trait Arch {
     fn wgmma_fence<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
         Err(LowerError::Llvm("wgmma on a target without it".into()))
     }
-    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} d, a_desc, b_desc, 1, 1, 1,
-    /// 0, {trans_b}` (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
-    /// `D = A·B + D` for the warpgroup's 64 x n tile, A (64 x 16, K-major) and B
-    /// (16 x n, N-major when `trans_b`) read from shared memory through the matrix
-    /// descriptors; `acc` holds this thread's `n / 2` accumulators (the D fragment).
-    /// Returns the accumulators, which are only defined after a
-    /// [`Arch::wgmma_wait`] covering the instruction; `slot` names the accumulator
-    /// tile (the emulator tracks it). With `scale_d` false (the `scale-d` predicate)
-    /// the instruction computes `D = A·B`, ignoring `acc`.
+    /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} d, a, b_desc, scale-d, 1, 1,
+    /// [0,] {trans_b}` (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
+    /// `D = A·B + D` for the warpgroup's 64 x n tile, A (64 x 16) from shared memory
+    /// (K-major) or registers ([`WgmmaA`]), B (16 x n, N-major when `trans_b`) from
+    /// shared memory through its matrix descriptor; `acc` holds this thread's `n / 2`
+    /// accumulators (the D fragment). Returns the accumulators, which are only defined
+    /// after a [`Arch::wgmma_wait`] covering the instruction; `slot` names the
+    /// accumulator tile (the emulator tracks it). With `scale_d` false (the `scale-d`
+    /// predicate) the instruction computes `D = A·B`, ignoring `acc`.
     #[allow(clippy::too_many_arguments)]
     fn wgmma<'ctx>(
         &self,
         _cx: &Cx<'ctx>,
         _input: ScalarType,
         _n: u32,
-        _desc_a: IntValue<'ctx>,
-        _desc_b: IntValue<'ctx>,
-        _trans_b: bool,
-        _scale_d: bool,
-        _acc: &[FloatValue<'ctx>],
-        _slot: u32,
-        _site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
-        Err(LowerError::Llvm("wgmma on a target without it".into()))
-    }
-    /// [`Arch::wgmma`] with A from registers (`wgmma.mma_async ... d, {a0, a1, a2, a3},
-    /// b_desc, ...`): `a` are this thread's four `.b32` registers of the A fragment (two
-    /// 16-bit elements each, the first in the low half), per warp of the warpgroup
-    /// the `mma.m16n8k16` A fragment of its 16 rows.
-    #[allow(clippy::too_many_arguments)]
-    fn wgmma_rs<'ctx>(
-        &self,
-        _cx: &Cx<'ctx>,
-        _input: ScalarType,
-        _n: u32,
-        _a: &[IntValue<'ctx>],
+        _a: WgmmaA<'_, 'ctx>,
         _desc_b: IntValue<'ctx>,
         _trans_b: bool,
         _scale_d: bool,
@@ -623,7 +614,7 @@ impl Arch for Nvptx {
         cx: &Cx<'ctx>,
         input: ScalarType,
         n: u32,
-        desc_a: IntValue<'ctx>,
+        a: WgmmaA<'_, 'ctx>,
         desc_b: IntValue<'ctx>,
         trans_b: bool,
         scale_d: bool,
@@ -639,70 +630,37 @@ impl Arch for Nvptx {
             ScalarType::BF16 => "bf16",
             t => return Err(LowerError::Llvm(format!("wgmma on {t:?}"))),
         };
-        // Operands: $0..$r-1 the accumulators (outputs), $r, $r+1 the descriptors.
+        // Operands: $0..$r-1 the accumulators (outputs), then A (a descriptor, or
+        // four registers), the B descriptor and the scale-d flag.
         let r = acc.len();
-        let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
-        let text = format!(
-            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, ${}, ${}, p, 1, 1, 0, {};\n}}",
-            r + 2,
-            regs.join(","),
-            r,
-            r + 1,
-            u32::from(trans_b)
-        );
-        ptx_with_accs(
-            cx,
-            text,
-            acc,
-            &[
-                ("l", desc_a.into()),
-                ("l", desc_b.into()),
-                ("r", cx.i32(i64::from(scale_d)).into()),
-            ],
-        )
-    }
-
-    fn wgmma_rs<'ctx>(
-        &self,
-        cx: &Cx<'ctx>,
-        input: ScalarType,
-        n: u32,
-        a: &[IntValue<'ctx>],
-        desc_b: IntValue<'ctx>,
-        trans_b: bool,
-        scale_d: bool,
-        acc: &[FloatValue<'ctx>],
-        _slot: u32,
-        _site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
-        if !self.target().has_wgmma() || a.len() != 4 {
-            return Err(LowerError::Llvm(
-                "wgmma needs sm_90a and 4 A registers".into(),
-            ));
-        }
-        let ty = match input {
-            ScalarType::F16 => "f16",
-            ScalarType::BF16 => "bf16",
-            t => return Err(LowerError::Llvm(format!("wgmma on {t:?}"))),
+        let mut extra: Vec<(&str, BasicValueEnum<'ctx>)> = match a {
+            WgmmaA::Desc(d) => vec![("l", d.into())],
+            WgmmaA::Regs(regs) if regs.len() == 4 => {
+                regs.iter().map(|&x| ("r", x.into())).collect()
+            }
+            WgmmaA::Regs(_) => return Err(LowerError::Llvm("wgmma A takes 4 registers".into())),
         };
-        // $0..$r-1 the accumulators, $r..$r+3 A, $r+4 the B descriptor, $r+5 scale-d.
-        let r = acc.len();
-        let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
-        let text = format!(
-            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {{${}, ${}, ${}, ${}}}, ${}, p, 1, 1, {};\n}}",
-            r + 5,
-            regs.join(","),
-            r,
-            r + 1,
-            r + 2,
-            r + 3,
-            r + 4,
-            u32::from(trans_b)
-        );
-        let mut extra: Vec<(&str, BasicValueEnum<'ctx>)> =
-            a.iter().map(|&x| ("r", x.into())).collect();
+        let na = extra.len();
+        let a_text = match a {
+            WgmmaA::Desc(_) => format!("${r}"),
+            WgmmaA::Regs(_) => format!("{{${}, ${}, ${}, ${}}}", r, r + 1, r + 2, r + 3),
+        };
+        // imm-trans-a exists only for an A in shared memory (K-major here: 0).
+        let trans_a = if matches!(a, WgmmaA::Desc(_)) {
+            "0, "
+        } else {
+            ""
+        };
         extra.push(("l", desc_b.into()));
         extra.push(("r", cx.i32(i64::from(scale_d)).into()));
+        let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
+        let text = format!(
+            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {a_text}, ${}, p, 1, 1, {trans_a}{};\n}}",
+            r + na + 1,
+            regs.join(","),
+            r + na,
+            u32::from(trans_b)
+        );
         ptx_with_accs(cx, text, acc, &extra)
     }
 

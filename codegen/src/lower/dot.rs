@@ -264,6 +264,30 @@ fn a_fragments_in_registers(p: &Plan, lay: &Layout) -> Option<AFrags> {
         .collect()
 }
 
+/// Writes the operands of matrix-path `dot` `op` that are not in its arrays yet (not
+/// staged by a loop, and A not read from registers when `a_in_regs`) with `stage`,
+/// then waits at a barrier if it wrote any.
+pub(super) fn stage_operands<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    op: &Op,
+    a_in_regs: bool,
+    mut stage: impl FnMut(&Lowerer<'_, 'ctx>, usize, &Tile<'ctx>) -> LResult<()>,
+) -> LResult<()> {
+    let mut wrote = false;
+    for which in 0..2 {
+        if (which == 0 && a_in_regs) || l.is_staged(op, which) {
+            continue;
+        }
+        let t = l.val(op.operands[which])?;
+        stage(l, which, &t)?;
+        wrote = true;
+    }
+    if wrote {
+        l.barrier()?;
+    }
+    Ok(())
+}
+
 /// Fragment register indices `[m tile][k step][element]` of an A operand.
 pub(super) type AFrags = Vec<Vec<Vec<usize>>>;
 
@@ -1173,20 +1197,9 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     } else {
         a_from_registers(l, op, |lay| a_fragments_in_registers(&p, lay))?
     };
-    let mut wrote = false;
-    for which in 0..2 {
-        if which == 0 && a_in_regs.is_some() {
-            continue;
-        }
-        if !l.is_staged(op, which) {
-            let t = l.val(op.operands[which])?;
-            stage(l, &arr, which, &t, base)?;
-            wrote = true;
-        }
-    }
-    if wrote {
-        l.barrier()?;
-    }
+    stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
+        stage(l, &arr, which, t, base)
+    })?;
     let bd = &l.cx.b;
     let wm = bd.build_and(l.warp, l.cx.i32(p.warps_m as i64 - 1), "")?;
     let wn = bd.build_and(

@@ -46,7 +46,7 @@ use inkwell::values::{
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
-use super::arch::{Amdgpu, Arch, MmaInfo, Nvptx, pack_pairs};
+use super::arch::{Amdgpu, Arch, MmaInfo, Nvptx, WgmmaA, pack_pairs};
 use super::{Cx, LResult, LowerError};
 use crate::Target;
 use crate::target::{AmdArch, EmuFlavor};
@@ -481,7 +481,7 @@ impl Arch for Emu {
         cx: &Cx<'ctx>,
         input: ScalarType,
         n: u32,
-        desc_a: IntValue<'ctx>,
+        a: WgmmaA<'_, 'ctx>,
         desc_b: IntValue<'ctx>,
         trans_b: bool,
         scale_d: bool,
@@ -494,53 +494,22 @@ impl Arch for Emu {
         }
         let (i32t, i64t) = (cx.ctx.i32_type(), cx.ctx.i64_type());
         let slot_ptr = store_floats(cx, acc, "wgmma.acc")?;
-        let ty = cx.ctx.void_type().fn_type(
-            &[
-                i32t.into(),
-                i32t.into(),
-                i64t.into(),
-                i64t.into(),
-                i32t.into(),
-                Emu::ptr_ty(cx).into(),
-                i32t.into(),
-                i32t.into(),
-            ],
-            false,
-        );
-        let args = [
-            cx.i32(i64::from(input == ScalarType::BF16)).into(),
-            cx.i32(n as i64).into(),
-            desc_a.into(),
-            desc_b.into(),
-            cx.i32(i64::from(trans_b) | (i64::from(scale_d) << 1))
-                .into(),
-            slot_ptr.into(),
-            cx.i32(slot as i64).into(),
-            Emu::site(cx, site),
-        ];
-        call(cx, "tessera_emu_wgmma", ty, &args)?;
-        load_floats(cx, slot_ptr, acc.len())
-    }
-
-    fn wgmma_rs<'ctx>(
-        &self,
-        cx: &Cx<'ctx>,
-        input: ScalarType,
-        n: u32,
-        a: &[IntValue<'ctx>],
-        desc_b: IntValue<'ctx>,
-        trans_b: bool,
-        scale_d: bool,
-        acc: &[FloatValue<'ctx>],
-        slot: u32,
-        site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
-        if self.flavor != EmuFlavor::Sm90a || a.len() != 4 {
-            return Err(LowerError::Llvm("wgmma outside emu-sm90a".into()));
-        }
-        let (i32t, i64t) = (cx.ctx.i32_type(), cx.ctx.i64_type());
-        let slot_ptr = store_floats(cx, acc, "wgmma.acc")?;
-        let mut params: Vec<BasicMetadataTypeEnum> = vec![i32t.into(); 6];
+        // `tessera_emu_wgmma` takes A's descriptor, `tessera_emu_wgmma_rs` its four
+        // registers, in the same place.
+        let (name, a_args): (&str, Vec<BasicMetadataValueEnum>) = match a {
+            WgmmaA::Desc(d) => ("tessera_emu_wgmma", vec![d.into()]),
+            WgmmaA::Regs(r) if r.len() == 4 => (
+                "tessera_emu_wgmma_rs",
+                r.iter().map(|&x| x.into()).collect(),
+            ),
+            WgmmaA::Regs(_) => return Err(LowerError::Llvm("wgmma A takes 4 registers".into())),
+        };
+        let a_ty: BasicMetadataTypeEnum = match a {
+            WgmmaA::Desc(_) => i64t.into(),
+            WgmmaA::Regs(_) => i32t.into(),
+        };
+        let mut params: Vec<BasicMetadataTypeEnum> = vec![i32t.into(), i32t.into()];
+        params.extend(std::iter::repeat_n(a_ty, a_args.len()));
         params.extend::<[BasicMetadataTypeEnum; 5]>([
             i64t.into(),
             i32t.into(),
@@ -553,7 +522,7 @@ impl Arch for Emu {
             cx.i32(i64::from(input == ScalarType::BF16)).into(),
             cx.i32(n as i64).into(),
         ];
-        args.extend(a.iter().map(|&x| BasicMetadataValueEnum::from(x)));
+        args.extend(a_args);
         args.extend([
             desc_b.into(),
             cx.i32(i64::from(trans_b) | (i64::from(scale_d) << 1))
@@ -562,7 +531,7 @@ impl Arch for Emu {
             cx.i32(slot as i64).into(),
             Emu::site(cx, site),
         ]);
-        call(cx, "tessera_emu_wgmma_rs", ty, &args)?;
+        call(cx, name, ty, &args)?;
         load_floats(cx, slot_ptr, acc.len())
     }
 

@@ -33,6 +33,7 @@ use inkwell::values::{FloatValue, IntValue, PointerValue};
 use tessera_ir::ir::{Op, OpKind};
 use tessera_ir::{ScalarType, ValueId};
 
+use super::arch::WgmmaA;
 use super::dot::Swizzle;
 use super::{LResult, Lowerer, Tile};
 use crate::layout::Layout;
@@ -342,22 +343,11 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     // it holds the A register fragments: `wgmma` reads A from registers.
     let a_in_regs =
         super::dot::a_from_registers(l, op, |lay| super::dot::wgmma_a_fragments(&p, lay))?;
-    let mut wrote = false;
-    for which in 0..2 {
-        if which == 0 && a_in_regs.is_some() {
-            continue;
-        }
-        if !l.is_staged(op, which) {
-            let t = l.val(op.operands[which])?;
-            super::dot::write_tile(l, &t, base, &store_runs(&p, which), |e| {
-                elem_offset(l, &p, &arr, which, e)
-            })?;
-            wrote = true;
-        }
-    }
-    if wrote {
-        l.barrier()?;
-    }
+    super::dot::stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
+        super::dot::write_tile(l, t, base, &store_runs(&p, which), |e| {
+            elem_offset(l, &p, &arr, which, e)
+        })
+    })?;
     // Every thread's shared-memory writes (stores, waited-for cp.async copies) are
     // generic-proxy accesses; the descriptors' reads are async-proxy ones.
     l.arch.fence_async_shared(&l.cx)?;
@@ -416,34 +406,27 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
             descriptor(l, b_start, p.k * b_s, 8 * b_s, arr.b.mode())?
         };
         for (r, acc) in accs.iter_mut().enumerate() {
-            let m0 = r as u32 * 64 * p.wg_m;
-            let a_off = (k0 / arr.a.block) * p.m * a_s + m0 * a_s + (k0 % arr.a.block) * 2;
-            let a_start = l.cx.b.build_int_add(a_base, l.cx.i32(a_off as i64), "")?;
-            let desc_a = descriptor(l, a_start, 16, 8 * a_s, arr.a.mode())?;
             let site = l.new_site("wgmma");
             let scale_d = !(zero_c && ks == 0);
-            if let Some((t, frags)) = &a_in_regs {
-                let vals: Vec<_> = frags[r][ks as usize].iter().map(|&i| t.regs[i]).collect();
-                let a = super::arch::pack_pairs(&l.cx, &vals)?;
-                *acc = l.arch.wgmma_rs(
-                    &l.cx,
-                    p.input,
-                    p.n_inst,
-                    &a,
-                    desc_b,
-                    !p.b_k_major,
-                    scale_d,
-                    acc,
-                    r as u32,
-                    site,
-                )?;
-                continue;
-            }
+            let a_regs;
+            let a = match &a_in_regs {
+                Some((t, frags)) => {
+                    let vals: Vec<_> = frags[r][ks as usize].iter().map(|&i| t.regs[i]).collect();
+                    a_regs = super::arch::pack_pairs(&l.cx, &vals)?;
+                    WgmmaA::Regs(&a_regs)
+                }
+                None => {
+                    let m0 = r as u32 * 64 * p.wg_m;
+                    let a_off = (k0 / arr.a.block) * p.m * a_s + m0 * a_s + (k0 % arr.a.block) * 2;
+                    let a_start = l.cx.b.build_int_add(a_base, l.cx.i32(a_off as i64), "")?;
+                    WgmmaA::Desc(descriptor(l, a_start, 16, 8 * a_s, arr.a.mode())?)
+                }
+            };
             *acc = l.arch.wgmma(
                 &l.cx,
                 p.input,
                 p.n_inst,
-                desc_a,
+                a,
                 desc_b,
                 !p.b_k_major,
                 scale_d,
