@@ -873,3 +873,103 @@ fn elementwise_kernels_take_16_byte_accesses_without_replicas() {
         }
     }
 }
+
+#[path = "../../examples/matmul_i8.rs"]
+#[allow(dead_code)]
+mod matmul_i8;
+
+/// The int8 GEMMs on the integer matrix instructions, specialized as launches are,
+/// at the example's tile (64x64x64, 4 warps) and at 128x128x64 on 8 warps:
+/// `mma.sync` m16n8k32 `.s8` (IMMA) on sm_80 and sm_90, and on sm_90a when B is
+/// `[k][n]`; `wgmma` m64nNk32 `.s8` (IGMMA, no IMMA) on sm_90a when Bᵀ is given (both
+/// operands K-major); `v_mfma_i32_32x32x8i8` / `v_mfma_i32_32x32x16_i8` on gfx90a /
+/// gfx942 where a 32x32 tile is there for every wave, the 16x16 ones otherwise. No
+/// spills.
+#[test]
+fn matmul_i8_uses_the_integer_matrix_units() {
+    use tessera::ir::ParamFacts;
+    let cases = [
+        (
+            "i8 64x64x64",
+            kernel_ir::<matmul_i8::matmul_i8<64, 64, 64>>(&()).expect("builds"),
+            4,
+            false,
+        ),
+        (
+            "i8 Bᵀ 64x64x64",
+            kernel_ir::<matmul_i8::matmul_i8_bt<64, 64, 64>>(&()).expect("builds"),
+            4,
+            true,
+        ),
+        (
+            "i8 128x128x64",
+            kernel_ir::<matmul_i8::matmul_i8<128, 128, 64>>(&()).expect("builds"),
+            8,
+            false,
+        ),
+        (
+            "i8 Bᵀ 128x128x64",
+            kernel_ir::<matmul_i8::matmul_i8_bt<128, 128, 64>>(&()).expect("builds"),
+            8,
+            true,
+        ),
+    ];
+    for (name, func, warps, bt) in cases {
+        let facts = vec![ParamFacts::new(true, true); func.params.len()];
+        let spec = func.specialized(&facts);
+        let opts = CompileOptions::warps(warps);
+        for t in [SM80, SM90, SM90A] {
+            let art = compile_ir(&spec, t, &opts).expect("compiles");
+            let ptx = &art.asm;
+            let wgmma = t == SM90A && bt;
+            let mma = ptx.contains("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32");
+            let wg = ptx.contains("wgmma.mma_async.sync.aligned.m64n");
+            assert_eq!((mma, wg), (!wgmma, wgmma), "{name} {t}:\n{ptx}");
+            let r = tools::ptxas(ptx, &t.to_string()).expect("ptxas");
+            assert_eq!(
+                (r.spill_stores_bytes, r.spill_loads_bytes),
+                (0, 0),
+                "{name} {t}: {} registers",
+                r.registers
+            );
+            let sass = tools::sass(&r.cubin).expect("cuobjdump");
+            if wgmma {
+                assert!(
+                    sass.contains("IGMMA") && !sass.contains("IMMA."),
+                    "{name} {t}:\n{sass}"
+                );
+            } else {
+                assert!(sass.contains("IMMA"), "{name} {t}:\n{sass}");
+            }
+        }
+        for (arch, wide, narrow) in [
+            (
+                AmdArch::Gfx90a,
+                "v_mfma_i32_32x32x8i8",
+                "v_mfma_i32_16x16x16i8",
+            ),
+            (
+                AmdArch::Gfx942,
+                "v_mfma_i32_32x32x16_i8",
+                "v_mfma_i32_16x16x32_i8",
+            ),
+        ] {
+            let art = compile_ir(&spec, Target::Amdgpu(arch), &opts).expect("compiles");
+            let dis = tools::amdgpu_disasm(&art.binary, arch).expect("llvm-objdump");
+            // A 32x32 tile for every wave: 4 for 4 waves (64x64), 16 for 8 (128x128).
+            assert!(dis.contains(wide), "{name} {arch:?}: no {wide}:\n{dis}");
+            assert!(!dis.contains(narrow), "{name} {arch:?}: {narrow}");
+        }
+    }
+    // Fewer 32x32 tiles than waves: the 16x16 instructions.
+    let f = kernel_ir::<matmul_i8::matmul_i8<32, 64, 64>>(&()).expect("builds");
+    for (arch, narrow) in [
+        (AmdArch::Gfx90a, "v_mfma_i32_16x16x16i8"),
+        (AmdArch::Gfx942, "v_mfma_i32_16x16x32_i8"),
+    ] {
+        let art =
+            compile_ir(&f, Target::Amdgpu(arch), &CompileOptions::warps(4)).expect("compiles");
+        let dis = tools::amdgpu_disasm(&art.binary, arch).expect("llvm-objdump");
+        assert!(dis.contains(narrow), "{arch:?}: no {narrow}:\n{dis}");
+    }
+}

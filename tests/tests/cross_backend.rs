@@ -28,6 +28,9 @@ mod layernorm;
 #[path = "../../examples/matmul.rs"]
 #[allow(dead_code)]
 mod matmul;
+#[path = "../../examples/matmul_i8.rs"]
+#[allow(dead_code)]
+mod matmul_i8;
 #[path = "../../examples/softmax.rs"]
 #[allow(dead_code)]
 mod softmax;
@@ -373,6 +376,69 @@ fn matmul_bf16_mma_path() {
         4,
         4e-5 * k as f64,
     );
+}
+
+/// Random bytes over the whole `i8` range.
+fn rand_i8(seed: u64, n: usize) -> Vec<i8> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.gen_range(-128..=127)).collect()
+}
+
+/// The int8 GEMMs on the integer matrix instructions (`mma.sync` m16n8k32 `.s8` on
+/// emu-nv and emu-sm90a, `v_mfma_i32_*_i8` on emu-amd), exact against the
+/// interpreter: B `[k][n]` (staged transposed) and Bᵀ given (contiguous along `k`),
+/// ragged edges in every dimension and `k` not a multiple of the tile's, the 16x16
+/// MFMA (64x64 on 8 waves) and the 32x32 one (64x64 on 4), 4 and 8 warps.
+#[test]
+fn matmul_i8_matrix_path() {
+    let (m, n, k) = (70usize, 90usize, 100usize);
+    let (a, b) = (rand_i8(21, m * k), rand_i8(22, k * n));
+    let bt = matmul_i8::transpose(&b, k, n);
+    let args = |b: &[i8]| {
+        vec![
+            inp(&a),
+            inp(b),
+            out::<i32>(m * n),
+            Arg::Sc(S::I32(m as i32)),
+            Arg::Sc(S::I32(n as i32)),
+            Arg::Sc(S::I32(k as i32)),
+        ]
+    };
+    let grid = [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1];
+    let nn = ir::<matmul_i8::matmul_i8<64, 64, 64>>();
+    let tn = ir::<matmul_i8::matmul_i8_bt<64, 64, 64>>();
+    for warps in [4, 8] {
+        check(
+            &format!("matmul i8 ({warps} warps)"),
+            &nn,
+            grid,
+            &args(&b),
+            warps,
+            0.0,
+        );
+        check(
+            &format!("matmul i8 Bᵀ ({warps} warps)"),
+            &tn,
+            grid,
+            &args(&bt),
+            warps,
+            0.0,
+        );
+    }
+    // Multiples of 16 (the specialized run's 16-byte loads), 32-wide k tiles.
+    let (m, n, k) = (96usize, 64usize, 160usize);
+    let (a, b) = (rand_i8(23, m * k), rand_i8(24, k * n));
+    let args = vec![
+        inp(&a),
+        inp(&b),
+        out::<i32>(m * n),
+        Arg::Sc(S::I32(m as i32)),
+        Arg::Sc(S::I32(n as i32)),
+        Arg::Sc(S::I32(k as i32)),
+    ];
+    let f = ir::<matmul_i8::matmul_i8<32, 64, 32>>();
+    let grid = [m.div_ceil(32) as u32, n.div_ceil(64) as u32, 1];
+    check("matmul i8 32x64x32", &f, grid, &args, 4, 0.0);
 }
 
 #[test]

@@ -22,6 +22,21 @@
 //!   - B (8×32): `B[4 * (lane / 32) + i][lane % 32]`;
 //!   - C and D (32×32): `C[v % 4 + 4 * (lane / 32) + 8 * (v / 4)][lane % 32]`.
 //!
+//! - NVIDIA `mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32` (PTX ISA, "Matrix
+//!   Fragments for mma.m16n8k32"), `group = lane / 4`, `t = lane % 4`, byte `j` of a
+//!   `.b32` register is element `4 * register + j`:
+//!   - A (16×32): element `i` (0..16) is `A[group + 8 * ((i / 4) % 2)][4 * t + i % 4 + 16 * (i / 8)]`;
+//!   - B (32×8): element `i` (0..8) is `B[4 * t + i % 4 + 16 * (i / 4)][group]`;
+//!   - C and D (16×8): four s32, as the f32 ones of m16n8k16.
+//! - AMD `v_mfma_i32_16x16x32_i8` and `v_mfma_i32_32x32x16_i8` (CDNA3 ISA, matrix
+//!   instruction calculator): each lane holds 8 bytes of A and of B (two registers,
+//!   byte `i` in 0..8), C and D as in the f16 instructions of the same M×N:
+//!   - 16x16x32: `A[lane % 16][8 * (lane / 16) + i]`, `B[8 * (lane / 16) + i][lane % 16]`;
+//!   - 32x32x16: `A[lane % 32][8 * (lane / 32) + i]`, `B[8 * (lane / 32) + i][lane % 32]`.
+//!
+//! Integer products are exact; the sum and the addition of C wrap modulo 2^32 (the
+//! instructions without `.satfinite`).
+//!
 //! Products of 16-bit inputs are exact in f32; the sum over k is accumulated in f32 in
 //! increasing k, then added to C (the hardware's internal order is unspecified; tests
 //! compare with a tolerance).
@@ -142,6 +157,100 @@ pub fn amd_32x32x8(ty: Half, a: &[[u16; 4]], b: &[[u16; 4]], c: &[[f32; 16]]) ->
         .collect()
 }
 
+/// `D = A B + C` on `i32`, wrapping, for row-major `m x k` A, `k x n` B, `m x n` C.
+fn product_i32(a: &[i32], b: &[i32], c: &[i32], m: usize, n: usize, k: usize) -> Vec<i32> {
+    let mut d = vec![0i32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = c[i * n + j];
+            for p in 0..k {
+                s = s.wrapping_add(a[i * k + p].wrapping_mul(b[p * n + j]));
+            }
+            d[i * n + j] = s;
+        }
+    }
+    d
+}
+
+/// Signed byte `i` of the `.b32` registers `regs` (byte `j` of register `i / 4`).
+fn s8(regs: &[u32], i: usize) -> i32 {
+    (regs[i / 4] >> (8 * (i % 4))) as u8 as i8 as i32
+}
+
+/// NVIDIA m16n8k32 `.s8`: every lane's fragments (`a[lane]` four registers of four
+/// bytes, `b[lane]` two, `c[lane]` four s32) give the D fragments.
+pub fn nv_m16n8k32_s8(a: &[[u32; 4]], b: &[[u32; 2]], c: &[[i32; 4]]) -> Vec<[i32; 4]> {
+    assert!(
+        a.len() == 32 && b.len() == 32 && c.len() == 32,
+        "one warp of 32 lanes"
+    );
+    let (mut am, mut bm, mut cm) = (vec![0; 16 * 32], vec![0; 32 * 8], vec![0; 16 * 8]);
+    for lane in 0..32 {
+        let (g, t) = (lane / 4, lane % 4);
+        for i in 0..16 {
+            let (r, col) = (g + 8 * ((i / 4) % 2), 4 * t + i % 4 + 16 * (i / 8));
+            am[r * 32 + col] = s8(&a[lane], i);
+        }
+        for i in 0..8 {
+            bm[(4 * t + i % 4 + 16 * (i / 4)) * 8 + g] = s8(&b[lane], i);
+        }
+        for i in 0..4 {
+            cm[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = c[lane][i];
+        }
+    }
+    let d = product_i32(&am, &bm, &cm, 16, 8, 32);
+    (0..32)
+        .map(|lane| {
+            let (g, t) = (lane / 4, lane % 4);
+            std::array::from_fn(|i| d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2])
+        })
+        .collect()
+}
+
+/// AMD `v_mfma_i32_{16x16x32,32x32x16}_i8` for one wave (`mn` 16 or 32, `R` = 4 or
+/// 16 accumulators): every lane's A and B (two registers of four bytes each) and C
+/// give every lane's D.
+pub fn amd_i8<const R: usize>(
+    mn: usize,
+    a: &[[u32; 2]],
+    b: &[[u32; 2]],
+    c: &[[i32; R]],
+) -> Vec<[i32; R]> {
+    assert!(
+        a.len() == 64 && b.len() == 64 && c.len() == 64,
+        "one wave of 64 lanes"
+    );
+    assert!(
+        (mn, R) == (16, 4) || (mn, R) == (32, 16),
+        "16x16x32 or 32x32x16"
+    );
+    let k = 512 / mn;
+    let (mut am, mut bm, mut cm) = (vec![0; mn * k], vec![0; k * mn], vec![0; mn * mn]);
+    // C/D row of item `v` (16x16: `4 * (lane / 16) + v`; 32x32: `v % 4 + 4 * (lane / 32)
+    // + 8 * (v / 4)`).
+    let row = |lane: usize, v: usize| {
+        if mn == 16 {
+            4 * (lane / 16) + v
+        } else {
+            v % 4 + 4 * (lane / 32) + 8 * (v / 4)
+        }
+    };
+    for lane in 0..64 {
+        for i in 0..8 {
+            let kk = 8 * (lane / mn) + i;
+            am[(lane % mn) * k + kk] = s8(&a[lane], i);
+            bm[kk * mn + lane % mn] = s8(&b[lane], i);
+        }
+        for v in 0..R {
+            cm[row(lane, v) * mn + lane % mn] = c[lane][v];
+        }
+    }
+    let d = product_i32(&am, &bm, &cm, mn, mn, k);
+    (0..64)
+        .map(|lane| std::array::from_fn(|v| d[row(lane, v) * mn + lane % mn]))
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,6 +321,75 @@ mod tests {
                 assert_eq!(d[lane][i], want, "lane {lane} item {i}");
             }
         }
+    }
+
+    /// A signed byte of a fixed pattern covering -128..=127.
+    fn byte(i: usize, j: usize, s: usize) -> i32 {
+        ((i * 37 + j * 11 + s * 101) % 256) as i32 - 128
+    }
+
+    /// Packs bytes into `.b32` registers, byte `i` at bits `8 * (i % 4)`.
+    fn pack<const N: usize>(bytes: impl Fn(usize) -> i32) -> [u32; N] {
+        std::array::from_fn(|r| {
+            (0..4).fold(0u32, |w, j| {
+                w | ((bytes(4 * r + j) as u8 as u32) << (8 * j))
+            })
+        })
+    }
+
+    #[test]
+    fn nv_s8_fragments_compute_the_matrix_product() {
+        let mut a = vec![[0u32; 4]; 32];
+        let mut b = vec![[0u32; 2]; 32];
+        let mut c = vec![[0i32; 4]; 32];
+        for lane in 0..32 {
+            let (g, t) = (lane / 4, lane % 4);
+            a[lane] = pack(|i| byte(g + 8 * ((i / 4) % 2), 4 * t + i % 4 + 16 * (i / 8), 1));
+            b[lane] = pack(|i| byte(4 * t + i % 4 + 16 * (i / 4), g, 2));
+            for i in 0..4 {
+                c[lane][i] = byte(g + 8 * (i / 2), 2 * t + i % 2, 3) * 1000;
+            }
+        }
+        let d = nv_m16n8k32_s8(&a, &b, &c);
+        for lane in 0..32 {
+            let (g, t) = (lane / 4, lane % 4);
+            for i in 0..4 {
+                let (r, col) = (g + 8 * (i / 2), 2 * t + i % 2);
+                let want: i32 = (0..32)
+                    .map(|p| byte(r, p, 1) * byte(p, col, 2))
+                    .sum::<i32>()
+                    + byte(r, col, 3) * 1000;
+                assert_eq!(d[lane][i], want, "lane {lane} item {i}");
+            }
+        }
+    }
+
+    #[test]
+    fn amd_i8_fragments_compute_the_matrix_product() {
+        fn check<const R: usize>(mn: usize, row: impl Fn(usize, usize) -> usize) {
+            let k = 512 / mn;
+            let mut a = vec![[0u32; 2]; 64];
+            let mut b = vec![[0u32; 2]; 64];
+            let mut c = vec![[0i32; R]; 64];
+            for lane in 0..64 {
+                a[lane] = pack(|i| byte(lane % mn, 8 * (lane / mn) + i, 1));
+                b[lane] = pack(|i| byte(8 * (lane / mn) + i, lane % mn, 2));
+                for v in 0..R {
+                    c[lane][v] = byte(row(lane, v), lane % mn, 3) * 1000;
+                }
+            }
+            let d = amd_i8(mn, &a, &b, &c);
+            for lane in 0..64 {
+                for v in 0..R {
+                    let (r, col) = (row(lane, v), lane % mn);
+                    let want: i32 = (0..k).map(|p| byte(r, p, 1) * byte(p, col, 2)).sum::<i32>()
+                        + byte(r, col, 3) * 1000;
+                    assert_eq!(d[lane][v], want, "{mn}: lane {lane} item {v}");
+                }
+            }
+        }
+        check::<4>(16, |lane, v| 4 * (lane / 16) + v);
+        check::<16>(32, |lane, v| v % 4 + 4 * (lane / 32) + 8 * (v / 4));
     }
 
     #[test]

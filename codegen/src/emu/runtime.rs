@@ -30,7 +30,7 @@ use tessera_ir::Span;
 use super::EmuError;
 use super::mma::{self, Half};
 use super::team::{Park, Team, TeamError};
-use super::wgmma::{self as wg, POISON, WgOp, WgState};
+use super::wgmma::{self as wg, POISON, WgOp, WgState, WgType};
 use crate::lower::Site;
 
 /// A buffer argument of a launch.
@@ -682,7 +682,7 @@ extern "C" fn tessera_emu_ldmatrix(p: *const u8, num: i32, trans: i32, out: *mut
     })
 }
 
-/// Records an invalid use of a `wgmma` instruction at `site`.
+/// Records an invalid use of a matrix instruction (`wgmma`, an `i8` `mma`) at `site`.
 fn wg_fail(c: &ThreadCtx<'_>, site: i32, message: String) {
     let (span, op) = c.launch.site(site as u32);
     c.fail(EmuError::Instruction {
@@ -717,7 +717,7 @@ extern "C" fn tessera_emu_wgmma(
     desc_a: i64,
     desc_b: i64,
     flags: i32,
-    acc: *mut f32,
+    acc: *mut u32,
     slot: i32,
     site: i32,
 ) {
@@ -740,7 +740,7 @@ extern "C" fn tessera_emu_wgmma_rs(
     a3: i32,
     desc_b: i64,
     flags: i32,
-    acc: *mut f32,
+    acc: *mut u32,
     slot: i32,
     site: i32,
 ) {
@@ -775,7 +775,7 @@ fn wg_issue(
     (desc_a, a_quad): (i64, Option<[u32; 16]>),
     desc_b: i64,
     flags: i32,
-    acc: *mut f32,
+    acc: *mut u32,
     slot: i32,
     site: i32,
 ) {
@@ -785,7 +785,7 @@ fn wg_issue(
             return wg_fail(c, site, format!("N = {n} (8 to 256, a multiple of 8)"));
         }
         let regs = n as usize / 2;
-        // SAFETY: the kernel passes its `[n / 2 x float]` stack slot.
+        // SAFETY: the kernel passes its `[n / 2 x i32]` stack slot.
         let acc = unsafe { std::slice::from_raw_parts_mut(acc, regs) };
         let slot = slot as u32;
         if c.wg_dirty.get() {
@@ -800,7 +800,7 @@ fn wg_issue(
         let mut st = c.wg.borrow_mut();
         if st.pending(slot) {
             // Chained onto an in-flight wgmma: the registers must be untouched.
-            if acc.iter().any(|v| v.to_bits() != POISON) {
+            if acc.iter().any(|&v| v != POISON) {
                 drop(st);
                 return wg_fail(
                     c,
@@ -820,7 +820,11 @@ fn wg_issue(
             st.regs.insert(slot, acc.to_vec());
         }
         st.open.push(WgOp {
-            ty: if ty == 1 { Half::Bf16 } else { Half::F16 },
+            ty: match ty {
+                0 => WgType::F16,
+                1 => WgType::Bf16,
+                _ => WgType::S8,
+            },
             n: n as u32,
             desc_a: desc_a as u64,
             desc_b: desc_b as u64,
@@ -830,7 +834,7 @@ fn wg_issue(
             slot,
             site,
         });
-        acc.fill(f32::from_bits(POISON));
+        acc.fill(POISON);
     }
 }
 
@@ -847,7 +851,7 @@ extern "C" fn tessera_emu_wgmma_commit(_site: i32) {
 /// newest `pending` (reading their operands from shared memory now), then writes
 /// `slot`'s `regs` accumulators to `acc` if none of its wgmmas is still in flight
 /// (else [`POISON`]).
-extern "C" fn tessera_emu_wgmma_wait(pending: i32, acc: *mut f32, regs: i32, slot: i32, site: i32) {
+extern "C" fn tessera_emu_wgmma_wait(pending: i32, acc: *mut u32, regs: i32, slot: i32, site: i32) {
     with((), |c| {
         let keep = pending.max(0) as usize;
         loop {
@@ -860,20 +864,27 @@ extern "C" fn tessera_emu_wgmma_wait(pending: i32, acc: *mut f32, regs: i32, slo
             };
             for op in g.into_iter().flatten() {
                 let mut regs = c.wg.borrow_mut().regs.remove(&op.slot).unwrap_or_default();
-                regs.resize((op.n / 2) as usize, 0.0);
+                regs.resize((op.n / 2) as usize, 0);
                 let (shared, len) = (c.blk.shared, c.blk.shared_bytes);
+                let eb = op.ty.bytes() as usize;
                 let r = wg::execute(&op, c.tid, &mut regs, |addr| {
                     let a = addr as usize;
-                    if a + 2 > len {
+                    if a + eb > len {
                         return Err(format!(
                             "an operand element at shared address {a:#x} is outside the block's {len} bytes"
                         ));
                     }
-                    // SAFETY: 2 bytes inside the block's shared memory (checked).
+                    // SAFETY: `eb` bytes inside the block's shared memory (checked).
                     let p = unsafe { shared.add(a) };
-                    note_shared(c, p, 2, false, op.site);
-                    // SAFETY: as above; an unaligned read of a u16 is fine.
-                    Ok(unsafe { (p as *const u16).read_unaligned() })
+                    note_shared(c, p, eb as i32, false, op.site);
+                    // SAFETY: as above; unaligned reads of a u8 / u16 are fine.
+                    Ok(unsafe {
+                        if eb == 1 {
+                            p.read() as u16
+                        } else {
+                            (p as *const u16).read_unaligned()
+                        }
+                    })
                 });
                 if let Err(m) = r {
                     wg_fail(c, op.site, m);
@@ -882,12 +893,12 @@ extern "C" fn tessera_emu_wgmma_wait(pending: i32, acc: *mut f32, regs: i32, slo
             }
         }
         let regs = regs.max(0) as usize;
-        // SAFETY: the kernel passes its `[regs x float]` stack slot.
+        // SAFETY: the kernel passes its `[regs x i32]` stack slot.
         let out = unsafe { std::slice::from_raw_parts_mut(acc, regs) };
         let mut st = c.wg.borrow_mut();
         let slot = slot as u32;
         if st.pending(slot) {
-            out.fill(f32::from_bits(POISON));
+            out.fill(POISON);
             return;
         }
         // The accumulators are ordinary registers again: the next wgmma on them
@@ -1075,6 +1086,97 @@ fn amd_mma32(ty: Half, ab: *const u32, cd: *mut f32, site: i32) {
     })
 }
 
+/// `tessera_emu_mma_i8(kind, ab, a_words, cd, c_regs, site)`: see
+/// `lower::emu_arch::emit_mma_i8`. The instruction's shape follows from `kind`; a
+/// slot of another size is an emulator error, not a guess.
+extern "C" fn tessera_emu_mma_i8(
+    kind: i32,
+    ab: *const u32,
+    a_words: i32,
+    cd: *mut i32,
+    c_regs: i32,
+    site: i32,
+) {
+    // (A words, B words, C registers) of each instruction.
+    let want: (usize, usize, usize) = match kind {
+        0 => (4, 2, 4),
+        1 => (2, 2, 4),
+        _ => (2, 2, 16),
+    };
+    let (na, nc) = (a_words.max(0) as usize, c_regs.max(0) as usize);
+    if (na, nc) != (want.0, want.2) {
+        with((), |c| {
+            wg_fail(
+                c,
+                site,
+                format!("i8 matrix instruction {kind} with {na} A registers and {nc} accumulators"),
+            )
+        });
+        return;
+    }
+    let nab = want.0 + want.1;
+    with((), |c| {
+        let mut dep = [0u64; super::team::SLOT_WORDS];
+        for (i, d) in dep.iter_mut().enumerate().take(nab) {
+            // SAFETY: the kernel passes its `[a_words + b_words x i32]` slot.
+            *d = unsafe { ab.add(i).read() } as u64;
+        }
+        for i in 0..nc {
+            // SAFETY: the kernel passes its `[c_regs x i32]` slot.
+            dep[nab + i] = unsafe { cd.add(i).read() } as u32 as u64;
+        }
+        let r = c.blk.team.warp_collective(
+            c.tid,
+            site as u32,
+            &dep[..nab + nc],
+            |p| c.park(p),
+            |w| {
+                let as_i32 = |x: u64| x as u32 as i32;
+                let scatter = |d: &[Vec<i32>]| {
+                    for (l, frag) in d.iter().enumerate().take(w.lanes() as usize) {
+                        for (i, v) in frag.iter().enumerate() {
+                            w.write(l as u32, i, *v as u32 as u64);
+                        }
+                    }
+                };
+                let d: Vec<Vec<i32>> = match kind {
+                    0 => mma::nv_m16n8k32_s8(
+                        &gather::<4, _>(w, 0, |x| x as u32),
+                        &gather::<2, _>(w, 4, |x| x as u32),
+                        &gather::<4, _>(w, 6, as_i32),
+                    )
+                    .iter()
+                    .map(|x| x.to_vec())
+                    .collect(),
+                    1 => mma::amd_i8::<4>(
+                        16,
+                        &gather::<2, _>(w, 0, |x| x as u32),
+                        &gather::<2, _>(w, 2, |x| x as u32),
+                        &gather::<4, _>(w, 4, as_i32),
+                    )
+                    .iter()
+                    .map(|x| x.to_vec())
+                    .collect(),
+                    _ => mma::amd_i8::<16>(
+                        32,
+                        &gather::<2, _>(w, 0, |x| x as u32),
+                        &gather::<2, _>(w, 2, |x| x as u32),
+                        &gather::<16, _>(w, 4, as_i32),
+                    )
+                    .iter()
+                    .map(|x| x.to_vec())
+                    .collect(),
+                };
+                scatter(&d);
+            },
+        );
+        for (i, v) in r.iter().take(nc).enumerate() {
+            // SAFETY: as above.
+            unsafe { cd.add(i).write(*v as u32 as i32) };
+        }
+    })
+}
+
 extern "C" fn tessera_emu_mma_amd32_f16(ab: *const u32, cd: *mut f32, site: i32) {
     amd_mma32(Half::F16, ab, cd, site)
 }
@@ -1146,6 +1248,10 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         (
             "tessera_emu_check_divisor",
             tessera_emu_check_divisor as *const () as usize,
+        ),
+        (
+            "tessera_emu_mma_i8",
+            tessera_emu_mma_i8 as *const () as usize,
         ),
         (
             "tessera_emu_mma_amd32_f16",

@@ -22,9 +22,13 @@
 //! - **A from registers**: per warp of the warpgroup, the `mma.m16n8k16` A fragment
 //!   of its 16 rows: lane `l`, element `i` (0..8, two per `.b32` register, the first
 //!   in the low half) is `A[16 w + l / 4 + 8 ((i / 2) % 2)][2 (l % 4) + i % 2 + 8 (i / 4)]`.
-//! - **D fragment** of `m64nNk16` with f32 accumulators: thread `t` of the warpgroup
-//!   (warp `w = t / 32 % 4`, lane `l = t % 32`) holds `N / 2` registers; register `i`
-//!   is `D[16 w + l / 4 + 8 ((i / 2) % 2)][8 (i / 4) + 2 (l % 4) + i % 2]`.
+//! - **D fragment** of `m64nNk16` with f32 accumulators (and of `m64nNk32` `.s8`
+//!   with s32 ones): thread `t` of the warpgroup (warp `w = t / 32 % 4`, lane
+//!   `l = t % 32`) holds `N / 2` registers; register `i` is
+//!   `D[16 w + l / 4 + 8 ((i / 2) % 2)][8 (i / 4) + 2 (l % 4) + i % 2]`.
+//! - **Types**: `.f16`/`.bf16` inputs take 16 k per instruction and accumulate in
+//!   f32; `.s8` inputs take 32 and accumulate in s32 (wrapping: no `.satfinite`),
+//!   with both operands K-major (8-bit types have no transpose).
 //!
 //! Each emulated thread computes its own D registers (the hardware computes the
 //! warpgroup's tile; the sum of the threads' shares is the same thing), when a
@@ -35,17 +39,41 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::mma::Half;
-
 /// The bits every accumulator register of an in-flight `wgmma` reads as (a quiet NaN
 /// with a payload): a kernel that uses them before the wait computes NaNs.
 pub const POISON: u32 = 0x7fc0_dead;
+
+/// The input types of `wgmma`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WgType {
+    /// `.f16` (f32 accumulators).
+    F16,
+    /// `.bf16` (f32 accumulators).
+    Bf16,
+    /// `.s8` (s32 accumulators).
+    S8,
+}
+
+impl WgType {
+    /// Bytes of one input element.
+    pub fn bytes(self) -> u32 {
+        match self {
+            WgType::S8 => 1,
+            _ => 2,
+        }
+    }
+
+    /// `K` of one instruction.
+    pub fn k(self) -> u32 {
+        32 / self.bytes()
+    }
+}
 
 /// One issued `wgmma.mma_async`.
 #[derive(Clone, Copy, Debug)]
 pub struct WgOp {
     /// Input type.
-    pub ty: Half,
+    pub ty: WgType,
     /// `N` of the instruction.
     pub n: u32,
     /// Matrix descriptors of A and B.
@@ -74,8 +102,8 @@ pub struct WgState {
     /// Shared memory written by this thread (generic proxy) since its last
     /// `fence.proxy.async`.
     pub dirty: bool,
-    /// The accumulators of in-flight slots (the registers' true contents).
-    pub regs: HashMap<u32, Vec<f32>>,
+    /// The accumulators of in-flight slots (the registers' true contents, as bits).
+    pub regs: HashMap<u32, Vec<u32>>,
     /// Issued since the last commit.
     pub open: Vec<WgOp>,
     /// Committed groups, oldest first.
@@ -157,13 +185,14 @@ pub fn d_coords(t: u32, i: u32) -> (u32, u32) {
     )
 }
 
-/// Executes `op` for thread `t`: `acc` (its `n / 2` registers) becomes `A·B + acc`,
-/// elements read by `read(address)` (a 16-bit element, or `Err` for an address
-/// outside shared memory).
+/// Executes `op` for thread `t`: `acc` (its `n / 2` registers, as bits: f32 or s32
+/// by the type) becomes `A·B + acc`, elements read by `read(address)` (a 16-bit
+/// element, or the byte of an 8-bit one; `Err` for an address outside shared
+/// memory).
 pub fn execute(
     op: &WgOp,
     t: u32,
-    acc: &mut [f32],
+    acc: &mut [u32],
     mut read: impl FnMut(u32) -> Result<u16, String>,
 ) -> Result<(), String> {
     let da = match op.a_quad {
@@ -171,23 +200,35 @@ pub fn execute(
         None => Some(decode(op.desc_a)?),
     };
     let db = decode(op.desc_b)?;
-    let (ty, eb) = (op.ty, 2);
+    let (ty, eb) = (op.ty, op.ty.bytes());
+    if ty == WgType::S8 && (op.trans_b || op.a_quad.is_some()) {
+        return Err("wgmma .s8 takes both operands K-major from shared memory".into());
+    }
     if !op.scale_d {
-        acc.fill(0.0);
+        acc.fill(0);
     }
     for (i, c) in acc.iter_mut().enumerate().take((op.n / 2) as usize) {
         let (row, col) = d_coords(t, i as u32);
-        let mut s = 0.0f32;
-        for k in 0..16 {
+        let (mut s, mut si) = (0.0f32, 0i32);
+        for k in 0..ty.k() {
             let a = match (&da, &op.a_quad) {
                 (Some(da), _) => read(element_address(da, row, k, false, eb))?,
                 (None, Some(q)) => a_from_quad(q, row % 16, k),
                 (None, None) => unreachable!("A has a descriptor or registers"),
             };
             let b = read(element_address(&db, col, k, op.trans_b, eb))?;
-            s += to_f32(ty, a) * to_f32(ty, b);
+            match ty {
+                WgType::S8 => {
+                    let p = (a as u8 as i8 as i32) * (b as u8 as i8 as i32);
+                    si = si.wrapping_add(p);
+                }
+                _ => s += to_f32(ty, a) * to_f32(ty, b),
+            }
         }
-        *c += s;
+        *c = match ty {
+            WgType::S8 => (*c as i32).wrapping_add(si) as u32,
+            _ => (f32::from_bits(*c) + s).to_bits(),
+        };
     }
     Ok(())
 }
@@ -200,10 +241,10 @@ fn a_from_quad(q: &[u32; 16], row: u32, k: u32) -> u16 {
     (q[(4 * lane + i / 2) as usize] >> (16 * (i % 2))) as u16
 }
 
-fn to_f32(ty: Half, bits: u16) -> f32 {
+fn to_f32(ty: WgType, bits: u16) -> f32 {
     match ty {
-        Half::F16 => half::f16::from_bits(bits).to_f32(),
-        Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
+        WgType::Bf16 => half::bf16::from_bits(bits).to_f32(),
+        _ => half::f16::from_bits(bits).to_f32(),
     }
 }
 
@@ -244,6 +285,72 @@ mod tests {
                 assert_eq!(a, (r / 8) * 1024 + (r % 8) * 128 + 16 * (u ^ (r % 8)));
             }
         }
+    }
+
+    /// `m64n16k32.s32.s8.s8` with both operands K-major (64B swizzle): the signed
+    /// bytes, all 32 `k` and the s32 accumulation, against a plain product.
+    #[test]
+    fn s8_wgmma_computes_the_integer_product() {
+        let (n, k) = (16u32, 32u32);
+        let byte = |r: u32, c: u32, s: u32| ((r * 37 + c * 11 + s * 101) % 256) as u8;
+        let da = Desc {
+            start: 0,
+            lbo: 16,
+            sbo: 8 * 64,
+            swizzle: 64,
+        };
+        let db = Desc {
+            start: 8192,
+            lbo: 16,
+            sbo: 8 * 64,
+            swizzle: 64,
+        };
+        let mut smem = vec![0u8; 16384];
+        for mn in 0..64 {
+            for kk in 0..k {
+                smem[element_address(&da, mn, kk, false, 1) as usize] = byte(mn, kk, 1);
+            }
+        }
+        for mn in 0..n {
+            for kk in 0..k {
+                smem[element_address(&db, mn, kk, false, 1) as usize] = byte(kk, mn, 2);
+            }
+        }
+        let enc = |d: &Desc| {
+            (u64::from(d.start) >> 4)
+                | (u64::from(d.lbo >> 4) << 16)
+                | (u64::from(d.sbo >> 4) << 32)
+                | (2 << 62)
+        };
+        let op = WgOp {
+            ty: WgType::S8,
+            n,
+            desc_a: enc(&da),
+            desc_b: enc(&db),
+            trans_b: false,
+            scale_d: true,
+            a_quad: None,
+            slot: 0,
+            site: 0,
+        };
+        for t in 0..128 {
+            let mut acc: Vec<u32> = (0..n / 2).map(|i| (1000 * i) as u32).collect();
+            execute(&op, t, &mut acc, |a| Ok(u16::from(smem[a as usize]))).expect("runs");
+            for i in 0..n / 2 {
+                let (r, c) = d_coords(t, i);
+                let want: i32 = (0..k)
+                    .map(|kk| i32::from(byte(r, kk, 1) as i8) * i32::from(byte(kk, c, 2) as i8))
+                    .sum::<i32>()
+                    + (1000 * i) as i32;
+                assert_eq!(acc[i as usize] as i32, want, "thread {t} register {i}");
+            }
+        }
+        // 8-bit operands have no transpose.
+        let bad = WgOp {
+            trans_b: true,
+            ..op
+        };
+        assert!(execute(&bad, 0, &mut [0; 8], |_| Ok(0)).is_err());
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! | bad `remote_ptr` peer | `llvm.trap` | `llvm.trap` |
 //! | signal / counter atomics | inline `atom.{sem}.{cta,gpu,sys}.global.{exch.b64,add.u64}` (LLVM 22 drops the ordering and scope of NVPTX `atomicrmw`, emitting a relaxed `.gpu` atom) | `atomicrmw` with `syncscope` |
 //! | atomics scopes | `block` / `device` / system (`""`) | `workgroup` / `agent` / system (`""`) |
-//! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}` (inline PTX; sm_80+) | `llvm.amdgcn.mfma.f32.16x16x16f16` / `...16x16x16bf16.1k` (gfx90a, gfx942) |
+//! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`, `...m16n8k32.row.col.s32.s8.s8.s32` (inline PTX; sm_80+); `wgmma.mma_async` (sm_90a, [`super::wgmma`]) | `llvm.amdgcn.mfma.f32.{16x16x16,32x32x8}{f16,bf16.1k}` (gfx90a, gfx942), `...i32.{16x16x16,32x32x8}i8` (gfx90a), `...i32.{16x16x32,32x32x16}.i8` (gfx942) |
 //!
 //! # Matrix fragment layouts
 //!
@@ -44,6 +44,10 @@
 //! - C/D: `C[4 * (l / 16) + i][l % 16]`.
 //!
 //! The bf16 variant (`.1k`) has the same layouts with `<4 x i16>` operands.
+//!
+//! The 8-bit integer instructions are in [`nv_m16n8k32_s8`], [`amd_mfma_16`] and
+//! [`amd_mfma_32`] (gfx942's `i8` MFMA hold 8 bytes of A and B per lane, twice the
+//! `k` of the f16 ones).
 
 use inkwell::AddressSpace;
 use inkwell::attributes::AttributeLoc;
@@ -377,11 +381,13 @@ pub trait Arch {
         Err(LowerError::Llvm("wgmma on a target without it".into()))
     }
     /// `wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} d, a, b_desc, scale-d, 1, 1,
-    /// [0,] {trans_b}` (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"):
-    /// `D = A·B + D` for the warpgroup's 64 x n tile, A (64 x 16) from shared memory
-    /// (K-major) or registers ([`WgmmaA`]), B (16 x n, N-major when `trans_b`) from
-    /// shared memory through its matrix descriptor; `acc` holds this thread's `n / 2`
-    /// accumulators (the D fragment). Returns the accumulators, which are only defined
+    /// [0,] {trans_b}` (PTX ISA, "Asynchronous Warpgroup Level Matrix Multiply-Accumulate"),
+    /// or `...m64n{n}k32.s32.s8.s8 d, a_desc, b_desc, scale-d` for `i8`:
+    /// `D = A·B + D` for the warpgroup's 64 x n tile, A (64 x 16, or 64 x 32 bytes)
+    /// from shared memory (K-major) or registers ([`WgmmaA`], 16-bit types only), B
+    /// (N-major when `trans_b`, 16-bit types only; K-major otherwise) from shared
+    /// memory through its matrix descriptor; `acc` holds this thread's `n / 2`
+    /// accumulators (the D fragment: `f32`, or `i32` for `i8`). Returns the accumulators, which are only defined
     /// after a [`Arch::wgmma_wait`] covering the instruction; `slot` names the
     /// accumulator tile (the emulator tracks it). With `scale_d` false (the `scale-d`
     /// predicate) the instruction computes `D = A·B`, ignoring `acc`.
@@ -395,10 +401,10 @@ pub trait Arch {
         _desc_b: IntValue<'ctx>,
         _trans_b: bool,
         _scale_d: bool,
-        _acc: &[FloatValue<'ctx>],
+        _acc: &[BasicValueEnum<'ctx>],
         _slot: u32,
         _site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
         Err(LowerError::Llvm("wgmma on a target without it".into()))
     }
     /// `wgmma.commit_group.sync.aligned`: the `wgmma`s issued since the last commit
@@ -413,22 +419,23 @@ pub trait Arch {
         &self,
         _cx: &Cx<'ctx>,
         _pending: u32,
-        _accs: &[Vec<FloatValue<'ctx>>],
+        _accs: &[Vec<BasicValueEnum<'ctx>>],
         _site: u32,
-    ) -> LResult<Vec<Vec<FloatValue<'ctx>>>> {
+    ) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
         Err(LowerError::Llvm("wgmma on a target without it".into()))
     }
     /// Emits one matrix instruction: `a` and `b` hold the fragment elements in
-    /// [`FragInfo::runs`] order, `c` the accumulator fragment; returns D.
+    /// [`FragInfo::runs`] order, `c` the accumulator fragment (`f32`, or `i32` for
+    /// `i8` inputs); returns D.
     fn emit_mma<'ctx>(
         &self,
         cx: &Cx<'ctx>,
         input: ScalarType,
         a: &[BasicValueEnum<'ctx>],
         b: &[BasicValueEnum<'ctx>],
-        c: &[FloatValue<'ctx>],
+        c: &[BasicValueEnum<'ctx>],
         site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>>;
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>>;
 }
 
 /// The PTX `.sem` of an LLVM ordering (`relaxed` for monotonic and weaker).
@@ -480,17 +487,36 @@ pub fn for_target(t: Target) -> Box<dyn Arch> {
     }
 }
 
-/// Packs 16-bit fragment elements pairwise into `i32` registers, element `2i` in the
-/// low half (the `.b32` operand registers of `mma.sync`).
-pub(crate) fn pack_pairs<'ctx>(
+/// Packs fragment elements into `i32` registers, `32 / bits` per register with the
+/// first in the low bits (the `.b32` operand registers of `mma.sync`: two 16-bit or
+/// four 8-bit elements).
+pub(crate) fn pack_words<'ctx>(
     cx: &Cx<'ctx>,
     v: &[BasicValueEnum<'ctx>],
 ) -> LResult<Vec<IntValue<'ctx>>> {
     let i32t = cx.ctx.i32_type();
-    v.chunks(2)
+    let Some(first) = v.first() else {
+        return Ok(Vec::new());
+    };
+    let ty = first.get_type();
+    let bits = match ty {
+        BasicTypeEnum::IntType(t) => t.get_bit_width(),
+        BasicTypeEnum::FloatType(_) if cx.ctx.f32_type() == ty.into_float_type() => 32,
+        BasicTypeEnum::FloatType(_) => 16,
+        _ => {
+            return Err(LowerError::Llvm(format!(
+                "packing {ty:?} fragment elements"
+            )));
+        }
+    };
+    let per = (32 / bits.max(1)) as usize;
+    v.chunks(per)
         .map(|p| {
-            let vt = p[0].get_type().into_float_type().vec_type(2);
-            let mut acc = vt.get_poison();
+            let vt: BasicTypeEnum = match ty {
+                BasicTypeEnum::IntType(t) => t.vec_type(per as u32).into(),
+                _ => ty.into_float_type().vec_type(per as u32).into(),
+            };
+            let mut acc = vt.into_vector_type().get_poison();
             for (i, x) in p.iter().enumerate() {
                 acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
             }
@@ -555,26 +581,31 @@ fn ptx_stmt(cx: &Cx<'_>, text: &str) -> LResult<()> {
     Ok(())
 }
 
-/// Inline PTX `text` whose first `accs.len()` operands are the f32 registers `accs`,
-/// read and written (tied `=f` outputs); `extra` are further `(constraint, value)`
-/// inputs, numbered after them. Returns the registers after it.
+/// Inline PTX `text` whose first `accs.len()` operands are the 32-bit registers
+/// `accs` (all `f32`, or all `i32`), read and written (tied `=f` / `=r` outputs);
+/// `extra` are further `(constraint, value)` inputs, numbered after them. Returns the
+/// registers after it.
 fn ptx_with_accs<'ctx>(
     cx: &Cx<'ctx>,
     text: String,
-    accs: &[FloatValue<'ctx>],
+    accs: &[BasicValueEnum<'ctx>],
     extra: &[(&str, BasicValueEnum<'ctx>)],
-) -> LResult<Vec<FloatValue<'ctx>>> {
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     use inkwell::types::BasicMetadataTypeEnum as T;
-    let f32t = cx.ctx.f32_type();
     let n = accs.len();
-    let ret = cx.ctx.struct_type(&vec![f32t.into(); n], false);
-    let mut cons: Vec<String> = (0..n).map(|_| "=f".to_string()).collect();
+    let acc_ty: BasicTypeEnum<'ctx> = match accs.first() {
+        Some(v) => v.get_type(),
+        None => cx.ctx.f32_type().into(),
+    };
+    let rc = if acc_ty.is_int_type() { "=r" } else { "=f" };
+    let ret = cx.ctx.struct_type(&vec![acc_ty; n], false);
+    let mut cons: Vec<String> = (0..n).map(|_| rc.to_string()).collect();
     cons.extend(extra.iter().map(|(c, _)| c.to_string()));
     cons.extend((0..n).map(|i| i.to_string()));
     cons.push("~{memory}".into());
     // Inputs: the extras, then the tied accumulators (so `$n..` are the extras).
     let mut params: Vec<T> = extra.iter().map(|(_, v)| T::from(v.get_type())).collect();
-    params.extend(vec![T::from(f32t); n]);
+    params.extend(vec![T::from(acc_ty); n]);
     let fty = ret.fn_type(&params, false);
     let asm = cx
         .ctx
@@ -592,7 +623,7 @@ fn ptx_with_accs<'ctx>(
         .ok_or_else(|| LowerError::Llvm("asm returned void".into()))?
         .into_struct_value();
     (0..n as u32)
-        .map(|i| Ok(cx.b.build_extract_value(s, i, "")?.into_float_value()))
+        .map(|i| Ok(cx.b.build_extract_value(s, i, "")?))
         .collect()
 }
 
@@ -618,18 +649,25 @@ impl Arch for Nvptx {
         desc_b: IntValue<'ctx>,
         trans_b: bool,
         scale_d: bool,
-        acc: &[FloatValue<'ctx>],
+        acc: &[BasicValueEnum<'ctx>],
         _slot: u32,
         _site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
         if !self.target().has_wgmma() {
             return Err(LowerError::Llvm("wgmma needs sm_90a".into()));
         }
-        let ty = match input {
-            ScalarType::F16 => "f16",
-            ScalarType::BF16 => "bf16",
+        // (k of one instruction, dtype.atype.btype)
+        let (k, types) = match input {
+            ScalarType::F16 => (16, "f32.f16.f16"),
+            ScalarType::BF16 => (16, "f32.bf16.bf16"),
+            ScalarType::I8 => (32, "s32.s8.s8"),
             t => return Err(LowerError::Llvm(format!("wgmma on {t:?}"))),
         };
+        if input == ScalarType::I8 && (trans_b || matches!(a, WgmmaA::Regs(_))) {
+            return Err(LowerError::Llvm(
+                "wgmma on s8 takes both operands K-major from shared memory".into(),
+            ));
+        }
         // Operands: $0..$r-1 the accumulators (outputs), then A (a descriptor, or
         // four registers), the B descriptor and the scale-d flag.
         let r = acc.len();
@@ -654,12 +692,18 @@ impl Arch for Nvptx {
         extra.push(("l", desc_b.into()));
         extra.push(("r", cx.i32(i64::from(scale_d)).into()));
         let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
+        // Floating-point types take imm-scale-a, imm-scale-b and the transposes;
+        // integer types only scale-d.
+        let imm = if input == ScalarType::I8 {
+            String::new()
+        } else {
+            format!(", 1, 1, {trans_a}{}", u32::from(trans_b))
+        };
         let text = format!(
-            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{}}}, {a_text}, ${}, p, 1, 1, {trans_a}{};\n}}",
+            "{{\n.reg .pred p;\nsetp.ne.b32 p, ${}, 0;\nwgmma.mma_async.sync.aligned.m64n{n}k{k}.{types} {{{}}}, {a_text}, ${}, p{imm};\n}}",
             r + na + 1,
             regs.join(","),
             r + na,
-            u32::from(trans_b)
         );
         ptx_with_accs(cx, text, acc, &extra)
     }
@@ -672,11 +716,11 @@ impl Arch for Nvptx {
         &self,
         cx: &Cx<'ctx>,
         pending: u32,
-        accs: &[Vec<FloatValue<'ctx>>],
+        accs: &[Vec<BasicValueEnum<'ctx>>],
         _site: u32,
-    ) -> LResult<Vec<Vec<FloatValue<'ctx>>>> {
+    ) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
         // The accumulators pass through the wait so that no later use moves above it.
-        let all: Vec<FloatValue<'ctx>> = accs.iter().flatten().copied().collect();
+        let all: Vec<BasicValueEnum<'ctx>> = accs.iter().flatten().copied().collect();
         let out = ptx_with_accs(
             cx,
             format!("wgmma.wait_group.sync.aligned {pending};"),
@@ -900,26 +944,14 @@ impl Arch for Nvptx {
     }
 
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
-        if self.sm < 80 || !matches!(input, ScalarType::F16 | ScalarType::BF16) {
+        if self.sm < 80 {
             return None;
         }
-        // lane bits 0,1 -> t (k or col: 2, 4); lane bits 2..4 -> g (1, 2, 4).
-        let lane_ok = vec![(0, 2), (0, 4), (1, 0), (2, 0), (4, 0)];
-        Some(MmaInfo {
-            m: 16,
-            n: 8,
-            k: 16,
-            c_reg: vec![(0, 1), (8, 0)],
-            c_lane: lane_ok.clone(),
-            a: FragInfo {
-                lane: lane_ok.clone(),
-                runs: vec![(0, 0, 2), (8, 0, 2), (0, 8, 2), (8, 8, 2)],
-            },
-            b: FragInfo {
-                lane: lane_ok,
-                runs: vec![(0, 0, 2), (0, 8, 2)],
-            },
-        })
+        match input {
+            ScalarType::F16 | ScalarType::BF16 => Some(nv_m16n8k16()),
+            ScalarType::I8 => Some(nv_m16n8k32_s8()),
+            _ => None,
+        }
     }
 
     fn emit_mma<'ctx>(
@@ -928,28 +960,38 @@ impl Arch for Nvptx {
         input: ScalarType,
         a: &[BasicValueEnum<'ctx>],
         b: &[BasicValueEnum<'ctx>],
-        c: &[FloatValue<'ctx>],
+        c: &[BasicValueEnum<'ctx>],
         _site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
         let i32t = cx.ctx.i32_type();
-        let f32t = cx.ctx.f32_type();
-        let (pa, pb) = (pack_pairs(cx, a)?, pack_pairs(cx, b)?);
-        let ty = if input == ScalarType::BF16 {
-            "bf16"
-        } else {
-            "f16"
+        let (pa, pb) = (pack_words(cx, a)?, pack_words(cx, b)?);
+        let (shape, types, acc_ty, rc): (&str, &str, BasicTypeEnum<'ctx>, &str) = match input {
+            ScalarType::BF16 => (
+                "m16n8k16",
+                "f32.bf16.bf16.f32",
+                cx.ctx.f32_type().into(),
+                "f",
+            ),
+            ScalarType::F16 => ("m16n8k16", "f32.f16.f16.f32", cx.ctx.f32_type().into(), "f"),
+            ScalarType::I8 => ("m16n8k32", "s32.s8.s8.s32", i32t.into(), "r"),
+            t => return Err(LowerError::Llvm(format!("mma.sync on {t:?}"))),
         };
+        if pa.len() != 4 || pb.len() != 2 || c.len() != 4 {
+            return Err(LowerError::Llvm(
+                "mma.sync takes 4 A, 2 B and 4 C registers".into(),
+            ));
+        }
         let asm = format!(
-            "mma.sync.aligned.m16n8k16.row.col.f32.{ty}.{ty}.f32 {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};"
+            "mma.sync.aligned.{shape}.row.col.{types} {{$0,$1,$2,$3}}, {{$4,$5,$6,$7}}, {{$8,$9}}, {{$10,$11,$12,$13}};"
         );
-        let ret = cx.ctx.struct_type(&[f32t.into(); 4], false);
+        let ret = cx.ctx.struct_type(&[acc_ty; 4], false);
         let mut params: Vec<inkwell::types::BasicMetadataTypeEnum> = vec![i32t.into(); 6];
-        params.extend([inkwell::types::BasicMetadataTypeEnum::from(f32t); 4]);
+        params.extend([inkwell::types::BasicMetadataTypeEnum::from(acc_ty); 4]);
         let fty = ret.fn_type(&params, false);
         let asm_ptr = cx.ctx.create_inline_asm(
             fty,
             asm,
-            "=f,=f,=f,=f,r,r,r,r,r,r,0,1,2,3".into(),
+            format!("={rc},={rc},={rc},={rc},r,r,r,r,r,r,0,1,2,3"),
             false,
             false,
             None,
@@ -968,8 +1010,54 @@ impl Arch for Nvptx {
             .ok_or_else(|| LowerError::Llvm("mma asm returned void".into()))?
             .into_struct_value();
         (0..4)
-            .map(|i| Ok(cx.b.build_extract_value(s, i, "")?.into_float_value()))
+            .map(|i| Ok(cx.b.build_extract_value(s, i, "")?))
             .collect()
+    }
+}
+
+/// NVIDIA `mma.m16n8k16` with 16-bit A/B and f32 C/D (the module docs' layouts):
+/// lane bits 0, 1 give `t` (k or column 2, 4), lane bits 2..4 give `g` (rows 1, 2, 4).
+pub(crate) fn nv_m16n8k16() -> MmaInfo {
+    let lane = vec![(0, 2), (0, 4), (1, 0), (2, 0), (4, 0)];
+    MmaInfo {
+        m: 16,
+        n: 8,
+        k: 16,
+        c_reg: vec![(0, 1), (8, 0)],
+        c_lane: lane.clone(),
+        a: FragInfo {
+            lane: lane.clone(),
+            runs: vec![(0, 0, 2), (8, 0, 2), (0, 8, 2), (8, 8, 2)],
+        },
+        b: FragInfo {
+            lane,
+            runs: vec![(0, 0, 2), (0, 8, 2)],
+        },
+    }
+}
+
+/// NVIDIA `mma.m16n8k32` with `.s8` A/B and `.s32` C/D (PTX ISA, "Matrix Fragments for
+/// mma.m16n8k32"), `g = lane >> 2`, `t = lane % 4`:
+/// - A (16×32), 16 bytes `a0..a15` in 4 `.b32` registers: row `g` (+8 for `a4..a7`,
+///   `a12..a15`), column `4t + (i & 3)` (+16 for `a8..a15`);
+/// - B (32×8), 8 bytes `b0..b7`: row (k) `4t + (i & 3)` (+16 for `b4..b7`), column `g`;
+/// - C/D (16×8), 4 `.s32`: as the f32 C/D of `m16n8k16`.
+pub(crate) fn nv_m16n8k32_s8() -> MmaInfo {
+    let lane = vec![(0, 4), (0, 8), (1, 0), (2, 0), (4, 0)];
+    MmaInfo {
+        m: 16,
+        n: 8,
+        k: 32,
+        c_reg: vec![(0, 1), (8, 0)],
+        c_lane: vec![(0, 2), (0, 4), (1, 0), (2, 0), (4, 0)],
+        a: FragInfo {
+            lane: lane.clone(),
+            runs: vec![(0, 0, 4), (8, 0, 4), (0, 16, 4), (8, 16, 4)],
+        },
+        b: FragInfo {
+            lane,
+            runs: vec![(0, 0, 4), (0, 16, 4)],
+        },
     }
 }
 
@@ -1139,28 +1227,7 @@ impl Arch for Amdgpu {
     }
 
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
-        if !matches!(self.arch, AmdArch::Gfx90a | AmdArch::Gfx942)
-            || !matches!(input, ScalarType::F16 | ScalarType::BF16)
-        {
-            return None;
-        }
-        // lane bits 0..3 -> outer (1, 2, 4, 8); lane bits 4, 5 -> k (4, 8).
-        let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (0, 4), (0, 8)];
-        Some(MmaInfo {
-            m: 16,
-            n: 16,
-            k: 16,
-            c_reg: vec![(1, 0), (2, 0)],
-            c_lane: vec![(0, 1), (0, 2), (0, 4), (0, 8), (4, 0), (8, 0)],
-            a: FragInfo {
-                lane: lane.clone(),
-                runs: vec![(0, 0, 4)],
-            },
-            b: FragInfo {
-                lane,
-                runs: vec![(0, 0, 4)],
-            },
-        })
+        Some(amd_mfma_16(self.mfma_per_lane(input)?))
     }
 
     fn mma_for(
@@ -1172,14 +1239,15 @@ impl Arch for Amdgpu {
         num_warps: u32,
     ) -> Option<MmaInfo> {
         let small = self.mma(input)?;
+        let wide = amd_mfma_32(self.mfma_per_lane(input)?);
         // 32x32 tiles only when there is one for every wave (else the 16x16 ones keep
         // more waves busy).
         if m.is_multiple_of(32)
             && n.is_multiple_of(32)
-            && k.is_multiple_of(8)
+            && k.is_multiple_of(wide.k)
             && (m / 32) * (n / 32) >= num_warps
         {
-            Some(amd_mfma_32x32x8())
+            Some(wide)
         } else {
             Some(small)
         }
@@ -1191,36 +1259,56 @@ impl Arch for Amdgpu {
         input: ScalarType,
         a: &[BasicValueEnum<'ctx>],
         b: &[BasicValueEnum<'ctx>],
-        c: &[FloatValue<'ctx>],
+        c: &[BasicValueEnum<'ctx>],
         _site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
-        let bf = input == ScalarType::BF16;
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
         let wide = c.len() == 16;
-        let vec4 = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
-            let vt = v[0].get_type().into_float_type().vec_type(4);
+        let per = a.len() as u32;
+        // A and B: the lane's elements as one vector (`<4 x half>`, `<4 x i16>` for
+        // bf16), or packed into `i32` (4 bytes) / `i64` (8 bytes) for i8.
+        let operand = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
+            let et = v[0].get_type();
+            let vt = match et {
+                BasicTypeEnum::IntType(t) => t.vec_type(per),
+                _ => et.into_float_type().vec_type(per),
+            };
             let mut acc = vt.get_poison();
             for (i, x) in v.iter().enumerate() {
                 acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
             }
-            if bf {
-                Ok(cx
-                    .b
-                    .build_bit_cast(acc, cx.ctx.i16_type().vec_type(4), "")?)
-            } else {
-                Ok(acc.into())
-            }
+            Ok(match input {
+                ScalarType::BF16 => {
+                    cx.b.build_bit_cast(acc, cx.ctx.i16_type().vec_type(per), "")?
+                }
+                ScalarType::I8 if per == 8 => cx.b.build_bit_cast(acc, cx.ctx.i64_type(), "")?,
+                ScalarType::I8 => cx.b.build_bit_cast(acc, cx.ctx.i32_type(), "")?,
+                _ => acc.into(),
+            })
         };
-        let (va, vb) = (vec4(a)?, vec4(b)?);
-        let ft = cx.ctx.f32_type().vec_type(c.len() as u32);
-        let mut vc = ft.get_poison();
+        let (va, vb) = (operand(a)?, operand(b)?);
+        let ct = c[0].get_type();
+        let mut vc = match ct {
+            BasicTypeEnum::IntType(t) => t.vec_type(c.len() as u32),
+            _ => ct.into_float_type().vec_type(c.len() as u32),
+        }
+        .get_poison();
         for (i, x) in c.iter().enumerate() {
             vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
         }
-        let name = match (wide, bf) {
-            (false, true) => "llvm.amdgcn.mfma.f32.16x16x16bf16.1k",
-            (false, false) => "llvm.amdgcn.mfma.f32.16x16x16f16",
-            (true, true) => "llvm.amdgcn.mfma.f32.32x32x8bf16.1k",
-            (true, false) => "llvm.amdgcn.mfma.f32.32x32x8f16",
+        let name = match (input, wide, per) {
+            (ScalarType::BF16, false, 4) => "llvm.amdgcn.mfma.f32.16x16x16bf16.1k",
+            (ScalarType::F16, false, 4) => "llvm.amdgcn.mfma.f32.16x16x16f16",
+            (ScalarType::BF16, true, 4) => "llvm.amdgcn.mfma.f32.32x32x8bf16.1k",
+            (ScalarType::F16, true, 4) => "llvm.amdgcn.mfma.f32.32x32x8f16",
+            (ScalarType::I8, false, 4) => "llvm.amdgcn.mfma.i32.16x16x16i8",
+            (ScalarType::I8, true, 4) => "llvm.amdgcn.mfma.i32.32x32x8i8",
+            (ScalarType::I8, false, 8) => "llvm.amdgcn.mfma.i32.16x16x32.i8",
+            (ScalarType::I8, true, 8) => "llvm.amdgcn.mfma.i32.32x32x16.i8",
+            (t, _, _) => {
+                return Err(LowerError::Llvm(format!(
+                    "MFMA on {t:?} with {per} elements per lane"
+                )));
+            }
         };
         let z = cx.i32(0);
         let d = cx
@@ -1231,35 +1319,70 @@ impl Arch for Amdgpu {
             )?
             .into_vector_value();
         (0..c.len() as u64)
-            .map(|i| {
-                Ok(cx
-                    .b
-                    .build_extract_element(d, cx.i32(i as i64), "")?
-                    .into_float_value())
-            })
+            .map(|i| Ok(cx.b.build_extract_element(d, cx.i32(i as i64), "")?))
             .collect()
     }
 }
 
-/// AMD `v_mfma_f32_32x32x8{f16,bf16_1k}` (CDNA3 ISA; AMD Matrix Instruction
-/// Calculator), 64 lanes, item `i` in 0..4 of A and B, 16 items `v` of C/D:
-/// - A (32×8): `A[lane % 32][4 * (lane / 32) + i]`; B (8×32): `B[4 * (lane / 32) + i][lane % 32]`;
+impl Amdgpu {
+    /// The elements of A (and of B) per lane of this target's MFMA instructions on
+    /// `input`: 4 for f16/bf16 (gfx90a, gfx942) and for i8 on gfx90a
+    /// (`v_mfma_i32_16x16x16i8`, `..._32x32x8i8`), 8 for i8 on gfx942 (its
+    /// double-rate `v_mfma_i32_16x16x32_i8`, `..._32x32x16_i8`); `None` without them.
+    fn mfma_per_lane(&self, input: ScalarType) -> Option<u32> {
+        match (self.arch, input) {
+            (AmdArch::Gfx90a | AmdArch::Gfx942, ScalarType::F16 | ScalarType::BF16) => Some(4),
+            (AmdArch::Gfx90a, ScalarType::I8) => Some(4),
+            (AmdArch::Gfx942, ScalarType::I8) => Some(8),
+            _ => None,
+        }
+    }
+}
+
+/// AMD 16x16 MFMA with `p` elements of A and B per lane (`v_mfma_f32_16x16x16f16`:
+/// 4; `v_mfma_i32_16x16x32_i8`: 8; CDNA3 ISA, AMD Matrix Instruction Calculator),
+/// k = 4p, 64 lanes, item `i` in 0..p of A and B, 4 items `v` of C/D:
+/// - A (16×4p): `A[lane % 16][p * (lane / 16) + i]`; B: `B[p * (lane / 16) + i][lane % 16]`;
+/// - C/D (16×16): `C[4 * (lane / 16) + v][lane % 16]`.
+pub fn amd_mfma_16(p: u32) -> MmaInfo {
+    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (0, p), (0, 2 * p)];
+    MmaInfo {
+        m: 16,
+        n: 16,
+        k: 4 * p,
+        c_reg: vec![(1, 0), (2, 0)],
+        c_lane: vec![(0, 1), (0, 2), (0, 4), (0, 8), (4, 0), (8, 0)],
+        a: FragInfo {
+            lane: lane.clone(),
+            runs: vec![(0, 0, p)],
+        },
+        b: FragInfo {
+            lane,
+            runs: vec![(0, 0, p)],
+        },
+    }
+}
+
+/// AMD 32x32 MFMA with `p` elements of A and B per lane (`v_mfma_f32_32x32x8f16`: 4;
+/// `v_mfma_i32_32x32x16_i8`: 8; same sources), k = 2p, 64 lanes, item `i` in 0..p of
+/// A and B, 16 items `v` of C/D:
+/// - A (32×2p): `A[lane % 32][p * (lane / 32) + i]`; B: `B[p * (lane / 32) + i][lane % 32]`;
 /// - C/D (32×32): `C[(v % 4) + 4 * (lane / 32) + 8 * (v / 4)][lane % 32]`.
-pub fn amd_mfma_32x32x8() -> MmaInfo {
-    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (0, 4)];
+pub fn amd_mfma_32(p: u32) -> MmaInfo {
+    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (0, p)];
     MmaInfo {
         m: 32,
         n: 32,
-        k: 8,
+        k: 2 * p,
         c_reg: vec![(1, 0), (2, 0), (8, 0), (16, 0)],
         c_lane: vec![(0, 1), (0, 2), (0, 4), (0, 8), (0, 16), (4, 0)],
         a: FragInfo {
             lane: lane.clone(),
-            runs: vec![(0, 0, 4)],
+            runs: vec![(0, 0, p)],
         },
         b: FragInfo {
             lane,
-            runs: vec![(0, 0, 4)],
+            runs: vec![(0, 0, p)],
         },
     }
 }

@@ -366,7 +366,14 @@ fn warp_grid(nw: u32, tiles_m: u32, tiles_n: u32) -> (u32, u32) {
 /// Whether `dot` stages its B operand transposed (`[N][K]`): on the matrix path of
 /// targets without `ldmatrix`.
 fn b_transposed(l: &Lowerer<'_, '_>, p: &Plan) -> bool {
-    !(l.arch.has_ldmatrix() && (p.info.m, p.info.n, p.info.k) == (16, 8, 16))
+    !(l.arch.has_ldmatrix() && ldmatrix_shape(&p.info))
+}
+
+/// Whether `ldmatrix` reads the fragments of `info`: NVIDIA `mma.m16n8k16` (16-bit)
+/// and `mma.m16n8k32` (8-bit), whose A and B fragments are the 8x8 matrices of 16-byte
+/// rows `ldmatrix` loads (four 8-bit elements in each of its 32-bit registers).
+fn ldmatrix_shape(info: &MmaInfo) -> bool {
+    matches!((info.m, info.n, info.k), (16, 8, 16) | (16, 8, 32))
 }
 
 /// Whether load `ld` feeds only B operands of `dot`s that stage B with consecutive
@@ -400,7 +407,11 @@ pub(super) fn operand_load_layout(
     let units: Vec<Option<u32>> = uses
         .iter()
         .map(|&(op, i)| {
-            let p = plan(l, op).filter(|p| i == 1 && b_transposed(l, p))?;
+            let p = plan(l, op).filter(|p| i == 1 && b_staged_nk(l, op, p))?;
+            if !b_transposed(l, &p) {
+                // `ldmatrix` reads 16-byte units.
+                return Some(16 / super::type_bytes(l.f.ty(op.operands[1]).elem));
+            }
             Some(frag_unit(&p.info, &p.info.b, false, shape[0]))
         })
         .collect();
@@ -420,22 +431,29 @@ fn frag_unit(info: &MmaInfo, f: &FragInfo, ldm: bool, k: u32) -> u32 {
 }
 
 /// The layout of [`operand_load_layout`] for a B operand staged transposed into an
-/// array of `unit`-element swizzle units: `vec` consecutive `n` and (where the threads
-/// still cover the tile) 2 consecutive `k` per thread; then lanes along `n`, one
-/// vector per unit of a 128-byte line, then along `k` up to the 32 lanes of one
-/// 32-bit store group; then the rest of `n`, then of `k`.
+/// array of `unit`-element swizzle units, `vec` the 16-byte vector width (16 / the
+/// element's bytes): `vec` consecutive `n` and (where the threads still cover the
+/// tile) the consecutive `k` of one 32-bit store per thread (2 of 16-bit elements, 4
+/// of 8-bit); then lanes along `n`, one vector per unit of a 128-byte line, then
+/// along `k` up to the 32 lanes of one 32-bit store group; then the rest of `n`,
+/// then of `k`.
 pub(super) fn bt_load_layout(shape: &[u32], vec: u32, ws: u32, nw: u32, unit: u32) -> Layout {
     let (kb, nb) = (shape[0].trailing_zeros(), shape[1].trailing_zeros());
     let threads = (ws * nw).trailing_zeros();
     let vb = vec.trailing_zeros().min(nb);
-    // k bits in registers: at most 1 (pairs), and only if the threads still cover
-    // the tile with the rest.
-    let rk = u32::from(kb >= 1 && vb + 1 + threads <= kb + nb);
+    let elem_bytes = (16 / vec.max(1)).max(1);
+    // k bits in registers: those of one 32-bit store at most, and only as many as
+    // leave the threads covering the tile with the rest.
+    let word_k = (4 / elem_bytes).max(1).trailing_zeros();
+    let rk = (0..=word_k.min(kb))
+        .rev()
+        .find(|&r| vb + r + threads <= kb + nb)
+        .unwrap_or(0);
     // Flat index bits: n is bits 0..nb, k is bits nb..nb + kb.
-    // Lanes take one n vector per unit of a line (16-bit elements), then k bits up to
-    // 32 lanes, so that the lanes of one 32-bit store can cover the 32 banks of the
-    // transposed array (see `mix_for_stores`), then the rest.
-    let n_lane_bits = (64 / unit.max(1)).trailing_zeros();
+    // Lanes take one n vector per unit of a line, then k bits up to 32 lanes, so that
+    // the lanes of one 32-bit store can cover the 32 banks of the transposed array
+    // (see `mix_for_stores`), then the rest.
+    let n_lane_bits = (128 / (unit * elem_bytes).max(1)).trailing_zeros();
     let n_first = (vb + n_lane_bits).min(nb);
     let k_next = (nb + rk + 5u32.saturating_sub(n_lane_bits)).min(nb + kb);
     let mut order: Vec<u32> = (0..vb).collect(); // n vector
@@ -771,31 +789,53 @@ fn load_run<'ctx>(
     let b = &l.cx.b;
     let off = b.build_int_add(swz.emit(&l.cx, row, col)?, first, "")?;
     let p = l.smem_ptr(base, ety, off)?;
-    let vt = ety.into_float_type().vec_type(len);
-    let v = l.smem_load(vt.into(), p)?;
+    let (vt, bytes): (BasicTypeEnum, u32) = match ety {
+        BasicTypeEnum::IntType(t) => (t.vec_type(len).into(), t.get_bit_width() / 8),
+        _ => {
+            let f = ety.into_float_type();
+            let bytes = if f == l.cx.ctx.f32_type() { 4 } else { 2 };
+            (f.vec_type(len).into(), bytes)
+        }
+    };
+    let v = l.smem_load(vt, p)?;
     if let Some(i) = v.as_instruction_value() {
-        let _ = i.set_alignment(len * super::type_bytes(Elem::Scalar(ScalarType::F16)));
+        let _ = i.set_alignment(len * bytes);
     }
     (0..len)
         .map(|i| Ok(b.build_extract_element(v.into_vector_value(), l.cx.i32(i as i64), "")?))
         .collect()
 }
 
-/// The two 16-bit elements of each `i32` an `ldmatrix` returned, low half first.
-fn unpack_pairs<'ctx>(
+/// The elements of each `i32` an `ldmatrix` returned (two 16-bit or four 8-bit),
+/// lowest bits first.
+fn unpack_words<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     ety: BasicTypeEnum<'ctx>,
     regs: &[IntValue<'ctx>],
 ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
-    let vt = ety.into_float_type().vec_type(2);
-    let mut out = Vec::with_capacity(2 * regs.len());
+    let (vt, per): (BasicTypeEnum<'ctx>, u32) = match ety {
+        BasicTypeEnum::IntType(t) => {
+            let per = 32 / t.get_bit_width().max(1);
+            (t.vec_type(per).into(), per)
+        }
+        _ => (ety.into_float_type().vec_type(2).into(), 2),
+    };
+    let mut out = Vec::with_capacity((per as usize) * regs.len());
     for &r in regs {
         let v = l.cx.b.build_bit_cast(r, vt, "")?.into_vector_value();
-        for i in 0..2 {
-            out.push(l.cx.b.build_extract_element(v, l.cx.i32(i), "")?);
+        for i in 0..per {
+            out.push(l.cx.b.build_extract_element(v, l.cx.i32(i as i64), "")?);
         }
     }
     Ok(out)
+}
+
+/// Elements of `ety` in 16 bytes (one `ldmatrix` row).
+fn row_elems(ety: BasicTypeEnum<'_>) -> u32 {
+    match ety {
+        BasicTypeEnum::IntType(t) => 128 / t.get_bit_width().max(1),
+        _ => 8,
+    }
 }
 
 /// `lane & mask` shifted right by `shift`, times `mul` (address arithmetic).
@@ -816,6 +856,9 @@ fn lane_part<'ctx>(
 /// 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15), (rows 8-15, k 8-15), which are
 /// the fragment's registers `a0a1`, `a2a3`, `a4a5`, `a6a7` (PTX ISA, "Matrix
 /// Fragments for mma.m16n8k16"); lane `i` gives row `i % 16` at k `8 * (i / 16)`.
+/// With 8-bit elements (`mma.m16n8k32`) a matrix row is 16 of `k`: the matrices are
+/// the registers `a0..a3` (rows 0-7, k 0-15), `a4..a7` (rows 8-15), `a8..a11` (rows
+/// 0-7, k 16-31) and `a12..a15`, lane `i` giving row `i % 16` at k `16 * (i / 16)`.
 fn ldmatrix_a<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     ety: BasicTypeEnum<'ctx>,
@@ -826,12 +869,16 @@ fn ldmatrix_a<'ctx>(
 ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let b = &l.cx.b;
     let row = b.build_int_add(row0, lane_part(l, 15, 0, 1)?, "")?;
-    let k = b.build_int_add(lane_part(l, 16, 4, 8)?, l.cx.i32(k0 as i64), "")?;
+    let k = b.build_int_add(
+        lane_part(l, 16, 4, row_elems(ety))?,
+        l.cx.i32(k0 as i64),
+        "",
+    )?;
     let off = swz.emit(&l.cx, row, k)?;
     let p = l.smem_ptr(base, ety, off)?;
     let site = l.new_site("ldmatrix");
     let regs = l.arch.ldmatrix(&l.cx, p, 4, false, site)?;
-    unpack_pairs(l, ety, &regs)
+    unpack_words(l, ety, &regs)
 }
 
 /// B fragments of `mma.m16n8k16` for the n8 tiles starting at columns `cols` (one or
@@ -842,7 +889,9 @@ fn ldmatrix_a<'ctx>(
 ///   the tile's 8 columns, transposed; lane `i` gives row k `i % 8 + 8 * ((i / 8) % 2)`
 ///   of tile `i / 16`;
 /// - `b[n][k]` (`nk`), plain: the matrices (rows n, k 0-7) and (k 8-15); lane `i`
-///   gives row n `i % 8` at k `8 * ((i / 8) % 2)` of tile `i / 16`.
+///   gives row n `i % 8` at k `8 * ((i / 8) % 2)` of tile `i / 16`. With 8-bit
+///   elements (`mma.m16n8k32`, `b0..b3` and `b4..b7`) the matrices are k 0-15 and
+///   16-31.
 #[allow(clippy::too_many_arguments)]
 fn ldmatrix_b<'ctx>(
     l: &Lowerer<'_, 'ctx>,
@@ -863,7 +912,7 @@ fn ldmatrix_b<'ctx>(
     };
     let off = if nk {
         let row = b.build_int_add(col0, lane_part(l, 7, 0, 1)?, "")?;
-        let k = b.build_int_add(lane_part(l, 8, 3, 8)?, l.cx.i32(k0 as i64), "")?;
+        let k = b.build_int_add(lane_part(l, 8, 3, row_elems(ety))?, l.cx.i32(k0 as i64), "")?;
         swz.emit(&l.cx, row, k)?
     } else {
         let kr = b.build_int_add(lane_part(l, 7, 0, 1)?, lane_part(l, 8, 3, 8)?, "")?;
@@ -876,7 +925,7 @@ fn ldmatrix_b<'ctx>(
     let regs = l
         .arch
         .ldmatrix(&l.cx, p, 2 * cols.len() as u32, !nk, site)?;
-    regs.chunks(2).map(|r| unpack_pairs(l, ety, r)).collect()
+    regs.chunks(2).map(|r| unpack_words(l, ety, r)).collect()
 }
 
 /// Whether the fragment reads of two consecutive k-steps are one 8-element run per
@@ -946,9 +995,10 @@ fn mix_for_stores(swz: Swizzle, lay: &Layout, elem_bytes: u32, ws: u32) -> Swizz
         let units = (0..read_rows).map(|r| z.offset(r, 0) / z.vec);
         max_share(units.map(|u| (u % (128 / unit_bytes), u)))
     };
-    // A staging store: register 0 of the lanes of one 128-byte group.
-    let pairs = lay.reg.contains(&n);
-    let store_bytes = elem_bytes << u32::from(pairs);
+    // A staging store: register 0 of the lanes of one 128-byte group, with the
+    // consecutive `k` the registers hold (up to 32 bits).
+    let k_regs = (0..2).take_while(|&j| lay.reg.contains(&(n << j))).count() as u32;
+    let store_bytes = (elem_bytes << k_regs).min(4);
     let group = (128 / store_bytes).min(ws);
     let store = |z: &Swizzle| {
         let words = (0..group).map(|t| {
@@ -997,20 +1047,23 @@ struct Arrays {
     m: u32,
     n: u32,
     k: u32,
+    /// Bytes of one operand element.
+    elem_bytes: u32,
 }
 
 impl Arrays {
     fn new(l: &Lowerer<'_, '_>, op: &Op, p: &Plan) -> Arrays {
         let a = &l.f.ty(op.operands[0]).shape;
         let (m, k, n) = (a[0], a[1], l.f.ty(op.operands[1]).shape[1]);
+        let elem_bytes = super::type_bytes(l.f.ty(op.operands[0]).elem);
         // `ldmatrix` reads the NVIDIA m16n8k16 fragments; B is then row-major (16-byte
         // stores, read with `.trans`). Elsewhere B is staged transposed (`[n][k]`).
         let ldm = !b_transposed(l, p);
         let b_nk = b_nk(l, op, p);
-        let (a_swz, mut b_swz) = operand_swizzles(&p.info, ldm, (n, k), 2, (l.ws, l.nw));
+        let (a_swz, mut b_swz) = operand_swizzles(&p.info, ldm, (n, k), elem_bytes, (l.ws, l.nw));
         if b_nk {
-            // Rows of `k`, read 16 bytes (8 k) at a time, as A's.
-            b_swz = Swizzle::new(k, 2, 8);
+            // Rows of `k`, read 16 bytes at a time, as A's.
+            b_swz = Swizzle::new(k, elem_bytes, 16 / elem_bytes);
         }
         Arrays {
             ldm,
@@ -1020,6 +1073,7 @@ impl Arrays {
             m,
             n,
             k,
+            elem_bytes,
         }
     }
 
@@ -1030,16 +1084,23 @@ impl Arrays {
 
     /// Bytes of both arrays.
     fn bytes(&self) -> u32 {
-        (self.a_elems() + self.k * self.n) * 2
+        (self.a_elems() + self.k * self.n) * self.elem_bytes
     }
 }
 
 /// Whether the `ldmatrix` path stages B `[n][k]` (read with plain `ldmatrix`, whose
 /// 8x8 matrices of `[n][k]` rows are the B fragments): when B arrives contiguous
 /// along `k` ([`wgmma::k_contiguous`], attention's `Kᵀ`), so that its loads and
-/// staging stores are 16 bytes.
+/// staging stores are 16 bytes; and always for 8-bit inputs (m16n8k32).
 fn b_nk(l: &Lowerer<'_, '_>, op: &Op, p: &Plan) -> bool {
-    !b_transposed(l, p) && wgmma::k_contiguous(l, op.operands[1])
+    !b_transposed(l, p) && (wgmma::k_contiguous(l, op.operands[1]) || p.info.k == 32)
+}
+
+/// Whether `dot` `op` stages B `[n][k]`: transposed ([`b_transposed`]) or read with
+/// plain `ldmatrix` ([`b_nk`]; always for 8-bit inputs, whose `ldmatrix` has no
+/// transposing form).
+fn b_staged_nk(l: &Lowerer<'_, '_>, op: &Op, p: &Plan) -> bool {
+    b_transposed(l, p) || b_nk(l, op, p)
 }
 
 /// The bytes of shared memory in which `dot` stages its operands on the matrix path
@@ -1049,6 +1110,22 @@ pub(super) fn matrix_staging_bytes(l: &Lowerer<'_, '_>, op: &Op) -> Option<u32> 
         return Some(wgmma::Arrays::new(&p).bytes());
     }
     plan(l, op).map(|p| Arrays::new(l, op, &p).bytes())
+}
+
+/// The dimension of operand `which`'s tile that runs along the rows of its array in
+/// the matrix-path `dot` `op` (consecutive elements there, as a 16-byte asynchronous
+/// copy of a load contiguous along that dimension needs): 1 (`k`) for A; for B 1
+/// (`n`) when staged `[k][n]`, 0 (`k`) when staged `[n][k]` (K-major on `wgmma`,
+/// transposed or plain-`ldmatrix` on the matrix path, as for `i8`).
+pub(super) fn array_row_dim(l: &Lowerer<'_, '_>, op: &Op, which: usize) -> usize {
+    if which == 0 {
+        return 1;
+    }
+    let nk = match wgmma::plan(l, op) {
+        Some(p) => p.b_k_major,
+        None => plan(l, op).is_some_and(|p| b_staged_nk(l, op, &p)),
+    };
+    if nk { 0 } else { 1 }
 }
 
 /// Writes operand `which` (0: A, 1: B) of the matrix-path `dot` `op`, the tile `t`,
@@ -1217,7 +1294,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let zero = l.cx.i32(0);
     let b_first = l.cx.i32(a_elems as i64);
     let fr = 1usize << info.c_reg.len();
-    let mut acc: Vec<FloatValue<'ctx>> = c.regs.iter().map(|v| v.into_float_value()).collect();
+    let mut acc: Vec<BasicValueEnum<'ctx>> = c.regs.clone();
     // With paired reads each lane reads its fragments of two k-steps as one run of 8
     // (see `paired_reads`): k-steps go two at a time.
     let span = if paired_reads(info, ldm, k) { 2 } else { 1 };
@@ -1307,7 +1384,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     Ok(Tile {
         elem: c.elem,
         layout: clay,
-        regs: acc.into_iter().map(|v| v.into()).collect(),
+        regs: acc,
         uniform: false,
     })
 }

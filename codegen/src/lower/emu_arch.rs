@@ -24,13 +24,14 @@
 //! | shared address (descriptors) | `p - tessera_emu_shared_base()` |
 //! | `fence.proxy.async.shared::cta` | `void tessera_emu_fence_proxy_async()` |
 //! | `wgmma.fence` / `.commit_group` | `void tessera_emu_wgmma_{fence,commit}(i32 site)` |
-//! | `wgmma.mma_async` m64nNk16 (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` (flags: bit 0 `imm-trans-b`, bit 1 `scale-d`) (`[n/2 x float]` accumulators in, poison out) |
+//! | `wgmma.mma_async` m64nNk16 / m64nNk32 `.s8` (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` (ty: 0 f16, 1 bf16, 2 s8; flags: bit 0 `imm-trans-b`, bit 1 `scale-d`) (`[n/2 x i32]` accumulator words, f32 by their bits, in; poison out) |
 //! | `wgmma.mma_async` with A in registers | `void tessera_emu_wgmma_rs(i32 ty, i32 n, i32 a0..a3, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
+//! | `i8` matrix instructions (`mma.sync` m16n8k32 `.s8`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (`[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
-//! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::arch::pack_pairs`
+//! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::arch::pack_words`
 //! packing), and the runtime multiplies them with its own, independent, reading of the
 //! vendors' layouts ([`crate::emu::mma`]). Atomics use the system scope `""` (host
 //! atomics); the kernel uses the C calling convention; pointers live in address
@@ -46,7 +47,7 @@ use inkwell::values::{
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
-use super::arch::{Amdgpu, Arch, MmaInfo, Nvptx, WgmmaA, pack_pairs};
+use super::arch::{Amdgpu, Arch, MmaInfo, Nvptx, WgmmaA, pack_words};
 use super::{Cx, LResult, LowerError};
 use crate::Target;
 use crate::target::{AmdArch, EmuFlavor};
@@ -485,15 +486,15 @@ impl Arch for Emu {
         desc_b: IntValue<'ctx>,
         trans_b: bool,
         scale_d: bool,
-        acc: &[FloatValue<'ctx>],
+        acc: &[BasicValueEnum<'ctx>],
         slot: u32,
         site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
         if self.flavor != EmuFlavor::Sm90a {
             return Err(LowerError::Llvm("wgmma outside emu-sm90a".into()));
         }
         let (i32t, i64t) = (cx.ctx.i32_type(), cx.ctx.i64_type());
-        let slot_ptr = store_floats(cx, acc, "wgmma.acc")?;
+        let slot_ptr = store_words(cx, acc, "wgmma.acc")?;
         // `tessera_emu_wgmma` takes A's descriptor, `tessera_emu_wgmma_rs` its four
         // registers, in the same place.
         let (name, a_args): (&str, Vec<BasicMetadataValueEnum>) = match a {
@@ -518,10 +519,14 @@ impl Arch for Emu {
             i32t.into(),
         ]);
         let ty = cx.ctx.void_type().fn_type(&params, false);
-        let mut args: Vec<BasicMetadataValueEnum> = vec![
-            cx.i32(i64::from(input == ScalarType::BF16)).into(),
-            cx.i32(n as i64).into(),
-        ];
+        let code = match input {
+            ScalarType::F16 => 0,
+            ScalarType::BF16 => 1,
+            ScalarType::I8 => 2,
+            t => return Err(LowerError::Llvm(format!("wgmma on {t:?}"))),
+        };
+        let mut args: Vec<BasicMetadataValueEnum> =
+            vec![cx.i32(code).into(), cx.i32(n as i64).into()];
         args.extend(a_args);
         args.extend([
             desc_b.into(),
@@ -532,7 +537,7 @@ impl Arch for Emu {
             Emu::site(cx, site),
         ]);
         call(cx, name, ty, &args)?;
-        load_floats(cx, slot_ptr, acc.len())
+        load_words(cx, slot_ptr, acc)
     }
 
     fn wgmma_commit<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
@@ -548,9 +553,9 @@ impl Arch for Emu {
         &self,
         cx: &Cx<'ctx>,
         pending: u32,
-        accs: &[Vec<FloatValue<'ctx>>],
+        accs: &[Vec<BasicValueEnum<'ctx>>],
         site: u32,
-    ) -> LResult<Vec<Vec<FloatValue<'ctx>>>> {
+    ) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
         let i32t = cx.ctx.i32_type();
         let ty = cx.ctx.void_type().fn_type(
             &[
@@ -565,7 +570,7 @@ impl Arch for Emu {
         accs.iter()
             .enumerate()
             .map(|(slot, acc)| {
-                let p = store_floats(cx, acc, "wgmma.wait")?;
+                let p = store_words(cx, acc, "wgmma.wait")?;
                 let args = [
                     cx.i32(pending as i64).into(),
                     p.into(),
@@ -574,7 +579,7 @@ impl Arch for Emu {
                     Emu::site(cx, site),
                 ];
                 call(cx, "tessera_emu_wgmma_wait", ty, &args)?;
-                load_floats(cx, p, acc.len())
+                load_words(cx, p, acc)
             })
             .collect()
     }
@@ -585,18 +590,23 @@ impl Arch for Emu {
         input: ScalarType,
         a: &[BasicValueEnum<'ctx>],
         b: &[BasicValueEnum<'ctx>],
-        c: &[FloatValue<'ctx>],
+        c: &[BasicValueEnum<'ctx>],
         site: u32,
-    ) -> LResult<Vec<FloatValue<'ctx>>> {
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
         let i32t = cx.ctx.i32_type();
         let f32t = cx.ctx.f32_type();
+        if input == ScalarType::I8 {
+            return emit_mma_i8(cx, self.flavor, a, b, c, site);
+        }
+        let c: Vec<FloatValue<'ctx>> = c.iter().map(|v| v.into_float_value()).collect();
+        let c = &c[..];
         if self.flavor == EmuFlavor::Amd && c.len() == 16 {
             return emit_mfma_32x32x8(cx, input, a, b, c, site);
         }
         let (ints, name): (Vec<IntValue<'ctx>>, &str) = match self.flavor {
             EmuFlavor::Nv | EmuFlavor::Sm90a => {
-                let mut v = pack_pairs(cx, a)?;
-                v.extend(pack_pairs(cx, b)?);
+                let mut v = pack_words(cx, a)?;
+                v.extend(pack_words(cx, b)?);
                 let name = if input == ScalarType::BF16 {
                     "tessera_emu_mma_nv_bf16"
                 } else {
@@ -641,45 +651,123 @@ impl Arch for Emu {
                     // SAFETY: `d` is a `[4 x float]` and `i < 4`.
                     cx.b.build_in_bounds_gep(dty, d, &[cx.i32(0), cx.i32(i)], "")?
                 };
-                Ok(cx.b.build_load(f32t, p, "")?.into_float_value())
+                Ok(cx.b.build_load(f32t, p, "")?)
             })
             .collect()
     }
 }
 
-/// A new `[n x float]` stack slot (in the entry block) holding `v`.
-fn store_floats<'ctx>(
+/// An `i8` matrix instruction on the emulator: A's and B's packed `.b32` registers
+/// (4 bytes each, the first in the low byte) go in an `[n x i32]` slot and the `i32`
+/// accumulators in another, which
+/// `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)`
+/// overwrites with D. `kind` names the instruction: 0 `mma.sync` m16n8k32 `.s8`
+/// (emu-nv, emu-sm90a), 1 `v_mfma_i32_16x16x32_i8`, 2 `v_mfma_i32_32x32x16_i8`
+/// (emu-amd, as gfx942).
+fn emit_mma_i8<'ctx>(
     cx: &Cx<'ctx>,
-    v: &[FloatValue<'ctx>],
+    flavor: EmuFlavor,
+    a: &[BasicValueEnum<'ctx>],
+    b: &[BasicValueEnum<'ctx>],
+    c: &[BasicValueEnum<'ctx>],
+    site: u32,
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let i32t = cx.ctx.i32_type();
+    let kind = match (flavor, c.len()) {
+        (EmuFlavor::Nv | EmuFlavor::Sm90a, 4) => 0,
+        (EmuFlavor::Amd, 4) => 1,
+        (EmuFlavor::Amd, 16) => 2,
+        (f, n) => {
+            return Err(LowerError::Llvm(format!(
+                "an i8 matrix instruction with {n} accumulators on {f:?}"
+            )));
+        }
+    };
+    let (pa, pb) = (pack_words(cx, a)?, pack_words(cx, b)?);
+    let abty = i32t.array_type((pa.len() + pb.len()) as u32);
+    let cdty = i32t.array_type(c.len() as u32);
+    let ab = entry_alloca(cx, abty.into(), "mma.ab")?;
+    let cd = entry_alloca(cx, cdty.into(), "mma.cd")?;
+    let slot = |ty: inkwell::types::ArrayType<'ctx>, p: PointerValue<'ctx>, i: usize| {
+        // SAFETY: `p` is an array of `ty`'s length, and every caller's `i` is below it.
+        unsafe {
+            cx.b.build_in_bounds_gep(ty, p, &[cx.i32(0), cx.i32(i as i64)], "")
+        }
+    };
+    for (i, w) in pa.iter().chain(&pb).enumerate() {
+        cx.b.build_store(slot(abty, ab, i)?, *w)?;
+    }
+    for (i, x) in c.iter().enumerate() {
+        cx.b.build_store(slot(cdty, cd, i)?, *x)?;
+    }
+    let pt = Emu::ptr_ty(cx);
+    let ty = cx.ctx.void_type().fn_type(
+        &[
+            i32t.into(),
+            pt.into(),
+            i32t.into(),
+            pt.into(),
+            i32t.into(),
+            i32t.into(),
+        ],
+        false,
+    );
+    call(
+        cx,
+        "tessera_emu_mma_i8",
+        ty,
+        &[
+            cx.i32(kind).into(),
+            ab.into(),
+            cx.i32(pa.len() as i64).into(),
+            cd.into(),
+            cx.i32(c.len() as i64).into(),
+            Emu::site(cx, site),
+        ],
+    )?;
+    (0..c.len())
+        .map(|i| Ok(cx.b.build_load(i32t, slot(cdty, cd, i)?, "")?))
+        .collect()
+}
+
+/// A new `[n x i32]` stack slot (in the entry block) holding the 32-bit registers
+/// `v` (`f32` ones by their bits).
+fn store_words<'ctx>(
+    cx: &Cx<'ctx>,
+    v: &[BasicValueEnum<'ctx>],
     name: &str,
 ) -> LResult<PointerValue<'ctx>> {
-    let ty = cx.ctx.f32_type().array_type(v.len() as u32);
+    let i32t = cx.ctx.i32_type();
+    let ty = i32t.array_type(v.len() as u32);
     let p = entry_alloca(cx, ty.into(), name)?;
     for (i, x) in v.iter().enumerate() {
-        // SAFETY: `p` is an `[n x float]` and `i < n`.
+        // SAFETY: `p` is an `[n x i32]` and `i < n`.
         let q = unsafe {
             cx.b.build_in_bounds_gep(ty, p, &[cx.i32(0), cx.i32(i as i64)], "")?
         };
-        cx.b.build_store(q, *x)?;
+        let w = cx.b.build_bit_cast(*x, i32t, "")?;
+        cx.b.build_store(q, w)?;
     }
     Ok(p)
 }
 
-/// The `n` floats of the `[n x float]` slot `p`.
-fn load_floats<'ctx>(
+/// The words of the `[n x i32]` slot `p`, as registers of the types of `like`.
+fn load_words<'ctx>(
     cx: &Cx<'ctx>,
     p: PointerValue<'ctx>,
-    n: usize,
-) -> LResult<Vec<FloatValue<'ctx>>> {
-    let f32t = cx.ctx.f32_type();
-    let ty = f32t.array_type(n as u32);
-    (0..n)
-        .map(|i| {
-            // SAFETY: `p` is an `[n x float]` and `i < n`.
+    like: &[BasicValueEnum<'ctx>],
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let i32t = cx.ctx.i32_type();
+    let ty = i32t.array_type(like.len() as u32);
+    like.iter()
+        .enumerate()
+        .map(|(i, x)| {
+            // SAFETY: `p` is an `[n x i32]` and `i < n`.
             let q = unsafe {
                 cx.b.build_in_bounds_gep(ty, p, &[cx.i32(0), cx.i32(i as i64)], "")?
             };
-            Ok(cx.b.build_load(f32t, q, "")?.into_float_value())
+            let w = cx.b.build_load(i32t, q, "")?;
+            Ok(cx.b.build_bit_cast(w, x.get_type(), "")?)
         })
         .collect()
 }
@@ -694,7 +782,7 @@ fn emit_mfma_32x32x8<'ctx>(
     b: &[BasicValueEnum<'ctx>],
     c: &[FloatValue<'ctx>],
     site: u32,
-) -> LResult<Vec<FloatValue<'ctx>>> {
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let (i16t, i32t, f32t) = (cx.ctx.i16_type(), cx.ctx.i32_type(), cx.ctx.f32_type());
     let abty = i32t.array_type(8);
     let cdty = f32t.array_type(16);
@@ -733,7 +821,7 @@ fn emit_mfma_32x32x8<'ctx>(
             let p = unsafe {
                 cx.b.build_in_bounds_gep(cdty, cd, &[cx.i32(0), cx.i32(i)], "")?
             };
-            Ok(cx.b.build_load(f32t, p, "")?.into_float_value())
+            Ok(cx.b.build_load(f32t, p, "")?)
         })
         .collect()
 }

@@ -432,9 +432,10 @@ fn wide_layout(
 /// Whether load `op` can become asynchronous copies ([`super::arch::Arch::cp_async`])
 /// of 16 bytes into a `dot`'s arrays: a global load with no `other` (masked-off
 /// elements read zero), whose pointers and mask the lowering recomputes in the
-/// 16-byte layout, with 16-byte runs of consecutive, aligned elements and a mask
-/// constant over each run.
-pub(super) fn async_copy_ok(l: &Lowerer<'_, '_>, op: &Op) -> bool {
+/// 16-byte layout, with 16-byte runs of consecutive, aligned elements along `dim`
+/// (the tile's dimension that runs along the rows of the `dot`'s array, see
+/// `dot::array_row_dim`) and a mask constant over each run.
+pub(super) fn async_copy_ok(l: &Lowerer<'_, '_>, op: &Op, dim: usize) -> bool {
     let OpKind::Load {
         has_mask,
         has_other,
@@ -451,7 +452,12 @@ pub(super) fn async_copy_ok(l: &Lowerer<'_, '_>, op: &Op) -> bool {
         return false;
     }
     let v = 16 / size;
-    if 16 % size != 0 || ty.shape.last().is_none_or(|&n| (n as u64) < v) {
+    let rank = ty.shape.len();
+    // Along the last dimension, or down the columns of a 2-D tile.
+    if 16 % size != 0 || !(dim + 1 == rank || (dim == 0 && rank == 2)) {
+        return false;
+    }
+    if (ty.shape[dim] as u64) < v {
         return false;
     }
     if !l.will_be_rematerializable(op.operands[0])
@@ -460,11 +466,15 @@ pub(super) fn async_copy_ok(l: &Lowerer<'_, '_>, op: &Op) -> bool {
         return false;
     }
     let info = l.axis.get(l.f, op.operands[0]);
-    let d = info.contiguity.len() - 1;
-    if info.contiguity[d] < v || info.divisibility[d] < 16 {
+    if info.contiguity.len() != rank || info.contiguity[dim] < v || info.divisibility[dim] < 16 {
         return false;
     }
-    !has_mask || l.axis.get(l.f, op.operands[1]).constancy[d] >= v
+    // Down the columns, the load must be in `Layout::blocked_columns` (16-byte runs
+    // along dimension 0), which a dot's K-major B operand takes (`k_major_operand`).
+    if dim + 1 != rank && !super::dot::k_major_operand(l, op) {
+        return false;
+    }
+    !has_mask || l.axis.get(l.f, op.operands[1]).constancy[dim] >= v
 }
 
 /// Lowers a load (pointers `ptrs`, `mask`, in layout `lay` of `bytes`-byte runs)

@@ -845,6 +845,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             if d.kind != OpKind::Dot || which >= 2 || dot::matrix_staging_bytes(self, d).is_none() {
                 continue;
             }
+            let dim = dot::array_row_dim(self, d, which);
             let arg_index = |a: ValueId| body.args.iter().position(|&x| x == a);
             let mut args = vec![a0];
             let mut cur = a0;
@@ -866,7 +867,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 break def_in(body, next).filter(|l| {
                     matches!(l.kind, OpKind::Load { .. })
                         && Self::uses_in(body, next).len() == 1
-                        && memory::async_copy_ok(self, l)
+                        && memory::async_copy_ok(self, l, dim)
                 });
             };
             let Some(last) = last else {
@@ -880,7 +881,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     Some(l)
                         if matches!(l.kind, OpKind::Load { .. })
                             && Self::uses_in(parent, init).len() == 1
-                            && memory::async_copy_ok(self, l) =>
+                            && memory::async_copy_ok(self, l, dim) =>
                     {
                         pro.push(l)
                     }

@@ -2,7 +2,11 @@
 //! with both operands in shared memory, read through matrix descriptors.
 //!
 //! **Warps.** Four consecutive warps form a warpgroup; each warpgroup computes
-//! `64 x n_inst` tiles of the accumulator with `m64n{n_inst}k16` instructions.
+//! `64 x n_inst` tiles of the accumulator with `m64n{n_inst}k16` instructions
+//! (f16/bf16 into f32), or `m64n{n_inst}k32.s32.s8.s8` (i8 into i32, both operands
+//! K-major: 8-bit `wgmma` has no transpose, so an i8 B takes this path only when it
+//! arrives contiguous along `k`). In bytes the two are alike: 32 bytes of `k` per
+//! instruction, and every offset below is the same once counted in bytes.
 //! Warpgroups split `M` first (64 rows each), then `N`; a warpgroup repeats over the
 //! rest of its `M` (`reps_m` tiles, each its own accumulator registers).
 //!
@@ -14,12 +18,13 @@
 //!
 //! **Shared arrays** (PTX ISA, "Shared Memory Matrix Layout", the swizzled canonical
 //! layouts): A `[M][K]` K-major and B `[K][N]` N-major (`imm-trans-b = 1`), each cut
-//! into column blocks of `S` bytes (`S = min(128, cols * 2)`: the 128B, 64B or 32B
+//! into column blocks of `S` bytes (`S = min(128, cols * e)`, `e` the element bytes: the 128B, 64B or 32B
 //! swizzle mode); a block is `rows x S` bytes, rows consecutive, the 16-byte units
 //! of row `r` XORed with `(r / (128 / S)) % (S / 16)` — the hardware's
 //! address-bit swizzle (`addr[4..] ^= addr[7..]`) once every block starts at a
 //! 1024-byte boundary, which is how the arrays are placed. That is [`Swizzle::new`]
-//! of `S / 2` columns, accessed 8 at a time, so staging stores stay 16 bytes.
+//! of `S / e` columns of `e`-byte elements, accessed `16 / e` at a time, so staging
+//! stores stay 16 bytes.
 //!
 //! **Descriptors** (PTX ISA, "Matrix Descriptor Format"): start address `>> 4` in
 //! bits 0..14, leading-dimension byte offset `>> 4` in 16..30, stride-dimension byte
@@ -29,7 +34,7 @@
 //! B (N-major): leading offset = the next column block (`K S` bytes), stride offset
 //! = the next 8 rows of `k` (`8 S`); the step starts at `n0 / (S/2) * K S + k0 S`.
 
-use inkwell::values::{FloatValue, IntValue, PointerValue};
+use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 use tessera_ir::ir::{Op, OpKind};
 use tessera_ir::{ScalarType, ValueId};
 
@@ -45,8 +50,12 @@ pub(crate) const ARRAY_ALIGN: u32 = 1024;
 /// How a `dot` maps onto warpgroups.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct WgPlan {
-    /// Input element type (f16 or bf16).
+    /// Input element type (f16, bf16, or i8 with an i32 accumulator).
     pub input: ScalarType,
+    /// Bytes of one input element (2, or 1 for i8).
+    pub elem_bytes: u32,
+    /// `K` of one instruction: 32 bytes of each row (16 for 16-bit types, 32 for i8).
+    pub k_inst: u32,
     /// `N` of one instruction (a warpgroup's share of the tile's columns).
     pub n_inst: u32,
     /// Warpgroups along `M` and `N`.
@@ -94,9 +103,11 @@ pub(super) fn dim0_contiguous(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
 }
 
 /// The warpgroup plan of `dot` `op`, if it takes the `wgmma` path: a target with
-/// `wgmma`, f16/bf16 inputs with an f32 accumulator, whole warpgroups, `M` a multiple
-/// of 64, `K` of 16, every dimension a power of two, and a warpgroup's `N` between
-/// 16 and 256 and made of whole swizzle blocks.
+/// `wgmma`, f16/bf16 inputs with an f32 accumulator or i8 ones with an i32
+/// accumulator and a B that arrives contiguous along `k` (8-bit `wgmma` reads both
+/// operands K-major; an i8 B along `n` takes `mma.sync` instead), whole warpgroups,
+/// `M` a multiple of 64, `K` of the instruction's, every dimension a power of two,
+/// and a warpgroup's `N` between 16 and 256 and made of whole swizzle blocks.
 pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
     if !l.target().has_wgmma() {
         return None;
@@ -105,15 +116,23 @@ pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
     let b = l.f.ty(op.operands[1]);
     let c = l.f.ty(op.operands[2]);
     let input = a.scalar_type()?;
-    if !matches!(input, ScalarType::F16 | ScalarType::BF16)
-        || b.scalar_type()? != input
-        || c.scalar_type()? != ScalarType::F32
-    {
+    let acc = match input {
+        ScalarType::F16 | ScalarType::BF16 => ScalarType::F32,
+        ScalarType::I8 => ScalarType::I32,
+        _ => return None,
+    };
+    if b.scalar_type()? != input || c.scalar_type()? != acc {
         return None;
     }
+    let elem_bytes = input.size_bytes() as u32;
+    let k_inst = 32 / elem_bytes;
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
     let nw = l.nw;
-    if !nw.is_multiple_of(4) || !m.is_multiple_of(64) || !k.is_multiple_of(16) {
+    if !nw.is_multiple_of(4) || !m.is_multiple_of(64) || !k.is_multiple_of(k_inst) {
+        return None;
+    }
+    let b_k_major = k_contiguous(l, op.operands[1]);
+    if elem_bytes == 1 && !b_k_major {
         return None;
     }
     if ![m, n, k, nw].iter().all(|x| x.is_power_of_two()) {
@@ -123,12 +142,17 @@ pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
     let wg_m = wgs.min(m / 64);
     let wg_n = wgs / wg_m;
     let n_inst = n / wg_n;
-    let block = (n).min(64);
-    if !(16..=256).contains(&n_inst) || !n_inst.is_multiple_of(block) {
+    let block = n.min(128 / elem_bytes);
+    // N-major B: whole column blocks per warpgroup; K-major: rows of 8-row core
+    // matrices (a 1024-byte-aligned start: the swizzle's phase is 0).
+    let unit = if b_k_major { 16 } else { block };
+    if !(16..=256).contains(&n_inst) || !n_inst.is_multiple_of(unit) {
         return None;
     }
     Some(WgPlan {
         input,
+        elem_bytes,
+        k_inst,
         n_inst,
         wg_m,
         wg_n,
@@ -136,7 +160,7 @@ pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
         m,
         n,
         k,
-        b_k_major: k_contiguous(l, op.operands[1]),
+        b_k_major,
     })
 }
 
@@ -163,28 +187,31 @@ pub(super) fn c_layout(p: &WgPlan, nw: u32) -> Layout {
     Layout::from_coords(&[p.m, p.n], &reg, &lane, &warp)
 }
 
-/// One operand array: `[rows][cols]` cut into column blocks of `block` elements,
-/// each block `rows x block` consecutive and swizzled by `swz`.
+/// One operand array: `[rows][cols]` cut into column blocks of `block` elements
+/// (at most 128 bytes), each block `rows x block` consecutive and swizzled by `swz`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Array {
     pub rows: u32,
     pub block: u32,
     pub swz: Swizzle,
+    /// Bytes of one element.
+    pub elem_bytes: u32,
 }
 
 impl Array {
-    fn new(rows: u32, cols: u32) -> Array {
-        let block = cols.min(64);
+    fn new(rows: u32, cols: u32, elem_bytes: u32) -> Array {
+        let block = cols.min(128 / elem_bytes);
         Array {
             rows,
             block,
-            swz: Swizzle::new(block, 2, 8),
+            swz: Swizzle::new(block, elem_bytes, 16 / elem_bytes),
+            elem_bytes,
         }
     }
 
     /// Swizzle bytes `S` (one row of a block).
     fn row_bytes(&self) -> u32 {
-        self.block * 2
+        self.block * self.elem_bytes
     }
 
     /// The descriptor's swizzle-mode field.
@@ -231,12 +258,13 @@ pub(super) struct Arrays {
 
 impl Arrays {
     pub fn new(p: &WgPlan) -> Arrays {
+        let eb = p.elem_bytes;
         Arrays {
-            a: Array::new(p.m, p.k),
+            a: Array::new(p.m, p.k, eb),
             b: if p.b_k_major {
-                Array::new(p.n, p.k)
+                Array::new(p.n, p.k, eb)
             } else {
-                Array::new(p.k, p.n)
+                Array::new(p.k, p.n, eb)
             },
             a_elems: p.m * p.k,
             b_elems: p.k * p.n,
@@ -245,7 +273,7 @@ impl Arrays {
 
     /// Bytes of both arrays, a multiple of [`ARRAY_ALIGN`].
     pub fn bytes(&self) -> u32 {
-        ((self.a_elems + self.b_elems) * 2).next_multiple_of(ARRAY_ALIGN)
+        ((self.a_elems + self.b_elems) * self.a.elem_bytes).next_multiple_of(ARRAY_ALIGN)
     }
 }
 
@@ -277,11 +305,10 @@ pub(super) fn elem_offset<'ctx>(
 /// of operand `which`: along a row of the array (`k` for A; for B `n`, or `k`, a
 /// column of the `[k][n]` tile, when K-major).
 pub(super) fn store_runs(p: &WgPlan, which: usize) -> Vec<u32> {
-    if which == 1 && p.b_k_major {
-        vec![p.n, 2 * p.n, 4 * p.n]
-    } else {
-        vec![1, 2, 4]
-    }
+    let step = if which == 1 && p.b_k_major { p.n } else { 1 };
+    (0..(16 / p.elem_bytes).trailing_zeros())
+        .map(|i| step << i)
+        .collect()
 }
 
 /// A descriptor: `(start >> 4) & 0x3fff` from the runtime address `start` (bytes),
@@ -312,19 +339,21 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     // A zero accumulator (`zeros` or `full(0)`) is not materialized: the first
     // k-step's instructions clear `scale-d` (D = A·B) and take undefined registers.
     let zero_c = c.uniform
-        && c.regs
-            .first()
-            .and_then(|v| v.into_float_value().get_constant())
-            .is_some_and(|(x, _)| x == 0.0);
+        && c.regs.first().is_some_and(|v| match v {
+            BasicValueEnum::FloatValue(f) => f.get_constant().is_some_and(|(x, _)| x == 0.0),
+            BasicValueEnum::IntValue(i) => i.get_zero_extended_constant() == Some(0),
+            _ => false,
+        });
     let clay = c_layout(&p, l.nw);
     let c = l.convert(&c, &clay, &op.span)?;
     let ring = l.async_dot(op).is_some();
     let base: PointerValue<'ctx> = super::dot::arrays_base(l, op, arr.bytes())?;
     l.note(|| {
         format!(
-            "dot on wgmma: m64n{}k16 instructions, warpgroups {}x{}, {} tiles per warpgroup\n\
+            "dot on wgmma: m64n{}k{} instructions, warpgroups {}x{}, {} tiles per warpgroup\n\
              A array [m][k] (K-major, {}B swizzle) {:?}\nB array {} ({}B swizzle) {:?}",
             p.n_inst,
+            p.k_inst,
             p.wg_m,
             p.wg_n,
             p.reps_m,
@@ -341,8 +370,12 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     });
     // A chained dot's A (attention's P) in the accumulator layout of the dot before
     // it holds the A register fragments: `wgmma` reads A from registers.
-    let a_in_regs =
-        super::dot::a_from_registers(l, op, |lay| super::dot::wgmma_a_fragments(&p, lay))?;
+    // (16-bit types: the register fragment of 8-bit A is another layout.)
+    let a_in_regs = if p.elem_bytes == 2 {
+        super::dot::a_from_registers(l, op, |lay| super::dot::wgmma_a_fragments(&p, lay))?
+    } else {
+        None
+    };
     super::dot::stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
         super::dot::write_tile(l, t, base, &store_runs(&p, which), |e| {
             elem_offset(l, &p, &arr, which, e)
@@ -372,31 +405,32 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     )?;
     let a_base = bd.build_int_add(saddr, a_row0, "")?;
     let b_base = bd.build_int_add(
-        bd.build_int_add(saddr, l.cx.i32((arr.a_elems * 2) as i64), "")?,
+        bd.build_int_add(saddr, l.cx.i32((arr.a_elems * p.elem_bytes) as i64), "")?,
         b_col0,
         "",
     )?;
     let regs = (p.n_inst / 2) as usize;
-    let poison = l.cx.ctx.f32_type().get_poison();
-    let mut accs: Vec<Vec<FloatValue<'ctx>>> = (0..p.reps_m as usize)
+    let poison: BasicValueEnum<'ctx> = match l.ty(c.elem) {
+        inkwell::types::BasicTypeEnum::IntType(t) => t.get_poison().into(),
+        t => t.into_float_type().get_poison().into(),
+    };
+    let mut accs: Vec<Vec<BasicValueEnum<'ctx>>> = (0..p.reps_m as usize)
         .map(|r| {
             if zero_c {
                 return vec![poison; regs];
             }
-            c.regs[r * regs..(r + 1) * regs]
-                .iter()
-                .map(|v| v.into_float_value())
-                .collect()
+            c.regs[r * regs..(r + 1) * regs].to_vec()
         })
         .collect();
+    let eb = p.elem_bytes;
     let site = l.new_site("wgmma.fence");
     l.arch.wgmma_fence(&l.cx, site)?;
-    for ks in 0..p.k / 16 {
-        let k0 = ks * 16;
+    for ks in 0..p.k / p.k_inst {
+        let k0 = ks * p.k_inst;
         // B N-major: rows k0.. of this warpgroup's first column block; K-major: as A,
         // columns k0.. of its first row.
         let desc_b = if p.b_k_major {
-            let b_off = (k0 / arr.b.block) * p.n * b_s + (k0 % arr.b.block) * 2;
+            let b_off = (k0 / arr.b.block) * p.n * b_s + (k0 % arr.b.block) * eb;
             let b_start = l.cx.b.build_int_add(b_base, l.cx.i32(b_off as i64), "")?;
             descriptor(l, b_start, 16, 8 * b_s, arr.b.mode())?
         } else {
@@ -412,12 +446,12 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
             let a = match &a_in_regs {
                 Some((t, frags)) => {
                     let vals: Vec<_> = frags[r][ks as usize].iter().map(|&i| t.regs[i]).collect();
-                    a_regs = super::arch::pack_pairs(&l.cx, &vals)?;
+                    a_regs = super::arch::pack_words(&l.cx, &vals)?;
                     WgmmaA::Regs(&a_regs)
                 }
                 None => {
                     let m0 = r as u32 * 64 * p.wg_m;
-                    let a_off = (k0 / arr.a.block) * p.m * a_s + m0 * a_s + (k0 % arr.a.block) * 2;
+                    let a_off = (k0 / arr.a.block) * p.m * a_s + m0 * a_s + (k0 % arr.a.block) * eb;
                     let a_start = l.cx.b.build_int_add(a_base, l.cx.i32(a_off as i64), "")?;
                     WgmmaA::Desc(descriptor(l, a_start, 16, 8 * a_s, arr.a.mode())?)
                 }
@@ -452,7 +486,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     Ok(Tile {
         elem: c.elem,
         layout: clay,
-        regs: accs.into_iter().flatten().map(|v| v.into()).collect(),
+        regs: accs.into_iter().flatten().collect(),
         uniform: false,
     })
 }
@@ -475,15 +509,11 @@ pub(super) fn finish_in_flight<'ctx>(
             "overlapped accumulator of another size".into(),
         ));
     }
-    let accs: Vec<Vec<FloatValue<'ctx>>> = t
-        .regs
-        .chunks(regs)
-        .map(|c| c.iter().map(|v| v.into_float_value()).collect())
-        .collect();
+    let accs: Vec<Vec<BasicValueEnum<'ctx>>> = t.regs.chunks(regs).map(|c| c.to_vec()).collect();
     let site = l.new_site("wgmma.wait_group");
     let done = l.arch.wgmma_wait(&l.cx, 0, &accs, site)?;
     Ok(Tile {
-        regs: done.into_iter().flatten().map(|v| v.into()).collect(),
+        regs: done.into_iter().flatten().collect(),
         ..t.clone()
     })
 }
@@ -506,7 +536,7 @@ mod tests {
             (16, 128),
             (32, 32),
         ] {
-            let arr = Array::new(rows, cols);
+            let arr = Array::new(rows, cols, 2);
             let s = arr.row_bytes();
             let mut seen = std::collections::HashSet::new();
             for r in 0..rows {
