@@ -22,7 +22,7 @@
 //! | bad `remote_ptr` peer | `llvm.trap` | `llvm.trap` |
 //! | signal / counter atomics | inline `atom.{sem}.{cta,gpu,sys}.global.{exch.b64,add.u64}` (LLVM 22 drops the ordering and scope of NVPTX `atomicrmw`, emitting a relaxed `.gpu` atom) | `atomicrmw` with `syncscope` |
 //! | atomics scopes | `block` / `device` / system (`""`) | `workgroup` / `agent` / system (`""`) |
-//! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`, `...m16n8k32.row.col.s32.s8.s8.s32` (inline PTX; sm_80+); `wgmma.mma_async` (sm_90a, [`super::wgmma`]) | `llvm.amdgcn.mfma.f32.{16x16x16,32x32x8}{f16,bf16.1k}` (gfx90a, gfx942), `...i32.{16x16x16,32x32x8}i8` (gfx90a), `...i32.{16x16x32,32x32x16}.i8` (gfx942) |
+//! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`, `...m16n8k32.row.col.s32.s8.s8.s32` (inline PTX; sm_80+); `wgmma.mma_async` (sm_90a, `lower::wgmma`) | `llvm.amdgcn.mfma.f32.{16x16x16,32x32x8}{f16,bf16.1k}` (gfx90a, gfx942), `...i32.{16x16x16,32x32x8}i8` (gfx90a), `...i32.{16x16x32,32x32x16}.i8` (gfx942) |
 //!
 //! # Matrix fragment layouts
 //!
@@ -45,7 +45,7 @@
 //!
 //! The bf16 variant (`.1k`) has the same layouts with `<4 x i16>` operands.
 //!
-//! The 8-bit integer instructions are in [`nv_m16n8k32_s8`], [`amd_mfma_16`] and
+//! The 8-bit integer instructions are in `nv_m16n8k32_s8`, [`amd_mfma_16`] and
 //! [`amd_mfma_32`] (gfx942's `i8` MFMA hold 8 bytes of A and B per lane, twice the
 //! `k` of the f16 ones).
 
