@@ -28,6 +28,12 @@ mod layernorm;
 #[path = "matmul.rs"]
 #[allow(dead_code)]
 mod matmul;
+#[path = "matmul_fp8.rs"]
+#[allow(dead_code)]
+mod matmul_fp8;
+#[path = "matmul_i8.rs"]
+#[allow(dead_code)]
+mod matmul_i8;
 #[path = "softmax.rs"]
 #[allow(dead_code)]
 mod softmax;
@@ -150,7 +156,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 9] = [
+const JOBS: [Job; 15] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -163,6 +169,14 @@ const JOBS: [Job; 9] = [
     // FlashAttention-2 forward, 128 query rows x 64 keys per step, head dim 64
     // (examples/attention.rs launches 64x64 tiles).
     job!("attention_fwd_128x64", tessera::attention::attention_fwd<f16, 128, 64, 64>),
+    // The 8-bit GEMMs (examples/matmul_i8.rs, examples/matmul_fp8.rs), and at the
+    // tile of the Triton comparison (128 bytes of k per step).
+    job!("matmul_i8", matmul_i8::matmul_i8<64, 64, 64>),
+    job!("matmul_i8_bt", matmul_i8::matmul_i8_bt<64, 64, 64>),
+    job!("quantize_e4m3", matmul_fp8::quantize<F8E4M3, 1024>),
+    job!("matmul_fp8_e4m3", matmul_fp8::matmul_fp8_bt<F8E4M3, 64, 64, 64>),
+    job!("matmul_i8_bt_128x128x128", warps = 8, matmul_i8::matmul_i8_bt<128, 128, 128>),
+    job!("matmul_fp8_bt_128x128x128", warps = 8, matmul_fp8::matmul_fp8_bt<F8E4M3, 128, 128, 128>),
 ];
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {

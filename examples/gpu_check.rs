@@ -19,6 +19,12 @@ mod ex_layernorm;
 #[path = "matmul.rs"]
 #[allow(dead_code)]
 mod ex_matmul;
+#[path = "matmul_fp8.rs"]
+#[allow(dead_code)]
+mod ex_matmul_fp8;
+#[path = "matmul_i8.rs"]
+#[allow(dead_code)]
+mod ex_matmul_i8;
 #[path = "softmax.rs"]
 #[allow(dead_code)]
 mod ex_softmax;
@@ -37,6 +43,8 @@ use tessera::{ArtifactStore, DeviceKind, Specialization};
 
 use ex_layernorm::layernorm;
 use ex_matmul::matmul;
+use ex_matmul_fp8::{matmul_fp8_bt, quantize};
+use ex_matmul_i8::{matmul_i8, matmul_i8_bt};
 use ex_softmax::softmax;
 use ex_vector_add::vector_add;
 
@@ -126,7 +134,7 @@ type Case = fn(&Device, &Device, &mut StdRng) -> Result<Result<String, String>, 
 
 /// Runs one kernel on `gpu` and on `cpu` with the same inputs; the inner result is
 /// the comparison.
-const CASES: [(&str, Case); 6] = [
+const CASES: [(&str, Case); 9] = [
     ("vector_add", |gpu, cpu, rng| {
         let n = 1_000_003usize;
         let (xs, ys) = (random(rng, n, -10.0, 10.0), random(rng, n, -10.0, 10.0));
@@ -196,6 +204,61 @@ const CASES: [(&str, Case); 6] = [
             Ok(f64s(dc.download()?, |v| v.to_f64()))
         };
         Ok(compare(&run(gpu)?, &run(cpu)?, 1e-2, 2.0 / 2048.0))
+    }),
+    ("matmul_i8", |gpu, cpu, rng| {
+        let (m, n, k) = (300usize, 200usize, 176usize);
+        let mut bytes =
+            |len: usize| -> Vec<i8> { (0..len).map(|_| rng.gen_range(-128..=127)).collect() };
+        let (a, b) = (bytes(m * k), bytes(k * n));
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (da, db) = (d.upload(&a)?, d.upload(&b)?);
+            let mut dc = d.upload(&vec![i32::MIN + 7; m * n])?;
+            let args = (&da, &db, &mut dc, m as i32, n as i32, k as i32);
+            matmul_i8::<64, 64, 64>::launch(d, (m.div_ceil(64), n.div_ceil(64)), args)?;
+            Ok(f64s(dc.download()?, f64::from))
+        };
+        // Exact.
+        Ok(compare(&run(gpu)?, &run(cpu)?, 0.0, 0.0))
+    }),
+    ("matmul_i8_bt", |gpu, cpu, rng| {
+        let (m, n, k) = (300usize, 200usize, 176usize);
+        let mut bytes =
+            |len: usize| -> Vec<i8> { (0..len).map(|_| rng.gen_range(-128..=127)).collect() };
+        let (a, bt) = (bytes(m * k), bytes(n * k));
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (da, db) = (d.upload(&a)?, d.upload(&bt)?);
+            let mut dc = d.upload(&vec![i32::MIN + 7; m * n])?;
+            let args = (&da, &db, &mut dc, m as i32, n as i32, k as i32);
+            matmul_i8_bt::<64, 64, 64>::launch(d, (m.div_ceil(64), n.div_ceil(64)), args)?;
+            Ok(f64s(dc.download()?, f64::from))
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 0.0, 0.0))
+    }),
+    ("matmul_fp8_e4m3", |gpu, cpu, rng| {
+        // Quantized on each device (bit-exact conversions), then multiplied.
+        let (m, n, k) = (300usize, 200usize, 176usize);
+        let (a32, b32) = (random(rng, m * k, -8.0, 8.0), random(rng, n * k, -8.0, 8.0));
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let q = |x: &[f32]| -> Result<tessera::Buffer<F8E4M3>, Error> {
+                let dx = d.upload(x)?;
+                let mut dy = d.upload(&vec![F8E4M3::from_bits(0x7f); x.len()])?;
+                quantize::<F8E4M3, 1024>::launch(
+                    d,
+                    x.len().div_ceil(1024),
+                    (&dx, &mut dy, x.len() as i32),
+                )?;
+                Ok(dy)
+            };
+            let (da, db) = (q(&a32)?, q(&b32)?);
+            let mut out = f64s(da.download()?, |v| f64::from(v.to_bits()));
+            let mut dc = d.upload(&vec![f32::NAN; m * n])?;
+            let args = (&da, &db, &mut dc, m as i32, n as i32, k as i32);
+            matmul_fp8_bt::<F8E4M3, 64, 64, 64>::launch(d, (m.div_ceil(64), n.div_ceil(64)), args)?;
+            out.extend(f64s(dc.download()?, f64::from));
+            Ok(out)
+        };
+        // The quantized bits exactly; the products are exact, the sums in f32.
+        Ok(compare(&run(gpu)?, &run(cpu)?, 1e-3, 1e-5))
     }),
     ("layernorm", |gpu, cpu, rng| {
         let (r, c) = (512usize, 1000usize);
@@ -373,6 +436,19 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
     one(
         "matmul_f16",
         find_all::<matmul<f16, 64, 64, 32>>(store, t, o),
+    );
+    one("matmul_i8", find_all::<matmul_i8<64, 64, 64>>(store, t, o));
+    one(
+        "matmul_i8_bt",
+        find_all::<matmul_i8_bt<64, 64, 64>>(store, t, o),
+    );
+    one(
+        "quantize_e4m3",
+        find_all::<quantize<F8E4M3, 1024>>(store, t, o),
+    );
+    one(
+        "matmul_fp8_e4m3",
+        find_all::<matmul_fp8_bt<F8E4M3, 64, 64, 64>>(store, t, o),
     );
     one("layernorm", find_all::<layernorm<f32, 256>>(store, t, o));
     rows

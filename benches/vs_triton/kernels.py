@@ -62,6 +62,26 @@ def matmul(a_ptr, b_ptr, c_ptr, m, n, k, BM: tl.constexpr, BN: tl.constexpr, BK:
 
 
 @triton.jit
+def matmul_bt(a_ptr, bt_ptr, c_ptr, m, n, k, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """C = A @ B with B given transposed (A m x k, Bt n x k, both row-major: the
+    8-bit GEMMs' layout, both operands contiguous along k), as
+    examples/matmul_i8.rs `matmul_i8_bt` and examples/matmul_fp8.rs `matmul_fp8_bt`:
+    tl.dot accumulating in C's type (int32 for int8, f32 for fp8), masked edges."""
+    rm = (tl.program_id(0) * BM + tl.arange(0, BM))[:, None]  # BM x 1
+    rn = (tl.program_id(1) * BN + tl.arange(0, BN))[None, :]  # 1 x BN
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=c_ptr.dtype.element_ty)
+    for k0 in range(0, k, BK):
+        kk = k0 + rk
+        k_col = kk[None, :]  # 1 x BK
+        k_row = kk[:, None]  # BK x 1
+        a = tl.load(a_ptr + rm * k + k_col, mask=(rm < m) & (k_col < k), other=0.0)
+        b = tl.load(bt_ptr + rn * k + k_row, mask=(k_row < k) & (rn < n), other=0.0)
+        acc = tl.dot(a, b, acc, out_dtype=c_ptr.dtype.element_ty)
+    tl.store(c_ptr + rm * n + rn, acc, mask=(rm < m) & (rn < n))
+
+
+@triton.jit
 def layernorm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexpr):
     """y = (x - mean) / sqrt(var + eps) * w + b per row (one row per program), walking
     the row BLOCK columns at a time in three passes; also writes mean and 1/std."""

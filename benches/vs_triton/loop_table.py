@@ -41,6 +41,14 @@ CONFIGS = [
 # BM, BN, head dim, num_warps.
 ATTENTION = [("attention_fwd_128x64", 128, 64, 64, 4)]
 TARGETS = [("sm_80", "cuda", 80, 32), ("sm_90a", "cuda", 90, 32), ("gfx942", "hip", "gfx942", 64)]
+# The 8-bit GEMMs with B given transposed (`kernels.matmul_bt`, examples/matmul_i8.rs
+# and matmul_fp8.rs): name, Triton's A/B and C types, BM, BN, BK, num_warps, targets.
+# fp8 (OCP E4M3, Triton's fp8e4nv) only on sm_90a: Triton has no fp8e4nv dot before
+# sm_89, and gfx942's fp8 is the FNUZ formats.
+EIGHT_BIT = [
+    ("matmul_i8_bt_128x128x128", "*i8", "*i32", 128, 128, 128, 8, ["sm_80", "sm_90a", "gfx942"]),
+    ("matmul_fp8_bt_128x128x128", "*fp8e4nv", "*fp32", 128, 128, 128, 8, ["sm_90a"]),
+]
 # `STAGES=N bash benches/vs_triton/run.sh --loops` builds our side with `--num-stages N`
 # (default: the targets' defaults, 3 on NVIDIA and 2 on AMD).
 STAGES = os.environ.get("STAGES", "")
@@ -72,8 +80,15 @@ def triton_side(work: Path) -> dict:
     for name, bm, bn, hd, nw in ATTENTION:
         # `causal` is a flag (0 or 1): no divisibility; the sequence lengths are.
         jobs.append((name, kernels.attention_fwd, att_sig, {"BM": bm, "BN": bn, "HD": hd}, nw, ("causal",)))
-    for name, fn, sg, consts, nw, plain in jobs:
+    for name, ab, c, bm, bn, bk, nw, tgts in EIGHT_BIT:
+        sg8 = {"a_ptr": ab, "bt_ptr": ab, "c_ptr": c, "m": "i32", "n": "i32", "k": "i32",
+               "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
+        jobs.append((name, kernels.matmul_bt, sg8, {"BM": bm, "BN": bn, "BK": bk}, nw, (), tgts))
+    jobs = [j if len(j) == 7 else (*j, [t[0] for t in TARGETS]) for j in jobs]
+    for name, fn, sg, consts, nw, plain, tgts in jobs:
         for tgt, backend, arch, warp in TARGETS:
+            if tgt not in tgts:
+                continue
             attrs = {}
             for i, (pname, ty) in enumerate(sg.items()):
                 if ty.startswith("*"):
@@ -101,6 +116,11 @@ def triton_side(work: Path) -> dict:
     return out
 
 
+def runs_on(tgt: str) -> list:
+    """The kernels compared on `tgt`."""
+    return [c[0] for c in CONFIGS + ATTENTION] + [e[0] for e in EIGHT_BIT if tgt in e[7]]
+
+
 def ours_side(work: Path) -> dict:
     out = {}
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "tessera", "--example", "aot"], cwd=ROOT, check=True)
@@ -112,7 +132,7 @@ def ours_side(work: Path) -> dict:
         extra = ["--num-stages", STAGES] if STAGES else []
         subprocess.run([str(exe), "--target", tgt, "--out", str(d), *extra], cwd=ROOT, check=True,
                        capture_output=True)
-        for name, *_ in CONFIGS + ATTENTION:
+        for name in runs_on(tgt):
             if tgt.startswith("sm_"):
                 cubin = d / f"{name}.cubin"
                 ptxas(d / f"{name}.ptx", tgt, cubin)
@@ -132,8 +152,10 @@ def main() -> int:
     print("| kernel | target | side | " + " | ".join(KEYS) + " | loop cost vs Triton | barriers vs Triton |")
     print("|---|---|---|" + "---|" * len(KEYS) + "---|---|")
     verdicts = []
-    for name, *_ in CONFIGS + ATTENTION:
+    for name in [c[0] for c in CONFIGS + ATTENTION + EIGHT_BIT]:
         for tgt, *_ in TARGETS:
+            if name not in runs_on(tgt):
+                continue
             t, o = tri[(name, tgt)], ours[(name, tgt)]
             for side, m in (("Triton", t), ("Tessera", o)):
                 cells = " | ".join(str(m.get(k, "n/a")) for k in KEYS)

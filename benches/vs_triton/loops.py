@@ -2,10 +2,10 @@
 """Main-loop metrics of a matmul kernel, from its machine code.
 
 The main loop is the innermost backward-branch range that holds the most matrix
-instructions (HMMA/HGMMA on NVIDIA, v_mfma on AMD). Everything is counted per
-64 KFLOP of matrix work per warp: one m16n8k16 HMMA is 4 KFLOP, an MFMA
-16x16x16 8 KFLOP, 32x32x8 16 KFLOP, an HGMMA m64nNk16 (a warpgroup of 4 warps)
-2*64*N*16 / 4 per warp.
+instructions (HMMA/IMMA/HGMMA/IGMMA/QGMMA on NVIDIA, v_mfma on AMD). Everything is
+counted per 64 KFLOP (or integer op) of matrix work per warp: one m16n8k16 HMMA is
+4 KFLOP, an m16n8k32 IMMA 8, an MFMA MxNxK 2*M*N*K / 1 (16x16x16: 8 KFLOP), a
+warpgroup instruction m64nNkK (4 warps) 2*64*N*K / 4 per warp.
 
     python3 loops.py kernel.cubin        # SASS through cuobjdump -sass
     python3 loops.py kernel.s            # AMDGCN assembly (llc / Triton's amdgcn)
@@ -38,9 +38,15 @@ def sass_lines(cubin: Path) -> list[tuple[int, str]]:
     return lines
 
 
-def hgmma_flop(ins: str) -> float:
-    m = re.search(r"HGMMA\.64x(\d+)x16", ins)
-    return 2 * 64 * int(m.group(1)) * 16 / 4 if m else 0.0
+def mma_flop(ins: str) -> float:
+    """FLOP per warp of one matrix instruction: `HMMA.16816` / `IMMA.16832` (m16n8kK,
+    one warp), `HGMMA` / `IGMMA` / `QGMMA.64xNxK` (a warpgroup of 4 warps)."""
+    op = ins.split()[0] if not ins.startswith("@") else ins.split()[1]
+    if m := re.match(r"[HI]MMA\.168(\d+)", op):
+        return 2 * 16 * 8 * int(m.group(1))
+    if m := re.match(r"[HIQ]GMMA\.64x(\d+)x(\d+)", op):
+        return 2 * 64 * int(m.group(1)) * int(m.group(2)) / 4
+    return 0.0
 
 
 def nv_metrics(cubin: Path) -> dict:
@@ -58,7 +64,7 @@ def nv_metrics(cubin: Path) -> dict:
     best = None
     for lo, hi in loops:
         body = [ins for _, ins in lines[lo : hi + 1]]
-        flop = sum(4096.0 for x in body if x.split()[0].startswith("HMMA")) + sum(hgmma_flop(x) for x in body)
+        flop = sum(mma_flop(x) for x in body)
         if flop and (best is None or (flop, -(hi - lo)) > (best[0], -(best[2] - best[1]))):
             best = (flop, lo, hi)
     if best is None:
@@ -78,7 +84,7 @@ def nv_metrics(cubin: Path) -> dict:
         "cp_async": sum(o.startswith("LDGSTS") for o in ops),
         "global_loads": len(glds),
         "spills": sum(o.startswith(("STL", "LDL")) for o in ops),
-        "matrix": sum(o.startswith(("HMMA", "HGMMA")) for o in ops),
+        "matrix": sum(o.startswith(("HMMA", "HGMMA", "IMMA", "IGMMA", "QGMMA")) for o in ops),
     }
     out = {k: round(v * UNIT / flop, 2) for k, v in raw.items()}
     out["global_load_bits"] = round(sum(width(x) for x in glds) / len(glds), 1) if glds else 0

@@ -19,6 +19,7 @@ pub mod axis;
 pub mod comm;
 pub mod emit;
 pub mod emu;
+pub mod fp8;
 pub mod layout;
 pub mod lower;
 pub mod pipeline;

@@ -142,6 +142,7 @@ pub fn infer_result_types(
             expect_n(2)?;
             same_type(operands[0], operands[1], op.name())?;
             let s = scalar(operands[0], op.name())?;
+            no_fp8_arith(s, op.name())?;
             if op.is_bitwise() && s.is_float() {
                 return Err(format!("`{}` is not defined on {s}", op.name()));
             }
@@ -156,6 +157,7 @@ pub fn infer_result_types(
         OpKind::Unary(op) => {
             expect_n(1)?;
             let s = scalar(operands[0], op.name())?;
+            no_fp8_arith(s, op.name())?;
             if op.is_float_only() && !s.is_float() {
                 return Err(format!("`{}` needs a float operand, got {s}", op.name()));
             }
@@ -180,7 +182,7 @@ pub fn infer_result_types(
         OpKind::Cmp(p) => {
             expect_n(2)?;
             same_type(operands[0], operands[1], p.name())?;
-            scalar(operands[0], "cmp")?;
+            no_fp8_arith(scalar(operands[0], "cmp")?, p.name())?;
             Ok(vec![Type::tile(ScalarType::I1, &operands[0].shape)])
         }
         OpKind::Select => {
@@ -200,10 +202,20 @@ pub fn infer_result_types(
         OpKind::Cast => {
             expect_n(1)?;
             let t = hint("the target type")?;
-            scalar(operands[0], "cast")?;
+            let from = scalar(operands[0], "cast")?;
             let to = t
                 .scalar_type()
                 .ok_or_else(|| "cannot cast to a pointer".to_string())?;
+            // The 8-bit floats convert to and from the 16- and 32-bit floats only
+            // (one rounding, the same on every target).
+            let fp8_ok = |s: ScalarType| {
+                matches!(s, ScalarType::F16 | ScalarType::BF16 | ScalarType::F32) || s.is_fp8()
+            };
+            if (from.is_fp8() || to.is_fp8()) && from != to && !(fp8_ok(from) && fp8_ok(to)) {
+                return Err(format!(
+                    "cast from {from} to {to}: the 8-bit floats convert only to and from f16, bf16 and f32"
+                ));
+            }
             Ok(vec![Type::tile(to, &operands[0].shape)])
         }
         OpKind::AddPtr => {
@@ -333,6 +345,7 @@ pub fn infer_result_types(
             expect_n(1)?;
             let src = operands[0];
             let s = scalar(src, kind.mnemonic())?;
+            no_fp8_arith(s, kind.mnemonic())?;
             if (*axis as usize) >= src.rank() {
                 return Err(format!(
                     "{} axis {axis} out of range for {src}",
@@ -425,10 +438,25 @@ pub fn infer_result_types(
     }
 }
 
+/// `Err` for arithmetic (`what`) on an 8-bit float, which is a storage and
+/// matrix-unit type only.
+fn no_fp8_arith(s: ScalarType, what: &str) -> Result<(), String> {
+    if s.is_fp8() {
+        return Err(format!(
+            "`{what}` is not defined on {s}: the 8-bit floats are loaded, stored, cast (to f16, bf16 or f32) and multiplied by `dot`; cast to f16 or f32 for arithmetic"
+        ));
+    }
+    Ok(())
+}
+
 /// The accumulator type of `dot` for an input type.
 pub fn dot_acc_type(input: ScalarType) -> Option<ScalarType> {
     match input {
-        ScalarType::F16 | ScalarType::BF16 | ScalarType::F32 => Some(ScalarType::F32),
+        ScalarType::F16
+        | ScalarType::BF16
+        | ScalarType::F32
+        | ScalarType::F8E4M3
+        | ScalarType::F8E5M2 => Some(ScalarType::F32),
         ScalarType::F64 => Some(ScalarType::F64),
         ScalarType::I8 => Some(ScalarType::I32),
         _ => None,

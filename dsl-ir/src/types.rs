@@ -36,11 +36,20 @@ pub enum ScalarType {
     F32,
     /// IEEE 754 binary64.
     F64,
+    /// 8-bit float E4M3 (OCP 8-bit floating point, "E4M3FN": exponent bias 7, 3
+    /// mantissa bits, no infinities, NaN `S.1111.111`, largest finite ±448). Storage
+    /// and matrix-unit type: loads, stores, casts from and to f16/bf16/f32, and `dot`
+    /// (into f32); no arithmetic.
+    F8E4M3,
+    /// 8-bit float E5M2 (OCP: exponent bias 15, 2 mantissa bits, IEEE infinities and
+    /// NaNs, largest finite ±57344; the top byte of an f16). As [`ScalarType::F8E4M3`]:
+    /// a storage and matrix-unit type.
+    F8E5M2,
 }
 
 impl ScalarType {
     /// Every scalar type, in a fixed order.
-    pub const ALL: [ScalarType; 13] = [
+    pub const ALL: [ScalarType; 15] = [
         ScalarType::I1,
         ScalarType::I8,
         ScalarType::I16,
@@ -54,6 +63,8 @@ impl ScalarType {
         ScalarType::BF16,
         ScalarType::F32,
         ScalarType::F64,
+        ScalarType::F8E4M3,
+        ScalarType::F8E5M2,
     ];
 
     /// The IR spelling: `i1`, `i32`, `u8`, `f16`, `bf16`, ...
@@ -72,6 +83,8 @@ impl ScalarType {
             ScalarType::BF16 => "bf16",
             ScalarType::F32 => "f32",
             ScalarType::F64 => "f64",
+            ScalarType::F8E4M3 => "f8e4m3",
+            ScalarType::F8E5M2 => "f8e5m2",
         }
     }
 
@@ -84,7 +97,7 @@ impl ScalarType {
     pub fn bits(self) -> u32 {
         match self {
             ScalarType::I1 => 1,
-            ScalarType::I8 | ScalarType::U8 => 8,
+            ScalarType::I8 | ScalarType::U8 | ScalarType::F8E4M3 | ScalarType::F8E5M2 => 8,
             ScalarType::I16 | ScalarType::U16 | ScalarType::F16 | ScalarType::BF16 => 16,
             ScalarType::I32 | ScalarType::U32 | ScalarType::F32 => 32,
             ScalarType::I64 | ScalarType::U64 | ScalarType::F64 => 64,
@@ -96,7 +109,8 @@ impl ScalarType {
         (self.bits().max(8) / 8) as usize
     }
 
-    /// `f16`, `bf16`, `f32`, `f64`.
+    /// `f16`, `bf16`, `f32`, `f64`: the float types with arithmetic (not the 8-bit
+    /// storage floats, [`Self::is_fp8`]).
     pub fn is_float(self) -> bool {
         matches!(
             self,
@@ -104,9 +118,14 @@ impl ScalarType {
         )
     }
 
+    /// The 8-bit storage floats `f8e4m3` and `f8e5m2`.
+    pub fn is_fp8(self) -> bool {
+        matches!(self, ScalarType::F8E4M3 | ScalarType::F8E5M2)
+    }
+
     /// Integer types, excluding the boolean `i1`.
     pub fn is_int(self) -> bool {
-        !self.is_float() && self != ScalarType::I1
+        !self.is_float() && !self.is_fp8() && self != ScalarType::I1
     }
 
     /// Signed integers (`i8`..`i64`).

@@ -162,6 +162,13 @@ impl<'a> Verifier<'a> {
                         &f.span,
                         format!("{what} must be a scalar or a scalar pointer, got {t}"),
                     );
+                } else if t.scalar_type().is_some_and(ScalarType::is_fp8) {
+                    self.err(
+                        &f.span,
+                        format!(
+                            "{what}: an 8-bit float scalar parameter is not supported; pass an f32 and cast it"
+                        ),
+                    );
                 }
             }
         }
@@ -1033,5 +1040,50 @@ mod tests {
         assert_eq!(errs[0].span, sp(1));
         assert!(errs[1].message.contains("powers of two"), "{errs:?}");
         assert_eq!(errs[1].span, sp(2));
+    }
+
+    #[test]
+    fn eight_bit_floats_are_storage_and_dot_types_only() {
+        use crate::infer::infer_result_types;
+        use crate::ir::{BinaryOp, ReduceOp};
+        let e4 = Type::tile(ScalarType::F8E4M3, &[16, 16]);
+        let e5 = Type::tile(ScalarType::F8E5M2, &[16, 16]);
+        let f32t = Type::tile(ScalarType::F32, &[16, 16]);
+        let add = infer_result_types(&OpKind::Binary(BinaryOp::Add), &[&e4, &e4], None);
+        assert!(add.unwrap_err().contains("not defined on f8e4m3"));
+        let red = infer_result_types(
+            &OpKind::Reduce {
+                axis: 0,
+                op: ReduceOp::Max,
+            },
+            &[&e5],
+            None,
+        );
+        assert!(red.unwrap_err().contains("cast to f16 or f32"));
+        // Casts: to and from f16/bf16/f32 and between the formats; not integers or f64.
+        for (from, to, ok) in [
+            (ScalarType::F32, ScalarType::F8E4M3, true),
+            (ScalarType::BF16, ScalarType::F8E5M2, true),
+            (ScalarType::F8E4M3, ScalarType::F8E5M2, true),
+            (ScalarType::F8E5M2, ScalarType::F16, true),
+            (ScalarType::I32, ScalarType::F8E4M3, false),
+            (ScalarType::F8E4M3, ScalarType::I8, false),
+            (ScalarType::F64, ScalarType::F8E5M2, false),
+        ] {
+            let src = Type::tile(from, &[4]);
+            let r = infer_result_types(&OpKind::Cast, &[&src], Some(&Type::tile(to, &[4])));
+            assert_eq!(r.is_ok(), ok, "{from} -> {to}: {r:?}");
+        }
+        let d = infer_result_types(&OpKind::Dot, &[&e4, &e4, &f32t], None).expect("dot");
+        assert_eq!(d, vec![f32t.clone()]);
+        assert!(infer_result_types(&OpKind::Dot, &[&e4, &e5, &f32t], None).is_err());
+        // A scalar parameter of an 8-bit float type is reported.
+        let mut b = FunctionBuilder::new("k", sp(1));
+        b.param("x", Type::scalar(ScalarType::F8E4M3), ParamAttrs::default());
+        let errs = verify_all(&b.finish());
+        assert!(
+            errs[0].message.contains("8-bit float scalar parameter"),
+            "{errs:?}"
+        );
     }
 }

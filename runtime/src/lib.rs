@@ -53,6 +53,8 @@ pub use artifact::{ArtifactStore, KernelBinary, KernelOptions, Specialization};
 pub use buffer::{Buffer, Element};
 pub use device::{Device, DeviceKind, DeviceProperties, EmuKind};
 pub use error::Error;
+/// The 8-bit float element types (OCP E4M3 and E5M2), from the `float8` crate.
+pub use float8;
 pub use launch::{Grid, Kernel, LaunchArg, kernel_ir, launch};
 #[cfg(feature = "jit")]
 pub use tessera_codegen as codegen;
@@ -64,6 +66,7 @@ pub use world::{Rank, SymBuffer, World};
 pub mod prelude {
     pub use crate::collectives::{AllReduceAlgo, CollElem};
     pub use crate::{Buffer, Device, Error, Grid, Kernel, Rank, SymBuffer, World, helper, kernel};
+    pub use float8::{F8E4M3, F8E5M2};
     pub use half::{bf16, f16};
     pub use tessera_ir::dsl::{
         Const, D, DType, DotInput, Float, Global, Int, Num, One, Pow2, S1, S2, S3, Scalar,

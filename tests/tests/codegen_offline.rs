@@ -874,6 +874,9 @@ fn elementwise_kernels_take_16_byte_accesses_without_replicas() {
     }
 }
 
+#[path = "../../examples/matmul_fp8.rs"]
+#[allow(dead_code)]
+mod matmul_fp8;
 #[path = "../../examples/matmul_i8.rs"]
 #[allow(dead_code)]
 mod matmul_i8;
@@ -972,4 +975,96 @@ fn matmul_i8_uses_the_integer_matrix_units() {
         let dis = tools::amdgpu_disasm(&art.binary, arch).expect("llvm-objdump");
         assert!(dis.contains(narrow), "{arch:?}: no {narrow}:\n{dis}");
     }
+}
+
+/// fp8 GEMMs, specialized as launches are: on sm_90a with A and Bᵀ given (both
+/// contiguous along k) `wgmma` `m64nNk32.f32.e4m3.e4m3` / `.e5m2.e5m2` (QGMMA in the
+/// SASS) from a `cp.async` ring, no spills; with B `[k][n]` on sm_90a, and on
+/// sm_80, sm_90 and gfx942 always, the operands cast to f16 for the f16 matrix
+/// instructions (HGMMA, HMMA, `v_mfma_f32_*_f16`), see `tessera::codegen::fp8`.
+#[test]
+fn matmul_fp8_uses_wgmma_or_the_f16_matrix_units() {
+    use tessera::ir::ParamFacts;
+    let spec = |f: std::sync::Arc<tessera::ir::Function>| {
+        let facts = vec![ParamFacts::new(true, true); f.params.len()];
+        f.specialized(&facts)
+    };
+    let cases = [
+        (
+            "e4m3 Bᵀ 64x64x64",
+            spec(kernel_ir::<matmul_fp8::matmul_fp8_bt<F8E4M3, 64, 64, 64>>(&()).expect("builds")),
+            4,
+            true,
+            "m64n64k32.f32.e4m3.e4m3",
+        ),
+        (
+            "e5m2 Bᵀ 128x128x128",
+            spec(
+                kernel_ir::<matmul_fp8::matmul_fp8_bt<F8E5M2, 128, 128, 128>>(&()).expect("builds"),
+            ),
+            8,
+            true,
+            "m64n128k32.f32.e5m2.e5m2",
+        ),
+        (
+            "e4m3 B [k][n] 64x64x32",
+            spec(kernel_ir::<matmul::matmul<F8E4M3, 64, 64, 32>>(&()).expect("builds")),
+            4,
+            false,
+            "m64n64k16.f32.f16.f16",
+        ),
+    ];
+    for (name, func, warps, native, wgmma) in cases {
+        let opts = CompileOptions::warps(warps);
+        let art = compile_ir(&func, SM90A, &opts).expect("compiles");
+        let ptx = &art.asm;
+        assert!(
+            ptx.contains(&format!("wgmma.mma_async.sync.aligned.{wgmma}")),
+            "{name} sm_90a:\n{ptx}"
+        );
+        assert_eq!(ptx.contains("cp.async.cg.shared.global"), native, "{name}");
+        let r = tools::ptxas(ptx, "sm_90a").expect("ptxas");
+        assert_eq!(
+            (r.spill_stores_bytes, r.spill_loads_bytes),
+            (0, 0),
+            "{name} sm_90a"
+        );
+        let sass = tools::sass(&r.cubin).expect("cuobjdump");
+        assert_eq!(sass.contains("QGMMA"), native, "{name}:\n{sass}");
+        assert!(sass.contains("GMMA"), "{name}:\n{sass}");
+        if warps > 4 {
+            continue; // the 128-wide k tile is the sm_90a one
+        }
+        for t in [SM80, SM90] {
+            let art = compile_ir(&func, t, &opts).expect("compiles");
+            assert!(
+                art.asm
+                    .contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"),
+                "{name} {t}"
+            );
+            let r = tools::ptxas(&art.asm, &t.to_string()).expect("ptxas");
+            assert_eq!(
+                (r.spill_stores_bytes, r.spill_loads_bytes),
+                (0, 0),
+                "{name} {t}"
+            );
+            assert!(
+                tools::sass(&r.cubin).expect("cuobjdump").contains("HMMA"),
+                "{name} {t}"
+            );
+        }
+        let art = compile_ir(&func, GFX942, &opts).expect("compiles");
+        let dis = tools::amdgpu_disasm(&art.binary, AmdArch::Gfx942).expect("llvm-objdump");
+        assert!(
+            dis.contains("v_mfma_f32_32x32x8_f16") || dis.contains("v_mfma_f32_16x16x16_f16"),
+            "{name} gfx942"
+        );
+    }
+    // Quantizing casts: integer code on every target, assembled.
+    let q = kernel_ir::<matmul_fp8::quantize<F8E5M2, 1024>>(&()).expect("builds");
+    for t in [SM80, SM90A] {
+        let art = compile_ir(&q, t, &CompileOptions::default()).expect("compiles");
+        tools::ptxas(&art.asm, &t.to_string()).expect("ptxas");
+    }
+    compile_ir(&q, GFX942, &CompileOptions::default()).expect("compiles");
 }

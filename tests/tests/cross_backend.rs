@@ -28,6 +28,9 @@ mod layernorm;
 #[path = "../../examples/matmul.rs"]
 #[allow(dead_code)]
 mod matmul;
+#[path = "../../examples/matmul_fp8.rs"]
+#[allow(dead_code)]
+mod matmul_fp8;
 #[path = "../../examples/matmul_i8.rs"]
 #[allow(dead_code)]
 mod matmul_i8;
@@ -93,6 +96,8 @@ fn poisoned(t: ScalarType, len: usize) -> HostBuffer {
         ScalarType::F32 => f32::NAN.to_le_bytes().repeat(len),
         ScalarType::F64 => f64::NAN.to_le_bytes().repeat(len),
         ScalarType::I1 => vec![1u8; len],
+        // NaN in both 8-bit float formats.
+        ScalarType::F8E4M3 | ScalarType::F8E5M2 => vec![0x7fu8; len],
         t => vec![0xA5u8; len * t.size_bytes()],
     };
     HostBuffer::from_bytes(t, &bytes).expect("whole elements")
@@ -128,6 +133,8 @@ fn values(b: &HostBuffer) -> Vec<f64> {
         ScalarType::BF16 => v::<bf16>(b, |x| x.to_f64()),
         ScalarType::F32 => v::<f32>(b, |x| x as f64),
         ScalarType::F64 => v::<f64>(b, |x| x),
+        ScalarType::F8E4M3 => v::<F8E4M3>(b, |x| x.to_f64()),
+        ScalarType::F8E5M2 => v::<F8E5M2>(b, |x| x.to_f64()),
     }
 }
 
@@ -439,6 +446,247 @@ fn matmul_i8_matrix_path() {
     let f = ir::<matmul_i8::matmul_i8<32, 64, 32>>();
     let grid = [m.div_ceil(32) as u32, n.div_ceil(64) as u32, 1];
     check("matmul i8 32x64x32", &f, grid, &args, 4, 0.0);
+}
+
+/// f32 → both 8-bit floats (and back), f16/bf16 → E4M3, E4M3 ↔ E5M2.
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+fn fp8_casts<const B: usize>(
+    x: &Global<f32>,
+    e4: &mut Global<F8E4M3>,
+    e5: &mut Global<F8E5M2>,
+    back4: &mut Global<f32>,
+    back5: &mut Global<f32>,
+    via_half: &mut Global<F8E4M3>,
+    via_bf16: &mut Global<F8E5M2>,
+    cross: &mut Global<F8E5M2>,
+    n: i32,
+) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    let a = x.load(offs, m);
+    let q4 = a.cast::<F8E4M3>();
+    e4.store(offs, q4, m);
+    e5.store(offs, a.cast::<F8E5M2>(), m);
+    back4.store(offs, q4.cast::<f32>(), m);
+    back5.store(offs, a.cast::<F8E5M2>().cast::<f32>(), m);
+    via_half.store(offs, a.cast::<f16>().cast::<F8E4M3>(), m);
+    via_bf16.store(offs, a.cast::<bf16>().cast::<F8E5M2>(), m);
+    cross.store(offs, q4.cast::<F8E5M2>(), m);
+}
+
+/// Every bit pattern of both formats to f32, f16 and bf16.
+#[kernel]
+fn fp8_decode<const B: usize>(
+    e4: &Global<F8E4M3>,
+    e5: &Global<F8E5M2>,
+    f4: &mut Global<f32>,
+    f5: &mut Global<f32>,
+    h5: &mut Global<f16>,
+    b4: &mut Global<bf16>,
+) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(256);
+    let (x4, x5) = (e4.load(offs, m), e5.load(offs, m));
+    f4.store(offs, x4.cast::<f32>(), m);
+    f5.store(offs, x5.cast::<f32>(), m);
+    h5.store(offs, x5.cast::<f16>(), m);
+    b4.store(offs, x4.cast::<bf16>(), m);
+}
+
+/// The 8-bit float conversions of the lowering (integer code on the bits, on every
+/// target) against the interpreter's (the `float8` crate's, CUDA's `satfinite`
+/// conversion), bit for bit: every encoding of both formats decoded, and f32
+/// values at every boundary (zeros, subnormal ties, the smallest normals, the
+/// saturation thresholds and their neighbours, infinities, NaNs) and random ones over
+/// the whole range encoded. The poisoned outputs (NaN bits) show unwritten elements.
+#[test]
+fn fp8_casts_are_bit_exact() {
+    let mut xs: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        448.0,
+        -448.0,
+        464.0,
+        464.0001,
+        463.99,
+        480.0,
+        57344.0,
+        61439.99,
+        61440.0,
+        -61440.0,
+        1e9,
+        -1e9,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::MIN_POSITIVE,
+        1e-40,
+    ];
+    for e in [-6, -9, -10, -14, -16, -17] {
+        let p = 2f32.powi(e);
+        xs.extend([
+            p,
+            -p,
+            p * 1.5,
+            p * 0.75,
+            p * 1.25,
+            p.next_up(),
+            p.next_down(),
+        ]);
+    }
+    // Ties of every binade of E4M3 (half an ulp above a value with an odd and an even
+    // mantissa).
+    for e in -6..=8 {
+        for mant in 0..8 {
+            let v = (1.0 + mant as f32 / 8.0) * 2f32.powi(e);
+            xs.extend([v + 2f32.powi(e - 4), v - 2f32.powi(e - 4)]);
+        }
+    }
+    let mut r = StdRng::seed_from_u64(31);
+    while xs.len() < 1500 {
+        let v = 2f32.powf(r.gen_range(-20.0..18.0)) * if r.gen_bool(0.5) { 1.0 } else { -1.0 };
+        xs.push(v);
+    }
+    let n = xs.len();
+    let f = ir::<fp8_casts<256>>();
+    let args = [
+        inp(&xs),
+        out::<F8E4M3>(n),
+        out::<F8E5M2>(n),
+        out::<f32>(n),
+        out::<f32>(n),
+        out::<F8E4M3>(n),
+        out::<F8E5M2>(n),
+        out::<F8E5M2>(n),
+        Arg::Sc(S::I32(n as i32)),
+    ];
+    check("fp8 casts", &f, g1(n.div_ceil(256)), &args, 4, 0.0);
+    // The interpreter itself: the float8 crate's conversion.
+    let bits: Vec<u8> = (0..=255).collect();
+    let e4: Vec<F8E4M3> = bits.iter().map(|&b| F8E4M3::from_bits(b)).collect();
+    let e5: Vec<F8E5M2> = bits.iter().map(|&b| F8E5M2::from_bits(b)).collect();
+    let f = ir::<fp8_decode<64>>();
+    let args = [
+        inp(&e4),
+        inp(&e5),
+        out::<f32>(256),
+        out::<f32>(256),
+        out::<f16>(256),
+        out::<bf16>(256),
+    ];
+    check("fp8 decode", &f, g1(4), &args, 2, 0.0);
+}
+
+/// `values` reads 8-bit floats as their f64 value: bit-level mismatches of NaNs
+/// (which compare as NaN) stay; a test that the bits agree too.
+#[test]
+fn fp8_cast_outputs_agree_in_their_bits() {
+    let xs: Vec<f32> = (0..512).map(|i| (i as f32 - 256.0) * 1.37).collect();
+    let n = xs.len();
+    let f = ir::<fp8_casts<128>>();
+    let reference = make(&[
+        inp(&xs),
+        out::<F8E4M3>(n),
+        out::<F8E5M2>(n),
+        out::<f32>(n),
+        out::<f32>(n),
+        out::<F8E4M3>(n),
+        out::<F8E5M2>(n),
+        out::<F8E5M2>(n),
+        Arg::Sc(S::I32(n as i32)),
+    ]);
+    interp::run(&f, g1(n.div_ceil(128)), &reference).expect("interpreter");
+    for (i, x) in xs.iter().enumerate() {
+        let KernelArg::Buffer(b) = &reference[1] else {
+            unreachable!()
+        };
+        let got = b.to_vec::<F8E4M3>().expect("e4m3")[i].to_bits();
+        assert_eq!(got, F8E4M3::from_f32(*x).to_bits(), "{x}");
+    }
+    let got = make(&[
+        inp(&xs),
+        out::<F8E4M3>(n),
+        out::<F8E5M2>(n),
+        out::<f32>(n),
+        out::<f32>(n),
+        out::<F8E4M3>(n),
+        out::<F8E5M2>(n),
+        out::<F8E5M2>(n),
+        Arg::Sc(S::I32(n as i32)),
+    ]);
+    for flavor in FLAVORS {
+        emu::launch(
+            &f,
+            flavor,
+            &CompileOptions::warps(4),
+            g1(n.div_ceil(128)),
+            &got,
+        )
+        .expect("emulator");
+        for k in [1, 2, 5, 6, 7] {
+            let (KernelArg::Buffer(w), KernelArg::Buffer(g)) = (&reference[k], &got[k]) else {
+                unreachable!()
+            };
+            assert_eq!(w.read_bytes(), g.read_bytes(), "output {k} on {flavor:?}");
+        }
+    }
+}
+
+/// fp8 GEMMs: the example's (A and Bᵀ contiguous along k: `wgmma` `.e4m3`/`.e5m2`
+/// on emu-sm90a, f16 matrix instructions elsewhere) and the f16 matmul example's on
+/// E4M3 (B `[k][n]`, f16 instructions everywhere, the f32 result cast back to
+/// E4M3), ragged sizes, against the interpreter.
+#[test]
+fn matmul_fp8_matrix_paths() {
+    let (m, n, k) = (80usize, 70usize, 100usize);
+    let q4 = |v: Vec<f32>| -> Vec<F8E4M3> { v.into_iter().map(F8E4M3::from_f32).collect() };
+    let q5 = |v: Vec<f32>| -> Vec<F8E5M2> { v.into_iter().map(F8E5M2::from_f32).collect() };
+    let grid = [m.div_ceil(64) as u32, n.div_ceil(64) as u32, 1];
+    let sc = |x: usize| Arg::Sc(S::I32(x as i32));
+    let args4 = vec![
+        inp(&q4(rand_f32(41, m * k, -8.0, 8.0))),
+        inp(&q4(rand_f32(42, n * k, -8.0, 8.0))),
+        out::<f32>(m * n),
+        sc(m),
+        sc(n),
+        sc(k),
+    ];
+    let tol = 4e-5 * k as f64;
+    let f = ir::<matmul_fp8::matmul_fp8_bt<F8E4M3, 64, 64, 64>>();
+    check("matmul e4m3 Bᵀ", &f, grid, &args4, 4, tol);
+    let args5 = vec![
+        inp(&q5(rand_f32(43, m * k, -8.0, 8.0))),
+        inp(&q5(rand_f32(44, n * k, -8.0, 8.0))),
+        out::<f32>(m * n),
+        sc(m),
+        sc(n),
+        sc(k),
+    ];
+    let f = ir::<matmul_fp8::matmul_fp8_bt<F8E5M2, 64, 64, 64>>();
+    check("matmul e5m2 Bᵀ", &f, grid, &args5, 4, tol);
+    // Halves in [-2, 2]: exact products and sums, so that every order of the sum
+    // rounds to the same E4M3.
+    let halves = |seed: u64, len: usize| -> Vec<f32> {
+        let mut r = StdRng::seed_from_u64(seed);
+        (0..len)
+            .map(|_| r.gen_range(-4i32..=4) as f32 * 0.5)
+            .collect()
+    };
+    let args = vec![
+        inp(&q4(halves(45, m * k))),
+        inp(&q4(halves(46, k * n))),
+        out::<F8E4M3>(m * n),
+        sc(m),
+        sc(n),
+        sc(k),
+    ];
+    let f = ir::<matmul::matmul<F8E4M3, 64, 64, 32>>();
+    check("matmul e4m3 (B [k][n], e4m3 out)", &f, grid, &args, 4, 0.0);
 }
 
 #[test]

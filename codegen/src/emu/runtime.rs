@@ -823,7 +823,9 @@ fn wg_issue(
             ty: match ty {
                 0 => WgType::F16,
                 1 => WgType::Bf16,
-                _ => WgType::S8,
+                2 => WgType::S8,
+                3 => WgType::E4M3,
+                _ => WgType::E5M2,
             },
             n: n as u32,
             desc_a: desc_a as u64,

@@ -28,7 +28,8 @@
 //!   `D[16 w + l / 4 + 8 ((i / 2) % 2)][8 (i / 4) + 2 (l % 4) + i % 2]`.
 //! - **Types**: `.f16`/`.bf16` inputs take 16 k per instruction and accumulate in
 //!   f32; `.s8` inputs take 32 and accumulate in s32 (wrapping: no `.satfinite`),
-//!   with both operands K-major (8-bit types have no transpose).
+//!   `.e4m3`/`.e5m2` (OCP 8-bit floats) take 32 and accumulate in f32, with both
+//!   operands K-major (8-bit types have no transpose).
 //!
 //! Each emulated thread computes its own D registers (the hardware computes the
 //! warpgroup's tile; the sum of the threads' shares is the same thing), when a
@@ -52,14 +53,18 @@ pub enum WgType {
     Bf16,
     /// `.s8` (s32 accumulators).
     S8,
+    /// `.e4m3` (f32 accumulators).
+    E4M3,
+    /// `.e5m2` (f32 accumulators).
+    E5M2,
 }
 
 impl WgType {
     /// Bytes of one input element.
     pub fn bytes(self) -> u32 {
         match self {
-            WgType::S8 => 1,
-            _ => 2,
+            WgType::S8 | WgType::E4M3 | WgType::E5M2 => 1,
+            WgType::F16 | WgType::Bf16 => 2,
         }
     }
 
@@ -201,8 +206,8 @@ pub fn execute(
     };
     let db = decode(op.desc_b)?;
     let (ty, eb) = (op.ty, op.ty.bytes());
-    if ty == WgType::S8 && (op.trans_b || op.a_quad.is_some()) {
-        return Err("wgmma .s8 takes both operands K-major from shared memory".into());
+    if eb == 1 && (op.trans_b || op.a_quad.is_some()) {
+        return Err("8-bit wgmma takes both operands K-major from shared memory".into());
     }
     if !op.scale_d {
         acc.fill(0);
@@ -244,7 +249,9 @@ fn a_from_quad(q: &[u32; 16], row: u32, k: u32) -> u16 {
 fn to_f32(ty: WgType, bits: u16) -> f32 {
     match ty {
         WgType::Bf16 => half::bf16::from_bits(bits).to_f32(),
-        _ => half::f16::from_bits(bits).to_f32(),
+        WgType::E4M3 => float8::F8E4M3::from_bits(bits as u8).to_f32(),
+        WgType::E5M2 => float8::F8E5M2::from_bits(bits as u8).to_f32(),
+        WgType::F16 | WgType::S8 => half::f16::from_bits(bits).to_f32(),
     }
 }
 
@@ -334,7 +341,7 @@ mod tests {
             site: 0,
         };
         for t in 0..128 {
-            let mut acc: Vec<u32> = (0..n / 2).map(|i| (1000 * i) as u32).collect();
+            let mut acc: Vec<u32> = (0..n / 2).map(|i| 1000 * i).collect();
             execute(&op, t, &mut acc, |a| Ok(u16::from(smem[a as usize]))).expect("runs");
             for i in 0..n / 2 {
                 let (r, c) = d_coords(t, i);

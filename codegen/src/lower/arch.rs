@@ -661,11 +661,14 @@ impl Arch for Nvptx {
             ScalarType::F16 => (16, "f32.f16.f16"),
             ScalarType::BF16 => (16, "f32.bf16.bf16"),
             ScalarType::I8 => (32, "s32.s8.s8"),
+            ScalarType::F8E4M3 => (32, "f32.e4m3.e4m3"),
+            ScalarType::F8E5M2 => (32, "f32.e5m2.e5m2"),
             t => return Err(LowerError::Llvm(format!("wgmma on {t:?}"))),
         };
-        if input == ScalarType::I8 && (trans_b || matches!(a, WgmmaA::Regs(_))) {
+        let eight_bit = input.bits() == 8;
+        if eight_bit && (trans_b || matches!(a, WgmmaA::Regs(_))) {
             return Err(LowerError::Llvm(
-                "wgmma on s8 takes both operands K-major from shared memory".into(),
+                "8-bit wgmma takes both operands K-major from shared memory".into(),
             ));
         }
         // Operands: $0..$r-1 the accumulators (outputs), then A (a descriptor, or
@@ -692,10 +695,12 @@ impl Arch for Nvptx {
         extra.push(("l", desc_b.into()));
         extra.push(("r", cx.i32(i64::from(scale_d)).into()));
         let regs: Vec<String> = (0..r).map(|i| format!("${i}")).collect();
-        // Floating-point types take imm-scale-a, imm-scale-b and the transposes;
-        // integer types only scale-d.
+        // Floating-point types take imm-scale-a and imm-scale-b, the 16-bit ones
+        // also the transposes; integer types only scale-d.
         let imm = if input == ScalarType::I8 {
             String::new()
+        } else if eight_bit {
+            ", 1, 1".to_string()
         } else {
             format!(", 1, 1, {trans_a}{}", u32::from(trans_b))
         };

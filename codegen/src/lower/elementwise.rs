@@ -482,6 +482,9 @@ pub(super) fn cast<'ctx>(
     if from == to {
         return Ok(v);
     }
+    if from.is_fp8() || to.is_fp8() {
+        return cast_fp8(cx, from, to, v);
+    }
     if to == ScalarType::I1 {
         return Ok(if from.is_float() {
             let x = v.into_float_value();
@@ -539,6 +542,191 @@ pub(super) fn cast<'ctx>(
             })
         }
     }
+}
+
+/// The parameters of an 8-bit float format for [`f32_to_fp8`]: mantissa bits,
+/// exponent bias, the largest finite encoding, the f32 bits past which a value
+/// saturates to it (`> sat` for E4M3: beyond 464 = 448 + half an ulp; `>= sat` for
+/// E5M2: from 61440 = 57344 + half an ulp, which ties to an odd mantissa), the f32
+/// bits of the smallest normal, and the scale that makes the smallest subnormal 1.
+struct Fp8Format {
+    mbits: u32,
+    bias: u32,
+    max_finite: u32,
+    sat: u32,
+    sat_inclusive: bool,
+    min_normal: u32,
+    sub_scale: f64,
+}
+
+fn fp8_format(s: ScalarType) -> Fp8Format {
+    if s == ScalarType::F8E4M3 {
+        Fp8Format {
+            mbits: 3,
+            bias: 7,
+            max_finite: 0x7e,
+            sat: 464f32.to_bits(),
+            sat_inclusive: false,
+            min_normal: 2f32.powi(-6).to_bits(),
+            sub_scale: 512.0,
+        }
+    } else {
+        Fp8Format {
+            mbits: 2,
+            bias: 15,
+            max_finite: 0x7b,
+            sat: 61440f32.to_bits(),
+            sat_inclusive: true,
+            min_normal: 2f32.powi(-14).to_bits(),
+            sub_scale: 65536.0,
+        }
+    }
+}
+
+/// A cast to or from an 8-bit float (the verifier admits f16, bf16 and f32 on the
+/// other side), in integer arithmetic on the bits, the same on every target: to the
+/// 8-bit float rounds to nearest even and saturates to the largest finite value
+/// (`satfinite`), NaN stays NaN; from it is exact.
+fn cast_fp8<'ctx>(
+    cx: &Cx<'ctx>,
+    from: ScalarType,
+    to: ScalarType,
+    v: BasicValueEnum<'ctx>,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let f32t = cx.ctx.f32_type();
+    if to.is_fp8() && from.is_fp8() {
+        let x = fp8_to_f32(cx, from, v.into_int_value())?;
+        return Ok(f32_to_fp8(cx, to, x)?.into());
+    }
+    if to.is_fp8() {
+        let x = v.into_float_value();
+        let x = if from == ScalarType::F32 {
+            x
+        } else if is_half(from) {
+            cx.b.build_float_ext(x, f32t, "")?
+        } else {
+            return Err(super::LowerError::Llvm(format!("cast from {from} to {to}")));
+        };
+        return Ok(f32_to_fp8(cx, to, x)?.into());
+    }
+    let x = fp8_to_f32(cx, from, v.into_int_value())?;
+    Ok(match to {
+        ScalarType::F32 => x.into(),
+        // Exact: every 8-bit float value is an f16 and a bf16.
+        t if is_half(t) => cx.b.build_float_trunc(x, fty(cx, t), "")?.into(),
+        t => return Err(super::LowerError::Llvm(format!("cast from {from} to {t}"))),
+    })
+}
+
+/// The f32 value of the 8-bit float bits `b` (exact).
+fn fp8_to_f32<'ctx>(cx: &Cx<'ctx>, s: ScalarType, b: IntValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+    let bd = &cx.b;
+    let (i32t, f32t) = (cx.ctx.i32_type(), cx.ctx.f32_type());
+    let c = |x: u32| i32t.const_int(u64::from(x), false);
+    let fmt = fp8_format(s);
+    let u = bd.build_int_z_extend(b, i32t, "")?;
+    let sign = bd.build_left_shift(bd.build_and(u, c(0x80), "")?, c(24), "")?;
+    let a = bd.build_and(u, c(0x7f), "")?;
+    // Normal: the exponent and mantissa bits moved into place, the bias moved to
+    // f32's.
+    let normal = bd.build_int_add(
+        bd.build_left_shift(a, c(23 - fmt.mbits), "")?,
+        c((127 - fmt.bias) << 23),
+        "",
+    )?;
+    // Subnormal (exponent field 0): the mantissa times the smallest subnormal.
+    let sub = bd.build_float_mul(
+        bd.build_unsigned_int_to_float(a, f32t, "")?,
+        f32t.const_float(1.0 / fmt.sub_scale),
+        "",
+    )?;
+    let sub = bd.build_bit_cast(sub, i32t, "")?.into_int_value();
+    let is_sub = bd.build_int_compare(IntPredicate::ULT, a, c(1 << fmt.mbits), "")?;
+    let mag = bd.build_select(is_sub, sub, normal, "")?.into_int_value();
+    // Specials: E4M3's one NaN (`S.1111.111`); E5M2's infinities (`S.11111.00`) and
+    // NaNs.
+    let mag = if s == ScalarType::F8E4M3 {
+        let nan = bd.build_int_compare(IntPredicate::EQ, a, c(0x7f), "")?;
+        bd.build_select(nan, c(0x7fc0_0000), mag, "")?
+            .into_int_value()
+    } else {
+        let inf = bd.build_int_compare(IntPredicate::EQ, a, c(0x7c), "")?;
+        let nan = bd.build_int_compare(IntPredicate::UGT, a, c(0x7c), "")?;
+        let m = bd
+            .build_select(inf, c(0x7f80_0000), mag, "")?
+            .into_int_value();
+        bd.build_select(nan, c(0x7fc0_0000), m, "")?
+            .into_int_value()
+    };
+    let bits = bd.build_or(mag, sign, "")?;
+    Ok(bd.build_bit_cast(bits, f32t, "")?.into_float_value())
+}
+
+/// `x` rounded to the 8-bit float `s` (nearest even, saturating to the largest
+/// finite value, NaN to NaN), as its bits.
+fn f32_to_fp8<'ctx>(cx: &Cx<'ctx>, s: ScalarType, x: FloatValue<'ctx>) -> LResult<IntValue<'ctx>> {
+    let bd = &cx.b;
+    let (i32t, f32t) = (cx.ctx.i32_type(), cx.ctx.f32_type());
+    let c = |x: u32| i32t.const_int(u64::from(x), false);
+    let fmt = fp8_format(s);
+    let u = bd.build_bit_cast(x, i32t, "")?.into_int_value();
+    let sign = bd.build_and(bd.build_right_shift(u, c(24), false, "")?, c(0x80), "")?;
+    let a = bd.build_and(u, c(0x7fff_ffff), "")?;
+    // Normal: rebias the exponent, keep the top mantissa bits, round the rest to
+    // nearest even (a carry moves into the exponent, as it should).
+    let drop = 23 - fmt.mbits;
+    let exp = bd.build_int_sub(
+        bd.build_right_shift(a, c(23), false, "")?,
+        c(127 - fmt.bias),
+        "",
+    )?;
+    let mant = bd.build_and(
+        bd.build_right_shift(a, c(drop), false, "")?,
+        c((1 << fmt.mbits) - 1),
+        "",
+    )?;
+    let res = bd.build_or(bd.build_left_shift(exp, c(fmt.mbits), "")?, mant, "")?;
+    let rest = bd.build_and(a, c((1 << drop) - 1), "")?;
+    let half = c(1 << (drop - 1));
+    let above = bd.build_int_compare(IntPredicate::UGT, rest, half, "")?;
+    let tie = bd.build_int_compare(IntPredicate::EQ, rest, half, "")?;
+    let odd = bd.build_int_compare(IntPredicate::NE, bd.build_and(mant, c(1), "")?, c(0), "")?;
+    let up = bd.build_or(above, bd.build_and(tie, odd, "")?, "")?;
+    let normal = bd.build_int_add(res, bd.build_int_z_extend(up, i32t, "")?, "")?;
+    // Below the smallest normal: a multiple of the smallest subnormal, rounded to
+    // nearest even (its bits are that multiple; 2^mbits is the smallest normal).
+    let ax = bd.build_bit_cast(a, f32t, "")?.into_float_value();
+    let scaled = bd.build_float_mul(ax, f32t.const_float(fmt.sub_scale), "")?;
+    let rounded = cx
+        .call_intrinsic("llvm.roundeven", &[f32t.into()], &[scaled.into()])?
+        .into_float_value();
+    let sub = bd.build_float_to_unsigned_int(rounded, i32t, "")?;
+    let is_sub = bd.build_int_compare(IntPredicate::ULT, a, c(fmt.min_normal), "")?;
+    let mag = bd.build_select(is_sub, sub, normal, "")?.into_int_value();
+    let sat_pred = if fmt.sat_inclusive {
+        IntPredicate::UGE
+    } else {
+        IntPredicate::UGT
+    };
+    let sat = bd.build_int_compare(sat_pred, a, c(fmt.sat), "")?;
+    let mag = bd
+        .build_select(sat, c(fmt.max_finite), mag, "")?
+        .into_int_value();
+    // NaN: E4M3's `0x7f`; E5M2's `0x7e` with the top two mantissa bits ORed in (a
+    // quiet NaN's are `1x`), as CUDA's conversion does.
+    let nan = bd.build_int_compare(IntPredicate::UGT, a, c(0x7f80_0000), "")?;
+    let nan_bits = if s == ScalarType::F8E4M3 {
+        c(0x7f)
+    } else {
+        bd.build_or(
+            c(0x7e),
+            bd.build_and(bd.build_right_shift(a, c(21), false, "")?, c(3), "")?,
+            "",
+        )?
+    };
+    let mag = bd.build_select(nan, nan_bits, mag, "")?.into_int_value();
+    let bits = bd.build_or(mag, sign, "")?;
+    Ok(bd.build_int_truncate(bits, cx.ctx.i8_type(), "")?)
 }
 
 /// The element type of a tile as a scalar (pointers are not elementwise operands).

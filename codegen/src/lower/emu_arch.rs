@@ -24,7 +24,7 @@
 //! | shared address (descriptors) | `p - tessera_emu_shared_base()` |
 //! | `fence.proxy.async.shared::cta` | `void tessera_emu_fence_proxy_async()` |
 //! | `wgmma.fence` / `.commit_group` | `void tessera_emu_wgmma_{fence,commit}(i32 site)` |
-//! | `wgmma.mma_async` m64nNk16 / m64nNk32 `.s8` (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` (ty: 0 f16, 1 bf16, 2 s8; flags: bit 0 `imm-trans-b`, bit 1 `scale-d`) (`[n/2 x i32]` accumulator words, f32 by their bits, in; poison out) |
+//! | `wgmma.mma_async` m64nNk16 / m64nNk32 `.s8` (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` (ty: 0 f16, 1 bf16, 2 s8, 3 e4m3, 4 e5m2; flags: bit 0 `imm-trans-b`, bit 1 `scale-d`) (`[n/2 x i32]` accumulator words, f32 by their bits, in; poison out) |
 //! | `wgmma.mma_async` with A in registers | `void tessera_emu_wgmma_rs(i32 ty, i32 n, i32 a0..a3, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
@@ -523,6 +523,8 @@ impl Arch for Emu {
             ScalarType::F16 => 0,
             ScalarType::BF16 => 1,
             ScalarType::I8 => 2,
+            ScalarType::F8E4M3 => 3,
+            ScalarType::F8E5M2 => 4,
             t => return Err(LowerError::Llvm(format!("wgmma on {t:?}"))),
         };
         let mut args: Vec<BasicMetadataValueEnum> =

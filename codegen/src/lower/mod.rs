@@ -326,6 +326,29 @@ fn lower_impl<'ctx>(
     opts: &CompileOptions,
     with_layouts: bool,
 ) -> Result<Lowered<'ctx>, CodegenError> {
+    // `dot`s of 8-bit floats: on `wgmma` as they are where they can be (else the
+    // whole kernel again with them on f16), elsewhere on f16 (`crate::fp8`).
+    if crate::fp8::has_fp8_dot(func) {
+        if arch.target().has_wgmma()
+            && let Ok(l) = lower_as_is(ctx, func, arch, opts, with_layouts)
+        {
+            return Ok(l);
+        }
+        if let Some(up) = crate::fp8::upcast_dots(func, &|_| false) {
+            return lower_as_is(ctx, &up, arch, opts, with_layouts);
+        }
+    }
+    lower_as_is(ctx, func, arch, opts, with_layouts)
+}
+
+/// [`lower_impl`] with the `dot`s as they are.
+fn lower_as_is<'ctx>(
+    ctx: &'ctx Context,
+    func: &Function,
+    arch: &dyn Arch,
+    opts: &CompileOptions,
+    with_layouts: bool,
+) -> Result<Lowered<'ctx>, CodegenError> {
     let stages = opts
         .num_stages
         .unwrap_or_else(|| arch.default_num_stages())
@@ -374,8 +397,11 @@ fn lower_staged<'ctx>(
         let (Some(s), [m, k], [_, n]) = (a.scalar_type(), &a.shape[..], &b.shape[..]) else {
             return false;
         };
-        arch.mma_for(s, *m, *n, *k, nw)
-            .is_some_and(|i| m % i.m == 0 && n % i.n == 0 && k % i.k == 0)
+        // (8-bit floats stay so only on `wgmma`, see `crate::fp8`.)
+        (s.is_fp8() && target.has_wgmma())
+            || arch
+                .mma_for(s, *m, *n, *k, nw)
+                .is_some_and(|i| m % i.m == 0 && n % i.n == 0 && k % i.k == 0)
     };
     let pipelined = crate::pipeline::pipeline_loads(func, stages, &matrix_dot);
     let func = &pipelined;
@@ -2136,6 +2162,8 @@ pub fn llvm_type<'ctx>(ctx: &'ctx Context, target: Target, e: Elem) -> BasicType
         Elem::Scalar(s) => match s {
             ScalarType::I1 => ctx.bool_type().into(),
             ScalarType::I8 | ScalarType::U8 => ctx.i8_type().into(),
+            // The 8-bit floats live in registers as their bits.
+            ScalarType::F8E4M3 | ScalarType::F8E5M2 => ctx.i8_type().into(),
             ScalarType::I16 | ScalarType::U16 => ctx.i16_type().into(),
             ScalarType::I32 | ScalarType::U32 => ctx.i32_type().into(),
             ScalarType::I64 | ScalarType::U64 => ctx.i64_type().into(),

@@ -50,7 +50,7 @@ pub(crate) const ARRAY_ALIGN: u32 = 1024;
 /// How a `dot` maps onto warpgroups.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct WgPlan {
-    /// Input element type (f16, bf16, or i8 with an i32 accumulator).
+    /// Input element type (f16, bf16, f8e4m3, f8e5m2, or i8 with an i32 accumulator).
     pub input: ScalarType,
     /// Bytes of one input element (2, or 1 for i8).
     pub elem_bytes: u32,
@@ -117,7 +117,9 @@ pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
     let c = l.f.ty(op.operands[2]);
     let input = a.scalar_type()?;
     let acc = match input {
-        ScalarType::F16 | ScalarType::BF16 => ScalarType::F32,
+        ScalarType::F16 | ScalarType::BF16 | ScalarType::F8E4M3 | ScalarType::F8E5M2 => {
+            ScalarType::F32
+        }
         ScalarType::I8 => ScalarType::I32,
         _ => return None,
     };

@@ -49,10 +49,10 @@ mod sealed {
 }
 
 /// A Tessera element type: `bool`, `i8`..`i64`, `u8`..`u64`, `f16`, `bf16`, `f32`,
-/// `f64`.
+/// `f64`, and the 8-bit floats `F8E4M3`, `F8E5M2`.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a Tessera element type",
-    label = "expected one of bool, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64",
+    label = "expected one of bool, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64, F8E4M3, F8E5M2",
     note = "kernel scalar parameters and buffer elements must be element types"
 )]
 pub trait DType: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
@@ -95,6 +95,20 @@ macro_rules! dtype_float {
     )*};
 }
 dtype_float!(f16 => F16, bf16 => BF16, f32 => F32, f64 => F64);
+
+/// The 8-bit floats ([`float8::F8E4M3`], [`float8::F8E5M2`]): element types of
+/// buffers and tiles that are loaded, stored, cast to and from f16/bf16/f32 and
+/// multiplied by [`ops::dot`]; not [`Num`], so arithmetic on them does not compile.
+macro_rules! dtype_fp8 {
+    ($($t:ty => $s:ident),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl DType for $t {
+            const TY: ScalarType = ScalarType::$s;
+            fn to_const(self) -> ConstValue { ConstValue::Float(self.to_f64()) }
+        }
+    )*};
+}
+dtype_fp8!(float8::F8E4M3 => F8E4M3, float8::F8E5M2 => F8E5M2);
 
 impl sealed::Sealed for bool {}
 impl DType for bool {

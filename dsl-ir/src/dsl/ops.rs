@@ -540,9 +540,9 @@ where
 /// Input element types of [`dot`] and their accumulator types.
 #[diagnostic::on_unimplemented(
     message = "`dot` is not defined on `{Self}` inputs",
-    label = "dot takes f16, bf16 or f32 inputs (f32 accumulator), f64 (f64) or i8 (i32)"
+    label = "dot takes f16, bf16, f32, F8E4M3 or F8E5M2 inputs (f32 accumulator), f64 (f64) or i8 (i32)"
 )]
-pub trait DotInput: Num {
+pub trait DotInput: DType + bytemuck::Pod {
     /// The accumulator element type.
     type Acc: DType;
 }
@@ -560,6 +560,12 @@ impl DotInput for f64 {
 }
 impl DotInput for i8 {
     type Acc = i32;
+}
+impl DotInput for float8::F8E4M3 {
+    type Acc = f32;
+}
+impl DotInput for float8::F8E5M2 {
+    type Acc = f32;
 }
 
 /// Matrix multiply-accumulate: `a` (M×K) times `b` (K×N) plus `acc` (M×N), computed

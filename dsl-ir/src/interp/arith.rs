@@ -447,6 +447,8 @@ fn data_type_name(d: &Data) -> String {
         Data::BF16(_) => "bf16".into(),
         Data::F32(_) => "f32".into(),
         Data::F64(_) => "f64".into(),
+        Data::F8E4M3(_) => "f8e4m3".into(),
+        Data::F8E5M2(_) => "f8e5m2".into(),
     }
 }
 
@@ -631,6 +633,8 @@ pub(crate) fn cast(a: &Data, to: ScalarType) -> Result<Data, ArithErr> {
                 ScalarType::BF16 => Data::BF16(cast_vec($v)),
                 ScalarType::F32 => Data::F32(cast_vec($v)),
                 ScalarType::F64 => Data::F64(cast_vec($v)),
+                ScalarType::F8E4M3 => Data::F8E4M3(cast_vec($v)),
+                ScalarType::F8E5M2 => Data::F8E5M2(cast_vec($v)),
             }
         };
     }
@@ -648,6 +652,8 @@ pub(crate) fn cast(a: &Data, to: ScalarType) -> Result<Data, ArithErr> {
         Data::BF16(v) => to_dst!(v),
         Data::F32(v) => to_dst!(v),
         Data::F64(v) => to_dst!(v),
+        Data::F8E4M3(v) => to_dst!(v),
+        Data::F8E5M2(v) => to_dst!(v),
         Data::Ptr(_) => return Err(mismatch("cast", a)),
     })
 }
@@ -784,7 +790,7 @@ pub(crate) fn reduce_or_scan(
         D::BF16(v) => D::BF16(num(op, v, d, scan)?),
         D::F32(v) => D::F32(num(op, v, d, scan)?),
         D::F64(v) => D::F64(num(op, v, d, scan)?),
-        D::Ptr(_) => return Err(mismatch(op.name(), x)),
+        D::F8E4M3(_) | D::F8E5M2(_) | D::Ptr(_) => return Err(mismatch(op.name(), x)),
     })
 }
 
@@ -847,6 +853,16 @@ pub(crate) fn dot(
         (D::F64(x), D::F64(y), D::F64(mut c)) => {
             dot_loop(x, y, &mut c, dims, |p, q| p * q, |p, q| p + q);
             D::F64(c)
+        }
+        (D::F8E4M3(x), D::F8E4M3(y), D::F32(mut c)) => {
+            let (x, y) = (to32(x, |v| v.to_f32()), to32(y, |v| v.to_f32()));
+            dot_loop(&x, &y, &mut c, dims, |p, q| p * q, |p, q| p + q);
+            D::F32(c)
+        }
+        (D::F8E5M2(x), D::F8E5M2(y), D::F32(mut c)) => {
+            let (x, y) = (to32(x, |v| v.to_f32()), to32(y, |v| v.to_f32()));
+            dot_loop(&x, &y, &mut c, dims, |p, q| p * q, |p, q| p + q);
+            D::F32(c)
         }
         (D::I8(x), D::I8(y), D::I32(mut c)) => {
             let x: Vec<i32> = x.iter().map(|&v| v as i32).collect();

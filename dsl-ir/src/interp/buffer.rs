@@ -56,7 +56,8 @@ pub(crate) mod sealed {
 }
 
 /// A Rust type that is the in-memory form of a [`ScalarType`]: `bool` (`i1`, one byte),
-/// `i8`..`i64`, `u8`..`u64`, [`half::f16`], [`half::bf16`], `f32`, `f64`.
+/// `i8`..`i64`, `u8`..`u64`, [`half::f16`], [`half::bf16`], `f32`, `f64`,
+/// [`float8::F8E4M3`], [`float8::F8E5M2`].
 /// Sealed: implemented for exactly these types.
 pub trait Element: sealed::Mem + Copy + Send + Sync + 'static {
     /// The scalar type this Rust type represents.
@@ -212,6 +213,38 @@ float_elem!(f16, u16, AtomicU16, F16);
 float_elem!(bf16, u16, AtomicU16, BF16);
 float_elem!(f32, u32, AtomicU32, F32);
 float_elem!(f64, u64, AtomicU64, F64);
+
+macro_rules! fp8_elem {
+    ($t:ty, $st:ident) => {
+        impl sealed::Mem for $t {
+            #[inline(always)]
+            unsafe fn load(base: *const u8, i: usize) -> $t {
+                // SAFETY: the caller guarantees `i` is in bounds.
+                <$t>::from_bits(
+                    unsafe { AtomicU8::from_ptr((base as *mut u8).add(i)) }.load(Ordering::Relaxed),
+                )
+            }
+            #[inline(always)]
+            unsafe fn store(base: *const u8, i: usize, v: $t) {
+                // SAFETY: as for `load`.
+                unsafe { AtomicU8::from_ptr((base as *mut u8).add(i)) }
+                    .store(v.to_bits(), Ordering::Relaxed)
+            }
+            unsafe fn rmw(_: *const u8, _: usize, _: AtomicOp, _: $t, _: Ordering) -> Option<$t> {
+                None
+            }
+            unsafe fn cas(_: *const u8, _: usize, _: $t, _: $t, _: Ordering) -> Option<$t> {
+                None
+            }
+        }
+        impl Element for $t {
+            const TY: ScalarType = ScalarType::$st;
+        }
+    };
+}
+
+fp8_elem!(float8::F8E4M3, F8E4M3);
+fp8_elem!(float8::F8E5M2, F8E5M2);
 
 /// Device memory of the CPU device: `len` elements of type `elem`, zero-initialized.
 ///

@@ -574,6 +574,14 @@ macro_rules! with_type {
                 type $T = f64;
                 $body
             }
+            ScalarType::F8E4M3 => {
+                type $T = float8::F8E4M3;
+                $body
+            }
+            ScalarType::F8E5M2 => {
+                type $T = float8::F8E5M2;
+                $body
+            }
         }
     };
 }

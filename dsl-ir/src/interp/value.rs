@@ -3,6 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
 use super::buffer::{Element, HostBuffer};
@@ -169,6 +170,8 @@ pub(crate) enum Data {
     BF16(Vec<bf16>),
     F32(Vec<f32>),
     F64(Vec<f64>),
+    F8E4M3(Vec<F8E4M3>),
+    F8E5M2(Vec<F8E5M2>),
     Ptr(PtrTile),
 }
 
@@ -191,6 +194,8 @@ macro_rules! map_data {
             Data::BF16($v) => Data::BF16($e),
             Data::F32($v) => Data::F32($e),
             Data::F64($v) => Data::F64($e),
+            Data::F8E4M3($v) => Data::F8E4M3($e),
+            Data::F8E5M2($v) => Data::F8E5M2($e),
             Data::Ptr(p) => Data::Ptr($crate::interp::value::PtrTile {
                 slots: match &p.slots {
                     $crate::interp::value::Slots::Uniform(s) => {
@@ -227,6 +232,8 @@ impl Data {
             Data::BF16(v) => v.len(),
             Data::F32(v) => v.len(),
             Data::F64(v) => v.len(),
+            Data::F8E4M3(v) => v.len(),
+            Data::F8E5M2(v) => v.len(),
             Data::Ptr(p) => p.offs.len(),
         }
     }
@@ -491,3 +498,37 @@ macro_rules! elt_half {
 
 elt_half!(F16, f16, f16_from_f64);
 elt_half!(BF16, bf16, bf16_from_f64);
+
+/// The 8-bit floats: conversions from f32 (and exactly representable f64) round to
+/// nearest even and saturate to the largest finite value, NaN stays NaN (the
+/// `satfinite` conversions of CUDA and the PTX ISA, as the `float8` crate implements
+/// them); to f16, bf16, f32 and f64 they are exact. Integers convert through f64
+/// (the verifier admits only f16, bf16 and f32 casts).
+macro_rules! elt_fp8 {
+    ($v:ident, $t:ty) => {
+        impl Elt for $t {
+            elt_common!($v, $t);
+            fn from_i64(v: i64) -> $t {
+                <$t>::from_f64(v as f64)
+            }
+            fn from_u64(v: u64) -> $t {
+                <$t>::from_f64(v as f64)
+            }
+            fn from_f32(x: f32) -> $t {
+                <$t>::from_f32(x)
+            }
+            fn from_f64(x: f64) -> $t {
+                <$t>::from_f64(x)
+            }
+            fn from_bool(b: bool) -> $t {
+                <$t>::from_f32(if b { 1.0 } else { 0.0 })
+            }
+            fn cast<D: Elt>(self) -> D {
+                D::from_f32(self.to_f32())
+            }
+        }
+    };
+}
+
+elt_fp8!(F8E4M3, F8E4M3);
+elt_fp8!(F8E5M2, F8E5M2);

@@ -1,0 +1,78 @@
+//! `dot` on the 8-bit floats where the target has no 8-bit float matrix instruction.
+//!
+//! Every `f8e4m3` and `f8e5m2` value is exactly an f16 (E5M2 is the top byte of an
+//! f16; E4M3's range, ±448 down to 2^-9, lies inside f16's), and a product of two
+//! f16 is exact in f32. So a `dot` of 8-bit floats equals the same `dot` of its
+//! operands cast to f16, which the f16 matrix path (`mma.sync`, MFMA, `wgmma`)
+//! computes. [`upcast_dots`] rewrites the IR that way, on a copy, before lowering:
+//!
+//! - on every target but sm_90a, whose `wgmma` takes E4M3/E5M2 operands directly
+//!   (`m64nNk32.f32.e4m3.e4m3`) when both are K-major in shared memory;
+//! - on gfx942, whose MFMA 8-bit float instructions read the FNUZ formats (exponent
+//!   bias 8 and 16, a single NaN `0x80`, no negative zero, no infinities), not the
+//!   OCP formats Tessera's types are: the f16 MFMA gives the exact product instead;
+//! - on sm_89 and sm_90, whose `mma.sync` 8-bit float forms need PTX ISA 8.4 (CUDA
+//!   12.4 drivers), past the 8.0 Tessera emits.
+
+use tessera_ir::ir::{Function, Op, OpKind, Region};
+use tessera_ir::{ScalarType, ValueId};
+
+/// `f` with every 8-bit-float `dot` (those `keep` rejects) taking its operands cast to
+/// f16; `None` when there is none to rewrite.
+pub fn upcast_dots(f: &Function, keep: &dyn Fn(&Op) -> bool) -> Option<Function> {
+    let mut g = f.clone();
+    let mut body = std::mem::take(&mut g.body);
+    let changed = rewrite(&mut g, &mut body, keep);
+    g.body = body;
+    changed.then_some(g)
+}
+
+/// Whether `f` has a `dot` of 8-bit floats.
+pub fn has_fp8_dot(f: &Function) -> bool {
+    fn any(f: &Function, r: &Region) -> bool {
+        r.ops.iter().any(|o| {
+            (o.kind == OpKind::Dot && is_fp8_dot(f, o)) || o.regions.iter().any(|s| any(f, s))
+        })
+    }
+    any(f, &f.body)
+}
+
+fn is_fp8_dot(f: &Function, op: &Op) -> bool {
+    f.ty(op.operands[0])
+        .scalar_type()
+        .is_some_and(ScalarType::is_fp8)
+}
+
+fn rewrite(f: &mut Function, r: &mut Region, keep: &dyn Fn(&Op) -> bool) -> bool {
+    let mut changed = false;
+    let mut i = 0;
+    while i < r.ops.len() {
+        for sub in &mut r.ops[i].regions {
+            changed |= rewrite(f, sub, keep);
+        }
+        if r.ops[i].kind != OpKind::Dot || !is_fp8_dot(f, &r.ops[i]) || keep(&r.ops[i]) {
+            i += 1;
+            continue;
+        }
+        let span = r.ops[i].span.clone();
+        let mut casts = Vec::new();
+        for which in 0..2 {
+            let v: ValueId = r.ops[i].operands[which];
+            let ty = f.ty(v).with_elem(tessera_ir::Elem::Scalar(ScalarType::F16));
+            let out = f.new_value(ty);
+            casts.push(Op {
+                kind: OpKind::Cast,
+                operands: vec![v],
+                results: vec![out],
+                regions: Vec::new(),
+                span: span.clone(),
+            });
+            r.ops[i].operands[which] = out;
+        }
+        let n = casts.len();
+        r.ops.splice(i..i, casts);
+        i += n + 1;
+        changed = true;
+    }
+    changed
+}
