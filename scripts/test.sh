@@ -39,6 +39,7 @@ TESSERA_DEVICE=cpu cargo run -q -p tessera --example ag_gemm -- --ranks 3 --rows
 TESSERA_DEVICE=cpu cargo run -q -p tessera --example custom_collective -- --ranks 3 --n 700
 TESSERA_DEVICE=cpu cargo run -q -p tessera --example allreduce -- --ranks 3
 TESSERA_DEVICE=cpu cargo run -q -p tessera --example moe_all_to_all -- --ranks 3
+TESSERA_DEVICE=cpu cargo run -q -p tessera --example sp_attention -- --ranks 3 --seq 40 --heads 1 --iters 1
 # The same examples on the SIMT emulator (the real GPU lowering of the communication
 # ops, both vendors' flavours), at their default sizes on 4 ranks.
 for emu in emu-nv emu-amd; do
@@ -47,6 +48,7 @@ for emu in emu-nv emu-amd; do
   TESSERA_DEVICE=$emu cargo run -q -p tessera --example allreduce -- --ranks 4 --iters 1
   TESSERA_DEVICE=$emu cargo run -q -p tessera --example moe_all_to_all -- --ranks 4
   TESSERA_DEVICE=$emu cargo run -q -p tessera --example ping_pong -- --ranks 4 --laps 20
+  TESSERA_DEVICE=$emu cargo run -q -p tessera --example sp_attention -- --ranks 4 --seq 64 --heads 1 --iters 1
 done
 # The single-device examples on the emulator too.
 for ex in vector_add softmax matmul matmul_i8 matmul_fp8 layernorm attention; do

@@ -21,7 +21,9 @@
 //!
 //! With more stages the loop carries `num_stages - 1` tiles and shifts them down each
 //! iteration. Loads past the end of the loop are masked off entirely, so they touch no
-//! memory. The loaded tile waits in registers until its iteration, where `dot` stages
+//! memory. A loop that waits, synchronizes or fences (`wait_until`, `barrier`,
+//! `fence`, atomics) is left as it is: a load issued early would move above the op
+//! that makes its data visible. The loaded tile waits in registers until its iteration, where `dot` stages
 //! it through shared memory as before: register prefetch, the scheme Triton uses on
 //! AMD GPUs (each iteration's global loads overlap the previous tile's matrix work).
 //! The pass runs on a copy of the IR just before lowering, for GPU targets; the
@@ -58,6 +60,22 @@ pub fn pipeline_loads(
 }
 
 type Keep<'a> = &'a dyn Fn(&Function, &Op) -> bool;
+
+/// Whether `r` (or a region in it) holds an op after which loads may see data they
+/// would not see before it: `wait_until`, a barrier, a fence, an atomic.
+fn orders_memory(r: &Region) -> bool {
+    r.ops.iter().any(|o| {
+        matches!(
+            o.kind,
+            OpKind::WaitUntil { .. }
+                | OpKind::Barrier
+                | OpKind::BarrierAll
+                | OpKind::Fence { .. }
+                | OpKind::AtomicRmw { .. }
+                | OpKind::AtomicCas { .. }
+        ) || o.regions.iter().any(orders_memory)
+    })
+}
 
 fn rewrite_region(f: &mut Function, r: &mut Region, ahead: u32, keep: Keep<'_>) -> bool {
     let mut changed = false;
@@ -270,6 +288,12 @@ fn pipeline_for(f: &mut Function, for_op: &mut Op, ahead: u32, keep: Keep<'_>) -
     let body = for_op.regions.first()?;
     if body.ops.last().is_none_or(|y| y.kind != OpKind::Yield) || body.args.is_empty() {
         return None; // not a verified loop body: leave it alone
+    }
+    if orders_memory(body) {
+        // A load issued iterations ahead would move above the wait (or barrier,
+        // fence, atomic) that makes its data visible: a sequence-parallel attention
+        // waits for each peer's block of keys right before loading it.
+        return None;
     }
     let cands: Vec<(usize, Vec<usize>)> = body
         .ops

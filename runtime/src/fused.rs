@@ -94,7 +94,7 @@ pub fn team_barrier<W: tessera_ir::dsl::Offsets<Shape = ()> + Copy>(
 
 /// `epoch * world_size * num_programs(0)`: the arrivals of `epoch` barriers.
 #[helper]
-fn arrivals(epoch: Scalar<u64>) -> Scalar<u64> {
+pub(crate) fn arrivals(epoch: Scalar<u64>) -> Scalar<u64> {
     epoch * world_size().cast::<u64>() * num_programs(0).cast::<u64>()
 }
 

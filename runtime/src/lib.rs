@@ -47,6 +47,7 @@ pub mod fused;
 #[cfg(feature = "hip")]
 mod hip;
 mod launch;
+pub mod sp_attention;
 pub mod world;
 
 pub use artifact::{ArtifactStore, KernelBinary, KernelOptions, Specialization};

@@ -100,7 +100,7 @@ fn comm_small<const B: usize>(data: &mut Symmetric<f32>, sig: &mut Symmetric<u64
     barrier_all();
 }
 
-const COMM_KERNELS: [(&str, Compile); 4] = [
+const COMM_KERNELS: [(&str, Compile); 5] = [
     ("comm_all", compile::<comm_all<128>>),
     ("comm_small", compile::<comm_small<128>>),
     // The fused plans' kernels, at the tiles they launch with (the matmul's path).
@@ -123,6 +123,17 @@ const COMM_KERNELS: [(&str, Compile); 4] = [
                 { tessera::fused::BM },
                 { tessera::fused::BN },
                 { tessera::fused::BK },
+            >,
+        >,
+    ),
+    (
+        "sp_attention_f16",
+        compile::<
+            tessera::sp_attention::sp_attention_kernel<
+                f16,
+                { tessera::sp_attention::BM },
+                { tessera::sp_attention::BN },
+                64,
             >,
         >,
     ),
@@ -331,7 +342,10 @@ fn comm_kernels_assemble_and_link() {
         for target in [SM80, SM90, SM90A] {
             let art = build(name, f, target);
             // The fused plans' GEMMs take the warpgroup instructions on sm_90a.
-            if target == SM90A && name.contains("gemm") && !art.asm.contains("wgmma.mma_async") {
+            if target == SM90A
+                && (name.contains("gemm") || name.contains("attention"))
+                && !art.asm.contains("wgmma.mma_async")
+            {
                 failures.push(format!("{name} {target}: no wgmma"));
             }
             match tools::ptxas(ptx(&art), &target.to_string()) {
@@ -1067,4 +1081,50 @@ fn matmul_fp8_uses_wgmma_or_the_f16_matrix_units() {
         tools::ptxas(&art.asm, &t.to_string()).expect("ptxas");
     }
     compile_ir(&q, GFX942, &CompileOptions::default()).expect("compiles");
+}
+
+/// The software pipeliner leaves a loop that waits alone: in the sequence-parallel
+/// attention kernel the peers' key loop waits for each block's signal right before
+/// loading it (a load issued iterations ahead would read it before it arrived), while
+/// the local key loop, with no wait, is pipelined.
+#[test]
+fn loops_that_wait_are_not_pipelined() {
+    use tessera::codegen::pipeline::pipeline_loads;
+    use tessera::ir::{Function, OpKind};
+    let f = kernel_ir::<tessera::sp_attention::sp_attention_kernel<f16, 64, 64, 64>>(&())
+        .expect("builds");
+    let all = |_: &Function, _: &tessera::ir::Op| true;
+    let p = pipeline_loads(&f, 3, &all);
+    // Per `for`, in order: whether its body waits, and its operand count (the
+    // pipeliner adds the tiles it carries).
+    let loops = |f: &Function| {
+        let mut v = Vec::new();
+        f.walk(&mut |op| {
+            if op.kind == OpKind::For {
+                let mut waits = false;
+                for r in &op.regions {
+                    for o in &r.ops {
+                        waits |= matches!(o.kind, OpKind::WaitUntil { .. });
+                    }
+                }
+                v.push((waits, op.operands.len()));
+            }
+        });
+        v
+    };
+    let (before, after) = (loops(&f), loops(&p));
+    assert_eq!(before.len(), after.len());
+    let mut pipelined = 0;
+    for (b, a) in before.iter().zip(&after) {
+        if b.0 {
+            assert_eq!(b, a, "a waiting loop was pipelined");
+        } else if a.1 > b.1 {
+            pipelined += 1;
+        }
+    }
+    assert!(before.iter().any(|l| l.0), "no waiting loop in the kernel");
+    assert!(
+        pipelined >= 1,
+        "the local key loop is pipelined: {before:?} -> {after:?}"
+    );
 }
