@@ -47,7 +47,13 @@
 //! rounds to nearest even (correctly, also for 64-bit integers to `f16`/`bf16`); float
 //! to float rounds to nearest even (`f64` to `f16`/`bf16` correctly, without double
 //! rounding); int to int truncates, sign- or zero-extends by the source type; to `i1`:
-//! nonzero (NaN included) is `true`; from `i1`: `true` is 1.
+//! nonzero (NaN included) is `true`; from `i1`: `true` is 1. The 8-bit floats
+//! (`f8e4m3`, `f8e5m2`, OCP) convert to and from `f16`/`bf16`/`f32` only (the verifier
+//! rejects the rest): to them rounds to nearest even and saturates to the largest
+//! finite value (±448, ±57344; infinities too), NaN stays NaN (`0x7f` for E4M3; E5M2
+//! `0x7e` with the source's top two mantissa bits ORed in), bit for bit the
+//! `satfinite` conversion of CUDA (the `float8` crate's); from them is exact. They
+//! have no arithmetic.
 //!
 //! **Memory.** `load`/`store`/atomics with a mask do not access masked-off lanes at all
 //! (no bounds check there); a masked-off `load` lane yields `other`, or zero without
@@ -61,7 +67,8 @@
 //! ignored on the CPU. Float atomics support `add`, `min`, `max`, `xchg`.
 //!
 //! **`dot`**: `f16`/`bf16`/`f32` inputs accumulate in `f32` (half inputs are converted
-//! to f32, where their products are exact), `f64` in `f64`, `i8` in `i32` (wrapping).
+//! to f32, where their products are exact), `f64` in `f64`, `i8` in `i32` (wrapping),
+//! `f8e4m3`/`f8e5m2` in `f32` (exact products, like the halves).
 //! Each result element is `acc + a[i][0]*b[0][j] + a[i][1]*b[1][j] + ...`, added in
 //! order of increasing `k`, each product and sum rounded to the accumulator type (no
 //! fused multiply-add).
