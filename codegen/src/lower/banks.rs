@@ -77,7 +77,7 @@ fn case(target: &str, m: u32, n: u32, k: u32, nw: u32) -> Case {
         n,
         k,
         ldm,
-        paired: paired_reads(&info, ldm, k),
+        paired: paired_reads(&info, ldm, k, 2),
         inst: (info.m, info.n, info.k),
         a,
         b,

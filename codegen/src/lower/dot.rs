@@ -412,7 +412,8 @@ pub(super) fn operand_load_layout(
                 // `ldmatrix` reads 16-byte units.
                 return Some(16 / super::type_bytes(l.f.ty(op.operands[1]).elem));
             }
-            Some(frag_unit(&p.info, &p.info.b, false, shape[0]))
+            let eb = super::type_bytes(l.f.ty(op.operands[1]).elem);
+            Some(frag_unit(&p.info, &p.info.b, false, shape[0], eb))
         })
         .collect();
     let unit = (*units.first()?)?;
@@ -425,9 +426,13 @@ pub(super) fn operand_load_layout(
 /// The elements of one swizzle unit of an operand array read by fragments `f`
 /// without `ldmatrix`: the fragment's shortest run of `k`, twice that with paired
 /// reads.
-fn frag_unit(info: &MmaInfo, f: &FragInfo, ldm: bool, k: u32) -> u32 {
+fn frag_unit(info: &MmaInfo, f: &FragInfo, ldm: bool, k: u32, elem_bytes: u32) -> u32 {
     let r = f.runs.iter().map(|r| r.2).min().unwrap_or(1);
-    if paired_reads(info, ldm, k) { 2 * r } else { r }
+    if paired_reads(info, ldm, k, elem_bytes) {
+        2 * r
+    } else {
+        r
+    }
 }
 
 /// The layout of [`operand_load_layout`] for a B operand staged transposed into an
@@ -936,19 +941,30 @@ fn ldmatrix_b<'ctx>(
     regs.chunks(2).map(|r| unpack_words(l, ety, r)).collect()
 }
 
-/// Whether the fragment reads of two consecutive k-steps are one 8-element run per
+/// Whether the fragment reads of two consecutive k-steps are one 16-byte run per
 /// lane: on the matrix path without `ldmatrix`, when each lane's fragment is one run
-/// of 4 `k` and `K` holds whole pairs of steps. The pair's `2 * info.k` columns are
-/// then dealt out so that a lane's run `2 * lane_k .. + 8` holds its 4 for the first
-/// step and its 4 for the second: the k order inside the pair is permuted, the same
-/// way for A and B (whose lanes map to `k` alike), which leaves the product unchanged
-/// and makes every read 16 bytes.
-pub(super) fn paired_reads(info: &MmaInfo, ldm: bool, k: u32) -> bool {
+/// of `r` consecutive `k` of 8 bytes (4 halves: the f16 MFMA; 8 bytes: gfx942's i8
+/// MFMA) and `K` holds whole pairs of steps. The pair's `2 * info.k` columns are
+/// then dealt out so that a lane's run `2 * lane_k .. + 2r` holds its `r` for the
+/// first step and its `r` for the second: the k order inside the pair is permuted,
+/// the same way for A and B (whose lanes map to `k` alike), which leaves the product
+/// unchanged and makes every read 16 bytes.
+pub(super) fn paired_reads(info: &MmaInfo, ldm: bool, k: u32, elem_bytes: u32) -> bool {
     let lane_k = |f: &FragInfo| f.lane.iter().map(|l| l.1).collect::<Vec<_>>();
-    !ldm && info.a.runs == [(0, 0, 4)]
-        && info.b.runs == [(0, 0, 4)]
+    let r = pair_run(info);
+    !ldm && r * elem_bytes == 8
+        && info.b.runs == info.a.runs
         && lane_k(&info.a) == lane_k(&info.b)
         && k.is_multiple_of(2 * info.k)
+}
+
+/// The length of the one run of `k` each lane's A fragment is (0 if it is more than
+/// one run): what [`paired_reads`] pairs.
+fn pair_run(info: &MmaInfo) -> u32 {
+    match info.a.runs[..] {
+        [(0, 0, r)] => r,
+        _ => 0,
+    }
 }
 
 /// The shared arrays of `dot`'s operands on the matrix path (`a[m][k]`, and `b[k][n]`
@@ -971,8 +987,8 @@ pub(super) fn operand_swizzles(
         )
     } else {
         let (au, bu) = (
-            frag_unit(info, &info.a, ldm, k),
-            frag_unit(info, &info.b, ldm, k),
+            frag_unit(info, &info.a, ldm, k, elem_bytes),
+            frag_unit(info, &info.b, ldm, k, elem_bytes),
         );
         let bt = Swizzle::new(k, elem_bytes, bu);
         (
@@ -1269,7 +1285,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             p.warps_n,
             p.reps_m,
             p.reps_n,
-            if ldm { "ldmatrix reads" } else if paired_reads(info, ldm, k) { "paired 16-byte reads" } else { "fragment reads" },
+            if ldm { "ldmatrix reads" } else if paired_reads(info, ldm, k, arr.elem_bytes) { "paired 16-byte reads" } else { "fragment reads" },
             a_swz,
             if ldm && !arr.b_nk { "[k][n]" } else { "[n][k]" },
             b_swz
@@ -1277,7 +1293,8 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     });
     let ety = l.ty(Elem::Scalar(s));
     // A chained dot's A (attention's P) may hold its fragments already: no staging.
-    let a_in_regs = if paired_reads(info, ldm, k) {
+    let paired = paired_reads(info, ldm, k, arr.elem_bytes);
+    let a_in_regs = if paired {
         None
     } else {
         a_from_registers(l, op, |lay| a_fragments_in_registers(&p, lay))?
@@ -1305,7 +1322,8 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let mut acc: Vec<BasicValueEnum<'ctx>> = c.regs.clone();
     // With paired reads each lane reads its fragments of two k-steps as one run of 8
     // (see `paired_reads`): k-steps go two at a time.
-    let span = if paired_reads(info, ldm, k) { 2 } else { 1 };
+    let span = if paired { 2 } else { 1 };
+    let pr = pair_run(info) as usize;
     let two = l.cx.i32(2);
     let (ak2, bk2) = (
         l.cx.b.build_int_mul(ak, two, "")?,
@@ -1334,9 +1352,9 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
             } else if span == 2 {
                 let row = l.cx.b.build_int_add(row0, ao, "")?;
                 let col = l.cx.b.build_int_add(ak2, l.cx.i32(k0 as i64), "")?;
-                let v = load_run(l, ety, base, zero, &a_swz, row, col, 8)?;
-                afr[0].push(v[..4].to_vec());
-                afr[1].push(v[4..].to_vec());
+                let v = load_run(l, ety, base, zero, &a_swz, row, col, 2 * pr as u32)?;
+                afr[0].push(v[..pr].to_vec());
+                afr[1].push(v[pr..].to_vec());
             } else {
                 afr[0].push(load_frag(
                     l, &info.a, ety, base, zero, &a_swz, ao, ak, row0, k0,
@@ -1365,9 +1383,9 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
                 if span == 2 {
                     let row = l.cx.b.build_int_add(col0, bo, "")?;
                     let col = l.cx.b.build_int_add(bk2, l.cx.i32(k0 as i64), "")?;
-                    let v = load_run(l, ety, base, b_first, &b_swz, row, col, 8)?;
-                    bfr[0].push(v[..4].to_vec());
-                    bfr[1].push(v[4..].to_vec());
+                    let v = load_run(l, ety, base, b_first, &b_swz, row, col, 2 * pr as u32)?;
+                    bfr[0].push(v[..pr].to_vec());
+                    bfr[1].push(v[pr..].to_vec());
                 } else {
                     bfr[0].push(load_frag(
                         l, &info.b, ety, base, b_first, &b_swz, bo, bk, col0, k0,

@@ -335,6 +335,23 @@ fn descriptor<'ctx>(
     Ok(b.build_or(lo, i64t.const_int(hi, false), "desc")?)
 }
 
+/// The descriptor of the matrix `off` bytes (a multiple of 16) past the one `desc`
+/// describes: its start-address field (`addr >> 4`, 14 bits) plus `off >> 4`, which
+/// never carries out of the field (shared memory is under 256 KiB, `2^14 * 16`), so
+/// one 64-bit add instead of rebuilding the descriptor.
+fn step_descriptor<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    desc: IntValue<'ctx>,
+    off: u32,
+) -> LResult<IntValue<'ctx>> {
+    debug_assert!(off.is_multiple_of(16), "a matrix starts on 16 bytes");
+    if off == 0 {
+        return Ok(desc);
+    }
+    let step = l.cx.ctx.i64_type().const_int(u64::from(off >> 4), false);
+    Ok(l.cx.b.build_int_add(desc, step, "desc")?)
+}
+
 pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LResult<Tile<'ctx>> {
     let arr = Arrays::new(&p);
     let c = l.val(op.operands[2])?;
@@ -425,22 +442,26 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
         })
         .collect();
     let eb = p.elem_bytes;
+    // One descriptor per operand; the k-steps and row tiles add their byte offset
+    // (`step_descriptor`).
+    let b_desc0 = if p.b_k_major {
+        descriptor(l, b_base, 16, 8 * b_s, arr.b.mode())?
+    } else {
+        descriptor(l, b_base, p.k * b_s, 8 * b_s, arr.b.mode())?
+    };
+    let mut a_desc0 = None;
     let site = l.new_site("wgmma.fence");
     l.arch.wgmma_fence(&l.cx, site)?;
     for ks in 0..p.k / p.k_inst {
         let k0 = ks * p.k_inst;
         // B N-major: rows k0.. of this warpgroup's first column block; K-major: as A,
         // columns k0.. of its first row.
-        let desc_b = if p.b_k_major {
-            let b_off = (k0 / arr.b.block) * p.n * b_s + (k0 % arr.b.block) * eb;
-            let b_start = l.cx.b.build_int_add(b_base, l.cx.i32(b_off as i64), "")?;
-            descriptor(l, b_start, 16, 8 * b_s, arr.b.mode())?
+        let b_off = if p.b_k_major {
+            (k0 / arr.b.block) * p.n * b_s + (k0 % arr.b.block) * eb
         } else {
-            let b_start =
-                l.cx.b
-                    .build_int_add(b_base, l.cx.i32((k0 * b_s) as i64), "")?;
-            descriptor(l, b_start, p.k * b_s, 8 * b_s, arr.b.mode())?
+            k0 * b_s
         };
+        let desc_b = step_descriptor(l, b_desc0, b_off)?;
         for (r, acc) in accs.iter_mut().enumerate() {
             let site = l.new_site("wgmma");
             let scale_d = !(zero_c && ks == 0);
@@ -454,8 +475,15 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
                 None => {
                     let m0 = r as u32 * 64 * p.wg_m;
                     let a_off = (k0 / arr.a.block) * p.m * a_s + m0 * a_s + (k0 % arr.a.block) * eb;
-                    let a_start = l.cx.b.build_int_add(a_base, l.cx.i32(a_off as i64), "")?;
-                    WgmmaA::Desc(descriptor(l, a_start, 16, 8 * a_s, arr.a.mode())?)
+                    let a0 = match a_desc0 {
+                        Some(d) => d,
+                        None => {
+                            let d = descriptor(l, a_base, 16, 8 * a_s, arr.a.mode())?;
+                            a_desc0 = Some(d);
+                            d
+                        }
+                    };
+                    WgmmaA::Desc(step_descriptor(l, a0, a_off)?)
                 }
             };
             *acc = l.arch.wgmma(
