@@ -32,10 +32,8 @@ use crate::{Error, Rank};
 
 /// Query rows per program tile.
 pub const BM: usize = 64;
-/// Keys per block (and rows per pushed chunk). 32, not 64: the kernel's two key
-/// loops and its push phase hold more live registers than single-device attention,
-/// and 64-key blocks spill on sm_80 (255 registers).
-pub const BN: usize = 32;
+/// Keys per block (and rows per pushed chunk).
+pub const BN: usize = 64;
 
 /// One block of the online softmax: the scores of `qt` against `kt` (`HD x BN`,
 /// scaled to the log2 domain), masked by `ok`, folded into the running row maximum

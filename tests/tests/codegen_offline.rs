@@ -1128,3 +1128,35 @@ fn loops_that_wait_are_not_pipelined() {
         "the local key loop is pipelined: {before:?} -> {after:?}"
     );
 }
+
+/// The sequence-parallel attention kernel carries its running statistics and
+/// accumulator through two nested loops (the sources, then each one's keys): the
+/// outer loop's carried values take the inner loop's layouts, so nothing crosses a
+/// back edge or leaves the loops through shared memory; no spills.
+#[test]
+fn sp_attention_state_crosses_nested_loops_without_conversions() {
+    use tessera::codegen::lower::lower_with_layouts;
+    let f = kernel_ir::<
+        tessera::sp_attention::sp_attention_kernel<
+            f16,
+            { tessera::sp_attention::BM },
+            { tessera::sp_attention::BN },
+            64,
+        >,
+    >(&())
+    .expect("builds");
+    for target in [SM80, SM90A] {
+        let text = lower_with_layouts(&f, target, &CompileOptions::default()).expect("lowers");
+        assert!(
+            !text.contains("through shared memory"),
+            "{target}: a conversion in\n{text}"
+        );
+        let art = compile_ir(&f, target, &CompileOptions::default()).expect("compiles");
+        let r = tools::ptxas(&art.asm, &target.to_string()).expect("ptxas");
+        assert_eq!(
+            (r.spill_stores_bytes, r.spill_loads_bytes),
+            (0, 0),
+            "{target}"
+        );
+    }
+}

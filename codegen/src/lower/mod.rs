@@ -1381,9 +1381,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     // ----- layout hints --------------------------------------------------------
 
-    /// Loop-carried values fed by a `dot` get the `dot`'s result layout.
+    /// Loop-carried values fed by a `dot` get the `dot`'s result layout; so do those
+    /// fed by a nested loop's carried value that has a hint (a loop over the sources
+    /// of a sequence-parallel attention, around the loop over each one's keys), which
+    /// therefore cross both back edges with no conversion. Inner loops first.
     fn compute_hints(&mut self, r: &Region) {
         for op in &r.ops {
+            for sub in &op.regions {
+                self.compute_hints(sub);
+            }
             if op.kind == OpKind::For {
                 let body = &op.regions[0];
                 if let Some(y) = body.ops.last() {
@@ -1398,6 +1404,20 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                                     self.hints.insert(arg, l);
                                 }
                             }
+                            Some(d) if d.kind == OpKind::For => {
+                                // Result `j` of the inner loop is its body's argument
+                                // `j + 1`.
+                                let j = d.results.iter().position(|&x| x == yv);
+                                let inner = j.and_then(|j| d.regions[0].args.get(j + 1));
+                                if let Some(&ia) = inner
+                                    && let Some(l) = self.hints.get(&ia).cloned()
+                                {
+                                    self.hints.insert(arg, l);
+                                    if let Some(p) = self.parents.get(&ia).cloned() {
+                                        self.parents.insert(arg, p);
+                                    }
+                                }
+                            }
                             _ => {
                                 if let Some((l, parent)) = self.reduce_hint(body, yv, 0) {
                                     self.hints.insert(arg, l);
@@ -1407,9 +1427,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                         }
                     }
                 }
-            }
-            for sub in &op.regions {
-                self.compute_hints(sub);
             }
         }
     }
