@@ -17,12 +17,12 @@
 use tessera_ir::ir::{Function, Op, OpKind, Region};
 use tessera_ir::{ScalarType, ValueId};
 
-/// `f` with every 8-bit-float `dot` (those `keep` rejects) taking its operands cast to
-/// f16; `None` when there is none to rewrite.
-pub fn upcast_dots(f: &Function, keep: &dyn Fn(&Op) -> bool) -> Option<Function> {
+/// `f` with every 8-bit-float `dot` taking its operands cast to f16; `None` when
+/// there is none to rewrite.
+pub fn upcast_dots(f: &Function) -> Option<Function> {
     let mut g = f.clone();
     let mut body = std::mem::take(&mut g.body);
-    let changed = rewrite(&mut g, &mut body, keep);
+    let changed = rewrite(&mut g, &mut body);
     g.body = body;
     changed.then_some(g)
 }
@@ -43,14 +43,14 @@ fn is_fp8_dot(f: &Function, op: &Op) -> bool {
         .is_some_and(ScalarType::is_fp8)
 }
 
-fn rewrite(f: &mut Function, r: &mut Region, keep: &dyn Fn(&Op) -> bool) -> bool {
+fn rewrite(f: &mut Function, r: &mut Region) -> bool {
     let mut changed = false;
     let mut i = 0;
     while i < r.ops.len() {
         for sub in &mut r.ops[i].regions {
-            changed |= rewrite(f, sub, keep);
+            changed |= rewrite(f, sub);
         }
-        if r.ops[i].kind != OpKind::Dot || !is_fp8_dot(f, &r.ops[i]) || keep(&r.ops[i]) {
+        if r.ops[i].kind != OpKind::Dot || !is_fp8_dot(f, &r.ops[i]) {
             i += 1;
             continue;
         }

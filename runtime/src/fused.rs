@@ -314,14 +314,14 @@ impl GemmElem for f32 {}
 impl GemmElem for f16 {}
 impl GemmElem for bf16 {}
 
-fn comm_err(rank: &Rank, message: String) -> Error {
+pub(crate) fn comm_err(rank: &Rank, message: String) -> Error {
     Error::Comm {
         rank: rank.rank(),
         message,
     }
 }
 
-fn check_len<T: Element>(what: &str, b: &Buffer<T>, want: usize) -> Result<(), Error> {
+pub(crate) fn check_len<T: Element>(what: &str, b: &Buffer<T>, want: usize) -> Result<(), Error> {
     if b.len() == want {
         Ok(())
     } else {
@@ -336,7 +336,7 @@ fn to_i32(rank: &Rank, what: &str, v: usize) -> Result<i32, Error> {
     i32::try_from(v).map_err(|_| comm_err(rank, format!("{what} = {v} does not fit in i32")))
 }
 
-fn programs_for(work: usize, max: u32) -> u32 {
+pub(crate) fn programs_for(work: usize, max: u32) -> u32 {
     (work.max(1) as u64).min(max as u64) as u32
 }
 

@@ -27,6 +27,7 @@
 //! compared with (the collectives library's all-gather of `K` and `V`, then
 //! [`crate::attention::attention_fwd`]-style attention over the gathered keys).
 
+use crate::fused::{MAX_PROGRAMS, check_len, comm_err, programs_for};
 use crate::prelude::*;
 use crate::{Error, Rank};
 
@@ -297,10 +298,7 @@ pub struct SpShape {
 
 fn check(rank: &Rank, what: &str, s: &SpShape, hd: usize) -> Result<(), Error> {
     let ws = rank.size() as usize;
-    let err = |m: String| Error::Comm {
-        rank: rank.rank(),
-        message: format!("{what}: {m}"),
-    };
+    let err = |m: String| comm_err(rank, format!("{what}: {m}"));
     if s.heads == 0 || s.sq == 0 || s.sk == 0 {
         return Err(err(format!("needs a nonempty shape, got {s:?}")));
     }
@@ -316,22 +314,6 @@ fn check(rank: &Rank, what: &str, s: &SpShape, hd: usize) -> Result<(), Error> {
         return Err(err(format!("{big} elements do not fit in i32 offsets")));
     }
     Ok(())
-}
-
-fn check_buf<T: crate::Element>(
-    rank: &Rank,
-    what: &str,
-    b: &Buffer<T>,
-    want: usize,
-) -> Result<(), Error> {
-    if b.len() == want {
-        Ok(())
-    } else {
-        Err(Error::Comm {
-            rank: rank.rank(),
-            message: format!("{what} holds {} elements, the plan needs {want}", b.len()),
-        })
-    }
 }
 
 /// Sequence-parallel attention with the keys and values gathered inside the kernel
@@ -375,7 +357,7 @@ impl<T: crate::fused::GemmElem, const HD: usize> SpAttention<T, HD> {
             kv_full,
             sig,
             epoch: 0,
-            programs: (work as u32).clamp(1, crate::fused::MAX_PROGRAMS),
+            programs: programs_for(work, MAX_PROGRAMS),
         })
     }
 
@@ -395,10 +377,10 @@ impl<T: crate::fused::GemmElem, const HD: usize> SpAttention<T, HD> {
         sp_attention_kernel<T, BM, BN, HD>: Kernel<Comptime = ()>,
     {
         let s = self.shape;
-        check_buf(rank, "SpAttention: q", q, s.heads * s.sq * HD)?;
-        check_buf(rank, "SpAttention: k", k, s.heads * s.sk * HD)?;
-        check_buf(rank, "SpAttention: v", v, s.heads * s.sk * HD)?;
-        check_buf(rank, "SpAttention: o", o, s.heads * s.sq * HD)?;
+        check_len("SpAttention: q", q, s.heads * s.sq * HD)?;
+        check_len("SpAttention: k", k, s.heads * s.sk * HD)?;
+        check_len("SpAttention: v", v, s.heads * s.sk * HD)?;
+        check_len("SpAttention: o", o, s.heads * s.sq * HD)?;
         self.epoch += 1;
         sp_attention_kernel::<T, BM, BN, HD>::launch(
             rank.device(),
@@ -474,16 +456,16 @@ impl<T: crate::fused::GemmElem, const HD: usize> AllGatherThenAttention<T, HD> {
         gathered_attention_kernel<T, BM, BN, HD>: Kernel<Comptime = ()>,
     {
         let s = self.shape;
-        check_buf(rank, "AllGatherThenAttention: q", q, s.heads * s.sq * HD)?;
-        check_buf(rank, "AllGatherThenAttention: k", k, s.heads * s.sk * HD)?;
-        check_buf(rank, "AllGatherThenAttention: v", v, s.heads * s.sk * HD)?;
-        check_buf(rank, "AllGatherThenAttention: o", o, s.heads * s.sq * HD)?;
+        check_len("AllGatherThenAttention: q", q, s.heads * s.sq * HD)?;
+        check_len("AllGatherThenAttention: k", k, s.heads * s.sk * HD)?;
+        check_len("AllGatherThenAttention: v", v, s.heads * s.sk * HD)?;
+        check_len("AllGatherThenAttention: o", o, s.heads * s.sq * HD)?;
         self.epoch += 1;
         let dev = rank.device();
         let work = s.heads * s.sk.div_ceil(BN);
         gather_kv_kernel::<T, BN, HD>::launch(
             dev,
-            (work as u32).clamp(1, crate::fused::MAX_PROGRAMS),
+            programs_for(work, MAX_PROGRAMS),
             (
                 k,
                 v,

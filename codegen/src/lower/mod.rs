@@ -334,7 +334,7 @@ fn lower_impl<'ctx>(
         {
             return Ok(l);
         }
-        if let Some(up) = crate::fp8::upcast_dots(func, &|_| false) {
+        if let Some(up) = crate::fp8::upcast_dots(func) {
             return lower_as_is(ctx, &up, arch, opts, with_layouts);
         }
     }
