@@ -327,6 +327,7 @@ mod tests {
                 readonly: false,
                 divisibility: Some(16),
                 within_2gib: false,
+                tensor_map: false,
             },
         );
         let pid = b

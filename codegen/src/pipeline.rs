@@ -242,19 +242,43 @@ impl Emitter<'_> {
             });
         }
         let load = &body.ops[at];
-        let OpKind::Load {
-            has_mask,
-            has_other,
-        } = load.kind
-        else {
-            unreachable!("a load")
-        };
         let ty = self.f.ty(load.results[0]).clone();
         let in_range = self.op(
             OpKind::Cmp(CmpPred::Lt),
             vec![iv, ub],
             Type::scalar(ScalarType::I1),
         );
+        let (has_mask, has_other) = match load.kind {
+            OpKind::Load {
+                has_mask,
+                has_other,
+            } => (has_mask, has_other),
+            OpKind::DescLoad { rank, has_pred } => {
+                // Past the end: the predicate is false and nothing is accessed.
+                let mut operands: Vec<ValueId> =
+                    load.operands.iter().map(|&o| get(&map, o)).collect();
+                let pred = if has_pred {
+                    let p = operands.pop().expect("a predicate");
+                    self.op(
+                        OpKind::Binary(BinaryOp::And),
+                        vec![p, in_range],
+                        Type::scalar(ScalarType::I1),
+                    )
+                } else {
+                    in_range
+                };
+                operands.push(pred);
+                return self.op(
+                    OpKind::DescLoad {
+                        rank,
+                        has_pred: true,
+                    },
+                    operands,
+                    ty,
+                );
+            }
+            _ => unreachable!("a load"),
+        };
         let mask_ty = Type {
             elem: Elem::Scalar(ScalarType::I1),
             ..ty.clone()
@@ -299,7 +323,7 @@ fn pipeline_for(f: &mut Function, for_op: &mut Op, ahead: u32, keep: Keep<'_>) -
         .ops
         .iter()
         .enumerate()
-        .filter(|(_, op)| matches!(op.kind, OpKind::Load { .. }))
+        .filter(|(_, op)| matches!(op.kind, OpKind::Load { .. } | OpKind::DescLoad { .. }))
         .filter(|(_, op)| only_dot_uses(f, body, op.results[0], keep))
         .filter_map(|(i, _)| slice(body, i).map(|s| (i, s)))
         .collect();

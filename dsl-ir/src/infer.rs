@@ -269,6 +269,41 @@ pub fn infer_result_types(
             }
             Ok(vec![])
         }
+        OpKind::DescLoad { rank, has_pred } => {
+            let d = crate::ir::DescOperands::new(*rank)?;
+            expect_n(d.count() + *has_pred as usize)?;
+            let pointee = d.check(operands, "desc_load")?;
+            if *has_pred && *operands[d.extra()] != Type::scalar(ScalarType::I1) {
+                return Err(format!(
+                    "`desc_load` predicate must be i1, got {}",
+                    operands[d.extra()]
+                ));
+            }
+            let t = hint("the block shape")?;
+            check_shape(&t.shape)?;
+            let value = Type::tile(pointee, &t.shape);
+            if *t != value || t.shape.len() != d.rank {
+                return Err(format!(
+                    "`desc_load` of rank {} through a descriptor of {pointee} yields a {}-D tile of {pointee}, not {t}",
+                    d.rank, d.rank
+                ));
+            }
+            Ok(vec![value])
+        }
+        OpKind::DescStore { rank } => {
+            let d = crate::ir::DescOperands::new(*rank)?;
+            expect_n(d.count() + 1)?;
+            let pointee = d.check(operands, "desc_store")?;
+            let v = operands[d.extra()];
+            check_shape(&v.shape)?;
+            if v.elem != Elem::Scalar(pointee) || v.shape.len() != d.rank {
+                return Err(format!(
+                    "`desc_store` of rank {} through a descriptor of {pointee} stores a {}-D tile of {pointee}, not {v}",
+                    d.rank, d.rank
+                ));
+            }
+            Ok(vec![])
+        }
         OpKind::AtomicRmw { op, has_mask, .. } => {
             expect_n(2 + *has_mask as usize)?;
             let pointee = pointee(operands[0], "atomic_rmw")?;

@@ -608,6 +608,29 @@ pub enum OpKind {
         /// A mask operand follows the value.
         has_mask: bool,
     },
+    /// `desc_load rank=R base, tmap, shape.., strides.., coords.. [, pred]`: reads a
+    /// block of a tensor through a tensor descriptor. `base` is a scalar pointer to the
+    /// tensor's first element, `tmap` a `u64` (the address of the descriptor's tensor
+    /// map where the target has TMA, else unused), then `R` `i32` extents (outermost
+    /// first), `R - 1` `i32` strides in elements of the outer dimensions (the innermost
+    /// stride is 1) and `R` `i32` block start coordinates. The result (its type gives
+    /// the block shape) holds `base[(c_0 + i_0) * s_0 + .. + (c_R-1 + i_R-1)]` where
+    /// every `0 <= c_d + i_d < shape_d`, and zero elsewhere (out-of-bounds elements are
+    /// not accessed). With `pred` (an `i1` scalar, added by the pipeliner) false, no
+    /// element is accessed and the result is zero.
+    DescLoad {
+        /// Rank of the tensor and the block: 1 to 3.
+        rank: u8,
+        /// A predicate operand follows the coordinates.
+        has_pred: bool,
+    },
+    /// `desc_store rank=R base, tmap, shape.., strides.., coords.., value`: writes a
+    /// block through a tensor descriptor (operands as [`OpKind::DescLoad`], then the
+    /// block); elements outside the tensor are not written. No results.
+    DescStore {
+        /// Rank of the tensor and the block: 1 to 3.
+        rank: u8,
+    },
     /// `atomic_rmw ptrs, value [, mask]`: returns the old values.
     AtomicRmw {
         /// The combining function.
@@ -736,6 +759,8 @@ impl OpKind {
             OpKind::AddPtr => "addptr",
             OpKind::Load { .. } => "load",
             OpKind::Store { .. } => "store",
+            OpKind::DescLoad { .. } => "desc_load",
+            OpKind::DescStore { .. } => "desc_store",
             OpKind::AtomicRmw { .. } => "atomic_rmw",
             OpKind::AtomicCas { .. } => "atomic_cas",
             OpKind::Dot => "dot",
@@ -764,6 +789,8 @@ impl OpKind {
             self,
             OpKind::Load { .. }
                 | OpKind::Store { .. }
+                | OpKind::DescLoad { .. }
+                | OpKind::DescStore { .. }
                 | OpKind::AtomicRmw { .. }
                 | OpKind::AtomicCas { .. }
                 | OpKind::For
@@ -805,6 +832,89 @@ impl OpKind {
     }
 }
 
+/// Where the parts of a [`OpKind::DescLoad`] or [`OpKind::DescStore`] of rank `rank`
+/// sit among its operands: `base, tmap, shape[rank], strides[rank - 1],
+/// coords[rank]`, then the predicate or the stored value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DescOperands {
+    /// The tensor's rank.
+    pub rank: usize,
+}
+
+impl DescOperands {
+    /// The layout for `rank` (1 to 3, the ranks of tiles).
+    pub fn new(rank: u8) -> Result<DescOperands, String> {
+        if !(1..=3).contains(&rank) {
+            return Err(format!("a tensor descriptor has rank 1 to 3, got {rank}"));
+        }
+        Ok(DescOperands {
+            rank: rank as usize,
+        })
+    }
+
+    /// The base pointer.
+    pub const BASE: usize = 0;
+    /// The tensor-map address.
+    pub const TMAP: usize = 1;
+
+    /// Extent `d` (outermost first).
+    pub fn shape(&self, d: usize) -> usize {
+        2 + d
+    }
+
+    /// The stride of dimension `d < rank - 1`, in elements.
+    pub fn stride(&self, d: usize) -> usize {
+        2 + self.rank + d
+    }
+
+    /// Block start coordinate `d`.
+    pub fn coord(&self, d: usize) -> usize {
+        1 + 2 * self.rank + d
+    }
+
+    /// The predicate (`desc_load`) or the stored value (`desc_store`).
+    pub fn extra(&self) -> usize {
+        1 + 3 * self.rank
+    }
+
+    /// The operands before [`Self::extra`].
+    pub fn count(&self) -> usize {
+        1 + 3 * self.rank
+    }
+
+    /// Checks the common operands' types; returns the element type.
+    pub(crate) fn check(
+        &self,
+        operands: &[&crate::types::Type],
+        what: &str,
+    ) -> Result<crate::types::ScalarType, String> {
+        use crate::types::{Elem, ScalarType, Type};
+        let base = operands[Self::BASE];
+        let Elem::Ptr { pointee, .. } = base.elem else {
+            return Err(format!("`{what}` needs a base pointer, got {base}"));
+        };
+        if !base.is_scalar() {
+            return Err(format!("`{what}` base must be a scalar pointer, got {base}"));
+        }
+        if *operands[Self::TMAP] != Type::scalar(ScalarType::U64) {
+            return Err(format!(
+                "`{what}` tensor-map operand must be u64, got {}",
+                operands[Self::TMAP]
+            ));
+        }
+        let i32t = Type::scalar(ScalarType::I32);
+        for i in 2..self.count() {
+            if *operands[i] != i32t {
+                return Err(format!(
+                    "`{what}` extents, strides and coordinates are i32 scalars, got {}",
+                    operands[i]
+                ));
+            }
+        }
+        Ok(pointee)
+    }
+}
+
 /// One operation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Op {
@@ -842,6 +952,11 @@ pub struct ParamAttrs {
     /// codegen address masked loads with 32-bit buffer offsets (out-of-range reads
     /// return 0) instead of exec-mask branches; the runtime sets it per launch.
     pub within_2gib: bool,
+    /// For the `u64` tensor-map parameter of a tensor descriptor: the launch built
+    /// the descriptor's tensor map ([`crate::tensor_desc::TmaBox`]) and passes its
+    /// address, so codegen may read the descriptor with TMA. The runtime sets it per
+    /// launch.
+    pub tensor_map: bool,
 }
 
 /// What a launch knows about one argument: the facts [`Function::specialized`]
@@ -852,6 +967,8 @@ pub struct ParamFacts {
     pub divisible_by_16: bool,
     /// A pointer into a buffer smaller than 2 GiB ([`ParamAttrs::within_2gib`]).
     pub within_2gib: bool,
+    /// A tensor-map address the launch built ([`ParamAttrs::tensor_map`]).
+    pub tensor_map: bool,
 }
 
 impl ParamFacts {
@@ -861,6 +978,7 @@ impl ParamFacts {
         ParamFacts {
             divisible_by_16,
             within_2gib,
+            tensor_map: false,
         }
     }
 }
@@ -950,6 +1068,9 @@ impl Function {
             }
             if fact.within_2gib && ty.elem.is_ptr() {
                 p.attrs.within_2gib = true;
+            }
+            if fact.tensor_map && *ty == crate::types::Type::scalar(crate::types::ScalarType::U64) {
+                p.attrs.tensor_map = true;
             }
         }
         f

@@ -22,6 +22,7 @@ pub mod ir;
 pub mod parser;
 pub mod passes;
 pub mod printer;
+pub mod tensor_desc;
 pub mod types;
 pub mod verify;
 

@@ -539,6 +539,7 @@ impl Parser<'_> {
                 match self.word("a parameter attribute")?.as_str() {
                     "readonly" => attrs.readonly = true,
                     "within_2gib" => attrs.within_2gib = true,
+                    "tensor_map" => attrs.tensor_map = true,
                     "div" => {
                         self.expect(b'=')?;
                         attrs.divisibility = Some(self.small_int::<u32>("divisibility")?);
@@ -547,7 +548,7 @@ impl Parser<'_> {
                         return Err(self.err_at(
                             start,
                             format!(
-                                "unknown parameter attribute `{w}` (expected `readonly`, `div=N` or `within_2gib`)"
+                                "unknown parameter attribute `{w}` (expected `readonly`, `div=N`, `within_2gib` or `tensor_map`)"
                             ),
                         ));
                     }
@@ -766,6 +767,19 @@ impl Parser<'_> {
                 has_other: false,
             },
             "store" => OpKind::Store { has_mask: false },
+            "desc_load" | "desc_store" => {
+                self.expect_word("rank")?;
+                self.expect(b'=')?;
+                let rank = self.small_int("rank")?;
+                if mnemonic == "desc_load" {
+                    OpKind::DescLoad {
+                        rank,
+                        has_pred: false,
+                    }
+                } else {
+                    OpKind::DescStore { rank }
+                }
+            }
             "atomic_rmw" => OpKind::AtomicRmw {
                 op: self.keyword("atomic op", &AtomicOp::ALL, AtomicOp::name)?,
                 order: self.keyword("memory order", &MemOrder::ALL, MemOrder::name)?,
@@ -846,6 +860,9 @@ impl Parser<'_> {
                     return Err(bad("2 or 3"));
                 }
                 *has_mask = n == 3;
+            }
+            OpKind::DescLoad { rank, has_pred } => {
+                *has_pred = n == 3 * *rank as usize + 2;
             }
             OpKind::AtomicCas { has_mask, .. } => {
                 if !(3..=4).contains(&n) {
@@ -969,6 +986,7 @@ mod tests {
                 readonly: true,
                 divisibility: Some(16),
                 within_2gib: true,
+                tensor_map: false,
             },
         );
         let out = b.param("out", Type::global_ptr(F32), ParamAttrs::default());
@@ -979,6 +997,7 @@ mod tests {
                 readonly: false,
                 divisibility: Some(4),
                 within_2gib: false,
+                tensor_map: false,
             },
         );
         let n = b.param("n", i32t(), ParamAttrs::default());

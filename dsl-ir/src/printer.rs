@@ -213,6 +213,9 @@ impl Printer<'_> {
             if let Some(d) = p.attrs.divisibility {
                 attrs.push(format!("div={d}"));
             }
+            if p.attrs.tensor_map {
+                attrs.push("tensor_map".to_string());
+            }
             if p.attrs.within_2gib {
                 attrs.push("within_2gib".to_string());
             }
@@ -326,6 +329,7 @@ impl Printer<'_> {
             }
             OpKind::Arange { start, end } => format!("{start}, {end}"),
             OpKind::ExpandDims { axis } => format!("axis={axis}"),
+            OpKind::DescLoad { rank, .. } | OpKind::DescStore { rank } => format!("rank={rank}"),
             OpKind::Permute { order } => {
                 let o: Vec<String> = order.iter().map(|d| d.to_string()).collect();
                 format!("order=[{}]", o.join(", "))
@@ -476,6 +480,7 @@ mod tests {
         let ro = ParamAttrs {
             readonly: true,
             within_2gib: false,
+            tensor_map: false,
             divisibility: Some(16),
         };
         let x = b.param("x", Type::global_ptr(F32), ro);

@@ -322,7 +322,8 @@ impl<'a> Verifier<'a> {
             | OpKind::Splat
             | OpKind::Broadcast
             | OpKind::Reshape
-            | OpKind::Cast => op.results.first().map(|&r| f.ty(r)),
+            | OpKind::Cast
+            | OpKind::DescLoad { .. } => op.results.first().map(|&r| f.ty(r)),
             _ => None,
         };
         match infer_result_types(&op.kind, tys, hint) {

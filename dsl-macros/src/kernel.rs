@@ -15,6 +15,12 @@ enum ParamKind {
         elem: Type,
         symmetric: bool,
     },
+    /// `&TensorDesc<T, S>` or `&mut TensorDesc<T, S>`.
+    Desc {
+        mutable: bool,
+        elem: Type,
+        shape: Type,
+    },
     /// A runtime scalar.
     Scalar(Type),
     /// `#[comptime]`.
@@ -54,6 +60,26 @@ fn global_elem(ty: &Type) -> Option<(Type, bool)> {
     }
 }
 
+/// `TensorDesc<T, S>`: the element type and the block shape.
+fn desc_parts(ty: &Type) -> Option<(Type, Type)> {
+    let Type::Path(p) = ty else { return None };
+    let seg = p.path.segments.last()?;
+    if seg.ident != "TensorDesc" {
+        return None;
+    }
+    let syn::PathArguments::AngleBracketed(args) = &seg.arguments else {
+        return None;
+    };
+    match (args.args.first(), args.args.get(1)) {
+        (Some(syn::GenericArgument::Type(t)), Some(syn::GenericArgument::Type(s)))
+            if args.args.len() == 2 =>
+        {
+            Some((t.clone(), s.clone()))
+        }
+        _ => None,
+    }
+}
+
 fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
     let mut params = Vec::new();
     for arg in f.sig.inputs.iter_mut() {
@@ -89,6 +115,20 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
         let ty = (*pt.ty).clone();
         let kind = if comptime {
             ParamKind::Comptime(ty.clone())
+        } else if let Type::Reference(r) = &ty
+            && let Some((elem, shape)) = desc_parts(&r.elem)
+        {
+            if r.lifetime.is_some() {
+                errors.push(syn::Error::new(
+                    r.span(),
+                    "kernel descriptor parameters take no lifetime",
+                ));
+            }
+            ParamKind::Desc {
+                mutable: r.mutability.is_some(),
+                elem,
+                shape,
+            }
         } else if let Type::Reference(r) = &ty {
             match global_elem(&r.elem) {
                 Some((elem, symmetric)) => {
@@ -109,11 +149,18 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
                         ty.span(),
                         "unsupported kernel parameter type: references are only allowed to \
                          buffers (`&Global<T>`, `&mut Global<T>`, `&Symmetric<T>` or \
-                         `&mut Symmetric<T>`)",
+                         `&mut Symmetric<T>`) and tensor descriptors (`&TensorDesc<T, S>`, \
+                         `&mut TensorDesc<T, S>`)",
                     ));
                     continue;
                 }
             }
+        } else if desc_parts(&ty).is_some() {
+            errors.push(syn::Error::new(
+                ty.span(),
+                "take descriptors by reference: `&TensorDesc<T, S>` (read-only) or `&mut TensorDesc<T, S>`",
+            ));
+            continue;
         } else if global_elem(&ty).is_some() {
             errors.push(syn::Error::new(
                 ty.span(),
@@ -161,7 +208,7 @@ fn check_signature(f: &ItemFn, errors: &mut Vec<syn::Error>, what: &str) {
 fn check_values_as_consts(f: &ItemFn, params: &[Param], errors: &mut Vec<syn::Error>) {
     let names: Vec<Ident> = params
         .iter()
-        .filter(|p| !matches!(p.kind, ParamKind::Buffer { .. }))
+        .filter(|p| !matches!(p.kind, ParamKind::Buffer { .. } | ParamKind::Desc { .. }))
         .map(|p| p.name.clone())
         .collect();
     for use_site in used_in_generic_args_all(&f.block, &names) {
@@ -293,6 +340,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut launch_args = Vec::new();
     let mut ct_types = Vec::new();
     let mut ct_names = Vec::new();
+    let mut desc_shapes: Vec<Type> = Vec::new();
     for p in &params {
         let ty = &p.ty;
         let n = &p.name;
@@ -328,6 +376,29 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                     arg_types.push(quote!(&::tessera::#host<#elem>));
                 }
                 launch_args.push(quote!(::tessera::LaunchArg::#ctor(#n)));
+            }
+            ParamKind::Desc {
+                mutable,
+                elem,
+                shape,
+            } => {
+                let ro = !*mutable;
+                let di = desc_shapes.len();
+                desc_shapes.push(shape.clone());
+                let dims = quote!(&<Self as ::tessera::Kernel>::desc_blocks()[#di]);
+                if *mutable {
+                    declare.push(quote!(
+                        let #n: #ty = &mut __tessera_params.tensor_desc::<#elem, #shape>(#ns, #ro);
+                    ));
+                    arg_types.push(quote!(&mut ::tessera::TensorDescriptor<'_, #elem>));
+                    launch_args.push(quote!(::tessera::LaunchArg::desc_mut(#n, #dims)));
+                } else {
+                    declare.push(quote!(
+                        let #n: #ty = &__tessera_params.tensor_desc::<#elem, #shape>(#ns, #ro);
+                    ));
+                    arg_types.push(quote!(&::tessera::TensorDescriptor<'_, #elem>));
+                    launch_args.push(quote!(::tessera::LaunchArg::desc(#n, #dims)));
+                }
             }
             ParamKind::Scalar(ty) => {
                 let ty_span = ty.span();
@@ -370,6 +441,10 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         impl #impl_generics ::tessera::Kernel for #name #ty_generics where #(#where_preds,)* {
             const NAME: &'static str = #name_str;
             type Comptime = (#(#ct_types,)*);
+
+            fn desc_blocks() -> ::std::vec::Vec<::std::vec::Vec<u32>> {
+                ::std::vec![#(<#desc_shapes as ::tessera::__private::Shape>::dims()),*]
+            }
 
             #[allow(unused_variables, unused_mut, unused_braces, unused_assignments, clippy::all)]
             fn build(

@@ -72,6 +72,9 @@ pub(crate) struct CudaDevice {
     kernels: Mutex<HashMap<String, Arc<CudaKernel>>>,
     /// A non-blocking stream for control-word writes (created on first use).
     control: Mutex<Option<Arc<CudaStream>>>,
+    /// Tensor maps built for launches, by their bytes: device copies a kernel reads
+    /// through `cp.async.bulk.tensor` (kept, since a kernel in flight may read one).
+    tensor_maps: Mutex<HashMap<Vec<u8>, CudaSlice<u8>>>,
 }
 
 /// Device memory (at least one byte is allocated, so empty buffers are valid too).
@@ -204,6 +207,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>, Error> {
         ctx,
         props,
         kernels: Mutex::new(HashMap::new()),
+            tensor_maps: Mutex::new(HashMap::new()),
         control: Mutex::new(None),
     });
     open.insert(ordinal, dev.clone());
@@ -280,6 +284,91 @@ impl CudaDevice {
                 .map_err(self.err(what))?;
         }
         self.synchronize()
+    }
+
+    /// The device address of a tensor map (`cuTensorMapEncodeTiled`) of the tensor
+    /// at device address `base` with `elem_bytes`-byte elements, `dims` and element
+    /// `strides` (outermost first, the last stride 1), read in boxes of `box_dims`
+    /// (outermost first) with the `swizzle`-byte swizzle (32, 64 or 128), zero fill.
+    pub(crate) fn tensor_map(
+        self: &Arc<Self>,
+        base: u64,
+        elem_bytes: u32,
+        dims: &[u64],
+        strides: &[u64],
+        box_dims: &[u32],
+        swizzle: u32,
+    ) -> Result<u64, Error> {
+        use cudarc::driver::sys;
+        let what = "building a tensor map (cuTensorMapEncodeTiled)";
+        let r = dims.len();
+        let dt = match elem_bytes {
+            1 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            2 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+        };
+        let sw = match swizzle {
+            128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+            _ => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        };
+        // The driver takes dimensions innermost first, and the byte strides of
+        // dimensions 1.. only.
+        let gdim: Vec<u64> = dims.iter().rev().copied().collect();
+        let gstride: Vec<u64> = strides
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|&s| s * elem_bytes as u64)
+            .collect();
+        let bdim: Vec<u32> = box_dims.iter().rev().copied().collect();
+        let estride = vec![1u32; r];
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+        self.ctx.bind_to_thread().map_err(self.err(what))?;
+        // SAFETY: `map` is a writable 64-byte aligned `CUtensorMap`; the arrays hold
+        // `r` (`r - 1` for the strides) entries, as the call's rank says.
+        let res = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                dt,
+                r as u32,
+                base as *mut std::ffi::c_void,
+                gdim.as_ptr(),
+                gstride.as_ptr(),
+                bdim.as_ptr(),
+                estride.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sw,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        if res != sys::CUresult::CUDA_SUCCESS {
+            return Err(self.err(what)(cudarc::driver::DriverError(res)));
+        }
+        // SAFETY: the driver wrote the map; it is plain bytes.
+        let map = unsafe { map.assume_init() };
+        let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut maps = self.tensor_maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(b) = maps.get(&bytes) {
+            return Ok(self.address(b));
+        }
+        if maps.len() >= 4096 {
+            // Kernels launched earlier may still read the maps: let them finish.
+            self.synchronize()?;
+            maps.clear();
+        }
+        let mut slice = self
+            .stream
+            .alloc_zeros::<u8>(bytes.len())
+            .map_err(self.err(what))?;
+        self.stream
+            .memcpy_htod(&bytes, &mut slice)
+            .map_err(self.err(what))?;
+        let addr = self.address(&slice);
+        maps.insert(bytes, slice);
+        Ok(addr)
     }
 
     /// `bytes` bytes from device address `src`, after the work queued on the stream.

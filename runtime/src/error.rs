@@ -108,6 +108,9 @@ pub enum Error {
         /// What is wrong.
         reason: String,
     },
+    /// A tensor descriptor that does not describe its buffer.
+    #[error("invalid tensor descriptor: {0}")]
+    Descriptor(String),
     /// A buffer operation with mismatched sizes.
     #[error("buffer size mismatch: {0}")]
     BufferSize(String),

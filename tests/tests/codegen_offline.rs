@@ -1160,3 +1160,66 @@ fn sp_attention_state_crosses_nested_loops_without_conversions() {
         );
     }
 }
+
+#[path = "../../examples/matmul_desc.rs"]
+#[allow(dead_code)]
+mod matmul_desc;
+
+/// The descriptor GEMM specialized as an sm_90a launch that built its tensor maps
+/// (`tensor_map` on the `_tmap` parameters): both operands arrive by TMA, one
+/// 128x64 box for A and two 64x64 boxes for B (128-byte swizzle) per stage, each
+/// stage's copies announced on its mbarrier (`arrive.expect_tx`) and waited for with
+/// `try_wait.parity` at the top of the iteration; no `cp.async`; HGMMA from the
+/// ring, no spills. Without tensor maps (or on sm_80) the same kernel reads through
+/// `cp.async`, and the C store is a masked store everywhere.
+#[test]
+fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
+    use tessera::ir::ParamFacts;
+    let func = kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds");
+    let facts = |tma: bool| -> Vec<ParamFacts> {
+        func.params
+            .iter()
+            .map(|p| {
+                let mut f = ParamFacts::new(!p.name.ends_with("_tmap"), true);
+                f.tensor_map = tma && p.name.ends_with("_tmap");
+                f
+            })
+            .collect()
+    };
+    let tma = func.specialized(&facts(true));
+    assert!(tessera::ir::printer::print_function(&tma).contains("tensor_map"));
+    let art = compile_ir(&tma, SM90A, &CompileOptions::warps(8)).expect("compiles");
+    let ptx = &art.asm;
+    let count = |s: &str| ptx.matches(s).count();
+    // Prologue (2 stages) + the loop's copy: A one box, B two.
+    assert_eq!(
+        count("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"),
+        3 * 3,
+        "{ptx}"
+    );
+    assert_eq!(count("mbarrier.arrive.expect_tx.shared::cta.b64"), 3 * 2, "{ptx}");
+    assert_eq!(count("mbarrier.try_wait.parity.shared::cta.b64"), 1, "{ptx}");
+    assert_eq!(count("mbarrier.init.shared::cta.b64"), 4, "{ptx}");
+    assert_eq!(count("cp.async.cg.shared.global"), 0, "{ptx}");
+    assert!(count("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16") > 0, "{ptx}");
+    let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
+    assert_eq!(
+        (report.spill_stores_bytes, report.spill_loads_bytes),
+        (0, 0),
+        "{} registers",
+        report.registers
+    );
+    let sass = tools::sass(&report.cubin).expect("cuobjdump");
+    assert!(sass.contains("UTMALDG.2D"), "{sass}");
+    assert!(sass.contains("HGMMA.64x128x16.F32"), "{sass}");
+    // Without tensor maps: the masked loads' cp.async ring, the same wgmma.
+    let plain = func.specialized(&facts(false));
+    let art = compile_ir(&plain, SM90A, &CompileOptions::warps(8)).expect("compiles");
+    assert_eq!(art.asm.matches("cp.async.bulk.tensor").count(), 0);
+    assert!(art.asm.matches("cp.async.cg.shared.global").count() > 0, "{}", art.asm);
+    tools::ptxas(&art.asm, "sm_90a").expect("ptxas");
+    // sm_80 ignores the tensor maps.
+    let art = compile_ir(&tma, SM80, &CompileOptions::warps(8)).expect("compiles");
+    assert_eq!(art.asm.matches("cp.async.bulk").count(), 0);
+    assert_eq!(art.asm.matches("mbarrier").count(), 0);
+}

@@ -55,6 +55,7 @@ pub mod mma;
 pub(crate) mod runtime;
 pub(crate) mod stack;
 pub mod team;
+pub mod tma;
 pub mod wgmma;
 
 use std::sync::Mutex;

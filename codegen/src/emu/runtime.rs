@@ -52,6 +52,8 @@ pub(crate) struct Block {
     pub shared_bytes: usize,
     pub shadow_write: Vec<Cell<u64>>,
     pub shadow_read: Vec<Cell<u64>>,
+    /// The block's mbarriers, by offset in shared memory.
+    pub mbars: RefCell<std::collections::HashMap<usize, super::tma::Mbar>>,
     _mem: Vec<u128>,
 }
 
@@ -70,6 +72,7 @@ impl Block {
             shared_bytes,
             shadow_write: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
             shadow_read: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
+            mbars: RefCell::new(std::collections::HashMap::new()),
             _mem: mem,
         }
     }
@@ -79,6 +82,7 @@ impl Block {
         for w in self.shadow_write.iter().chain(&self.shadow_read) {
             w.set(0);
         }
+        self.mbars.borrow_mut().clear();
     }
 }
 
@@ -618,6 +622,217 @@ extern "C" fn tessera_emu_cp_async_wait(n: i32) {
                     };
                 }
             }
+        }
+    })
+}
+
+/// The mbarrier at shared `bar` of thread `c`'s block: its offset, or `None` (with
+/// the error recorded) when `bar` is not an 8-byte aligned place in shared memory.
+fn mbar_offset(c: &ThreadCtx<'_>, bar: *const u8, site: i32) -> Option<usize> {
+    if !(bar as usize).is_multiple_of(8) {
+        misaligned_shared(c, bar, 8, site);
+        return None;
+    }
+    let off = (bar as usize).wrapping_sub(c.blk.shared as usize);
+    if off.checked_add(8).is_none_or(|e| e > c.blk.shared_bytes) {
+        wg_fail(c, site, format!("an mbarrier at shared offset {off:#x}, outside the block's {} bytes", c.blk.shared_bytes));
+        return None;
+    }
+    Some(off)
+}
+
+/// `mbarrier.init.shared::cta.b64 [bar], count` (see [`super::tma`]).
+extern "C" fn tessera_emu_mbar_init(bar: *mut u8, count: i32, site: i32) {
+    with((), |c| {
+        let Some(off) = mbar_offset(c, bar, site) else {
+            return;
+        };
+        let mut m = c.blk.mbars.borrow_mut();
+        if m.get(&off).is_some_and(|b| !b.landings.is_empty() || b.tx != 0) {
+            drop(m);
+            wg_fail(c, site, "mbarrier.init of an mbarrier with copies in flight".into());
+            return;
+        }
+        m.insert(off, super::tma::Mbar::new(count.max(1) as u32));
+    })
+}
+
+/// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes`.
+extern "C" fn tessera_emu_mbar_expect_tx(bar: *mut u8, bytes: i32, site: i32) {
+    with((), |c| {
+        let Some(off) = mbar_offset(c, bar, site) else {
+            return;
+        };
+        let mut m = c.blk.mbars.borrow_mut();
+        let Some(b) = m.get_mut(&off) else {
+            drop(m);
+            wg_fail(c, site, "mbarrier.arrive.expect_tx on an mbarrier never initialized".into());
+            return;
+        };
+        if b.pending == 0 {
+            drop(m);
+            wg_fail(c, site, "an arrival on an mbarrier phase with none pending".into());
+            return;
+        }
+        b.tx += i64::from(bytes);
+        b.pending -= 1;
+        b.try_complete();
+    })
+}
+
+/// `cp.async.bulk.tensor.{rank}d...mbarrier::complete_tx::bytes [dst], [tmap, {c0,
+/// c1, c2}], [bar]` (see [`super::tma`]): the box is read from global memory now and
+/// lands in shared memory when a thread waits for `bar`'s phase. Writing over bytes
+/// another thread read since the last block barrier is a race.
+#[allow(clippy::too_many_arguments)]
+extern "C" fn tessera_emu_tma_load(
+    dst: *mut u8,
+    tmap: i64,
+    rank: i32,
+    c0: i32,
+    c1: i32,
+    c2: i32,
+    bar: *mut u8,
+    site: i32,
+) {
+    with((), |c| {
+        let Some(boff) = mbar_offset(c, bar, site) else {
+            return;
+        };
+        let p = tmap as usize as *const super::tma::EmuTensorMap;
+        if p.is_null() || !(p as usize).is_multiple_of(64) {
+            wg_fail(c, site, format!("a TMA copy through tensor map address {tmap:#x} (no tensor map built at launch)"));
+            return;
+        }
+        // SAFETY: the launch passes the address of an `EmuTensorMap` it keeps alive
+        // for the launch (the runtime's tensor-descriptor arguments); checked by magic.
+        let m = unsafe { *p };
+        if m.magic != super::tma::MAGIC || m.rank as i32 != rank {
+            wg_fail(c, site, format!("a rank-{rank} TMA copy through a tensor map that is not one of rank {rank}"));
+            return;
+        }
+        let off = (dst as usize).wrapping_sub(c.blk.shared as usize);
+        let n = m.box_bytes();
+        if !off.is_multiple_of(128) || off.checked_add(n).is_none_or(|e| e > c.blk.shared_bytes) {
+            wg_fail(c, site, format!("a TMA box of {n} bytes to shared offset {off:#x} (128-byte aligned, inside the block's {} bytes)", c.blk.shared_bytes));
+            return;
+        }
+        // The write must not overtake reads of other threads since the last barrier.
+        let epoch = c.epoch.get();
+        for b in off..off + n {
+            let r = c.blk.shadow_read[b].get();
+            let owner = ((r >> 16) & 0xffff) as u32;
+            if r != 0 && (r >> 32) as u32 == epoch && owner != c.tid + 1 && !c.launch.failed.load(Ordering::Relaxed) {
+                let (span, op) = c.launch.site(site as u32);
+                let (other_span, _) = c.launch.site((r & 0xffff) as u32);
+                c.fail(EmuError::SharedRace {
+                    kernel: c.launch.kernel.to_string(),
+                    op,
+                    span,
+                    other_span,
+                    block: c.block.get(),
+                    writer: c.tid,
+                    reader: owner - 1,
+                    kind: "write after read",
+                });
+                return;
+            }
+        }
+        let mut image = vec![0u8; n];
+        let row_bytes = (m.box_dims[0] * m.elem_bytes) as usize;
+        for (lin, run) in m.rows([c0, c1, c2]) {
+            if let Some((addr, at, len)) = run {
+                // TMA reads any run of elements, with no alignment: the run must lie
+                // in one launch buffer.
+                let first = addr as usize as *mut u8;
+                let inside = c.launch.buffers.iter().any(|b| {
+                    addr as usize >= b.base && addr as usize + len <= b.base + b.len_bytes
+                });
+                if !inside {
+                    // Reports the access (out of bounds) as a plain access would.
+                    tessera_emu_check_global(first, 1, site);
+                    if !c.launch.failed.load(Ordering::Relaxed) {
+                        wg_fail(c, site, format!("a TMA box row of {len} bytes at {addr:#x} outside the launch's buffers"));
+                    }
+                    return;
+                }
+                // SAFETY: the `len` bytes at `first` lie in a buffer of the launch
+                // (checked above); `lin + at + len <= lin + row_bytes <= n`.
+                unsafe { std::ptr::copy_nonoverlapping(first, image.as_mut_ptr().add(lin + at), len) };
+            }
+            debug_assert!(lin + row_bytes <= n);
+        }
+        let chunks = (0..n)
+            .step_by(16)
+            .map(|lin| {
+                let mut ch = [0u8; 16];
+                ch.copy_from_slice(&image[lin..lin + 16]);
+                (off + m.swizzled(off, lin), ch)
+            })
+            .collect();
+        let mut bars = c.blk.mbars.borrow_mut();
+        let Some(b) = bars.get_mut(&boff) else {
+            drop(bars);
+            wg_fail(c, site, "a TMA copy completing on an mbarrier never initialized".into());
+            return;
+        };
+        b.landings.push(super::tma::Landing {
+            chunks,
+            bytes: n as i64,
+        });
+    })
+}
+
+/// Waits for the phase of parity `parity` of the mbarrier at `bar` (the
+/// `mbarrier.try_wait.parity` loop): lands the copies that complete on it, then
+/// polls until its arrivals are in; a phase that cannot complete is an error after a
+/// few seconds.
+extern "C" fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: i32) {
+    with((), |c| {
+        let Some(off) = mbar_offset(c, bar, site) else {
+            return;
+        };
+        let start = std::time::Instant::now();
+        loop {
+            let mut bars = c.blk.mbars.borrow_mut();
+            let Some(b) = bars.get_mut(&off) else {
+                drop(bars);
+                wg_fail(c, site, "mbarrier wait on an mbarrier never initialized".into());
+                return;
+            };
+            if (b.phase & 1) as i32 != parity & 1 {
+                return;
+            }
+            for l in std::mem::take(&mut b.landings) {
+                for (o, ch) in l.chunks {
+                    // SAFETY: `tma_load` checked that the box lies in shared memory.
+                    unsafe { std::ptr::copy_nonoverlapping(ch.as_ptr(), c.blk.shared.add(o), 16) };
+                    // Written by the async proxy: visible to every thread after the wait.
+                    for w in &c.blk.shadow_write[o..o + 16] {
+                        w.set(0);
+                    }
+                }
+                b.tx -= l.bytes;
+            }
+            if b.tx < 0 {
+                let tx = b.tx;
+                drop(bars);
+                wg_fail(c, site, format!("TMA copies delivered {} bytes more than mbarrier.arrive.expect_tx announced", -tx));
+                return;
+            }
+            b.try_complete();
+            if (b.phase & 1) as i32 != parity & 1 {
+                return;
+            }
+            let (pending, tx) = (b.pending, b.tx);
+            drop(bars);
+            if start.elapsed() > std::time::Duration::from_secs(5) || c.launch.failed.load(Ordering::Relaxed) {
+                if !c.launch.failed.load(Ordering::Relaxed) {
+                    wg_fail(c, site, format!("an mbarrier phase of parity {parity} never completed: {pending} arrivals and {tx} transaction bytes outstanding"));
+                }
+                return;
+            }
+            c.park(Park::Poll);
         }
     })
 }
@@ -1299,6 +1514,22 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         (
             "tessera_emu_cp_async_wait",
             tessera_emu_cp_async_wait as *const () as usize,
+        ),
+        (
+            "tessera_emu_mbar_init",
+            tessera_emu_mbar_init as *const () as usize,
+        ),
+        (
+            "tessera_emu_mbar_expect_tx",
+            tessera_emu_mbar_expect_tx as *const () as usize,
+        ),
+        (
+            "tessera_emu_mbar_wait",
+            tessera_emu_mbar_wait as *const () as usize,
+        ),
+        (
+            "tessera_emu_tma_load",
+            tessera_emu_tma_load as *const () as usize,
         ),
         (
             "tessera_emu_bad_peer",

@@ -321,6 +321,60 @@ pub trait Arch {
     fn cp_async_wait<'ctx>(&self, _cx: &Cx<'ctx>, _n: u32) -> LResult<()> {
         Err(LowerError::Llvm("cp.async on a target without it".into()))
     }
+    /// `mbarrier.init.shared::cta.b64 [bar], count` (PTX ISA, "mbarrier.init"):
+    /// phase 0 in progress, `count` arrivals pending, transaction count 0.
+    fn mbarrier_init<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _bar: PointerValue<'ctx>,
+        _count: u32,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm("mbarriers on a target without them".into()))
+    }
+    /// `fence.mbarrier_init.release.cluster`: the initializations are visible to
+    /// the async proxy (TMA completes on them).
+    fn fence_mbarrier_init<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
+        Err(LowerError::Llvm("mbarriers on a target without them".into()))
+    }
+    /// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes`: raises the
+    /// current phase's transaction count by `bytes`, then arrives.
+    fn mbarrier_arrive_expect_tx<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _bar: PointerValue<'ctx>,
+        _bytes: u32,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm("mbarriers on a target without them".into()))
+    }
+    /// Waits (`mbarrier.try_wait.parity` in a loop) until the phase of parity
+    /// `parity` (an `i32`, 0 or 1) of `bar` has completed.
+    fn mbarrier_wait<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _bar: PointerValue<'ctx>,
+        _parity: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm("mbarriers on a target without them".into()))
+    }
+    /// `cp.async.bulk.tensor.{R}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
+    /// [dst], [tmap, {coords}], [bar]` (PTX ISA, "cp.async.bulk.tensor"): copies the
+    /// box at `coords` (innermost first, `i32`) of the tensor map at generic address
+    /// `tmap` (an `i64`) to shared `dst`, out-of-bounds elements zero, and completes
+    /// its bytes on `bar`'s transaction count.
+    fn tma_load<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _dst: PointerValue<'ctx>,
+        _tmap: IntValue<'ctx>,
+        _coords: &[IntValue<'ctx>],
+        _bar: PointerValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm("TMA on a target without it".into()))
+    }
     /// Whether [`Arch::buffer_load`] is available (AMD CDNA).
     fn has_buffer_load(&self) -> bool {
         false
@@ -565,6 +619,31 @@ fn nvvm_ldmatrix<'ctx>(
         .collect()
 }
 
+/// A side-effecting inline PTX statement with `(constraint, value)` inputs.
+fn ptx_void<'ctx>(cx: &Cx<'ctx>, text: &str, ins: &[(&str, BasicValueEnum<'ctx>)]) -> LResult<()> {
+    use inkwell::types::BasicMetadataTypeEnum as T;
+    let params: Vec<T> = ins.iter().map(|(_, v)| T::from(v.get_type())).collect();
+    let fty = cx.ctx.void_type().fn_type(&params, false);
+    let mut cons: Vec<String> = ins.iter().map(|(c, _)| c.to_string()).collect();
+    cons.push("~{memory}".into());
+    let asm = cx
+        .ctx
+        .create_inline_asm(fty, text.to_string(), cons.join(","), true, false, None, false);
+    let args: Vec<inkwell::values::BasicMetadataValueEnum> =
+        ins.iter().map(|(_, v)| (*v).into()).collect();
+    cx.b.build_indirect_call(fty, asm, &args, "")?;
+    Ok(())
+}
+
+/// The 32-bit shared-window address of shared pointer `p` (`ptr addrspace(3)`), as
+/// PTX `.shared` operands take it.
+fn shared_u32<'ctx>(cx: &Cx<'ctx>, p: PointerValue<'ctx>) -> LResult<IntValue<'ctx>> {
+    if p.get_type().get_address_space() != inkwell::AddressSpace::from(3u16) {
+        return Err(LowerError::Llvm("a shared-memory operand that is not a shared pointer".into()));
+    }
+    Ok(cx.b.build_ptr_to_int(p, cx.ctx.i32_type(), "")?)
+}
+
 /// A side-effecting inline PTX statement with no operands.
 fn ptx_stmt(cx: &Cx<'_>, text: &str) -> LResult<()> {
     let fty = cx.ctx.void_type().fn_type(&[], false);
@@ -757,6 +836,80 @@ impl Arch for Nvptx {
         };
         cx.call_intrinsic(name, &[], &[dst.into(), src.into(), src_bytes.into()])?;
         Ok(())
+    }
+
+    fn mbarrier_init<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        count: u32,
+        _site: u32,
+    ) -> LResult<()> {
+        let b = shared_u32(cx, bar)?;
+        ptx_void(
+            cx,
+            &format!("mbarrier.init.shared::cta.b64 [$0], {count};"),
+            &[("r", b.into())],
+        )
+    }
+
+    fn fence_mbarrier_init<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
+        ptx_stmt(cx, "fence.mbarrier_init.release.cluster;")
+    }
+
+    fn mbarrier_arrive_expect_tx<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        bytes: u32,
+        _site: u32,
+    ) -> LResult<()> {
+        let b = shared_u32(cx, bar)?;
+        ptx_void(
+            cx,
+            &format!(
+                "{{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [$0], {bytes};\n}}"
+            ),
+            &[("r", b.into())],
+        )
+    }
+
+    fn mbarrier_wait<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        parity: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        let b = shared_u32(cx, bar)?;
+        ptx_void(
+            cx,
+            "{\n.reg .pred p;\nTSR_MBAR_WAIT_${:uid}:\nmbarrier.try_wait.parity.shared::cta.b64 p, [$0], $1;\n@!p bra TSR_MBAR_WAIT_${:uid};\n}",
+            &[("r", b.into()), ("r", parity.into())],
+        )
+    }
+
+    fn tma_load<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        dst: PointerValue<'ctx>,
+        tmap: IntValue<'ctx>,
+        coords: &[IntValue<'ctx>],
+        bar: PointerValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        let d = shared_u32(cx, dst)?;
+        let b = shared_u32(cx, bar)?;
+        let r = coords.len();
+        let cs: Vec<String> = (0..r).map(|i| format!("${}", 3 + i)).collect();
+        let text = format!(
+            "cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{{}}}], [$2];",
+            cs.join(", ")
+        );
+        let mut ins: Vec<(&str, BasicValueEnum<'ctx>)> =
+            vec![("r", d.into()), ("l", tmap.into()), ("r", b.into())];
+        ins.extend(coords.iter().map(|c| ("r", BasicValueEnum::from(*c))));
+        ptx_void(cx, &text, &ins)
     }
 
     fn cp_async_commit<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {

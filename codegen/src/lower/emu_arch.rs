@@ -26,6 +26,10 @@
 //! | `wgmma.fence` / `.commit_group` | `void tessera_emu_wgmma_{fence,commit}(i32 site)` |
 //! | `wgmma.mma_async` m64nNk16 / m64nNk32 `.s8` (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` (ty: 0 f16, 1 bf16, 2 s8, 3 e4m3, 4 e5m2; flags: bit 0 `imm-trans-b`, bit 1 `scale-d`) (`[n/2 x i32]` accumulator words, f32 by their bits, in; poison out) |
 //! | `wgmma.mma_async` with A in registers | `void tessera_emu_wgmma_rs(i32 ty, i32 n, i32 a0..a3, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` |
+//! | `mbarrier.init` | `void tessera_emu_mbar_init(ptr bar, i32 count, i32 site)` |
+//! | `mbarrier.arrive.expect_tx` | `void tessera_emu_mbar_expect_tx(ptr bar, i32 bytes, i32 site)` |
+//! | `mbarrier.try_wait.parity` loop | `void tessera_emu_mbar_wait(ptr bar, i32 parity, i32 site)` |
+//! | `cp.async.bulk.tensor` (TMA load) | `void tessera_emu_tma_load(ptr dst, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, ptr bar, i32 site)` (coordinates innermost first; `tmap` the address of a [`crate::emu::tma::EmuTensorMap`]) |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //! | `i8` matrix instructions (`mma.sync` m16n8k32 `.s8`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (`[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out) |
@@ -332,6 +336,102 @@ impl Arch for Emu {
             Emu::site(cx, site),
         ];
         call(cx, "tessera_emu_cp_async", ty, &args)?;
+        Ok(())
+    }
+
+    fn mbarrier_init<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        count: u32,
+        site: u32,
+    ) -> LResult<()> {
+        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[pt.into(), i32t.into(), i32t.into()], false);
+        let args = [bar.into(), cx.i32(count as i64).into(), Emu::site(cx, site)];
+        call(cx, "tessera_emu_mbar_init", ty, &args)?;
+        Ok(())
+    }
+
+    fn fence_mbarrier_init<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
+        // Initialization is visible at once; the block barrier after it orders it.
+        Ok(())
+    }
+
+    fn mbarrier_arrive_expect_tx<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        bytes: u32,
+        site: u32,
+    ) -> LResult<()> {
+        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[pt.into(), i32t.into(), i32t.into()], false);
+        let args = [bar.into(), cx.i32(bytes as i64).into(), Emu::site(cx, site)];
+        call(cx, "tessera_emu_mbar_expect_tx", ty, &args)?;
+        Ok(())
+    }
+
+    fn mbarrier_wait<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        parity: IntValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[pt.into(), i32t.into(), i32t.into()], false);
+        let args = [bar.into(), parity.into(), Emu::site(cx, site)];
+        call(cx, "tessera_emu_mbar_wait", ty, &args)?;
+        Ok(())
+    }
+
+    fn tma_load<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        dst: PointerValue<'ctx>,
+        tmap: IntValue<'ctx>,
+        coords: &[IntValue<'ctx>],
+        bar: PointerValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        let (pt, i32t, i64t) = (Emu::ptr_ty(cx), cx.ctx.i32_type(), cx.ctx.i64_type());
+        let ty = cx.ctx.void_type().fn_type(
+            &[
+                pt.into(),
+                i64t.into(),
+                i32t.into(),
+                i32t.into(),
+                i32t.into(),
+                i32t.into(),
+                pt.into(),
+                i32t.into(),
+            ],
+            false,
+        );
+        let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
+            coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
+        };
+        let args = [
+            dst.into(),
+            tmap.into(),
+            cx.i32(coords.len() as i64).into(),
+            c(0),
+            c(1),
+            c(2),
+            bar.into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_tma_load", ty, &args)?;
         Ok(())
     }
 

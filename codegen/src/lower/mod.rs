@@ -83,6 +83,7 @@ pub mod emu_arch;
 mod memory;
 mod reduce;
 mod remat;
+mod tma;
 mod wgmma;
 
 use std::cell::RefCell;
@@ -380,7 +381,36 @@ fn lower_as_is<'ctx>(
 }
 
 /// [`lower_impl`] with `stages`; also whether a loop got a `cp.async` ring.
+///
+/// Tensor-descriptor accesses become masked memory ops
+/// ([`tessera_ir::tensor_desc::expand`]) except the loads [`memory::tma_candidate`]
+/// keeps for TMA; when one of those does not end up in a `dot`'s ring, the kernel is
+/// lowered again with every access expanded.
 fn lower_staged<'ctx>(
+    ctx: &'ctx Context,
+    func: &Function,
+    arch: &dyn Arch,
+    opts: &CompileOptions,
+    with_layouts: bool,
+    stages: u32,
+) -> Result<(Lowered<'ctx>, bool), CodegenError> {
+    let target = arch.target();
+    let mut expanded = func.clone();
+    let keep = |f: &Function, op: &Op| stages >= 2 && tma::tma_candidate(target, f, op);
+    tessera_ir::tensor_desc::expand(&mut expanded, &keep);
+    let kept = tessera_ir::tensor_desc::count(&expanded);
+    match lower_expanded(ctx, &expanded, arch, opts, with_layouts, stages) {
+        Err(_) if kept > 0 => {
+            let mut all = func.clone();
+            tessera_ir::tensor_desc::expand(&mut all, &|_, _| false);
+            lower_expanded(ctx, &all, arch, opts, with_layouts, stages)
+        }
+        r => r,
+    }
+}
+
+/// [`lower_staged`] of a kernel whose descriptor accesses are expanded or TMA loads.
+fn lower_expanded<'ctx>(
     ctx: &'ctx Context,
     func: &Function,
     arch: &dyn Arch,
@@ -510,6 +540,8 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     /// While lowering a pipelined loop's body: per `dot`, the byte offsets (within its
     /// ring) of the slot its operands are read from and of the slot being filled.
     async_slots: RefCell<HashMap<*const Op, (IntValue<'ctx>, IntValue<'ctx>)>>,
+    /// TMA rings whose mbarriers the current run of their loop initialized.
+    tma_inited: RefCell<HashSet<*const Op>>,
     sites: RefCell<Vec<Site>>,
     /// The hidden parameters of a communicating kernel ([`crate::comm`]).
     comm: Option<comm::CommVals<'ctx>>,
@@ -606,6 +638,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             async_args: std::collections::HashSet::new(),
             async_issued: RefCell::new(HashMap::new()),
             async_slots: RefCell::new(HashMap::new()),
+            tma_inited: RefCell::new(HashSet::new()),
             staged: HashMap::new(),
             invariant: HashSet::new(),
             pipe_dots: HashMap::new(),
@@ -891,9 +924,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     continue;
                 }
                 break def_in(body, next).filter(|l| {
-                    matches!(l.kind, OpKind::Load { .. })
-                        && Self::uses_in(body, next).len() == 1
-                        && memory::async_copy_ok(self, l, dim)
+                    Self::uses_in(body, next).len() == 1 && self.ring_load_ok(l, d, which, dim)
                 });
             };
             let Some(last) = last else {
@@ -905,9 +936,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let init = for_op.operands[3 + k - 1];
                 match def_in(parent, init) {
                     Some(l)
-                        if matches!(l.kind, OpKind::Load { .. })
+                        if std::mem::discriminant(&l.kind) == std::mem::discriminant(&last.kind)
                             && Self::uses_in(parent, init).len() == 1
-                            && memory::async_copy_ok(self, l, dim) =>
+                            && self.ring_load_ok(l, d, which, dim) =>
                     {
                         pro.push(l)
                     }
@@ -941,7 +972,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 None
             };
             let slots = ahead + 1 + u32::from(overlap.is_some());
-            if self.pipe_bytes + slots * slot_bytes > self.target().shared_memory_limit() {
+            let tma = chains
+                .iter()
+                .filter(|(d2, _, (_, _, last))| {
+                    std::ptr::eq(*d2, *d) && matches!(last.kind, OpKind::DescLoad { .. })
+                })
+                .count() as u32;
+            let bar_bytes = if tma > 0 { slots * tma::MBAR_BYTES } else { 0 };
+            let bytes = slots * slot_bytes + bar_bytes;
+            if self.pipe_bytes + bytes > self.target().shared_memory_limit() {
                 continue;
             }
             self.async_dots.insert(
@@ -952,9 +991,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     slots,
                     ahead,
                     overlap,
+                    tma,
+                    bars: self.pipe_bytes + slots * slot_bytes,
                 },
             );
-            self.pipe_bytes += slots * slot_bytes;
+            self.pipe_bytes += bytes.next_multiple_of(16);
             self.pipe_dots
                 .insert(*d as *const Op, self.async_dots[&(*d as *const Op)].offset);
             for (d2, w2, (cargs, pro, last)) in &chains {
@@ -972,6 +1013,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.async_loads
                     .insert(last.results[0], (d2, *w2, AsyncSlot::Next));
             }
+        }
+    }
+
+    /// Whether load `l` (a `load` by `cp.async`, or a `desc_load` by TMA) can copy
+    /// operand `which` of `dot` `d` into its ring.
+    fn ring_load_ok(&self, l: &Op, d: &Op, which: usize, dim: usize) -> bool {
+        match l.kind {
+            OpKind::Load { .. } => memory::async_copy_ok(self, l, dim),
+            OpKind::DescLoad { .. } => tma::ring_ok(self, l, d, which),
+            _ => false,
         }
     }
 
@@ -1608,6 +1659,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.set(op.results[0], t);
             }
             OpKind::Store { .. } => memory::lower_store(self, op)?,
+            OpKind::DescLoad { .. } => {
+                let t = tma::lower_desc_load(self, op)?;
+                self.set(op.results[0], t);
+            }
+            OpKind::DescStore { .. } => {
+                return Err(LowerError::Llvm(
+                    "a desc_store left unexpanded (tensor_desc::expand)".into(),
+                ));
+            }
             OpKind::AtomicRmw { .. } | OpKind::AtomicCas { .. } => {
                 let t = memory::lower_atomic(self, op)?;
                 self.set(op.results[0], t);
@@ -1794,12 +1854,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let i32t = self.cx.ctx.i32_type();
         let mut ring_phis = Vec::new();
         for (d, r) in &rings {
-            let (rd, wr) = (
+            let (rd, wr, ph) = (
                 self.cx.b.build_phi(i32t, "ring.read")?,
                 self.cx.b.build_phi(i32t, "ring.fill")?,
+                // The mbarrier phase parity of the slot read (TMA rings).
+                self.cx.b.build_phi(i32t, "ring.phase")?,
             );
             rd.add_incoming(&[(&self.cx.i32(0), pre)]);
             wr.add_incoming(&[(&self.cx.i32((r.ahead * r.slot_bytes) as i64), pre)]);
+            ph.add_incoming(&[(&self.cx.i32(0), pre)]);
             self.async_slots.borrow_mut().insert(
                 *d as *const Op,
                 (
@@ -1807,7 +1870,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     wr.as_basic_value().into_int_value(),
                 ),
             );
-            ring_phis.push((rd, wr, *r));
+            ring_phis.push((rd, wr, ph, *r));
         }
         let ivv = iv.as_basic_value().into_int_value();
         let c = self
@@ -1818,15 +1881,35 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.cx.b.position_at_end(bb_body);
         if let Some(ahead) = rings.iter().map(|(_, r)| r.ahead).min() {
             // This iteration's copies have landed (at most the `ahead - 1` newer groups
-            // are pending) and are visible to the block; every thread is done with the
-            // slot the loop's copies refill next (read in the previous iteration).
-            self.note(|| {
-                format!(
-                    "cp.async.wait_group {} and a barrier at the top of each iteration",
-                    ahead - 1
-                )
-            });
-            self.arch.cp_async_wait(&self.cx, ahead - 1)?;
+            // are pending, and the TMA copies' mbarrier phase is complete) and are
+            // visible to the block; every thread is done with the slot the loop's
+            // copies refill next (read in the previous iteration).
+            if rings.iter().any(|(_, r)| r.tma < 2) {
+                self.note(|| {
+                    format!(
+                        "cp.async.wait_group {} and a barrier at the top of each iteration",
+                        ahead - 1
+                    )
+                });
+                self.arch.cp_async_wait(&self.cx, ahead - 1)?;
+            }
+            for (d, rd, _, ph, r) in ring_phis
+                .iter()
+                .zip(&rings)
+                .map(|((rd, wr, ph, r), (d, _))| (d, rd, wr, ph, r))
+            {
+                if r.tma == 0 {
+                    continue;
+                }
+                self.note(|| {
+                    "TMA ring: a wait for the read slot's mbarrier phase and a barrier at the top of each iteration".to_string()
+                });
+                let bar = self.bar_at(r, rd.as_basic_value().into_int_value())?;
+                let site = self.new_site("mbarrier.try_wait");
+                let _ = d;
+                self.arch
+                    .mbarrier_wait(&self.cx, bar, ph.as_basic_value().into_int_value(), site)?;
+            }
             self.barrier()?;
         }
         let ive = self.f.ty(op.operands[0]).elem;
@@ -1866,9 +1949,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let next = self.cx.b.build_int_add(ivv, step, "iv.next")?;
         let mut ring_next = Vec::new();
-        for (rd, wr, r) in &ring_phis {
+        for (rd, wr, ph, r) in &ring_phis {
             let size = self.cx.i32((r.slots * r.slot_bytes) as i64);
-            let adv = |p: &inkwell::values::PhiValue<'ctx>| -> LResult<IntValue<'ctx>> {
+            let adv = |p: &inkwell::values::PhiValue<'ctx>| -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
                 let b = &self.cx.b;
                 let n = b.build_int_add(
                     p.as_basic_value().into_int_value(),
@@ -1876,17 +1959,28 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     "",
                 )?;
                 let wrap = b.build_int_compare(inkwell::IntPredicate::EQ, n, size, "")?;
-                Ok(b.build_select(wrap, self.cx.i32(0), n, "")?
-                    .into_int_value())
+                Ok((
+                    b.build_select(wrap, self.cx.i32(0), n, "")?
+                        .into_int_value(),
+                    wrap,
+                ))
             };
-            ring_next.push((adv(rd)?, adv(wr)?));
+            let ((nr, wrap), (nw, _)) = (adv(rd)?, adv(wr)?);
+            // The read slot's parity flips each time the ring wraps around.
+            let b = &self.cx.b;
+            let flip = b.build_xor(ph.as_basic_value().into_int_value(), self.cx.i32(1), "")?;
+            let np = b
+                .build_select(wrap, flip, ph.as_basic_value().into_int_value(), "")?
+                .into_int_value();
+            ring_next.push((nr, nw, np));
         }
         self.arch.loop_backedge(&self.cx)?;
         let latch = self.cx.cur_block();
         iv.add_incoming(&[(&next, latch)]);
-        for ((rd, wr, _), (nr, nw)) in ring_phis.iter().zip(&ring_next) {
+        for ((rd, wr, ph, _), (nr, nw, np)) in ring_phis.iter().zip(&ring_next) {
             rd.add_incoming(&[(nr, latch)]);
             wr.add_incoming(&[(nw, latch)]);
+            ph.add_incoming(&[(np, latch)]);
         }
         for (ps, y) in phis.iter().zip(&ys_conv) {
             for (p, r) in ps.iter().zip(&y.regs) {
@@ -1901,6 +1995,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.arch.cp_async_wait(&self.cx, 0)?;
             for (d, r) in &rings {
                 self.async_slots.borrow_mut().remove(&(*d as *const Op));
+                self.tma_inited.borrow_mut().remove(&(*d as *const Op));
                 // The last iteration's wgmma group, left in flight, completes.
                 if let Some(j) = r.overlap
                     && let Some(t) = carried.get_mut(j - 1)
@@ -2085,6 +2180,10 @@ pub(crate) struct AsyncDot {
     slot_bytes: u32,
     slots: u32,
     ahead: u32,
+    /// Operands filled by TMA copies (0, 1 or 2): the mbarriers' arrival count.
+    tma: u32,
+    /// Where the slots' mbarriers start (one per slot, after the slots), when `tma > 0`.
+    bars: u32,
     /// On `wgmma` targets, the loop-carried accumulator (its index in the body's
     /// arguments) when the dot only chains it (`acc = dot(a, b, acc)`): each
     /// iteration then leaves its wgmma group in flight (`wait_group 1`), the ring has

@@ -21,6 +21,7 @@
 
 mod comm;
 mod control;
+mod desc;
 mod ops;
 mod shape;
 
@@ -29,6 +30,7 @@ pub use control::{
     Carry, CondBranch, CtInt, ForRange, LoopIndex, RtBound, ScalarCond, WhileCond, for_range,
     if_else, while_cond, while_loop,
 };
+pub use desc::{Coords, TensorDesc};
 pub use ops::*;
 pub use shape::*;
 
@@ -249,6 +251,7 @@ impl KernelParams {
                     readonly,
                     divisibility: None,
                     within_2gib: false,
+                    tensor_map: false,
                 },
             )
         });

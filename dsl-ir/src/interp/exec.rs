@@ -10,7 +10,7 @@ use super::arith::{self, ArithErr, Operand};
 use super::buffer::{Element, HostBuffer, std_order};
 use super::comm::{CommWorld, MAX_RESIDENT};
 use super::value::{Data, Elt, KernelArg, PtrTile, Slots, map_data};
-use crate::ir::{ConstValue, Function, Op, OpKind, Region, ValueId};
+use crate::ir::{ConstValue, DescOperands, Function, Op, OpKind, Region, ValueId};
 use crate::types::{Elem, ScalarType, Type};
 
 /// Runs kernel `f` on every program instance of `grid` with launch arguments `args`.
@@ -984,6 +984,11 @@ impl Prog<'_, '_> {
                 self.store(op, *has_mask)?;
                 return Ok(None);
             }
+            OpKind::DescLoad { rank, .. } => self.desc_load(op, *rank)?,
+            OpKind::DescStore { rank } => {
+                self.desc_store(op, *rank)?;
+                return Ok(None);
+            }
             OpKind::AtomicRmw { .. } | OpKind::AtomicCas { .. } => self.atomic(op)?,
             OpKind::Dot => {
                 let (ta, tb) = (self.operand_ty(op, 0)?, self.operand_ty(op, 1)?);
@@ -1295,6 +1300,20 @@ impl Prog<'_, '_> {
         } else {
             None
         };
+        self.load_from(op, p, mask, other, shape)
+    }
+
+    /// Reads `p` where `mask` holds (all lanes without one), `other` (or zero)
+    /// elsewhere.
+    fn load_from<T: Elt>(
+        &self,
+        op: &Op,
+        p: &PtrTile,
+        mask: Option<&[bool]>,
+        other: Option<&[T]>,
+        shape: &[u32],
+    ) -> R<Vec<T>> {
+        let n = p.offs.len();
         let fill = |i: usize| other.map_or_else(T::default, |o| o[i]);
         if let Some((b, start)) = self.dense_range::<T>(p) {
             let base = b.base();
@@ -1346,6 +1365,18 @@ impl Prog<'_, '_> {
         let n = p.offs.len();
         let vals = self.typed::<T>(op, 1, n)?;
         let mask = self.mask(op, has_mask.then_some(2), n)?;
+        self.store_to(op, p, vals, mask, shape)
+    }
+
+    /// Writes `vals` through `p` where `mask` holds (all lanes without one).
+    fn store_to<T: Elt>(
+        &self,
+        op: &Op,
+        p: &PtrTile,
+        vals: &[T],
+        mask: Option<&[bool]>,
+        shape: &[u32],
+    ) -> R<()> {
         if let Some((b, start)) = self.dense_range::<T>(p) {
             let base = b.base();
             match mask.filter(|m| !all_true(m)) {
@@ -1374,6 +1405,78 @@ impl Prog<'_, '_> {
             unsafe { T::store(b.base(), idx, v) }
         }
         Ok(())
+    }
+
+    /// The element pointers of a `desc_load`/`desc_store` block (row-major) and which
+    /// of them lie inside the tensor; with a false predicate, none does.
+    fn desc_block(&self, op: &Op, rank: u8, block: &[u32]) -> R<(PtrTile, Vec<bool>)> {
+        let d = DescOperands::new(rank).map_err(|e| self.invalid(op, e))?;
+        let base = self.ptrs(op, DescOperands::BASE)?;
+        if base.offs.len() != 1 {
+            return Err(self.invalid(op, "a tensor descriptor's base is a scalar pointer"));
+        }
+        let dim = |k: usize| self.int_scalar(op, k);
+        let mut shape = Vec::with_capacity(d.rank);
+        let mut stride = vec![1i128; d.rank];
+        let mut coord = Vec::with_capacity(d.rank);
+        for i in 0..d.rank {
+            shape.push(dim(d.shape(i))?);
+            coord.push(dim(d.coord(i))?);
+            if i + 1 < d.rank {
+                stride[i] = dim(d.stride(i))?;
+            }
+        }
+        let live = match op.kind {
+            OpKind::DescLoad { has_pred: true, .. } => self.bool_scalar(op, d.extra())?,
+            _ => true,
+        };
+        let n: usize = block.iter().map(|&b| b as usize).product();
+        let mut offs = Vec::with_capacity(n);
+        let mut inside = Vec::with_capacity(n);
+        let mut idx = vec![0u32; d.rank];
+        for _ in 0..n {
+            let mut off = base.offs[0] as i128;
+            let mut ok = live;
+            for i in 0..d.rank {
+                let x = coord[i] + idx[i] as i128;
+                ok &= 0 <= x && x < shape[i];
+                off += x * stride[i];
+            }
+            inside.push(ok);
+            offs.push(if ok { off as i64 } else { 0 });
+            for i in (0..d.rank).rev() {
+                idx[i] += 1;
+                if idx[i] < block[i] {
+                    break;
+                }
+                idx[i] = 0;
+            }
+        }
+        let slots = Slots::Uniform(base.slots.get(0));
+        Ok((PtrTile { slots, offs }, inside))
+    }
+
+    fn desc_load(&self, op: &Op, rank: u8) -> R<Data> {
+        let t = self.result_ty(op)?;
+        let (Some(elem), block) = (t.scalar_type(), t.shape.clone()) else {
+            return Err(self.invalid(op, "desc_load yields a tile"));
+        };
+        let (p, inside) = self.desc_block(op, rank, &block)?;
+        with_type!(elem, T => Ok(T::wrap(self.load_from::<T>(op, &p, Some(&inside), None, &block)?)))
+    }
+
+    fn desc_store(&self, op: &Op, rank: u8) -> R<()> {
+        let d = DescOperands::new(rank).map_err(|e| self.invalid(op, e))?;
+        let t = self.operand_ty(op, d.extra())?.clone();
+        let Some(elem) = t.scalar_type() else {
+            return Err(self.invalid(op, "desc_store stores a tile"));
+        };
+        let (p, inside) = self.desc_block(op, rank, &t.shape)?;
+        let n = inside.len();
+        with_type!(elem, T => {
+            let vals = self.typed::<T>(op, d.extra(), n)?;
+            self.store_to::<T>(op, &p, vals, Some(&inside), &t.shape)
+        })
     }
 
     fn atomic(&mut self, op: &Op) -> R<Data> {

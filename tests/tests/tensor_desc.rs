@@ -1,0 +1,224 @@
+//! Tensor descriptors (`&TensorDesc<T, S>` parameters, `tessera::TensorDescriptor`
+//! arguments): block loads with out-of-bounds zero fill and clipped block stores, on
+//! the CPU (the interpreter's own `desc_load`/`desc_store`), emu-nv and emu-amd (the
+//! masked loads and stores `tensor_desc::expand` makes of them) and emu-sm90a, where
+//! the loads that feed a `dot` become TMA copies into the `wgmma` ring completing on
+//! mbarriers (the emulator's own reading of TMA, tensor maps and mbarriers).
+//! Outputs are poisoned (NaN) first, inputs random, shapes ragged; every element is
+//! compared with a plain-Rust reference.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera::prelude::*;
+use tessera::{EmuKind, TensorDescriptor};
+
+fn devices() -> Vec<Device> {
+    let mut v = vec![Device::cpu()];
+    for k in [EmuKind::Nv, EmuKind::Amd, EmuKind::Sm90a] {
+        v.push(Device::emu(k).expect("the emulator (feature jit)"));
+    }
+    v
+}
+
+fn rand_f32(seed: u64, n: usize) -> Vec<f32> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
+}
+
+/// Copies block `(i, j)` of `src`, read `shift` rows and columns up and left, plus 1,
+/// to block `(i, j)` of `dst`.
+#[kernel]
+fn desc_copy<const BM: usize, const BN: usize>(
+    src: &TensorDesc<f32, S2<BM, BN>>,
+    dst: &mut TensorDesc<f32, S2<BM, BN>>,
+    shift: i32,
+) {
+    let i = program_id(0) * BM as i32;
+    let j = program_id(1) * BN as i32;
+    let t = src.load([i - shift, j - shift]);
+    dst.store((i, j), t + 1.0f32);
+}
+
+/// A 1-D and a 3-D copy: `dst[x] = src[x - 3] * 2` over blocks of `B`.
+#[kernel]
+fn desc_copy_1d<const B: usize>(src: &TensorDesc<f32, S1<B>>, dst: &mut TensorDesc<f32, S1<B>>) {
+    let x = program_id(0) * B as i32;
+    dst.store([x], src.load([x - 3]) * 2.0f32);
+}
+
+#[kernel]
+fn desc_copy_3d<const B: usize>(
+    src: &TensorDesc<f32, S3<2, B, B>>,
+    dst: &mut TensorDesc<f32, S3<2, B, B>>,
+) {
+    let z = program_id(2) * 2;
+    let y = program_id(1) * B as i32;
+    let x = program_id(0) * B as i32;
+    dst.store([z, y, x], src.load([z, y + 1, x - 1]));
+}
+
+#[test]
+fn blocks_read_zero_outside_and_stores_are_clipped() {
+    let (m, n) = (37usize, 45usize);
+    // Padded rows: the row stride (48) is not the width.
+    let ld = 48usize;
+    let src = rand_f32(1, m * ld);
+    for shift in [0i32, 5] {
+        for dev in devices() {
+            let s = dev.upload(&src).unwrap();
+            let mut d = dev.upload(&vec![f32::NAN; m * ld]).unwrap();
+            let sd = TensorDescriptor::new(&s, &[m, n], &[ld, 1], &[16, 32]).unwrap();
+            let mut dd = TensorDescriptor::new_mut(&mut d, &[m, n], &[ld, 1], &[16, 32]).unwrap();
+            let grid = (m.div_ceil(16) as u32, n.div_ceil(32) as u32);
+            desc_copy::<16, 32>::launch(&dev, grid, (&sd, &mut dd, shift)).unwrap();
+            drop(dd);
+            let got = d.download().unwrap();
+            for r in 0..m {
+                for c in 0..ld {
+                    let g = got[r * ld + c];
+                    if c >= n {
+                        // Outside the described tensor: never written.
+                        assert!(g.is_nan(), "{dev} shift {shift}: ({r}, {c}) written: {g}");
+                        continue;
+                    }
+                    let (sr, sc) = (r as i32 - shift, c as i32 - shift);
+                    let v = if sr >= 0 && sc >= 0 {
+                        src[sr as usize * ld + sc as usize]
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(g, v + 1.0, "{dev} shift {shift}: ({r}, {c})");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn one_and_three_dimensional_descriptors() {
+    let n = 100usize;
+    let src = rand_f32(2, n);
+    let (z, y, x) = (3usize, 9usize, 13usize);
+    let src3 = rand_f32(3, z * y * x);
+    for dev in devices() {
+        let s = dev.upload(&src).unwrap();
+        let mut d = dev.upload(&vec![f32::NAN; n]).unwrap();
+        let sd = TensorDescriptor::new(&s, &[n], &[1], &[32]).unwrap();
+        let mut dd = TensorDescriptor::new_mut(&mut d, &[n], &[1], &[32]).unwrap();
+        desc_copy_1d::<32>::launch(&dev, n.div_ceil(32) as u32, (&sd, &mut dd)).unwrap();
+        drop(dd);
+        let got = d.download().unwrap();
+        for (i, &g) in got.iter().enumerate() {
+            let want = if i >= 3 { src[i - 3] * 2.0 } else { 0.0 };
+            assert_eq!(g, want, "{dev}: 1-D element {i}");
+        }
+
+        let s = dev.upload(&src3).unwrap();
+        let mut d = dev.upload(&vec![f32::NAN; z * y * x]).unwrap();
+        let shape = [z, y, x];
+        let strides = [y * x, x, 1];
+        let sd = TensorDescriptor::new(&s, &shape, &strides, &[2, 8, 8]).unwrap();
+        let mut dd = TensorDescriptor::new_mut(&mut d, &shape, &strides, &[2, 8, 8]).unwrap();
+        let grid = (x.div_ceil(8) as u32, y.div_ceil(8) as u32, z.div_ceil(2) as u32);
+        desc_copy_3d::<8>::launch(&dev, grid, (&sd, &mut dd)).unwrap();
+        drop(dd);
+        let got = d.download().unwrap();
+        for k in 0..z {
+            for j in 0..y {
+                for i in 0..x {
+                    let (sj, si) = (j + 1, i as i64 - 1);
+                    let want = if sj < y && si >= 0 {
+                        src3[(k * y + sj) * x + si as usize]
+                    } else {
+                        0.0
+                    };
+                    assert_eq!(got[(k * y + j) * x + i], want, "{dev}: ({k}, {j}, {i})");
+                }
+            }
+        }
+    }
+}
+
+/// `C = A B` with every operand a descriptor: `A` `[m][k]`, `B` `[k][n]`, `C`
+/// `[m][n]`, all row-major.
+#[kernel]
+fn matmul_desc<const BM: usize, const BN: usize, const BK: usize>(
+    a: &TensorDesc<f16, S2<BM, BK>>,
+    b: &TensorDesc<f16, S2<BK, BN>>,
+    c: &mut TensorDesc<f32, S2<BM, BN>>,
+    k: i32,
+) {
+    let m0 = program_id(0) * BM as i32;
+    let n0 = program_id(1) * BN as i32;
+    let mut acc = zeros::<f32, S2<BM, BN>>();
+    for k0 in (0..k).step_by(BK) {
+        acc = dot(a.load([m0, k0]), b.load([k0, n0]), acc);
+    }
+    c.store([m0, n0], acc);
+}
+
+fn check_matmul(dev: &Device, m: usize, n: usize, k: usize, seed: u64) {
+    let a: Vec<f16> = rand_f32(seed, m * k).into_iter().map(f16::from_f32).collect();
+    let b: Vec<f16> = rand_f32(seed + 1, k * n).into_iter().map(f16::from_f32).collect();
+    let ab = dev.upload(&a).unwrap();
+    let bb = dev.upload(&b).unwrap();
+    let mut cb = dev.upload(&vec![f32::NAN; m * n]).unwrap();
+    let ad = TensorDescriptor::new(&ab, &[m, k], &[k, 1], &[64, 64]).unwrap();
+    let bd = TensorDescriptor::new(&bb, &[k, n], &[n, 1], &[64, 64]).unwrap();
+    let mut cd = TensorDescriptor::new_mut(&mut cb, &[m, n], &[n, 1], &[64, 64]).unwrap();
+    let grid = (m.div_ceil(64) as u32, n.div_ceil(64) as u32);
+    matmul_desc::<64, 64, 64>::launch(dev, grid, (&ad, &bd, &mut cd, k as i32)).unwrap();
+    drop(cd);
+    let got = cb.download().unwrap();
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|p| f64::from(a[i * k + p].to_f32()) * f64::from(b[p * n + j].to_f32()))
+                .sum();
+            let g = got[i * n + j] as f64;
+            assert!(
+                (g - want).abs() <= 4e-5 * k as f64 + 1e-4 * want.abs(),
+                "{dev} {m}x{n}x{k}: C[{i}][{j}] = {g}, want {want}"
+            );
+        }
+    }
+}
+
+#[test]
+fn matmul_through_descriptors() {
+    for dev in devices() {
+        // Strides that are multiples of 16 bytes (TMA on emu-sm90a), ragged edges.
+        check_matmul(&dev, 100, 72, 200, 10);
+        // K not a multiple of 8: no tensor map, masked loads on every target.
+        check_matmul(&dev, 70, 40, 90, 20);
+    }
+}
+
+#[test]
+fn descriptors_that_do_not_describe_their_buffer_are_refused() {
+    let dev = Device::cpu();
+    let s = dev.upload(&vec![0.0f32; 100]).unwrap();
+    let bad = |r: Result<TensorDescriptor<'_, f32>, Error>, what: &str| {
+        let e = r.expect_err(what).to_string();
+        assert!(e.contains("invalid tensor descriptor"), "{what}: {e}");
+        e
+    };
+    let e = bad(TensorDescriptor::new(&s, &[10, 11], &[11, 1], &[8, 8]), "past the end");
+    assert!(e.contains("past the buffer"), "{e}");
+    let e = bad(TensorDescriptor::new(&s, &[10, 10], &[1, 10], &[8, 8]), "column-major");
+    assert!(e.contains("innermost stride must be 1"), "{e}");
+    bad(TensorDescriptor::new(&s, &[10, 10], &[10, 1], &[8, 6]), "block not pow2");
+    bad(TensorDescriptor::new(&s, &[10], &[1, 1], &[8]), "rank mismatch");
+    bad(TensorDescriptor::new(&s, &[0, 10], &[10, 1], &[8, 8]), "empty");
+    // The block must be the kernel's; a store needs `new_mut`.
+    let mut d = dev.upload(&vec![0.0f32; 100]).unwrap();
+    let sd = TensorDescriptor::new(&s, &[10, 10], &[10, 1], &[8, 8]).unwrap();
+    let mut dd = TensorDescriptor::new_mut(&mut d, &[10, 10], &[10, 1], &[16, 32]).unwrap();
+    let e = desc_copy::<16, 32>::launch(&dev, (1u32, 1u32), (&sd, &mut dd, 0)).unwrap_err();
+    assert!(e.to_string().contains("blocks of [8, 8]"), "{e}");
+    let s2 = dev.upload(&vec![0.0f32; 100]).unwrap();
+    let sd = TensorDescriptor::new(&s2, &[10, 10], &[10, 1], &[16, 32]).unwrap();
+    let mut ro = TensorDescriptor::new(&s, &[10, 10], &[10, 1], &[16, 32]).unwrap();
+    let e = desc_copy::<16, 32>::launch(&dev, (1u32, 1u32), (&sd, &mut ro, 0)).unwrap_err();
+    assert!(e.to_string().contains("new_mut"), "{e}");
+}
