@@ -19,6 +19,9 @@ mod ex_layernorm;
 #[path = "matmul.rs"]
 #[allow(dead_code)]
 mod ex_matmul;
+#[path = "matmul_desc.rs"]
+#[allow(dead_code)]
+mod ex_matmul_desc;
 #[path = "matmul_fp8.rs"]
 #[allow(dead_code)]
 mod ex_matmul_fp8;
@@ -43,6 +46,7 @@ use tessera::{ArtifactStore, DeviceKind, Specialization};
 
 use ex_layernorm::layernorm;
 use ex_matmul::matmul;
+use ex_matmul_desc::matmul_desc;
 use ex_matmul_fp8::{matmul_fp8_bt, quantize};
 use ex_matmul_i8::{matmul_i8, matmul_i8_bt};
 use ex_softmax::softmax;
@@ -134,7 +138,7 @@ type Case = fn(&Device, &Device, &mut StdRng) -> Result<Result<String, String>, 
 
 /// Runs one kernel on `gpu` and on `cpu` with the same inputs; the inner result is
 /// the comparison.
-const CASES: [(&str, Case); 9] = [
+const CASES: [(&str, Case); 10] = [
     ("vector_add", |gpu, cpu, rng| {
         let n = 1_000_003usize;
         let (xs, ys) = (random(rng, n, -10.0, 10.0), random(rng, n, -10.0, 10.0));
@@ -260,6 +264,37 @@ const CASES: [(&str, Case); 9] = [
         // The quantized bits exactly; the products are exact, the sums in f32.
         Ok(compare(&run(gpu)?, &run(cpu)?, 1e-3, 1e-5))
     }),
+    ("matmul_desc_tma", |gpu, cpu, rng| {
+        // Tensor descriptors: on sm_90a the driver's tensor maps and TMA copies into
+        // the wgmma ring (mbarriers); ragged sizes (zero fill, clipped stores).
+        let (m, n, k) = (300usize, 200usize, 176usize);
+        let h = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+        let (a, b) = (
+            h(random(rng, m * k, -1.0, 1.0)),
+            h(random(rng, k * n, -1.0, 1.0)),
+        );
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (da, db) = (d.upload(&a)?, d.upload(&b)?);
+            let mut dc = d.upload(&vec![f32::NAN; m * n])?;
+            let ad = tessera::TensorDescriptor::new(&da, &[m, k], &[k, 1], &[128, 64])?;
+            let bd = tessera::TensorDescriptor::new(&db, &[k, n], &[n, 1], &[64, 128])?;
+            let mut cd =
+                tessera::TensorDescriptor::new_mut(&mut dc, &[m, n], &[n, 1], &[128, 128])?;
+            matmul_desc::<128, 128, 64>::launch(
+                d,
+                (m.div_ceil(128), n.div_ceil(128)),
+                (&ad, &bd, &mut cd),
+            )?;
+            drop(cd);
+            Ok(f64s(dc.download()?, f64::from))
+        };
+        Ok(compare(
+            &run(gpu)?,
+            &run(cpu)?,
+            1e-3 * k as f64 / 10.0,
+            1e-3,
+        ))
+    }),
     ("layernorm", |gpu, cpu, rng| {
         let (r, c) = (512usize, 1000usize);
         let xs = random(rng, r * c, -3.0, 5.0);
@@ -375,6 +410,24 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             let t = bench(dev, 10, || {
                 let grid = (s.div_ceil(64), s.div_ceil(64));
                 matmul::<f16, 64, 64, 32>::launch(dev, grid, (&a, &b, &mut c, si, si, si))
+            })?;
+            Ok(2.0 * (s as f64).powi(3) / t / 1e12)
+        })(),
+    );
+    // The same product through tensor descriptors (TMA into the wgmma ring on sm_90a).
+    record(
+        "matmul_desc_f16",
+        "TFLOP/s",
+        (|| {
+            let a = dev.upload(&vec![f16::from_f32(0.01); s * s])?;
+            let b = dev.upload(&vec![f16::from_f32(0.01); s * s])?;
+            let mut c = dev.alloc::<f32>(s * s)?;
+            let ad = tessera::TensorDescriptor::new(&a, &[s, s], &[s, 1], &[128, 64])?;
+            let bd = tessera::TensorDescriptor::new(&b, &[s, s], &[s, 1], &[64, 128])?;
+            let mut cd = tessera::TensorDescriptor::new_mut(&mut c, &[s, s], &[s, 1], &[128, 128])?;
+            let t = bench(dev, 10, || {
+                let grid = (s.div_ceil(128), s.div_ceil(128));
+                matmul_desc::<128, 128, 64>::launch(dev, grid, (&ad, &bd, &mut cd))
             })?;
             Ok(2.0 * (s as f64).powi(3) / t / 1e12)
         })(),

@@ -54,10 +54,17 @@ fn main() {
         let (mut rng, seed) = common::rng();
         println!("matmul through tensor descriptors on {dev} (seed {seed})");
         let (m, n, k) = (300usize, 200usize, 176usize);
-        let a: Vec<f16> = (0..m * k).map(|_| f16::from_f32(rng.gen_range(-1.0..1.0))).collect();
-        let b: Vec<f16> = (0..k * n).map(|_| f16::from_f32(rng.gen_range(-1.0..1.0))).collect();
+        let a: Vec<f16> = (0..m * k)
+            .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+            .collect();
+        let b: Vec<f16> = (0..k * n)
+            .map(|_| f16::from_f32(rng.gen_range(-1.0..1.0)))
+            .collect();
         let want = reference(&a, &b, m, n, k);
-        let tol: Vec<f64> = want.iter().map(|w| 4e-5 * k as f64 + w.abs() * 1e-3).collect();
+        let tol: Vec<f64> = want
+            .iter()
+            .map(|w| 4e-5 * k as f64 + w.abs() * 1e-3)
+            .collect();
         let da = dev.upload(&a)?;
         let db = dev.upload(&b)?;
         // Poison: an element the kernel skips is caught.

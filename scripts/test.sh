@@ -30,7 +30,7 @@ if [ ! -e /dev/nvidiactl ]; then
   grep -q "no CUDA driver found (libcuda.so could not be loaded)" <<<"$out"
 fi
 # Every example checks its own results and exits non-zero on a mismatch.
-for ex in vector_add softmax matmul matmul_i8 matmul_fp8 layernorm attention ping_pong; do
+for ex in vector_add softmax matmul matmul_i8 matmul_fp8 matmul_desc layernorm attention ping_pong; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"
 done
 # Communicating examples on CPU ranks (small sizes: debug build).
@@ -51,12 +51,12 @@ for emu in emu-nv emu-amd; do
   TESSERA_DEVICE=$emu cargo run -q -p tessera --example sp_attention -- --ranks 4 --seq 64 --heads 1 --iters 1
 done
 # The single-device examples on the emulator too.
-for ex in vector_add softmax matmul matmul_i8 matmul_fp8 layernorm attention; do
+for ex in vector_add softmax matmul matmul_i8 matmul_fp8 matmul_desc layernorm attention; do
   TESSERA_DEVICE=emu-nv cargo run -q -p tessera --example "$ex"
   TESSERA_DEVICE=emu-amd cargo run -q -p tessera --example "$ex"
 done
 # The kernels with a `dot` on the Hopper flavour (wgmma from shared memory).
-for ex in matmul matmul_i8 matmul_fp8 attention; do
+for ex in matmul matmul_i8 matmul_fp8 matmul_desc attention; do
   TESSERA_DEVICE=emu-sm90a cargo run -q -p tessera --example "$ex"
 done
 # Compile-only: every example kernel for an NVIDIA and an AMD target.

@@ -894,7 +894,9 @@ impl DescOperands {
             return Err(format!("`{what}` needs a base pointer, got {base}"));
         };
         if !base.is_scalar() {
-            return Err(format!("`{what}` base must be a scalar pointer, got {base}"));
+            return Err(format!(
+                "`{what}` base must be a scalar pointer, got {base}"
+            ));
         }
         if *operands[Self::TMAP] != Type::scalar(ScalarType::U64) {
             return Err(format!(
@@ -903,13 +905,10 @@ impl DescOperands {
             ));
         }
         let i32t = Type::scalar(ScalarType::I32);
-        for i in 2..self.count() {
-            if *operands[i] != i32t {
-                return Err(format!(
-                    "`{what}` extents, strides and coordinates are i32 scalars, got {}",
-                    operands[i]
-                ));
-            }
+        if let Some(t) = operands[2..self.count()].iter().find(|t| ***t != i32t) {
+            return Err(format!(
+                "`{what}` extents, strides and coordinates are i32 scalars, got {t}"
+            ));
         }
         Ok(pointee)
     }

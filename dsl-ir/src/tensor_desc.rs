@@ -91,7 +91,7 @@ impl Emit<'_> {
     }
 
     /// `v` splatted or broadcast to `shape`.
-    fn to_shape(&mut self, v: ValueId, shape: &[u32]) -> ValueId {
+    fn shaped(&mut self, v: ValueId, shape: &[u32]) -> ValueId {
         let t = self.f.ty(v).clone();
         if t.shape == shape {
             return v;
@@ -106,13 +106,13 @@ impl Emit<'_> {
 
     fn binary(&mut self, b: BinaryOp, x: ValueId, y: ValueId) -> ValueId {
         let t = self.f.ty(x).clone();
-        let y = self.to_shape(y, &t.shape);
+        let y = self.shaped(y, &t.shape);
         self.val(OpKind::Binary(b), vec![x, y], t)
     }
 
     fn cmp(&mut self, p: CmpPred, x: ValueId, y: ValueId) -> ValueId {
         let t = self.f.ty(x).clone();
-        let y = self.to_shape(y, &t.shape);
+        let y = self.shaped(y, &t.shape);
         let bt = Type::tile(ScalarType::I1, &t.shape);
         self.val(OpKind::Cmp(p), vec![x, y], bt)
     }
@@ -121,12 +121,16 @@ impl Emit<'_> {
         let (rank, block, store) = match op.kind {
             OpKind::DescLoad { rank, .. } => (rank, self.f.ty(op.results[0]).shape.clone(), false),
             OpKind::DescStore { rank } => {
-                let d = DescOperands { rank: rank as usize };
+                let d = DescOperands {
+                    rank: rank as usize,
+                };
                 (rank, self.f.ty(op.operands[d.extra()]).shape.clone(), true)
             }
             _ => unreachable!("a descriptor op"),
         };
-        let d = DescOperands { rank: rank as usize };
+        let d = DescOperands {
+            rank: rank as usize,
+        };
         let i32t = Type::scalar(ScalarType::I32);
         let zero = self.val(OpKind::Const(ConstValue::Int(0)), vec![], i32t);
         let mut offs: Option<ValueId> = None;
@@ -154,13 +158,13 @@ impl Emit<'_> {
             let lo = self.cmp(CmpPred::Ge, x, zero);
             let hi = self.cmp(CmpPred::Lt, x, op.operands[d.shape(i)]);
             let inside = self.binary(BinaryOp::And, lo, hi);
-            let inside = self.to_shape(inside, &block);
+            let inside = self.shaped(inside, &block);
             let off = if i + 1 < d.rank {
                 self.binary(BinaryOp::Mul, x, op.operands[d.stride(i)])
             } else {
                 x
             };
-            let off = self.to_shape(off, &block);
+            let off = self.shaped(off, &block);
             offs = Some(match offs {
                 Some(o) => self.binary(BinaryOp::Add, o, off),
                 None => off,
@@ -178,7 +182,7 @@ impl Emit<'_> {
         }
         let base = op.operands[DescOperands::BASE];
         let bt = self.f.ty(base).clone();
-        let ptrs = self.to_shape(base, &block);
+        let ptrs = self.shaped(base, &block);
         debug_assert!(matches!(bt.elem, Elem::Ptr { .. }));
         let ptrs = self.val(OpKind::AddPtr, vec![ptrs, offs], bt.with_shape(&block));
         if store {
@@ -249,5 +253,107 @@ impl TmaBox {
     /// Bytes one box writes.
     pub fn box_bytes(&self, elem_bytes: u32) -> u32 {
         self.box_dims.iter().product::<u32>() * elem_bytes
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::dsl::*;
+    use crate::interp::{self, HostBuffer, KernelArg, Scalar};
+
+    /// Block `(i, j)` of `dst` gets block `(i - 3, j - 5)` of `src`.
+    fn kernel() -> Function {
+        let f = trace("k", Span::new("t.rs", 1, 1), |p| {
+            let s = p.tensor_desc::<f32, S2<8, 16>>("s", true);
+            let mut d = p.tensor_desc::<f32, S2<8, 16>>("d", false);
+            let i = program_id(0) * 8;
+            let j = program_id(1) * 16;
+            d.store([i, j], s.load([i - 3, j - 5]));
+        })
+        .expect("builds");
+        crate::verify::verify(&f).expect("verifies");
+        f
+    }
+
+    fn run(f: &Function, src: &[f32], m: i32, n: i32, ld: i32) -> Vec<f32> {
+        let s = Arc::new(HostBuffer::from_slice(src));
+        let d = Arc::new(HostBuffer::from_slice(&vec![f32::NAN; src.len()]));
+        let sc = |v: i32| KernelArg::Scalar(Scalar::I32(v));
+        let args = [
+            KernelArg::Buffer(s.clone()),
+            KernelArg::Scalar(Scalar::U64(0)),
+            sc(m),
+            sc(n),
+            sc(ld),
+            KernelArg::Buffer(d.clone()),
+            KernelArg::Scalar(Scalar::U64(0)),
+            sc(m),
+            sc(n),
+            sc(ld),
+        ];
+        let grid = [(m as u32).div_ceil(8), (n as u32).div_ceil(16), 1];
+        interp::run(f, grid, &args).expect("runs");
+        d.to_vec().expect("f32")
+    }
+
+    #[test]
+    fn expansion_matches_the_interpreter_and_round_trips() {
+        let f = kernel();
+        let text = crate::printer::print_function(&f);
+        assert!(text.contains("desc_load rank=2") && text.contains("desc_store rank=2"));
+        let back = crate::parser::parse_function(&text).expect("parses");
+        assert_eq!(crate::printer::print_function(&back), text);
+        let mut g = f.clone();
+        assert_eq!(expand(&mut g, &|_, _| false), 2);
+        assert_eq!(count(&g), 0);
+        crate::verify::verify(&g).expect("the expansion verifies");
+        let (m, n, ld) = (21, 37, 40);
+        let src: Vec<f32> = (0..m * ld).map(|v| v as f32 * 0.5 - 7.0).collect();
+        let (a, b) = (run(&f, &src, m, n, ld), run(&g, &src, m, n, ld));
+        for r in 0..m as usize {
+            for c in 0..ld as usize {
+                let (x, y) = (a[r * ld as usize + c], b[r * ld as usize + c]);
+                if c >= n as usize {
+                    assert!(x.is_nan() && y.is_nan(), "({r}, {c}) written outside");
+                    continue;
+                }
+                let want = if r >= 3 && c >= 5 {
+                    src[(r - 3) * ld as usize + c - 5]
+                } else {
+                    0.0
+                };
+                assert_eq!((x, y), (want, want), "({r}, {c})");
+            }
+        }
+        // Keeping them keeps them.
+        let mut h = f.clone();
+        assert_eq!(expand(&mut h, &|_, _| true), 0);
+        assert_eq!(h, f);
+    }
+
+    #[test]
+    fn the_tma_box_rule() {
+        let b = TmaBox::for_block(2, &[128, 64]).expect("a box");
+        assert_eq!(
+            (b.box_dims, b.swizzle_bytes, b.copies),
+            (vec![128, 64], 128, 1)
+        );
+        let b = TmaBox::for_block(2, &[64, 128]).expect("a box");
+        assert_eq!(
+            (b.box_dims, b.swizzle_bytes, b.copies),
+            (vec![64, 64], 128, 2)
+        );
+        let b = TmaBox::for_block(1, &[64, 32]).expect("a box");
+        assert_eq!(
+            (b.box_dims.clone(), b.swizzle_bytes, b.copies),
+            (vec![64, 32], 32, 1)
+        );
+        assert_eq!(b.box_bytes(1), 2048);
+        assert!(TmaBox::for_block(2, &[64, 8]).is_none(), "16-byte rows");
+        assert!(TmaBox::for_block(2, &[512, 64]).is_none(), "512 rows");
+        assert!(TmaBox::for_block(8, &[8, 8]).is_none(), "8-byte elements");
     }
 }

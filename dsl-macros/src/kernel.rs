@@ -19,7 +19,7 @@ enum ParamKind {
     Desc {
         mutable: bool,
         elem: Type,
-        shape: Type,
+        shape: Box<Type>,
     },
     /// A runtime scalar.
     Scalar(Type),
@@ -127,7 +127,7 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
             ParamKind::Desc {
                 mutable: r.mutability.is_some(),
                 elem,
-                shape,
+                shape: Box::new(shape),
             }
         } else if let Type::Reference(r) = &ty {
             match global_elem(&r.elem) {
@@ -384,7 +384,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
             } => {
                 let ro = !*mutable;
                 let di = desc_shapes.len();
-                desc_shapes.push(shape.clone());
+                desc_shapes.push((**shape).clone());
                 let dims = quote!(&<Self as ::tessera::Kernel>::desc_blocks()[#di]);
                 if *mutable {
                     declare.push(quote!(

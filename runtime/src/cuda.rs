@@ -207,7 +207,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>, Error> {
         ctx,
         props,
         kernels: Mutex::new(HashMap::new()),
-            tensor_maps: Mutex::new(HashMap::new()),
+        tensor_maps: Mutex::new(HashMap::new()),
         control: Mutex::new(None),
     });
     open.insert(ordinal, dev.clone());

@@ -746,7 +746,9 @@ pub fn launch<K: Kernel>(
                                 } => raw.as_mut_ptr() as u64,
                                 _ => continue,
                             };
-                            let Some((bx, sw)) = t.plan(base) else { continue };
+                            let Some((bx, sw)) = t.plan(base) else {
+                                continue;
+                            };
                             let (dims, strides) = t.dims();
                             let e = t.desc.elem.size_bytes() as u32;
                             if let Ok(m) = tessera_codegen::emu::tma::EmuTensorMap::new(
@@ -800,7 +802,9 @@ pub fn launch<K: Kernel>(
                     let GpuArg::U64(base) = gargs[t.buf_arg] else {
                         continue;
                     };
-                    let Some((bx, sw)) = t.plan(base) else { continue };
+                    let Some((bx, sw)) = t.plan(base) else {
+                        continue;
+                    };
                     let (dims, strides) = t.dims();
                     let e = t.desc.elem.size_bytes() as u32;
                     if let Ok(addr) = d.tensor_map(base, e, &dims, &strides, &bx, sw) {

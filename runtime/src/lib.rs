@@ -73,8 +73,8 @@ pub mod prelude {
     pub use half::{bf16, f16};
     pub use tessera_ir::dsl::{
         Const, D, DType, DotInput, Float, Global, Int, Num, One, Pow2, S1, S2, S3, Scalar,
-        Symmetric, TensorDesc, Tile, Token, arange, barrier, barrier_all, dot, fence, full, num_programs,
-        program_id, quiet, rank, select, world_size, zeros,
+        Symmetric, TensorDesc, Tile, Token, arange, barrier, barrier_all, dot, fence, full,
+        num_programs, program_id, quiet, rank, select, world_size, zeros,
     };
     pub use tessera_ir::ir::{AtomicOp, CmpPred, MemOrder, MemScope, ReduceOp, SignalOp};
 }

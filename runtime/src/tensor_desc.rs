@@ -83,10 +83,9 @@ impl<'a, T: Element> TensorDescriptor<'a, T> {
             return bad(format!("shape {shape:?} has an empty dimension"));
         }
         let fits = |v: usize| i32::try_from(v).is_ok();
-        let last = shape
-            .iter()
-            .zip(strides)
-            .try_fold(0usize, |acc, (&n, &s)| acc.checked_add((n - 1).checked_mul(s)?));
+        let last = shape.iter().zip(strides).try_fold(0usize, |acc, (&n, &s)| {
+            acc.checked_add((n - 1).checked_mul(s)?)
+        });
         match last {
             Some(l) if fits(l) && shape.iter().chain(strides).all(|&v| fits(v)) => {
                 if l >= buf.len() {

@@ -1197,11 +1197,22 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
         3 * 3,
         "{ptx}"
     );
-    assert_eq!(count("mbarrier.arrive.expect_tx.shared::cta.b64"), 3 * 2, "{ptx}");
-    assert_eq!(count("mbarrier.try_wait.parity.shared::cta.b64"), 1, "{ptx}");
+    assert_eq!(
+        count("mbarrier.arrive.expect_tx.shared::cta.b64"),
+        3 * 2,
+        "{ptx}"
+    );
+    assert_eq!(
+        count("mbarrier.try_wait.parity.shared::cta.b64"),
+        1,
+        "{ptx}"
+    );
     assert_eq!(count("mbarrier.init.shared::cta.b64"), 4, "{ptx}");
     assert_eq!(count("cp.async.cg.shared.global"), 0, "{ptx}");
-    assert!(count("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16") > 0, "{ptx}");
+    assert!(
+        count("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16") > 0,
+        "{ptx}"
+    );
     let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
     assert_eq!(
         (report.spill_stores_bytes, report.spill_loads_bytes),
@@ -1216,7 +1227,11 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
     let plain = func.specialized(&facts(false));
     let art = compile_ir(&plain, SM90A, &CompileOptions::warps(8)).expect("compiles");
     assert_eq!(art.asm.matches("cp.async.bulk.tensor").count(), 0);
-    assert!(art.asm.matches("cp.async.cg.shared.global").count() > 0, "{}", art.asm);
+    assert!(
+        art.asm.matches("cp.async.cg.shared.global").count() > 0,
+        "{}",
+        art.asm
+    );
     tools::ptxas(&art.asm, "sm_90a").expect("ptxas");
     // sm_80 ignores the tensor maps.
     let art = compile_ir(&tma, SM80, &CompileOptions::warps(8)).expect("compiles");

@@ -119,7 +119,11 @@ fn one_and_three_dimensional_descriptors() {
         let strides = [y * x, x, 1];
         let sd = TensorDescriptor::new(&s, &shape, &strides, &[2, 8, 8]).unwrap();
         let mut dd = TensorDescriptor::new_mut(&mut d, &shape, &strides, &[2, 8, 8]).unwrap();
-        let grid = (x.div_ceil(8) as u32, y.div_ceil(8) as u32, z.div_ceil(2) as u32);
+        let grid = (
+            x.div_ceil(8) as u32,
+            y.div_ceil(8) as u32,
+            z.div_ceil(2) as u32,
+        );
         desc_copy_3d::<8>::launch(&dev, grid, (&sd, &mut dd)).unwrap();
         drop(dd);
         let got = d.download().unwrap();
@@ -158,16 +162,23 @@ fn matmul_desc<const BM: usize, const BN: usize, const BK: usize>(
 }
 
 fn check_matmul(dev: &Device, m: usize, n: usize, k: usize, seed: u64) {
-    let a: Vec<f16> = rand_f32(seed, m * k).into_iter().map(f16::from_f32).collect();
-    let b: Vec<f16> = rand_f32(seed + 1, k * n).into_iter().map(f16::from_f32).collect();
+    let a: Vec<f16> = rand_f32(seed, m * k)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let b: Vec<f16> = rand_f32(seed + 1, k * n)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
     let ab = dev.upload(&a).unwrap();
     let bb = dev.upload(&b).unwrap();
     let mut cb = dev.upload(&vec![f32::NAN; m * n]).unwrap();
     let ad = TensorDescriptor::new(&ab, &[m, k], &[k, 1], &[64, 64]).unwrap();
-    let bd = TensorDescriptor::new(&bb, &[k, n], &[n, 1], &[64, 64]).unwrap();
-    let mut cd = TensorDescriptor::new_mut(&mut cb, &[m, n], &[n, 1], &[64, 64]).unwrap();
-    let grid = (m.div_ceil(64) as u32, n.div_ceil(64) as u32);
-    matmul_desc::<64, 64, 64>::launch(dev, grid, (&ad, &bd, &mut cd, k as i32)).unwrap();
+    // B's 64 x 128 blocks are two TMA boxes of 64 x 64 (128-byte rows).
+    let bd = TensorDescriptor::new(&bb, &[k, n], &[n, 1], &[64, 128]).unwrap();
+    let mut cd = TensorDescriptor::new_mut(&mut cb, &[m, n], &[n, 1], &[64, 128]).unwrap();
+    let grid = (m.div_ceil(64) as u32, n.div_ceil(128) as u32);
+    matmul_desc::<64, 128, 64>::launch(dev, grid, (&ad, &bd, &mut cd, k as i32)).unwrap();
     drop(cd);
     let got = cb.download().unwrap();
     for i in 0..m {
@@ -187,8 +198,10 @@ fn check_matmul(dev: &Device, m: usize, n: usize, k: usize, seed: u64) {
 #[test]
 fn matmul_through_descriptors() {
     for dev in devices() {
-        // Strides that are multiples of 16 bytes (TMA on emu-sm90a), ragged edges.
-        check_matmul(&dev, 100, 72, 200, 10);
+        // Strides that are multiples of 16 bytes (TMA on emu-sm90a), ragged edges;
+        // 10 k-steps, so every slot of the 4-slot ring is reused (mbarrier phases 0
+        // and 1).
+        check_matmul(&dev, 100, 136, 600, 10);
         // K not a multiple of 8: no tensor map, masked loads on every target.
         check_matmul(&dev, 70, 40, 90, 20);
     }
@@ -203,13 +216,28 @@ fn descriptors_that_do_not_describe_their_buffer_are_refused() {
         assert!(e.contains("invalid tensor descriptor"), "{what}: {e}");
         e
     };
-    let e = bad(TensorDescriptor::new(&s, &[10, 11], &[11, 1], &[8, 8]), "past the end");
+    let e = bad(
+        TensorDescriptor::new(&s, &[10, 11], &[11, 1], &[8, 8]),
+        "past the end",
+    );
     assert!(e.contains("past the buffer"), "{e}");
-    let e = bad(TensorDescriptor::new(&s, &[10, 10], &[1, 10], &[8, 8]), "column-major");
+    let e = bad(
+        TensorDescriptor::new(&s, &[10, 10], &[1, 10], &[8, 8]),
+        "column-major",
+    );
     assert!(e.contains("innermost stride must be 1"), "{e}");
-    bad(TensorDescriptor::new(&s, &[10, 10], &[10, 1], &[8, 6]), "block not pow2");
-    bad(TensorDescriptor::new(&s, &[10], &[1, 1], &[8]), "rank mismatch");
-    bad(TensorDescriptor::new(&s, &[0, 10], &[10, 1], &[8, 8]), "empty");
+    bad(
+        TensorDescriptor::new(&s, &[10, 10], &[10, 1], &[8, 6]),
+        "block not pow2",
+    );
+    bad(
+        TensorDescriptor::new(&s, &[10], &[1, 1], &[8]),
+        "rank mismatch",
+    );
+    bad(
+        TensorDescriptor::new(&s, &[0, 10], &[10, 1], &[8, 8]),
+        "empty",
+    );
     // The block must be the kernel's; a store needs `new_mut`.
     let mut d = dev.upload(&vec![0.0f32; 100]).unwrap();
     let sd = TensorDescriptor::new(&s, &[10, 10], &[10, 1], &[8, 8]).unwrap();

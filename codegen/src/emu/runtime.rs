@@ -635,7 +635,14 @@ fn mbar_offset(c: &ThreadCtx<'_>, bar: *const u8, site: i32) -> Option<usize> {
     }
     let off = (bar as usize).wrapping_sub(c.blk.shared as usize);
     if off.checked_add(8).is_none_or(|e| e > c.blk.shared_bytes) {
-        wg_fail(c, site, format!("an mbarrier at shared offset {off:#x}, outside the block's {} bytes", c.blk.shared_bytes));
+        wg_fail(
+            c,
+            site,
+            format!(
+                "an mbarrier at shared offset {off:#x}, outside the block's {} bytes",
+                c.blk.shared_bytes
+            ),
+        );
         return None;
     }
     Some(off)
@@ -648,9 +655,15 @@ extern "C" fn tessera_emu_mbar_init(bar: *mut u8, count: i32, site: i32) {
             return;
         };
         let mut m = c.blk.mbars.borrow_mut();
-        if m.get(&off).is_some_and(|b| !b.landings.is_empty() || b.tx != 0) {
+        if m.get(&off)
+            .is_some_and(|b| !b.landings.is_empty() || b.tx != 0)
+        {
             drop(m);
-            wg_fail(c, site, "mbarrier.init of an mbarrier with copies in flight".into());
+            wg_fail(
+                c,
+                site,
+                "mbarrier.init of an mbarrier with copies in flight".into(),
+            );
             return;
         }
         m.insert(off, super::tma::Mbar::new(count.max(1) as u32));
@@ -666,12 +679,20 @@ extern "C" fn tessera_emu_mbar_expect_tx(bar: *mut u8, bytes: i32, site: i32) {
         let mut m = c.blk.mbars.borrow_mut();
         let Some(b) = m.get_mut(&off) else {
             drop(m);
-            wg_fail(c, site, "mbarrier.arrive.expect_tx on an mbarrier never initialized".into());
+            wg_fail(
+                c,
+                site,
+                "mbarrier.arrive.expect_tx on an mbarrier never initialized".into(),
+            );
             return;
         };
         if b.pending == 0 {
             drop(m);
-            wg_fail(c, site, "an arrival on an mbarrier phase with none pending".into());
+            wg_fail(
+                c,
+                site,
+                "an arrival on an mbarrier phase with none pending".into(),
+            );
             return;
         }
         b.tx += i64::from(bytes);
@@ -701,20 +722,39 @@ extern "C" fn tessera_emu_tma_load(
         };
         let p = tmap as usize as *const super::tma::EmuTensorMap;
         if p.is_null() || !(p as usize).is_multiple_of(64) {
-            wg_fail(c, site, format!("a TMA copy through tensor map address {tmap:#x} (no tensor map built at launch)"));
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "a TMA copy through tensor map address {tmap:#x} (no tensor map built at launch)"
+                ),
+            );
             return;
         }
         // SAFETY: the launch passes the address of an `EmuTensorMap` it keeps alive
         // for the launch (the runtime's tensor-descriptor arguments); checked by magic.
         let m = unsafe { *p };
         if m.magic != super::tma::MAGIC || m.rank as i32 != rank {
-            wg_fail(c, site, format!("a rank-{rank} TMA copy through a tensor map that is not one of rank {rank}"));
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "a rank-{rank} TMA copy through a tensor map that is not one of rank {rank}"
+                ),
+            );
             return;
         }
         let off = (dst as usize).wrapping_sub(c.blk.shared as usize);
         let n = m.box_bytes();
         if !off.is_multiple_of(128) || off.checked_add(n).is_none_or(|e| e > c.blk.shared_bytes) {
-            wg_fail(c, site, format!("a TMA box of {n} bytes to shared offset {off:#x} (128-byte aligned, inside the block's {} bytes)", c.blk.shared_bytes));
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "a TMA box of {n} bytes to shared offset {off:#x} (128-byte aligned, inside the block's {} bytes)",
+                    c.blk.shared_bytes
+                ),
+            );
             return;
         }
         // The write must not overtake reads of other threads since the last barrier.
@@ -722,7 +762,11 @@ extern "C" fn tessera_emu_tma_load(
         for b in off..off + n {
             let r = c.blk.shadow_read[b].get();
             let owner = ((r >> 16) & 0xffff) as u32;
-            if r != 0 && (r >> 32) as u32 == epoch && owner != c.tid + 1 && !c.launch.failed.load(Ordering::Relaxed) {
+            if r != 0
+                && (r >> 32) as u32 == epoch
+                && owner != c.tid + 1
+                && !c.launch.failed.load(Ordering::Relaxed)
+            {
                 let (span, op) = c.launch.site(site as u32);
                 let (other_span, _) = c.launch.site((r & 0xffff) as u32);
                 c.fail(EmuError::SharedRace {
@@ -752,13 +796,21 @@ extern "C" fn tessera_emu_tma_load(
                     // Reports the access (out of bounds) as a plain access would.
                     tessera_emu_check_global(first, 1, site);
                     if !c.launch.failed.load(Ordering::Relaxed) {
-                        wg_fail(c, site, format!("a TMA box row of {len} bytes at {addr:#x} outside the launch's buffers"));
+                        wg_fail(
+                            c,
+                            site,
+                            format!(
+                                "a TMA box row of {len} bytes at {addr:#x} outside the launch's buffers"
+                            ),
+                        );
                     }
                     return;
                 }
                 // SAFETY: the `len` bytes at `first` lie in a buffer of the launch
                 // (checked above); `lin + at + len <= lin + row_bytes <= n`.
-                unsafe { std::ptr::copy_nonoverlapping(first, image.as_mut_ptr().add(lin + at), len) };
+                unsafe {
+                    std::ptr::copy_nonoverlapping(first, image.as_mut_ptr().add(lin + at), len)
+                };
             }
             debug_assert!(lin + row_bytes <= n);
         }
@@ -773,7 +825,11 @@ extern "C" fn tessera_emu_tma_load(
         let mut bars = c.blk.mbars.borrow_mut();
         let Some(b) = bars.get_mut(&boff) else {
             drop(bars);
-            wg_fail(c, site, "a TMA copy completing on an mbarrier never initialized".into());
+            wg_fail(
+                c,
+                site,
+                "a TMA copy completing on an mbarrier never initialized".into(),
+            );
             return;
         };
         b.landings.push(super::tma::Landing {
@@ -797,7 +853,11 @@ extern "C" fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: i32) {
             let mut bars = c.blk.mbars.borrow_mut();
             let Some(b) = bars.get_mut(&off) else {
                 drop(bars);
-                wg_fail(c, site, "mbarrier wait on an mbarrier never initialized".into());
+                wg_fail(
+                    c,
+                    site,
+                    "mbarrier wait on an mbarrier never initialized".into(),
+                );
                 return;
             };
             if (b.phase & 1) as i32 != parity & 1 {
@@ -817,7 +877,14 @@ extern "C" fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: i32) {
             if b.tx < 0 {
                 let tx = b.tx;
                 drop(bars);
-                wg_fail(c, site, format!("TMA copies delivered {} bytes more than mbarrier.arrive.expect_tx announced", -tx));
+                wg_fail(
+                    c,
+                    site,
+                    format!(
+                        "TMA copies delivered {} bytes more than mbarrier.arrive.expect_tx announced",
+                        -tx
+                    ),
+                );
                 return;
             }
             b.try_complete();
@@ -826,9 +893,17 @@ extern "C" fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: i32) {
             }
             let (pending, tx) = (b.pending, b.tx);
             drop(bars);
-            if start.elapsed() > std::time::Duration::from_secs(5) || c.launch.failed.load(Ordering::Relaxed) {
+            if start.elapsed() > std::time::Duration::from_secs(5)
+                || c.launch.failed.load(Ordering::Relaxed)
+            {
                 if !c.launch.failed.load(Ordering::Relaxed) {
-                    wg_fail(c, site, format!("an mbarrier phase of parity {parity} never completed: {pending} arrivals and {tx} transaction bytes outstanding"));
+                    wg_fail(
+                        c,
+                        site,
+                        format!(
+                            "an mbarrier phase of parity {parity} never completed: {pending} arrivals and {tx} transaction bytes outstanding"
+                        ),
+                    );
                 }
                 return;
             }

@@ -138,7 +138,7 @@ impl EmuTensorMap {
     /// For each row of the box at `coords` (innermost first): its byte offset in the
     /// packed box, and the global address of its in-bounds run with the run's byte
     /// offset within the row and length (`None` when the row is entirely outside).
-    pub fn rows(&self, coords: [i32; 3]) -> Vec<(usize, Option<(u64, usize, usize)>)> {
+    pub fn rows(&self, coords: [i32; 3]) -> Vec<(usize, Option<Run>)> {
         let e = self.elem_bytes as i64;
         let bd = self.box_dims.map(|b| b as i64);
         let row_bytes = (bd[0] * e) as usize;
@@ -166,6 +166,9 @@ impl EmuTensorMap {
         out
     }
 }
+
+/// The in-bounds part of one box row: global address, byte offset in the row, bytes.
+pub type Run = (u64, usize, usize);
 
 /// A box whose bytes land in shared memory when its mbarrier phase is waited for.
 pub(crate) struct Landing {
@@ -223,7 +226,10 @@ mod tests {
         // 64-byte rows: chunk c (of 4) XOR (r / 2) % 4.
         for r in 0..16usize {
             for c in 0..4usize {
-                assert_eq!(m.swizzled(0, r * 64 + c * 16), r * 64 + (c ^ ((r / 2) % 4)) * 16);
+                assert_eq!(
+                    m.swizzled(0, r * 64 + c * 16),
+                    r * 64 + (c ^ ((r / 2) % 4)) * 16
+                );
             }
         }
     }

@@ -330,12 +330,16 @@ pub trait Arch {
         _count: u32,
         _site: u32,
     ) -> LResult<()> {
-        Err(LowerError::Llvm("mbarriers on a target without them".into()))
+        Err(LowerError::Llvm(
+            "mbarriers on a target without them".into(),
+        ))
     }
     /// `fence.mbarrier_init.release.cluster`: the initializations are visible to
     /// the async proxy (TMA completes on them).
     fn fence_mbarrier_init<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
-        Err(LowerError::Llvm("mbarriers on a target without them".into()))
+        Err(LowerError::Llvm(
+            "mbarriers on a target without them".into(),
+        ))
     }
     /// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes`: raises the
     /// current phase's transaction count by `bytes`, then arrives.
@@ -346,7 +350,9 @@ pub trait Arch {
         _bytes: u32,
         _site: u32,
     ) -> LResult<()> {
-        Err(LowerError::Llvm("mbarriers on a target without them".into()))
+        Err(LowerError::Llvm(
+            "mbarriers on a target without them".into(),
+        ))
     }
     /// Waits (`mbarrier.try_wait.parity` in a loop) until the phase of parity
     /// `parity` (an `i32`, 0 or 1) of `bar` has completed.
@@ -357,7 +363,9 @@ pub trait Arch {
         _parity: IntValue<'ctx>,
         _site: u32,
     ) -> LResult<()> {
-        Err(LowerError::Llvm("mbarriers on a target without them".into()))
+        Err(LowerError::Llvm(
+            "mbarriers on a target without them".into(),
+        ))
     }
     /// `cp.async.bulk.tensor.{R}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
     /// [dst], [tmap, {coords}], [bar]` (PTX ISA, "cp.async.bulk.tensor"): copies the
@@ -626,9 +634,15 @@ fn ptx_void<'ctx>(cx: &Cx<'ctx>, text: &str, ins: &[(&str, BasicValueEnum<'ctx>)
     let fty = cx.ctx.void_type().fn_type(&params, false);
     let mut cons: Vec<String> = ins.iter().map(|(c, _)| c.to_string()).collect();
     cons.push("~{memory}".into());
-    let asm = cx
-        .ctx
-        .create_inline_asm(fty, text.to_string(), cons.join(","), true, false, None, false);
+    let asm = cx.ctx.create_inline_asm(
+        fty,
+        text.to_string(),
+        cons.join(","),
+        true,
+        false,
+        None,
+        false,
+    );
     let args: Vec<inkwell::values::BasicMetadataValueEnum> =
         ins.iter().map(|(_, v)| (*v).into()).collect();
     cx.b.build_indirect_call(fty, asm, &args, "")?;
@@ -639,7 +653,9 @@ fn ptx_void<'ctx>(cx: &Cx<'ctx>, text: &str, ins: &[(&str, BasicValueEnum<'ctx>)
 /// PTX `.shared` operands take it.
 fn shared_u32<'ctx>(cx: &Cx<'ctx>, p: PointerValue<'ctx>) -> LResult<IntValue<'ctx>> {
     if p.get_type().get_address_space() != inkwell::AddressSpace::from(3u16) {
-        return Err(LowerError::Llvm("a shared-memory operand that is not a shared pointer".into()));
+        return Err(LowerError::Llvm(
+            "a shared-memory operand that is not a shared pointer".into(),
+        ));
     }
     Ok(cx.b.build_ptr_to_int(p, cx.ctx.i32_type(), "")?)
 }

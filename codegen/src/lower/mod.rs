@@ -936,7 +936,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let init = for_op.operands[3 + k - 1];
                 match def_in(parent, init) {
                     Some(l)
-                        if std::mem::discriminant(&l.kind) == std::mem::discriminant(&last.kind)
+                        if std::mem::discriminant(&l.kind)
+                            == std::mem::discriminant(&last.kind)
                             && Self::uses_in(parent, init).len() == 1
                             && self.ring_load_ok(l, d, which, dim) =>
                     {
@@ -1907,8 +1908,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let bar = self.bar_at(r, rd.as_basic_value().into_int_value())?;
                 let site = self.new_site("mbarrier.try_wait");
                 let _ = d;
-                self.arch
-                    .mbarrier_wait(&self.cx, bar, ph.as_basic_value().into_int_value(), site)?;
+                self.arch.mbarrier_wait(
+                    &self.cx,
+                    bar,
+                    ph.as_basic_value().into_int_value(),
+                    site,
+                )?;
             }
             self.barrier()?;
         }
@@ -1951,20 +1956,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let mut ring_next = Vec::new();
         for (rd, wr, ph, r) in &ring_phis {
             let size = self.cx.i32((r.slots * r.slot_bytes) as i64);
-            let adv = |p: &inkwell::values::PhiValue<'ctx>| -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
-                let b = &self.cx.b;
-                let n = b.build_int_add(
-                    p.as_basic_value().into_int_value(),
-                    self.cx.i32(r.slot_bytes as i64),
-                    "",
-                )?;
-                let wrap = b.build_int_compare(inkwell::IntPredicate::EQ, n, size, "")?;
-                Ok((
-                    b.build_select(wrap, self.cx.i32(0), n, "")?
-                        .into_int_value(),
-                    wrap,
-                ))
-            };
+            let adv =
+                |p: &inkwell::values::PhiValue<'ctx>| -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
+                    let b = &self.cx.b;
+                    let n = b.build_int_add(
+                        p.as_basic_value().into_int_value(),
+                        self.cx.i32(r.slot_bytes as i64),
+                        "",
+                    )?;
+                    let wrap = b.build_int_compare(inkwell::IntPredicate::EQ, n, size, "")?;
+                    Ok((
+                        b.build_select(wrap, self.cx.i32(0), n, "")?
+                            .into_int_value(),
+                        wrap,
+                    ))
+                };
             let ((nr, wrap), (nw, _)) = (adv(rd)?, adv(wr)?);
             // The read slot's parity flips each time the ring wraps around.
             let b = &self.cx.b;

@@ -134,9 +134,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         let byte = b.build_int_mul(idx, self.cx.i32(MBAR_BYTES as i64), "")?;
         let base = self.smem_at(a.bars);
         // SAFETY: a byte offset inside the ring's mbarriers, which `finish_shared` sizes.
-        Ok(unsafe {
-            b.build_in_bounds_gep(self.cx.ctx.i8_type(), base, &[byte], "")?
-        })
+        Ok(unsafe { b.build_in_bounds_gep(self.cx.ctx.i8_type(), base, &[byte], "")? })
     }
 }
 
@@ -180,7 +178,8 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
     let arr_off = if which == 0 {
         0
     } else {
-        let p = wgmma::plan(l, d).ok_or_else(|| LowerError::Llvm("a TMA ring without wgmma".into()))?;
+        let p =
+            wgmma::plan(l, d).ok_or_else(|| LowerError::Llvm("a TMA ring without wgmma".into()))?;
         wgmma::Arrays::new(&p).a_elems * e
     };
     let bar = l.ring_bar(d, Some(slot))?;
@@ -204,17 +203,15 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
                 let off = l.cx.i32((arr_off + c * box_bytes) as i64);
                 // SAFETY: inside the ring slot (`ring_ok`: the arrays hold the boxes).
                 let dst = unsafe {
-                    l.cx
-                        .b
+                    l.cx.b
                         .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
                 };
                 // Innermost first; box `c` starts `c * inner` columns on.
                 let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
                 if c > 0 {
-                    cs[0] = l
-                        .cx
-                        .b
-                        .build_int_add(cs[0], l.cx.i32((c * inner) as i64), "")?;
+                    cs[0] =
+                        l.cx.b
+                            .build_int_add(cs[0], l.cx.i32((c * inner) as i64), "")?;
                 }
                 l.arch.tma_load(&l.cx, dst, tmap, &cs, bar, site)?;
             }

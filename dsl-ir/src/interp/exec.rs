@@ -1416,16 +1416,22 @@ impl Prog<'_, '_> {
             return Err(self.invalid(op, "a tensor descriptor's base is a scalar pointer"));
         }
         let dim = |k: usize| self.int_scalar(op, k);
-        let mut shape = Vec::with_capacity(d.rank);
-        let mut stride = vec![1i128; d.rank];
-        let mut coord = Vec::with_capacity(d.rank);
-        for i in 0..d.rank {
-            shape.push(dim(d.shape(i))?);
-            coord.push(dim(d.coord(i))?);
-            if i + 1 < d.rank {
-                stride[i] = dim(d.stride(i))?;
-            }
-        }
+        let shape = (0..d.rank)
+            .map(|i| dim(d.shape(i)))
+            .collect::<R<Vec<_>>>()?;
+        let coord = (0..d.rank)
+            .map(|i| dim(d.coord(i)))
+            .collect::<R<Vec<_>>>()?;
+        // The innermost stride is 1.
+        let stride = (0..d.rank)
+            .map(|i| {
+                if i + 1 < d.rank {
+                    dim(d.stride(i))
+                } else {
+                    Ok(1)
+                }
+            })
+            .collect::<R<Vec<_>>>()?;
         let live = match op.kind {
             OpKind::DescLoad { has_pred: true, .. } => self.bool_scalar(op, d.extra())?,
             _ => true,
@@ -1437,10 +1443,10 @@ impl Prog<'_, '_> {
         for _ in 0..n {
             let mut off = base.offs[0] as i128;
             let mut ok = live;
-            for i in 0..d.rank {
-                let x = coord[i] + idx[i] as i128;
-                ok &= 0 <= x && x < shape[i];
-                off += x * stride[i];
+            for (((&c, &i), &n), &s) in coord.iter().zip(&idx).zip(&shape).zip(&stride) {
+                let x = c + i as i128;
+                ok &= 0 <= x && x < n;
+                off += x * s;
             }
             inside.push(ok);
             offs.push(if ok { off as i64 } else { 0 });
