@@ -28,6 +28,9 @@ mod layernorm;
 #[path = "matmul.rs"]
 #[allow(dead_code)]
 mod matmul;
+#[path = "matmul_desc.rs"]
+#[allow(dead_code)]
+mod matmul_desc;
 #[path = "matmul_fp8.rs"]
 #[allow(dead_code)]
 mod matmul_fp8;
@@ -137,6 +140,31 @@ macro_rules! job {
     ($name:literal, $k:ty) => {
         job!(@ $name, None, $k)
     };
+    // A kernel with tensor descriptors: its files are the launch whose tensor maps
+    // were built (TMA on sm_90a), the all-divisible one with maps.
+    ($name:literal, warps = $w:literal, maps, $k:ty) => {
+        (
+            $name,
+            Some($w),
+            |sp, t, o| {
+                let sp = match sp {
+                    Specialization::AllDivisible => {
+                        let n = tessera::kernel_ir::<$k>(&())?.params.len();
+                        Specialization::TensorMaps(vec![true; n])
+                    }
+                    other => other.clone(),
+                };
+                compile_kernel_specialized::<$k>(&(), &sp, t, o)
+            },
+            |t, o, s| {
+                let ir = tessera::kernel_ir::<$k>(&())?;
+                Specialization::for_launches(&ir)
+                    .iter()
+                    .map(|sp| precompile::<$k>(&(), sp, t, o, s))
+                    .collect()
+            },
+        )
+    };
     (@ $name:literal, $warps:expr, $k:ty) => {
         (
             $name,
@@ -156,7 +184,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 15] = [
+const JOBS: [Job; 16] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -177,6 +205,8 @@ const JOBS: [Job; 15] = [
     job!("matmul_fp8_e4m3", matmul_fp8::matmul_fp8_bt<F8E4M3, 64, 64, 64>),
     job!("matmul_i8_bt_128x128x128", warps = 8, matmul_i8::matmul_i8_bt<128, 128, 128>),
     job!("matmul_fp8_bt_128x128x128", warps = 8, matmul_fp8::matmul_fp8_bt<F8E4M3, 128, 128, 128>),
+    // Through tensor descriptors (examples/matmul_desc.rs): TMA + mbarriers on sm_90a.
+    job!("matmul_desc_128x128x64", warps = 8, maps, matmul_desc::matmul_desc<128, 128, 64>),
 ];
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {

@@ -82,6 +82,18 @@ def matmul_bt(a_ptr, bt_ptr, c_ptr, m, n, k, BM: tl.constexpr, BN: tl.constexpr,
 
 
 @triton.jit
+def matmul_desc(a_desc, b_desc, c_desc, k, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """examples/matmul_desc.rs `matmul_desc::<128,128,64>`: every operand a host
+    tensor descriptor (TMA on sm_90a), f16 in, f32 out."""
+    m0 = tl.program_id(0) * BM
+    n0 = tl.program_id(1) * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, k, BK):
+        acc = tl.dot(a_desc.load([m0, k0]), b_desc.load([k0, n0]), acc)
+    c_desc.store([m0, n0], acc)
+
+
+@triton.jit
 def layernorm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexpr):
     """y = (x - mean) / sqrt(var + eps) * w + b per row (one row per program), walking
     the row BLOCK columns at a time in three passes; also writes mean and 1/std."""

@@ -49,6 +49,9 @@ EIGHT_BIT = [
     ("matmul_i8_bt_128x128x128", "*i8", "*i32", 128, 128, 128, 8, ["sm_80", "sm_90a", "gfx942"]),
     ("matmul_fp8_bt_128x128x128", "*fp8e4nv", "*fp32", 128, 128, 128, 8, ["sm_90a"]),
 ]
+# Through host tensor descriptors (`kernels.matmul_desc`, examples/matmul_desc.rs): TMA
+# into shared memory on sm_90a on both sides. name, BM, BN, BK, num_warps.
+DESC = [("matmul_desc_128x128x64", 128, 128, 64, 8)]
 # `STAGES=N bash benches/vs_triton/run.sh --loops` builds our side with `--num-stages N`
 # (default: the targets' defaults, 3 on NVIDIA and 2 on AMD).
 STAGES = os.environ.get("STAGES", "")
@@ -84,6 +87,11 @@ def triton_side(work: Path) -> dict:
         sg8 = {"a_ptr": ab, "bt_ptr": ab, "c_ptr": c, "m": "i32", "n": "i32", "k": "i32",
                "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
         jobs.append((name, kernels.matmul_bt, sg8, {"BM": bm, "BN": bn, "BK": bk}, nw, (), tgts))
+    for name, bm, bn, bk, nw in DESC:
+        sgd = {"a_desc": f"tensordesc<fp16[{bm},{bk}]>", "b_desc": f"tensordesc<fp16[{bk},{bn}]>",
+               "c_desc": f"tensordesc<fp32[{bm},{bn}]>", "k": "i32",
+               "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
+        jobs.append((name, kernels.matmul_desc, sgd, {"BM": bm, "BN": bn, "BK": bk}, nw, (), ["sm_90a"]))
     jobs = [j if len(j) == 7 else (*j, [t[0] for t in TARGETS]) for j in jobs]
     for name, fn, sg, consts, nw, plain, tgts in jobs:
         for tgt, backend, arch, warp in TARGETS:
@@ -91,6 +99,8 @@ def triton_side(work: Path) -> dict:
                 continue
             attrs = {}
             for i, (pname, ty) in enumerate(sg.items()):
+                if ty.startswith("tensordesc"):
+                    continue
                 if ty.startswith("*"):
                     attrs[(i,)] = [["tt.divisibility", 16]] + ([["tt.pointer_range", 32]] if backend == "hip" else [])
                 elif ty == "i32" and pname not in plain:
@@ -118,7 +128,8 @@ def triton_side(work: Path) -> dict:
 
 def runs_on(tgt: str) -> list:
     """The kernels compared on `tgt`."""
-    return [c[0] for c in CONFIGS + ATTENTION] + [e[0] for e in EIGHT_BIT if tgt in e[7]]
+    return ([c[0] for c in CONFIGS + ATTENTION] + [e[0] for e in EIGHT_BIT if tgt in e[7]]
+            + ([d[0] for d in DESC] if tgt == "sm_90a" else []))
 
 
 def ours_side(work: Path) -> dict:
@@ -152,7 +163,7 @@ def main() -> int:
     print("| kernel | target | side | " + " | ".join(KEYS) + " | loop cost vs Triton | barriers vs Triton |")
     print("|---|---|---|" + "---|" * len(KEYS) + "---|---|")
     verdicts = []
-    for name in [c[0] for c in CONFIGS + ATTENTION + EIGHT_BIT]:
+    for name in [c[0] for c in CONFIGS + ATTENTION + EIGHT_BIT + DESC]:
         for tgt, *_ in TARGETS:
             if name not in runs_on(tgt):
                 continue

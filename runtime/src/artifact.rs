@@ -82,6 +82,9 @@ pub enum Specialization {
     AllDivisible,
     /// One flag per parameter, in order.
     Divisible(Vec<bool>),
+    /// As `Divisible`, and every tensor descriptor's tensor map built: what an sm_90a
+    /// launch looks up when the driver encoded the maps (TMA loads).
+    TensorMaps(Vec<bool>),
 }
 
 impl Specialization {
@@ -90,32 +93,53 @@ impl Specialization {
     /// with such buffers specialize: a launch with a larger buffer asks for the
     /// specialization without that fact.
     pub fn apply(&self, func: &Function) -> Function {
-        let facts = |flags: &[bool]| -> Vec<ParamFacts> {
+        let facts = |flags: &[bool], maps: bool| -> Vec<ParamFacts> {
             flags
                 .iter()
                 .zip(&func.params)
-                .map(|(&f, p)| ParamFacts::new(f, f && func.ty(p.value).elem.is_ptr()))
+                .map(|(&f, p)| {
+                    let mut pf = ParamFacts::new(f, f && func.ty(p.value).elem.is_ptr());
+                    pf.tensor_map = maps && is_tensor_map(func, p);
+                    pf
+                })
                 .collect()
         };
         match self {
             Specialization::None => func.clone(),
             Specialization::AllDivisible => {
-                func.specialized(&facts(&vec![true; func.params.len()]))
+                func.specialized(&facts(&vec![true; func.params.len()], false))
             }
-            Specialization::Divisible(flags) => func.specialized(&facts(flags)),
+            Specialization::Divisible(flags) => func.specialized(&facts(flags, false)),
+            Specialization::TensorMaps(flags) => func.specialized(&facts(flags, true)),
         }
     }
 
     /// Every specialization a launch of `func` can ask for: buffers are always
     /// 16-byte aligned (runtime allocations are), and each integer parameter is or is
-    /// not a multiple of 16. With more than four integer parameters only "none" and
-    /// "all" of them are listed.
+    /// not a multiple of 16 (a tensor-map address always is: 0, or a 64-byte aligned
+    /// map). With more than four integer parameters only "none" and "all" of them are
+    /// listed. A kernel with tensor descriptors also gets each of them with its tensor
+    /// maps built.
     pub fn for_launches(func: &Function) -> Vec<Specialization> {
+        let plain = Self::for_launches_without_maps(func);
+        if !func.params.iter().any(|p| is_tensor_map(func, p)) {
+            return plain;
+        }
+        let mut all = plain.clone();
+        all.extend(plain.into_iter().filter_map(|s| match s {
+            Specialization::Divisible(f) => Some(Specialization::TensorMaps(f)),
+            _ => None,
+        }));
+        all
+    }
+
+    fn for_launches_without_maps(func: &Function) -> Vec<Specialization> {
         let ints: Vec<usize> = func
             .params
             .iter()
             .enumerate()
             .filter(|(_, p)| func.ty(p.value).scalar_type().is_some_and(|s| s.is_int()))
+            .filter(|(_, p)| !is_tensor_map(func, p))
             .map(|(i, _)| i)
             .collect();
         let masks: Vec<u32> = if ints.len() <= 4 {
@@ -129,7 +153,7 @@ impl Specialization {
                 let mut flags: Vec<bool> = func
                     .params
                     .iter()
-                    .map(|p| func.ty(p.value).elem.is_ptr())
+                    .map(|p| func.ty(p.value).elem.is_ptr() || is_tensor_map(func, p))
                     .collect();
                 for (bit, &i) in ints.iter().enumerate() {
                     flags[i] = m & (1 << bit) != 0;
@@ -138,6 +162,13 @@ impl Specialization {
             })
             .collect()
     }
+}
+
+/// Whether `p` is a tensor descriptor's tensor-map address (`<name>_tmap: u64`,
+/// `tessera_ir::dsl::KernelParams::tensor_desc`).
+fn is_tensor_map(func: &Function, p: &tessera_ir::ir::Param) -> bool {
+    p.name.ends_with("_tmap")
+        && *func.ty(p.value) == tessera_ir::Type::scalar(tessera_ir::ScalarType::U64)
 }
 
 /// The key of kernel IR `ir_text` compiled for `target` with `opts`.

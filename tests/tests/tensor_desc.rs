@@ -250,3 +250,25 @@ fn descriptors_that_do_not_describe_their_buffer_are_refused() {
     let e = desc_copy::<16, 32>::launch(&dev, (1u32, 1u32), (&sd, &mut ro, 0)).unwrap_err();
     assert!(e.to_string().contains("new_mut"), "{e}");
 }
+
+/// Precompiled kernels with descriptors: the specializations a launch can look up
+/// include each one with its tensor maps built (what an sm_90a launch asks for when
+/// the driver encoded them), which marks exactly the `_tmap` parameters.
+#[test]
+fn artifacts_cover_launches_with_and_without_tensor_maps() {
+    use tessera::Specialization;
+    let ir = tessera::kernel_ir::<matmul_desc<64, 128, 64>>(&()).unwrap();
+    let specs = Specialization::for_launches(&ir);
+    let maps: Vec<_> = specs
+        .iter()
+        .filter(|s| matches!(s, Specialization::TensorMaps(_)))
+        .collect();
+    assert!(!maps.is_empty() && maps.len() * 2 == specs.len(), "{specs:?}");
+    let f = maps[0].apply(&ir);
+    for p in &f.params {
+        assert_eq!(p.attrs.tensor_map, p.name.ends_with("_tmap"), "{}", p.name);
+    }
+    // Without maps nothing is marked.
+    let f = specs[0].apply(&ir);
+    assert!(f.params.iter().all(|p| !p.attrs.tensor_map));
+}

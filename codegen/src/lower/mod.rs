@@ -1099,7 +1099,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             *n += 1;
             *n
         };
-        if n == 2 {
+        // (A ring whose operands both come by TMA has no cp.async group.)
+        if n == 2 && self.async_dot(op).is_some_and(|r| r.tma < 2) {
             self.arch.cp_async_commit(&self.cx)?;
         }
         Ok(())
@@ -1997,8 +1998,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.cx.b.position_at_end(exit);
         let mut carried = carried;
         if !rings.is_empty() {
-            // The copies for iterations past the end land before anything else.
-            self.arch.cp_async_wait(&self.cx, 0)?;
+            // The copies for iterations past the end land before anything else (TMA
+            // copies past the end are never issued).
+            if rings.iter().any(|(_, r)| r.tma < 2) {
+                self.arch.cp_async_wait(&self.cx, 0)?;
+            }
             for (d, r) in &rings {
                 self.async_slots.borrow_mut().remove(&(*d as *const Op));
                 self.tma_inited.borrow_mut().remove(&(*d as *const Op));

@@ -401,8 +401,11 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
         })
     })?;
     // Every thread's shared-memory writes (stores, waited-for cp.async copies) are
-    // generic-proxy accesses; the descriptors' reads are async-proxy ones.
-    l.arch.fence_async_shared(&l.cx)?;
+    // generic-proxy accesses; the descriptors' reads are async-proxy ones. Operands
+    // that only TMA wrote (async proxy, complete at their mbarrier) need no fence.
+    if l.async_dot(op).is_none_or(|r| r.tma < 2) || a_in_regs.is_some() {
+        l.arch.fence_async_shared(&l.cx)?;
+    }
     let bd = &l.cx.b;
     let wg = bd.build_right_shift(l.warp, l.cx.i32(2), false, "")?;
     let wgm = bd.build_and(wg, l.cx.i32(p.wg_m as i64 - 1), "")?;
