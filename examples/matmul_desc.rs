@@ -3,8 +3,8 @@
 //! (`a.load([m0, k0])`), with out-of-bounds elements read as zero and stores clipped
 //! to the tensor, so ragged sizes need no masks. On sm_90a (and emu-sm90a) the
 //! operand loads are TMA copies (`cp.async.bulk.tensor`) into the `wgmma` ring,
-//! completing on one mbarrier per stage; elsewhere they are the masked loads with the
-//! same semantics. Results are checked against a plain-Rust reference.
+//! completing on one mbarrier per stage, and the C block leaves by TMA stores;
+//! elsewhere they are the masked loads and stores with the same semantics. Results are checked against a plain-Rust reference.
 //!
 //! `cargo run --release --example matmul_desc` (`TESSERA_DEVICE=emu-sm90a` runs the
 //! TMA path in the emulator).

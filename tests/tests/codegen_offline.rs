@@ -1170,8 +1170,9 @@ mod matmul_desc;
 /// 128x64 box for A and two 64x64 boxes for B (128-byte swizzle) per stage, each
 /// stage's copies announced on its mbarrier (`arrive.expect_tx`) and waited for with
 /// `try_wait.parity` at the top of the iteration; no `cp.async`; HGMMA from the
-/// ring, no spills. Without tensor maps (or on sm_80) the same kernel reads through
-/// `cp.async`, and the C store is a masked store everywhere.
+/// ring, no spills; C leaves by TMA stores (`UTMASTG`) of a swizzled staging box.
+/// Without tensor maps (or on sm_80) the same kernel reads through `cp.async` and
+/// stores masked.
 #[test]
 fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
     use tessera::ir::ParamFacts;
@@ -1213,6 +1214,13 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
         count("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16") > 0,
         "{ptx}"
     );
+    // The f32 C block: four 128 x 32 boxes (128-byte rows) staged in shared memory.
+    assert_eq!(
+        count("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group"),
+        4,
+        "{ptx}"
+    );
+    assert_eq!(count("cp.async.bulk.wait_group.read 0"), 1, "{ptx}");
     let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
     assert_eq!(
         (report.spill_stores_bytes, report.spill_loads_bytes),
@@ -1222,6 +1230,7 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
     );
     let sass = tools::sass(&report.cubin).expect("cuobjdump");
     assert!(sass.contains("UTMALDG.2D"), "{sass}");
+    assert!(sass.contains("UTMASTG.2D"), "{sass}");
     assert!(sass.contains("HGMMA.64x128x16.F32"), "{sass}");
     // Without tensor maps: the masked loads' cp.async ring, the same wgmma.
     let plain = func.specialized(&facts(false));

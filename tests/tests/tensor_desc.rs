@@ -263,7 +263,10 @@ fn artifacts_cover_launches_with_and_without_tensor_maps() {
         .iter()
         .filter(|s| matches!(s, Specialization::TensorMaps(_)))
         .collect();
-    assert!(!maps.is_empty() && maps.len() * 2 == specs.len(), "{specs:?}");
+    assert!(
+        !maps.is_empty() && maps.len() * 2 == specs.len(),
+        "{specs:?}"
+    );
     let f = maps[0].apply(&ir);
     for p in &f.params {
         assert_eq!(p.attrs.tensor_map, p.name.ends_with("_tmap"), "{}", p.name);

@@ -217,6 +217,17 @@ pub(crate) struct ThreadCtx<'a> {
     pub wg: RefCell<WgState>,
     /// Shared memory written (generic proxy) since the last `fence.proxy.async`.
     pub wg_dirty: Cell<bool>,
+    /// TMA stores issued and not yet waited for (`cp.async.bulk.wait_group.read`).
+    pub tma_stores: RefCell<Vec<TmaStore>>,
+}
+
+/// A TMA store: it reads its box from shared memory and writes global memory when
+/// the issuing thread waits for its bulk group.
+pub(crate) struct TmaStore {
+    src_off: usize,
+    map: super::tma::EmuTensorMap,
+    coords: [i32; 3],
+    site: i32,
 }
 
 /// One `cp.async`: the bytes read from global memory when it was issued, to land at
@@ -252,6 +263,7 @@ impl<'a> ThreadCtx<'a> {
             copies: RefCell::new(AsyncCopies::default()),
             wg: RefCell::new(WgState::default()),
             wg_dirty: Cell::new(false),
+            tma_stores: RefCell::new(Vec::new()),
         }
     }
 
@@ -836,6 +848,153 @@ extern "C" fn tessera_emu_tma_load(
             chunks,
             bytes: n as i64,
         });
+    })
+}
+
+/// `cp.async.bulk.tensor.{rank}d.global.shared::cta.tile.bulk_group [tmap, {c0, c1,
+/// c2}], [src]` (see [`super::tma`]): recorded; the box is read from shared memory
+/// and written to the tensor (its elements inside the tensor only) when the thread
+/// waits for its bulk group, so a kernel that overwrites the box before waiting
+/// stores the overwritten data. Shared memory this thread wrote since its last
+/// `fence.proxy.async` is an error (the async proxy may not see it).
+#[allow(clippy::too_many_arguments)]
+extern "C" fn tessera_emu_tma_store(
+    src: *mut u8,
+    tmap: i64,
+    rank: i32,
+    c0: i32,
+    c1: i32,
+    c2: i32,
+    site: i32,
+) {
+    with((), |c| {
+        let p = tmap as usize as *const super::tma::EmuTensorMap;
+        if p.is_null() || !(p as usize).is_multiple_of(64) {
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "a TMA store through tensor map address {tmap:#x} (no tensor map built at launch)"
+                ),
+            );
+            return;
+        }
+        // SAFETY: as in `tessera_emu_tma_load`: a live `EmuTensorMap`, checked by magic.
+        let m = unsafe { *p };
+        if m.magic != super::tma::MAGIC || m.rank as i32 != rank {
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "a rank-{rank} TMA store through a tensor map that is not one of rank {rank}"
+                ),
+            );
+            return;
+        }
+        let off = (src as usize).wrapping_sub(c.blk.shared as usize);
+        let n = m.box_bytes();
+        if !off.is_multiple_of(128) || off.checked_add(n).is_none_or(|e| e > c.blk.shared_bytes) {
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "a TMA box of {n} bytes from shared offset {off:#x} (128-byte aligned, inside the block's {} bytes)",
+                    c.blk.shared_bytes
+                ),
+            );
+            return;
+        }
+        if c.wg_dirty.get() {
+            wg_fail(
+                c,
+                site,
+                "a TMA store of shared memory written without a fence.proxy.async after the writes"
+                    .into(),
+            );
+            return;
+        }
+        c.tma_stores.borrow_mut().push(TmaStore {
+            src_off: off,
+            map: m,
+            coords: [c0, c1, c2],
+            site,
+        });
+    })
+}
+
+/// `cp.async.bulk.commit_group; cp.async.bulk.wait_group.read 0`: the thread's TMA
+/// stores read their boxes (a byte another thread wrote since the last block
+/// barrier is a race) and write the tensor.
+extern "C" fn tessera_emu_tma_store_wait(_site: i32) {
+    with((), |c| {
+        let stores = std::mem::take(&mut *c.tma_stores.borrow_mut());
+        let epoch = c.epoch.get();
+        for st in stores {
+            let (m, off, site) = (st.map, st.src_off, st.site);
+            let n = m.box_bytes();
+            let mut image = vec![0u8; n];
+            for lin in (0..n).step_by(16) {
+                let at = off + m.swizzled(off, lin);
+                for b in at..at + 16 {
+                    let w = c.blk.shadow_write[b].get();
+                    let owner = ((w >> 16) & 0xffff) as u32;
+                    if w != 0
+                        && (w >> 32) as u32 == epoch
+                        && owner != c.tid + 1
+                        && !c.launch.failed.load(Ordering::Relaxed)
+                    {
+                        let (span, op) = c.launch.site(site as u32);
+                        let (other_span, _) = c.launch.site((w & 0xffff) as u32);
+                        c.fail(EmuError::SharedRace {
+                            kernel: c.launch.kernel.to_string(),
+                            op,
+                            span,
+                            other_span,
+                            block: c.block.get(),
+                            writer: owner - 1,
+                            reader: c.tid,
+                            kind: "read after write",
+                        });
+                        return;
+                    }
+                }
+                // SAFETY: `tma_store` checked that the box lies in shared memory.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        c.blk.shared.add(at),
+                        image.as_mut_ptr().add(lin),
+                        16,
+                    )
+                };
+            }
+            for (lin, run) in m.rows(st.coords) {
+                let Some((addr, at, len)) = run else { continue };
+                let inside = c.launch.buffers.iter().any(|b| {
+                    addr as usize >= b.base && addr as usize + len <= b.base + b.len_bytes
+                });
+                if !inside {
+                    tessera_emu_check_global(addr as usize as *mut u8, 1, site);
+                    if !c.launch.failed.load(Ordering::Relaxed) {
+                        wg_fail(
+                            c,
+                            site,
+                            format!(
+                                "a TMA box row of {len} bytes at {addr:#x} outside the launch's buffers"
+                            ),
+                        );
+                    }
+                    return;
+                }
+                // SAFETY: the `len` bytes at `addr` lie in a buffer of the launch.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        image.as_ptr().add(lin + at),
+                        addr as usize as *mut u8,
+                        len,
+                    )
+                };
+            }
+        }
     })
 }
 
@@ -1605,6 +1764,14 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         (
             "tessera_emu_tma_load",
             tessera_emu_tma_load as *const () as usize,
+        ),
+        (
+            "tessera_emu_tma_store",
+            tessera_emu_tma_store as *const () as usize,
+        ),
+        (
+            "tessera_emu_tma_store_wait",
+            tessera_emu_tma_store_wait as *const () as usize,
         ),
         (
             "tessera_emu_bad_peer",

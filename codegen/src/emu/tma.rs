@@ -14,6 +14,10 @@
 //! mode, address bits `4..` (the 16-byte chunk within the span) are XORed with bits
 //! `7..` (3, 2 or 1 bits) of the same shared address.
 //!
+//! **A box store** reads the box from shared memory with the same packing and swizzle
+//! and writes its elements inside the extents; the emulator performs it when the
+//! issuing thread waits for its bulk group (`cp.async.bulk.wait_group.read`).
+//!
 //! **Mbarriers.** An mbarrier has a phase count, the arrivals pending in the
 //! current phase (reset to the init count when a phase completes) and a transaction
 //! count: `expect_tx` raises it, the bytes of a copy that lands lower it, and the

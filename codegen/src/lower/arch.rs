@@ -383,6 +383,25 @@ pub trait Arch {
     ) -> LResult<()> {
         Err(LowerError::Llvm("TMA on a target without it".into()))
     }
+    /// `cp.async.bulk.tensor.{R}d.global.shared::cta.tile.bulk_group [tmap, {coords}],
+    /// [src]`: writes the box at shared `src` to the tensor at `coords` (innermost
+    /// first), the elements outside the tensor not written; part of the thread's open
+    /// bulk group.
+    fn tma_store<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _src: PointerValue<'ctx>,
+        _tmap: IntValue<'ctx>,
+        _coords: &[IntValue<'ctx>],
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm("TMA on a target without it".into()))
+    }
+    /// `cp.async.bulk.commit_group` then `cp.async.bulk.wait_group.read 0`: every
+    /// bulk store of the thread has read its shared memory.
+    fn tma_store_wait<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        Err(LowerError::Llvm("TMA on a target without it".into()))
+    }
     /// Whether [`Arch::buffer_load`] is available (AMD CDNA).
     fn has_buffer_load(&self) -> bool {
         false
@@ -926,6 +945,33 @@ impl Arch for Nvptx {
             vec![("r", d.into()), ("l", tmap.into()), ("r", b.into())];
         ins.extend(coords.iter().map(|c| ("r", BasicValueEnum::from(*c))));
         ptx_void(cx, &text, &ins)
+    }
+
+    fn tma_store<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        src: PointerValue<'ctx>,
+        tmap: IntValue<'ctx>,
+        coords: &[IntValue<'ctx>],
+        _site: u32,
+    ) -> LResult<()> {
+        let sp = shared_u32(cx, src)?;
+        let r = coords.len();
+        let cs: Vec<String> = (0..r).map(|i| format!("${}", 2 + i)).collect();
+        let text = format!(
+            "cp.async.bulk.tensor.{r}d.global.shared::cta.tile.bulk_group [$0, {{{}}}], [$1];",
+            cs.join(", ")
+        );
+        let mut ins: Vec<(&str, BasicValueEnum<'ctx>)> = vec![("l", tmap.into()), ("r", sp.into())];
+        ins.extend(coords.iter().map(|c| ("r", BasicValueEnum::from(*c))));
+        ptx_void(cx, &text, &ins)
+    }
+
+    fn tma_store_wait<'ctx>(&self, cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        ptx_stmt(
+            cx,
+            "cp.async.bulk.commit_group;\ncp.async.bulk.wait_group.read 0;",
+        )
     }
 
     fn cp_async_commit<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {

@@ -30,6 +30,8 @@
 //! | `mbarrier.arrive.expect_tx` | `void tessera_emu_mbar_expect_tx(ptr bar, i32 bytes, i32 site)` |
 //! | `mbarrier.try_wait.parity` loop | `void tessera_emu_mbar_wait(ptr bar, i32 parity, i32 site)` |
 //! | `cp.async.bulk.tensor` (TMA load) | `void tessera_emu_tma_load(ptr dst, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, ptr bar, i32 site)` (coordinates innermost first; `tmap` the address of a [`crate::emu::tma::EmuTensorMap`]) |
+//! | `cp.async.bulk.tensor` (TMA store) | `void tessera_emu_tma_store(ptr src, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, i32 site)` |
+//! | `cp.async.bulk.commit_group` + `wait_group.read 0` | `void tessera_emu_tma_store_wait(i32 site)` (the thread's stores read shared memory and write global memory now) |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //! | `i8` matrix instructions (`mma.sync` m16n8k32 `.s8`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (`[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out) |
@@ -432,6 +434,52 @@ impl Arch for Emu {
             Emu::site(cx, site),
         ];
         call(cx, "tessera_emu_tma_load", ty, &args)?;
+        Ok(())
+    }
+
+    fn tma_store<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        src: PointerValue<'ctx>,
+        tmap: IntValue<'ctx>,
+        coords: &[IntValue<'ctx>],
+        site: u32,
+    ) -> LResult<()> {
+        let (pt, i32t, i64t) = (Emu::ptr_ty(cx), cx.ctx.i32_type(), cx.ctx.i64_type());
+        let ty = cx.ctx.void_type().fn_type(
+            &[
+                pt.into(),
+                i64t.into(),
+                i32t.into(),
+                i32t.into(),
+                i32t.into(),
+                i32t.into(),
+                i32t.into(),
+            ],
+            false,
+        );
+        let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
+            coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
+        };
+        let args = [
+            src.into(),
+            tmap.into(),
+            cx.i32(coords.len() as i64).into(),
+            c(0),
+            c(1),
+            c(2),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_tma_store", ty, &args)?;
+        Ok(())
+    }
+
+    fn tma_store_wait<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
+        let ty = cx
+            .ctx
+            .void_type()
+            .fn_type(&[cx.ctx.i32_type().into()], false);
+        call(cx, "tessera_emu_tma_store_wait", ty, &[Emu::site(cx, site)])?;
         Ok(())
     }
 

@@ -996,7 +996,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     bars: self.pipe_bytes + slots * slot_bytes,
                 },
             );
-            self.pipe_bytes += bytes.next_multiple_of(16);
+            // Whatever follows (arrays, scratch) starts aligned as arrays must.
+            self.pipe_bytes += bytes.next_multiple_of(self.smem_align());
             self.pipe_dots
                 .insert(*d as *const Op, self.async_dots[&(*d as *const Op)].offset);
             for (d2, w2, (cargs, pro, last)) in &chains {
@@ -1665,11 +1666,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let t = tma::lower_desc_load(self, op)?;
                 self.set(op.results[0], t);
             }
-            OpKind::DescStore { .. } => {
-                return Err(LowerError::Llvm(
-                    "a desc_store left unexpanded (tensor_desc::expand)".into(),
-                ));
-            }
+            OpKind::DescStore { .. } => tma::lower_desc_store(self, op)?,
             OpKind::AtomicRmw { .. } | OpKind::AtomicCas { .. } => {
                 let t = memory::lower_atomic(self, op)?;
                 self.set(op.results[0], t);

@@ -1,4 +1,5 @@
-//! Tensor-descriptor loads as TMA copies into a `wgmma` dot's ring (sm_90a).
+//! Tensor-descriptor accesses on TMA (sm_90a): loads as copies into a `wgmma` dot's
+//! ring, stores through a staging box ([`lower_desc_store`]).
 //!
 //! A `desc_load` that [`tma_candidate`] keeps (the target has `wgmma`, the launch
 //! built the descriptor's tensor map, its blocks have a [`TmaBox`], and it feeds only
@@ -35,13 +36,6 @@ pub(super) const MBAR_BYTES: u32 = 8;
 /// Whether `desc_load` `op` of `f` may stay a TMA load on `target` (see the module
 /// docs): the ring decides later.
 pub(crate) fn tma_candidate(target: Target, f: &Function, op: &Op) -> bool {
-    let OpKind::DescLoad {
-        rank: 2,
-        has_pred: false,
-    } = op.kind
-    else {
-        return false;
-    };
     if !target.has_wgmma() {
         return false;
     }
@@ -53,6 +47,20 @@ pub(crate) fn tma_candidate(target: Target, f: &Function, op: &Op) -> bool {
     {
         return false;
     }
+    if let OpKind::DescStore { rank } = op.kind {
+        // Every TMA store: through a swizzled staging box in shared memory.
+        let Ok(d) = DescOperands::new(rank) else {
+            return false;
+        };
+        return block_box(f.ty(op.operands[d.extra()])).is_some();
+    }
+    let OpKind::DescLoad {
+        rank: 2,
+        has_pred: false,
+    } = op.kind
+    else {
+        return false;
+    };
     let t = f.ty(op.results[0]);
     let Some(s) = t.scalar_type() else {
         return false;
@@ -251,4 +259,100 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
         regs: Vec::new(),
         uniform: false,
     })
+}
+
+/// Lowers `desc_store` `op` as TMA stores: every thread writes its elements into a
+/// staging box in shared memory laid out as the tensor map's boxes are (rows of `S`
+/// bytes, the boxes side by side along the columns, the `S`-byte swizzle, 1024-byte
+/// aligned), then `fence.proxy.async` and a block barrier; thread 0 issues one
+/// `cp.async.bulk.tensor` store per box and waits until they have read the staging
+/// memory; a barrier before and after keeps other uses of the scratch apart.
+pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<()> {
+    let OpKind::DescStore { rank } = op.kind else {
+        unreachable!("a desc_store")
+    };
+    let d = DescOperands::new(rank).map_err(LowerError::Llvm)?;
+    let vt = l.f.ty(op.operands[d.extra()]).clone();
+    let bx = block_box(&vt).ok_or_else(|| LowerError::Llvm("a block TMA cannot copy".into()))?;
+    let elem = vt
+        .scalar_type()
+        .ok_or_else(|| LowerError::Llvm("desc_store of pointers".into()))?;
+    let e = elem.size_bytes() as u32;
+    let box_bytes = bx.box_bytes(e);
+    if bx.copies > 1 && !box_bytes.is_multiple_of(wgmma::ARRAY_ALIGN) {
+        // Each box on a 1024-byte boundary, where the swizzle pattern starts.
+        return Err(LowerError::Unsupported {
+            span: op.span.clone(),
+            message: "TMA store boxes that are not whole 1024-byte swizzle periods".into(),
+        });
+    }
+    let v = l.val(op.operands[d.extra()])?;
+    let tmap = l.val(op.operands[DescOperands::TMAP])?.regs[0].into_int_value();
+    let coords: Vec<IntValue<'ctx>> = (0..d.rank)
+        .map(|i| Ok(l.val(op.operands[d.coord(i)])?.regs[0].into_int_value()))
+        .collect::<LResult<_>>()?;
+    let total = box_bytes * bx.copies;
+    // The scratch starts after the rings, on a 1024-byte boundary on wgmma targets.
+    let base = l.scratch(total, &op.span);
+    l.barrier()?;
+    let cols = *vt.shape.last().expect("rank >= 1");
+    let w = bx.swizzle_bytes / e; // elements of one box row
+    let mask = match bx.swizzle_bytes {
+        128 => 7,
+        64 => 3,
+        _ => 1,
+    };
+    let runs: Vec<u32> = (0..(16 / e).min(w).trailing_zeros())
+        .map(|i| 1 << i)
+        .collect();
+    super::dot::write_tile(l, &v, base, &runs, |ix| {
+        let b = &l.cx.b;
+        let c = |x: u32| l.cx.i32(x as i64);
+        let inner = b.build_and(ix, c(cols - 1), "")?;
+        let row = b.build_right_shift(ix, c(cols.trailing_zeros()), false, "")?;
+        let bxi = b.build_right_shift(inner, c(w.trailing_zeros()), false, "")?;
+        let within = b.build_and(inner, c(w - 1), "")?;
+        let byte = b.build_int_add(
+            b.build_int_add(
+                b.build_int_mul(bxi, c(box_bytes), "")?,
+                b.build_int_mul(row, c(bx.swizzle_bytes), "")?,
+                "",
+            )?,
+            b.build_int_mul(within, c(e), "")?,
+            "",
+        )?;
+        let hi = b.build_and(b.build_right_shift(byte, c(7), false, "")?, c(mask), "")?;
+        let swz = b.build_xor(byte, b.build_left_shift(hi, c(4), "")?, "")?;
+        Ok(b.build_right_shift(swz, c(e.trailing_zeros()), false, "")?)
+    })?;
+    l.arch.fence_async_shared(&l.cx)?;
+    l.barrier()?;
+    let inner_w = bx.box_dims[bx.box_dims.len() - 1];
+    let site = l.new_site("cp.async.bulk.tensor");
+    l.in_thread0(|l| {
+        for cpy in 0..bx.copies {
+            let off = l.cx.i32((cpy * box_bytes) as i64);
+            // SAFETY: inside the staging box (`total` bytes of scratch).
+            let src = unsafe {
+                l.cx.b
+                    .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
+            };
+            let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
+            if cpy > 0 {
+                cs[0] =
+                    l.cx.b
+                        .build_int_add(cs[0], l.cx.i32((cpy * inner_w) as i64), "")?;
+            }
+            l.arch.tma_store(&l.cx, src, tmap, &cs, site)?;
+        }
+        l.arch.tma_store_wait(&l.cx, site)
+    })?;
+    l.barrier()?;
+    l.note(|| {
+        format!(
+            "TMA store: {} box(es) of {:?} ({}-byte swizzle) staged in shared memory",
+            bx.copies, bx.box_dims, bx.swizzle_bytes
+        )
+    });
+    Ok(())
 }

@@ -15,9 +15,9 @@ use crate::types::{ScalarType, Type};
 ///
 /// On sm_90a the loads that feed `dot`s become TMA copies (`cp.async.bulk.tensor`
 /// through a tensor map the launch builds) completing on mbarriers, pipelined
-/// `num_stages` deep; everywhere else (and on the CPU and the emulators of other
-/// targets) a descriptor access is the masked load or store with the same semantics
-/// (see `tessera_ir::tensor_desc`). The innermost stride is 1; extents, strides and
+/// `num_stages` deep, and stores are TMA stores; every other access (other targets,
+/// the CPU, loads that do not feed a `dot`) is the masked load or store with the same
+/// semantics (see `tessera_ir::tensor_desc`). The innermost stride is 1; extents, strides and
 /// coordinates are `i32`.
 pub struct TensorDesc<T: DType, S: Shape> {
     base: ValueId,
