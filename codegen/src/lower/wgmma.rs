@@ -411,7 +411,34 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     let wgm = bd.build_and(wg, l.cx.i32(p.wg_m as i64 - 1), "")?;
     let wgn = bd.build_right_shift(wg, l.cx.i32(p.wg_m.trailing_zeros() as i64), false, "")?;
     let wgn = bd.build_and(wgn, l.cx.i32(p.wg_n as i64 - 1), "")?;
-    let saddr = l.arch.shared_address(&l.cx, base)?;
+    // In a ring, the descriptors are built from the ring's start (loop-invariant, so
+    // hoisted out of the loop) and step by the read slot's offset: one 64-bit add per
+    // operand per iteration instead of rebuilding the fields.
+    let ring_read = match l.async_dot(op) {
+        Some(r) => {
+            let rd = l
+                .async_slots
+                .borrow()
+                .get(&(op as *const Op))
+                .map(|s| s.0)
+                .ok_or_else(|| super::LowerError::Llvm("a ring slot outside its loop".into()))?;
+            Some((l.smem_at(r.offset), rd))
+        }
+        None => None,
+    };
+    let saddr = l
+        .arch
+        .shared_address(&l.cx, ring_read.map_or(base, |(start, _)| start))?;
+    let slot_step = |l: &Lowerer<'_, 'ctx>, d: IntValue<'ctx>| -> LResult<IntValue<'ctx>> {
+        let Some((_, rd)) = ring_read else {
+            return Ok(d);
+        };
+        let b = &l.cx.b;
+        let i64t = l.cx.ctx.i64_type();
+        let units = b.build_right_shift(rd, l.cx.i32(4), false, "")?;
+        let units = b.build_int_z_extend(units, i64t, "")?;
+        Ok(b.build_int_add(d, units, "desc")?)
+    };
     // Byte offsets of this warpgroup's rows of A and columns of B.
     let (a_s, b_s) = (arr.a.row_bytes(), arr.b.row_bytes());
     let a_row0 = bd.build_int_mul(wgm, l.cx.i32((64 * a_s) as i64), "")?;
@@ -452,6 +479,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     } else {
         descriptor(l, b_base, p.k * b_s, 8 * b_s, arr.b.mode())?
     };
+    let b_desc0 = slot_step(l, b_desc0)?;
     let mut a_desc0 = None;
     let site = l.new_site("wgmma.fence");
     l.arch.wgmma_fence(&l.cx, site)?;
@@ -482,6 +510,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
                         Some(d) => d,
                         None => {
                             let d = descriptor(l, a_base, 16, 8 * a_s, arr.a.mode())?;
+                            let d = slot_step(l, d)?;
                             a_desc0 = Some(d);
                             d
                         }
