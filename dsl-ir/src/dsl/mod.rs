@@ -23,6 +23,7 @@ mod comm;
 mod control;
 mod desc;
 mod ops;
+mod random;
 mod shape;
 
 pub use comm::{Peer, Symmetric, Token, barrier_all, fence, quiet, rank, world_size};
@@ -32,6 +33,7 @@ pub use control::{
 };
 pub use desc::{Coords, TensorDesc};
 pub use ops::*;
+pub use random::{Seed, rand, randint, randint4x, randn, umulhi};
 pub use shape::*;
 
 use std::cell::RefCell;

@@ -71,7 +71,7 @@ impl Operand<bool> for bool {
 }
 
 /// Broadcasts `v` to `dims` (splat for a scalar), if it does not have them already.
-fn broadcast_value(v: ValueId, dims: &[u32], span: &Span) -> ValueId {
+pub(crate) fn broadcast_value(v: ValueId, dims: &[u32], span: &Span) -> ValueId {
     let ty = type_of(v);
     if ty.shape == dims {
         return v;
