@@ -19,6 +19,7 @@
 //! yields a placeholder value so tracing can continue, and [`trace`] returns the first
 //! error.
 
+mod argreduce;
 mod comm;
 mod control;
 mod desc;
