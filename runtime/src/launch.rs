@@ -734,9 +734,9 @@ pub fn launch<K: Kernel>(
                             arg_facts(&a.0, addr)
                         })
                         .collect();
-                    // On emu-sm90a, tensor maps for TMA copies (kept alive past the launch).
+                    // On emu-sm90a, tensor maps for TMA copies (registered for the launch).
                     let mut spec = spec;
-                    let mut maps: Vec<Box<tessera_codegen::emu::tma::EmuTensorMap>> = Vec::new();
+                    let mut maps: Vec<tessera_codegen::emu::tma::TensorMapHandle> = Vec::new();
                     if flavor == tessera_codegen::target::EmuFlavor::Sm90a {
                         for t in &tma {
                             let base = match &t.desc.buf {
@@ -754,10 +754,9 @@ pub fn launch<K: Kernel>(
                             if let Ok(m) = tessera_codegen::emu::tma::EmuTensorMap::new(
                                 base, e, &dims, &strides, &bx, sw,
                             ) {
-                                let m = Box::new(m);
-                                let addr = &*m as *const _ as u64;
-                                maps.push(m);
-                                kargs[t.tmap_arg] = KernelArg::Scalar(interp::Scalar::U64(addr));
+                                let h = m.register();
+                                kargs[t.tmap_arg] = KernelArg::Scalar(interp::Scalar::U64(h.id()));
+                                maps.push(h);
                                 spec[t.tmap_arg].tensor_map = true;
                             }
                         }

@@ -275,3 +275,54 @@ fn artifacts_cover_launches_with_and_without_tensor_maps() {
     let f = specs[0].apply(&ir);
     assert!(f.params.iter().all(|p| !p.attrs.tensor_map));
 }
+
+/// The emulator takes a tensor-map argument as the id of a map the launch
+/// registered: a kernel specialized for TMA launched directly with a made-up id gets
+/// an error naming the op, not a read of arbitrary memory.
+#[test]
+fn the_emulator_refuses_tensor_maps_it_did_not_build() {
+    use std::sync::Arc;
+    use tessera::codegen::emu;
+    use tessera::codegen::target::EmuFlavor;
+    use tessera::ir::ParamFacts;
+    use tessera::ir::interp::{HostBuffer, KernelArg, Scalar};
+    let func = tessera::kernel_ir::<desc_copy<16, 32>>(&()).unwrap();
+    let facts: Vec<ParamFacts> = func
+        .params
+        .iter()
+        .map(|p| {
+            let mut f = ParamFacts::new(true, true);
+            f.tensor_map = p.name.ends_with("_tmap");
+            f
+        })
+        .collect();
+    let spec = func.specialized(&facts);
+    let buf = || KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&vec![0.0f32; 32 * 32])));
+    let sc = |v: i32| KernelArg::Scalar(Scalar::I32(v));
+    let args = [
+        buf(),
+        KernelArg::Scalar(Scalar::U64(0)),
+        sc(32),
+        sc(32),
+        sc(32),
+        buf(),
+        KernelArg::Scalar(Scalar::U64(0xdead_0000)),
+        sc(32),
+        sc(32),
+        sc(32),
+        sc(0),
+    ];
+    let e = emu::launch(
+        &spec,
+        EmuFlavor::Sm90a,
+        &tessera::codegen::CompileOptions::default(),
+        [2, 1, 1],
+        &args,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("did not build") && e.contains("desc_store"),
+        "{e}"
+    );
+}

@@ -713,6 +713,55 @@ extern "C" fn tessera_emu_mbar_expect_tx(bar: *mut u8, bytes: i32, site: i32) {
     })
 }
 
+/// The registered tensor map a rank-`rank` TMA `what` at `site` goes through, or
+/// `None` (the error recorded).
+fn tensor_map(
+    c: &ThreadCtx<'_>,
+    tmap: i64,
+    rank: i32,
+    what: &str,
+    site: i32,
+) -> Option<super::tma::EmuTensorMap> {
+    let Some(m) = super::tma::lookup(tmap as u64) else {
+        wg_fail(
+            c,
+            site,
+            format!("a TMA {what} through tensor map {tmap:#x}, which the launch did not build"),
+        );
+        return None;
+    };
+    if m.rank as i32 != rank {
+        wg_fail(
+            c,
+            site,
+            format!(
+                "a rank-{rank} TMA {what} through a tensor map of rank {}",
+                m.rank
+            ),
+        );
+        return None;
+    }
+    Some(m)
+}
+
+/// The shared offset of a TMA box of `n` bytes at `p` (128-byte aligned, inside the
+/// block's shared memory), or `None` (the error recorded).
+fn box_offset(c: &ThreadCtx<'_>, p: *const u8, n: usize, what: &str, site: i32) -> Option<usize> {
+    let off = (p as usize).wrapping_sub(c.blk.shared as usize);
+    if !off.is_multiple_of(128) || off.checked_add(n).is_none_or(|e| e > c.blk.shared_bytes) {
+        wg_fail(
+            c,
+            site,
+            format!(
+                "a TMA {what} of a {n}-byte box at shared offset {off:#x} (it must be 128-byte aligned, inside the block's {} bytes)",
+                c.blk.shared_bytes
+            ),
+        );
+        return None;
+    }
+    Some(off)
+}
+
 /// `cp.async.bulk.tensor.{rank}d...mbarrier::complete_tx::bytes [dst], [tmap, {c0,
 /// c1, c2}], [bar]` (see [`super::tma`]): the box is read from global memory now and
 /// lands in shared memory when a thread waits for `bar`'s phase. Writing over bytes
@@ -732,43 +781,13 @@ extern "C" fn tessera_emu_tma_load(
         let Some(boff) = mbar_offset(c, bar, site) else {
             return;
         };
-        let p = tmap as usize as *const super::tma::EmuTensorMap;
-        if p.is_null() || !(p as usize).is_multiple_of(64) {
-            wg_fail(
-                c,
-                site,
-                format!(
-                    "a TMA copy through tensor map address {tmap:#x} (no tensor map built at launch)"
-                ),
-            );
+        let Some(m) = tensor_map(c, tmap, rank, "copy", site) else {
             return;
-        }
-        // SAFETY: the launch passes the address of an `EmuTensorMap` it keeps alive
-        // for the launch (the runtime's tensor-descriptor arguments); checked by magic.
-        let m = unsafe { *p };
-        if m.magic != super::tma::MAGIC || m.rank as i32 != rank {
-            wg_fail(
-                c,
-                site,
-                format!(
-                    "a rank-{rank} TMA copy through a tensor map that is not one of rank {rank}"
-                ),
-            );
-            return;
-        }
-        let off = (dst as usize).wrapping_sub(c.blk.shared as usize);
+        };
         let n = m.box_bytes();
-        if !off.is_multiple_of(128) || off.checked_add(n).is_none_or(|e| e > c.blk.shared_bytes) {
-            wg_fail(
-                c,
-                site,
-                format!(
-                    "a TMA box of {n} bytes to shared offset {off:#x} (128-byte aligned, inside the block's {} bytes)",
-                    c.blk.shared_bytes
-                ),
-            );
+        let Some(off) = box_offset(c, dst, n, "copy", site) else {
             return;
-        }
+        };
         // The write must not overtake reads of other threads since the last barrier.
         let epoch = c.epoch.get();
         for b in off..off + n {
@@ -868,42 +887,13 @@ extern "C" fn tessera_emu_tma_store(
     site: i32,
 ) {
     with((), |c| {
-        let p = tmap as usize as *const super::tma::EmuTensorMap;
-        if p.is_null() || !(p as usize).is_multiple_of(64) {
-            wg_fail(
-                c,
-                site,
-                format!(
-                    "a TMA store through tensor map address {tmap:#x} (no tensor map built at launch)"
-                ),
-            );
+        let Some(m) = tensor_map(c, tmap, rank, "store", site) else {
             return;
-        }
-        // SAFETY: as in `tessera_emu_tma_load`: a live `EmuTensorMap`, checked by magic.
-        let m = unsafe { *p };
-        if m.magic != super::tma::MAGIC || m.rank as i32 != rank {
-            wg_fail(
-                c,
-                site,
-                format!(
-                    "a rank-{rank} TMA store through a tensor map that is not one of rank {rank}"
-                ),
-            );
-            return;
-        }
-        let off = (src as usize).wrapping_sub(c.blk.shared as usize);
+        };
         let n = m.box_bytes();
-        if !off.is_multiple_of(128) || off.checked_add(n).is_none_or(|e| e > c.blk.shared_bytes) {
-            wg_fail(
-                c,
-                site,
-                format!(
-                    "a TMA box of {n} bytes from shared offset {off:#x} (128-byte aligned, inside the block's {} bytes)",
-                    c.blk.shared_bytes
-                ),
-            );
+        let Some(off) = box_offset(c, src, n, "store", site) else {
             return;
-        }
+        };
         if c.wg_dirty.get() {
             wg_fail(
                 c,

@@ -29,9 +29,8 @@
 /// `EmuTensorMap::magic`.
 pub const MAGIC: u64 = 0x7473_725f_746d_6170; // "tsr_tmap"
 
-/// The emulator's tensor map (see the module docs); 64-byte aligned like a
-/// `CUtensorMap`.
-#[repr(C, align(64))]
+/// The emulator's tensor map (see the module docs), registered for a launch with
+/// [`EmuTensorMap::register`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmuTensorMap {
     /// [`MAGIC`].
@@ -169,6 +168,56 @@ impl EmuTensorMap {
         }
         out
     }
+}
+
+/// The tensor maps of running launches, by id: a kernel's tensor-map argument is an
+/// id the emulator looks up here (never an address it dereferences).
+static REGISTRY: std::sync::Mutex<Option<std::collections::HashMap<u64, EmuTensorMap>>> =
+    std::sync::Mutex::new(None);
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn registry() -> std::sync::MutexGuard<'static, Option<std::collections::HashMap<u64, EmuTensorMap>>>
+{
+    // A poisoned lock still holds a consistent map (inserts and removes are single calls).
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A registered [`EmuTensorMap`]: pass [`TensorMapHandle::id`] as the kernel's
+/// tensor-map argument; dropping the handle unregisters the map.
+#[derive(Debug)]
+pub struct TensorMapHandle {
+    id: u64,
+}
+
+impl TensorMapHandle {
+    /// The value the kernel's `_tmap` parameter takes (a multiple of 64, never 0).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+}
+
+impl Drop for TensorMapHandle {
+    fn drop(&mut self) {
+        if let Some(m) = registry().as_mut() {
+            m.remove(&self.id);
+        }
+    }
+}
+
+impl EmuTensorMap {
+    /// Registers the map for launches (see [`TensorMapHandle`]).
+    pub fn register(self) -> TensorMapHandle {
+        let id = 64 * NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        registry()
+            .get_or_insert_with(Default::default)
+            .insert(id, self);
+        TensorMapHandle { id }
+    }
+}
+
+/// The registered map with id `id`.
+pub(crate) fn lookup(id: u64) -> Option<EmuTensorMap> {
+    registry().as_ref()?.get(&id).copied()
 }
 
 /// The in-bounds part of one box row: global address, byte offset in the row, bytes.

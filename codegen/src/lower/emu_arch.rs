@@ -29,7 +29,7 @@
 //! | `mbarrier.init` | `void tessera_emu_mbar_init(ptr bar, i32 count, i32 site)` |
 //! | `mbarrier.arrive.expect_tx` | `void tessera_emu_mbar_expect_tx(ptr bar, i32 bytes, i32 site)` |
 //! | `mbarrier.try_wait.parity` loop | `void tessera_emu_mbar_wait(ptr bar, i32 parity, i32 site)` |
-//! | `cp.async.bulk.tensor` (TMA load) | `void tessera_emu_tma_load(ptr dst, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, ptr bar, i32 site)` (coordinates innermost first; `tmap` the address of a [`crate::emu::tma::EmuTensorMap`]) |
+//! | `cp.async.bulk.tensor` (TMA load) | `void tessera_emu_tma_load(ptr dst, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, ptr bar, i32 site)` (coordinates innermost first; `tmap` the id of a registered [`crate::emu::tma::EmuTensorMap`]) |
 //! | `cp.async.bulk.tensor` (TMA store) | `void tessera_emu_tma_store(ptr src, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, i32 site)` |
 //! | `cp.async.bulk.commit_group` + `wait_group.read 0` | `void tessera_emu_tma_store_wait(i32 site)` (the thread's stores read shared memory and write global memory now) |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
