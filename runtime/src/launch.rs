@@ -588,23 +588,35 @@ fn flatten<'a>(
     Ok((flat, tma))
 }
 
+/// What a tensor map of a descriptor is built from (the driver's or the emulator's).
+struct TmaMap {
+    elem_bytes: u32,
+    /// Extents and element strides, outermost first.
+    dims: Vec<u64>,
+    strides: Vec<u64>,
+    /// The box (`TmaBox::box_dims`) and its swizzle span.
+    box_dims: Vec<u32>,
+    swizzle: u32,
+}
+
 impl TmaRequest<'_> {
-    /// The box rule's `(box, swizzle)` for this descriptor, when its blocks have one
-    /// and the tensor meets TMA's alignment (16-byte base and byte strides).
-    fn plan(&self, base: u64) -> Option<(Vec<u32>, u32)> {
-        let e = self.desc.elem.size_bytes() as u64;
-        let b = tessera_ir::tensor_desc::TmaBox::for_block(e as u32, &self.desc.block)?;
-        let strides_ok = self.desc.strides[..self.desc.strides.len() - 1]
+    /// The map of this descriptor at `base`, when its blocks have a TMA box
+    /// (`tessera_ir::tensor_desc::TmaBox`) and the tensor meets TMA's alignment
+    /// (16-byte base and byte strides).
+    fn map(&self, base: u64) -> Option<TmaMap> {
+        let d = &self.desc;
+        let e = d.elem.size_bytes() as u64;
+        let b = tessera_ir::tensor_desc::TmaBox::for_block(e as u32, &d.block)?;
+        let strides_ok = d.strides[..d.strides.len() - 1]
             .iter()
             .all(|&s| (s as u64 * e).is_multiple_of(16));
-        (base.is_multiple_of(16) && strides_ok).then_some((b.box_dims, b.swizzle_bytes))
-    }
-
-    fn dims(&self) -> (Vec<u64>, Vec<u64>) {
-        (
-            self.desc.shape.iter().map(|&v| v as u64).collect(),
-            self.desc.strides.iter().map(|&v| v as u64).collect(),
-        )
+        (base.is_multiple_of(16) && strides_ok).then(|| TmaMap {
+            elem_bytes: e as u32,
+            dims: d.shape.iter().map(|&v| v as u64).collect(),
+            strides: d.strides.iter().map(|&v| v as u64).collect(),
+            box_dims: b.box_dims,
+            swizzle: b.swizzle_bytes,
+        })
     }
 }
 
@@ -746,13 +758,16 @@ pub fn launch<K: Kernel>(
                                 } => raw.as_mut_ptr() as u64,
                                 _ => continue,
                             };
-                            let Some((bx, sw)) = t.plan(base) else {
+                            let Some(m) = t.map(base) else {
                                 continue;
                             };
-                            let (dims, strides) = t.dims();
-                            let e = t.desc.elem.size_bytes() as u32;
                             if let Ok(m) = tessera_codegen::emu::tma::EmuTensorMap::new(
-                                base, e, &dims, &strides, &bx, sw,
+                                base,
+                                m.elem_bytes,
+                                &m.dims,
+                                &m.strides,
+                                &m.box_dims,
+                                m.swizzle,
                             ) {
                                 let h = m.register();
                                 kargs[t.tmap_arg] = KernelArg::Scalar(interp::Scalar::U64(h.id()));
@@ -801,12 +816,18 @@ pub fn launch<K: Kernel>(
                     let GpuArg::U64(base) = gargs[t.buf_arg] else {
                         continue;
                     };
-                    let Some((bx, sw)) = t.plan(base) else {
+                    let Some(m) = t.map(base) else {
                         continue;
                     };
-                    let (dims, strides) = t.dims();
-                    let e = t.desc.elem.size_bytes() as u32;
-                    if let Ok(addr) = d.tensor_map(base, e, &dims, &strides, &bx, sw) {
+                    let built = d.tensor_map(
+                        base,
+                        m.elem_bytes,
+                        &m.dims,
+                        &m.strides,
+                        &m.box_dims,
+                        m.swizzle,
+                    );
+                    if let Ok(addr) = built {
                         gargs[t.tmap_arg] = GpuArg::U64(addr);
                         spec[t.tmap_arg].tensor_map = true;
                     }

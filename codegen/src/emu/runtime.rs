@@ -713,6 +713,62 @@ extern "C" fn tessera_emu_mbar_expect_tx(bar: *mut u8, bytes: i32, site: i32) {
     })
 }
 
+/// Whether the async proxy's access to the shared byte whose other-kind shadow word is
+/// `other` (`shadow_read` for a TMA write, `shadow_write` for a TMA read) races with
+/// another thread's access since thread `c`'s last block barrier; records the race.
+fn async_proxy_race(c: &ThreadCtx<'_>, other: u64, is_write: bool, site: i32) -> bool {
+    let owner = ((other >> 16) & 0xffff) as u32;
+    if other == 0
+        || (other >> 32) as u32 != c.epoch.get()
+        || owner == c.tid + 1
+        || c.launch.failed.load(Ordering::Relaxed)
+    {
+        return false;
+    }
+    let (span, op) = c.launch.site(site as u32);
+    let (other_span, _) = c.launch.site((other & 0xffff) as u32);
+    let (writer, reader, kind) = if is_write {
+        (c.tid, owner - 1, "write after read")
+    } else {
+        (owner - 1, c.tid, "read after write")
+    };
+    c.fail(EmuError::SharedRace {
+        kernel: c.launch.kernel.to_string(),
+        op,
+        span,
+        other_span,
+        block: c.block.get(),
+        writer,
+        reader,
+        kind,
+    });
+    true
+}
+
+/// `len` bytes of global memory at `addr` a TMA box row reads or writes: the run
+/// must lie in one launch buffer (TMA needs no alignment); else `None`, the error
+/// recorded.
+fn box_row(c: &ThreadCtx<'_>, addr: u64, len: usize, site: i32) -> Option<*mut u8> {
+    let a = addr as usize;
+    if c.launch
+        .buffers
+        .iter()
+        .any(|b| a >= b.base && a + len <= b.base + b.len_bytes)
+    {
+        return Some(a as *mut u8);
+    }
+    // Reports the access (out of bounds) as a plain access would.
+    tessera_emu_check_global(a as *mut u8, 1, site);
+    if !c.launch.failed.load(Ordering::Relaxed) {
+        wg_fail(
+            c,
+            site,
+            format!("a TMA box row of {len} bytes at {addr:#x} outside the launch's buffers"),
+        );
+    }
+    None
+}
+
 /// The registered tensor map a rank-`rank` TMA `what` at `site` goes through, or
 /// `None` (the error recorded).
 fn tensor_map(
@@ -789,58 +845,20 @@ extern "C" fn tessera_emu_tma_load(
             return;
         };
         // The write must not overtake reads of other threads since the last barrier.
-        let epoch = c.epoch.get();
-        for b in off..off + n {
-            let r = c.blk.shadow_read[b].get();
-            let owner = ((r >> 16) & 0xffff) as u32;
-            if r != 0
-                && (r >> 32) as u32 == epoch
-                && owner != c.tid + 1
-                && !c.launch.failed.load(Ordering::Relaxed)
-            {
-                let (span, op) = c.launch.site(site as u32);
-                let (other_span, _) = c.launch.site((r & 0xffff) as u32);
-                c.fail(EmuError::SharedRace {
-                    kernel: c.launch.kernel.to_string(),
-                    op,
-                    span,
-                    other_span,
-                    block: c.block.get(),
-                    writer: c.tid,
-                    reader: owner - 1,
-                    kind: "write after read",
-                });
-                return;
-            }
+        if (off..off + n).any(|b| async_proxy_race(c, c.blk.shadow_read[b].get(), true, site)) {
+            return;
         }
         let mut image = vec![0u8; n];
         let row_bytes = (m.box_dims[0] * m.elem_bytes) as usize;
         for (lin, run) in m.rows([c0, c1, c2]) {
             if let Some((addr, at, len)) = run {
-                // TMA reads any run of elements, with no alignment: the run must lie
-                // in one launch buffer.
-                let first = addr as usize as *mut u8;
-                let inside = c.launch.buffers.iter().any(|b| {
-                    addr as usize >= b.base && addr as usize + len <= b.base + b.len_bytes
-                });
-                if !inside {
-                    // Reports the access (out of bounds) as a plain access would.
-                    tessera_emu_check_global(first, 1, site);
-                    if !c.launch.failed.load(Ordering::Relaxed) {
-                        wg_fail(
-                            c,
-                            site,
-                            format!(
-                                "a TMA box row of {len} bytes at {addr:#x} outside the launch's buffers"
-                            ),
-                        );
-                    }
+                let Some(src) = box_row(c, addr, len, site) else {
                     return;
-                }
-                // SAFETY: the `len` bytes at `first` lie in a buffer of the launch
-                // (checked above); `lin + at + len <= lin + row_bytes <= n`.
+                };
+                // SAFETY: the `len` bytes at `src` lie in a buffer of the launch
+                // (`box_row`); `lin + at + len <= lin + row_bytes <= n`.
                 unsafe {
-                    std::ptr::copy_nonoverlapping(first, image.as_mut_ptr().add(lin + at), len)
+                    std::ptr::copy_nonoverlapping(src, image.as_mut_ptr().add(lin + at), len)
                 };
             }
             debug_assert!(lin + row_bytes <= n);
@@ -918,35 +936,16 @@ extern "C" fn tessera_emu_tma_store(
 extern "C" fn tessera_emu_tma_store_wait(_site: i32) {
     with((), |c| {
         let stores = std::mem::take(&mut *c.tma_stores.borrow_mut());
-        let epoch = c.epoch.get();
         for st in stores {
             let (m, off, site) = (st.map, st.src_off, st.site);
             let n = m.box_bytes();
             let mut image = vec![0u8; n];
             for lin in (0..n).step_by(16) {
                 let at = off + m.swizzled(off, lin);
-                for b in at..at + 16 {
-                    let w = c.blk.shadow_write[b].get();
-                    let owner = ((w >> 16) & 0xffff) as u32;
-                    if w != 0
-                        && (w >> 32) as u32 == epoch
-                        && owner != c.tid + 1
-                        && !c.launch.failed.load(Ordering::Relaxed)
-                    {
-                        let (span, op) = c.launch.site(site as u32);
-                        let (other_span, _) = c.launch.site((w & 0xffff) as u32);
-                        c.fail(EmuError::SharedRace {
-                            kernel: c.launch.kernel.to_string(),
-                            op,
-                            span,
-                            other_span,
-                            block: c.block.get(),
-                            writer: owner - 1,
-                            reader: c.tid,
-                            kind: "read after write",
-                        });
-                        return;
-                    }
+                if (at..at + 16)
+                    .any(|b| async_proxy_race(c, c.blk.shadow_write[b].get(), false, site))
+                {
+                    return;
                 }
                 // SAFETY: `tma_store` checked that the box lies in shared memory.
                 unsafe {
@@ -959,30 +958,11 @@ extern "C" fn tessera_emu_tma_store_wait(_site: i32) {
             }
             for (lin, run) in m.rows(st.coords) {
                 let Some((addr, at, len)) = run else { continue };
-                let inside = c.launch.buffers.iter().any(|b| {
-                    addr as usize >= b.base && addr as usize + len <= b.base + b.len_bytes
-                });
-                if !inside {
-                    tessera_emu_check_global(addr as usize as *mut u8, 1, site);
-                    if !c.launch.failed.load(Ordering::Relaxed) {
-                        wg_fail(
-                            c,
-                            site,
-                            format!(
-                                "a TMA box row of {len} bytes at {addr:#x} outside the launch's buffers"
-                            ),
-                        );
-                    }
+                let Some(dst) = box_row(c, addr, len, site) else {
                     return;
-                }
-                // SAFETY: the `len` bytes at `addr` lie in a buffer of the launch.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(
-                        image.as_ptr().add(lin + at),
-                        addr as usize as *mut u8,
-                        len,
-                    )
                 };
+                // SAFETY: the `len` bytes at `dst` lie in a buffer of the launch.
+                unsafe { std::ptr::copy_nonoverlapping(image.as_ptr().add(lin + at), dst, len) };
             }
         }
     })

@@ -26,15 +26,10 @@
 //! thread waits for the phase they complete, so a kernel that reads a box without
 //! waiting (or waits for the wrong phase) reads stale shared memory.
 
-/// `EmuTensorMap::magic`.
-pub const MAGIC: u64 = 0x7473_725f_746d_6170; // "tsr_tmap"
-
 /// The emulator's tensor map (see the module docs), registered for a launch with
 /// [`EmuTensorMap::register`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmuTensorMap {
-    /// [`MAGIC`].
-    pub magic: u64,
     /// The tensor's global (host) address.
     pub base: u64,
     /// Rank, 1 to 3.
@@ -43,8 +38,6 @@ pub struct EmuTensorMap {
     pub elem_bytes: u32,
     /// The swizzle span in bytes: 0 (none), 32, 64 or 128.
     pub swizzle: u32,
-    /// Unused.
-    pub pad: u32,
     /// Extents, innermost first.
     pub dims: [u64; 3],
     /// Byte strides of dimensions 1.. (index 0 unused: the innermost stride is the
@@ -82,12 +75,10 @@ impl EmuTensorMap {
             return Err(format!("global address {base:#x} is not 16-byte aligned"));
         }
         let mut m = EmuTensorMap {
-            magic: MAGIC,
             base,
             rank: r as u32,
             elem_bytes,
             swizzle,
-            pad: 0,
             dims: [1; 3],
             strides: [0; 3],
             box_dims: [1; 3],

@@ -178,9 +178,18 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             .cx
             .b
             .build_int_compare(IntPredicate::EQ, self.tid, self.cx.i32(0), "t0")?;
-        let bt = self.cx.ctx.append_basic_block(self.kernel, "comm.t0");
-        let bm = self.cx.ctx.append_basic_block(self.kernel, "comm.join");
-        self.cx.b.build_conditional_branch(is0, bt, bm)?;
+        self.when(is0, body)
+    }
+
+    /// Runs `body` where the `i1` `cond` holds (a branch around it).
+    pub(super) fn when(
+        &mut self,
+        cond: inkwell::values::IntValue<'ctx>,
+        body: impl FnOnce(&mut Self) -> LResult<()>,
+    ) -> LResult<()> {
+        let bt = self.cx.ctx.append_basic_block(self.kernel, "when");
+        let bm = self.cx.ctx.append_basic_block(self.kernel, "when.join");
+        self.cx.b.build_conditional_branch(cond, bt, bm)?;
         self.cx.b.position_at_end(bt);
         body(self)?;
         self.cx.b.build_unconditional_branch(bm)?;

@@ -226,16 +226,7 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
             Ok(())
         };
         match pred {
-            Some(p) => {
-                let bt = l.cx.ctx.append_basic_block(l.kernel, "tma.issue");
-                let bj = l.cx.ctx.append_basic_block(l.kernel, "tma.join");
-                l.cx.b.build_conditional_branch(p, bt, bj)?;
-                l.cx.b.position_at_end(bt);
-                issue(l)?;
-                l.cx.b.build_unconditional_branch(bj)?;
-                l.cx.b.position_at_end(bj);
-                Ok(())
-            }
+            Some(p) => l.when(p, issue),
             None => issue(l),
         }
     })?;
