@@ -383,7 +383,7 @@ fn lower_as_is<'ctx>(
 /// [`lower_impl`] with `stages`; also whether a loop got a `cp.async` ring.
 ///
 /// Tensor-descriptor accesses become masked memory ops
-/// ([`tessera_ir::tensor_desc::expand`]) except the loads [`memory::tma_candidate`]
+/// ([`tessera_ir::tensor_desc::expand`]) except the accesses [`tma::tma_candidate`]
 /// keeps for TMA; when one of those does not end up in a `dot`'s ring, the kernel is
 /// lowered again with every access expanded.
 fn lower_staged<'ctx>(
