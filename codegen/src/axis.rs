@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 
-use tessera_ir::ir::{BinaryOp, CmpPred, ConstValue, Function, Op, OpKind, Region};
+use tessera_ir::ir::{BinaryOp, CmpPred, ConstValue, Function, HintKind, Op, OpKind, Region};
 use tessera_ir::{Elem, ValueId};
 
 /// The largest divisibility tracked (the divisibility of zero).
@@ -291,6 +291,27 @@ impl AxisAnalysis {
                     AxisInfo::unknown(&rs)
                 }
             }
+            OpKind::Hint { kind, values } => {
+                // The analysis's own facts and the promise: each is a fact, so the
+                // larger holds.
+                let mut s = get(self, 0);
+                let dims = dims_of(&rs);
+                for (d, &v) in values.iter().enumerate().take(dims.len()) {
+                    let v = pow2_div(v as i64);
+                    let field = match kind {
+                        HintKind::MultipleOf => &mut s.divisibility[d],
+                        HintKind::MaxContiguous => &mut s.contiguity[d],
+                        HintKind::MaxConstancy => &mut s.constancy[d],
+                    };
+                    let cap = if *kind == HintKind::MultipleOf {
+                        MAX_DIV
+                    } else {
+                        dims[d]
+                    };
+                    *field = (*field).max(v.min(cap));
+                }
+                s
+            }
             OpKind::RemotePtr => {
                 // Same offset in another heap; heap bases are `HEAP_ALIGN`-aligned.
                 let mut s = get(self, 0);
@@ -328,6 +349,7 @@ mod tests {
                 divisibility: Some(16),
                 within_2gib: false,
                 tensor_map: false,
+                ..ParamAttrs::default()
             },
         );
         let pid = b

@@ -133,6 +133,7 @@ fn copyable(k: &OpKind) -> bool {
             | OpKind::ExpandDims { .. }
             | OpKind::Reshape
             | OpKind::Permute { .. }
+            | OpKind::Hint { .. }
             | OpKind::Binary(_)
             | OpKind::Cmp(_)
             | OpKind::Select

@@ -1,7 +1,7 @@
 //! Result-type rules of every op without regions: the single source of truth shared by
 //! the builder (which computes result types) and the verifier (which checks them).
 
-use crate::ir::{BinaryOp, OpKind, UnaryOp};
+use crate::ir::{BinaryOp, HintKind, OpKind, UnaryOp};
 use crate::types::{Elem, ScalarType, Type};
 
 /// Result types of an op of `kind` whose operands have `operands` types, or a message
@@ -118,6 +118,43 @@ pub fn infer_result_types(
                 ));
             }
             Ok(vec![src.with_shape(&t.shape)])
+        }
+        OpKind::Hint { kind, values } => {
+            expect_n(1)?;
+            let src = operands[0];
+            if !src.scalar_type().is_some_and(|s| s.is_int()) {
+                return Err(format!(
+                    "`{}` applies to integer scalars and tiles, not {src}",
+                    kind.name()
+                ));
+            }
+            let dims: Vec<u32> = if src.shape.is_empty() {
+                vec![1]
+            } else {
+                src.shape.clone()
+            };
+            if values.len() != dims.len() {
+                return Err(format!(
+                    "`{}` needs one value per dimension of {src} ({}), got {values:?}",
+                    kind.name(),
+                    dims.len()
+                ));
+            }
+            for (&v, &d) in values.iter().zip(&dims) {
+                if v == 0 {
+                    return Err(format!(
+                        "`{}` values must be at least 1, got {values:?}",
+                        kind.name()
+                    ));
+                }
+                if *kind != HintKind::MultipleOf && v > d && !src.shape.is_empty() {
+                    return Err(format!(
+                        "`{}` value {v} exceeds the dimension's size {d} in {src}",
+                        kind.name()
+                    ));
+                }
+            }
+            Ok(vec![src.clone()])
         }
         OpKind::Permute { order } => {
             expect_n(1)?;

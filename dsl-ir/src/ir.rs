@@ -300,6 +300,39 @@ impl UnaryOp {
     }
 }
 
+/// What a [`OpKind::Hint`] promises along each dimension `d`, for the value `v` it
+/// gives there (the analysis uses the largest power of two dividing `v`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum HintKind {
+    /// `multiple_of`: the first element of every run of consecutive values along `d`
+    /// (every element, where there are none) is a multiple of `v`.
+    MultipleOf,
+    /// `max_contiguous`: along `d`, the elements form runs of `v` values increasing
+    /// by one, starting at indices that are multiples of `v`.
+    MaxContiguous,
+    /// `max_constancy`: along `d`, the elements form runs of `v` equal values,
+    /// starting at indices that are multiples of `v`.
+    MaxConstancy,
+}
+
+impl HintKind {
+    /// Every hint kind.
+    pub const ALL: [HintKind; 3] = [
+        HintKind::MultipleOf,
+        HintKind::MaxContiguous,
+        HintKind::MaxConstancy,
+    ];
+
+    /// The IR keyword.
+    pub fn name(self) -> &'static str {
+        match self {
+            HintKind::MultipleOf => "multiple_of",
+            HintKind::MaxContiguous => "max_contiguous",
+            HintKind::MaxConstancy => "max_constancy",
+        }
+    }
+}
+
 /// Comparison predicates. Signedness follows the operand type; float comparisons are
 /// ordered (false when either side is NaN) except `ne`, which is true for NaN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -579,6 +612,17 @@ pub enum OpKind {
         /// Result dimension `i` is operand dimension `order[i]`.
         order: Vec<u8>,
     },
+    /// `hint x kind=[v, ...]`: `x` itself (an integer scalar or tile), with a promise
+    /// about its values that codegen's axis analysis may use (Triton's `multiple_of`,
+    /// `max_contiguous`, `max_constancy`). One value per dimension (one for a scalar),
+    /// each at least 1; see [`HintKind`]. A false promise makes the results of the
+    /// memory accesses that rely on it unspecified; the interpreter does not check it.
+    Hint {
+        /// What is promised.
+        kind: HintKind,
+        /// The promised amount per dimension.
+        values: Vec<u32>,
+    },
     /// Elementwise binary op; operands and result share one type.
     Binary(BinaryOp),
     /// Elementwise unary op; operand and result share one type.
@@ -750,6 +794,7 @@ impl OpKind {
             OpKind::ExpandDims { .. } => "expand_dims",
             OpKind::Reshape => "reshape",
             OpKind::Permute { .. } => "permute",
+            OpKind::Hint { .. } => "hint",
             OpKind::Binary(op) => op.name(),
             OpKind::Unary(op) => op.name(),
             OpKind::Fma => "fma",
@@ -956,6 +1001,15 @@ pub struct ParamAttrs {
     /// address, so codegen may read the descriptor with TMA. The runtime sets it per
     /// launch.
     pub tensor_map: bool,
+    /// For integer parameters: the launch passes 1 (Triton's specialization of 1),
+    /// so the body reads the constant 1 instead ([`Function::specialized`] rewrites
+    /// its uses): a unit stride is a constant, and contiguity through it provable.
+    /// The runtime sets it per launch.
+    pub equal_to_one: bool,
+    /// The kernel declared the parameter `#[no_specialize]`: launches record no
+    /// facts about its value (neither divisibility nor [`ParamAttrs::equal_to_one`]),
+    /// so every value shares one compiled kernel.
+    pub no_specialize: bool,
 }
 
 /// What a launch knows about one argument: the facts [`Function::specialized`]
@@ -968,6 +1022,8 @@ pub struct ParamFacts {
     pub within_2gib: bool,
     /// A tensor-map address the launch built ([`ParamAttrs::tensor_map`]).
     pub tensor_map: bool,
+    /// An integer equal to 1 ([`ParamAttrs::equal_to_one`]).
+    pub equal_to_one: bool,
 }
 
 impl ParamFacts {
@@ -977,7 +1033,16 @@ impl ParamFacts {
         ParamFacts {
             divisible_by_16,
             within_2gib,
-            tensor_map: false,
+            ..ParamFacts::default()
+        }
+    }
+
+    /// Facts for an integer argument of value `v`: a multiple of 16, or equal to 1.
+    pub fn of_int(v: i128) -> ParamFacts {
+        ParamFacts {
+            divisible_by_16: v % 16 == 0,
+            equal_to_one: v == 1,
+            ..ParamFacts::default()
         }
     }
 }
@@ -1055,15 +1120,26 @@ impl Function {
     /// `divisible_by_16` is set, records that the pointer is 16-byte aligned or the
     /// integer is a multiple of 16 ([`ParamAttrs::divisibility`]), which lets codegen
     /// prove wide, unmasked-per-vector memory accesses; for each pointer whose
-    /// `within_2gib` is set, records [`ParamAttrs::within_2gib`]. Facts past the
-    /// parameter list are ignored; float parameters are left alone.
+    /// `within_2gib` is set, records [`ParamAttrs::within_2gib`]; for each integer
+    /// whose `equal_to_one` is set, records [`ParamAttrs::equal_to_one`], makes every
+    /// use of it read a constant 1 and folds the body again ([`crate::passes::optimize`]),
+    /// so `i * stride` becomes `i`. Parameters declared
+    /// [`ParamAttrs::no_specialize`] get neither value fact. Facts past the parameter
+    /// list are ignored; float parameters are left alone.
     pub fn specialized(&self, facts: &[ParamFacts]) -> Function {
         let mut f = self.clone();
+        let mut ones = Vec::new();
         for (p, fact) in f.params.iter_mut().zip(facts) {
             let ty = &self.values[p.value.index()].ty;
-            let eligible = ty.elem.is_ptr() || ty.scalar_type().is_some_and(|s| s.is_int());
-            if fact.divisible_by_16 && eligible {
+            let int = ty.scalar_type().is_some_and(|s| s.is_int()) && ty.shape.is_empty();
+            let eligible = ty.elem.is_ptr() || int;
+            let value_facts = !p.attrs.no_specialize;
+            if fact.divisible_by_16 && eligible && value_facts {
                 p.attrs.divisibility = Some(16);
+            }
+            if fact.equal_to_one && int && value_facts {
+                p.attrs.equal_to_one = true;
+                ones.push((p.value, ty.clone()));
             }
             if fact.within_2gib && ty.elem.is_ptr() {
                 p.attrs.within_2gib = true;
@@ -1072,6 +1148,25 @@ impl Function {
                 p.attrs.tensor_map = true;
             }
         }
+        if ones.is_empty() {
+            return f;
+        }
+        let span = f.span.clone();
+        let mut defs = Vec::new();
+        for (param, ty) in ones {
+            let one = f.new_value(ty);
+            crate::passes::replace_all_uses(&mut f, param, one);
+            defs.push(Op {
+                kind: OpKind::Const(ConstValue::Int(1)),
+                operands: Vec::new(),
+                results: vec![one],
+                regions: Vec::new(),
+                span: span.clone(),
+            });
+        }
+        defs.append(&mut f.body.ops);
+        f.body.ops = defs;
+        crate::passes::optimize(&mut f);
         f
     }
 

@@ -13,8 +13,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::ir::{
-    AtomicOp, BinaryOp, CmpPred, ConstValue, Function, MemOrder, MemScope, Op, OpKind, Param,
-    ParamAttrs, ReduceOp, Region, SignalOp, Span, UnaryOp, ValueData, ValueId,
+    AtomicOp, BinaryOp, CmpPred, ConstValue, Function, HintKind, MemOrder, MemScope, Op, OpKind,
+    Param, ParamAttrs, ReduceOp, Region, SignalOp, Span, UnaryOp, ValueData, ValueId,
 };
 use crate::types::{AddrSpace, Elem, ScalarType, Type};
 
@@ -540,6 +540,8 @@ impl Parser<'_> {
                     "readonly" => attrs.readonly = true,
                     "within_2gib" => attrs.within_2gib = true,
                     "tensor_map" => attrs.tensor_map = true,
+                    "equal_to_1" => attrs.equal_to_one = true,
+                    "no_specialize" => attrs.no_specialize = true,
                     "div" => {
                         self.expect(b'=')?;
                         attrs.divisibility = Some(self.small_int::<u32>("divisibility")?);
@@ -548,7 +550,7 @@ impl Parser<'_> {
                         return Err(self.err_at(
                             start,
                             format!(
-                                "unknown parameter attribute `{w}` (expected `readonly`, `div=N`, `within_2gib` or `tensor_map`)"
+                                "unknown parameter attribute `{w}` (expected `readonly`, `div=N`, `within_2gib`, `tensor_map`, `equal_to_1` or `no_specialize`)"
                             ),
                         ));
                     }
@@ -754,6 +756,22 @@ impl Parser<'_> {
                     }
                 }
                 OpKind::Permute { order }
+            }
+            "hint" => {
+                let kind = self.keyword("hint kind", &HintKind::ALL, HintKind::name)?;
+                self.expect(b'=')?;
+                self.expect(b'[')?;
+                let mut values = Vec::new();
+                if !self.eat(b']') {
+                    loop {
+                        values.push(self.small_int("hint value")?);
+                        if self.eat(b']') {
+                            break;
+                        }
+                        self.expect(b',')?;
+                    }
+                }
+                OpKind::Hint { kind, values }
             }
             "fma" => OpKind::Fma,
             "cmp" => {
@@ -987,6 +1005,7 @@ mod tests {
                 divisibility: Some(16),
                 within_2gib: true,
                 tensor_map: false,
+                ..ParamAttrs::default()
             },
         );
         let out = b.param("out", Type::global_ptr(F32), ParamAttrs::default());
@@ -998,9 +1017,26 @@ mod tests {
                 divisibility: Some(4),
                 within_2gib: false,
                 tensor_map: false,
+                ..ParamAttrs::default()
             },
         );
-        let n = b.param("n", i32t(), ParamAttrs::default());
+        let n = b.param(
+            "n",
+            i32t(),
+            ParamAttrs {
+                no_specialize: true,
+                ..ParamAttrs::default()
+            },
+        );
+        let _unit = b.param(
+            "unit",
+            i32t(),
+            ParamAttrs {
+                divisibility: Some(16),
+                equal_to_one: true,
+                ..ParamAttrs::default()
+            },
+        );
         let sh = b.param(
             "smem",
             Type {
@@ -1023,6 +1059,28 @@ mod tests {
             .unwrap();
         let t128 = tile(I32, &[128]);
         let s = b.op1(OpKind::Splat, &[pid], Some(&t128), sp(6, 5)).unwrap();
+        let r = b
+            .op1(
+                OpKind::Hint {
+                    kind: HintKind::MaxContiguous,
+                    values: vec![128],
+                },
+                &[r],
+                None,
+                sp(6, 9),
+            )
+            .unwrap();
+        let _h = b
+            .op1(
+                OpKind::Hint {
+                    kind: HintKind::MultipleOf,
+                    values: vec![24],
+                },
+                &[pid],
+                None,
+                sp(6, 11),
+            )
+            .unwrap();
         let off = b
             .op1(
                 OpKind::Binary(BinaryOp::Add),
@@ -1621,6 +1679,10 @@ mod tests {
             OpKind::ExpandDims { axis: 0 },
             OpKind::Reshape,
             OpKind::Permute { order: vec![] },
+            OpKind::Hint {
+                kind: HintKind::MultipleOf,
+                values: vec![],
+            },
             OpKind::Binary(BinaryOp::Add),
             OpKind::Unary(UnaryOp::Neg),
             OpKind::Fma,

@@ -282,6 +282,11 @@ impl Canon {
                     Fold::Keep
                 }
             }
+            // A constant is already known exactly.
+            OpKind::Hint { .. } => match self.cst(op.operands[0]) {
+                Some(c) => Fold::Const(c),
+                None => Fold::Keep,
+            },
             OpKind::If => match self.cst(op.operands[0]) {
                 Some(ConstValue::Bool(b)) if op.regions.len() == 2 => {
                     Fold::Inline(if b { 0 } else { 1 })

@@ -219,6 +219,12 @@ impl Printer<'_> {
             if p.attrs.within_2gib {
                 attrs.push("within_2gib".to_string());
             }
+            if p.attrs.equal_to_one {
+                attrs.push("equal_to_1".to_string());
+            }
+            if p.attrs.no_specialize {
+                attrs.push("no_specialize".to_string());
+            }
             if !attrs.is_empty() {
                 let _ = write!(self.out, " {{{}}}", attrs.join(", "));
             }
@@ -333,6 +339,10 @@ impl Printer<'_> {
             OpKind::Permute { order } => {
                 let o: Vec<String> = order.iter().map(|d| d.to_string()).collect();
                 format!("order=[{}]", o.join(", "))
+            }
+            OpKind::Hint { kind, values } => {
+                let v: Vec<String> = values.iter().map(|d| d.to_string()).collect();
+                format!("{}=[{}]", kind.name(), v.join(", "))
             }
             OpKind::Cmp(p) => p.name().to_string(),
             OpKind::AtomicRmw {
@@ -482,6 +492,7 @@ mod tests {
             within_2gib: false,
             tensor_map: false,
             divisibility: Some(16),
+            ..ParamAttrs::default()
         };
         let x = b.param("x", Type::global_ptr(F32), ro);
         let y = b.param("y", Type::global_ptr(F32), ParamAttrs::default());

@@ -30,6 +30,8 @@ enum ParamKind {
 struct Param {
     name: Ident,
     kind: ParamKind,
+    /// `#[no_specialize]`: launches record no facts about the value.
+    no_specialize: bool,
     /// The declared type, as written.
     ty: Type,
 }
@@ -94,9 +96,13 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
             FnArg::Typed(pt) => pt,
         };
         let mut comptime = false;
+        let mut no_specialize = None;
         pt.attrs.retain(|a| {
             if a.path().is_ident("comptime") {
                 comptime = true;
+                false
+            } else if a.path().is_ident("no_specialize") {
+                no_specialize = Some(a.path().span());
                 false
             } else {
                 true
@@ -170,7 +176,21 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
         } else {
             ParamKind::Scalar(ty.clone())
         };
-        params.push(Param { name, kind, ty });
+        if let Some(span) = no_specialize
+            && !matches!(kind, ParamKind::Scalar(_))
+        {
+            errors.push(syn::Error::new(
+                span,
+                "`#[no_specialize]` applies to runtime scalar parameters (`n: i32`): \
+                 only their values are specialized on",
+            ));
+        }
+        params.push(Param {
+            name,
+            kind,
+            ty,
+            no_specialize: no_specialize.is_some(),
+        });
     }
     params
 }
@@ -402,8 +422,13 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
             }
             ParamKind::Scalar(ty) => {
                 let ty_span = ty.span();
+                let ctor = if p.no_specialize {
+                    quote_spanned!(ty_span=> scalar_unspecialized)
+                } else {
+                    quote_spanned!(ty_span=> scalar)
+                };
                 declare
-                    .push(quote_spanned!(ty_span=> let #n = __tessera_params.scalar::<#ty>(#ns);));
+                    .push(quote_spanned!(ty_span=> let #n = __tessera_params.#ctor::<#ty>(#ns);));
                 arg_types.push(quote!(#ty));
                 launch_args.push(quote!(::tessera::LaunchArg::scalar::<#ty>(#n)));
             }
@@ -436,7 +461,12 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         #(#attrs)*
         #[doc = #doc]
         #[allow(non_camel_case_types)]
-        #vis struct #name #impl_generics (::core::marker::PhantomData<fn() -> (#(#type_params,)*)>) #where_clause;
+        // A braced struct, so that a parameter or local named like the kernel is
+        // an ordinary binding (a tuple or unit struct's name cannot be shadowed:
+        // E0530).
+        #vis struct #name #impl_generics #where_clause {
+            _types: ::core::marker::PhantomData<fn() -> (#(#type_params,)*)>,
+        }
 
         impl #impl_generics ::tessera::Kernel for #name #ty_generics where #(#where_preds,)* {
             const NAME: &'static str = #name_str;

@@ -1,6 +1,6 @@
 //! # tessera-macros
 //!
-//! `#[kernel]` turns a Rust function into a Tessera kernel: a unit struct of the same
+//! `#[kernel]` turns a Rust function into a Tessera kernel: a (field-less) struct of the same
 //! name (generic like the function) implementing `tessera::Kernel`, whose `build`
 //! traces the body into tile IR, and whose `launch` takes the arguments as a typed
 //! tuple. `#[helper]` marks a function called from kernels (inlined by tracing) so
@@ -21,6 +21,12 @@ mod kernel;
 /// `#[comptime] name: T` for a comptime value (any `Clone + Debug` type), passed at
 /// launch and part of the kernel's cache key. Const generics and type parameters are
 /// comptime too.
+///
+/// GPU launches specialize the kernel on its arguments as Triton does: aligned
+/// buffers, integers that are multiples of 16, and integers equal to 1 (so a unit
+/// stride is a constant and loads through it can be vectorized). Each combination
+/// compiles once; `#[no_specialize] name: i32` opts a scalar out (one kernel for
+/// every value).
 ///
 /// ```ignore
 /// #[kernel]

@@ -301,20 +301,22 @@ impl Compiled {
     }
 }
 
-/// Whether an integer scalar argument is a multiple of 16 (floats never are).
-fn scalar_divisible_by_16(s: &interp::Scalar) -> bool {
+/// A scalar argument's value facts: an integer that is a multiple of 16 or equal to 1
+/// (floats and booleans get none).
+fn scalar_facts(s: &interp::Scalar) -> ParamFacts {
     use interp::Scalar as S;
-    match *s {
-        S::I8(v) => v % 16 == 0,
-        S::I16(v) => v % 16 == 0,
-        S::I32(v) => v % 16 == 0,
-        S::I64(v) => v % 16 == 0,
-        S::U8(v) => v % 16 == 0,
-        S::U16(v) => v % 16 == 0,
-        S::U32(v) => v % 16 == 0,
-        S::U64(v) => v % 16 == 0,
-        _ => false,
-    }
+    let v: i128 = match *s {
+        S::I8(v) => v.into(),
+        S::I16(v) => v.into(),
+        S::I32(v) => v.into(),
+        S::I64(v) => v.into(),
+        S::U8(v) => v.into(),
+        S::U16(v) => v.into(),
+        S::U32(v) => v.into(),
+        S::U64(v) => v.into(),
+        _ => return ParamFacts::default(),
+    };
+    ParamFacts::of_int(v)
 }
 
 /// Which GPU launch limits apply ([`check_grid`]).
@@ -406,7 +408,7 @@ fn arg_facts(a: &Arg<'_>, addr: Option<u64>) -> ParamFacts {
             .map_or_else(ParamFacts::default, |addr| {
                 ParamFacts::new(addr.is_multiple_of(16), *bytes < TWO_GIB)
             }),
-        Arg::Scalar(s) => ParamFacts::new(scalar_divisible_by_16(s), false),
+        Arg::Scalar(s) => scalar_facts(s),
         // Spread over its parameters before anything asks (`flatten`).
         Arg::Desc(_) => ParamFacts::default(),
     }
@@ -414,8 +416,8 @@ fn arg_facts(a: &Arg<'_>, addr: Option<u64>) -> ParamFacts {
 
 /// A GPU launch's arguments (buffers by device address, via `address`, which
 /// answers `None` for storage of another kind) and its specialization: which
-/// arguments are divisible by 16 (aligned addresses, integer multiples of 16), and
-/// which buffers are smaller than 2 GiB.
+/// arguments are divisible by 16 (aligned addresses, integer multiples of 16), which
+/// integers equal 1, and which buffers are smaller than 2 GiB.
 fn gpu_args(
     args: &[LaunchArg<'_>],
     address: impl Fn(&Storage) -> Option<u64>,
@@ -834,8 +836,7 @@ pub fn launch<K: Kernel>(
                 }
             }
             gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
-            let compiled = compiled.specialized(spec);
-            let key = gpu_key(device, &compiled)?;
+            let (compiled, key) = gpu_specialization(device, &compiled, spec)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
             check_trap(device, &compiled.func)?;
@@ -849,8 +850,7 @@ pub fn launch<K: Kernel>(
             })
             .map_err(invalid)?;
             gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
-            let compiled = compiled.specialized(spec);
-            let key = gpu_key(device, &compiled)?;
+            let (compiled, key) = gpu_specialization(device, &compiled, spec)?;
             let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
             d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
             check_trap(device, &compiled.func)?;
@@ -941,6 +941,42 @@ fn gpu_key(device: &Device, compiled: &Compiled) -> Result<CacheKey, Error> {
     ))
 }
 
+/// The specialization of `compiled` a GPU launch with facts `spec` runs, and its key.
+/// Without the `jit` feature only precompiled artifacts can run, and those cover
+/// divisibility but not the specialization of 1 ([`Specialization::for_launches`]):
+/// when the artifact folder has no binary specialized on the integers equal to 1,
+/// the launch runs the one without those facts (correct for every value).
+///
+/// [`Specialization::for_launches`]: crate::artifact::Specialization::for_launches
+fn gpu_specialization(
+    device: &Device,
+    compiled: &Compiled,
+    spec: Vec<ParamFacts>,
+) -> Result<(Arc<Compiled>, CacheKey), Error> {
+    let ones = spec.iter().any(|f| f.equal_to_one);
+    let general: Vec<ParamFacts> = spec
+        .iter()
+        .map(|f| ParamFacts {
+            equal_to_one: false,
+            ..*f
+        })
+        .collect();
+    let exact = compiled.specialized(spec);
+    let key = gpu_key(device, &exact)?;
+    if cfg!(feature = "jit") || !ones {
+        return Ok((exact, key));
+    }
+    let precompiled = device
+        .artifact_store()
+        .is_some_and(|s| s.path(&exact.func.name, &key).is_file());
+    if precompiled {
+        return Ok((exact, key));
+    }
+    let general = compiled.specialized(general);
+    let key = gpu_key(device, &general)?;
+    Ok((general, key))
+}
+
 /// Finds the binary of `compiled` for `device`: in the device's artifact folder
 /// ([`Device::with_artifacts`] or `TESSERA_AOT_DIR`) first, then (feature `jit`) in
 /// the disk cache, else by compiling it now.
@@ -994,6 +1030,24 @@ fn resolve_binary(
 #[cfg(test)]
 mod limit_tests {
     use super::*;
+
+    #[test]
+    fn scalar_facts_are_multiples_of_16_and_ones() {
+        use interp::Scalar as S;
+        let f = |s| {
+            let f = scalar_facts(&s);
+            (f.divisible_by_16, f.equal_to_one)
+        };
+        assert_eq!(f(S::I32(1)), (false, true));
+        assert_eq!(f(S::U64(1)), (false, true));
+        assert_eq!(f(S::I8(1)), (false, true));
+        assert_eq!(f(S::I64(-16)), (true, false));
+        assert_eq!(f(S::U32(0)), (true, false));
+        assert_eq!(f(S::I32(17)), (false, false));
+        assert_eq!(f(S::I32(-1)), (false, false));
+        assert_eq!(f(S::F32(1.0)), (false, false));
+        assert_eq!(f(S::I1(true)), (false, false));
+    }
 
     #[test]
     fn grid_limits_name_the_kernel_and_the_limit() {

@@ -111,3 +111,21 @@ fn symbols_are_plain_names_or_distinct_encodings() {
         }
     }
 }
+
+/// A kernel whose parameter has the kernel's own name (the generated struct does not
+/// get in the way of the binding).
+#[kernel]
+fn scale(out: &mut Global<i32>, scale: i32) {
+    let i = arange::<64>();
+    out.store(i, i * scale, i.lt(64));
+}
+
+#[test]
+fn a_parameter_may_share_the_kernels_name() {
+    for dev in [Device::cpu(), Device::emu(EmuKind::Nv).unwrap()] {
+        let mut out = dev.upload(&[-1i32; 64]).unwrap();
+        scale::launch(&dev, 1u32, (&mut out, 3)).unwrap();
+        let want: Vec<i32> = (0..64).map(|i| i * 3).collect();
+        assert_eq!(out.download().unwrap(), want);
+    }
+}

@@ -1607,7 +1607,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let t = self.uniform_tile(src.elem, l, src.regs[0]);
                 self.set(op.results[0], t);
             }
-            OpKind::ExpandDims { .. } | OpKind::Reshape => {
+            OpKind::ExpandDims { .. } | OpKind::Reshape | OpKind::Hint { .. } => {
                 let src = self.val(op.operands[0])?;
                 let shape = self.result_shape(op);
                 let t = Tile {

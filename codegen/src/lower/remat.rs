@@ -206,7 +206,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
                     uniform: false,
                 }
             }
-            OpKind::ExpandDims { .. } | OpKind::Reshape => {
+            OpKind::ExpandDims { .. } | OpKind::Reshape | OpKind::Hint { .. } => {
                 let src_shape = self.f.ty(op.operands[0]).shape.clone();
                 let Some(s) = self.remat(op.operands[0], &to.with_shape(&src_shape), budget)?
                 else {
@@ -273,7 +273,10 @@ fn cheap(l: &Lowerer<'_, '_>, op: &Op) -> bool {
         })
     };
     match &op.kind {
-        OpKind::Arange { .. } | OpKind::ExpandDims { .. } | OpKind::Reshape => true,
+        OpKind::Arange { .. }
+        | OpKind::ExpandDims { .. }
+        | OpKind::Reshape
+        | OpKind::Hint { .. } => true,
         OpKind::Broadcast | OpKind::Permute { .. } => true,
         OpKind::Binary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast | OpKind::AddPtr => {
             same_shape()

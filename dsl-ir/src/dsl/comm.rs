@@ -26,7 +26,7 @@
 
 use std::ops::{Deref, DerefMut};
 
-use super::{DType, Offsets};
+use super::{BroadcastTo, DType, Offsets};
 use super::{Global, Operand, Scalar, StoreValue, Tile, emit0, emit1, type_of};
 use crate::ir::{CmpPred, MemOrder, MemScope, OpKind, SignalOp, Span, ValueId};
 use crate::types::{ScalarType, Type};
@@ -118,12 +118,12 @@ impl<T: DType> Symmetric<T> {
     /// Writes `value` into `peer`'s copy at `offs` where `mask` is true, and returns
     /// once the data is visible to every rank (a remote store, then [`quiet`]).
     #[track_caller]
-    pub fn put<P: Peer, O: Offsets, V: StoreValue<T, O::Shape>>(
+    pub fn put<P: Peer, O: Offsets, M: BroadcastTo<O::Shape>, V: StoreValue<T, O::Shape>>(
         &mut self,
         peer: P,
         offs: O,
         value: V,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
     ) {
         self.put_nbi(peer, offs, value, mask);
         quiet();
@@ -132,12 +132,12 @@ impl<T: DType> Symmetric<T> {
     /// Non-blocking [`put`](Self::put): the remote store is posted and completes (is
     /// visible to `peer`) at this program's next `quiet`, `signal` or `barrier_all`.
     #[track_caller]
-    pub fn put_nbi<P: Peer, O: Offsets, V: StoreValue<T, O::Shape>>(
+    pub fn put_nbi<P: Peer, O: Offsets, M: BroadcastTo<O::Shape>, V: StoreValue<T, O::Shape>>(
         &mut self,
         peer: P,
         offs: O,
         value: V,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
     ) {
         self.on(peer).store(offs, value, mask);
     }
@@ -146,11 +146,11 @@ impl<T: DType> Symmetric<T> {
     /// `dst[dst_offs]` where `mask` is true; `dst` holds them at the next `quiet` (or
     /// block barrier, for other threads of this program).
     #[track_caller]
-    pub fn get_nbi<P: Peer, O: Offsets, D: Offsets<Shape = O::Shape>>(
+    pub fn get_nbi<P: Peer, O: Offsets, M: BroadcastTo<O::Shape>, D: Offsets<Shape = O::Shape>>(
         &self,
         peer: P,
         offs: O,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
         dst: &mut Global<T>,
         dst_offs: D,
     ) {
@@ -161,11 +161,11 @@ impl<T: DType> Symmetric<T> {
     /// Reads `peer`'s copy at `offs` where `mask` is true (zero elsewhere): a blocking
     /// get, the values are in hand when it returns.
     #[track_caller]
-    pub fn get<P: Peer, O: Offsets>(
+    pub fn get<P: Peer, O: Offsets, M: BroadcastTo<O::Shape>>(
         &self,
         peer: P,
         offs: O,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
     ) -> Tile<T, O::Shape> {
         self.on(peer).load(offs, mask)
     }
@@ -174,12 +174,12 @@ impl<T: DType> Symmetric<T> {
     /// `sig[sig_index]` on the same peer: the peer that sees the signal sees the data.
     #[track_caller]
     #[allow(clippy::too_many_arguments)]
-    pub fn put_signal<P, O, V, I, S>(
+    pub fn put_signal<P, O, M, V, I, S>(
         &mut self,
         peer: P,
         offs: O,
         value: V,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
         sig: &mut Symmetric<u64>,
         sig_index: I,
         sig_value: S,
@@ -187,6 +187,7 @@ impl<T: DType> Symmetric<T> {
     ) where
         P: Peer + Copy,
         O: Offsets,
+        M: BroadcastTo<O::Shape>,
         V: StoreValue<T, O::Shape>,
         I: Offsets<Shape = ()>,
         S: Operand<u64, Shape = ()>,

@@ -23,6 +23,7 @@ mod argreduce;
 mod comm;
 mod control;
 mod desc;
+mod hint;
 mod ops;
 mod random;
 mod shape;
@@ -33,6 +34,7 @@ pub use control::{
     if_else, while_cond, while_loop,
 };
 pub use desc::{Coords, TensorDesc};
+pub use hint::HintValues;
 pub use ops::*;
 pub use random::{Seed, rand, randint, randint4x, randn, umulhi};
 pub use shape::*;
@@ -255,6 +257,7 @@ impl KernelParams {
                     divisibility: None,
                     within_2gib: false,
                     tensor_map: false,
+                    ..ParamAttrs::default()
                 },
             )
         });
@@ -274,6 +277,17 @@ impl KernelParams {
     /// A runtime scalar parameter.
     pub fn scalar<T: DType>(&mut self, name: &str) -> Scalar<T> {
         let id = with_builder(|b| b.param(name, Type::scalar(T::TY), ParamAttrs::default()));
+        Tile::from_id(id)
+    }
+
+    /// A runtime scalar parameter launches do not specialize on (`#[no_specialize]`,
+    /// [`ParamAttrs::no_specialize`]).
+    pub fn scalar_unspecialized<T: DType>(&mut self, name: &str) -> Scalar<T> {
+        let attrs = ParamAttrs {
+            no_specialize: true,
+            ..ParamAttrs::default()
+        };
+        let id = with_builder(|b| b.param(name, Type::scalar(T::TY), attrs));
         Tile::from_id(id)
     }
 }

@@ -666,7 +666,11 @@ impl<T: DType> Global<T> {
     /// Loads `self[offs]` where `mask` is true; masked-off lanes are not accessed and
     /// read as zero.
     #[track_caller]
-    pub fn load<O: Offsets>(&self, offs: O, mask: Tile<bool, O::Shape>) -> Tile<T, O::Shape> {
+    pub fn load<O: Offsets, M: BroadcastTo<O::Shape>>(
+        &self,
+        offs: O,
+        mask: Tile<bool, M>,
+    ) -> Tile<T, O::Shape> {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
         Tile::from_id(emit1(
@@ -674,7 +678,7 @@ impl<T: DType> Global<T> {
                 has_mask: true,
                 has_other: false,
             },
-            &[p, mask.id()],
+            &[p, broadcast_value(mask.id(), &O::Shape::dims(), &span)],
             None,
             Tile::<T, O::Shape>::ir_type(),
             span,
@@ -683,10 +687,10 @@ impl<T: DType> Global<T> {
 
     /// Loads `self[offs]` where `mask` is true and `other` elsewhere.
     #[track_caller]
-    pub fn load_or<O: Offsets, X: Operand<T>>(
+    pub fn load_or<O: Offsets, M: BroadcastTo<O::Shape>, X: Operand<T>>(
         &self,
         offs: O,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
         other: X,
     ) -> Tile<T, O::Shape>
     where
@@ -700,7 +704,7 @@ impl<T: DType> Global<T> {
                 has_mask: true,
                 has_other: true,
             },
-            &[p, mask.id(), o],
+            &[p, broadcast_value(mask.id(), &O::Shape::dims(), &span), o],
             None,
             Tile::<T, O::Shape>::ir_type(),
             span,
@@ -726,17 +730,21 @@ impl<T: DType> Global<T> {
 
     /// Stores `value` to `self[offs]` where `mask` is true.
     #[track_caller]
-    pub fn store<O: Offsets, V: StoreValue<T, O::Shape>>(
+    pub fn store<O: Offsets, M: BroadcastTo<O::Shape>, V: StoreValue<T, O::Shape>>(
         &mut self,
         offs: O,
         value: V,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
     ) {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
         emit0(
             OpKind::Store { has_mask: true },
-            &[p, value.value(), mask.id()],
+            &[
+                p,
+                value.value(),
+                broadcast_value(mask.id(), &O::Shape::dims(), &span),
+            ],
             span,
         );
     }
@@ -752,12 +760,12 @@ impl<T: DType> Global<T> {
     /// Atomic read-modify-write of `self[offs]` with `value` where `mask` is true;
     /// returns the old values.
     #[track_caller]
-    pub fn atomic_rmw<O: Offsets, V: StoreValue<T, O::Shape>>(
+    pub fn atomic_rmw<O: Offsets, M: BroadcastTo<O::Shape>, V: StoreValue<T, O::Shape>>(
         &mut self,
         op: AtomicOp,
         offs: O,
         value: V,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
         order: MemOrder,
         scope: MemScope,
     ) -> Tile<T, O::Shape> {
@@ -770,7 +778,11 @@ impl<T: DType> Global<T> {
                 scope,
                 has_mask: true,
             },
-            &[p, value.value(), mask.id()],
+            &[
+                p,
+                value.value(),
+                broadcast_value(mask.id(), &O::Shape::dims(), &span),
+            ],
             None,
             Tile::<T, O::Shape>::ir_type(),
             span,
@@ -780,11 +792,11 @@ impl<T: DType> Global<T> {
     /// Atomic add (acquire-release, device scope) where `mask` is true; returns the old
     /// values.
     #[track_caller]
-    pub fn atomic_add<O: Offsets, V: StoreValue<T, O::Shape>>(
+    pub fn atomic_add<O: Offsets, M: BroadcastTo<O::Shape>, V: StoreValue<T, O::Shape>>(
         &mut self,
         offs: O,
         value: V,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
     ) -> Tile<T, O::Shape> {
         self.atomic_rmw(
             AtomicOp::Add,
@@ -798,11 +810,11 @@ impl<T: DType> Global<T> {
 
     /// Atomic max (acquire-release, device scope); returns the old values.
     #[track_caller]
-    pub fn atomic_max<O: Offsets, V: StoreValue<T, O::Shape>>(
+    pub fn atomic_max<O: Offsets, M: BroadcastTo<O::Shape>, V: StoreValue<T, O::Shape>>(
         &mut self,
         offs: O,
         value: V,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
     ) -> Tile<T, O::Shape> {
         self.atomic_rmw(
             AtomicOp::Max,
@@ -817,12 +829,12 @@ impl<T: DType> Global<T> {
     /// Atomic compare-and-swap (acquire-release, device scope): where `mask` is true and
     /// `self[offs] == expected`, writes `desired`; returns the old values.
     #[track_caller]
-    pub fn atomic_cas<O: Offsets>(
+    pub fn atomic_cas<O: Offsets, M: BroadcastTo<O::Shape>>(
         &mut self,
         offs: O,
         expected: Tile<T, O::Shape>,
         desired: Tile<T, O::Shape>,
-        mask: Tile<bool, O::Shape>,
+        mask: Tile<bool, M>,
     ) -> Tile<T, O::Shape> {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
@@ -832,7 +844,12 @@ impl<T: DType> Global<T> {
                 scope: MemScope::Device,
                 has_mask: true,
             },
-            &[p, expected.id(), desired.id(), mask.id()],
+            &[
+                p,
+                expected.id(),
+                desired.id(),
+                broadcast_value(mask.id(), &O::Shape::dims(), &span),
+            ],
             None,
             Tile::<T, O::Shape>::ir_type(),
             span,

@@ -908,7 +908,9 @@ impl Prog<'_, '_> {
                     }
                 }
             }
-            OpKind::ExpandDims { .. } | OpKind::Reshape => self.owned(op, take, 0)?,
+            OpKind::ExpandDims { .. } | OpKind::Reshape | OpKind::Hint { .. } => {
+                self.owned(op, take, 0)?
+            }
             OpKind::Permute { order } => {
                 let src = usize_shape(self.operand_ty(op, 0)?);
                 if order.len() != src.len() || order.iter().any(|&o| o as usize >= src.len()) {
