@@ -22,6 +22,12 @@
 // The example kernels are included as modules; each also has its own `main`.
 #![allow(clippy::duplicate_mod)]
 
+#[path = "argmax.rs"]
+#[allow(dead_code)]
+mod argmax;
+#[path = "dropout.rs"]
+#[allow(dead_code)]
+mod dropout;
 #[path = "layernorm.rs"]
 #[allow(dead_code)]
 mod layernorm;
@@ -184,7 +190,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 16] = [
+const JOBS: [Job; 18] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -194,6 +200,8 @@ const JOBS: [Job; 16] = [
     job!("matmul_f16_128x128x32", matmul::matmul<f16, 128, 128, 32>),
     job!("matmul_f16_128x128x64", warps = 8, matmul::matmul<f16, 128, 128, 64>),
     job!("layernorm", layernorm::layernorm<f32, 256>),
+    job!("dropout", dropout::seeded_dropout<1024>),
+    job!("argmax", argmax::row_argmax<1024>),
     // FlashAttention-2 forward, 128 query rows x 64 keys per step, head dim 64
     // (examples/attention.rs launches 64x64 tiles).
     job!("attention_fwd_128x64", tessera::attention::attention_fwd<f16, 128, 64, 64>),

@@ -280,7 +280,7 @@ impl AxisAnalysis {
                 }
                 out
             }
-            OpKind::Reshape | OpKind::Permute { .. } | OpKind::Cast => {
+            OpKind::Reshape | OpKind::Permute { .. } | OpKind::Cast | OpKind::Bitcast => {
                 // Conservative, except that a constant stays constant.
                 let s = get(self, 0);
                 let src = shape(op.operands[0]);

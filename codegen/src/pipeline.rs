@@ -138,6 +138,7 @@ fn copyable(k: &OpKind) -> bool {
             | OpKind::Cmp(_)
             | OpKind::Select
             | OpKind::Cast
+            | OpKind::Bitcast
             | OpKind::AddPtr
             | OpKind::ProgramId { .. }
             | OpKind::NumPrograms { .. }

@@ -183,6 +183,9 @@ pub fn infer_result_types(
             if op.is_bitwise() && s.is_float() {
                 return Err(format!("`{}` is not defined on {s}", op.name()));
             }
+            if *op == BinaryOp::Pow && !s.is_float() {
+                return Err(format!("`pow` needs float operands, got {s}"));
+            }
             if matches!(op, BinaryOp::Shl | BinaryOp::Shr) && s.is_bool() {
                 return Err(format!("`{}` is not defined on i1", op.name()));
             }
@@ -197,6 +200,9 @@ pub fn infer_result_types(
             no_fp8_arith(s, op.name())?;
             if op.is_float_only() && !s.is_float() {
                 return Err(format!("`{}` needs a float operand, got {s}", op.name()));
+            }
+            if op.is_int_only() && !s.is_int() {
+                return Err(format!("`{}` needs an integer operand, got {s}", op.name()));
             }
             if *op == UnaryOp::Not && s.is_float() {
                 return Err(format!("`not` is not defined on {s}"));
@@ -251,6 +257,27 @@ pub fn infer_result_types(
             if (from.is_fp8() || to.is_fp8()) && from != to && !(fp8_ok(from) && fp8_ok(to)) {
                 return Err(format!(
                     "cast from {from} to {to}: the 8-bit floats convert only to and from f16, bf16 and f32"
+                ));
+            }
+            Ok(vec![Type::tile(to, &operands[0].shape)])
+        }
+        OpKind::Bitcast => {
+            expect_n(1)?;
+            let t = hint("the target type")?;
+            let from = scalar(operands[0], "bitcast")?;
+            let to = t
+                .scalar_type()
+                .ok_or_else(|| "cannot bitcast to a pointer".to_string())?;
+            if from.is_bool() || to.is_bool() {
+                return Err(format!(
+                    "`bitcast` from {from} to {to}: i1 has no bit layout"
+                ));
+            }
+            if from.bits() != to.bits() {
+                return Err(format!(
+                    "`bitcast` from {from} to {to}: the widths differ ({} and {} bits)",
+                    from.bits(),
+                    to.bits()
                 ));
             }
             Ok(vec![Type::tile(to, &operands[0].shape)])

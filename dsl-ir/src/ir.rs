@@ -157,11 +157,17 @@ pub enum BinaryOp {
     Shl,
     /// Shift right: arithmetic for signed, logical for unsigned integers.
     Shr,
+    /// `x^y` on floats, with C's special cases (`pow(x, ±0) = 1`, `pow(1, y) = 1`,
+    /// `pow(x < 0, non-integer y)` is NaN, the sign of `x` kept for odd integer `y`).
+    /// GPUs compute `exp2(y·log2|x|)` with the hardware approximations, so the relative
+    /// error grows with `|y·log2 x|` (about `|y·log2 x|·2⁻²²`); the interpreter rounds
+    /// the exact value.
+    Pow,
 }
 
 impl BinaryOp {
     /// Every binary op.
-    pub const ALL: [BinaryOp; 12] = [
+    pub const ALL: [BinaryOp; 13] = [
         BinaryOp::Add,
         BinaryOp::Sub,
         BinaryOp::Mul,
@@ -174,6 +180,7 @@ impl BinaryOp {
         BinaryOp::Xor,
         BinaryOp::Shl,
         BinaryOp::Shr,
+        BinaryOp::Pow,
     ];
 
     /// The IR mnemonic.
@@ -191,6 +198,7 @@ impl BinaryOp {
             BinaryOp::Xor => "xor",
             BinaryOp::Shl => "shl",
             BinaryOp::Shr => "shr",
+            BinaryOp::Pow => "pow",
         }
     }
 
@@ -251,11 +259,16 @@ pub enum UnaryOp {
     Floor,
     /// Round toward +inf.
     Ceil,
+    // Integer-only bit counts (the result has the operand's type):
+    /// The number of set bits (`popc`).
+    Popc,
+    /// The number of leading zero bits (`clz`); the bit width for 0.
+    Clz,
 }
 
 impl UnaryOp {
     /// Every unary op.
-    pub const ALL: [UnaryOp; 15] = [
+    pub const ALL: [UnaryOp; 17] = [
         UnaryOp::Neg,
         UnaryOp::Not,
         UnaryOp::Abs,
@@ -271,6 +284,8 @@ impl UnaryOp {
         UnaryOp::Erf,
         UnaryOp::Floor,
         UnaryOp::Ceil,
+        UnaryOp::Popc,
+        UnaryOp::Clz,
     ];
 
     /// The IR mnemonic.
@@ -291,12 +306,22 @@ impl UnaryOp {
             UnaryOp::Erf => "erf",
             UnaryOp::Floor => "floor",
             UnaryOp::Ceil => "ceil",
+            UnaryOp::Popc => "popc",
+            UnaryOp::Clz => "clz",
         }
     }
 
     /// True for transcendental and rounding functions, defined on floats only.
     pub fn is_float_only(self) -> bool {
-        !matches!(self, UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs)
+        !matches!(
+            self,
+            UnaryOp::Neg | UnaryOp::Not | UnaryOp::Abs | UnaryOp::Popc | UnaryOp::Clz
+        )
+    }
+
+    /// True for the bit counts, defined on integers only (not `i1`).
+    pub fn is_int_only(self) -> bool {
+        matches!(self, UnaryOp::Popc | UnaryOp::Clz)
     }
 }
 
@@ -636,6 +661,10 @@ pub enum OpKind {
     /// Elementwise conversion to the result's scalar type. Float to int saturates and
     /// maps NaN to 0 (as Rust's `as`); int to float rounds to nearest even.
     Cast,
+    /// Elementwise reinterpretation of the bits as the result's scalar type, which
+    /// has the operand's width (`f32` ↔ `i32`/`u32`, `f16`/`bf16` ↔ `i16`/`u16`, ...).
+    /// Not defined on `i1` or pointers.
+    Bitcast,
     /// `addptr ptrs, offsets`: pointer tile plus integer offsets (in elements).
     AddPtr,
     /// `load ptrs [, mask [, other]]`: reads pointed-to elements. Lanes whose mask is
@@ -801,6 +830,7 @@ impl OpKind {
             OpKind::Cmp(_) => "cmp",
             OpKind::Select => "select",
             OpKind::Cast => "cast",
+            OpKind::Bitcast => "bitcast",
             OpKind::AddPtr => "addptr",
             OpKind::Load { .. } => "load",
             OpKind::Store { .. } => "store",

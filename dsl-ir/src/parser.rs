@@ -779,6 +779,7 @@ impl Parser<'_> {
             }
             "select" => OpKind::Select,
             "cast" => OpKind::Cast,
+            "bitcast" => OpKind::Bitcast,
             "addptr" => OpKind::AddPtr,
             "load" => OpKind::Load {
                 has_mask: false,
@@ -1095,9 +1096,12 @@ mod tests {
         let mask = b
             .op1(OpKind::Cmp(CmpPred::Lt), &[off, ns], None, sp(7, 9))
             .unwrap();
-        // All binary ops on i32 tiles, all predicates.
+        // All binary ops on i32 tiles (`pow` on floats below), all predicates.
         let mut acc = off;
         for op in BinaryOp::ALL {
+            if op == BinaryOp::Pow {
+                continue;
+            }
             acc = b
                 .op1(OpKind::Binary(op), &[acc, r], None, Span::unknown())
                 .unwrap();
@@ -1151,7 +1155,7 @@ mod tests {
         // All unary ops on floats (and the integer ones on i32).
         let mut v = l0;
         for op in UnaryOp::ALL {
-            if op == UnaryOp::Not {
+            if op == UnaryOp::Not || op.is_int_only() {
                 b.op1(OpKind::Unary(op), &[acc], None, Span::unknown())
                     .unwrap();
                 continue;
@@ -1160,17 +1164,33 @@ mod tests {
                 .op1(OpKind::Unary(op), &[v], None, Span::unknown())
                 .unwrap();
         }
+        v = b
+            .op1(
+                OpKind::Binary(BinaryOp::Pow),
+                &[v, l0],
+                None,
+                Span::unknown(),
+            )
+            .unwrap();
         let f = b
             .op1(OpKind::Fma, &[v, l1, l2], None, Span::unknown())
             .unwrap();
         let sel = b
             .op1(OpKind::Select, &[mask, f, l1], None, Span::unknown())
             .unwrap();
-        let _h = b
+        let h = b
             .op1(
                 OpKind::Cast,
                 &[sel],
                 Some(&tile(F16, &[128])),
+                Span::unknown(),
+            )
+            .unwrap();
+        let _bits = b
+            .op1(
+                OpKind::Bitcast,
+                &[h],
+                Some(&tile(U16, &[128])),
                 Span::unknown(),
             )
             .unwrap();
@@ -1689,6 +1709,7 @@ mod tests {
             OpKind::Cmp(CmpPred::Eq),
             OpKind::Select,
             OpKind::Cast,
+            OpKind::Bitcast,
             OpKind::AddPtr,
             OpKind::Load {
                 has_mask: false,

@@ -476,6 +476,7 @@ fn eval_int_binary(s: ScalarType, b: BinaryOp, a: i64, c: i64) -> Option<i64> {
                 (ua >> amt) as i64
             }
         }
+        B::Pow => return None,
     };
     Some(norm_int(s, r))
 }
@@ -527,6 +528,15 @@ fn eval_unary(s: ScalarType, u: UnaryOp, a: ConstValue) -> Option<ConstValue> {
                 UnaryOp::Not => !a,
                 UnaryOp::Abs if s.is_signed_int() => a.wrapping_abs(),
                 UnaryOp::Abs => a,
+                UnaryOp::Popc | UnaryOp::Clz => {
+                    let bits = s.bits();
+                    let low = (a as u64) & (u64::MAX >> (64 - bits));
+                    if u == UnaryOp::Popc {
+                        i64::from(low.count_ones())
+                    } else {
+                        i64::from(low.leading_zeros() - (64 - bits))
+                    }
+                }
                 _ => return None,
             };
             Some(ConstValue::Int(norm_int(s, r)))
@@ -1406,6 +1416,7 @@ mod tests {
                     BinaryOp::Xor => a ^ b,
                     BinaryOp::Shl => a.wrapping_shl(b as u32),
                     BinaryOp::Shr => a.wrapping_shr(b as u32),
+                    BinaryOp::Pow => return None,
                 } as i64)
             }
             fn $un(op: UnaryOp, a: i64) -> Option<i64> {
@@ -1414,6 +1425,8 @@ mod tests {
                     UnaryOp::Neg => a.wrapping_neg(),
                     UnaryOp::Not => !a,
                     UnaryOp::Abs if $signed => (a as i128).unsigned_abs() as $t,
+                    UnaryOp::Popc => a.count_ones() as $t,
+                    UnaryOp::Clz => a.leading_zeros() as $t,
                     _ => return None,
                 } as i64)
             }
@@ -1545,7 +1558,7 @@ mod tests {
             }
             let mut node = match kind % 5 {
                 1 | 2 => Node::Bin(BinaryOp::ALL[opi as usize % 12], pick(0), pick(1)),
-                3 => Node::Un(UnaryOp::ALL[opi as usize % 15], pick(0)),
+                3 => Node::Un(UnaryOp::ALL[opi as usize % UnaryOp::ALL.len()], pick(0)),
                 _ => Node::Sel(
                     CmpPred::ALL[opi as usize % 6],
                     [pick(0), pick(1), pick(2), pick(3)],

@@ -372,6 +372,7 @@ impl Printer<'_> {
             | OpKind::Fma
             | OpKind::Select
             | OpKind::Cast
+            | OpKind::Bitcast
             | OpKind::AddPtr
             | OpKind::Load { .. }
             | OpKind::Store { .. }

@@ -94,7 +94,7 @@ impl ScalarType {
     }
 
     /// Width in bits (1 for `i1`).
-    pub fn bits(self) -> u32 {
+    pub const fn bits(self) -> u32 {
         match self {
             ScalarType::I1 => 1,
             ScalarType::I8 | ScalarType::U8 | ScalarType::F8E4M3 | ScalarType::F8E5M2 => 8,

@@ -323,6 +323,7 @@ impl<'a> Verifier<'a> {
             | OpKind::Broadcast
             | OpKind::Reshape
             | OpKind::Cast
+            | OpKind::Bitcast
             | OpKind::DescLoad { .. } => op.results.first().map(|&r| f.ty(r)),
             _ => None,
         };

@@ -176,9 +176,46 @@ impl VisitMut for Rewriter {
                     *e = rewrite_for(f, bounds, &carried);
                 }
             }
+            Expr::Binary(b) if ord_op(&b.op).is_some() => {
+                visit_mut::visit_expr_mut(self, e);
+                if let Expr::Binary(b) = e
+                    && let Some(op) = ord_op(&b.op)
+                {
+                    let (l, r) = (&b.left, &b.right);
+                    let span = b.op.span();
+                    // `compare` takes references, as the operator does; its trait bound
+                    // turns a comparison of tiles into an error naming `.lt(..)` etc.
+                    *e = syn::parse_quote_spanned! {span=>
+                        ::tessera::__private::compare(
+                            ::tessera::__private::OrdOp::#op, &(#l), &(#r))
+                    };
+                }
+            }
             _ => visit_mut::visit_expr_mut(self, e),
         }
     }
+
+    // Constant contexts stay as written: a `const` item, an array length or a const
+    // generic argument may compare with `<`, which `compare` (not a `const fn`) cannot.
+    fn visit_item_const_mut(&mut self, _: &mut syn::ItemConst) {}
+    fn visit_expr_const_mut(&mut self, _: &mut syn::ExprConst) {}
+    fn visit_type_mut(&mut self, _: &mut syn::Type) {}
+    fn visit_generic_argument_mut(&mut self, _: &mut syn::GenericArgument) {}
+    fn visit_expr_repeat_mut(&mut self, r: &mut syn::ExprRepeat) {
+        self.visit_expr_mut(&mut r.expr);
+    }
+}
+
+/// The [`OrdOp`] variant for `<`, `<=`, `>`, `>=`.
+fn ord_op(op: &BinOp) -> Option<Ident> {
+    let name = match op {
+        BinOp::Lt(_) => "Lt",
+        BinOp::Le(_) => "Le",
+        BinOp::Gt(_) => "Gt",
+        BinOp::Ge(_) => "Ge",
+        _ => return None,
+    };
+    Some(Ident::new(name, op.span()))
 }
 
 /// The variables assigned inside `e` that are declared outside it, in order of first

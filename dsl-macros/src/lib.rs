@@ -28,7 +28,7 @@ mod kernel;
 /// compiles once; `#[no_specialize] name: i32` opts a scalar out (one kernel for
 /// every value).
 ///
-/// ```ignore
+/// ```text
 /// #[kernel]
 /// fn add<const BLOCK: usize>(x: &Global<f32>, y: &Global<f32>, out: &mut Global<f32>, n: i32) {
 ///     let offs = program_id(0) * BLOCK + arange::<BLOCK>();

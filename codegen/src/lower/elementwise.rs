@@ -61,6 +61,9 @@ pub(super) fn lower_with<'ctx>(
                 .check_divisor(&l.cx, args[1].into_int_value(), site)?;
         }
         let v = match &op.kind {
+            OpKind::Binary(BinaryOp::Pow) => {
+                pow(&l.cx, l.arch, sc(s_in), args[0], args[1], &op.span)?
+            }
             OpKind::Binary(b) => binary(&l.cx, *b, sc(s_in), args[0], args[1])?,
             OpKind::Unary(u) => unary(&l.cx, l.arch, *u, sc(s_in), args[0], &op.span)?,
             OpKind::Fma => fma(&l.cx, sc(s_in), &args)?,
@@ -70,6 +73,10 @@ pub(super) fn lower_with<'ctx>(
                     .build_select(args[0].into_int_value(), args[1], args[2], "")?
             }
             OpKind::Cast => cast(&l.cx, sc(s_in), sc(s_out), args[0])?,
+            OpKind::Bitcast => {
+                let to = l.ty(res_elem);
+                l.cx.b.build_bit_cast(args[0], to, "")?
+            }
             _ => unreachable!("not an elementwise op"),
         };
         regs.push(v);
@@ -138,19 +145,6 @@ fn intr<'ctx>(
     cx.call_intrinsic(name, &[t], v)
 }
 
-/// The exact bf16 to f32 conversion, done on the bits.
-fn bf16_bits_to_f32<'ctx>(cx: &Cx<'ctx>, v: BasicValueEnum<'ctx>) -> LResult<FloatValue<'ctx>> {
-    let i =
-        cx.b.build_bit_cast(v, cx.ctx.i16_type(), "")?
-            .into_int_value();
-    let w = cx.b.build_int_z_extend(i, cx.ctx.i32_type(), "")?;
-    let w = cx.b.build_left_shift(w, cx.i32(16), "")?;
-    Ok(cx
-        .b
-        .build_bit_cast(w, cx.ctx.f32_type(), "")?
-        .into_float_value())
-}
-
 /// `a op b` with the interpreter's semantics.
 pub(super) fn binary<'ctx>(
     cx: &Cx<'ctx>,
@@ -167,13 +161,8 @@ pub(super) fn binary<'ctx>(
             BinaryOp::Sub => bd.build_float_sub(x, y, "")?,
             BinaryOp::Mul => bd.build_float_mul(x, y, "")?,
             BinaryOp::Div => bd.build_float_div(x, y, "")?,
-            BinaryOp::Rem if s == ScalarType::BF16 => {
-                // Widen through the bits so that InstCombine does not narrow the
-                // `frem` back to bf16, which the AMDGPU backend cannot lower.
-                let (x, y) = (bf16_bits_to_f32(cx, a)?, bf16_bits_to_f32(cx, b)?);
-                bd.build_float_rem(x, y, "")?
-            }
-            BinaryOp::Rem => bd.build_float_rem(x, y, "")?,
+            // Exact on every target (the half-float remainder is exact in f32).
+            BinaryOp::Rem => super::fmod::fmod(cx, x, y)?,
             BinaryOp::Min => intr(cx, "llvm.minimum", &[x.into(), y.into()])?.into_float_value(),
             BinaryOp::Max => intr(cx, "llvm.maximum", &[x.into(), y.into()])?.into_float_value(),
             _ => {
@@ -233,6 +222,7 @@ pub(super) fn binary<'ctx>(
             &[x.into(), y.into()],
         )?
         .into_int_value(),
+        BinaryOp::Pow => return Err(super::LowerError::Llvm(format!("`pow` on {s}"))),
         BinaryOp::And => bd.build_and(x, y, "")?,
         BinaryOp::Or => bd.build_or(x, y, "")?,
         BinaryOp::Xor => bd.build_xor(x, y, "")?,
@@ -284,6 +274,59 @@ fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>
     approx(cx, "llvm.exp2", y)
 }
 
+/// `pow(x, y)` as `exp2(y·log2|x|)` with the target's approximations, and C's special
+/// cases: 1 for `y = ±0` or `x = 1` (even for NaN), 1 for `x = -1` with infinite `y`,
+/// the sign of `x` for odd integer `y` (so `pow(-0, -3) = -inf`), NaN for a finite
+/// negative `x` with a finite non-integer `y`. The rest (zeros, infinities, NaNs) falls
+/// out of `log2` and `exp2`: `log2(0) = -inf`, `exp2(-inf) = 0`, NaN propagates.
+fn pow<'ctx>(
+    cx: &Cx<'ctx>,
+    arch: &dyn super::arch::Arch,
+    s: ScalarType,
+    a: BasicValueEnum<'ctx>,
+    b: BasicValueEnum<'ctx>,
+    span: &Span,
+) -> LResult<BasicValueEnum<'ctx>> {
+    if s == ScalarType::F64 {
+        return unsupported(span, "f64 `pow` (no device math library is linked)");
+    }
+    let bd = &cx.b;
+    let (x, y) = (widen(cx, s, a)?, widen(cx, s, b)?);
+    let t = x.get_type();
+    let c = |v: f64| t.const_float(v);
+    let ax = intr(cx, "llvm.fabs", &[x.into()])?.into_float_value();
+    let l2 = arch.log2_approx(cx, ax)?;
+    let e = bd.build_float_mul(y, l2, "")?;
+    let mag = approx(cx, "llvm.exp2", e)?;
+    // y is an integer (true for ±inf), and odd (false from 2^24 up, all even).
+    let fy = intr(cx, "llvm.floor", &[y.into()])?.into_float_value();
+    let y_int = bd.build_float_compare(FloatPredicate::OEQ, fy, y, "")?;
+    let half = bd.build_float_mul(y, c(0.5), "")?;
+    let fh = intr(cx, "llvm.floor", &[half.into()])?.into_float_value();
+    let half_frac = bd.build_float_compare(FloatPredicate::ONE, fh, half, "")?;
+    let y_odd = bd.build_and(y_int, half_frac, "")?;
+    let signed = intr(cx, "llvm.copysign", &[mag.into(), x.into()])?.into_float_value();
+    let r = bd.build_select(y_odd, signed, mag, "")?.into_float_value();
+    // A finite negative base with a finite non-integer exponent.
+    let x_neg = bd.build_float_compare(FloatPredicate::OLT, x, c(0.0), "")?;
+    let x_fin = bd.build_float_compare(FloatPredicate::ONE, ax, c(f64::INFINITY), "")?;
+    let ay = intr(cx, "llvm.fabs", &[y.into()])?.into_float_value();
+    let y_fin = bd.build_float_compare(FloatPredicate::ONE, ay, c(f64::INFINITY), "")?;
+    let bad = bd.build_and(
+        bd.build_and(x_neg, x_fin, "")?,
+        bd.build_and(y_fin, bd.build_not(y_int, "")?, "")?,
+        "",
+    )?;
+    let r = bd.build_select(bad, c(f64::NAN), r, "")?.into_float_value();
+    let y0 = bd.build_float_compare(FloatPredicate::OEQ, y, c(0.0), "")?;
+    let x1 = bd.build_float_compare(FloatPredicate::OEQ, x, c(1.0), "")?;
+    let xm1 = bd.build_float_compare(FloatPredicate::OEQ, x, c(-1.0), "")?;
+    let y_inf = bd.build_float_compare(FloatPredicate::OEQ, ay, c(f64::INFINITY), "")?;
+    let one = bd.build_or(bd.build_or(y0, x1, "")?, bd.build_and(xm1, y_inf, "")?, "")?;
+    let r = bd.build_select(one, c(1.0), r, "")?.into_float_value();
+    narrow(cx, s, r)
+}
+
 /// A unary op with the interpreter's semantics.
 pub(super) fn unary<'ctx>(
     cx: &Cx<'ctx>,
@@ -305,13 +348,24 @@ pub(super) fn unary<'ctx>(
                 "llvm.abs",
                 &[x.into(), cx.ctx.bool_type().const_zero().into()],
             )?,
+            // `popc.b32/b64` on NVIDIA, `v_bcnt_u32_b32` on AMD.
+            UnaryOp::Popc => intr(cx, "llvm.ctpop", &[x.into()])?,
+            // `clz.b32/b64` (`v_ffbh_u32`); defined as the width for 0 (the `false`
+            // flag says 0 is not poison).
+            UnaryOp::Clz => intr(
+                cx,
+                "llvm.ctlz",
+                &[x.into(), cx.ctx.bool_type().const_zero().into()],
+            )?,
             _ => return unsupported(span, format!("`{}` on {s}", op.name())),
         });
     }
     match op {
         UnaryOp::Neg => return Ok(bd.build_float_neg(a.into_float_value(), "")?.into()),
         UnaryOp::Abs => return intr(cx, "llvm.fabs", &[a]),
-        UnaryOp::Not => return unsupported(span, format!("`not` on {s}")),
+        UnaryOp::Not | UnaryOp::Popc | UnaryOp::Clz => {
+            return unsupported(span, format!("`{}` on {s}", op.name()));
+        }
         UnaryOp::Sqrt | UnaryOp::Floor | UnaryOp::Ceil | UnaryOp::Rsqrt => {}
         _ if s == ScalarType::F64 => {
             return unsupported(
@@ -417,7 +471,9 @@ pub(super) fn unary<'ctx>(
             let c = bd.build_float_compare(FloatPredicate::OLT, ax, t.const_float(0.5), "")?;
             bd.build_select(c, small, big, "")?.into_float_value()
         }
-        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not => unreachable!("handled above"),
+        UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not | UnaryOp::Popc | UnaryOp::Clz => {
+            unreachable!("handled above")
+        }
     };
     narrow(cx, s, r)
 }

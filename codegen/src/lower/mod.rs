@@ -80,6 +80,7 @@ mod convert;
 mod dot;
 mod elementwise;
 pub mod emu_arch;
+mod fmod;
 mod memory;
 mod reduce;
 mod remat;
@@ -1640,7 +1641,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             | OpKind::Fma
             | OpKind::Cmp(_)
             | OpKind::Select
-            | OpKind::Cast => {
+            | OpKind::Cast
+            | OpKind::Bitcast => {
                 let t = elementwise::lower(self, op)?;
                 // A value computed elementwise from a reduction, in its layout, keeps
                 // the reduction's parent (a running maximum broadcast back is free).

@@ -111,6 +111,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
                     | OpKind::Cmp(_)
                     | OpKind::Select
                     | OpKind::Cast
+                    | OpKind::Bitcast
                     | OpKind::Fma
             );
             if want.is_some() || !elementwise {
@@ -232,7 +233,11 @@ impl<'ctx> Lowerer<'_, 'ctx> {
                     ..s
                 }
             }
-            OpKind::Binary(_) | OpKind::Cmp(_) | OpKind::Select | OpKind::Cast => {
+            OpKind::Binary(_)
+            | OpKind::Cmp(_)
+            | OpKind::Select
+            | OpKind::Cast
+            | OpKind::Bitcast => {
                 let mut ops = Vec::with_capacity(op.operands.len());
                 for &o in &op.operands {
                     match self.remat(o, to, budget)? {

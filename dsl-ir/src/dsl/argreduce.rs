@@ -1,6 +1,6 @@
 //! Index reductions: [`Tile::argmax`] and [`Tile::argmin`].
 
-use super::{Num, RemoveAxis, Shape, Tile, emit1, ops::broadcast_value};
+use super::{KeepAxis, Num, RemoveAxis, Shape, Tile, emit1, ops::broadcast_value};
 use crate::ir::{BinaryOp, CmpPred, ConstValue, OpKind, ReduceOp, Span, ValueId};
 use crate::types::{ScalarType, Type};
 
@@ -40,6 +40,50 @@ impl<T: Num, S: Shape> Tile<T, S> {
             &Span::caller(),
         ))
     }
+
+    /// [`Tile::argmax`] keeping axis `AX` with size 1 (so the indices broadcast
+    /// against `self`, e.g. to compare with an `arange` along that axis).
+    #[track_caller]
+    pub fn argmax_keepdims<const AX: usize>(self) -> Tile<i32, <S as KeepAxis<AX>>::Kept>
+    where
+        S: KeepAxis<AX>,
+    {
+        let span = Span::caller();
+        let r = arg_reduce(self.id(), T::TY, &S::dims(), AX, ReduceOp::Max, &span);
+        Tile::from_id(keep_axis(
+            r,
+            AX,
+            Tile::<i32, <S as KeepAxis<AX>>::Kept>::ir_type(),
+            span,
+        ))
+    }
+
+    /// [`Tile::argmin`] keeping axis `AX` with size 1.
+    #[track_caller]
+    pub fn argmin_keepdims<const AX: usize>(self) -> Tile<i32, <S as KeepAxis<AX>>::Kept>
+    where
+        S: KeepAxis<AX>,
+    {
+        let span = Span::caller();
+        let r = arg_reduce(self.id(), T::TY, &S::dims(), AX, ReduceOp::Min, &span);
+        Tile::from_id(keep_axis(
+            r,
+            AX,
+            Tile::<i32, <S as KeepAxis<AX>>::Kept>::ir_type(),
+            span,
+        ))
+    }
+}
+
+/// The reduced `v` with a size-1 axis at `axis` again.
+fn keep_axis(v: ValueId, axis: usize, ty: Type, span: Span) -> ValueId {
+    emit1(
+        OpKind::ExpandDims { axis: axis as u8 },
+        &[v],
+        None,
+        ty,
+        span,
+    )
 }
 
 /// `min(i : x[i] == reduce(x))` along `axis` (the NaN elements matching a NaN result):

@@ -544,3 +544,50 @@ pub fn while_loop<V: Carry, C: WhileCond>(
 ) -> V {
     C::run(vars, names, step, Span::caller())
 }
+
+/// Values that `<`, `<=`, `>` and `>=` compare in a kernel body: Rust values (comptime
+/// integers, floats, const parameters), never tiles. `#[kernel]` routes those operators
+/// through [`compare`] so that a comparison of tiles names the methods to use.
+#[diagnostic::on_unimplemented(
+    message = "`<`, `<=`, `>` and `>=` compare Rust values, not `{Self}`",
+    label = "a tile or a scalar traced in the kernel",
+    note = "compare tiles elementwise with `.lt(..)`, `.le(..)`, `.gt(..)`, `.ge(..)`, `.eq(..)` or `.ne(..)`, which give a `Tile<bool, _>` (a mask for `load`/`store`/`select`, or the condition of an `if`)"
+)]
+pub trait RustOrd<Rhs: ?Sized> {
+    /// `self OP rhs`.
+    fn compare(&self, rhs: &Rhs) -> Option<std::cmp::Ordering>;
+}
+
+#[diagnostic::do_not_recommend]
+impl<A: ?Sized + PartialOrd<B>, B: ?Sized> RustOrd<B> for A {
+    fn compare(&self, rhs: &B) -> Option<std::cmp::Ordering> {
+        self.partial_cmp(rhs)
+    }
+}
+
+/// Which of `<`, `<=`, `>`, `>=` a [`compare`] call stands for.
+#[derive(Clone, Copy, Debug)]
+pub enum OrdOp {
+    /// `<`
+    Lt,
+    /// `<=`
+    Le,
+    /// `>`
+    Gt,
+    /// `>=`
+    Ge,
+}
+
+/// `a OP b` for Rust values, as the operator would compute it (`PartialOrd`; false
+/// when unordered, e.g. a NaN).
+#[inline]
+pub fn compare<A: ?Sized + RustOrd<B>, B: ?Sized>(op: OrdOp, a: &A, b: &B) -> bool {
+    use std::cmp::Ordering::{Equal, Greater, Less};
+    matches!(
+        (op, a.compare(b)),
+        (OrdOp::Lt, Some(Less))
+            | (OrdOp::Gt, Some(Greater))
+            | (OrdOp::Le, Some(Less | Equal))
+            | (OrdOp::Ge, Some(Greater | Equal))
+    )
+}

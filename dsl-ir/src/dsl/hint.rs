@@ -7,7 +7,7 @@
 //! elements, so only promise what holds for every launch. The interpreter (the CPU
 //! device) ignores hints.
 //!
-//! ```ignore
+//! ```text
 //! // Tutorial-style row offsets wrapped with `% m`: each program's BM rows are
 //! // consecutive and start at a multiple of BM, which `%` hides from the analysis.
 //! let rm = ((program_id(0) * BM + arange::<BM>()) % m)
@@ -54,7 +54,7 @@ impl<T: Int, S: Shape> Tile<T, S> {
     /// consecutive values (every element, where there are none) is a multiple of the
     /// given value (Triton's `tl.multiple_of`).
     ///
-    /// ```ignore
+    /// ```text
     /// let n = n.multiple_of(16); // a size the caller always pads to 16
     /// ```
     #[track_caller]
@@ -66,7 +66,7 @@ impl<T: Int, S: Shape> Tile<T, S> {
     /// number of values increasing by one, starting at indices that are multiples
     /// of it (Triton's `tl.max_contiguous`).
     ///
-    /// ```ignore
+    /// ```text
     /// let cols = (k0 + arange::<64>()).max_contiguous(64);
     /// ```
     #[track_caller]
@@ -78,7 +78,7 @@ impl<T: Int, S: Shape> Tile<T, S> {
     /// number of equal values, starting at indices that are multiples of it
     /// (Triton's `tl.max_constancy`).
     ///
-    /// ```ignore
+    /// ```text
     /// let row = (offs / 64).max_constancy(64);
     /// ```
     #[track_caller]

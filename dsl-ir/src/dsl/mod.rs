@@ -30,8 +30,8 @@ mod shape;
 
 pub use comm::{Peer, Symmetric, Token, barrier_all, fence, quiet, rank, world_size};
 pub use control::{
-    Carry, CondBranch, CtInt, ForRange, LoopIndex, RtBound, ScalarCond, WhileCond, for_range,
-    if_else, while_cond, while_loop,
+    Carry, CondBranch, CtInt, ForRange, LoopIndex, OrdOp, RtBound, RustOrd, ScalarCond, WhileCond,
+    compare, for_range, if_else, while_cond, while_loop,
 };
 pub use desc::{Coords, TensorDesc};
 pub use hint::HintValues;

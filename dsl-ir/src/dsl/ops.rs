@@ -13,6 +13,8 @@ use crate::ir::{
     ValueId,
 };
 use crate::types::{ScalarType, Type};
+use float8::{F8E4M3, F8E5M2};
+use half::{bf16, f16};
 
 // ---------------------------------------------------------------------------------
 // Operands: tiles and Rust literals
@@ -147,6 +149,48 @@ binop!(BitXor, bitxor, BitXorAssign, bitxor_assign, Xor, Bits);
 binop!(Shl, shl, ShlAssign, shl_assign, Shl, Int);
 binop!(Shr, shr, ShrAssign, shr_assign, Shr, Int);
 
+impl<T: Int, S: Shape> Tile<T, S> {
+    /// Elementwise number of set bits, in the element type (`popc`; PTX `popc`,
+    /// AMDGCN `v_bcnt_u32_b32`).
+    ///
+    /// ```text
+    /// let ones = mask_words.popc();   // Tile<u32, S>
+    /// ```
+    #[track_caller]
+    pub fn popc(self) -> Tile<T, S> {
+        self.unary(UnaryOp::Popc)
+    }
+
+    /// Elementwise number of leading zero bits, in the element type; the bit width
+    /// for 0 (`clz`; PTX `clz`, AMDGCN `v_ffbh_u32`).
+    ///
+    /// ```text
+    /// let log2_floor = 31 - x.clz();  // for x: Tile<i32, S>, x > 0
+    /// ```
+    #[track_caller]
+    pub fn clz(self) -> Tile<T, S> {
+        self.unary(UnaryOp::Clz)
+    }
+}
+
+/// Element types with the bits of `U`: what [`Tile::bitcast`] converts between.
+#[diagnostic::on_unimplemented(
+    message = "cannot bitcast `{Self}` to `{U}`: the widths differ",
+    label = "bitcast needs element types of one width",
+    note = "8 bits: i8, u8, F8E4M3, F8E5M2; 16: i16, u16, f16, bf16; 32: i32, u32, f32; 64: i64, u64, f64 (bool has no bit layout; use `.cast()` to convert values)"
+)]
+pub trait SameWidth<U: DType>: DType {}
+
+macro_rules! same_width {
+    ($($t:ty),*) => { same_width!(@rows [$($t),*] $($t),*); };
+    (@rows $all:tt $($t:ty),*) => { $( same_width!(@row $t, $all); )* };
+    (@row $u:ty, [$($t:ty),*]) => { $( impl SameWidth<$u> for $t {} )* };
+}
+same_width!(i8, u8, F8E4M3, F8E5M2);
+same_width!(i16, u16, f16, bf16);
+same_width!(i32, u32, f32);
+same_width!(i64, u64, f64);
+
 /// Integer and boolean element types: the bitwise operators apply.
 pub trait Bits: DType {}
 impl<T: Int> Bits for T {}
@@ -246,6 +290,19 @@ macro_rules! reductions {
     )*};
 }
 
+macro_rules! keepdims_reductions {
+    ($($name:ident => $op:ident, $doc:literal;)*) => {$(
+        #[doc = $doc]
+        #[track_caller]
+        pub fn $name<const AX: usize>(self) -> Tile<T, <S as KeepAxis<AX>>::Kept>
+        where
+            S: KeepAxis<AX>,
+        {
+            self.reduce_keepdims::<AX>(ReduceOp::$op)
+        }
+    )*};
+}
+
 impl<T: DType, S: Shape> Tile<T, S> {
     #[track_caller]
     fn unary(self, op: UnaryOp) -> Tile<T, S> {
@@ -277,6 +334,33 @@ impl<T: DType, S: Shape> Tile<T, S> {
         }
         Tile::from_id(emit1(
             OpKind::Cast,
+            &[self.id()],
+            Some(&ty),
+            ty.clone(),
+            Span::caller(),
+        ))
+    }
+
+    /// Elementwise reinterpretation of the bits as `U`, which must have the same width
+    /// (`f32` ↔ `i32`/`u32`, `f16`/`bf16` ↔ `i16`/`u16`, `f64` ↔ `i64`/`u64`, the
+    /// 8-bit floats ↔ `i8`/`u8`); a different width, or `bool`, is a compile error.
+    ///
+    /// ```text
+    /// let bits = x.bitcast::<u32>();              // x: Tile<f32, S>
+    /// let sign = (bits >> 31u32).cast::<i32>();
+    /// let back = (bits & 0x7fff_ffffu32).bitcast::<f32>();   // |x|
+    /// ```
+    #[track_caller]
+    pub fn bitcast<U: DType>(self) -> Tile<U, S>
+    where
+        T: SameWidth<U>,
+    {
+        let ty = Tile::<U, S>::ir_type();
+        if T::TY == U::TY {
+            return Tile::from_id(self.id());
+        }
+        Tile::from_id(emit1(
+            OpKind::Bitcast,
             &[self.id()],
             Some(&ty),
             ty.clone(),
@@ -365,6 +449,36 @@ impl<T: DType, S: Shape> Tile<T, S> {
         min => Min, "Minimum along axis `AX`.";
     }
 
+    /// [`Tile::reduce`] keeping axis `AX` with size 1, so that the result broadcasts
+    /// against `self` (Triton's `keep_dims=True`).
+    #[track_caller]
+    pub fn reduce_keepdims<const AX: usize>(
+        self,
+        op: ReduceOp,
+    ) -> Tile<T, <S as KeepAxis<AX>>::Kept>
+    where
+        S: KeepAxis<AX>,
+    {
+        let r = self.reduce::<AX>(op);
+        let ty = Tile::<T, <S as KeepAxis<AX>>::Kept>::ir_type();
+        Tile::from_id(emit1(
+            OpKind::ExpandDims { axis: AX as u8 },
+            &[r.id()],
+            None,
+            ty,
+            Span::caller(),
+        ))
+    }
+
+    keepdims_reductions! {
+        sum_keepdims => Sum, "Sum along axis `AX`, keeping it with size 1: \
+            `x / x.sum_keepdims::<1>()` normalizes each row.";
+        prod_keepdims => Prod, "Product along axis `AX`, keeping it with size 1.";
+        max_keepdims => Max, "Maximum along axis `AX`, keeping it with size 1: \
+            `(x - x.max_keepdims::<1>()).exp()` is the stable softmax numerator.";
+        min_keepdims => Min, "Minimum along axis `AX`, keeping it with size 1.";
+    }
+
     /// Inclusive prefix sum along axis `AX`.
     #[track_caller]
     pub fn cumsum<const AX: usize>(self) -> Tile<T, S>
@@ -372,6 +486,20 @@ impl<T: DType, S: Shape> Tile<T, S> {
         S: HasAxis<AX>,
     {
         self.scan::<AX>(ReduceOp::Sum, false)
+    }
+
+    /// Inclusive prefix product along axis `AX` (wrapping for integers): element `i`
+    /// is `x[0] * x[1] * ... * x[i]`.
+    ///
+    /// ```text
+    /// let survival = (1.0f32 - hazard).cumprod::<0>();
+    /// ```
+    #[track_caller]
+    pub fn cumprod<const AX: usize>(self) -> Tile<T, S>
+    where
+        S: HasAxis<AX>,
+    {
+        self.scan::<AX>(ReduceOp::Prod, false)
     }
 }
 
@@ -415,6 +543,39 @@ impl<T: Float, S: Shape> Tile<T, S> {
         erf => Erf, "Elementwise error function.";
         floor => Floor, "Elementwise floor.";
         ceil => Ceil, "Elementwise ceiling.";
+    }
+
+    /// Elementwise `self^rhs` with C's `pow` special cases (`pow(x, 0) = 1`,
+    /// `pow(1, y) = 1`, NaN for a negative base and a non-integer exponent, the base's
+    /// sign for odd integer exponents). GPUs compute `exp2(rhs·log2|self|)` with the
+    /// hardware approximations: the relative error is about `|rhs·log2 self|·2⁻²²`.
+    ///
+    /// ```text
+    /// let y = x.pow(2.5f32);          // a literal exponent
+    /// let z = x.pow(e);               // a tile of exponents
+    /// ```
+    #[track_caller]
+    pub fn pow<R: Operand<T>>(self, rhs: R) -> Tile<T, <S as Broadcast<R::Shape>>::Out>
+    where
+        S: Broadcast<R::Shape>,
+    {
+        binary(BinaryOp::Pow, self, rhs)
+    }
+
+    /// Elementwise C `fmod`: `self - n·rhs` with `n = trunc(self / rhs)` computed
+    /// exactly, so the result has the sign of `self` and is smaller than `rhs` in
+    /// magnitude; NaN for `rhs = 0` or an infinite `self`; `self` for an infinite
+    /// `rhs`. The same as `self % rhs` on float tiles, and exact on every backend.
+    ///
+    /// ```text
+    /// let angle = theta.fmod(std::f32::consts::TAU);
+    /// ```
+    #[track_caller]
+    pub fn fmod<R: Operand<T>>(self, rhs: R) -> Tile<T, <S as Broadcast<R::Shape>>::Out>
+    where
+        S: Broadcast<R::Shape>,
+    {
+        binary(BinaryOp::Rem, self, rhs)
     }
 
     /// Fused `self * b + c` with one rounding.
@@ -513,26 +674,38 @@ pub fn full<T: DType, S: Shape>(value: T) -> Tile<T, S> {
     constant(value.to_const())
 }
 
-/// `cond ? a : b`, elementwise.
+/// The shape of `select(cond, a, b)`: the three shapes broadcast together.
+pub type SelectShape<C, A, B> = <<C as Broadcast<A>>::Out as Broadcast<B>>::Out;
+
+/// `cond ? a : b`, elementwise. The condition and both values broadcast against each
+/// other as operands do, so any of them may be a scalar or a Rust literal: a scalar
+/// condition picks one of two tiles, a tile condition picks between literals.
+///
+/// ```text
+/// let relu = select(x.gt(0.0f32), x, 0.0);          // a literal operand
+/// let row = select(pid.eq(0), first_row, other_row); // a scalar condition
+/// let ones = select::<i32, _, _, _>(m, 1, 0).sum::<0>(); // two literals: name the type
+/// ```
 #[track_caller]
-pub fn select<T: DType, S: Shape, A: Operand<T>, B: Operand<T>>(
-    cond: Tile<bool, S>,
+pub fn select<T: DType, C, A: Operand<T>, B: Operand<T>>(
+    cond: Tile<bool, C>,
     a: A,
     b: B,
-) -> Tile<T, S>
+) -> Tile<T, SelectShape<C, A::Shape, B::Shape>>
 where
-    A::Shape: BroadcastTo<S>,
-    B::Shape: BroadcastTo<S>,
+    C: Broadcast<A::Shape>,
+    <C as Broadcast<A::Shape>>::Out: Broadcast<B::Shape>,
 {
     let span = Span::caller();
-    let dims = S::dims();
+    let dims = <SelectShape<C, A::Shape, B::Shape>>::dims();
+    let c = broadcast_value(cond.id(), &dims, &span);
     let a = broadcast_value(a.value(&span), &dims, &span);
     let b = broadcast_value(b.value(&span), &dims, &span);
     Tile::from_id(emit1(
         OpKind::Select,
-        &[cond.id(), a, b],
+        &[c, a, b],
         None,
-        Tile::<T, S>::ir_type(),
+        Tile::<T, SelectShape<C, A::Shape, B::Shape>>::ir_type(),
         span,
     ))
 }

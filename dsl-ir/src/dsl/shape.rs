@@ -235,6 +235,20 @@ impl<A: Dim, B: Dim> InsertAxis<2> for (A, B) {
     type Out = (A, B, One);
 }
 
+/// A reduction along `AX` that keeps the axis with size 1 (`keep_dims=True`): the
+/// shape is `S` with dimension `AX` set to 1, so the result broadcasts back against
+/// the input (`x - x.max_keepdims::<1>()`).
+pub trait KeepAxis<const AX: usize>: RemoveAxis<AX> {
+    /// The shape with axis `AX` of size 1.
+    type Kept: Shape;
+}
+impl<S: RemoveAxis<AX>, const AX: usize> KeepAxis<AX> for S
+where
+    <S as RemoveAxis<AX>>::Out: InsertAxis<AX>,
+{
+    type Kept = <<S as RemoveAxis<AX>>::Out as InsertAxis<AX>>::Out;
+}
+
 /// Two dimensions that must be equal (the inner dimension of `dot`).
 #[diagnostic::on_unimplemented(
     message = "dot: inner dimensions differ: `a` has `{R}` columns but `b` has `{Self}` rows",

@@ -2,6 +2,7 @@
 //! `dot`. Every op dispatches on the element type once and then runs a tight loop over
 //! a `Vec<T>`.
 
+use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
 use super::value::{Data, Elt, bf16_from_f64, f16_from_f64};
@@ -41,6 +42,10 @@ pub(crate) trait Int: Num {
     fn shl(self, o: Self) -> Self;
     fn shr(self, o: Self) -> Self;
     fn not(self) -> Self;
+    /// The number of set bits, in `Self`.
+    fn popc(self) -> Self;
+    /// The number of leading zero bits (the width for 0), in `Self`.
+    fn clz(self) -> Self;
 }
 
 /// Float-only ops.
@@ -52,6 +57,8 @@ pub(crate) trait Float: Num {
     fn math(self, f32fn: fn(f32) -> f32, f64fn: fn(f64) -> f64) -> Self;
     /// `a * b + c` with a single rounding.
     fn fma(a: Self, b: Self, c: Self) -> Self;
+    /// `self^o` (C's `pow`; halves compute in f32 and round).
+    fn pow_(self, o: Self) -> Self;
 }
 
 macro_rules! int_num {
@@ -124,6 +131,14 @@ macro_rules! int_num {
             #[inline(always)]
             fn not(self) -> $t {
                 !self
+            }
+            #[inline(always)]
+            fn popc(self) -> $t {
+                self.count_ones() as $t
+            }
+            #[inline(always)]
+            fn clz(self) -> $t {
+                self.leading_zeros() as $t
             }
         }
     };
@@ -237,6 +252,10 @@ macro_rules! native_float {
             fn fma(a: $t, b: $t, c: $t) -> $t {
                 a.mul_add(b, c)
             }
+            #[inline(always)]
+            fn pow_(self, o: $t) -> $t {
+                self.powf(o)
+            }
         }
     };
 }
@@ -326,6 +345,9 @@ macro_rules! half_float {
                 let s = a.to_f64() * b.to_f64();
                 $from64(sum_odd(s, c.to_f64()))
             }
+            fn pow_(self, o: $t) -> $t {
+                <$t>::from_f32(self.to_f32().powf(o.to_f32()))
+            }
         }
     };
 }
@@ -399,6 +421,13 @@ fn num_binary<T: Num>(op: BinaryOp, a: Lhs<'_, T>, b: &[T]) -> Result<Vec<T>, Ar
             )));
         }
     })
+}
+
+fn float_binary<T: Float>(op: BinaryOp, a: Lhs<'_, T>, b: &[T]) -> Result<Vec<T>, ArithErr> {
+    match op {
+        BinaryOp::Pow => Ok(zip_lhs(a, b, T::pow_)),
+        _ => num_binary(op, a, b),
+    }
 }
 
 fn int_binary<T: Int>(op: BinaryOp, a: Lhs<'_, T>, b: &[T]) -> Result<Vec<T>, ArithErr> {
@@ -483,10 +512,10 @@ pub(crate) fn binary(op: BinaryOp, a: Operand<'_>, b: &Data) -> Result<Data, Ari
         U16 => int_binary,
         U32 => int_binary,
         U64 => int_binary,
-        F16 => num_binary,
-        BF16 => num_binary,
-        F32 => num_binary,
-        F64 => num_binary
+        F16 => float_binary,
+        BF16 => float_binary,
+        F32 => float_binary,
+        F64 => float_binary
     ))
 }
 
@@ -495,6 +524,8 @@ fn int_unary<T: Int>(op: UnaryOp, a: &[T]) -> Result<Vec<T>, ArithErr> {
         UnaryOp::Neg => a.iter().map(|&x| x.neg()).collect(),
         UnaryOp::Abs => a.iter().map(|&x| x.abs()).collect(),
         UnaryOp::Not => a.iter().map(|&x| x.not()).collect(),
+        UnaryOp::Popc => a.iter().map(|&x| x.popc()).collect(),
+        UnaryOp::Clz => a.iter().map(|&x| x.clz()).collect(),
         _ => {
             return Err(ArithErr::Unsupported(format!(
                 "`{}` is not defined on {}",
@@ -529,9 +560,10 @@ fn float_unary<T: Float>(op: UnaryOp, a: &[T]) -> Result<Vec<T>, ArithErr> {
         UnaryOp::Erf => m(erf32, libm::erf),
         UnaryOp::Floor => m(f32::floor, f64::floor),
         UnaryOp::Ceil => m(f32::ceil, f64::ceil),
-        UnaryOp::Not => {
+        UnaryOp::Not | UnaryOp::Popc | UnaryOp::Clz => {
             return Err(ArithErr::Unsupported(format!(
-                "`not` is not defined on {}",
+                "`{}` is not defined on {}",
+                op.name(),
                 T::TY
             )));
         }
@@ -616,6 +648,57 @@ fn cast_vec<S: Elt, D: Elt>(v: &[S]) -> Vec<D> {
 }
 
 /// Elementwise conversion to `to` (see the module docs for the rules).
+/// Reinterprets the bits of every element as `to`, which must have the same width
+/// (neither may be `i1` or a pointer).
+pub(crate) fn bitcast(a: &Data, to: ScalarType) -> Result<Data, ArithErr> {
+    fn b<T: Copy>(v: &[T], f: impl Fn(T) -> u64) -> Vec<u64> {
+        v.iter().map(|&x| f(x)).collect()
+    }
+    let (width, bits) = match a {
+        Data::I8(v) => (8, b(v, |x| u64::from(x as u8))),
+        Data::U8(v) => (8, b(v, u64::from)),
+        Data::F8E4M3(v) => (8, b(v, |x| u64::from(x.to_bits()))),
+        Data::F8E5M2(v) => (8, b(v, |x| u64::from(x.to_bits()))),
+        Data::I16(v) => (16, b(v, |x| u64::from(x as u16))),
+        Data::U16(v) => (16, b(v, u64::from)),
+        Data::F16(v) => (16, b(v, |x| u64::from(x.to_bits()))),
+        Data::BF16(v) => (16, b(v, |x| u64::from(x.to_bits()))),
+        Data::I32(v) => (32, b(v, |x| u64::from(x as u32))),
+        Data::U32(v) => (32, b(v, u64::from)),
+        Data::F32(v) => (32, b(v, |x| u64::from(x.to_bits()))),
+        Data::I64(v) => (64, b(v, |x| x as u64)),
+        Data::U64(v) => (64, b(v, |x| x)),
+        Data::F64(v) => (64, b(v, f64::to_bits)),
+        Data::I1(_) | Data::Ptr(_) => return Err(mismatch("bitcast", a)),
+    };
+    if to.bits() != width || to == ScalarType::I1 {
+        return Err(ArithErr::Unsupported(format!(
+            "`bitcast` from {} to {to}: the widths differ",
+            data_type_name(a)
+        )));
+    }
+    fn m<T>(bits: &[u64], f: impl Fn(u64) -> T) -> Vec<T> {
+        bits.iter().map(|&x| f(x)).collect()
+    }
+    Ok(match to {
+        ScalarType::I8 => Data::I8(m(&bits, |x| x as u8 as i8)),
+        ScalarType::U8 => Data::U8(m(&bits, |x| x as u8)),
+        ScalarType::F8E4M3 => Data::F8E4M3(m(&bits, |x| F8E4M3::from_bits(x as u8))),
+        ScalarType::F8E5M2 => Data::F8E5M2(m(&bits, |x| F8E5M2::from_bits(x as u8))),
+        ScalarType::I16 => Data::I16(m(&bits, |x| x as u16 as i16)),
+        ScalarType::U16 => Data::U16(m(&bits, |x| x as u16)),
+        ScalarType::F16 => Data::F16(m(&bits, |x| f16::from_bits(x as u16))),
+        ScalarType::BF16 => Data::BF16(m(&bits, |x| bf16::from_bits(x as u16))),
+        ScalarType::I32 => Data::I32(m(&bits, |x| x as u32 as i32)),
+        ScalarType::U32 => Data::U32(m(&bits, |x| x as u32)),
+        ScalarType::F32 => Data::F32(m(&bits, |x| f32::from_bits(x as u32))),
+        ScalarType::I64 => Data::I64(m(&bits, |x| x as i64)),
+        ScalarType::U64 => Data::U64(bits),
+        ScalarType::F64 => Data::F64(m(&bits, f64::from_bits)),
+        ScalarType::I1 => unreachable!("rejected above"),
+    })
+}
+
 pub(crate) fn cast(a: &Data, to: ScalarType) -> Result<Data, ArithErr> {
     macro_rules! to_dst {
         ($v:expr) => {

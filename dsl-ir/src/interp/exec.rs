@@ -960,6 +960,14 @@ impl Prog<'_, '_> {
                 let r = arith::cast(self.val(op, 0)?, to);
                 r.map_err(|e| self.arith_err(op, e, &[]))?
             }
+            OpKind::Bitcast => {
+                let to = self
+                    .result_ty(op)?
+                    .scalar_type()
+                    .ok_or_else(|| self.invalid(op, "bitcast to a pointer"))?;
+                let r = arith::bitcast(self.val(op, 0)?, to);
+                r.map_err(|e| self.arith_err(op, e, &[]))?
+            }
             OpKind::AddPtr => {
                 let Data::Ptr(mut p) = self.owned(op, take, 0)? else {
                     return Err(self.invalid(op, "addptr needs pointers"));
