@@ -2,7 +2,7 @@
 //! the builder (which computes result types) and the verifier (which checks them).
 
 use crate::ir::{BinaryOp, HintKind, OpKind, UnaryOp};
-use crate::types::{Elem, ScalarType, Type};
+use crate::types::{AddrSpace, Elem, ScalarType, Type};
 
 /// Result types of an op of `kind` whose operands have `operands` types, or a message
 /// saying why the operands are invalid. `result_hint` supplies what the operands cannot
@@ -65,6 +65,27 @@ pub fn infer_result_types(
                 return Err(format!("arange bounds {start}..{end} do not fit i32"));
             }
             Ok(vec![Type::tile(ScalarType::I32, &[len as u32])])
+        }
+        OpKind::LocalAlloc { len } => {
+            expect_n(0)?;
+            let t = hint("the element type")?;
+            let ok = t.is_scalar()
+                && matches!(
+                    t.elem,
+                    Elem::Ptr {
+                        space: AddrSpace::Shared,
+                        ..
+                    }
+                );
+            if !ok {
+                return Err(format!(
+                    "local_alloc gives a ptr<T, shared> scalar, not {t}"
+                ));
+            }
+            if *len == 0 {
+                return Err("local_alloc of 0 elements".into());
+            }
+            Ok(vec![t.clone()])
         }
         OpKind::Splat => {
             expect_n(1)?;
@@ -368,9 +389,15 @@ pub fn infer_result_types(
             }
             Ok(vec![])
         }
-        OpKind::AtomicRmw { op, has_mask, .. } => {
+        OpKind::AtomicRmw {
+            op,
+            has_mask,
+            scope,
+            ..
+        } => {
             expect_n(2 + *has_mask as usize)?;
             let pointee = pointee(operands[0], "atomic_rmw")?;
+            local_scope(operands[0], *scope)?;
             let value = Type::tile(pointee, &operands[0].shape);
             if *operands[1] != value {
                 return Err(format!(
@@ -400,9 +427,12 @@ pub fn infer_result_types(
             }
             Ok(vec![value])
         }
-        OpKind::AtomicCas { has_mask, .. } => {
+        OpKind::AtomicCas {
+            has_mask, scope, ..
+        } => {
             expect_n(3 + *has_mask as usize)?;
             let pointee = pointee(operands[0], "atomic_cas")?;
+            local_scope(operands[0], *scope)?;
             let value = Type::tile(pointee, &operands[0].shape);
             if pointee.is_float() || pointee.is_bool() || pointee.bits() < 16 {
                 return Err(format!("atomic_cas on {pointee} is not supported"));
@@ -535,6 +565,23 @@ pub fn infer_result_types(
             format!("`{}` has regions or is a terminator", kind.mnemonic()),
         ),
     }
+}
+
+/// Atomics on block-local memory (`ptr<T, shared>`) have block scope: no other program
+/// instance can see that memory.
+fn local_scope(ptrs: &Type, scope: crate::ir::MemScope) -> Result<(), String> {
+    if let Elem::Ptr {
+        space: AddrSpace::Shared,
+        ..
+    } = ptrs.elem
+        && scope != crate::ir::MemScope::Block
+    {
+        return Err(format!(
+            "atomics on block-local memory have `block` scope, not `{}`",
+            scope.name()
+        ));
+    }
+    Ok(())
 }
 
 /// `Err` for arithmetic (`what`) on an 8-bit float, which is a storage and

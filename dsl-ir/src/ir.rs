@@ -760,6 +760,16 @@ pub enum OpKind {
     /// Synchronizes all threads of the program instance (GPU block barrier). A no-op
     /// for the interpreter, which runs each program instance as one thread.
     Barrier,
+    /// `local_alloc len : ptr<T, shared>`: `len` elements of block-local memory (GPU
+    /// shared memory / LDS), one array per program instance for the whole kernel,
+    /// reached through the result pointer with `addptr`, `load`, `store` and
+    /// block-scope atomics. Its contents start undefined (the interpreter fills them
+    /// with all-ones bytes: NaN, -1); threads see each other's writes after a
+    /// `barrier`. Only at the top level of the kernel body; never merged by CSE.
+    LocalAlloc {
+        /// The number of elements.
+        len: u32,
+    },
     /// `rank`: this rank's index in the world, `0..world_size`. No operands; result
     /// `i32`. A kernel without a world runs as rank 0 of 1.
     Rank,
@@ -854,6 +864,7 @@ impl OpKind {
             OpKind::WaitUntil { .. } => "wait_until",
             OpKind::Fence { .. } => "fence",
             OpKind::BarrierAll => "barrier_all",
+            OpKind::LocalAlloc { .. } => "local_alloc",
         }
     }
 
@@ -878,6 +889,7 @@ impl OpKind {
                 | OpKind::WaitUntil { .. }
                 | OpKind::Fence { .. }
                 | OpKind::BarrierAll
+                | OpKind::LocalAlloc { .. }
         )
     }
 

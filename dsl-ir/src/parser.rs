@@ -737,6 +737,9 @@ impl Parser<'_> {
                 let end = self.int("arange end")?;
                 OpKind::Arange { start, end }
             }
+            "local_alloc" => OpKind::LocalAlloc {
+                len: self.small_int("local_alloc length")?,
+            },
             "splat" => OpKind::Splat,
             "broadcast" => OpKind::Broadcast,
             "expand_dims" => OpKind::ExpandDims { axis: self.axis()? },
@@ -1358,8 +1361,39 @@ mod tests {
             .unwrap();
         b.op1(OpKind::Dot, &[a16, b16, c32], None, sp(20, 7))
             .unwrap();
-        // Shared memory pointer, barrier.
+        // Shared memory: a pointer parameter, a block-local array and a block-scope
+        // atomic on it, barrier.
         let _ = sh;
+        let shared_u64 = Type {
+            elem: Elem::Ptr {
+                pointee: U64,
+                space: AddrSpace::Shared,
+            },
+            shape: vec![],
+        };
+        let arr = b
+            .op1(
+                OpKind::LocalAlloc { len: 64 },
+                &[],
+                Some(&shared_u64),
+                sp(21, 3),
+            )
+            .unwrap();
+        let one_u64 = b
+            .constant(ConstValue::Int(1), Type::scalar(U64), Span::unknown())
+            .unwrap();
+        b.op1(
+            OpKind::AtomicRmw {
+                op: AtomicOp::Add,
+                order: MemOrder::Relaxed,
+                scope: MemScope::Block,
+                has_mask: false,
+            },
+            &[arr, one_u64],
+            None,
+            sp(21, 4),
+        )
+        .unwrap();
         b.op(OpKind::Barrier, &[], None, sp(21, 5)).unwrap();
         // Communication.
         let sig = b.param("sig", Type::global_ptr(U64), ParamAttrs::default());
@@ -1743,6 +1777,7 @@ mod tests {
             OpKind::Yield,
             OpKind::Condition,
             OpKind::Barrier,
+            OpKind::LocalAlloc { len: 1 },
             OpKind::Rank,
             OpKind::WorldSize,
             OpKind::RemotePtr,

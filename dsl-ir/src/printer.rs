@@ -334,6 +334,7 @@ impl Printer<'_> {
                 const_literal(c, unsigned)
             }
             OpKind::Arange { start, end } => format!("{start}, {end}"),
+            OpKind::LocalAlloc { len } => len.to_string(),
             OpKind::ExpandDims { axis } => format!("axis={axis}"),
             OpKind::DescLoad { rank, .. } | OpKind::DescStore { rank } => format!("rank={rank}"),
             OpKind::Permute { order } => {

@@ -202,6 +202,13 @@ impl<'a> Verifier<'a> {
                     _ => {}
                 }
             }
+            if matches!(op.kind, OpKind::LocalAlloc { .. }) && role != RegionRole::Body {
+                self.err(
+                    &op.span,
+                    "`local_alloc` must be at the top level of the kernel (one array per \
+                     program instance for the whole kernel), not inside a loop or branch",
+                );
+            }
             self.op(op);
         }
         let want = match role {
@@ -324,6 +331,7 @@ impl<'a> Verifier<'a> {
             | OpKind::Reshape
             | OpKind::Cast
             | OpKind::Bitcast
+            | OpKind::LocalAlloc { .. }
             | OpKind::DescLoad { .. } => op.results.first().map(|&r| f.ty(r)),
             _ => None,
         };

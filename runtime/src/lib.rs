@@ -72,7 +72,7 @@ pub mod prelude {
     pub use float8::{F8E4M3, F8E5M2};
     pub use half::{bf16, f16};
     pub use tessera_ir::dsl::{
-        Const, D, DType, DotInput, Float, Global, Int, Num, One, Pow2, S1, S2, S3, Scalar,
+        Const, D, DType, DotInput, Float, Global, Int, Local, Num, One, Pow2, S1, S2, S3, Scalar,
         Symmetric, TensorDesc, Tile, Token, arange, barrier, barrier_all, dot, fence, full,
         num_programs, program_id, quiet, rand, randint, randint4x, randn, rank, select, umulhi,
         world_size, zeros,

@@ -520,6 +520,8 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     invariant: HashSet<(*const Op, usize)>,
     /// Where each of those `dot`s' arrays start, past the start of shared memory.
     pipe_dots: HashMap<*const Op, u32>,
+    /// Where each `local_alloc` array starts, past the start of shared memory.
+    locals: HashMap<*const Op, u32>,
     /// Shared memory the arrays of [`Self::pipe_dots`] take (scratch comes after).
     pipe_bytes: u32,
     /// A reduction's result (and what `expand_dims`/`reshape` make of it): the layout
@@ -643,6 +645,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             staged: HashMap::new(),
             invariant: HashSet::new(),
             pipe_dots: HashMap::new(),
+            locals: HashMap::new(),
             pipe_bytes: 0,
             flows: {
                 let mut m = HashMap::new();
@@ -692,6 +695,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.vals.insert(p.value, t);
         }
         self.compute_hints(&self.f.body);
+        self.plan_locals();
         self.plan_staging(&self.f.body);
         let body = &self.f.body;
         self.lower_region(body)?;
@@ -809,6 +813,30 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// crosses the back edge in shared memory, not registers: a pipelined operand
     /// load ([`crate::pipeline`]) overlaps the `dot` before it, with no register
     /// copies.
+    /// Places the kernel's `local_alloc` arrays at the start of shared memory, each
+    /// aligned as every shared array is (the verifier keeps them at the top level).
+    fn plan_locals(&mut self) {
+        for op in &self.f.body.ops {
+            let OpKind::LocalAlloc { len } = op.kind else {
+                continue;
+            };
+            let elem = match self.f.ty(op.results[0]).elem {
+                Elem::Ptr { pointee, .. } => pointee,
+                Elem::Scalar(s) => s,
+            };
+            let bytes = (len as u64 * elem.size_bytes() as u64).min(u32::MAX as u64) as u32;
+            self.locals.insert(op as *const Op, self.pipe_bytes);
+            self.pipe_bytes = self.pipe_bytes.saturating_add(
+                bytes
+                    .checked_next_multiple_of(self.smem_align())
+                    .unwrap_or(u32::MAX),
+            );
+            if self.smem_span.is_none() {
+                self.smem_span = Some(op.span.clone());
+            }
+        }
+    }
+
     fn plan_staging(&mut self, r: &'a Region) {
         for op in &r.ops {
             for sub in &op.regions {
@@ -1583,6 +1611,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let ty = self.f.ty(op.results[0]).clone();
                 let v = self.constant(ty.elem, *c)?;
                 let t = self.uniform_tile(ty.elem, self.canonical(&ty.shape), v);
+                self.set(op.results[0], t);
+            }
+            OpKind::LocalAlloc { .. } => {
+                let off = *self.locals.get(&(op as *const Op)).ok_or_else(|| {
+                    LowerError::Llvm("local_alloc not at the top level of the kernel".into())
+                })?;
+                let elem = self.f.ty(op.results[0]).elem;
+                let t = self.scalar_tile(elem, self.smem_at(off).into());
                 self.set(op.results[0], t);
             }
             OpKind::Arange { start, .. } => {

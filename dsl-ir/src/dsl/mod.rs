@@ -24,6 +24,7 @@ mod comm;
 mod control;
 mod desc;
 mod hint;
+mod local;
 mod ops;
 mod random;
 mod shape;
@@ -35,6 +36,7 @@ pub use control::{
 };
 pub use desc::{Coords, TensorDesc};
 pub use hint::HintValues;
+pub use local::Local;
 pub use ops::*;
 pub use random::{Seed, rand, randint, randint4x, randn, umulhi};
 pub use shape::*;

@@ -774,19 +774,36 @@ pub fn barrier() {
 // ---------------------------------------------------------------------------------
 // Memory
 
-/// A value that can be stored into a `Global<T>` at offsets of shape `S`.
+/// A value that can be stored into a `Global<T>` at offsets of shape `S`: a tile of
+/// `T` of that shape, or a Rust number or bool (a constant splatted over `S`).
 #[diagnostic::on_unimplemented(
     message = "cannot store `{Self}` into a buffer of `{T}` at offsets of shape `{S}`",
     label = "the stored tile must have the buffer's element type and the offsets' shape",
     note = "convert with `.cast::<{T}>()` or broadcast with `.broadcast_to::<SHAPE>()`"
 )]
 pub trait StoreValue<T: DType, S: Shape> {
-    /// The IR value.
-    fn value(self) -> ValueId;
+    /// The IR value, of shape `S`.
+    fn value(self, span: &Span) -> ValueId;
 }
 impl<T: DType, S: Shape> StoreValue<T, S> for Tile<T, S> {
-    fn value(self) -> ValueId {
+    fn value(self, _span: &Span) -> ValueId {
         self.id()
+    }
+}
+macro_rules! store_literal {
+    ($bound:ident: $($t:ty),*) => {$(
+        impl<T: $bound, S: Shape> StoreValue<T, S> for $t {
+            fn value(self, span: &Span) -> ValueId {
+                broadcast_value(Operand::<T>::value(self, span), &S::dims(), span)
+            }
+        }
+    )*};
+}
+store_literal!(Num: i8, i16, i32, i64, isize, u8, u16, u32, u64, usize);
+store_literal!(Float: f32, f64);
+impl<S: Shape> StoreValue<bool, S> for bool {
+    fn value(self, span: &Span) -> ValueId {
+        broadcast_value(Operand::<bool>::value(self, span), &S::dims(), span)
     }
 }
 
@@ -915,7 +932,7 @@ impl<T: DType> Global<T> {
             OpKind::Store { has_mask: true },
             &[
                 p,
-                value.value(),
+                value.value(&span),
                 broadcast_value(mask.id(), &O::Shape::dims(), &span),
             ],
             span,
@@ -927,7 +944,8 @@ impl<T: DType> Global<T> {
     pub fn store_unmasked<O: Offsets, V: StoreValue<T, O::Shape>>(&mut self, offs: O, value: V) {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
-        emit0(OpKind::Store { has_mask: false }, &[p, value.value()], span);
+        let v = value.value(&span);
+        emit0(OpKind::Store { has_mask: false }, &[p, v], span);
     }
 
     /// Atomic read-modify-write of `self[offs]` with `value` where `mask` is true;
@@ -953,7 +971,7 @@ impl<T: DType> Global<T> {
             },
             &[
                 p,
-                value.value(),
+                value.value(&span),
                 broadcast_value(mask.id(), &O::Shape::dims(), &span),
             ],
             None,
@@ -1009,12 +1027,25 @@ impl<T: DType> Global<T> {
         desired: Tile<T, O::Shape>,
         mask: Tile<bool, M>,
     ) -> Tile<T, O::Shape> {
+        self.atomic_cas_scoped(offs, expected, desired, mask, MemScope::Device)
+    }
+
+    /// [`Global::atomic_cas`] at `scope`.
+    #[track_caller]
+    pub(super) fn atomic_cas_scoped<O: Offsets, M: BroadcastTo<O::Shape>>(
+        &mut self,
+        offs: O,
+        expected: Tile<T, O::Shape>,
+        desired: Tile<T, O::Shape>,
+        mask: Tile<bool, M>,
+        scope: MemScope,
+    ) -> Tile<T, O::Shape> {
         let span = Span::caller();
         let p = self.ptrs(offs, &span);
         Tile::from_id(emit1(
             OpKind::AtomicCas {
                 order: MemOrder::AcqRel,
-                scope: MemScope::Device,
+                scope,
                 has_mask: true,
             },
             &[

@@ -414,6 +414,7 @@ impl Exec<'_> {
             env,
             pid,
             lin,
+            locals: Vec::new(),
         };
         let r = p.region(&self.f.body, &self.plan.body);
         if let Err(Stop::Error(e)) = r {
@@ -683,7 +684,13 @@ pub(super) struct Prog<'a, 'e> {
     env: &'e mut [Option<Data>],
     pub(super) pid: [u32; 3],
     lin: u64,
+    /// This program instance's block-local arrays (`local_alloc`), by slot
+    /// `LOCAL_SLOT + index`.
+    locals: Vec<(HostBuffer, String)>,
 }
+
+/// The first buffer slot of block-local memory (below it: the launch's buffers).
+const LOCAL_SLOT: u32 = 1 << 31;
 
 impl Prog<'_, '_> {
     pub(super) fn kernel(&self) -> String {
@@ -960,6 +967,7 @@ impl Prog<'_, '_> {
                 let r = arith::cast(self.val(op, 0)?, to);
                 r.map_err(|e| self.arith_err(op, e, &[]))?
             }
+            OpKind::LocalAlloc { len } => self.local_alloc(op, *len)?,
             OpKind::Bitcast => {
                 let to = self
                     .result_ty(op)?
@@ -1207,7 +1215,7 @@ impl Prog<'_, '_> {
 
     /// The buffer of `slot`, checked to hold `T`.
     fn buffer<T: Element>(&self, op: &Op, slot: u32, lane: usize, shape: &[u32]) -> R<&HostBuffer> {
-        match self.ex.bufs.get(slot as usize).copied().flatten() {
+        match self.slot_buffer(slot) {
             Some(b) if b.elem() == T::TY => Ok(b),
             Some(b) => Err(self.bad_ptr(
                 op,
@@ -1228,6 +1236,34 @@ impl Prog<'_, '_> {
         }
     }
 
+    /// The buffer of a slot: a launch buffer or one of this program's local arrays.
+    fn slot_buffer(&self, slot: u32) -> Option<&HostBuffer> {
+        match slot.checked_sub(LOCAL_SLOT) {
+            Some(i) => self.locals.get(i as usize).map(|(b, _)| b),
+            None => self.ex.bufs.get(slot as usize).copied().flatten(),
+        }
+    }
+
+    /// `local_alloc len`: a new array of this program instance, every byte 0xFF (NaN
+    /// for floats, -1 for integers: GPU shared memory starts undefined, so a kernel
+    /// that reads before writing reads poison).
+    fn local_alloc(&mut self, op: &Op, len: u32) -> R<Data> {
+        let Elem::Ptr { pointee, .. } = self.result_ty(op)?.elem else {
+            return Err(self.invalid(op, "local_alloc must give a pointer"));
+        };
+        let b = HostBuffer::new(pointee, len as usize);
+        let bytes = vec![0xFF; b.size_bytes()];
+        b.write_bytes(0, &bytes)
+            .map_err(|e| self.invalid(op, e.to_string()))?;
+        let name = format!("block-local memory ({}:{})", op.span.line, op.span.col);
+        let slot = LOCAL_SLOT + self.locals.len() as u32;
+        self.locals.push((b, name));
+        Ok(Data::Ptr(PtrTile {
+            slots: Slots::Uniform(slot),
+            offs: vec![0],
+        }))
+    }
+
     pub(super) fn bad_ptr(&self, op: &Op, lane: usize, shape: &[u32], message: String) -> Stop {
         InterpError::InvalidPointer {
             kernel: self.kernel(),
@@ -1242,6 +1278,12 @@ impl Prog<'_, '_> {
 
     /// The name of a buffer slot: its parameter, or a rank's copy of it.
     pub(super) fn slot_name(&self, slot: u32) -> String {
+        if let Some(i) = slot.checked_sub(LOCAL_SLOT) {
+            return self
+                .locals
+                .get(i as usize)
+                .map_or_else(|| format!("#{slot}"), |(_, n)| n.clone());
+        }
         self.ex
             .slot_names
             .get(slot as usize)
@@ -1287,7 +1329,7 @@ impl Prog<'_, '_> {
         let Slots::Uniform(s) = p.slots else {
             return None;
         };
-        let b = self.ex.bufs.get(s as usize).copied().flatten()?;
+        let b = self.slot_buffer(s)?;
         if b.elem() != T::TY || !contiguous(&p.offs) {
             return None;
         }
