@@ -761,11 +761,11 @@ pub enum OpKind {
     /// for the interpreter, which runs each program instance as one thread.
     Barrier,
     /// `local_alloc len : ptr<T, shared>`: `len` elements of block-local memory (GPU
-    /// shared memory / LDS), one array per program instance for the whole kernel,
-    /// reached through the result pointer with `addptr`, `load`, `store` and
-    /// block-scope atomics. Its contents start undefined (the interpreter fills them
-    /// with all-ones bytes: NaN, -1); threads see each other's writes after a
-    /// `barrier`. Only at the top level of the kernel body; never merged by CSE.
+    /// shared memory / LDS), one array per program instance and per op (the same
+    /// memory each time a loop runs the op), reached through the result pointer with
+    /// `addptr`, `load`, `store` and block-scope atomics. Its contents are undefined
+    /// after each allocation (the interpreter fills them with all-ones bytes: NaN,
+    /// -1); threads see each other's writes after a `barrier`. Never merged by CSE.
     LocalAlloc {
         /// The number of elements.
         len: u32,

@@ -202,13 +202,6 @@ impl<'a> Verifier<'a> {
                     _ => {}
                 }
             }
-            if matches!(op.kind, OpKind::LocalAlloc { .. }) && role != RegionRole::Body {
-                self.err(
-                    &op.span,
-                    "`local_alloc` must be at the top level of the kernel (one array per \
-                     program instance for the whole kernel), not inside a loop or branch",
-                );
-            }
             self.op(op);
         }
         let want = match role {

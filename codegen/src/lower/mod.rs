@@ -813,26 +813,29 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// crosses the back edge in shared memory, not registers: a pipelined operand
     /// load ([`crate::pipeline`]) overlaps the `dot` before it, with no register
     /// copies.
-    /// Places the kernel's `local_alloc` arrays at the start of shared memory, each
-    /// aligned as every shared array is (the verifier keeps them at the top level).
+    /// Places the kernel's `local_alloc` arrays (at any depth: one array per op) at
+    /// the start of shared memory, each aligned as every shared array is.
     fn plan_locals(&mut self) {
-        for op in &self.f.body.ops {
-            let OpKind::LocalAlloc { len } = op.kind else {
-                continue;
-            };
-            let elem = match self.f.ty(op.results[0]).elem {
+        let mut allocs = Vec::new();
+        self.f.walk(&mut |op| {
+            if let OpKind::LocalAlloc { len } = op.kind {
+                allocs.push((op as *const Op, len, op.results[0], op.span.clone()));
+            }
+        });
+        for (op, len, result, span) in allocs {
+            let elem = match self.f.ty(result).elem {
                 Elem::Ptr { pointee, .. } => pointee,
                 Elem::Scalar(s) => s,
             };
             let bytes = (len as u64 * elem.size_bytes() as u64).min(u32::MAX as u64) as u32;
-            self.locals.insert(op as *const Op, self.pipe_bytes);
+            self.locals.insert(op, self.pipe_bytes);
             self.pipe_bytes = self.pipe_bytes.saturating_add(
                 bytes
                     .checked_next_multiple_of(self.smem_align())
                     .unwrap_or(u32::MAX),
             );
             if self.smem_span.is_none() {
-                self.smem_span = Some(op.span.clone());
+                self.smem_span = Some(span);
             }
         }
     }
@@ -1614,9 +1617,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.set(op.results[0], t);
             }
             OpKind::LocalAlloc { .. } => {
-                let off = *self.locals.get(&(op as *const Op)).ok_or_else(|| {
-                    LowerError::Llvm("local_alloc not at the top level of the kernel".into())
-                })?;
+                let off = *self
+                    .locals
+                    .get(&(op as *const Op))
+                    .ok_or_else(|| LowerError::Llvm("local_alloc without an array".into()))?;
                 let elem = self.f.ty(op.results[0]).elem;
                 let t = self.scalar_tile(elem, self.smem_at(off).into());
                 self.set(op.results[0], t);

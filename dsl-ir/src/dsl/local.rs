@@ -3,11 +3,11 @@
 
 use std::marker::PhantomData;
 
+use super::ops::broadcast_value;
 use super::ops::{Offsets, Operand, StoreValue};
-use super::{BroadcastTo, DType, Global, Tile, emit1, record_error, with_builder};
-use crate::builder::BuildError;
-use crate::ir::{AtomicOp, MemOrder, MemScope, OpKind, Span};
-use crate::types::{AddrSpace, Elem, Type};
+use super::{BroadcastTo, DType, Global, LitValue, Tile, emit1, literal_tile, with_builder};
+use crate::ir::{AtomicOp, BinaryOp, CmpPred, MemOrder, MemScope, OpKind, Span};
+use crate::types::{AddrSpace, Elem, ScalarType, Type};
 
 /// `N` elements of `T` in block-local memory: one array per program instance for the
 /// whole kernel (GPU shared memory, AMD LDS), which every thread of the program reads
@@ -22,7 +22,10 @@ use crate::types::{AddrSpace, Elem, Type};
 /// outside `0..N` is an error naming the line on the CPU; the emulator checks the
 /// block's shared memory as a whole.
 ///
-/// Create it at the top level of the kernel body (not inside `for`/`if`/`while`).
+/// Each `Local::new()` is its own array. Created inside a runtime loop, it is the same
+/// memory in every iteration on a GPU, but its contents are undefined again at each
+/// allocation (the CPU poisons it each time): keep data that must outlive an
+/// iteration in an array allocated before the loop.
 ///
 /// ```text
 /// // A block histogram: every thread adds its elements' bins, then one copy out.
@@ -52,14 +55,6 @@ impl<T: DType, const N: usize> Local<T, N> {
         };
         let len = u32::try_from(N).unwrap_or(u32::MAX);
         let span = Span::caller();
-        if with_builder(|b| b.depth()) > 0 {
-            record_error(BuildError::new(
-                span.clone(),
-                "`Local::new()` inside a runtime `for`, `while` or `if`: block-local \
-                 memory lives for the whole kernel, so allocate it at the top level of the \
-                 kernel body and reuse it in the loop",
-            ));
-        }
         let p = emit1(OpKind::LocalAlloc { len }, &[], Some(&ty), ty.clone(), span);
         Local {
             mem: Global::from_ptr(p),
@@ -198,5 +193,98 @@ impl<T: DType, const N: usize> Default for Local<T, N> {
 impl<T: DType, const N: usize> std::fmt::Debug for Local<T, N> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Local<{}, {N}>({})", T::TY, self.mem.id())
+    }
+}
+
+impl<I: super::Int, S: super::Shape> Tile<I, S> {
+    /// The histogram of this tile's values into `BINS` bins of width 1 starting at 0
+    /// (Triton's `tl.histogram`): element `b` of the result counts the elements equal
+    /// to `b`; values outside `0..BINS` are not counted. Counted with block-scope
+    /// atomics in block-local memory (three barriers), so it costs about one shared
+    /// atomic per element.
+    ///
+    /// ```text
+    /// let counts = bucket_ids.histogram::<64>();      // Tile<i32, S1<64>>
+    /// ```
+    #[track_caller]
+    pub fn histogram<const BINS: usize>(self) -> Tile<i32, super::S1<BINS>>
+    where
+        super::Const<BINS>: super::Pow2,
+    {
+        let all = super::full::<bool, S>(true);
+        self.histogram_where::<BINS>(all)
+    }
+
+    /// [`Tile::histogram`] of the elements where `mask` is true.
+    #[track_caller]
+    pub fn histogram_where<const BINS: usize>(
+        self,
+        mask: Tile<bool, S>,
+    ) -> Tile<i32, super::S1<BINS>>
+    where
+        super::Const<BINS>: super::Pow2,
+    {
+        let span = Span::caller();
+        let mut h = Local::<i32, BINS>::new();
+        let bins = super::arange::<BINS>();
+        h.store_unmasked(bins, 0);
+        super::barrier();
+        // Counted: masked in and in 0..BINS (an upper bound past the type's largest
+        // value excludes nothing).
+        let dims = S::dims();
+        let bt = Type::tile(ScalarType::I1, &dims);
+        let lit = |v: i128| {
+            let c = literal_tile::<I>(LitValue::Int(v), span.clone()).id();
+            broadcast_value(c, &dims, &span)
+        };
+        let cmp = |p: CmpPred, v: i128| {
+            emit1(
+                OpKind::Cmp(p),
+                &[self.id(), lit(v)],
+                None,
+                bt.clone(),
+                span.clone(),
+            )
+        };
+        let and = |a, b| {
+            emit1(
+                OpKind::Binary(BinaryOp::And),
+                &[a, b],
+                None,
+                bt.clone(),
+                span.clone(),
+            )
+        };
+        let mut counted = and(mask.id(), cmp(CmpPred::Ge, 0));
+        let max = if I::TY.is_signed_int() {
+            (1i128 << (I::TY.bits() - 1)) - 1
+        } else {
+            (1i128 << I::TY.bits()) - 1
+        };
+        if (BINS as i128) <= max {
+            counted = and(counted, cmp(CmpPred::Lt, BINS as i128));
+        }
+        let base = broadcast_value(h.mem.id(), &dims, &span);
+        let pty = with_builder(|b| b.ty(base).clone());
+        let ptrs = emit1(OpKind::AddPtr, &[base, self.id()], None, pty, span.clone());
+        let one = literal_tile::<i32>(LitValue::Int(1), span.clone()).id();
+        let ones = broadcast_value(one, &dims, &span);
+        emit1(
+            OpKind::AtomicRmw {
+                op: AtomicOp::Add,
+                order: MemOrder::Relaxed,
+                scope: MemScope::Block,
+                has_mask: true,
+            },
+            &[ptrs, ones, counted],
+            None,
+            Type::tile(ScalarType::I32, &dims),
+            span.clone(),
+        );
+        super::barrier();
+        let counts = h.load_unmasked(bins);
+        // The array may be reused (a histogram in a loop): everyone has read it first.
+        super::barrier();
+        counts
     }
 }

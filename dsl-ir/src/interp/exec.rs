@@ -1,5 +1,6 @@
 //! The evaluator: argument checking, the parallel grid driver and per-op semantics.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -415,6 +416,7 @@ impl Exec<'_> {
             pid,
             lin,
             locals: Vec::new(),
+            local_of: HashMap::new(),
         };
         let r = p.region(&self.f.body, &self.plan.body);
         if let Err(Stop::Error(e)) = r {
@@ -685,8 +687,9 @@ pub(super) struct Prog<'a, 'e> {
     pub(super) pid: [u32; 3],
     lin: u64,
     /// This program instance's block-local arrays (`local_alloc`), by slot
-    /// `LOCAL_SLOT + index`.
+    /// `LOCAL_SLOT + index`, and the index of each op's array.
     locals: Vec<(HostBuffer, String)>,
+    local_of: HashMap<*const Op, u32>,
 }
 
 /// The first buffer slot of block-local memory (below it: the launch's buffers).
@@ -1244,22 +1247,30 @@ impl Prog<'_, '_> {
         }
     }
 
-    /// `local_alloc len`: a new array of this program instance, every byte 0xFF (NaN
-    /// for floats, -1 for integers: GPU shared memory starts undefined, so a kernel
-    /// that reads before writing reads poison).
+    /// `local_alloc len`: this op's array of this program instance (made on its first
+    /// run), every byte set to 0xFF at each run (NaN for floats, -1 for integers: the
+    /// contents of GPU shared memory are undefined at the allocation, so a kernel that
+    /// reads before writing reads poison).
     fn local_alloc(&mut self, op: &Op, len: u32) -> R<Data> {
         let Elem::Ptr { pointee, .. } = self.result_ty(op)?.elem else {
             return Err(self.invalid(op, "local_alloc must give a pointer"));
         };
-        let b = HostBuffer::new(pointee, len as usize);
-        let bytes = vec![0xFF; b.size_bytes()];
-        b.write_bytes(0, &bytes)
+        let i = match self.local_of.get(&(op as *const Op)) {
+            Some(&i) => i,
+            None => {
+                let b = HostBuffer::new(pointee, len as usize);
+                let name = format!("block-local memory ({}:{})", op.span.line, op.span.col);
+                self.locals.push((b, name));
+                let i = self.locals.len() as u32 - 1;
+                self.local_of.insert(op as *const Op, i);
+                i
+            }
+        };
+        let b = &self.locals[i as usize].0;
+        b.write_bytes(0, &vec![0xFF; b.size_bytes()])
             .map_err(|e| self.invalid(op, e.to_string()))?;
-        let name = format!("block-local memory ({}:{})", op.span.line, op.span.col);
-        let slot = LOCAL_SLOT + self.locals.len() as u32;
-        self.locals.push((b, name));
         Ok(Data::Ptr(PtrTile {
-            slots: Slots::Uniform(slot),
+            slots: Slots::Uniform(LOCAL_SLOT + i),
             offs: vec![0],
         }))
     }
