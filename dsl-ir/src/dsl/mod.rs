@@ -28,6 +28,7 @@ mod local;
 mod ops;
 mod random;
 mod shape;
+mod sort;
 
 pub use comm::{Peer, Symmetric, Token, barrier_all, fence, quiet, rank, world_size};
 pub use control::{
