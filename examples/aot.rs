@@ -31,6 +31,9 @@ mod dropout;
 #[path = "layernorm.rs"]
 #[allow(dead_code)]
 mod layernorm;
+#[path = "layernorm_backward.rs"]
+#[allow(dead_code)]
+mod layernorm_backward;
 #[path = "matmul.rs"]
 #[allow(dead_code)]
 mod matmul;
@@ -46,6 +49,9 @@ mod matmul_i8;
 #[path = "softmax.rs"]
 #[allow(dead_code)]
 mod softmax;
+#[path = "topk.rs"]
+#[allow(dead_code)]
+mod topk;
 #[path = "vector_add.rs"]
 #[allow(dead_code)]
 mod vector_add;
@@ -190,7 +196,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 18] = [
+const JOBS: [Job; 21] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -202,6 +208,9 @@ const JOBS: [Job; 18] = [
     job!("layernorm", layernorm::layernorm<f32, 256>),
     job!("dropout", dropout::seeded_dropout<1024>),
     job!("argmax", argmax::row_argmax<1024>),
+    job!("topk", topk::route<16, 64, 4>),
+    job!("layernorm_bwd_dx", layernorm_backward::layernorm_bwd_dx<1024, 32>),
+    job!("layernorm_bwd_dwdb", layernorm_backward::layernorm_bwd_dwdb<32, 128>),
     // FlashAttention-2 forward, 128 query rows x 64 keys per step, head dim 64
     // (examples/attention.rs launches 64x64 tiles).
     job!("attention_fwd_128x64", tessera::attention::attention_fwd<f16, 128, 64, 64>),

@@ -88,7 +88,7 @@ fn histograms_sums_and_exchanges_through_local_memory() {
         );
         for p in 0..progs {
             let part = p * BLOCK..((p + 1) * BLOCK).min(n);
-            let mut want = vec![0i32; BINS];
+            let mut want = [0i32; BINS];
             for &b in &x[part.clone()] {
                 want[b as usize] += 1;
             }
