@@ -18,6 +18,16 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: impl Fn(usize) -
     }
 }
 
+/// The devices every op test runs on: the CPU interpreter and the SIMT emulator in
+/// both vendors' flavors (the real GPU lowering).
+pub fn cpu_and_emulators() -> Vec<tessera::Device> {
+    let mut devs = vec![tessera::Device::cpu()];
+    for k in [tessera::EmuKind::Nv, tessera::EmuKind::Amd] {
+        devs.push(tessera::Device::emu(k).expect("the emulator is built in"));
+    }
+    devs
+}
+
 /// The 1-based line of the first line of `source` containing `marker`.
 pub fn line_of(source: &str, marker: &str) -> u32 {
     source

@@ -6,8 +6,8 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera::EmuKind;
 use tessera::prelude::*;
+use tessera_tests::cpu_and_emulators;
 
 const R: usize = 8;
 const C: usize = 32;
@@ -67,11 +67,7 @@ fn keepdims_reductions_and_broadcasting_select() {
     let q: Vec<i32> = (0..R * C).map(|_| rng.gen_range(-3..4)).collect();
     let limit = 1.25f32;
     let at = |r: usize, c: usize| x[r * C + c];
-    let mut devs = vec![Device::cpu()];
-    for k in [EmuKind::Nv, EmuKind::Amd] {
-        devs.push(Device::emu(k).unwrap());
-    }
-    for dev in devs {
+    for dev in cpu_and_emulators() {
         let f = |n: usize| dev.upload(&vec![f32::NAN; n]).unwrap();
         let i = |n: usize| dev.upload(&vec![-99i32; n]).unwrap();
         let (mut soft, mut centered, mut picked) = (f(2 * R * C), f(R * C), f(4 * R * C));

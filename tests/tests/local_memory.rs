@@ -8,17 +8,8 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera::EmuKind;
 use tessera::prelude::*;
-use tessera_tests::line_of;
-
-fn devices() -> Vec<Device> {
-    let mut devs = vec![Device::cpu()];
-    for k in [EmuKind::Nv, EmuKind::Amd] {
-        devs.push(Device::emu(k).expect("emulator"));
-    }
-    devs
-}
+use tessera_tests::{cpu_and_emulators, line_of};
 
 /// One histogram of `BINS` bins per program over its `BLOCK` elements (atomics on
 /// local memory, colliding lanes included), a float sum through a local atomic, and
@@ -64,7 +55,7 @@ fn histograms_sums_and_exchanges_through_local_memory() {
     let x: Vec<i32> = (0..n).map(|_| r.gen_range(0..BINS as i32)).collect();
     // Small integers, so that every order of the float atomic adds is exact.
     let w: Vec<f32> = (0..n).map(|_| r.gen_range(-8..8) as f32).collect();
-    for dev in devices() {
+    for dev in cpu_and_emulators() {
         let mut hist = dev.upload(&vec![-99i32; progs * BINS]).unwrap();
         let mut sums = dev.upload(&vec![f32::NAN; progs]).unwrap();
         let mut rev = dev.upload(&vec![f32::NAN; n]).unwrap();
@@ -127,7 +118,7 @@ fn a_missing_barrier_is_a_race_with_both_lines() {
     let src = include_str!("local_memory.rs");
     let (store, load) = (line_of(src, "RACE-STORE"), line_of(src, "RACE-LOAD"));
     let w: Vec<f32> = (0..256).map(|i| i as f32).collect();
-    for dev in devices() {
+    for dev in cpu_and_emulators() {
         let mut rev = dev.upload(&vec![f32::NAN; 256]).unwrap();
         let r = racy_exchange::<256>::launch(&dev, 1u32, (&dev.upload(&w).unwrap(), &mut rev));
         if dev.to_string().starts_with("cpu") {
@@ -190,7 +181,7 @@ fn alloc_in_loop(x: &Global<f32>, out: &mut Global<f32>, n: i32) {
 fn local_memory_in_a_runtime_loop() {
     let n = 5;
     let x: Vec<f32> = (0..16 * n).map(|i| i as f32 * 0.5).collect();
-    for dev in devices() {
+    for dev in cpu_and_emulators() {
         let mut out = dev.upload(&vec![f32::NAN; 16 * n]).unwrap();
         alloc_in_loop::launch(&dev, 1u32, (&dev.upload(&x).unwrap(), &mut out, n as i32))
             .unwrap_or_else(|e| panic!("{dev}: {e}"));
@@ -252,7 +243,7 @@ fn histograms_count_every_bin() {
         x[..n].iter().any(|&v| !(0..64).contains(&v)),
         "some values out of range"
     );
-    for dev in devices() {
+    for dev in cpu_and_emulators() {
         let p = |len: usize| dev.upload(&vec![-99i32; len]).unwrap();
         let (mut h1, mut h2, mut h3) = (p(64), p(256), p(32));
         histograms::<B>::launch(

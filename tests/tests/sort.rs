@@ -8,16 +8,8 @@ use std::cmp::Ordering;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera::EmuKind;
 use tessera::prelude::*;
-
-fn devices() -> Vec<Device> {
-    let mut devs = vec![Device::cpu()];
-    for k in [EmuKind::Nv, EmuKind::Amd] {
-        devs.push(Device::emu(k).expect("emulator"));
-    }
-    devs
-}
+use tessera_tests::cpu_and_emulators;
 
 #[kernel]
 #[allow(clippy::too_many_arguments)]
@@ -90,7 +82,7 @@ fn sorts_and_topk_match_a_stable_sort() {
     let down = argsort(&x, |a, b| order(b, a));
     let want_asc: Vec<f32> = up.iter().map(|&i| x[i]).collect();
     let want_desc: Vec<f32> = down.iter().map(|&i| x[i]).collect();
-    for dev in devices() {
+    for dev in cpu_and_emulators() {
         let pf = |n: usize| dev.upload(&vec![f32::from_bits(0x7fc0_dead); n]).unwrap();
         let pi = |n: usize| dev.upload(&vec![-99i32; n]).unwrap();
         let (mut asc, mut desc, mut top) = (pf(N), pf(N), pf(R * K));
