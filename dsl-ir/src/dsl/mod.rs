@@ -20,6 +20,7 @@
 //! error.
 
 mod argreduce;
+mod combine;
 mod comm;
 mod control;
 mod desc;
@@ -30,6 +31,7 @@ mod random;
 mod shape;
 mod sort;
 
+pub use combine::{Combine, associative_scan, reduce_with};
 pub use comm::{Peer, Symmetric, Token, barrier_all, fence, quiet, rank, world_size};
 pub use control::{
     Carry, CondBranch, CtInt, ForRange, LoopIndex, OrdOp, RtBound, RustOrd, ScalarCond, WhileCond,
