@@ -74,8 +74,8 @@ pub mod prelude {
     pub use tessera_ir::dsl::{
         Const, D, DType, DotInput, Float, Global, Int, Local, Num, One, Pow2, S1, S2, S3, Scalar,
         Symmetric, TensorDesc, Tile, Token, arange, associative_scan, barrier, barrier_all, dot,
-        fence, full, num_programs, program_id, quiet, rand, randint, randint4x, randn, rank,
-        reduce_with, select, umulhi, world_size, zeros,
+        dot_batched, fence, full, num_programs, program_id, quiet, rand, randint, randint4x, randn,
+        rank, reduce_with, select, umulhi, world_size, zeros,
     };
     pub use tessera_ir::ir::{AtomicOp, CmpPred, MemOrder, MemScope, ReduceOp, SignalOp};
 }

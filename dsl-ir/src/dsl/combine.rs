@@ -62,23 +62,24 @@ tuple_combine!(A 0, B 1);
 tuple_combine!(A 0, B 1, C 2);
 tuple_combine!(A 0, B 1, C 2, D 3);
 
-/// IR emission for the networks, over tiles of shape `dims`.
-struct Net<'a> {
-    dims: Vec<u32>,
-    span: &'a Span,
+/// IR emission for the networks (and [`super::dot_batched`]), over tiles of shape
+/// `dims`.
+pub(super) struct Net<'a> {
+    pub(super) dims: Vec<u32>,
+    pub(super) span: &'a Span,
 }
 
 impl Net<'_> {
-    fn ty(&self, s: ScalarType) -> Type {
+    pub(super) fn ty(&self, s: ScalarType) -> Type {
         Type::tile(s, &self.dims)
     }
 
-    fn i32(&self, v: i64) -> ValueId {
+    pub(super) fn i32(&self, v: i64) -> ValueId {
         let c = literal_tile::<i32>(LitValue::Int(v as i128), self.span.clone()).id();
         broadcast_value(c, &self.dims, self.span)
     }
 
-    fn bin(&self, op: BinaryOp, a: ValueId, b: ValueId, s: ScalarType) -> ValueId {
+    pub(super) fn bin(&self, op: BinaryOp, a: ValueId, b: ValueId, s: ScalarType) -> ValueId {
         emit1(
             OpKind::Binary(op),
             &[a, b],
@@ -88,12 +89,12 @@ impl Net<'_> {
         )
     }
 
-    fn cmp(&self, p: CmpPred, a: ValueId, b: ValueId) -> ValueId {
+    pub(super) fn cmp(&self, p: CmpPred, a: ValueId, b: ValueId) -> ValueId {
         let t = self.ty(ScalarType::I1);
         emit1(OpKind::Cmp(p), &[a, b], None, t, self.span.clone())
     }
 
-    fn select(&self, c: ValueId, a: ValueId, b: ValueId, s: ScalarType) -> ValueId {
+    pub(super) fn select(&self, c: ValueId, a: ValueId, b: ValueId, s: ScalarType) -> ValueId {
         emit1(
             OpKind::Select,
             &[c, a, b],
@@ -104,7 +105,7 @@ impl Net<'_> {
     }
 
     /// The index along dimension `d`, broadcast over the shape.
-    fn index(&self, d: usize) -> ValueId {
+    pub(super) fn index(&self, d: usize) -> ValueId {
         let n = self.dims[d];
         let a = emit1(
             OpKind::Arange {
@@ -133,7 +134,7 @@ impl Net<'_> {
     }
 
     /// Row-major element strides of the shape.
-    fn strides(&self) -> Vec<i64> {
+    pub(super) fn strides(&self) -> Vec<i64> {
         let mut s = vec![1i64; self.dims.len()];
         for d in (0..self.dims.len().saturating_sub(1)).rev() {
             s[d] = s[d + 1] * self.dims[d + 1] as i64;
@@ -142,7 +143,7 @@ impl Net<'_> {
     }
 
     /// The flat row-major position of every element.
-    fn flat(&self) -> ValueId {
+    pub(super) fn flat(&self) -> ValueId {
         let st = self.strides();
         let mut pos = self.index(self.dims.len() - 1);
         for d in (0..self.dims.len() - 1).rev() {
@@ -158,7 +159,7 @@ impl Net<'_> {
     }
 
     /// A block-local array of `len` elements of `s`.
-    fn local(&self, s: ScalarType, len: usize) -> ValueId {
+    pub(super) fn local(&self, s: ScalarType, len: usize) -> ValueId {
         let ty = Type {
             elem: Elem::Ptr {
                 pointee: s,
@@ -176,19 +177,19 @@ impl Net<'_> {
         )
     }
 
-    fn ptrs(&self, base: ValueId, offs: ValueId, dims: &[u32]) -> ValueId {
+    pub(super) fn ptrs(&self, base: ValueId, offs: ValueId, dims: &[u32]) -> ValueId {
         let b = broadcast_value(base, dims, self.span);
         let ty = with_builder(|bd| bd.ty(b).clone());
         emit1(OpKind::AddPtr, &[b, offs], None, ty, self.span.clone())
     }
 
-    fn barrier(&self) {
+    pub(super) fn barrier(&self) {
         emit0(OpKind::Barrier, &[], self.span.clone());
     }
 
     /// Every part stored at `pos`, then (after a barrier) read back at `from`, of
     /// shape `dims`; a second barrier lets the arrays be written again.
-    fn exchange(
+    pub(super) fn exchange(
         &self,
         arrays: &[ValueId],
         parts: &[(ValueId, ScalarType)],

@@ -20,6 +20,7 @@
 //! error.
 
 mod argreduce;
+mod batched;
 mod combine;
 mod comm;
 mod control;
@@ -31,6 +32,7 @@ mod random;
 mod shape;
 mod sort;
 
+pub use batched::dot_batched;
 pub use combine::{Combine, associative_scan, reduce_with};
 pub use comm::{Peer, Symmetric, Token, barrier_all, fence, quiet, rank, world_size};
 pub use control::{
