@@ -323,3 +323,22 @@ fn local_memory_compiles_for_every_gpu_target() {
         compile_kernel::<histograms<1024>>(&(), t, &o).expect("histograms compile");
     }
 }
+
+#[kernel]
+fn too_big(out: &mut Global<f32>) {
+    let t = Local::<f32, 65536>::new(); // TOO-BIG
+    out.store_unmasked(arange::<16>(), t.load_unmasked(arange::<16>()));
+}
+
+/// More block-local memory than the target has is a compile error naming the
+/// allocation's line and the limit.
+#[test]
+fn too_much_local_memory_is_an_error_at_its_line() {
+    use tessera::aot::{CompileOptions, Target, compile_kernel};
+    let e = compile_kernel::<too_big>(&(), Target::nvptx(80), &CompileOptions::default())
+        .expect_err("256 KiB of shared memory")
+        .to_string();
+    let line = line_of(include_str!("local_memory.rs"), "TOO-BIG");
+    assert!(e.contains("shared memory"), "{e}");
+    assert!(e.contains(&format!("local_memory.rs:{line}:")), "{e}");
+}
