@@ -67,8 +67,12 @@ fn function<'ctx>(cx: &Cx<'ctx>, wide: bool) -> LResult<FunctionValue<'ctx>> {
     let k = |v: u64| it.const_int(v, false);
 
     b.position_at_end(entry);
-    let x = f.get_nth_param(0).expect("two params").into_float_value();
-    let y = f.get_nth_param(1).expect("two params").into_float_value();
+    let param = |i| {
+        f.get_nth_param(i)
+            .map(|p| p.into_float_value())
+            .ok_or_else(|| super::LowerError::Llvm(format!("{name} has no parameter {i}")))
+    };
+    let (x, y) = (param(0)?, param(1)?);
     let ux = b.build_bit_cast(x, it, "ux")?.into_int_value();
     let uy = b.build_bit_cast(y, it, "uy")?.into_int_value();
     let sign_bit = k(1 << (w - 1));
