@@ -1,9 +1,9 @@
 //! [`dot_batched`]: `dot` over a leading batch dimension.
 
-use super::combine::Net;
-use super::{Dim, DotInput, SameDim, Tile, emit0, emit1};
-use crate::ir::{BinaryOp, OpKind, Span, ValueId};
-use crate::types::{ScalarType, Type};
+use super::net::Net;
+use super::{Dim, DotInput, SameDim, Tile, emit1};
+use crate::ir::{BinaryOp, OpKind, Span};
+use crate::types::ScalarType;
 
 /// Batched matrix multiply-accumulate: for every `i` of the leading dimension,
 /// `a[i]` (M×K) times `b[i]` (K×N) plus `acc[i]` (M×N), in the accumulator type (as
@@ -31,73 +31,44 @@ where
     let span = Span::caller();
     let (nb, m, k, n) = (B::SIZE, M::SIZE, K::SIZE, N::SIZE);
     let acc_ty = <T::Acc as super::DType>::TY;
-    let full = |d: [u32; 3]| Net {
+    let net = |d: &[u32]| Net {
         dims: d.to_vec(),
         span: &span,
     };
-    let (na, nbm, nc) = (full([nb, m, k]), full([nb, k, n]), full([nb, m, n]));
+    let (na, nbk, nc) = (net(&[nb, m, k]), net(&[nb, k, n]), net(&[nb, m, n]));
     let la = na.local(T::TY, (nb * m * k) as usize);
-    let lb = nbm.local(T::TY, (nb * k * n) as usize);
+    let lb = nbk.local(T::TY, (nb * k * n) as usize);
     let lc = nc.local(acc_ty, (nb * m * n) as usize);
     let lr = nc.local(acc_ty, (nb * m * n) as usize);
-    let store = |net: &Net, base: ValueId, v: ValueId| {
-        let p = net.ptrs(base, net.flat(), &net.dims);
-        emit0(OpKind::Store { has_mask: false }, &[p, v], span.clone());
-    };
-    store(&na, la, a.id());
-    store(&nbm, lb, b.id());
-    store(&nc, lc, acc.id());
+    na.store(la, na.flat(), a.id());
+    nbk.store(lb, nbk.flat(), b.id());
+    nc.store(lc, nc.flat(), acc.id());
     na.barrier();
-    // One 2-D tile of batch `i` from a local array of [batch][r][c].
-    let load = |base: ValueId, i: u32, r: u32, c: u32, s: ScalarType| {
-        let net = Net {
-            dims: vec![r, c],
-            span: &span,
-        };
-        let off = net.bin(
+    // The positions of batch `i`'s `r x c` tile in an array of [batch][r][c].
+    let at = |i: u32, r: u32, c: u32| {
+        let t = net(&[r, c]);
+        let off = t.bin(
             BinaryOp::Add,
-            net.flat(),
-            net.i32(i64::from(i * r * c)),
+            t.flat(),
+            t.i32(i64::from(i * r * c)),
             ScalarType::I32,
         );
-        let p = net.ptrs(base, off, &net.dims);
-        let kind = OpKind::Load {
-            has_mask: false,
-            has_other: false,
-        };
-        emit1(kind, &[p], None, Type::tile(s, &[r, c]), span.clone())
+        (t, off)
     };
     for i in 0..nb {
-        let ai = load(la, i, m, k, T::TY);
-        let bi = load(lb, i, k, n, T::TY);
-        let ci = load(lc, i, m, n, acc_ty);
-        let d = emit1(
-            OpKind::Dot,
-            &[ai, bi, ci],
-            None,
-            Type::tile(acc_ty, &[m, n]),
-            span.clone(),
-        );
-        let net = Net {
-            dims: vec![m, n],
-            span: &span,
-        };
-        let off = net.bin(
-            BinaryOp::Add,
-            net.flat(),
-            net.i32(i64::from(i * m * n)),
-            ScalarType::I32,
-        );
-        let p = net.ptrs(lr, off, &net.dims);
-        emit0(OpKind::Store { has_mask: false }, &[p, d], span.clone());
+        let (ta, oa) = at(i, m, k);
+        let (tb, ob) = at(i, k, n);
+        let (tc, oc) = at(i, m, n);
+        let ops = [
+            ta.load(la, oa, T::TY),
+            tb.load(lb, ob, T::TY),
+            tc.load(lc, oc, acc_ty),
+        ];
+        let d = emit1(OpKind::Dot, &ops, None, tc.ty(acc_ty), span.clone());
+        tc.store(lr, oc, d);
     }
     nc.barrier();
-    let p = nc.ptrs(lr, nc.flat(), &nc.dims);
-    let kind = OpKind::Load {
-        has_mask: false,
-        has_other: false,
-    };
-    let out = emit1(kind, &[p], None, Type::tile(acc_ty, &nc.dims), span.clone());
+    let out = nc.load(lr, nc.flat(), acc_ty);
     // The arrays may be reused (a batched dot in a loop): everyone has read them.
     nc.barrier();
     Tile::from_id(out)

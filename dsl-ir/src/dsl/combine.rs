@@ -15,10 +15,10 @@
 //!   `combine(x[i - d], x[i])` where `i ≥ d` (`combine(x[i], x[i + d])` where
 //!   `i + d < n` for a reverse scan).
 
-use super::ops::broadcast_value;
-use super::{DType, LitValue, RemoveAxis, Shape, Tile, emit0, emit1, literal_tile, with_builder};
-use crate::ir::{BinaryOp, CmpPred, OpKind, Span, ValueId};
-use crate::types::{AddrSpace, Elem, ScalarType, Type};
+use super::net::Net;
+use super::{DType, RemoveAxis, Shape, Tile};
+use crate::ir::{BinaryOp, CmpPred, Span, ValueId};
+use crate::types::ScalarType;
 
 /// What [`reduce_with`] and [`associative_scan`] combine: a tile, or a tuple of two
 /// to four tiles of one shape.
@@ -62,173 +62,6 @@ tuple_combine!(A 0, B 1);
 tuple_combine!(A 0, B 1, C 2);
 tuple_combine!(A 0, B 1, C 2, D 3);
 
-/// IR emission for the networks (and [`super::dot_batched`]), over tiles of shape
-/// `dims`.
-pub(super) struct Net<'a> {
-    pub(super) dims: Vec<u32>,
-    pub(super) span: &'a Span,
-}
-
-impl Net<'_> {
-    pub(super) fn ty(&self, s: ScalarType) -> Type {
-        Type::tile(s, &self.dims)
-    }
-
-    pub(super) fn i32(&self, v: i64) -> ValueId {
-        let c = literal_tile::<i32>(LitValue::Int(v as i128), self.span.clone()).id();
-        broadcast_value(c, &self.dims, self.span)
-    }
-
-    pub(super) fn bin(&self, op: BinaryOp, a: ValueId, b: ValueId, s: ScalarType) -> ValueId {
-        emit1(
-            OpKind::Binary(op),
-            &[a, b],
-            None,
-            self.ty(s),
-            self.span.clone(),
-        )
-    }
-
-    pub(super) fn cmp(&self, p: CmpPred, a: ValueId, b: ValueId) -> ValueId {
-        let t = self.ty(ScalarType::I1);
-        emit1(OpKind::Cmp(p), &[a, b], None, t, self.span.clone())
-    }
-
-    pub(super) fn select(&self, c: ValueId, a: ValueId, b: ValueId, s: ScalarType) -> ValueId {
-        emit1(
-            OpKind::Select,
-            &[c, a, b],
-            None,
-            self.ty(s),
-            self.span.clone(),
-        )
-    }
-
-    /// The index along dimension `d`, broadcast over the shape.
-    pub(super) fn index(&self, d: usize) -> ValueId {
-        let n = self.dims[d];
-        let a = emit1(
-            OpKind::Arange {
-                start: 0,
-                end: n as i64,
-            },
-            &[],
-            None,
-            Type::tile(ScalarType::I32, &[n]),
-            self.span.clone(),
-        );
-        if self.dims.len() == 1 {
-            return a;
-        }
-        // [n] -> [1, .., n, .., 1] -> dims.
-        let mut shape = vec![1u32; self.dims.len()];
-        shape[d] = n;
-        let r = emit1(
-            OpKind::Reshape,
-            &[a],
-            Some(&Type::tile(ScalarType::I32, &shape)),
-            Type::tile(ScalarType::I32, &shape),
-            self.span.clone(),
-        );
-        broadcast_value(r, &self.dims, self.span)
-    }
-
-    /// Row-major element strides of the shape.
-    pub(super) fn strides(&self) -> Vec<i64> {
-        let mut s = vec![1i64; self.dims.len()];
-        for d in (0..self.dims.len().saturating_sub(1)).rev() {
-            s[d] = s[d + 1] * self.dims[d + 1] as i64;
-        }
-        s
-    }
-
-    /// The flat row-major position of every element.
-    pub(super) fn flat(&self) -> ValueId {
-        let st = self.strides();
-        let mut pos = self.index(self.dims.len() - 1);
-        for d in (0..self.dims.len() - 1).rev() {
-            let term = self.bin(
-                BinaryOp::Mul,
-                self.index(d),
-                self.i32(st[d]),
-                ScalarType::I32,
-            );
-            pos = self.bin(BinaryOp::Add, pos, term, ScalarType::I32);
-        }
-        pos
-    }
-
-    /// A block-local array of `len` elements of `s`.
-    pub(super) fn local(&self, s: ScalarType, len: usize) -> ValueId {
-        let ty = Type {
-            elem: Elem::Ptr {
-                pointee: s,
-                space: AddrSpace::Shared,
-            },
-            shape: vec![],
-        };
-        let len = u32::try_from(len).unwrap_or(u32::MAX);
-        emit1(
-            OpKind::LocalAlloc { len },
-            &[],
-            Some(&ty),
-            ty.clone(),
-            self.span.clone(),
-        )
-    }
-
-    pub(super) fn ptrs(&self, base: ValueId, offs: ValueId, dims: &[u32]) -> ValueId {
-        let b = broadcast_value(base, dims, self.span);
-        let ty = with_builder(|bd| bd.ty(b).clone());
-        emit1(OpKind::AddPtr, &[b, offs], None, ty, self.span.clone())
-    }
-
-    pub(super) fn barrier(&self) {
-        emit0(OpKind::Barrier, &[], self.span.clone());
-    }
-
-    /// Every part stored at `pos`, then (after a barrier) read back at `from`, of
-    /// shape `dims`; a second barrier lets the arrays be written again.
-    pub(super) fn exchange(
-        &self,
-        arrays: &[ValueId],
-        parts: &[(ValueId, ScalarType)],
-        pos: ValueId,
-        from: ValueId,
-        from_dims: &[u32],
-    ) -> Vec<ValueId> {
-        for (&a, &(v, _)) in arrays.iter().zip(parts) {
-            let p = self.ptrs(a, pos, &self.dims);
-            emit0(
-                OpKind::Store { has_mask: false },
-                &[p, v],
-                self.span.clone(),
-            );
-        }
-        self.barrier();
-        let got = arrays
-            .iter()
-            .zip(parts)
-            .map(|(&a, &(_, s))| {
-                let p = self.ptrs(a, from, from_dims);
-                let kind = OpKind::Load {
-                    has_mask: false,
-                    has_other: false,
-                };
-                emit1(
-                    kind,
-                    &[p],
-                    None,
-                    Type::tile(s, from_dims),
-                    self.span.clone(),
-                )
-            })
-            .collect();
-        self.barrier();
-        got
-    }
-}
-
 /// Reduces `values` (a tile or a tuple of tiles) along axis `AX` with `combine`,
 /// which must be associative (not necessarily commutative: operands stay in axis
 /// order). Triton's `tl.reduce(values, AX, combine_fn)`.
@@ -255,25 +88,16 @@ where
     F: Fn(V, V) -> V,
 {
     let span = Span::caller();
-    let net = Net {
-        dims: V::Shape::dims(),
-        span: &span,
-    };
-    let n = net.dims[AX] as i64;
-    let total: usize = net.dims.iter().map(|&d| d as usize).product();
-    let stride = net.strides()[AX];
-    let types: Vec<ScalarType> = values.parts().iter().map(|p| p.1).collect();
-    let arrays: Vec<ValueId> = types.iter().map(|&s| net.local(s, total)).collect();
-    let pos = net.flat();
-    let idx = net.index(AX);
+    let l = Lines::new(values, AX, &span);
+    let net = &l.net;
     let zero = net.i32(0);
     let mut cur = values;
     let mut s = 1;
-    while s < n {
+    while s < l.n {
         // The partner differs in bit `s` of the axis index (strides are powers of 2).
-        let partner = net.bin(BinaryOp::Xor, pos, net.i32(s * stride), ScalarType::I32);
-        let other = V::from_parts(&net.exchange(&arrays, &cur.parts(), pos, partner, &net.dims));
-        let bit = net.bin(BinaryOp::And, idx, net.i32(s), ScalarType::I32);
+        let partner = net.bin(BinaryOp::Xor, l.pos, net.i32(s * l.stride), ScalarType::I32);
+        let other = V::from_parts(&net.exchange(&l.arrays, &cur.parts(), l.pos, net, partner));
+        let bit = net.bin(BinaryOp::And, l.idx, net.i32(s), ScalarType::I32);
         let lower = net.cmp(CmpPred::Eq, bit, zero);
         let mine_first = combine(cur, other).parts();
         let theirs_first = combine(other, cur).parts();
@@ -285,29 +109,16 @@ where
         cur = V::from_parts(&ids);
         s *= 2;
     }
-    // Every element of a line holds its result: read the first of each line.
-    let out_dims = <<V::Shape as RemoveAxis<AX>>::Out as Shape>::dims();
+    // Every element of a line holds its result: read the first of each line (the
+    // positions of the other dimensions, at the input's strides).
     let rest = Net {
-        dims: out_dims.clone(),
+        dims: <<V::Shape as RemoveAxis<AX>>::Out as Shape>::dims(),
         span: &span,
     };
-    let st = net.strides();
-    let first = if out_dims.is_empty() {
-        literal_tile::<i32>(LitValue::Int(0), span.clone()).id()
-    } else {
-        let mut p = rest.i32(0);
-        for (k, d) in (0..net.dims.len()).filter(|&d| d != AX).enumerate() {
-            let term = rest.bin(
-                BinaryOp::Mul,
-                rest.index(k),
-                rest.i32(st[d]),
-                ScalarType::I32,
-            );
-            p = rest.bin(BinaryOp::Add, p, term, ScalarType::I32);
-        }
-        p
-    };
-    let ids = net.exchange(&arrays, &cur.parts(), pos, first, &out_dims);
+    let mut strides = net.strides();
+    strides.remove(AX);
+    let first = rest.positions(&strides);
+    let ids = net.exchange(&l.arrays, &cur.parts(), l.pos, &rest, first);
     <V::With<<V::Shape as RemoveAxis<AX>>::Out>>::from_parts(&ids)
 }
 
@@ -327,17 +138,8 @@ where
     F: Fn(V, V) -> V,
 {
     let span = Span::caller();
-    let net = Net {
-        dims: V::Shape::dims(),
-        span: &span,
-    };
-    let n = net.dims[AX] as i64;
-    let total: usize = net.dims.iter().map(|&d| d as usize).product();
-    let stride = net.strides()[AX];
-    let types: Vec<ScalarType> = values.parts().iter().map(|p| p.1).collect();
-    let arrays: Vec<ValueId> = types.iter().map(|&s| net.local(s, total)).collect();
-    let pos = net.flat();
-    let idx = net.index(AX);
+    let l = Lines::new(values, AX, &span);
+    let (net, n, stride, pos, idx) = (&l.net, l.n, l.stride, l.pos, l.idx);
     let mut cur = values;
     let mut d = 1;
     while d < n {
@@ -352,7 +154,7 @@ where
             let prev = net.bin(BinaryOp::Sub, pos, net.i32(d * stride), ScalarType::I32);
             (has, net.select(has, prev, pos, ScalarType::I32))
         };
-        let other = V::from_parts(&net.exchange(&arrays, &cur.parts(), pos, from, &net.dims));
+        let other = V::from_parts(&net.exchange(&l.arrays, &cur.parts(), pos, net, from));
         let c = if reverse {
             combine(cur, other)
         } else {
@@ -368,4 +170,42 @@ where
         d *= 2;
     }
     cur
+}
+
+/// What both networks start from: the lines along axis `ax` of `values`' shape, and
+/// an array in block-local memory per part.
+struct Lines<'a> {
+    net: Net<'a>,
+    /// The length of a line.
+    n: i64,
+    /// The axis's element stride.
+    stride: i64,
+    arrays: Vec<ValueId>,
+    /// The flat position of every element.
+    pos: ValueId,
+    /// The index of every element along the axis.
+    idx: ValueId,
+}
+
+impl<'a> Lines<'a> {
+    fn new<V: Combine>(values: V, ax: usize, span: &'a Span) -> Lines<'a> {
+        let net = Net {
+            dims: V::Shape::dims(),
+            span,
+        };
+        let total: usize = net.dims.iter().map(|&d| d as usize).product();
+        let arrays = values
+            .parts()
+            .iter()
+            .map(|&(_, s)| net.local(s, total))
+            .collect();
+        Lines {
+            n: i64::from(net.dims[ax]),
+            stride: net.strides()[ax],
+            arrays,
+            pos: net.flat(),
+            idx: net.index(ax),
+            net,
+        }
+    }
 }

@@ -3,10 +3,11 @@
 
 use std::marker::PhantomData;
 
+use super::net::Net;
 use super::ops::broadcast_value;
 use super::ops::{Offsets, Operand, StoreValue};
-use super::{BroadcastTo, DType, Global, LitValue, Tile, emit1, literal_tile, with_builder};
-use crate::ir::{AtomicOp, BinaryOp, CmpPred, MemOrder, MemScope, OpKind, Span};
+use super::{BroadcastTo, DType, Global, LitValue, Tile, emit1, literal_tile};
+use crate::ir::{AtomicOp, CmpPred, MemOrder, MemScope, OpKind, Span};
 use crate::types::{AddrSpace, Elem, ScalarType, Type};
 
 /// `N` elements of `T` in block-local memory: one array per program instance for the
@@ -231,44 +232,26 @@ impl<I: super::Int, S: super::Shape> Tile<I, S> {
         super::barrier();
         // Counted: masked in and in 0..BINS (an upper bound past the type's largest
         // value excludes nothing).
-        let dims = S::dims();
-        let bt = Type::tile(ScalarType::I1, &dims);
+        let net = Net {
+            dims: S::dims(),
+            span: &span,
+        };
         let lit = |v: i128| {
             let c = literal_tile::<I>(LitValue::Int(v), span.clone()).id();
-            broadcast_value(c, &dims, &span)
+            broadcast_value(c, &net.dims, &span)
         };
-        let cmp = |p: CmpPred, v: i128| {
-            emit1(
-                OpKind::Cmp(p),
-                &[self.id(), lit(v)],
-                None,
-                bt.clone(),
-                span.clone(),
-            )
-        };
-        let and = |a, b| {
-            emit1(
-                OpKind::Binary(BinaryOp::And),
-                &[a, b],
-                None,
-                bt.clone(),
-                span.clone(),
-            )
-        };
-        let mut counted = and(mask.id(), cmp(CmpPred::Ge, 0));
+        let mut counted = net.and(mask.id(), net.cmp(CmpPred::Ge, self.id(), lit(0)));
         let max = if I::TY.is_signed_int() {
             (1i128 << (I::TY.bits() - 1)) - 1
         } else {
             (1i128 << I::TY.bits()) - 1
         };
         if (BINS as i128) <= max {
-            counted = and(counted, cmp(CmpPred::Lt, BINS as i128));
+            let below = net.cmp(CmpPred::Lt, self.id(), lit(BINS as i128));
+            counted = net.and(counted, below);
         }
-        let base = broadcast_value(h.mem.id(), &dims, &span);
-        let pty = with_builder(|b| b.ty(base).clone());
-        let ptrs = emit1(OpKind::AddPtr, &[base, self.id()], None, pty, span.clone());
-        let one = literal_tile::<i32>(LitValue::Int(1), span.clone()).id();
-        let ones = broadcast_value(one, &dims, &span);
+        let ptrs = net.ptrs(h.mem.id(), self.id());
+        let ones = net.i32(1);
         emit1(
             OpKind::AtomicRmw {
                 op: AtomicOp::Add,
@@ -278,7 +261,7 @@ impl<I: super::Int, S: super::Shape> Tile<I, S> {
             },
             &[ptrs, ones, counted],
             None,
-            Type::tile(ScalarType::I32, &dims),
+            net.ty(ScalarType::I32),
             span.clone(),
         );
         super::barrier();

@@ -27,6 +27,7 @@ mod control;
 mod desc;
 mod hint;
 mod local;
+mod net;
 mod ops;
 mod random;
 mod shape;
