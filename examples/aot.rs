@@ -25,6 +25,9 @@
 #[path = "argmax.rs"]
 #[allow(dead_code)]
 mod argmax;
+#[path = "checked_gather.rs"]
+#[allow(dead_code)]
+mod checked_gather;
 #[path = "dropout.rs"]
 #[allow(dead_code)]
 mod dropout;
@@ -196,7 +199,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 21] = [
+const JOBS: [Job; 22] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -209,6 +212,7 @@ const JOBS: [Job; 21] = [
     job!("dropout", dropout::seeded_dropout<1024>),
     job!("argmax", argmax::row_argmax<1024>),
     job!("topk", topk::route<16, 64, 4>),
+    job!("checked_gather", checked_gather::checked_gather<256>),
     job!("layernorm_bwd_dx", layernorm_backward::layernorm_bwd_dx<1024, 32>),
     job!("layernorm_bwd_dwdb", layernorm_backward::layernorm_bwd_dwdb<32, 128>),
     // FlashAttention-2 forward, 128 query rows x 64 keys per step, head dim 64

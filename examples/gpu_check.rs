@@ -13,6 +13,9 @@
 // The example kernels are included as modules; each also has its own `main`.
 #![allow(clippy::duplicate_mod)]
 
+#[path = "checked_gather.rs"]
+#[allow(dead_code)]
+mod ex_checked_gather;
 #[path = "layernorm.rs"]
 #[allow(dead_code)]
 mod ex_layernorm;
@@ -44,6 +47,7 @@ use tessera::artifact::KernelOptions;
 use tessera::prelude::*;
 use tessera::{ArtifactStore, DeviceKind, Specialization};
 
+use ex_checked_gather::checked_gather;
 use ex_layernorm::layernorm;
 use ex_matmul::matmul;
 use ex_matmul_desc::matmul_desc;
@@ -138,7 +142,7 @@ type Case = fn(&Device, &Device, &mut StdRng) -> Result<Result<String, String>, 
 
 /// Runs one kernel on `gpu` and on `cpu` with the same inputs; the inner result is
 /// the comparison.
-const CASES: [(&str, Case); 10] = [
+const CASES: [(&str, Case); 11] = [
     ("vector_add", |gpu, cpu, rng| {
         let n = 1_000_003usize;
         let (xs, ys) = (random(rng, n, -10.0, 10.0), random(rng, n, -10.0, 10.0));
@@ -312,6 +316,38 @@ const CASES: [(&str, Case); 10] = [
             Ok(out)
         };
         Ok(compare(&run(gpu)?, &run(cpu)?, 1e-4, 1e-4))
+    }),
+    // device_print and device_assert: the output buffer read back after the launch.
+    ("checked_gather", |gpu, cpu, rng| {
+        let (n, len) = (10_000usize, 3000usize);
+        let xs = random(rng, len, -1.0, 1.0);
+        let mut ids: Vec<i32> = (0..n).map(|_| rng.gen_range(0..len as i32)).collect();
+        ids[3 * 256 + 40] = -2;
+        let run = |d: &Device| -> Result<(Vec<f64>, Vec<String>, String), Error> {
+            let (x, idx) = (d.upload(&xs)?, d.upload(&ids)?);
+            let mut out = d.upload(&vec![f32::NAN; n])?;
+            let args = (&x, &idx, &mut out, n as i32, len as i32);
+            let (r, mut lines) = tessera::debug::capture_output(|| {
+                checked_gather::<256>::launch(d, n.div_ceil(256), args)
+            });
+            lines.sort();
+            let failed = match r {
+                Err(Error::DeviceAssert(f)) => {
+                    format!("{:?} {:?} {}", f.program, f.index, f.failing)
+                }
+                other => format!("{other:?}"),
+            };
+            Ok((f64s(out.download()?, f64::from), lines, failed))
+        };
+        let (g, c) = (run(gpu)?, run(cpu)?);
+        if (&g.1, &g.2) != (&c.1, &c.2) {
+            return Ok(Err(format!(
+                "lines {:?} / failure {} vs {:?} / {}",
+                g.1, g.2, c.1, c.2
+            )));
+        }
+        Ok(compare(&g.0, &c.0, 0.0, 0.0)
+            .map(|d| format!("{d}, {} lines, assertion {}", g.1.len(), g.2)))
     }),
 ];
 
@@ -504,6 +540,10 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
         find_all::<matmul_fp8_bt<F8E4M3, 64, 64, 64>>(store, t, o),
     );
     one("layernorm", find_all::<layernorm<f32, 256>>(store, t, o));
+    one(
+        "checked_gather",
+        find_all::<checked_gather<256>>(store, t, o),
+    );
     rows
 }
 

@@ -30,7 +30,7 @@ if [ ! -e /dev/nvidiactl ]; then
   grep -q "no CUDA driver found (libcuda.so could not be loaded)" <<<"$out"
 fi
 # Every example checks its own results and exits non-zero on a mismatch.
-for ex in vector_add softmax dropout argmax topk matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention ping_pong; do
+for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention ping_pong; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"
 done
 # Communicating examples on CPU ranks (small sizes: debug build).
@@ -51,7 +51,7 @@ for emu in emu-nv emu-amd; do
   TESSERA_DEVICE=$emu cargo run -q -p tessera --example sp_attention -- --ranks 4 --seq 64 --heads 1 --iters 1
 done
 # The single-device examples on the emulator too.
-for ex in vector_add softmax dropout argmax topk matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention; do
+for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention; do
   TESSERA_DEVICE=emu-nv cargo run -q -p tessera --example "$ex"
   TESSERA_DEVICE=emu-amd cargo run -q -p tessera --example "$ex"
 done

@@ -510,6 +510,31 @@ pub fn infer_result_types(
             expect_n(0)?;
             Ok(vec![])
         }
+        OpKind::Print { .. } => {
+            if let Some(t) = operands.iter().find(|t| t.elem.is_ptr()) {
+                return Err(format!("`print` cannot print pointers, got {t}"));
+            }
+            let mut tiles = operands.iter().filter(|t| !t.is_scalar());
+            if let Some(first) = tiles.next()
+                && let Some(t) = tiles.find(|t| t.shape != first.shape)
+            {
+                return Err(format!(
+                    "`print` operands are scalars or tiles of one shape, got shapes {:?} and {:?}",
+                    first.shape, t.shape
+                ));
+            }
+            Ok(vec![])
+        }
+        OpKind::Assert { .. } => {
+            expect_n(1)?;
+            if operands[0].elem != Elem::Scalar(ScalarType::I1) {
+                return Err(format!(
+                    "`assert` needs an i1 condition, got {}",
+                    operands[0]
+                ));
+            }
+            Ok(vec![])
+        }
         OpKind::Rank | OpKind::WorldSize => {
             expect_n(0)?;
             Ok(vec![Type::scalar(ScalarType::I32)])

@@ -818,6 +818,24 @@ pub enum OpKind {
     /// visible after it (system scope). Every rank must launch the same grid, and the
     /// whole grid must be resident at once.
     BarrierAll,
+    /// `print "prefix" values...`: reports the values on the host after the launch,
+    /// one line per element (scalars: one line), with the program id, the element's
+    /// index and the op's file:line. Operands are scalars or tiles of one shape, of
+    /// any element type but pointers. No results. Removed before any backend runs by
+    /// [`crate::debug::lower_debug_ops`].
+    Print {
+        /// Text printed before the values.
+        prefix: String,
+    },
+    /// `assert "message" cond`: when an element of the `i1` scalar or tile `cond` is
+    /// false, the launch fails after the kernel completes, naming the op's
+    /// file:line:col, the message, the program and the first failing element. The
+    /// program does not stop at a failed assertion. No results. Removed before any
+    /// backend runs by [`crate::debug::lower_debug_ops`].
+    Assert {
+        /// The message reported on failure.
+        message: String,
+    },
 }
 
 impl OpKind {
@@ -865,6 +883,8 @@ impl OpKind {
             OpKind::Fence { .. } => "fence",
             OpKind::BarrierAll => "barrier_all",
             OpKind::LocalAlloc { .. } => "local_alloc",
+            OpKind::Print { .. } => "print",
+            OpKind::Assert { .. } => "assert",
         }
     }
 
@@ -890,7 +910,15 @@ impl OpKind {
                 | OpKind::Fence { .. }
                 | OpKind::BarrierAll
                 | OpKind::LocalAlloc { .. }
+                | OpKind::Print { .. }
+                | OpKind::Assert { .. }
         )
+    }
+
+    /// True for the debugging ops ([`OpKind::Print`], [`OpKind::Assert`]), which
+    /// [`crate::debug::lower_debug_ops`] replaces with stores into a hidden buffer.
+    pub fn is_debug(&self) -> bool {
+        matches!(self, OpKind::Print { .. } | OpKind::Assert { .. })
     }
 
     /// True for the communication ops (which need a world: rank, heap-base table).

@@ -7,7 +7,8 @@
 //! - [`infer`]: the result-type rule of every op; [`builder`]: appends ops;
 //! - [`verify`]: the verifier, whose errors name the op's span;
 //! - [`printer`] and [`parser`]: the stable text form that snapshot tests hold;
-//! - [`passes`]: canonicalization/constant folding, CSE and DCE;
+//! - [`passes`]: canonicalization/constant folding, CSE and DCE; [`debug`]: device
+//!   printing and assertions lowered to stores into a hidden buffer;
 //! - [`interp`]: the reference interpreter (the semantics every backend must match),
 //!   with a sanitizer for out-of-bounds accesses;
 //! - [`dsl`]: the typed tracing front-end that `#[kernel]` code calls.
@@ -15,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod builder;
+pub mod debug;
 pub mod dsl;
 pub mod infer;
 pub mod interp;

@@ -740,6 +740,12 @@ impl Parser<'_> {
             "local_alloc" => OpKind::LocalAlloc {
                 len: self.small_int("local_alloc length")?,
             },
+            "print" => OpKind::Print {
+                prefix: self.string()?,
+            },
+            "assert" => OpKind::Assert {
+                message: self.string()?,
+            },
             "splat" => OpKind::Splat,
             "broadcast" => OpKind::Broadcast,
             "expand_dims" => OpKind::ExpandDims { axis: self.axis()? },

@@ -335,6 +335,8 @@ impl Printer<'_> {
             }
             OpKind::Arange { start, end } => format!("{start}, {end}"),
             OpKind::LocalAlloc { len } => len.to_string(),
+            OpKind::Print { prefix } => quote_string(prefix),
+            OpKind::Assert { message } => quote_string(message),
             OpKind::ExpandDims { axis } => format!("axis={axis}"),
             OpKind::DescLoad { rank, .. } | OpKind::DescStore { rank } => format!("rank={rank}"),
             OpKind::Permute { order } => {

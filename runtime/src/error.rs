@@ -51,6 +51,10 @@ pub enum Error {
     #[cfg(feature = "jit")]
     #[error("{0}")]
     CommFault(Box<tessera_codegen::comm::CommFault>),
+    /// A `device_assert` failed: names its file:line:col, message, program and
+    /// first failing element. The kernel ran to completion.
+    #[error("{0}")]
+    DeviceAssert(Box<tessera_ir::debug::AssertFailure>),
     /// The launch itself is invalid (grid size, buffer from another device, ...).
     #[error("invalid launch of kernel `{kernel}`: {reason}")]
     Launch {

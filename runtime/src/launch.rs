@@ -6,6 +6,7 @@ use std::fmt::Debug;
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use tessera_ir::debug::DebugSites;
 use tessera_ir::dsl::DType;
 use tessera_ir::interp::{self, KernelArg};
 use tessera_ir::ir::ConstValue;
@@ -272,6 +273,9 @@ fn scalar_value(ty: ScalarType, c: ConstValue) -> interp::Scalar {
 /// A built, verified and optimized kernel.
 struct Compiled {
     func: Arc<Function>,
+    /// The kernel's `device_print`/`device_assert` sites, when it has any: its last
+    /// parameter is then the output buffer ([`tessera_ir::debug`]).
+    debug: Option<Arc<DebugSites>>,
     /// The printed IR: what the GPU kernel keys hash.
     ir_text: String,
     /// GPU specializations of this IR on launch facts (which parameters are
@@ -280,10 +284,11 @@ struct Compiled {
 }
 
 impl Compiled {
-    fn new(func: Function) -> Compiled {
+    fn new(func: Function, debug: Option<Arc<DebugSites>>) -> Compiled {
         Compiled {
             ir_text: tessera_ir::printer::print_function(&func),
             func: Arc::new(func),
+            debug,
             specs: Mutex::new(HashMap::new()),
         }
     }
@@ -296,7 +301,12 @@ impl Compiled {
         let mut specs = self.specs.lock().unwrap_or_else(|e| e.into_inner());
         specs
             .entry(facts)
-            .or_insert_with_key(|spec| Arc::new(Compiled::new(self.func.specialized(spec))))
+            .or_insert_with_key(|spec| {
+                Arc::new(Compiled::new(
+                    self.func.specialized(spec),
+                    self.debug.clone(),
+                ))
+            })
             .clone()
     }
 }
@@ -444,7 +454,8 @@ fn cache() -> &'static Mutex<HashMap<IrKey, Arc<Compiled>>> {
 }
 
 /// The IR of kernel `K` for comptime arguments `ct`, after verification and
-/// optimization: built on first use, then served from an in-process cache keyed by
+/// optimization, with `device_print`/`device_assert` lowered to stores into the
+/// hidden last parameter ([`tessera_ir::debug`]): built on first use, then served from an in-process cache keyed by
 /// the kernel's type (which includes its generic arguments) and `ct`.
 pub fn kernel_ir<K: Kernel>(ct: &K::Comptime) -> Result<Arc<Function>, Error> {
     Ok(compile::<K>(ct)?.func.clone())
@@ -469,8 +480,20 @@ fn compile<K: Kernel>(ct: &K::Comptime) -> Result<Arc<Compiled>, Error> {
     verify(&func)?;
     tessera_ir::passes::optimize(&mut func);
     verify(&func)?;
+    // `device_print`/`device_assert` become stores into a hidden buffer, the same
+    // IR for every backend.
+    let debug = tessera_ir::debug::lower_debug_ops(&mut func)
+        .map_err(|reason| Error::Launch {
+            kernel: K::NAME.to_string(),
+            reason,
+        })?
+        .map(Arc::new);
+    if debug.is_some() {
+        tessera_ir::passes::optimize(&mut func);
+        verify(&func)?;
+    }
     crate::launch::dump(&func, &key.1)?;
-    let compiled = Arc::new(Compiled::new(func));
+    let compiled = Arc::new(Compiled::new(func, debug));
     Ok(lock_cache().entry(key).or_insert(compiled).clone())
 }
 
@@ -649,7 +672,15 @@ pub fn launch<K: Kernel>(
     if grid.count() == 0 {
         return Ok(());
     }
-    let (flat, tma) = flatten(K::NAME, &compiled.func, args)?;
+    let (mut flat, tma) = flatten(K::NAME, &compiled.func, args)?;
+    // A kernel that prints or asserts takes its output buffer last.
+    let mut debug_buf = match &compiled.debug {
+        Some(_) => Some(debug_buffer(device)?),
+        None => None,
+    };
+    if let Some(b) = debug_buf.as_mut() {
+        flat.push(LaunchArg::buffer_mut(b));
+    }
     let args = &flat[..];
     let param_name = |i: usize| {
         compiled
@@ -694,170 +725,211 @@ pub fn launch<K: Kernel>(
             }
         }
     }
-    match &device.backend {
-        Backend::Cpu | Backend::Emu(_) => {
-            let mut kargs = Vec::with_capacity(args.len());
-            for (i, a) in args.iter().enumerate() {
-                match &a.0 {
-                    Arg::Buffer {
-                        storage: Storage::Host(raw),
-                        ..
-                    } => kargs.push(KernelArg::Buffer(Arc::clone(raw))),
-                    Arg::Buffer { .. } => {
-                        return Err(invalid(format!(
-                            "buffer `{}` is not in host memory",
-                            param_name(i)
-                        )));
-                    }
-                    Arg::Symmetric { copies, .. } => {
-                        kargs.push(KernelArg::Symmetric(Arc::clone(copies)))
-                    }
-                    Arg::Scalar(s) => kargs.push(KernelArg::Scalar(*s)),
-                    Arg::Desc(_) => {
-                        return Err(invalid(
-                            "a descriptor argument not spread over its parameters".into(),
-                        ));
-                    }
-                }
-            }
-            match &device.backend {
-                #[cfg(feature = "jit")]
-                Backend::Emu(k) => {
-                    let flavor = match k {
-                        crate::EmuKind::Nv => tessera_codegen::target::EmuFlavor::Nv,
-                        crate::EmuKind::Amd => tessera_codegen::target::EmuFlavor::Amd,
-                        crate::EmuKind::Sm90a => tessera_codegen::target::EmuFlavor::Sm90a,
-                    };
-                    let opts = tessera_codegen::CompileOptions::default();
-                    // Specialized like a GPU launch with these arguments, so the
-                    // emulator runs the code a GPU would.
-                    let spec: Vec<ParamFacts> = args
-                        .iter()
-                        .map(|a| {
-                            let addr = match &a.0 {
-                                Arg::Buffer {
-                                    storage: Storage::Host(raw),
-                                    ..
-                                }
-                                | Arg::Symmetric {
-                                    storage: Storage::Host(raw),
-                                    ..
-                                } => Some(raw.as_mut_ptr() as u64),
-                                _ => None,
-                            };
-                            arg_facts(&a.0, addr)
-                        })
-                        .collect();
-                    // On emu-sm90a, tensor maps for TMA copies (registered for the launch).
-                    let mut spec = spec;
-                    let mut maps: Vec<tessera_codegen::emu::tma::TensorMapHandle> = Vec::new();
-                    if flavor == tessera_codegen::target::EmuFlavor::Sm90a {
-                        for t in &tma {
-                            let base = match &t.desc.buf {
-                                Arg::Buffer {
-                                    storage: Storage::Host(raw),
-                                    ..
-                                } => raw.as_mut_ptr() as u64,
-                                _ => continue,
-                            };
-                            let Some(m) = t.map(base) else {
-                                continue;
-                            };
-                            if let Ok(m) = tessera_codegen::emu::tma::EmuTensorMap::new(
-                                base,
-                                m.elem_bytes,
-                                &m.dims,
-                                &m.strides,
-                                &m.box_dims,
-                                m.swizzle,
-                            ) {
-                                let h = m.register();
-                                kargs[t.tmap_arg] = KernelArg::Scalar(interp::Scalar::U64(h.id()));
-                                maps.push(h);
-                                spec[t.tmap_arg].tensor_map = true;
-                            }
+    let ran = (|| -> Result<(), Error> {
+        match &device.backend {
+            Backend::Cpu | Backend::Emu(_) => {
+                let mut kargs = Vec::with_capacity(args.len());
+                for (i, a) in args.iter().enumerate() {
+                    match &a.0 {
+                        Arg::Buffer {
+                            storage: Storage::Host(raw),
+                            ..
+                        } => kargs.push(KernelArg::Buffer(Arc::clone(raw))),
+                        Arg::Buffer { .. } => {
+                            return Err(invalid(format!(
+                                "buffer `{}` is not in host memory",
+                                param_name(i)
+                            )));
+                        }
+                        Arg::Symmetric { copies, .. } => {
+                            kargs.push(KernelArg::Symmetric(Arc::clone(copies)))
+                        }
+                        Arg::Scalar(s) => kargs.push(KernelArg::Scalar(*s)),
+                        Arg::Desc(_) => {
+                            return Err(invalid(
+                                "a descriptor argument not spread over its parameters".into(),
+                            ));
                         }
                     }
-                    let compiled = compiled.specialized(spec);
-                    // Communicating kernels get this rank's hidden arguments; a wait
-                    // that fails comes back as `EmuError::Comm` (decoded from the
-                    // rank's error record).
-                    let emu_world = device
-                        .comm
-                        .as_ref()
-                        .map(|c| tessera_codegen::emu::EmuWorld {
-                            rank: c.rank,
-                            heap_bases: c.host_heap_bases(),
-                            timeout: c.timeout(),
-                        });
-                    tessera_codegen::emu::launch_in_world(
-                        &compiled.func,
-                        flavor,
-                        &opts,
-                        dims,
-                        &kargs,
-                        emu_world.as_ref(),
-                    )
-                    .map_err(|e| Error::Emu(Box::new(e)))?;
-                    drop(maps);
                 }
-                _ => interp::run_in_world(&compiled.func, dims, &kargs, world.as_ref())?,
+                match &device.backend {
+                    #[cfg(feature = "jit")]
+                    Backend::Emu(k) => {
+                        let flavor = match k {
+                            crate::EmuKind::Nv => tessera_codegen::target::EmuFlavor::Nv,
+                            crate::EmuKind::Amd => tessera_codegen::target::EmuFlavor::Amd,
+                            crate::EmuKind::Sm90a => tessera_codegen::target::EmuFlavor::Sm90a,
+                        };
+                        let opts = tessera_codegen::CompileOptions::default();
+                        // Specialized like a GPU launch with these arguments, so the
+                        // emulator runs the code a GPU would.
+                        let spec: Vec<ParamFacts> = args
+                            .iter()
+                            .map(|a| {
+                                let addr = match &a.0 {
+                                    Arg::Buffer {
+                                        storage: Storage::Host(raw),
+                                        ..
+                                    }
+                                    | Arg::Symmetric {
+                                        storage: Storage::Host(raw),
+                                        ..
+                                    } => Some(raw.as_mut_ptr() as u64),
+                                    _ => None,
+                                };
+                                arg_facts(&a.0, addr)
+                            })
+                            .collect();
+                        // On emu-sm90a, tensor maps for TMA copies (registered for the launch).
+                        let mut spec = spec;
+                        let mut maps: Vec<tessera_codegen::emu::tma::TensorMapHandle> = Vec::new();
+                        if flavor == tessera_codegen::target::EmuFlavor::Sm90a {
+                            for t in &tma {
+                                let base = match &t.desc.buf {
+                                    Arg::Buffer {
+                                        storage: Storage::Host(raw),
+                                        ..
+                                    } => raw.as_mut_ptr() as u64,
+                                    _ => continue,
+                                };
+                                let Some(m) = t.map(base) else {
+                                    continue;
+                                };
+                                if let Ok(m) = tessera_codegen::emu::tma::EmuTensorMap::new(
+                                    base,
+                                    m.elem_bytes,
+                                    &m.dims,
+                                    &m.strides,
+                                    &m.box_dims,
+                                    m.swizzle,
+                                ) {
+                                    let h = m.register();
+                                    kargs[t.tmap_arg] =
+                                        KernelArg::Scalar(interp::Scalar::U64(h.id()));
+                                    maps.push(h);
+                                    spec[t.tmap_arg].tensor_map = true;
+                                }
+                            }
+                        }
+                        let compiled = compiled.specialized(spec);
+                        // Communicating kernels get this rank's hidden arguments; a wait
+                        // that fails comes back as `EmuError::Comm` (decoded from the
+                        // rank's error record).
+                        let emu_world =
+                            device
+                                .comm
+                                .as_ref()
+                                .map(|c| tessera_codegen::emu::EmuWorld {
+                                    rank: c.rank,
+                                    heap_bases: c.host_heap_bases(),
+                                    timeout: c.timeout(),
+                                });
+                        tessera_codegen::emu::launch_in_world(
+                            &compiled.func,
+                            flavor,
+                            &opts,
+                            dims,
+                            &kargs,
+                            emu_world.as_ref(),
+                        )
+                        .map_err(|e| Error::Emu(Box::new(e)))?;
+                        drop(maps);
+                    }
+                    _ => interp::run_in_world(&compiled.func, dims, &kargs, world.as_ref())?,
+                }
             }
-        }
-        Backend::Cuda(d) => {
-            let (mut gargs, mut spec) = gpu_args(args, |s| match s {
-                Storage::Cuda(b) => Some(b.address()),
-                _ => None,
-            })
-            .map_err(invalid)?;
-            if device.gpu_target() == Some("sm_90a") {
-                // TMA: the driver's tensor maps; a descriptor without one (unaligned,
-                // a block TMA cannot copy, an encoding the driver refuses) reads
-                // through masked loads, with the same results.
-                for t in &tma {
-                    let GpuArg::U64(base) = gargs[t.buf_arg] else {
-                        continue;
-                    };
-                    let Some(m) = t.map(base) else {
-                        continue;
-                    };
-                    let built = d.tensor_map(
-                        base,
-                        m.elem_bytes,
-                        &m.dims,
-                        &m.strides,
-                        &m.box_dims,
-                        m.swizzle,
-                    );
-                    if let Ok(addr) = built {
-                        gargs[t.tmap_arg] = GpuArg::U64(addr);
-                        spec[t.tmap_arg].tensor_map = true;
+            Backend::Cuda(d) => {
+                let (mut gargs, mut spec) = gpu_args(args, |s| match s {
+                    Storage::Cuda(b) => Some(b.address()),
+                    _ => None,
+                })
+                .map_err(invalid)?;
+                if device.gpu_target() == Some("sm_90a") {
+                    // TMA: the driver's tensor maps; a descriptor without one (unaligned,
+                    // a block TMA cannot copy, an encoding the driver refuses) reads
+                    // through masked loads, with the same results.
+                    for t in &tma {
+                        let GpuArg::U64(base) = gargs[t.buf_arg] else {
+                            continue;
+                        };
+                        let Some(m) = t.map(base) else {
+                            continue;
+                        };
+                        let built = d.tensor_map(
+                            base,
+                            m.elem_bytes,
+                            &m.dims,
+                            &m.strides,
+                            &m.box_dims,
+                            m.swizzle,
+                        );
+                        if let Ok(addr) = built {
+                            gargs[t.tmap_arg] = GpuArg::U64(addr);
+                            spec[t.tmap_arg].tensor_map = true;
+                        }
                     }
                 }
+                gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
+                let (compiled, key) = gpu_specialization(device, &compiled, spec)?;
+                let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
+                d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
+                check_trap(device, &compiled.func)?;
+                check_comm_record(device, &compiled.func)?;
             }
-            gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
-            let (compiled, key) = gpu_specialization(device, &compiled, spec)?;
-            let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
-            d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
-            check_trap(device, &compiled.func)?;
-            check_comm_record(device, &compiled.func)?;
+            #[cfg(feature = "hip")]
+            Backend::Hip(d) => {
+                let (mut gargs, spec) = gpu_args(args, |s| match s {
+                    Storage::Hip(b) => Some(b.ptr as u64),
+                    _ => None,
+                })
+                .map_err(invalid)?;
+                gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
+                let (compiled, key) = gpu_specialization(device, &compiled, spec)?;
+                let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
+                d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
+                check_trap(device, &compiled.func)?;
+                check_comm_record(device, &compiled.func)?;
+            }
         }
-        #[cfg(feature = "hip")]
-        Backend::Hip(d) => {
-            let (mut gargs, spec) = gpu_args(args, |s| match s {
-                Storage::Hip(b) => Some(b.ptr as u64),
-                _ => None,
-            })
-            .map_err(invalid)?;
-            gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
-            let (compiled, key) = gpu_specialization(device, &compiled, spec)?;
-            let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
-            d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
-            check_trap(device, &compiled.func)?;
-            check_comm_record(device, &compiled.func)?;
-        }
+        Ok(())
+    })();
+    drop(flat);
+    match (&compiled.debug, debug_buf) {
+        // The output comes out even when the launch failed: it may say why.
+        (Some(sites), Some(buf)) => report_debug(sites, &buf, ran),
+        _ => ran,
     }
-    Ok(())
+}
+
+/// `u64` words of the output buffer of a kernel that prints or asserts (2 MiB).
+const DEBUG_BUFFER_WORDS: usize = 1 << 18;
+
+/// A zeroed output buffer with its capacity in word 1 ([`tessera_ir::debug`]).
+fn debug_buffer(device: &Device) -> Result<Buffer<u64>, Error> {
+    let mut init = vec![0u64; DEBUG_BUFFER_WORDS];
+    init[1] = DebugSites::capacity(DEBUG_BUFFER_WORDS);
+    device.upload(&init)
+}
+
+/// Emits a launch's `device_print` lines (`crate::debug::emit`); returns the
+/// launch's own error first, then a failed `device_assert`.
+fn report_debug(
+    sites: &DebugSites,
+    buf: &Buffer<u64>,
+    ran: Result<(), Error>,
+) -> Result<(), Error> {
+    let words = match buf.download() {
+        Ok(w) => w,
+        // A launch that failed may leave the device unable to copy: its error wins.
+        Err(e) => return ran.and(Err(e)),
+    };
+    let report = sites.decode(&words);
+    crate::debug::emit(&report.lines);
+    ran?;
+    match report.failure {
+        Some(f) => Err(Error::DeviceAssert(Box::new(f))),
+        None => Ok(()),
+    }
 }
 
 /// The hidden parameters of a communicating kernel on a GPU rank (none for other

@@ -40,6 +40,7 @@ pub mod attention;
 mod buffer;
 pub mod collectives;
 mod cuda;
+pub mod debug;
 mod device;
 pub mod disk_cache;
 mod error;
@@ -73,9 +74,10 @@ pub mod prelude {
     pub use half::{bf16, f16};
     pub use tessera_ir::dsl::{
         Const, D, DType, DotInput, Float, Global, Int, Local, Num, One, Pow2, S1, S2, S3, Scalar,
-        Symmetric, TensorDesc, Tile, Token, arange, associative_scan, barrier, barrier_all, dot,
-        dot_batched, fence, full, num_programs, program_id, quiet, rand, randint, randint4x, randn,
-        rank, reduce_with, select, umulhi, world_size, zeros,
+        Symmetric, TensorDesc, Tile, Token, arange, associative_scan, barrier, barrier_all,
+        device_assert, device_print, dot, dot_batched, fence, full, num_programs, program_id,
+        quiet, rand, randint, randint4x, randn, rank, reduce_with, select, umulhi, world_size,
+        zeros,
     };
     pub use tessera_ir::ir::{AtomicOp, CmpPred, MemOrder, MemScope, ReduceOp, SignalOp};
 }

@@ -1734,6 +1734,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.set(op.results[0], t);
             }
             OpKind::Barrier => self.barrier()?,
+            OpKind::Print { .. } | OpKind::Assert { .. } => {
+                return unsupported(
+                    span,
+                    "`print`/`assert` must be lowered first (tessera_ir::debug::lower_debug_ops)",
+                );
+            }
             OpKind::For => self.lower_for(op)?,
             OpKind::If => self.lower_if(op)?,
             OpKind::While => self.lower_while(op)?,

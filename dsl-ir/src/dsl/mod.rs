@@ -24,6 +24,7 @@ mod batched;
 mod combine;
 mod comm;
 mod control;
+mod debug;
 mod desc;
 mod hint;
 mod local;
@@ -40,6 +41,7 @@ pub use control::{
     Carry, CondBranch, CtInt, ForRange, LoopIndex, OrdOp, RtBound, RustOrd, ScalarCond, WhileCond,
     compare, for_range, if_else, while_cond, while_loop,
 };
+pub use debug::{PrintArgs, device_assert, device_print};
 pub use desc::{Coords, TensorDesc};
 pub use hint::HintValues;
 pub use local::Local;

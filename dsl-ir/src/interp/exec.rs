@@ -1084,6 +1084,12 @@ impl Prog<'_, '_> {
                 return Ok(Some(Term::Cond(c, vals)));
             }
             OpKind::Barrier => return Ok(None),
+            OpKind::Print { .. } | OpKind::Assert { .. } => {
+                return Err(self.invalid(
+                    op,
+                    "`print`/`assert` must be lowered first (tessera_ir::debug::lower_debug_ops)",
+                ));
+            }
             OpKind::Rank
             | OpKind::WorldSize
             | OpKind::RemotePtr
