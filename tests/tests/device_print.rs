@@ -103,10 +103,8 @@ fn tiles_and_scalars_print_every_element_with_program_and_index() {
 #[kernel]
 fn where_am_i() {
     let (x, y, z) = (program_id(0), program_id(1), program_id(2));
-    device_print(
-        "at",
-        (x, y, z, num_programs(0) * num_programs(1) * num_programs(2)),
-    );
+    let n = num_programs(0) * num_programs(1) * num_programs(2);
+    device_print("at", (x, y, z, n)); // WHERE_AM_I
 }
 
 /// Every program of a 3-D grid reports its own id, once.
@@ -123,7 +121,7 @@ fn every_program_of_a_3d_grid_prints_its_id() {
                 for z in 0..2 {
                     want.push(format!(
                         "{}: pid ({x}, {y}, {z}) at {x}, {y}, {z}, 12",
-                        loc("device_print(\"at\"")
+                        loc("WHERE_AM_I")
                     ));
                 }
             }
