@@ -29,6 +29,10 @@ if [ ! -e /dev/nvidiactl ]; then
   out="$(TESSERA_DEVICE=cuda cargo run -q -p tessera --example vector_add 2>&1 || true)"
   grep -q "no CUDA driver found (libcuda.so could not be loaded)" <<<"$out"
 fi
+# A bad launch-watchdog setting is an error naming it; a good one changes nothing.
+out="$(TESSERA_DEVICE=cpu TESSERA_LAUNCH_TIMEOUT=abc cargo run -q -p tessera --example vector_add 2>&1 || true)"
+grep -q 'TESSERA_LAUNCH_TIMEOUT=`abc`: expected a positive number of seconds' <<<"$out"
+TESSERA_DEVICE=emu-nv TESSERA_LAUNCH_TIMEOUT=600 cargo run -q -p tessera --example checked_gather
 # Every example checks its own results and exits non-zero on a mismatch.
 for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention ping_pong; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"

@@ -117,6 +117,8 @@ pub struct Device {
     artifacts: Option<Arc<ArtifactStore>>,
     /// The rank this device handle belongs to, for kernels that communicate.
     pub(crate) comm: Option<Arc<crate::world::RankComm>>,
+    /// The launch watchdog set by [`Device::with_launch_timeout`].
+    launch_timeout: Option<Duration>,
 }
 
 impl PartialEq for Device {
@@ -140,6 +142,7 @@ impl Device {
             backend,
             artifacts: None,
             comm: None,
+            launch_timeout: None,
         }
     }
 
@@ -232,10 +235,46 @@ impl Device {
     /// folder) before `TESSERA_AOT_DIR` and the JIT.
     pub fn with_artifacts(&self, dir: impl Into<PathBuf>) -> Device {
         Device {
-            backend: self.backend.clone(),
             artifacts: Some(Arc::new(ArtifactStore::new(dir))),
-            comm: self.comm.clone(),
+            ..self.clone()
         }
+    }
+
+    /// This device with a launch watchdog on the CPU and the emulators: a launch
+    /// that runs longer than `timeout` stops every runtime loop (`for`, `while`) at
+    /// its next test and fails naming the kernel and the loop's line, instead of
+    /// running forever. Without it, `TESSERA_LAUNCH_TIMEOUT` (seconds, e.g. `30` or
+    /// `0.5`) sets the limit; unset, launches are unbounded. GPUs ignore it (their
+    /// kernels run to completion).
+    pub fn with_launch_timeout(&self, timeout: Duration) -> Device {
+        Device {
+            launch_timeout: Some(timeout),
+            ..self.clone()
+        }
+    }
+
+    /// The watchdog of a launch on this handle: [`Device::with_launch_timeout`],
+    /// else `TESSERA_LAUNCH_TIMEOUT`; a value that is not a positive number of
+    /// seconds is an error naming the variable.
+    pub(crate) fn launch_timeout(&self) -> Result<Option<Duration>, Error> {
+        if let Some(t) = self.launch_timeout {
+            return Ok(Some(t));
+        }
+        let Ok(v) = std::env::var("TESSERA_LAUNCH_TIMEOUT") else {
+            return Ok(None);
+        };
+        if v.trim().is_empty() {
+            return Ok(None);
+        }
+        v.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| s.is_finite() && *s > 0.0)
+            .and_then(|s| Duration::try_from_secs_f64(s).ok())
+            .map(Some)
+            .ok_or_else(|| Error::Config(format!(
+                "TESSERA_LAUNCH_TIMEOUT=`{v}`: expected a positive number of seconds (e.g. 30 or 0.5)"
+            )))
     }
 
     /// Where precompiled kernels are looked for: the folder given to

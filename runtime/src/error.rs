@@ -55,6 +55,10 @@ pub enum Error {
     /// first failing element. The kernel ran to completion.
     #[error("{0}")]
     DeviceAssert(Box<tessera_ir::debug::AssertFailure>),
+    /// A configuration value (an environment variable) that cannot be used; the
+    /// message names it.
+    #[error("configuration error: {0}")]
+    Config(String),
     /// The launch itself is invalid (grid size, buffer from another device, ...).
     #[error("invalid launch of kernel `{kernel}`: {reason}")]
     Launch {

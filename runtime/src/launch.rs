@@ -54,9 +54,15 @@ impl Grid {
         self.dims
     }
 
-    /// Total number of program instances.
+    /// Total number of program instances (`u64::MAX` when the product overflows: a
+    /// launch of such a grid is an error).
     pub fn count(&self) -> u64 {
-        self.dims.iter().product()
+        self.checked_count().unwrap_or(u64::MAX)
+    }
+
+    /// Total number of program instances, `None` when it does not fit a `u64`.
+    pub fn checked_count(&self) -> Option<u64> {
+        self.dims.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
     }
 }
 
@@ -669,9 +675,17 @@ pub fn launch<K: Kernel>(
             })?;
     }
     let compiled = compile::<K>(ct)?;
-    if grid.count() == 0 {
-        return Ok(());
+    match grid.checked_count() {
+        Some(0) => return Ok(()),
+        Some(_) => {}
+        None => {
+            return Err(invalid(format!(
+                "grid {:?} has more than 2^64 program instances",
+                grid.dims()
+            )));
+        }
     }
+    let watchdog = device.launch_timeout()?;
     let (mut flat, tma) = flatten(K::NAME, &compiled.func, args)?;
     // A kernel that prints or asserts takes its output buffer last.
     let mut debug_buf = match &compiled.debug {
@@ -824,18 +838,22 @@ pub fn launch<K: Kernel>(
                                     heap_bases: c.host_heap_bases(),
                                     timeout: c.timeout(),
                                 });
-                        tessera_codegen::emu::launch_in_world(
+                        let limits = tessera_codegen::emu::EmuLimits { timeout: watchdog };
+                        tessera_codegen::emu::launch_limited(
                             &compiled.func,
                             flavor,
                             &opts,
                             dims,
                             &kargs,
                             emu_world.as_ref(),
+                            &limits,
                         )
                         .map_err(|e| Error::Emu(Box::new(e)))?;
                         drop(maps);
                     }
-                    _ => interp::run_in_world(&compiled.func, dims, &kargs, world.as_ref())?,
+                    _ => {
+                        interp::run_limited(&compiled.func, dims, &kargs, world.as_ref(), watchdog)?
+                    }
                 }
             }
             Backend::Cuda(d) => {

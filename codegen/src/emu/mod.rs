@@ -235,6 +235,27 @@ pub enum EmuError {
         /// Threads in the block.
         threads: u32,
     },
+    /// The launch ran past its watchdog ([`EmuLimits::timeout`]): every runtime
+    /// loop stopped at its next test; names the loop the first thread stopped in.
+    #[error(
+        "{span}: kernel `{kernel}` ran past its {:.3} s launch timeout (TESSERA_LAUNCH_TIMEOUT): stopped in this `{op}` loop (block {b}, thread {thread})",
+        timeout.as_secs_f64(),
+        b = fmt3(.block)
+    )]
+    LaunchTimeout {
+        /// The kernel.
+        kernel: String,
+        /// The loop (`for` or `while`).
+        op: &'static str,
+        /// Its source location.
+        span: Span,
+        /// The first block that stopped.
+        block: [u32; 3],
+        /// Its thread.
+        thread: u32,
+        /// The limit.
+        timeout: Duration,
+    },
     /// A `wait_until` or `barrier_all` timed out, or gave up because another rank
     /// failed ([`crate::comm::CommFault::Aborted`]: a consequence, not a cause).
     #[error(transparent)]
@@ -393,6 +414,28 @@ pub fn launch_in_world(
     grid: [u32; 3],
     args: &[KernelArg],
     world: Option<&EmuWorld>,
+) -> Result<(), EmuError> {
+    launch_limited(func, flavor, opts, grid, args, world, &EmuLimits::default())
+}
+
+/// Limits of one emulated launch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EmuLimits {
+    /// A watchdog: once the launch has run this long, every runtime loop (`for`,
+    /// `while`) stops at its next test and the launch fails with
+    /// [`EmuError::LaunchTimeout`] naming the loop. `None`: no limit.
+    pub timeout: Option<Duration>,
+}
+
+/// [`launch_in_world`] under `limits`.
+pub fn launch_limited(
+    func: &Function,
+    flavor: EmuFlavor,
+    opts: &CompileOptions,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    world: Option<&EmuWorld>,
+    limits: &EmuLimits,
 ) -> Result<(), EmuError> {
     if !opts.num_warps.is_power_of_two() || opts.num_warps > 16 {
         return Err(CodegenError::Options(format!(
@@ -563,6 +606,8 @@ pub fn launch_in_world(
         }),
         errors: Mutex::new(Vec::new()),
         failed: AtomicBool::new(false),
+        watchdog: limits.timeout.map(|t| (std::time::Instant::now() + t, t)),
+        expired: AtomicBool::new(false),
     };
     let job = Job {
         launch: &launch,
@@ -1028,12 +1073,19 @@ pub(crate) fn block_of(grid: [u32; 3], lin: u64) -> [u32; 3] {
 
 /// The recorded error of the lowest (block, thread), if any.
 fn first_error(launch: Launch<'_>) -> Result<(), EmuError> {
-    let errs = launch
+    let mut errs = launch
         .errors
         .into_inner()
         .unwrap_or_else(|p| p.into_inner());
-    match errs.into_iter().min_by_key(|e| (e.0, e.1)) {
-        Some((_, _, e)) => Err(e),
-        None => Ok(()),
+    // A watchdog stop is the cause of whatever the stopped loops did next.
+    let stop = errs
+        .iter()
+        .position(|e| matches!(e.2, EmuError::LaunchTimeout { .. }));
+    match stop {
+        Some(i) => Err(errs.swap_remove(i).2),
+        None => match errs.into_iter().min_by_key(|e| (e.0, e.1)) {
+            Some((_, _, e)) => Err(e),
+            None => Ok(()),
+        },
     }
 }

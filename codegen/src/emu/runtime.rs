@@ -122,6 +122,10 @@ pub(crate) struct Launch<'a> {
     /// Errors with their (linear block, thread) for picking the first.
     pub errors: Mutex<Vec<(u64, u32, EmuError)>>,
     pub failed: AtomicBool,
+    /// The watchdog's deadline and limit ([`crate::emu::EmuLimits`]).
+    pub watchdog: Option<(std::time::Instant, std::time::Duration)>,
+    /// Set when the watchdog expired: every loop stops at its next test.
+    pub expired: AtomicBool,
 }
 
 /// Errors kept per launch (the first is reported; a broken kernel may fail millions of
@@ -452,6 +456,32 @@ extern "C" fn tessera_emu_check_divisor(is_zero: i32, site: i32) {
 /// Called at every loop back edge: the other threads of the block (and the other
 /// blocks of a waiting kernel) get a turn, so a thread that spins on a value another
 /// thread of its block writes makes progress, as on a GPU.
+extern "C" fn tessera_emu_loop_ok(site: i32) -> i32 {
+    with(1, |c| {
+        let Some((deadline, limit)) = c.launch.watchdog else {
+            return 1;
+        };
+        if c.launch.expired.load(Ordering::Relaxed) {
+            return 0;
+        }
+        if std::time::Instant::now() < deadline {
+            return 1;
+        }
+        if !c.launch.expired.swap(true, Ordering::AcqRel) {
+            let (span, op) = c.launch.site(site as u32);
+            c.fail(EmuError::LaunchTimeout {
+                kernel: c.launch.kernel.to_string(),
+                op,
+                span,
+                block: c.block.get(),
+                thread: c.tid,
+                timeout: limit,
+            });
+        }
+        0
+    })
+}
+
 extern "C" fn tessera_emu_yield() {
     with((), |c| c.park(Park::Yield));
 }
@@ -1746,6 +1776,10 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         (
             "tessera_emu_bad_peer",
             tessera_emu_bad_peer as *const () as usize,
+        ),
+        (
+            "tessera_emu_loop_ok",
+            tessera_emu_loop_ok as *const () as usize,
         ),
         (
             "tessera_emu_note_shared",

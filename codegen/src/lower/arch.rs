@@ -233,6 +233,17 @@ pub trait Arch {
     fn loop_backedge<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
         Ok(())
     }
+    /// The condition a runtime loop (`for`, `while`; `site` names it) goes on with,
+    /// at its header: `cond` on GPUs; the emulator also stops every loop once the
+    /// launch's watchdog has expired (the launch then fails naming the loop).
+    fn loop_continue<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        cond: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<IntValue<'ctx>> {
+        Ok(cond)
+    }
     /// True when the back end drops the ordering of `atomicrmw` (LLVM 22 NVPTX emits a
     /// relaxed `atom` for every ordering): the lowering then brackets a relaxed
     /// `atomicrmw` with fences at the op's scope (release before, acquire after).

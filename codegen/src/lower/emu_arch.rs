@@ -16,6 +16,7 @@
 //! | timer (ns) | `i64 tessera_emu_timer_ns()` (also parks the calling GPU thread: it is called in polling loops, and the thread waited for must get its turn) |
 //! | integer divisor | `void tessera_emu_check_divisor(i32 is_zero, i32 site)` (reports a division by zero) |
 //! | loop back edge | `void tessera_emu_yield()` (the other threads get a turn) |
+//! | runtime loop header | `i32 tessera_emu_loop_ok(i32 site)` (0 once the launch's watchdog expired: the loop exits, the launch fails) |
 //! | bad `remote_ptr` peer | `void tessera_emu_bad_peer(i32 peer, i32 world, i32 site)` (records the error) |
 //! | shared access | `void tessera_emu_note_shared(ptr p, i32 bytes, i32 is_write, i32 site)` |
 //! | `mma.sync` m16n8k16 | `void tessera_emu_mma_nv_{f16,bf16}(i32 a0..a3, i32 b0, b1, float c0..c3, ptr d, i32 site)` |
@@ -274,6 +275,20 @@ impl Arch for Emu {
         let ty = cx.ctx.void_type().fn_type(&[], false);
         call(cx, "tessera_emu_yield", ty, &[])?;
         Ok(())
+    }
+
+    fn loop_continue<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        cond: IntValue<'ctx>,
+        site: u32,
+    ) -> LResult<IntValue<'ctx>> {
+        let i32t = cx.ctx.i32_type();
+        let ty = i32t.fn_type(&[i32t.into()], false);
+        let ok = int_result(call(cx, "tessera_emu_loop_ok", ty, &[Emu::site(cx, site)])?)?;
+        let ok =
+            cx.b.build_int_compare(inkwell::IntPredicate::NE, ok, cx.i32(0), "")?;
+        Ok(cx.b.build_and(cond, ok, "")?)
     }
 
     fn set_kernel_abi<'ctx>(&self, _cx: &Cx<'ctx>, _f: FunctionValue<'ctx>, _num_threads: u32) {

@@ -1924,6 +1924,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             .cx
             .b
             .build_int_compare(inkwell::IntPredicate::SLT, ivv, ub, "")?;
+        self.restore_op(op);
+        let site = self.new_site("for");
+        let c = self.arch.loop_continue(&self.cx, c, site)?;
         self.cx.b.build_conditional_branch(c, bb_body, exit)?;
         self.cx.b.position_at_end(bb_body);
         if let Some(ahead) = rings.iter().map(|(_, r)| r.ahead).min() {
@@ -2165,9 +2168,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let Some((cond, fwd)) = cv.split_first() else {
             return unsupported(span, "a `while` whose before-region lacks a condition");
         };
-        self.cx
-            .b
-            .build_conditional_branch(cond.regs[0].into_int_value(), after, exit)?;
+        let site = self.new_site("while");
+        let c = self
+            .arch
+            .loop_continue(&self.cx, cond.regs[0].into_int_value(), site)?;
+        self.cx.b.build_conditional_branch(c, after, exit)?;
         self.cx.b.position_at_end(after);
         for (a, t) in op.regions[1].args.iter().zip(fwd) {
             self.set(*a, t.clone());

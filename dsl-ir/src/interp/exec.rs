@@ -33,9 +33,28 @@ pub fn run_in_world(
     args: &[KernelArg],
     world: Option<&CommWorld>,
 ) -> Result<(), InterpError> {
+    run_limited(f, grid, args, world, None)
+}
+
+/// [`run_in_world`] with a watchdog: once the launch has run for `timeout`, every
+/// program stops at its next loop test (`for`, `while`) and the launch fails with
+/// [`InterpError::LaunchTimeout`] naming the loop. `None`: no limit.
+pub fn run_limited(
+    f: &Function,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    world: Option<&CommWorld>,
+    timeout: Option<std::time::Duration>,
+) -> Result<(), InterpError> {
     let world = world.cloned().unwrap_or_else(CommWorld::single);
     let bound = check_args(f, args, &world)?;
-    let total = grid.iter().map(|&g| g as u64).product::<u64>();
+    let total = grid
+        .iter()
+        .try_fold(1u64, |n, &g| n.checked_mul(g as u64))
+        .ok_or_else(|| InterpError::GridTooLarge {
+            kernel: f.name.clone(),
+            grid,
+        })?;
     if total == 0 {
         return Ok(());
     }
@@ -59,6 +78,7 @@ pub fn run_in_world(
         world,
         best: AtomicU64::new(u64::MAX),
         err: Mutex::new(None),
+        watchdog: timeout.map(|t| (std::time::Instant::now() + t, t)),
     };
     let nvalues = f.values.len();
     if blocking {
@@ -367,6 +387,8 @@ pub(super) struct Exec<'a> {
     /// Lowest linear program id known to have failed.
     best: AtomicU64,
     err: Mutex<Option<(u64, InterpError)>>,
+    /// The watchdog's deadline and limit ([`run_limited`]).
+    watchdog: Option<(std::time::Instant, std::time::Duration)>,
 }
 
 /// Why a program instance stopped.
@@ -731,6 +753,23 @@ impl Prog<'_, '_> {
             }
             .into(),
             ArithErr::Unsupported(m) => self.invalid(op, m),
+        }
+    }
+
+    /// Fails the program when the launch's watchdog expired (at each loop test).
+    fn check_watchdog(&self, op: &Op) -> R<()> {
+        match self.ex.watchdog {
+            Some((deadline, timeout)) if std::time::Instant::now() >= deadline => {
+                Err(InterpError::LaunchTimeout {
+                    kernel: self.kernel(),
+                    op: op.kind.mnemonic(),
+                    span: op.span.clone(),
+                    program: self.lin,
+                    timeout,
+                }
+                .into())
+            }
+            _ => Ok(()),
         }
     }
 
@@ -1134,6 +1173,7 @@ impl Prog<'_, '_> {
         let mut iv = lb;
         while iv < ub {
             self.check_cancel()?;
+            self.check_watchdog(op)?;
             let ivd = Data::int_scalar(ity, iv).ok_or_else(|| self.invalid(op, "bad iv"))?;
             self.bind(op, &[iv_arg], vec![ivd])?;
             self.bind(op, iter_args, iters)?;
@@ -1167,6 +1207,7 @@ impl Prog<'_, '_> {
         };
         loop {
             self.check_cancel()?;
+            self.check_watchdog(op)?;
             self.bind(op, &before.args, carried)?;
             let (c, fwd) = match self.region(before, pb)? {
                 Term::Cond(c, v) => (c, v),

@@ -125,7 +125,7 @@ use std::fmt::Write as _;
 
 pub use buffer::{Element, HostBuffer, HostMemory};
 pub use comm::{CommWorld, MAX_RESIDENT, ctrl, default_wait_timeout, parse_wait_timeout};
-pub use exec::{run, run_in_world};
+pub use exec::{run, run_in_world, run_limited};
 pub use value::{KernelArg, Scalar};
 
 use crate::ir::Span;
@@ -318,6 +318,31 @@ pub enum InterpError {
         programs: u64,
         /// The most that may run at once.
         limit: u64,
+    },
+    /// The launch ran past its watchdog ([`run_limited`]).
+    #[error(
+        "{span}: kernel `{kernel}` ran past its {:.3} s launch timeout (TESSERA_LAUNCH_TIMEOUT): stopped in this `{op}` loop (program {program})",
+        timeout.as_secs_f64()
+    )]
+    LaunchTimeout {
+        /// Kernel name.
+        kernel: String,
+        /// The loop (`for` or `while`).
+        op: &'static str,
+        /// Its source location.
+        span: Span,
+        /// The program's linear id.
+        program: u64,
+        /// The limit.
+        timeout: std::time::Duration,
+    },
+    /// The grid has more program instances than a `u64` counts.
+    #[error("kernel `{kernel}`: a grid of {grid:?} has more than 2^64 program instances")]
+    GridTooLarge {
+        /// Kernel name.
+        kernel: String,
+        /// The grid.
+        grid: [u32; 3],
     },
     /// A host-side [`HostBuffer`] access out of range or of the wrong type.
     #[error("host buffer access: {message}")]
