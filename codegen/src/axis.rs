@@ -183,8 +183,16 @@ impl AxisAnalysis {
                 if shape(op.operands[0]).is_empty() {
                     out = AxisInfo::constant(&rs, s.scalar_div());
                 } else {
+                    // Along the new axis every element starts a run, so its divisibility
+                    // must hold for every element: only when no dimension has runs of
+                    // consecutive values (`n0 + arange` is not a multiple of `n0`'s).
+                    let every = if s.contiguity.iter().all(|&c| c == 1) {
+                        s.scalar_div()
+                    } else {
+                        1
+                    };
                     out.contiguity.insert(axis, 1);
-                    out.divisibility.insert(axis, s.scalar_div());
+                    out.divisibility.insert(axis, every);
                     out.constancy.insert(axis, 1);
                 }
                 out
@@ -391,6 +399,50 @@ mod tests {
         assert_eq!(pp.contiguity, vec![1024]);
         assert_eq!(pp.divisibility, vec![16]);
         assert_eq!(a.get(&f, mask).constancy, vec![16]);
+    }
+
+    /// A causal mask `rows >= cols` (attention): `cols = 64 * pid + arange(64)` put
+    /// along a new row axis is not a multiple of 64 in every element, so the mask is
+    /// not constant along the rows. A divisibility of 64 there (that of `cols`' run
+    /// starts) once claimed runs of 64 equal rows.
+    #[test]
+    fn an_expanded_range_has_no_divisibility_along_the_new_axis() {
+        let sp = Span::unknown;
+        let mut b = FunctionBuilder::new("k", sp());
+        let pid = b
+            .op1(OpKind::ProgramId { axis: 0 }, &[], None, sp())
+            .unwrap();
+        let range = |b: &mut FunctionBuilder, n: i64| {
+            let c = b.const_i32(n as i32, sp()).unwrap();
+            let base = b
+                .op1(OpKind::Binary(BinaryOp::Mul), &[pid, c], None, sp())
+                .unwrap();
+            let t = Type::tile(ScalarType::I32, &[n as u32]);
+            let bs = b.op1(OpKind::Splat, &[base], Some(&t), sp()).unwrap();
+            let ar = b
+                .op1(OpKind::Arange { start: 0, end: n }, &[], None, sp())
+                .unwrap();
+            b.op1(OpKind::Binary(BinaryOp::Add), &[bs, ar], None, sp())
+                .unwrap()
+        };
+        let (r, c) = (range(&mut b, 128), range(&mut b, 64));
+        let rows = b
+            .op1(OpKind::ExpandDims { axis: 1 }, &[r], None, sp())
+            .unwrap();
+        let cols = b
+            .op1(OpKind::ExpandDims { axis: 0 }, &[c], None, sp())
+            .unwrap();
+        let t = Type::tile(ScalarType::I32, &[128, 64]);
+        let rows = b.op1(OpKind::Broadcast, &[rows], Some(&t), sp()).unwrap();
+        let cols = b.op1(OpKind::Broadcast, &[cols], Some(&t), sp()).unwrap();
+        let mask = b
+            .op1(OpKind::Cmp(CmpPred::Ge), &[rows, cols], None, sp())
+            .unwrap();
+        let f = b.finish();
+        let a = AxisAnalysis::run(&f);
+        assert_eq!(a.get(&f, cols).divisibility, vec![1, 64]);
+        assert_eq!(a.get(&f, rows).divisibility, vec![128, 1]);
+        assert_eq!(a.get(&f, mask).constancy, vec![1, 1]);
     }
 
     fn func_ptr() -> Elem {

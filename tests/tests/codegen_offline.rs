@@ -781,6 +781,46 @@ fn sm90a_attention_takes_wgmma_without_conversions_or_spills() {
     assert!(!report.log.contains("C7517"), "{}", report.log);
 }
 
+/// On gfx942 the attention's chained dots compute the transposed products (B's
+/// fragment in A's place), so each lane holds one row of `S` and of the output: the
+/// row max and sum combine 32 registers and one lane pair (2 `ds_bpermute` in all, 160
+/// before), `P` feeds `P V` from registers (the loop writes only `Kᵀ` and `V` to LDS),
+/// `exp2` is `v_exp_f32` alone (no `v_ldexp` range fix-up), the NaN-propagating row max
+/// takes `v_max3_f32` with one unordered test per pair (not a compare and a select per
+/// element), and the key mask `kc < seq_k` is computed once per run of 16 equal columns.
+#[test]
+fn gfx942_attention_keeps_rows_in_lanes() {
+    use tessera::codegen::lower::lower_with_layouts;
+    use tessera::ir::ParamFacts;
+    let func =
+        kernel_ir::<tessera::attention::attention_fwd<f16, 128, 64, 64>>(&()).expect("builds");
+    let spec = func.specialized(&vec![ParamFacts::new(true, true); func.params.len()]);
+    let opts = CompileOptions::warps(4);
+    let text = lower_with_layouts(&spec, GFX942, &opts).expect("lowers");
+    assert_eq!(text.matches("(transposed product)").count(), 2, "{text}");
+    assert!(text.contains("operand A from registers"), "{text}");
+    assert!(!text.contains("convert through shared memory"), "{text}");
+    let art = compile_ir(&spec, GFX942, &opts).expect("compiles");
+    let dis = tools::amdgpu_disasm(&art.binary, AmdArch::Gfx942).expect("llvm-objdump");
+    let count = |op: &str| {
+        dis.lines()
+            .filter(|l| l.trim_start().starts_with(op))
+            .count()
+    };
+    assert_eq!(count("v_mfma_f32_32x32x8"), 32, "{dis}");
+    assert_eq!(count("ds_bpermute_b32"), 2, "{dis}");
+    assert_eq!(count("v_ldexp_f32"), 0, "{dis}");
+    assert!(count("v_max3_f32") >= 8, "{dis}");
+    assert!(count("v_cmp_o_f32") <= 2, "{dis}");
+    // `last_key >= kc` per element (32 a lane), `kc < seq_k` per run (4 a lane).
+    let cmp_i32 = count("v_cmp_gt_i32") + count("v_cmp_ge_i32") + count("v_cmp_lt_i32");
+    assert!(cmp_i32 <= 52, "{cmp_i32} integer compares: {dis}");
+    // Q once, the prologue's and the loop's Kᵀ and V; `P` through LDS was 32 more.
+    let writes = count("ds_write");
+    assert!(writes <= 28, "{writes} LDS writes: {dis}");
+    assert!(!dis.contains("scratch_"), "{dis}");
+}
+
 /// Layout assignment leaves no conversion through shared memory in any example or
 /// fused kernel, plain or specialized as launches are, on either vendor: the anchors
 /// (16-byte operand loads, the matrix units' accumulators, stores in their value's
@@ -1246,4 +1286,102 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
     let art = compile_ir(&tma, SM80, &CompileOptions::warps(8)).expect("compiles");
     assert_eq!(art.asm.matches("cp.async.bulk").count(), 0);
     assert_eq!(art.asm.matches("mbarrier").count(), 0);
+}
+
+/// `dst[i, j] = src[i - 1, j + 3] + 1` over blocks of `BM x BN` (the block coordinates
+/// of the load are not the store's, so neither box is the other's).
+#[kernel]
+fn desc_shift_2d<const BM: usize, const BN: usize>(
+    src: &TensorDesc<f32, S2<BM, BN>>,
+    dst: &mut TensorDesc<f32, S2<BM, BN>>,
+) {
+    let i = program_id(0) * BM as i32;
+    let j = program_id(1) * BN as i32;
+    dst.store([i, j], src.load([i - 1, j + 3]) + 1.0f32);
+}
+
+/// The 3-D form, loads only: the block is summed over its first axis.
+#[kernel]
+fn desc_sum_3d<const B: usize>(src: &TensorDesc<f16, S3<2, B, B>>, out: &mut Global<f32>) {
+    let t = src
+        .load((0, program_id(0) * B as i32, 0))
+        .cast::<f32>()
+        .sum::<0>();
+    let offs = arange::<B>().expand_dims::<1>() * B as i32 + arange::<B>().expand_dims::<0>();
+    out.store_unmasked(offs, t);
+}
+
+/// A descriptor load that feeds no `dot` is TMA on sm_90a too: copies into a staging
+/// box completing on an mbarrier (initialized, waited for once, invalidated), read
+/// back with 16-byte shared loads; the 2-D block of 32 f32 columns is one 128-byte
+/// box, 128 columns are four boxes; a 3-D f16 block is one 3-D box. PTX assembles, the
+/// SASS has `UTMALDG`; without tensor maps, or on sm_80, no TMA.
+#[test]
+fn sm90a_descriptor_loads_outside_dots_are_tma() {
+    use tessera::ir::ParamFacts;
+    fn facts(func: &tessera::ir::Function, tma: bool) -> Vec<ParamFacts> {
+        func.params
+            .iter()
+            .map(|p| {
+                let mut f = ParamFacts::new(!p.name.ends_with("_tmap"), true);
+                f.tensor_map = tma && p.name.ends_with("_tmap");
+                f
+            })
+            .collect()
+    }
+    let load = "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes";
+    for (func, boxes) in [
+        (kernel_ir::<desc_shift_2d<16, 32>>(&()).expect("builds"), 1),
+        (kernel_ir::<desc_shift_2d<8, 128>>(&()).expect("builds"), 4),
+    ] {
+        let tma = func.specialized(&facts(&func, true));
+        let art = compile_ir(&tma, SM90A, &CompileOptions::warps(4)).expect("compiles");
+        let ptx = &art.asm;
+        let count = |s: &str| ptx.matches(s).count();
+        assert_eq!(count(load), boxes, "{ptx}");
+        assert_eq!(count("mbarrier.init.shared::cta.b64"), 1, "{ptx}");
+        assert_eq!(
+            count("mbarrier.arrive.expect_tx.shared::cta.b64"),
+            1,
+            "{ptx}"
+        );
+        assert_eq!(
+            count("mbarrier.try_wait.parity.shared::cta.b64"),
+            1,
+            "{ptx}"
+        );
+        assert_eq!(count("mbarrier.inval.shared::cta.b64"), 1, "{ptx}");
+        assert!(count("ld.shared.v4.b32") > 0, "{ptx}");
+        assert_eq!(count("ld.global"), 0, "{ptx}");
+        assert_eq!(
+            count("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group"),
+            boxes,
+            "{ptx}"
+        );
+        let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
+        assert_eq!(
+            (report.spill_stores_bytes, report.spill_loads_bytes),
+            (0, 0)
+        );
+        let sass = tools::sass(&report.cubin).expect("cuobjdump");
+        assert!(sass.contains("UTMALDG.2D"), "{sass}");
+        // Without tensor maps (and on sm_80): the masked loads.
+        for (f, t) in [(func.specialized(&facts(&func, false)), SM90A), (tma, SM80)] {
+            let art = compile_ir(&f, t, &CompileOptions::warps(4)).expect("compiles");
+            assert_eq!(art.asm.matches("cp.async.bulk").count(), 0, "{}", art.asm);
+            assert_eq!(art.asm.matches("mbarrier").count(), 0, "{}", art.asm);
+        }
+    }
+    let func = kernel_ir::<desc_sum_3d<64>>(&()).expect("builds");
+    let tma = func.specialized(&facts(&func, true));
+    let art = compile_ir(&tma, SM90A, &CompileOptions::warps(4)).expect("compiles");
+    assert_eq!(
+        art.asm
+            .matches("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier")
+            .count(),
+        1,
+        "{}",
+        art.asm
+    );
+    tools::ptxas(&art.asm, "sm_90a").expect("ptxas");
 }

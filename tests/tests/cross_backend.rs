@@ -1055,6 +1055,77 @@ fn reductions_and_scans_along_each_axis() {
     reduce_case::<reduce_scan<8, 8>>("reduce 8x8 (8 warps)", 8, 8, 8);
 }
 
+/// Row and column `max`/`min` of an `R x C` tile: rows `R..` of the output hold mins.
+#[kernel]
+fn extremes<const R: usize, const C: usize>(x: &Global<f32>, out: &mut Global<f32>) {
+    let offs = arange::<R>().expand_dims::<1>() * (C as i32) + arange::<C>().expand_dims::<0>();
+    let v = x.load_unmasked(offs);
+    out.store_unmasked(arange::<R>(), v.max::<1>());
+    out.store_unmasked(arange::<R>() + R as i32, v.min::<1>());
+    out.store_unmasked(arange::<C>() + 2 * R as i32, v.max::<0>());
+    out.store_unmasked(arange::<C>() + (2 * R + C) as i32, v.min::<0>());
+}
+
+/// `max` and `min` reductions propagate NaN (of either sign) and order `-0 < +0`
+/// exactly as the interpreter does, on both emulator flavors: the GPU lowering splits
+/// a lane's registers into a NaN-free extreme and one unordered test per pair, and
+/// this pins that the split changes no result, bit for bit (any NaN for a NaN).
+#[test]
+fn max_and_min_reductions_propagate_nan_and_order_zeros() {
+    const R: usize = 8;
+    const C: usize = 256;
+    let mut rng = StdRng::seed_from_u64(21);
+    let neg_nan = f32::from_bits(0xffc0_0001);
+    let mut x = rand_f32(22, R * C, -1.0, 1.0);
+    let mut at = |row: usize, v: f32, rng: &mut StdRng| x[row * C + rng.gen_range(0..C)] = v;
+    at(1, f32::NAN, &mut rng);
+    at(3, f32::INFINITY, &mut rng);
+    at(3, f32::NEG_INFINITY, &mut rng);
+    at(6, neg_nan, &mut rng);
+    for c in 0..C {
+        x[2 * C + c] = if rng.gen_bool(0.5) { 0.0 } else { -0.0 };
+        x[4 * C + c] = f32::NEG_INFINITY;
+        x[5 * C + c] = -0.0;
+        x[7 * C + c] = -x[7 * C + c].abs() - 0.5;
+    }
+    x[4 * C + 77] = neg_nan;
+    let f = ir::<extremes<R, C>>();
+    let len = 2 * (R + C);
+    let args = |x: &[f32]| {
+        vec![
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(x))),
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&vec![1234.5f32; len]))),
+        ]
+    };
+    let want = args(&x);
+    interp::run(&f, g1(1), &want).expect("interpreter");
+    let bits = |a: &[KernelArg]| -> Vec<f32> {
+        let KernelArg::Buffer(b) = &a[1] else {
+            unreachable!()
+        };
+        b.to_vec::<f32>().expect("f32")
+    };
+    let want = bits(&want);
+    assert!(
+        want[1].is_nan() && want[R + 1].is_nan() && want[4].is_nan(),
+        "{want:?}"
+    );
+    assert_eq!((want[2].to_bits(), want[R + 2].to_bits()), (0, 0x8000_0000));
+    for flavor in FLAVORS {
+        let got = args(&x);
+        emu::launch(&f, flavor, &CompileOptions::warps(4), g1(1), &got)
+            .unwrap_or_else(|e| panic!("{flavor:?}: {e}"));
+        for (i, (w, g)) in want.iter().zip(bits(&got)).enumerate() {
+            assert!(
+                (w.is_nan() && g.is_nan()) || w.to_bits() == g.to_bits(),
+                "{flavor:?}: output {i}: emu {g:e} ({:#x}), interpreter {w:e} ({:#x})",
+                g.to_bits(),
+                w.to_bits()
+            );
+        }
+    }
+}
+
 /// `c = a · b + c` for one tile.
 #[kernel]
 fn dot_tile<T: DotInput<Acc = f32>, const M: usize, const N: usize, const K: usize>(

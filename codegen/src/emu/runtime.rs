@@ -712,6 +712,30 @@ extern "C" fn tessera_emu_mbar_init(bar: *mut u8, count: i32, site: i32) {
     })
 }
 
+/// `mbarrier.inval.shared::cta.b64 [bar]`: the mbarrier is gone (a later use other
+/// than `mbarrier.init` is an error); invalidating one with copies in flight, or no
+/// mbarrier at all, is an error.
+extern "C" fn tessera_emu_mbar_inval(bar: *mut u8, site: i32) {
+    with((), |c| {
+        let Some(off) = mbar_offset(c, bar, site) else {
+            return;
+        };
+        let mut m = c.blk.mbars.borrow_mut();
+        let why = match m.get(&off) {
+            None => "mbarrier.inval of an mbarrier never initialized",
+            Some(b) if !b.landings.is_empty() || b.tx != 0 => {
+                "mbarrier.inval of an mbarrier with copies in flight"
+            }
+            Some(_) => {
+                m.remove(&off);
+                return;
+            }
+        };
+        drop(m);
+        wg_fail(c, site, why.into());
+    })
+}
+
 /// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes`.
 extern "C" fn tessera_emu_mbar_expect_tx(bar: *mut u8, bytes: i32, site: i32) {
     with((), |c| {
@@ -1752,6 +1776,10 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         (
             "tessera_emu_mbar_init",
             tessera_emu_mbar_init as *const () as usize,
+        ),
+        (
+            "tessera_emu_mbar_inval",
+            tessera_emu_mbar_inval as *const () as usize,
         ),
         (
             "tessera_emu_mbar_expect_tx",

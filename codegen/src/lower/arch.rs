@@ -63,7 +63,7 @@ use crate::target::AmdArch;
 /// Fragment description of one MMA operand: each lane bit's contribution to the
 /// (outer, k) coordinates (outer = row for A, column for B), and the fragment's
 /// elements as runs of consecutive k, in the order the instruction takes them.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FragInfo {
     /// Per lane bit: (outer, k) added when the bit is set.
     pub lane: Vec<(u32, u32)>,
@@ -88,6 +88,16 @@ pub struct MmaInfo {
     pub a: FragInfo,
     /// B fragment.
     pub b: FragInfo,
+}
+
+impl MmaInfo {
+    /// Whether the instruction can compute the transposed product: square, with A's
+    /// fragment over `(m, k)` laid out as B's over `(n, k)` (AMD's MFMA). Then the B
+    /// registers passed as A and the A registers as B give `Dᵀ = Bᵀ Aᵀ + Cᵀ`, whose
+    /// fragment holds the C layout with rows and columns exchanged.
+    pub fn transposable(&self) -> bool {
+        self.m == self.n && self.a == self.b
+    }
 }
 
 /// Where a [`Arch::wgmma`] reads its A operand.
@@ -275,6 +285,17 @@ pub trait Arch {
     fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
         super::elementwise::approx(cx, "llvm.log2", x)
     }
+    /// Approximate f32 `2^x` for `exp2` and `exp` (default: LLVM's `llvm.exp2` with
+    /// `afn`: NVIDIA `ex2.approx.f32`, ≤ 2 ulp, subnormal results kept).
+    fn exp2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+        super::elementwise::approx(cx, "llvm.exp2", x)
+    }
+    /// Whether the target has a one-instruction NaN-propagating f32 `max`/`min`
+    /// (NVIDIA `max.NaN.f32`, sm_80+); without it a reduction's `max` takes the split
+    /// of `reduce::float_extreme` rather than a chain of LLVM's expansions.
+    fn native_nan_max(&self) -> bool {
+        true
+    }
     /// True when f64 transcendental functions (exp, log, sin, ...) can be emitted.
     fn has_f64_math(&self) -> bool {
         false
@@ -359,6 +380,19 @@ pub trait Arch {
         _cx: &Cx<'ctx>,
         _bar: PointerValue<'ctx>,
         _bytes: u32,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm(
+            "mbarriers on a target without them".into(),
+        ))
+    }
+    /// `mbarrier.inval.shared::cta.b64 [bar]` (PTX ISA, "mbarrier.inval"): the mbarrier
+    /// is no longer one, so its memory may be used for something else (or initialized
+    /// again).
+    fn mbarrier_inval<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _bar: PointerValue<'ctx>,
         _site: u32,
     ) -> LResult<()> {
         Err(LowerError::Llvm(
@@ -903,6 +937,20 @@ impl Arch for Nvptx {
         ptx_stmt(cx, "fence.mbarrier_init.release.cluster;")
     }
 
+    fn mbarrier_inval<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        let b = shared_u32(cx, bar)?;
+        ptx_void(
+            cx,
+            "mbarrier.inval.shared::cta.b64 [$0];",
+            &[("r", b.into())],
+        )
+    }
+
     fn mbarrier_arrive_expect_tx<'ctx>(
         &self,
         cx: &Cx<'ctx>,
@@ -1309,6 +1357,21 @@ fn buffer_word_type<'ctx>(cx: &Cx<'ctx>, bytes: u32) -> LResult<BasicTypeEnum<'c
 impl Arch for Amdgpu {
     fn has_buffer_load(&self) -> bool {
         matches!(self.arch, AmdArch::Gfx90a | AmdArch::Gfx942)
+    }
+
+    fn native_nan_max(&self) -> bool {
+        // `v_maximum_f32` comes with gfx950 and gfx12.
+        false
+    }
+
+    /// `v_exp_f32` itself (`llvm.amdgcn.exp2`: 1 ulp; results below 2^-126 flush to
+    /// zero, as with Triton's `exp2` on AMD). `llvm.exp2` would wrap each one in five
+    /// more instructions (a range check, a scale by 2^64 and its undoing) to keep
+    /// subnormal results, which a softmax never needs.
+    fn exp2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+        Ok(cx
+            .call_intrinsic("llvm.amdgcn.exp2", &[x.get_type().into()], &[x.into()])?
+            .into_float_value())
     }
 
     fn buffer_load<'ctx>(

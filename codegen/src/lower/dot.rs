@@ -149,6 +149,12 @@ struct Plan {
     warps_n: u32,
     reps_m: u32,
     reps_n: u32,
+    /// The instructions compute the transposed product ([`MmaInfo::transposable`]),
+    /// so each lane holds elements of one row of the result (AMD's MFMA in a chain
+    /// of dots, as Triton's transposed MFMA layout): row reductions stay within the
+    /// lane's registers but for one lane step, and the C fragment of one dot is the A
+    /// fragment of the next (see [`a_fragments_in_registers`]).
+    transposed: bool,
 }
 
 /// The `mma.sync`/MFMA plan of `op` (`None` on the FMA path, and for a `dot` that
@@ -169,7 +175,8 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     // A chain of dots (one's result, elementwise, is the next one's A) puts every
     // warp along M, so the first's accumulators are the second's A fragments
     // ([`a_fragments_in_registers`]) and its row reductions stay inside warps.
-    let (warps_m, warps_n) = if tiles_m >= l.nw && in_chain(l, op) {
+    let chain = tiles_m >= l.nw && in_chain(l, op);
+    let (warps_m, warps_n) = if chain {
         (l.nw, 1)
     } else {
         warp_grid(l.nw, tiles_m, tiles_n)
@@ -177,6 +184,7 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     Some(Plan {
         reps_m: m / (info.m * warps_m),
         reps_n: n / (info.n * warps_n),
+        transposed: chain && info.transposable(),
         info,
         warps_m,
         warps_n,
@@ -329,6 +337,7 @@ pub(super) fn wgmma_a_fragments(p: &wgmma::WgPlan, lay: &Layout) -> Option<AFrag
         warps_n: p.wg_n,
         reps_m: p.reps_m,
         reps_n: 1,
+        transposed: false,
     };
     // Rep `mr` starts at row `mr * warps_m * 16 = mr * 64 wg_m`, as the wgmma plan's;
     // the k steps are 16 wide, as wgmma's.
@@ -500,14 +509,16 @@ pub(super) fn mma_layout(l: &Lowerer<'_, '_>, op: &Op) -> Option<Layout> {
 
 fn c_layout(p: &Plan, m: u32, n: u32, nw: u32) -> Layout {
     let i = &p.info;
-    let mut reg: Vec<Vec<u32>> = i.c_reg.iter().map(|&(r, c)| vec![r, c]).collect();
+    // Within an instruction's tile; a transposed product exchanges its coordinates.
+    let at = |&(r, c): &(u32, u32)| if p.transposed { vec![c, r] } else { vec![r, c] };
+    let mut reg: Vec<Vec<u32>> = i.c_reg.iter().map(at).collect();
     for j in 0..p.reps_n.trailing_zeros() {
         reg.push(vec![0, (i.n * p.warps_n) << j]);
     }
     for j in 0..p.reps_m.trailing_zeros() {
         reg.push(vec![(i.m * p.warps_m) << j, 0]);
     }
-    let lane: Vec<Vec<u32>> = i.c_lane.iter().map(|&(r, c)| vec![r, c]).collect();
+    let lane: Vec<Vec<u32>> = i.c_lane.iter().map(at).collect();
     let mut warp = Vec::new();
     for j in 0..p.warps_m.trailing_zeros() {
         warp.push(vec![i.m << j, 0]);
@@ -1276,11 +1287,12 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let base = arrays_base(l, op, arr.bytes())?;
     l.note(|| {
         format!(
-            "dot on the matrix units: {}x{}x{} instructions, warps {}x{}, {}x{} tiles per warp, {}\n\
+            "dot on the matrix units: {}x{}x{} instructions{}, warps {}x{}, {}x{} tiles per warp, {}\n\
              A array {:?}\nB array ({}) {:?}",
             info.m,
             info.n,
             info.k,
+            if p.transposed { " (transposed product)" } else { "" },
             p.warps_m,
             p.warps_n,
             p.reps_m,
@@ -1294,11 +1306,7 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
     let ety = l.ty(Elem::Scalar(s));
     // A chained dot's A (attention's P) may hold its fragments already: no staging.
     let paired = paired_reads(info, ldm, k, arr.elem_bytes);
-    let a_in_regs = if paired {
-        None
-    } else {
-        a_from_registers(l, op, |lay| a_fragments_in_registers(&p, lay))?
-    };
+    let a_in_regs = a_from_registers(l, op, |lay| a_fragments_in_registers(&p, lay))?;
     stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
         stage(l, &arr, which, t, base)
     })?;
@@ -1341,12 +1349,14 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
                 "",
             )?;
             if let Some((t, frags)) = &a_in_regs {
-                afr[0].push(
-                    frags[mr as usize][ks as usize]
-                        .iter()
-                        .map(|&r| t.regs[r])
-                        .collect(),
-                );
+                for (j, af) in afr.iter_mut().enumerate() {
+                    af.push(
+                        frags[mr as usize][ks as usize + j]
+                            .iter()
+                            .map(|&r| t.regs[r])
+                            .collect(),
+                    );
+                }
             } else if ldm {
                 afr[0].push(ldmatrix_a(l, ety, base, &a_swz, row0, k0)?);
             } else if span == 2 {
@@ -1398,7 +1408,9 @@ fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<
                 for (nr, bf) in bfs.iter().enumerate() {
                     let at = (mr * p.reps_n as usize + nr) * fr;
                     let site = l.new_site("mma");
-                    let d = l.arch.emit_mma(&l.cx, s, af, bf, &acc[at..at + fr], site)?;
+                    // Transposed: B's fragment in A's place and A's in B's (`Dᵀ = Bᵀ Aᵀ`).
+                    let (x, y) = if p.transposed { (bf, af) } else { (af, bf) };
+                    let d = l.arch.emit_mma(&l.cx, s, x, y, &acc[at..at + fr], site)?;
                     acc[at..at + fr].copy_from_slice(&d);
                 }
             }

@@ -54,7 +54,18 @@ pub(super) fn lower_with<'ctx>(
     let div_site = (matches!(op.kind, OpKind::Binary(BinaryOp::Div | BinaryOp::Rem))
         && s_in.is_some_and(|s| s.is_int()))
     .then(|| l.new_site("integer division"));
+    // Registers the axis analysis proves equal to a lower one (constancy runs, e.g. a
+    // mask `kc < seq_k` with `seq_k` a multiple of 16) are computed once.
+    let same = if div_site.is_some() || all_uniform {
+        0
+    } else {
+        constant_reg_bits(l, op, &leader)
+    };
     for r in 0..n {
+        if r & same != 0 {
+            regs.push(regs[r & !same]);
+            continue;
+        }
         let args: Vec<BasicValueEnum<'ctx>> = ops.iter().map(|t| t.regs[r]).collect();
         if let Some(site) = div_site {
             l.arch
@@ -90,6 +101,32 @@ pub(super) fn lower_with<'ctx>(
         regs,
         uniform: false,
     })
+}
+
+/// The register bits of `lay` (the layout of `op`'s result) along which the result is
+/// constant: a zero basis (a replica), or a basis inside the low bits of a dimension
+/// in which the axis analysis proves runs of equal values at least that long.
+fn constant_reg_bits(l: &Lowerer<'_, '_>, op: &Op, lay: &crate::layout::Layout) -> usize {
+    let shape = &l.f.ty(op.results[0]).shape;
+    if shape.is_empty() || *shape != lay.shape || !lay.is_bit_layout() {
+        return 0;
+    }
+    let cst = l.axis.get(l.f, op.results[0]).constancy;
+    let off = crate::layout::dim_bit_offsets(shape);
+    let mut mask = 0usize;
+    for (i, &b) in lay.reg.iter().enumerate() {
+        let equal = b == 0 || {
+            let pos = b.trailing_zeros();
+            (0..shape.len()).any(|d| {
+                let w = shape[d].trailing_zeros();
+                pos >= off[d] && pos < off[d] + w && 1u64 << (pos - off[d]) < cst[d]
+            })
+        };
+        if equal {
+            mask |= 1 << i;
+        }
+    }
+    mask
 }
 
 fn sc(s: Option<ScalarType>) -> ScalarType {
@@ -379,8 +416,11 @@ pub(super) fn unary<'ctx>(
     let t = x.get_type();
     let one = t.const_float(1.0);
     let r: FloatValue = match op {
-        UnaryOp::Exp => exp_f32(cx, x)?,
-        UnaryOp::Exp2 => approx(cx, "llvm.exp2", x)?,
+        UnaryOp::Exp => arch.exp2_approx(
+            cx,
+            bd.build_float_mul(x, t.const_float(std::f64::consts::LOG2_E), "")?,
+        )?,
+        UnaryOp::Exp2 => arch.exp2_approx(cx, x)?,
         UnaryOp::Log => {
             let l2 = arch.log2_approx(cx, x)?;
             bd.build_float_mul(l2, t.const_float(std::f64::consts::LN_2), "")?

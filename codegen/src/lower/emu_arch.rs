@@ -28,6 +28,7 @@
 //! | `wgmma.mma_async` m64nNk16 / m64nNk32 `.s8` (emu-sm90a) | `void tessera_emu_wgmma(i32 ty, i32 n, i64 desc_a, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` (ty: 0 f16, 1 bf16, 2 s8, 3 e4m3, 4 e5m2; flags: bit 0 `imm-trans-b`, bit 1 `scale-d`) (`[n/2 x i32]` accumulator words, f32 by their bits, in; poison out) |
 //! | `wgmma.mma_async` with A in registers | `void tessera_emu_wgmma_rs(i32 ty, i32 n, i32 a0..a3, i64 desc_b, i32 flags, ptr acc, i32 slot, i32 site)` |
 //! | `mbarrier.init` | `void tessera_emu_mbar_init(ptr bar, i32 count, i32 site)` |
+//! | `mbarrier.inval` | `void tessera_emu_mbar_inval(ptr bar, i32 site)` |
 //! | `mbarrier.arrive.expect_tx` | `void tessera_emu_mbar_expect_tx(ptr bar, i32 bytes, i32 site)` |
 //! | `mbarrier.try_wait.parity` loop | `void tessera_emu_mbar_wait(ptr bar, i32 parity, i32 site)` |
 //! | `cp.async.bulk.tensor` (TMA load) | `void tessera_emu_tma_load(ptr dst, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, ptr bar, i32 site)` (coordinates innermost first; `tmap` the id of a registered [`crate::emu::tma::EmuTensorMap`]) |
@@ -319,6 +320,10 @@ impl Arch for Emu {
         }
     }
 
+    fn native_nan_max(&self) -> bool {
+        self.nv_like()
+    }
+
     fn has_ldmatrix(&self) -> bool {
         self.nv_like()
     }
@@ -375,6 +380,23 @@ impl Arch for Emu {
 
     fn fence_mbarrier_init<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<()> {
         // Initialization is visible at once; the block barrier after it orders it.
+        Ok(())
+    }
+
+    fn mbarrier_inval<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
+        let ty = cx.ctx.void_type().fn_type(&[pt.into(), i32t.into()], false);
+        call(
+            cx,
+            "tessera_emu_mbar_inval",
+            ty,
+            &[bar.into(), Emu::site(cx, site)],
+        )?;
         Ok(())
     }
 

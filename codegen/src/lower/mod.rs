@@ -397,7 +397,7 @@ fn lower_staged<'ctx>(
 ) -> Result<(Lowered<'ctx>, bool), CodegenError> {
     let target = arch.target();
     let mut expanded = func.clone();
-    let keep = |f: &Function, op: &Op| stages >= 2 && tma::tma_candidate(target, f, op);
+    let keep = |f: &Function, op: &Op| tma::tma_candidate(target, f, op, stages);
     tessera_ir::tensor_desc::expand(&mut expanded, &keep);
     let kept = tessera_ir::tensor_desc::count(&expanded);
     match lower_expanded(ctx, &expanded, arch, opts, with_layouts, stages) {

@@ -139,10 +139,17 @@ pub(super) fn lower_reduce<'ctx>(
             })
             .collect();
         members.sort_by_key(|&r| src.reg_offset(r as u32));
-        let mut acc = t.regs[members[0]];
-        for &m in &members[1..] {
-            acc = combine(l, rop, s, acc, t.regs[m])?;
-        }
+        let vals: Vec<BasicValueEnum<'ctx>> = members.iter().map(|&m| t.regs[m]).collect();
+        let acc = match float_extreme(l, rop, s, &vals)? {
+            Some(v) => v,
+            None => {
+                let mut acc = vals[0];
+                for &v in &vals[1..] {
+                    acc = combine(l, rop, s, acc, v)?;
+                }
+                acc
+            }
+        };
         regs.push(acc);
     }
     // 2. Lanes.
@@ -205,6 +212,62 @@ pub(super) fn lower_reduce<'ctx>(
         regs,
         uniform: false,
     })
+}
+
+/// The NaN-propagating `max`/`min` of four or more `f32` registers, split in two:
+/// the extreme with NaNs ruled out (`llvm.maximum`/`minimum` with `nnan`, which keeps
+/// `-0 < +0` and becomes one `v_max_f32`, three operands at a time, on AMD) and a
+/// separate unordered test of the pairs, selecting NaN when any was NaN. The result
+/// is the same as the chain of `maximum`s (a NaN is the canonical quiet NaN), at about
+/// half the cost of expanding each `maximum` into a max, an ordered compare and a
+/// select (`None` for other ops and types, fewer registers, and targets with a
+/// NaN-propagating max instruction, [`super::arch::Arch::native_nan_max`]).
+fn float_extreme<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    rop: ReduceOp,
+    s: ScalarType,
+    vals: &[BasicValueEnum<'ctx>],
+) -> LResult<Option<BasicValueEnum<'ctx>>> {
+    let name = match rop {
+        ReduceOp::Max => "llvm.maximum",
+        ReduceOp::Min => "llvm.minimum",
+        _ => return Ok(None),
+    };
+    if s != ScalarType::F32 || vals.len() < 4 || l.arch.native_nan_max() {
+        return Ok(None);
+    }
+    let cx = &l.cx;
+    let f32t = cx.ctx.f32_type();
+    let mut acc = vals[0].into_float_value();
+    for v in &vals[1..] {
+        let r = cx.call_intrinsic(name, &[f32t.into()], &[acc.into(), *v])?;
+        // SAFETY: `r` is the call instruction just built; setting its fast-math flags
+        // only changes what LLVM may assume about its operands.
+        unsafe {
+            use inkwell::values::AsValueRef;
+            inkwell::llvm_sys::core::LLVMSetFastMathFlags(
+                r.as_value_ref(),
+                inkwell::llvm_sys::LLVMFastMathNoNaNs,
+            );
+        }
+        acc = r.into_float_value();
+    }
+    let mut any_nan: Option<IntValue<'ctx>> = None;
+    for pair in vals.chunks(2) {
+        let (x, y) = (
+            pair[0].into_float_value(),
+            pair[pair.len() - 1].into_float_value(),
+        );
+        let u =
+            cx.b.build_float_compare(inkwell::FloatPredicate::UNO, x, y, "")?;
+        any_nan = Some(match any_nan {
+            Some(a) => cx.b.build_or(a, u, "")?,
+            None => u,
+        });
+    }
+    let nan = f32t.const_float(f64::NAN);
+    let any_nan = any_nan.expect("at least four values");
+    Ok(Some(cx.b.build_select(any_nan, nan, acc, "")?))
 }
 
 /// Only i1 needs a different memory type; `combine` works on the register type, so

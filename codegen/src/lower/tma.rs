@@ -1,5 +1,6 @@
 //! Tensor-descriptor accesses on TMA (sm_90a): loads as copies into a `wgmma` dot's
-//! ring, stores through a staging box ([`lower_desc_store`]).
+//! ring or, when they feed no `dot`, into a staging box read into registers
+//! ([`lower_standalone_load`]); stores through a staging box ([`lower_desc_store`]).
 //!
 //! A `desc_load` that [`tma_candidate`] keeps (the target has `wgmma`, the launch
 //! built the descriptor's tensor map, its blocks have a [`TmaBox`], and it feeds only
@@ -33,9 +34,12 @@ use crate::Target;
 /// Bytes of one mbarrier.
 pub(super) const MBAR_BYTES: u32 = 8;
 
-/// Whether `desc_load` `op` of `f` may stay a TMA load on `target` (see the module
-/// docs): the ring decides later.
-pub(crate) fn tma_candidate(target: Target, f: &Function, op: &Op) -> bool {
+/// Whether `desc_load` or `desc_store` `op` of `f` may stay a TMA access on `target`
+/// (see the module docs) when the kernel is lowered with `stages` pipeline stages: a
+/// load feeding only `dot` operands when pipelining (the ring decides later), a load
+/// feeding no `dot` always ([`lower_desc_load`] stages it itself), stores when
+/// pipelining.
+pub(crate) fn tma_candidate(target: Target, f: &Function, op: &Op, stages: u32) -> bool {
     if !target.has_wgmma() {
         return false;
     }
@@ -52,34 +56,23 @@ pub(crate) fn tma_candidate(target: Target, f: &Function, op: &Op) -> bool {
         let Ok(d) = DescOperands::new(rank) else {
             return false;
         };
-        return block_box(f.ty(op.operands[d.extra()])).is_some();
+        return stages >= 2 && block_box(f.ty(op.operands[d.extra()])).is_some();
     }
     let OpKind::DescLoad {
-        rank: 2,
+        rank,
         has_pred: false,
     } = op.kind
     else {
         return false;
     };
-    let t = f.ty(op.results[0]);
-    let Some(s) = t.scalar_type() else {
-        return false;
-    };
-    if TmaBox::for_block(s.size_bytes() as u32, &t.shape).is_none() {
+    if block_box(f.ty(op.results[0])).is_none() {
         return false;
     }
-    let v = op.results[0];
-    let mut uses = 0;
-    let mut ok = true;
-    f.walk(&mut |o| {
-        for (i, &x) in o.operands.iter().enumerate() {
-            if x == v {
-                uses += 1;
-                ok &= o.kind == OpKind::Dot && i < 2;
-            }
-        }
-    });
-    ok && uses > 0
+    let (uses, dot_operand) = uses_of(f, op.results[0]);
+    if dot_operand == 0 {
+        return uses > 0;
+    }
+    rank == 2 && stages >= 2 && dot_operand == uses
 }
 
 /// Whether TMA load `ld` can fill operand `which` of `dot` `d`'s ring: `d` takes
@@ -107,6 +100,22 @@ pub(super) fn ring_ok(l: &Lowerer<'_, '_>, ld: &Op, d: &Op, which: usize) -> boo
     a.block * e == bx.swizzle_bytes
         && (rows * bx.swizzle_bytes).is_multiple_of(wgmma::ARRAY_ALIGN)
         && (arr.a_elems * e).is_multiple_of(wgmma::ARRAY_ALIGN)
+}
+
+/// The uses of `v` in `f`, and how many of them are `dot` operands A or B.
+fn uses_of(f: &Function, v: tessera_ir::ValueId) -> (u32, u32) {
+    let (mut uses, mut dot_operand) = (0, 0);
+    f.walk(&mut |o| {
+        for (i, &x) in o.operands.iter().enumerate() {
+            if x == v {
+                uses += 1;
+                if o.kind == OpKind::Dot && i < 2 {
+                    dot_operand += 1;
+                }
+            }
+        }
+    });
+    (uses, dot_operand)
 }
 
 fn block_box(t: &Type) -> Option<TmaBox> {
@@ -146,10 +155,14 @@ impl<'ctx> Lowerer<'_, 'ctx> {
     }
 }
 
-/// Lowers `desc_load` `op`: TMA copies into its ring slot (see the module docs). The
-/// value lives in the ring, so the tile has no registers.
+/// Lowers `desc_load` `op`: TMA copies into its ring slot (see the module docs), the
+/// value then living in the ring (the tile has no registers); or, for a load that
+/// feeds no `dot`, into a staging box read into registers ([`lower_standalone_load`]).
 pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     let Some(&(d, which, slot)) = l.async_loads.get(&op.results[0]) else {
+        if uses_of(l.f, op.results[0]).1 == 0 {
+            return lower_standalone_load(l, op);
+        }
         return Err(LowerError::Unsupported {
             span: op.span.clone(),
             message: "a tensor-descriptor load kept for TMA outside a pipelined dot loop".into(),
@@ -287,35 +300,10 @@ pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LRes
     let base = l.scratch(total, &op.span);
     l.barrier()?;
     let cols = *vt.shape.last().expect("rank >= 1");
-    let w = bx.swizzle_bytes / e; // elements of one box row
-    let mask = match bx.swizzle_bytes {
-        128 => 7,
-        64 => 3,
-        _ => 1,
-    };
-    let runs: Vec<u32> = (0..(16 / e).min(w).trailing_zeros())
+    let runs: Vec<u32> = (0..staging_vec(&bx, e).trailing_zeros())
         .map(|i| 1 << i)
         .collect();
-    super::dot::write_tile(l, &v, base, &runs, |ix| {
-        let b = &l.cx.b;
-        let c = |x: u32| l.cx.i32(x as i64);
-        let inner = b.build_and(ix, c(cols - 1), "")?;
-        let row = b.build_right_shift(ix, c(cols.trailing_zeros()), false, "")?;
-        let bxi = b.build_right_shift(inner, c(w.trailing_zeros()), false, "")?;
-        let within = b.build_and(inner, c(w - 1), "")?;
-        let byte = b.build_int_add(
-            b.build_int_add(
-                b.build_int_mul(bxi, c(box_bytes), "")?,
-                b.build_int_mul(row, c(bx.swizzle_bytes), "")?,
-                "",
-            )?,
-            b.build_int_mul(within, c(e), "")?,
-            "",
-        )?;
-        let hi = b.build_and(b.build_right_shift(byte, c(7), false, "")?, c(mask), "")?;
-        let swz = b.build_xor(byte, b.build_left_shift(hi, c(4), "")?, "")?;
-        Ok(b.build_right_shift(swz, c(e.trailing_zeros()), false, "")?)
-    })?;
+    super::dot::write_tile(l, &v, base, &runs, |ix| staged_at(l, &bx, e, cols, ix))?;
     l.arch.fence_async_shared(&l.cx)?;
     l.barrier()?;
     let inner_w = bx.box_dims[bx.box_dims.len() - 1];
@@ -346,4 +334,174 @@ pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LRes
         )
     });
     Ok(())
+}
+
+/// Elements per vector access of a staging box: 16 bytes, or a box row if shorter. A
+/// run of them stays inside one 16-byte chunk, which the swizzle moves whole.
+fn staging_vec(bx: &TmaBox, e: u32) -> u32 {
+    (16 / e).min(bx.swizzle_bytes / e)
+}
+
+/// The place (in elements from the staging box's start) of flat element `ix` of a
+/// block with `cols` columns, as TMA lays out boxes `bx` of `e`-byte elements: rows of
+/// `S = bx.swizzle_bytes` bytes (the outer dimensions flattened), the boxes one after
+/// the other along the columns, and the `S`-byte swizzle (byte-address bits 7..
+/// XORed into bits 4..).
+fn staged_at<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    bx: &TmaBox,
+    e: u32,
+    cols: u32,
+    ix: IntValue<'ctx>,
+) -> LResult<IntValue<'ctx>> {
+    let b = &l.cx.b;
+    let c = |x: u32| l.cx.i32(x as i64);
+    let w = bx.swizzle_bytes / e; // elements of one box row
+    let mask = match bx.swizzle_bytes {
+        128 => 7,
+        64 => 3,
+        _ => 1,
+    };
+    let inner = b.build_and(ix, c(cols - 1), "")?;
+    let row = b.build_right_shift(ix, c(cols.trailing_zeros()), false, "")?;
+    let bxi = b.build_right_shift(inner, c(w.trailing_zeros()), false, "")?;
+    let within = b.build_and(inner, c(w - 1), "")?;
+    let byte = b.build_int_add(
+        b.build_int_add(
+            b.build_int_mul(bxi, c(bx.box_bytes(e)), "")?,
+            b.build_int_mul(row, c(bx.swizzle_bytes), "")?,
+            "",
+        )?,
+        b.build_int_mul(within, c(e), "")?,
+        "",
+    )?;
+    let hi = b.build_and(b.build_right_shift(byte, c(7), false, "")?, c(mask), "")?;
+    let swz = b.build_xor(byte, b.build_left_shift(hi, c(4), "")?, "")?;
+    Ok(b.build_right_shift(swz, c(e.trailing_zeros()), false, "")?)
+}
+
+/// Lowers a `desc_load` that feeds no `dot` as TMA into a staging box in shared memory
+/// (laid out as the tensor map's boxes, see [`staged_at`], 1024-byte aligned) with an
+/// mbarrier after it: a barrier (others are done with the scratch); thread 0
+/// initializes the mbarrier (one arrival), a barrier; thread 0 announces the block's
+/// bytes and issues one `cp.async.bulk.tensor` per box; every thread waits for phase
+/// 0, then reads its elements (a blocked layout, 16-byte vectors) from the box; a
+/// barrier, thread 0 invalidates the mbarrier, and a barrier before the scratch is
+/// used again. Elements outside the tensor read as zero (TMA's fill), as the masked
+/// load of the other targets gives.
+fn lower_standalone_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
+    let OpKind::DescLoad { rank, .. } = op.kind else {
+        unreachable!("a desc_load")
+    };
+    let dops = DescOperands::new(rank).map_err(LowerError::Llvm)?;
+    let t = l.f.ty(op.results[0]).clone();
+    let elem = t
+        .scalar_type()
+        .ok_or_else(|| LowerError::Llvm("desc_load of pointers".into()))?;
+    let e = elem.size_bytes() as u32;
+    let bx = block_box(&t).ok_or_else(|| LowerError::Llvm("a block TMA cannot copy".into()))?;
+    let box_bytes = bx.box_bytes(e);
+    if bx.copies > 1 && !box_bytes.is_multiple_of(wgmma::ARRAY_ALIGN) {
+        // Each box on a 1024-byte boundary, where the swizzle pattern starts.
+        return Err(LowerError::Unsupported {
+            span: op.span.clone(),
+            message: "TMA load boxes that are not whole 1024-byte swizzle periods".into(),
+        });
+    }
+    let tmap = l.val(op.operands[DescOperands::TMAP])?.regs[0].into_int_value();
+    let coords: Vec<IntValue<'ctx>> = (0..dops.rank)
+        .map(|i| Ok(l.val(op.operands[dops.coord(i)])?.regs[0].into_int_value()))
+        .collect::<LResult<_>>()?;
+    let total = box_bytes * bx.copies;
+    // The staging box (the scratch starts 1024-aligned on wgmma targets), then the
+    // mbarrier (8-byte aligned: `total` is a multiple of 32).
+    let base = l.scratch(total + MBAR_BYTES, &op.span);
+    // SAFETY: `total` bytes into the scratch just sized to hold the mbarrier after them.
+    let bar = unsafe {
+        l.cx.b
+            .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[l.cx.i32(total as i64)], "")?
+    };
+    l.barrier()?;
+    let init = l.new_site("mbarrier.init");
+    l.in_thread0(|l| {
+        l.arch.mbarrier_init(&l.cx, bar, 1, init)?;
+        l.arch.fence_mbarrier_init(&l.cx)
+    })?;
+    l.barrier()?;
+    let inner = bx.box_dims[bx.box_dims.len() - 1];
+    let site = l.new_site("cp.async.bulk.tensor");
+    l.in_thread0(|l| {
+        l.arch.mbarrier_arrive_expect_tx(&l.cx, bar, total, site)?;
+        for cpy in 0..bx.copies {
+            let off = l.cx.i32((cpy * box_bytes) as i64);
+            // SAFETY: inside the staging box (`total` bytes of scratch).
+            let dst = unsafe {
+                l.cx.b
+                    .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
+            };
+            // Innermost first; box `cpy` starts `cpy * inner` columns on.
+            let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
+            if cpy > 0 {
+                cs[0] =
+                    l.cx.b
+                        .build_int_add(cs[0], l.cx.i32((cpy * inner) as i64), "")?;
+            }
+            l.arch.tma_load(&l.cx, dst, tmap, &cs, bar, site)?;
+        }
+        Ok(())
+    })?;
+    let wait = l.new_site("mbarrier.try_wait");
+    l.arch.mbarrier_wait(&l.cx, bar, l.cx.i32(0), wait)?;
+    // Every thread reads its elements, `vec` consecutive ones at a time.
+    let vec = staging_vec(&bx, e);
+    let lay = crate::layout::Layout::blocked(&t.shape, vec, l.ws, l.nw);
+    let cols = *t.shape.last().expect("rank >= 1");
+    let el = Elem::Scalar(elem);
+    let mt = l.mem_ty(el);
+    let run = 1usize
+        << lay
+            .reg
+            .iter()
+            .take_while(|&&b| b.is_power_of_two() && b < vec)
+            .count();
+    let vt = match mt {
+        inkwell::types::BasicTypeEnum::FloatType(f) => f.vec_type(run as u32),
+        inkwell::types::BasicTypeEnum::IntType(i) => i.vec_type(run as u32),
+        _ => return Err(LowerError::Llvm("a staging box of non-scalars".into())),
+    };
+    let idx = l.elem_indices(&lay)?;
+    let mut regs = vec![None; idx.len()];
+    for r in (0..idx.len()).step_by(run) {
+        let p = l.smem_ptr(base, mt, staged_at(l, &bx, e, cols, idx[r])?)?;
+        let v = l.smem_load(vt.into(), p)?;
+        if let Some(ld) = inkwell::values::BasicValue::as_instruction_value(&v) {
+            ld.set_alignment(run as u32 * e)
+                .map_err(|m| LowerError::Llvm(format!("{m:?}")))?;
+        }
+        for (i, reg) in regs[r..r + run].iter_mut().enumerate() {
+            let x =
+                l.cx.b
+                    .build_extract_element(v.into_vector_value(), l.cx.i32(i as i64), "")?;
+            *reg = Some(l.reg_from_mem(el, x)?);
+        }
+    }
+    l.barrier()?;
+    let inval = l.new_site("mbarrier.inval");
+    l.in_thread0(|l| l.arch.mbarrier_inval(&l.cx, bar, inval))?;
+    l.barrier()?;
+    l.note(|| {
+        format!(
+            "TMA load: {} box(es) of {:?} ({}-byte swizzle) staged in shared memory, completing on an mbarrier, read in {}-element vectors",
+            bx.copies, bx.box_dims, bx.swizzle_bytes, run
+        )
+    });
+    Ok(Tile {
+        elem: el,
+        layout: lay,
+        regs: regs
+            .into_iter()
+            .map(|r| r.expect("every register read"))
+            .collect(),
+        uniform: false,
+    })
 }

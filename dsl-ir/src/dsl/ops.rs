@@ -531,8 +531,11 @@ impl<T: Num, S: Shape> Tile<T, S> {
 
 impl<T: Float, S: Shape> Tile<T, S> {
     float_unary! {
-        exp => Exp, "Elementwise e^x.";
-        exp2 => Exp2, "Elementwise 2^x.";
+        exp => Exp, "Elementwise e^x (on GPUs `exp2(x·log2 e)`, as [`Tile::exp2`]).";
+        exp2 => Exp2, "Elementwise 2^x. GPUs use the hardware approximation: NVIDIA \
+            `ex2.approx.f32` (≤ 2 ulp), AMD `v_exp_f32` (1 ulp, results below 2^-126 \
+            flushed to zero); the CPU and the emulator compute it in f32 with the host's \
+            `exp2`.";
         log => Log, "Elementwise natural logarithm.";
         log2 => Log2, "Elementwise base-2 logarithm.";
         sqrt => Sqrt, "Elementwise square root.";

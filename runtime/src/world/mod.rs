@@ -89,31 +89,28 @@ pub const SYM_ALIGN: usize = 256;
 
 /// A rank's heap in host memory: zeroed, 4096-byte aligned.
 struct HostHeap {
+    /// The mapping's start, taken once: the heap is only accessed through raw pointers
+    /// (atomics, kernels), never through references into `map`.
     ptr: NonNull<u8>,
     len: usize,
+    /// An anonymous private mapping: its pages are zero and take no memory until
+    /// first touched, so a rank's resident memory follows what the world uses (eight
+    /// thread ranks of 256 MiB heaps no longer write 2 GiB at start).
+    _map: memmap2::MmapMut,
 }
 
 impl HostHeap {
     fn new(len: usize) -> Result<HostHeap, String> {
-        let layout = std::alloc::Layout::from_size_align(len.max(CTRL_BYTES), 4096)
-            .map_err(|e| format!("heap of {len} bytes: {e}"))?;
-        // SAFETY: the layout has a nonzero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        NonNull::new(ptr)
-            .map(|ptr| HostHeap {
-                ptr,
-                len: layout.size(),
-            })
-            .ok_or_else(|| format!("cannot allocate a heap of {len} bytes"))
-    }
-}
-
-impl Drop for HostHeap {
-    fn drop(&mut self) {
-        if let Ok(layout) = std::alloc::Layout::from_size_align(self.len, 4096) {
-            // SAFETY: allocated in `new` with this layout.
-            unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) }
-        }
+        let len = len.max(CTRL_BYTES);
+        let mut map = memmap2::MmapMut::map_anon(len)
+            .map_err(|e| format!("cannot map a heap of {len} bytes: {e}"))?;
+        let ptr = NonNull::new(map.as_mut_ptr())
+            .ok_or_else(|| format!("cannot map a heap of {len} bytes"))?;
+        Ok(HostHeap {
+            ptr,
+            len,
+            _map: map,
+        })
     }
 }
 
@@ -122,7 +119,7 @@ unsafe impl Send for HostHeap {}
 // SAFETY: as above.
 unsafe impl Sync for HostHeap {}
 
-// SAFETY: `ptr` is valid for `len` bytes, 4096-aligned, until drop.
+// SAFETY: `ptr` is valid for `len` bytes, page-aligned (an mmap), until drop.
 unsafe impl HostMemory for HostHeap {
     fn base(&self) -> *mut u8 {
         self.ptr.as_ptr()
