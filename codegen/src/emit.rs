@@ -83,7 +83,16 @@ pub fn emit_module(
     module
         .verify()
         .map_err(|m| llvm_err("invalid LLVM IR", m.to_string()))?;
-    let machine = target_machine(target).map_err(|m| llvm_err("target machine", m))?;
+    // A lowering that emitted instructions of a newer PTX ISA asked for it (the only
+    // such today: `mma.sync` on 8-bit floats, 8.4).
+    let newer_ptx = module.get_flag(crate::lower::arch::PTX_ISA_FLAG).is_some();
+    let features = if newer_ptx && !target.is_emu() && matches!(target.vendor(), Vendor::Nvidia) {
+        format!("+ptx{}", crate::lower::arch::PTX_ISA_FP8_MMA)
+    } else {
+        target.features().to_string()
+    };
+    let machine =
+        target_machine_with(target, &features).map_err(|m| llvm_err("target machine", m))?;
     if let Target::Amdgpu(arch) = target
         && module.get_flag("amdhsa_code_object_version").is_none()
     {
@@ -154,6 +163,12 @@ pub fn emit_module(
 /// Creates the LLVM target machine for `target` (optimization level 3; the host's
 /// for the emulator).
 pub fn target_machine(target: Target) -> Result<TargetMachine, String> {
+    target_machine_with(target, target.features())
+}
+
+/// [`target_machine`] with the LLVM target features `features` (e.g. a newer PTX ISA
+/// than [`Target::features`]'s); ignored for the emulator.
+pub fn target_machine_with(target: Target, features: &str) -> Result<TargetMachine, String> {
     init_llvm();
     if target.is_emu() {
         LlvmTarget::initialize_native(&InitializationConfig::default())?;
@@ -180,7 +195,7 @@ pub fn target_machine(target: Target) -> Result<TargetMachine, String> {
         .create_target_machine(
             &TargetTriple::create(target.triple()),
             &target.cpu(),
-            target.features(),
+            features,
             OptimizationLevel::Aggressive,
             RelocMode::PIC,
             CodeModel::Default,
@@ -190,7 +205,7 @@ pub fn target_machine(target: Target) -> Result<TargetMachine, String> {
                 "LLVM cannot create a target machine for {} ({}, {})",
                 target.triple(),
                 target.cpu(),
-                target.features()
+                features
             )
         })
 }

@@ -15,9 +15,7 @@
 //! `<kernel>-<key hex>.ptx` or `.hsaco` with the raw binary).
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 use tessera_ir::Function;
 use tessera_ir::ParamFacts;
 
@@ -355,10 +353,10 @@ impl ArtifactStore {
                 reason: e.to_string(),
             }
         };
-        fs::create_dir_all(&self.dir).map_err(io(&self.dir))?;
-        atomic_write(&path, &bin.to_bytes()).map_err(io(&path))?;
+        crate::secure_fs::create_private_dir(&self.dir).map_err(io(&self.dir))?;
+        crate::secure_fs::atomic_write(&path, &bin.to_bytes()).map_err(io(&path))?;
         let raw = path.with_extension(bin.extension());
-        atomic_write(&raw, &bin.binary).map_err(io(&raw))?;
+        crate::secure_fs::atomic_write(&raw, &bin.binary).map_err(io(&raw))?;
         Ok(path)
     }
 
@@ -367,7 +365,9 @@ impl ArtifactStore {
     /// folder; a damaged one, or one for another target, is [`Error::Artifact`].
     pub fn get(&self, kernel: &str, target: &str, key: &CacheKey) -> Result<KernelBinary, Error> {
         let path = self.path(kernel, key);
-        let bytes = match fs::read(&path) {
+        let read = crate::secure_fs::check_dir(&self.dir)
+            .and_then(|()| crate::secure_fs::read_entry(&path));
+        let bytes = match read {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 let others = self.others(kernel);
@@ -436,26 +436,6 @@ impl ArtifactStore {
             })
             .unwrap_or(0)
     }
-}
-
-fn atomic_write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let tmp = path.with_extension(format!(
-        "tmp-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    ));
-    let result = (|| {
-        let mut f = fs::File::create(&tmp)?;
-        f.write_all(bytes)?;
-        f.sync_all()?;
-        drop(f);
-        fs::rename(&tmp, path)
-    })();
-    if result.is_err() {
-        let _ = fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// Where [`cached_or_compile`] found a kernel.

@@ -11,11 +11,12 @@
 //! - **Atomicity**: a write goes to a uniquely named temporary file in the same folder,
 //!   is flushed, then renamed over the entry. Readers see either no entry or a complete
 //!   one; two processes writing the same key both succeed (the entries are equal).
+//! - **Trust**: the folder is created `0700` and refused when other users could write
+//!   it; entries are read only as regular, bounded, private files (see the README's trust model).
 
 use std::fs;
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use sha2::{Digest, Sha256};
 
@@ -100,7 +101,19 @@ impl DiskCache {
     /// entry is deleted and counts as a miss.
     pub fn get(&self, key: &CacheKey) -> Option<Vec<u8>> {
         let path = self.entry_path(key);
-        let bytes = fs::read(&path).ok()?;
+        let refused = |e: io::Error| {
+            if e.kind() != io::ErrorKind::NotFound {
+                log_warn(&format!(
+                    "not using kernel cache entry {}: {e}",
+                    path.display()
+                ));
+            }
+        };
+        if let Err(e) = crate::secure_fs::check_own_dir(&self.dir) {
+            refused(e);
+            return None;
+        }
+        let bytes = crate::secure_fs::read_entry(&path).map_err(refused).ok()?;
         match decode(&bytes) {
             Some(payload) => Some(payload.to_vec()),
             None => {
@@ -121,31 +134,18 @@ impl DiskCache {
         let _ = fs::remove_file(self.entry_path(key));
     }
 
-    /// Stores `payload` under `key`, atomically.
+    /// Stores `payload` under `key`, atomically (a private
+    /// folder, an exclusive temporary file renamed over the entry).
     pub fn put(&self, key: &CacheKey, payload: &[u8]) -> Result<(), CacheError> {
         let err = |path: &Path| {
             let path = path.display().to_string();
             move |source| CacheError { path, source }
         };
-        fs::create_dir_all(&self.dir).map_err(err(&self.dir))?;
-        static COUNTER: AtomicU64 = AtomicU64::new(0);
-        let tmp = self.dir.join(format!(
-            ".tmp-{}-{}-{}",
-            key.hex(),
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        let write = || -> io::Result<()> {
-            let mut f = fs::File::create(&tmp)?;
-            f.write_all(&encode(payload))?;
-            f.sync_all()?;
-            drop(f);
-            fs::rename(&tmp, self.entry_path(key))
-        };
-        write().map_err(|e| {
-            let _ = fs::remove_file(&tmp);
-            err(&tmp)(e)
-        })
+        crate::secure_fs::create_private_dir(&self.dir)
+            .and_then(|()| crate::secure_fs::check_own_dir(&self.dir))
+            .map_err(err(&self.dir))?;
+        let path = self.entry_path(key);
+        crate::secure_fs::atomic_write(&path, &encode(payload)).map_err(err(&path))
     }
 }
 
@@ -204,6 +204,36 @@ mod tests {
             CacheKey::new("a", "bc", "", "")
         );
         assert_eq!(k.hex().len(), 64);
+    }
+
+    /// An attacker's link at an entry's name is not followed (the victim keeps its
+    /// bytes, the read is a miss), a put replaces it; a cache folder others can write
+    /// is refused for reads and writes; the folder is created `0700`.
+    #[test]
+    fn planted_links_and_shared_folders_are_refused() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let d = temp_dir("planted");
+        let cache = DiskCache::new(d.join("c"));
+        let k = CacheKey::new("ir", "sm_90", "v", "o");
+        cache
+            .put(&CacheKey::new("x", "", "", ""), b"first")
+            .unwrap();
+        assert_eq!(fs::metadata(cache.dir()).unwrap().mode() & 0o777, 0o700);
+        let victim = d.join("victim");
+        fs::write(&victim, encode(b"planted kernel")).unwrap();
+        std::os::unix::fs::symlink(&victim, cache.entry_path(&k)).unwrap();
+        assert_eq!(cache.get(&k), None);
+        cache.put(&k, b"compiled").unwrap();
+        assert_eq!(
+            decode(&fs::read(&victim).unwrap()),
+            Some(&b"planted kernel"[..])
+        );
+        assert_eq!(cache.get(&k).as_deref(), Some(&b"compiled"[..]));
+        fs::set_permissions(cache.dir(), fs::Permissions::from_mode(0o777)).unwrap();
+        assert_eq!(cache.get(&k), None);
+        let e = cache.put(&k, b"again").unwrap_err().to_string();
+        assert!(e.contains("writable by other users"), "{e}");
+        fs::remove_dir_all(&d).unwrap();
     }
 
     #[test]

@@ -48,6 +48,7 @@ pub mod fused;
 #[cfg(feature = "hip")]
 mod hip;
 mod launch;
+mod secure_fs;
 pub mod sp_attention;
 mod tensor_desc;
 pub mod world;

@@ -156,6 +156,7 @@ const KERNELS: [(&str, Compile); 6] = [
 const SM80: Target = Target::nvptx(80);
 const SM90: Target = Target::nvptx(90);
 const SM90A: Target = Target::SM90A;
+const SM89: Target = Target::nvptx(89);
 const GFX942: Target = Target::Amdgpu(AmdArch::Gfx942);
 
 fn build(name: &str, f: Compile, target: Target) -> Artifact {
@@ -1033,11 +1034,12 @@ fn matmul_i8_uses_the_integer_matrix_units() {
 
 /// fp8 GEMMs, specialized as launches are: on sm_90a with A and Bᵀ given (both
 /// contiguous along k) `wgmma` `m64nNk32.f32.e4m3.e4m3` / `.e5m2.e5m2` (QGMMA in the
-/// SASS) from a `cp.async` ring, no spills; with B `[k][n]` on sm_90a, and on
-/// sm_80, sm_90 and gfx942 always, the operands cast to f16 for the f16 matrix
-/// instructions (HGMMA, HMMA, `v_mfma_f32_*_f16`), see `tessera::codegen::fp8`.
+/// SASS) from a `cp.async` ring, no spills; on sm_89 `mma.sync` m16n8k32 on the
+/// 8-bit floats (QMMA, PTX ISA 8.4); with B `[k][n]` on sm_90a, and on sm_80, sm_90
+/// and gfx942 always, the operands cast to f16 for the f16 matrix instructions
+/// (HGMMA, HMMA, `v_mfma_f32_*_f16`), see `tessera::codegen::fp8`.
 #[test]
-fn matmul_fp8_uses_wgmma_or_the_f16_matrix_units() {
+fn matmul_fp8_uses_the_8_bit_or_the_f16_matrix_units() {
     use tessera::ir::ParamFacts;
     let spec = |f: std::sync::Arc<tessera::ir::Function>| {
         let facts = vec![ParamFacts::new(true, true); f.params.len()];
@@ -1089,23 +1091,38 @@ fn matmul_fp8_uses_wgmma_or_the_f16_matrix_units() {
         if warps > 4 {
             continue; // the 128-wide k tile is the sm_90a one
         }
-        for t in [SM80, SM90] {
+        // sm_80 and sm_90: the exact f16 path (HMMA). sm_89: `mma.sync` on the 8-bit
+        // floats themselves (QMMA), in a PTX of ISA 8.4 (every other kernel stays at
+        // 8.0). (On sm_90 ptxas turns that instruction into conversions and HMMA.)
+        let ty = if name.starts_with("e4m3") {
+            "e4m3"
+        } else {
+            "e5m2"
+        };
+        for t in [SM80, SM89, SM90] {
             let art = compile_ir(&func, t, &opts).expect("compiles");
-            assert!(
-                art.asm
-                    .contains("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"),
-                "{name} {t}"
-            );
+            let native = t == SM89;
+            let want = if native {
+                format!("mma.sync.aligned.m16n8k32.row.col.f32.{ty}.{ty}.f32")
+            } else {
+                "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32".to_string()
+            };
+            assert!(art.asm.contains(&want), "{name} {t}:\n{}", art.asm);
+            let version = if native {
+                ".version 8.4"
+            } else {
+                ".version 8.0"
+            };
+            assert!(art.asm.contains(version), "{name} {t}");
             let r = tools::ptxas(&art.asm, &t.to_string()).expect("ptxas");
             assert_eq!(
                 (r.spill_stores_bytes, r.spill_loads_bytes),
                 (0, 0),
                 "{name} {t}"
             );
-            assert!(
-                tools::sass(&r.cubin).expect("cuobjdump").contains("HMMA"),
-                "{name} {t}"
-            );
+            let sass = tools::sass(&r.cubin).expect("cuobjdump");
+            let unit = if native { "QMMA" } else { "HMMA" };
+            assert!(sass.contains(unit), "{name} {t}: no {unit}:\n{sass}");
         }
         let art = compile_ir(&func, GFX942, &opts).expect("compiles");
         let dis = tools::amdgpu_disasm(&art.binary, AmdArch::Gfx942).expect("llvm-objdump");

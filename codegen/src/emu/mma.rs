@@ -34,6 +34,11 @@
 //!   - 16x16x32: `A[lane % 16][8 * (lane / 16) + i]`, `B[8 * (lane / 16) + i][lane % 16]`;
 //!   - 32x32x16: `A[lane % 32][8 * (lane / 32) + i]`, `B[8 * (lane / 32) + i][lane % 32]`.
 //!
+//! - NVIDIA `mma.sync.aligned.m16n8k32.row.col.f32.{e4m3,e5m2}.{e4m3,e5m2}.f32` (PTX ISA
+//!   8.4, sm_89+): the fragments of the `.s8` form above, each byte an OCP 8-bit float
+//!   (E4M3: bias 7, no infinities, NaN `S.1111.111`; E5M2: bias 15, IEEE-like), C and D
+//!   four f32.
+//!
 //! Integer products are exact; the sum and the addition of C wrap modulo 2^32 (the
 //! instructions without `.satfinite`).
 //!
@@ -207,6 +212,56 @@ pub fn nv_m16n8k32_s8(a: &[[u32; 4]], b: &[[u32; 2]], c: &[[i32; 4]]) -> Vec<[i3
         .collect()
 }
 
+/// An OCP 8-bit float format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8 {
+    /// E4M3 (`f8e4m3`).
+    E4M3,
+    /// E5M2 (`f8e5m2`).
+    E5M2,
+}
+
+impl Fp8 {
+    fn to_f32(self, bits: u8) -> f32 {
+        match self {
+            Fp8::E4M3 => float8::F8E4M3::from_bits(bits).to_f32(),
+            Fp8::E5M2 => float8::F8E5M2::from_bits(bits).to_f32(),
+        }
+    }
+}
+
+/// NVIDIA m16n8k32 on 8-bit floats: the `.s8` fragments ([`nv_m16n8k32_s8`]) with
+/// each byte decoded as `fmt`, f32 C and D. Products of two 8-bit floats are exact in
+/// f32; the sum is taken in increasing k, then C added.
+pub fn nv_m16n8k32_f8(fmt: Fp8, a: &[[u32; 4]], b: &[[u32; 2]], c: &[[f32; 4]]) -> Vec<[f32; 4]> {
+    assert!(
+        a.len() == 32 && b.len() == 32 && c.len() == 32,
+        "one warp of 32 lanes"
+    );
+    let byte = |regs: &[u32], i: usize| fmt.to_f32((regs[i / 4] >> (8 * (i % 4))) as u8);
+    let (mut am, mut bm, mut cm) = (vec![0.0; 16 * 32], vec![0.0; 32 * 8], vec![0.0; 16 * 8]);
+    for lane in 0..32 {
+        let (g, t) = (lane / 4, lane % 4);
+        for i in 0..16 {
+            let (r, col) = (g + 8 * ((i / 4) % 2), 4 * t + i % 4 + 16 * (i / 8));
+            am[r * 32 + col] = byte(&a[lane], i);
+        }
+        for i in 0..8 {
+            bm[(4 * t + i % 4 + 16 * (i / 4)) * 8 + g] = byte(&b[lane], i);
+        }
+        for i in 0..4 {
+            cm[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = c[lane][i];
+        }
+    }
+    let d = product(&am, &bm, &cm, 16, 8, 32);
+    (0..32)
+        .map(|lane| {
+            let (g, t) = (lane / 4, lane % 4);
+            std::array::from_fn(|i| d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2])
+        })
+        .collect()
+}
+
 /// AMD `v_mfma_i32_{16x16x32,32x32x16}_i8` for one wave (`mn` 16 or 32, `R` = 4 or
 /// 16 accumulators): every lane's A and B (two registers of four bytes each) and C
 /// give every lane's D.
@@ -360,6 +415,53 @@ mod tests {
                     .sum::<i32>()
                     + byte(r, col, 3) * 1000;
                 assert_eq!(d[lane][i], want, "lane {lane} item {i}");
+            }
+        }
+    }
+
+    /// The fp8 form reads the `.s8` fragments' bytes as 8-bit floats: every
+    /// encoding but NaNs and infinities (a pattern over the byte values), against the
+    /// product of the decoded matrices in f64 (the f32 sum within its rounding).
+    #[test]
+    fn nv_f8_fragments_compute_the_matrix_product() {
+        for fmt in [Fp8::E4M3, Fp8::E5M2] {
+            let code = |i: usize, j: usize, s: usize| {
+                let b = byte(i, j, s) as u8;
+                // Finite values only: E4M3's NaN is S.1111.111, E5M2's top exponent.
+                match fmt {
+                    Fp8::E4M3 if b & 0x7f == 0x7f => b & 0xf0,
+                    Fp8::E5M2 if b & 0x7c == 0x7c => b & 0x83,
+                    _ => b,
+                }
+            };
+            let v = |i: usize, j: usize, s: usize| fmt.to_f32(code(i, j, s)) as f64;
+            let mut a = vec![[0u32; 4]; 32];
+            let mut b = vec![[0u32; 2]; 32];
+            let mut c = vec![[0f32; 4]; 32];
+            for lane in 0..32 {
+                let (g, t) = (lane / 4, lane % 4);
+                a[lane] =
+                    pack(|i| code(g + 8 * ((i / 4) % 2), 4 * t + i % 4 + 16 * (i / 8), 1) as i32);
+                b[lane] = pack(|i| code(4 * t + i % 4 + 16 * (i / 4), g, 2) as i32);
+                for i in 0..4 {
+                    c[lane][i] = byte(g + 8 * (i / 2), 2 * t + i % 2, 3) as f32;
+                }
+            }
+            let d = nv_m16n8k32_f8(fmt, &a, &b, &c);
+            for lane in 0..32 {
+                let (g, t) = (lane / 4, lane % 4);
+                for i in 0..4 {
+                    let (r, col) = (g + 8 * (i / 2), 2 * t + i % 2);
+                    let want: f64 = (0..32).map(|p| v(r, p, 1) * v(p, col, 2)).sum::<f64>()
+                        + byte(r, col, 3) as f64;
+                    // f32 sums: within 32 roundings of the terms' magnitude.
+                    let mag: f64 = (0..32).map(|p| (v(r, p, 1) * v(p, col, 2)).abs()).sum();
+                    let got = d[lane][i] as f64;
+                    assert!(
+                        (got - want).abs() <= 32.0 * f64::from(f32::EPSILON) * (mag + 1.0),
+                        "{fmt:?} lane {lane} item {i}: {got} vs {want}"
+                    );
+                }
             }
         }
     }

@@ -1574,7 +1574,7 @@ extern "C" fn tessera_emu_mma_i8(
 ) {
     // (A words, B words, C registers) of each instruction.
     let want: (usize, usize, usize) = match kind {
-        0 => (4, 2, 4),
+        0 | 3 | 4 => (4, 2, 4),
         1 => (2, 2, 4),
         _ => (2, 2, 16),
     };
@@ -1615,6 +1615,19 @@ extern "C" fn tessera_emu_mma_i8(
                     }
                 };
                 let d: Vec<Vec<i32>> = match kind {
+                    3 | 4 => mma::nv_m16n8k32_f8(
+                        if kind == 3 {
+                            mma::Fp8::E4M3
+                        } else {
+                            mma::Fp8::E5M2
+                        },
+                        &gather::<4, _>(w, 0, |x| x as u32),
+                        &gather::<2, _>(w, 4, |x| x as u32),
+                        &gather::<4, _>(w, 6, |x| f32::from_bits(x as u32)),
+                    )
+                    .iter()
+                    .map(|x| x.iter().map(|f| f.to_bits() as i32).collect())
+                    .collect(),
                     0 => mma::nv_m16n8k32_s8(
                         &gather::<4, _>(w, 0, |x| x as u32),
                         &gather::<2, _>(w, 4, |x| x as u32),

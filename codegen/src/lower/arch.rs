@@ -1229,6 +1229,11 @@ impl Arch for Nvptx {
         match input {
             ScalarType::F16 | ScalarType::BF16 => Some(nv_m16n8k16()),
             ScalarType::I8 => Some(nv_m16n8k32_s8()),
+            // `mma.sync` m16n8k32 on 8-bit floats (PTX ISA 8.4): the `.s8` fragments,
+            // `QMMA` in sm_89's SASS. Not on sm_90, where ptxas turns it into
+            // conversions and f16 `HMMA.16816` (what the f16 path gives, without the
+            // newer driver), nor sm_90a (`wgmma`, `crate::fp8`).
+            ScalarType::F8E4M3 | ScalarType::F8E5M2 if self.sm == 89 => Some(nv_m16n8k32_s8()),
             _ => None,
         }
     }
@@ -1253,6 +1258,15 @@ impl Arch for Nvptx {
             ),
             ScalarType::F16 => ("m16n8k16", "f32.f16.f16.f32", cx.ctx.f32_type().into(), "f"),
             ScalarType::I8 => ("m16n8k32", "s32.s8.s8.s32", i32t.into(), "r"),
+            ScalarType::F8E4M3 | ScalarType::F8E5M2 => {
+                require_ptx_isa(cx, PTX_ISA_FP8_MMA);
+                let t = if input == ScalarType::F8E4M3 {
+                    "f32.e4m3.e4m3.f32"
+                } else {
+                    "f32.e5m2.e5m2.f32"
+                };
+                ("m16n8k32", t, cx.ctx.f32_type().into(), "f")
+            }
             t => return Err(LowerError::Llvm(format!("mma.sync on {t:?}"))),
         };
         if pa.len() != 4 || pb.len() != 2 || c.len() != 4 {
@@ -1291,6 +1305,23 @@ impl Arch for Nvptx {
         (0..4)
             .map(|i| Ok(cx.b.build_extract_value(s, i, "")?))
             .collect()
+    }
+}
+
+/// The PTX ISA version (times 10) that `mma.sync` on 8-bit floats needs: 8.4 (CUDA
+/// 12.4 drivers and later), past the 8.0 Tessera emits otherwise.
+pub const PTX_ISA_FP8_MMA: u64 = 84;
+
+/// The module flag through which a lowering asks [`crate::emit::emit_module`] for a
+/// PTX ISA version above the target's default (the version times 10).
+pub const PTX_ISA_FLAG: &str = "tessera.ptx_isa";
+
+/// Records that the module needs PTX ISA `version` (times 10), see [`PTX_ISA_FLAG`].
+fn require_ptx_isa(cx: &Cx<'_>, version: u64) {
+    if cx.module.get_flag(PTX_ISA_FLAG).is_none() {
+        let v = cx.ctx.i32_type().const_int(version, false);
+        cx.module
+            .add_basic_value_flag(PTX_ISA_FLAG, inkwell::module::FlagBehavior::Override, v);
     }
 }
 

@@ -536,12 +536,18 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
     if let Some(p) = wgmma::plan(l, op) {
         return wgmma::lower(l, op, p);
     }
-    if let Some(s) = l.f.ty(op.operands[0]).scalar_type().filter(|s| s.is_fp8()) {
+    if let Some(s) =
+        l.f.ty(op.operands[0])
+            .scalar_type()
+            .filter(|s| s.is_fp8() && l.arch.mma(*s).is_none())
+    {
         // Only `wgmma` multiplies 8-bit floats as they are; `crate::fp8` casts the
         // operands of the others to f16 before lowering.
         return Err(super::LowerError::Unsupported {
             span: op.span.clone(),
-            message: format!("`dot` on {s} takes wgmma (both operands K-major) or f16 operands"),
+            message: format!(
+                "`dot` on {s} takes wgmma (both operands K-major), mma.sync (sm_89+) or f16 operands"
+            ),
         });
     }
     match plan(l, op) {

@@ -36,7 +36,7 @@
 //! | `cp.async.bulk.commit_group` + `wait_group.read 0` | `void tessera_emu_tma_store_wait(i32 site)` (the thread's stores read shared memory and write global memory now) |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
-//! | `i8` matrix instructions (`mma.sync` m16n8k32 `.s8`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (`[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out) |
+//! | 8-bit matrix instructions (`mma.sync` m16n8k32 `.s8`, `.e4m3`, `.e5m2`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (kind: 0 `.s8`, 1 and 2 the MFMA, 3 `.e4m3`, 4 `.e5m2`; `[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out, f32 by their bits) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
 //! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::arch::pack_words`
@@ -302,6 +302,7 @@ impl Arch for Emu {
 
     fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32, nw: u32) -> Option<MmaInfo> {
         match self.flavor {
+            EmuFlavor::Nv if input.is_fp8() => self.mma(input),
             EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma_for(input, m, n, k, nw),
             EmuFlavor::Amd => Amdgpu {
                 arch: AmdArch::Gfx942,
@@ -312,6 +313,9 @@ impl Arch for Emu {
 
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
         match self.flavor {
+            // emu-nv multiplies 8-bit floats as sm_89+ does (`mma.sync` m16n8k32),
+            // emu-sm90a as sm_90a (`wgmma`, else f16).
+            EmuFlavor::Nv if input.is_fp8() => Some(super::arch::nv_m16n8k32_s8()),
             EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma(input),
             EmuFlavor::Amd => Amdgpu {
                 arch: AmdArch::Gfx942,
@@ -782,8 +786,8 @@ impl Arch for Emu {
     ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
         let i32t = cx.ctx.i32_type();
         let f32t = cx.ctx.f32_type();
-        if input == ScalarType::I8 {
-            return emit_mma_i8(cx, self.flavor, a, b, c, site);
+        if input == ScalarType::I8 || input.is_fp8() {
+            return emit_mma_i8(cx, self.flavor, input, a, b, c, site);
         }
         let c: Vec<FloatValue<'ctx>> = c.iter().map(|v| v.into_float_value()).collect();
         let c = &c[..];
@@ -854,22 +858,33 @@ impl Arch for Emu {
 fn emit_mma_i8<'ctx>(
     cx: &Cx<'ctx>,
     flavor: EmuFlavor,
+    input: ScalarType,
     a: &[BasicValueEnum<'ctx>],
     b: &[BasicValueEnum<'ctx>],
     c: &[BasicValueEnum<'ctx>],
     site: u32,
 ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let i32t = cx.ctx.i32_type();
-    let kind = match (flavor, c.len()) {
-        (EmuFlavor::Nv | EmuFlavor::Sm90a, 4) => 0,
-        (EmuFlavor::Amd, 4) => 1,
-        (EmuFlavor::Amd, 16) => 2,
-        (f, n) => {
+    let nv = matches!(flavor, EmuFlavor::Nv | EmuFlavor::Sm90a);
+    let kind = match (nv, c.len(), input) {
+        (true, 4, ScalarType::I8) => 0,
+        (false, 4, ScalarType::I8) => 1,
+        (false, 16, ScalarType::I8) => 2,
+        (true, 4, ScalarType::F8E4M3) => 3,
+        (true, 4, ScalarType::F8E5M2) => 4,
+        (_, n, t) => {
             return Err(LowerError::Llvm(format!(
-                "an i8 matrix instruction with {n} accumulators on {f:?}"
+                "an 8-bit matrix instruction on {t:?} with {n} accumulators on {flavor:?}"
             )));
         }
     };
+    // f32 accumulators travel by their bits.
+    let c: Vec<BasicValueEnum<'ctx>> = c
+        .iter()
+        .map(|x| Ok(cx.b.build_bit_cast(*x, i32t, "")?))
+        .collect::<LResult<_>>()?;
+    let c = &c[..];
+    let float_acc = kind >= 3;
     let (pa, pb) = (pack_words(cx, a)?, pack_words(cx, b)?);
     let abty = i32t.array_type((pa.len() + pb.len()) as u32);
     let cdty = i32t.array_type(c.len() as u32);
@@ -913,7 +928,14 @@ fn emit_mma_i8<'ctx>(
         ],
     )?;
     (0..c.len())
-        .map(|i| Ok(cx.b.build_load(i32t, slot(cdty, cd, i)?, "")?))
+        .map(|i| {
+            let w = cx.b.build_load(i32t, slot(cdty, cd, i)?, "")?;
+            Ok(if float_acc {
+                cx.b.build_bit_cast(w, cx.ctx.f32_type(), "")?
+            } else {
+                w
+            })
+        })
         .collect()
 }
 

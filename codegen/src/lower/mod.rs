@@ -328,10 +328,11 @@ fn lower_impl<'ctx>(
     opts: &CompileOptions,
     with_layouts: bool,
 ) -> Result<Lowered<'ctx>, CodegenError> {
-    // `dot`s of 8-bit floats: on `wgmma` as they are where they can be (else the
-    // whole kernel again with them on f16), elsewhere on f16 (`crate::fp8`).
+    // `dot`s of 8-bit floats: on `wgmma` or `mma.sync` (sm_89+) as they are where they
+    // can be (else the whole kernel again with them on f16), elsewhere on f16
+    // (`crate::fp8`).
     if crate::fp8::has_fp8_dot(func) {
-        if arch.target().has_wgmma()
+        if (arch.target().has_wgmma() || arch.mma(ScalarType::F8E4M3).is_some())
             && let Ok(l) = lower_as_is(ctx, func, arch, opts, with_layouts)
         {
             return Ok(l);

@@ -214,29 +214,11 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
         None
     };
     let box_bytes = bx.box_bytes(e);
-    let inner = bx.box_dims[bx.box_dims.len() - 1];
     let site = l.new_site("cp.async.bulk.tensor");
     l.in_thread0(|l| {
-        let issue = |l: &mut Lowerer<'_, 'ctx>| -> LResult<()> {
-            l.arch
-                .mbarrier_arrive_expect_tx(&l.cx, bar, box_bytes * bx.copies, site)?;
-            for c in 0..bx.copies {
-                let off = l.cx.i32((arr_off + c * box_bytes) as i64);
-                // SAFETY: inside the ring slot (`ring_ok`: the arrays hold the boxes).
-                let dst = unsafe {
-                    l.cx.b
-                        .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
-                };
-                // Innermost first; box `c` starts `c * inner` columns on.
-                let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
-                if c > 0 {
-                    cs[0] =
-                        l.cx.b
-                            .build_int_add(cs[0], l.cx.i32((c * inner) as i64), "")?;
-                }
-                l.arch.tma_load(&l.cx, dst, tmap, &cs, bar, site)?;
-            }
-            Ok(())
+        // Inside the ring slot (`ring_ok`: the arrays hold the boxes).
+        let issue = |l: &mut Lowerer<'_, 'ctx>| {
+            issue_box_copies(l, &bx, box_bytes, base, arr_off, tmap, &coords, bar, site)
         };
         match pred {
             Some(p) => l.when(p, issue),
@@ -263,6 +245,44 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
         regs: Vec::new(),
         uniform: false,
     })
+}
+
+/// Thread 0's side of a TMA load of one block: `mbarrier.arrive.expect_tx` of the
+/// block's bytes on `bar`, then one `cp.async.bulk.tensor` per box, box `c` at byte
+/// `first + c * box_bytes` of shared `base` and `c * box width` columns on from
+/// `coords` (outermost first). The caller promises the boxes lie in shared memory.
+#[allow(clippy::too_many_arguments)]
+fn issue_box_copies<'ctx>(
+    l: &mut Lowerer<'_, 'ctx>,
+    bx: &TmaBox,
+    box_bytes: u32,
+    base: PointerValue<'ctx>,
+    first: u32,
+    tmap: IntValue<'ctx>,
+    coords: &[IntValue<'ctx>],
+    bar: PointerValue<'ctx>,
+    site: u32,
+) -> LResult<()> {
+    l.arch
+        .mbarrier_arrive_expect_tx(&l.cx, bar, box_bytes * bx.copies, site)?;
+    let inner = bx.box_dims[bx.box_dims.len() - 1];
+    for c in 0..bx.copies {
+        let off = l.cx.i32((first + c * box_bytes) as i64);
+        // SAFETY: inside the boxes' shared memory, as the caller promises.
+        let dst = unsafe {
+            l.cx.b
+                .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
+        };
+        // Innermost first; box `c` starts `c * inner` columns on.
+        let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
+        if c > 0 {
+            cs[0] =
+                l.cx.b
+                    .build_int_add(cs[0], l.cx.i32((c * inner) as i64), "")?;
+        }
+        l.arch.tma_load(&l.cx, dst, tmap, &cs, bar, site)?;
+    }
+    Ok(())
 }
 
 /// Lowers `desc_store` `op` as TMA stores: every thread writes its elements into a
@@ -428,28 +448,9 @@ fn lower_standalone_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         l.arch.fence_mbarrier_init(&l.cx)
     })?;
     l.barrier()?;
-    let inner = bx.box_dims[bx.box_dims.len() - 1];
     let site = l.new_site("cp.async.bulk.tensor");
-    l.in_thread0(|l| {
-        l.arch.mbarrier_arrive_expect_tx(&l.cx, bar, total, site)?;
-        for cpy in 0..bx.copies {
-            let off = l.cx.i32((cpy * box_bytes) as i64);
-            // SAFETY: inside the staging box (`total` bytes of scratch).
-            let dst = unsafe {
-                l.cx.b
-                    .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
-            };
-            // Innermost first; box `cpy` starts `cpy * inner` columns on.
-            let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
-            if cpy > 0 {
-                cs[0] =
-                    l.cx.b
-                        .build_int_add(cs[0], l.cx.i32((cpy * inner) as i64), "")?;
-            }
-            l.arch.tma_load(&l.cx, dst, tmap, &cs, bar, site)?;
-        }
-        Ok(())
-    })?;
+    // Inside the staging box (`total` bytes of scratch).
+    l.in_thread0(|l| issue_box_copies(l, &bx, box_bytes, base, 0, tmap, &coords, bar, site))?;
     let wait = l.new_site("mbarrier.try_wait");
     l.arch.mbarrier_wait(&l.cx, bar, l.cx.i32(0), wait)?;
     // Every thread reads its elements, `vec` consecutive ones at a time.
