@@ -247,6 +247,36 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
     })
 }
 
+/// Box `c` of a block of boxes `bx`: its place in shared memory, byte
+/// `first + c * box_bytes` of `base` (the caller promises it is inside the boxes'
+/// memory), and its coordinates, innermost first, `c * box width` columns on from
+/// `coords` (outermost first).
+#[allow(clippy::too_many_arguments)]
+fn box_place<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    bx: &TmaBox,
+    box_bytes: u32,
+    base: PointerValue<'ctx>,
+    first: u32,
+    coords: &[IntValue<'ctx>],
+    c: u32,
+) -> LResult<(PointerValue<'ctx>, Vec<IntValue<'ctx>>)> {
+    let off = l.cx.i32((first + c * box_bytes) as i64);
+    // SAFETY: inside the boxes' shared memory, as the caller promises.
+    let at = unsafe {
+        l.cx.b
+            .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
+    };
+    let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
+    if c > 0 {
+        let inner = bx.box_dims[bx.box_dims.len() - 1];
+        cs[0] =
+            l.cx.b
+                .build_int_add(cs[0], l.cx.i32((c * inner) as i64), "")?;
+    }
+    Ok((at, cs))
+}
+
 /// Thread 0's side of a TMA load of one block: `mbarrier.arrive.expect_tx` of the
 /// block's bytes on `bar`, then one `cp.async.bulk.tensor` per box, box `c` at byte
 /// `first + c * box_bytes` of shared `base` and `c * box width` columns on from
@@ -265,21 +295,8 @@ fn issue_box_copies<'ctx>(
 ) -> LResult<()> {
     l.arch
         .mbarrier_arrive_expect_tx(&l.cx, bar, box_bytes * bx.copies, site)?;
-    let inner = bx.box_dims[bx.box_dims.len() - 1];
     for c in 0..bx.copies {
-        let off = l.cx.i32((first + c * box_bytes) as i64);
-        // SAFETY: inside the boxes' shared memory, as the caller promises.
-        let dst = unsafe {
-            l.cx.b
-                .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
-        };
-        // Innermost first; box `c` starts `c * inner` columns on.
-        let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
-        if c > 0 {
-            cs[0] =
-                l.cx.b
-                    .build_int_add(cs[0], l.cx.i32((c * inner) as i64), "")?;
-        }
+        let (dst, cs) = box_place(l, bx, box_bytes, base, first, coords, c)?;
         l.arch.tma_load(&l.cx, dst, tmap, &cs, bar, site)?;
     }
     Ok(())
@@ -326,22 +343,11 @@ pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LRes
     super::dot::write_tile(l, &v, base, &runs, |ix| staged_at(l, &bx, e, cols, ix))?;
     l.arch.fence_async_shared(&l.cx)?;
     l.barrier()?;
-    let inner_w = bx.box_dims[bx.box_dims.len() - 1];
     let site = l.new_site("cp.async.bulk.tensor");
     l.in_thread0(|l| {
         for cpy in 0..bx.copies {
-            let off = l.cx.i32((cpy * box_bytes) as i64);
-            // SAFETY: inside the staging box (`total` bytes of scratch).
-            let src = unsafe {
-                l.cx.b
-                    .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
-            };
-            let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
-            if cpy > 0 {
-                cs[0] =
-                    l.cx.b
-                        .build_int_add(cs[0], l.cx.i32((cpy * inner_w) as i64), "")?;
-            }
+            // Inside the staging box (`total` bytes of scratch).
+            let (src, cs) = box_place(l, &bx, box_bytes, base, 0, &coords, cpy)?;
             l.arch.tma_store(&l.cx, src, tmap, &cs, site)?;
         }
         l.arch.tma_store_wait(&l.cx, site)
