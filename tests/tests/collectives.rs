@@ -480,3 +480,45 @@ fn single_rank_world() {
         .unwrap();
     assert!(out[0].is_empty(), "{}", out[0].join("\n"));
 }
+
+/// Ranks that make different collective calls (here the reduction of an all-reduce,
+/// then the collective itself) fail, every one of them, within the wait timeout
+/// rather than computing a mixture: the call records of the world's team segment
+/// disagree, and the rank that sees it names both calls and fails the world.
+#[test]
+fn ranks_that_disagree_on_a_collective_all_fail() {
+    for (case, want) in [
+        ("op", "all_reduce(Max, f32, 64 elements, Auto)"),
+        ("kind", "broadcast(f32, 64 elements, root 0)"),
+    ] {
+        let errs = std::sync::Mutex::new(Vec::new());
+        let start = std::time::Instant::now();
+        let _ = world(2).wait_timeout(Duration::from_secs(20)).run(|r| {
+            let mut b = r.upload(&[1.0f32; 64])?;
+            let got = match (case, r.rank()) {
+                ("op", 1) => r.all_reduce(&mut b, ReduceOp::Max),
+                ("kind", 1) => r.broadcast(&mut b, 0),
+                _ => r.all_reduce(&mut b, ReduceOp::Sum),
+            };
+            let e = got.expect_err("a rank of a disagreeing world succeeded");
+            errs.lock().unwrap().push(e.to_string());
+            Ok(())
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "{case}: took {:?}",
+            start.elapsed()
+        );
+        let errs = errs.into_inner().unwrap();
+        assert_eq!(errs.len(), 2, "{case}: {errs:?}");
+        let named = errs
+            .iter()
+            .find(|e| e.contains("differs between ranks"))
+            .unwrap_or_else(|| panic!("{case}: no rank names the mismatch: {errs:?}"));
+        assert!(
+            named.contains("all_reduce(Sum, f32, 64 elements, Auto)"),
+            "{named}"
+        );
+        assert!(named.contains(want), "{named}");
+    }
+}

@@ -84,6 +84,7 @@ use crate::world::{Rank, SymBuffer};
 use crate::{Buffer, Error};
 pub use kernels::TILE;
 use kernels::{OP_MAX, OP_MIN, OP_SUM};
+use tessera_ir::ScalarType;
 use tessera_ir::dsl::{Float, Int};
 use tessera_ir::ir::ReduceOp;
 
@@ -198,6 +199,72 @@ fn op_code(rank: &Rank, op: ReduceOp) -> Result<usize, Error> {
     }
 }
 
+/// The collectives, as numbered in a call record.
+const CALLS: [&str; 5] = [
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "broadcast",
+    "all_to_all_v",
+];
+const OPS: [&str; 3] = ["Sum", "Max", "Min"];
+const ALGOS: [AllReduceAlgo; 4] = [
+    AllReduceAlgo::Auto,
+    AllReduceAlgo::OneShot,
+    AllReduceAlgo::TwoShot,
+    AllReduceAlgo::LowLatency,
+];
+
+/// A collective call as the three words every rank must agree on
+/// ([`Rank::agree_on_call`]): which collective, the element type, the reduction
+/// (`OP_*`), the algorithm asked for, the element count, the root.
+fn call_words<T: CollElem>(
+    call: usize,
+    op: usize,
+    algo: AllReduceAlgo,
+    count: usize,
+    root: u32,
+) -> [u64; 3] {
+    let ty = ScalarType::ALL
+        .iter()
+        .position(|t| *t == T::TY)
+        .unwrap_or(0);
+    let algo = ALGOS.iter().position(|a| *a == algo).unwrap_or(0);
+    [
+        call as u64 | (ty as u64) << 8 | (op as u64) << 16 | (algo as u64) << 24,
+        count as u64,
+        u64::from(root),
+    ]
+}
+
+/// The call [`call_words`] describes, for an error message.
+fn describe_call(w: [u64; 3]) -> String {
+    let field = |shift: u32| ((w[0] >> shift) & 0xff) as usize;
+    let name = CALLS
+        .get(field(0))
+        .copied()
+        .unwrap_or("an unknown collective");
+    let ty = ScalarType::ALL
+        .get(field(8))
+        .map_or("?".to_string(), |t| t.to_string());
+    match field(0) {
+        0 => format!(
+            "{name}({}, {ty}, {} elements, {:?})",
+            OPS.get(field(16)).copied().unwrap_or("?"),
+            w[1],
+            ALGOS.get(field(24)).copied().unwrap_or(AllReduceAlgo::Auto)
+        ),
+        2 => format!(
+            "{name}({}, {ty}, {} elements)",
+            OPS.get(field(16)).copied().unwrap_or("?"),
+            w[1]
+        ),
+        3 => format!("{name}({ty}, {} elements, root {})", w[1], w[2]),
+        4 => format!("{name}({ty})"),
+        _ => format!("{name}({ty}, {} elements)", w[1]),
+    }
+}
+
 fn rank_err(rank: &Rank, message: String) -> Error {
     Error::Comm {
         rank: rank.rank(),
@@ -278,6 +345,7 @@ impl Rank {
         self.check_owned(buf, "the all_reduce buffer")?;
         let n = buf.len();
         let n32 = as_i32(self, n, "the all_reduce buffer")?;
+        self.agree_on_call(call_words::<T>(0, code, algo, n, 0), describe_call)?;
         if n == 0 {
             return Ok(());
         }
@@ -439,6 +507,10 @@ impl Rank {
             ));
         }
         as_i32(self, n * ws, "the all_gather output")?;
+        self.agree_on_call(
+            call_words::<T>(1, 0, AllReduceAlgo::Auto, n, 0),
+            describe_call,
+        )?;
         if n == 0 {
             return Ok(());
         }
@@ -476,6 +548,10 @@ impl Rank {
             ));
         }
         as_i32(self, n * ws, "the reduce_scatter input")?;
+        self.agree_on_call(
+            call_words::<T>(2, code, AllReduceAlgo::Auto, n, 0),
+            describe_call,
+        )?;
         if n == 0 {
             return Ok(());
         }
@@ -505,6 +581,10 @@ impl Rank {
         }
         let n = buf.len();
         let n32 = as_i32(self, n, "the broadcast buffer")?;
+        self.agree_on_call(
+            call_words::<T>(3, 0, AllReduceAlgo::Auto, n, root),
+            describe_call,
+        )?;
         if n == 0 {
             return Ok(());
         }
@@ -532,6 +612,11 @@ impl Rank {
     ) -> Result<Vec<usize>, Error> {
         self.check_owned(send, "the all_to_all_v send buffer")?;
         self.check_owned(recv, "the all_to_all_v receive buffer")?;
+        // Counts differ between ranks by design (they are checked collectively below).
+        self.agree_on_call(
+            call_words::<T>(4, 0, AllReduceAlgo::Auto, 0, 0),
+            describe_call,
+        )?;
         let ws = self.size() as usize;
         let me = self.rank() as usize;
         // A local problem is not returned at once: the other ranks would wait for this

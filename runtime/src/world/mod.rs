@@ -782,6 +782,8 @@ pub struct Rank {
     device: Device,
     cursor: std::sync::Mutex<Cursor>,
     barriers: AtomicU64,
+    /// Collective calls made so far (their agreement across ranks is checked).
+    calls: AtomicU64,
     /// The collectives' workspace (signal pads, staging buffers, call counter),
     /// allocated collectively on the first collective call.
     pub(crate) coll: std::sync::Mutex<Option<crate::collectives::Workspace>>,
@@ -837,6 +839,7 @@ impl Rank {
             }),
             shared,
             barriers: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
             coll: std::sync::Mutex::new(None),
             link,
         }
@@ -863,6 +866,33 @@ impl Rank {
     /// when the rank's code fails; call it when handling a failure yourself.
     pub fn abort(&self) {
         self.shared.abort(self.rank, false);
+    }
+
+    /// Checks that this rank's next collective call, `call` (three words; `describe`
+    /// names one), is the one every other rank makes as its call of the same number:
+    /// the first rank there records it, the others compare. A mismatch fails the
+    /// world, so every rank's waits stop, and is an error naming both calls.
+    pub(crate) fn agree_on_call(
+        &self,
+        call: [u64; 3],
+        describe: fn([u64; 3]) -> String,
+    ) -> Result<(), Error> {
+        let sh = &self.shared;
+        let index = self.calls.fetch_add(1, Ordering::Relaxed) as usize;
+        let me = self.rank;
+        let other_failed = || sh.interp_world(me).failed_rank();
+        match sh.team.check_call(index, call, sh.timeout, &other_failed) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(theirs)) => {
+                self.abort();
+                Err(self.err(format!(
+                    "collective call #{index} differs between ranks: this rank called {}, another rank {}; every rank must make the same collective calls in the same order",
+                    describe(call),
+                    describe(theirs)
+                )))
+            }
+            Err(stop) => Err(self.stopped(stop, "a collective call")),
+        }
     }
 
     fn err(&self, message: String) -> Error {

@@ -14,6 +14,7 @@
 //! | 2 | died: `1 + rank` of a process that exited without leaving the world |
 //! | 3 | host barrier arrivals (monotonic) |
 //! | `8 + 4k ..` | allocation record `k` (`RECORDS` of them) |
+//! | then `4k ..` | collective call record `k` (`CALL_RECORDS` of them) |
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,9 +33,12 @@ const HEADER_WORDS: usize = 8;
 /// Allocations checked across ranks; later ones are not checked (documented).
 pub(crate) const RECORDS: usize = 8192;
 const RECORD_WORDS: usize = 4;
+/// Collective calls checked across ranks; later ones are not checked (documented).
+pub(crate) const CALL_RECORDS: usize = 4096;
+const CALLS_BASE: usize = HEADER_WORDS + RECORDS * RECORD_WORDS;
 /// Bytes of a team segment.
 pub(crate) const TEAM_BYTES: usize =
-    ((HEADER_WORDS + RECORDS * RECORD_WORDS) * 8).next_multiple_of(4096);
+    ((CALLS_BASE + CALL_RECORDS * RECORD_WORDS) * 8).next_multiple_of(4096);
 
 const EMPTY: u64 = 0;
 const WRITING: u64 = 1;
@@ -207,9 +211,48 @@ impl Team {
         if index >= RECORDS {
             return Ok(Ok(()));
         }
-        let base = HEADER_WORDS + index * RECORD_WORDS;
-        let state = self.word(base);
         let packed = rec.pack();
+        Ok(self
+            .check_record(
+                HEADER_WORDS + index * RECORD_WORDS,
+                packed,
+                timeout,
+                other_failed,
+            )?
+            .map_err(AllocRecord::unpack))
+    }
+
+    /// Checks collective call number `index` (three words describing it) against the
+    /// other ranks', as [`Team::check_alloc`] does; answers the other rank's words on a
+    /// mismatch. Calls past [`CALL_RECORDS`] are not checked.
+    pub(crate) fn check_call(
+        &self,
+        index: usize,
+        call: [u64; 3],
+        timeout: Duration,
+        other_failed: &dyn Fn() -> Option<u32>,
+    ) -> Result<Result<(), [u64; 3]>, Stop> {
+        if index >= CALL_RECORDS {
+            return Ok(Ok(()));
+        }
+        self.check_record(
+            CALLS_BASE + index * RECORD_WORDS,
+            call,
+            timeout,
+            other_failed,
+        )
+    }
+
+    /// The record at word `base` (a state word, then three): the first rank to get
+    /// there writes `packed`, the others compare theirs with it.
+    fn check_record(
+        &self,
+        base: usize,
+        packed: [u64; 3],
+        timeout: Duration,
+        other_failed: &dyn Fn() -> Option<u32>,
+    ) -> Result<Result<(), [u64; 3]>, Stop> {
+        let state = self.word(base);
         match state.compare_exchange(EMPTY, WRITING, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => {
                 for (k, v) in packed.iter().enumerate() {
@@ -227,7 +270,7 @@ impl Team {
                 Ok(if theirs == packed {
                     Ok(())
                 } else {
-                    Err(AllocRecord::unpack(theirs))
+                    Err(theirs)
                 })
             }
         }
