@@ -829,15 +829,16 @@ pub fn launch<K: Kernel>(
                         // Communicating kernels get this rank's hidden arguments; a wait
                         // that fails comes back as `EmuError::Comm` (decoded from the
                         // rank's error record).
-                        let emu_world =
-                            device
-                                .comm
-                                .as_ref()
-                                .map(|c| tessera_codegen::emu::EmuWorld {
-                                    rank: c.rank,
-                                    heap_bases: c.host_heap_bases(),
-                                    timeout: c.timeout(),
-                                });
+                        // SAFETY: the world's host heaps (one per rank, each starting
+                        // with its control words, `HEAP_ALIGN`-aligned) outlive the
+                        // launch: the rank's `Shared` holds them, and `c` holds it.
+                        let emu_world = device.comm.as_ref().map(|c| unsafe {
+                            tessera_codegen::emu::EmuWorld::new(
+                                c.rank,
+                                c.host_heap_bases(),
+                                c.timeout(),
+                            )
+                        });
                         let limits = tessera_codegen::emu::EmuLimits { timeout: watchdog };
                         tessera_codegen::emu::launch_limited(
                             &compiled.func,

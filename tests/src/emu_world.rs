@@ -116,11 +116,10 @@ pub fn ring_world(flavor: EmuFlavor, ranks: usize, blocks: usize) -> Result<Dura
     let res = std::thread::scope(|s| {
         let handles: Vec<_> = (0..ranks)
             .map(|r| {
-                let world = EmuWorld {
-                    rank: r as u32,
-                    heap_bases: bases.clone(),
-                    timeout: Duration::from_secs(120),
-                };
+                // SAFETY: `heaps` (aligned, zeroed control words first) outlive the
+                // scope every launch runs in.
+                let world =
+                    unsafe { EmuWorld::new(r as u32, bases.clone(), Duration::from_secs(120)) };
                 let args = [
                     src.clone(),
                     dst.clone(),

@@ -362,17 +362,47 @@ fn scalar_slot(s: Scalar) -> u64 {
 
 /// The world a communicating kernel runs in on the emulator: this rank and every
 /// rank's symmetric heap (host memory of this process, laid out as described in
-/// [`crate::comm`]: control words first).
+/// [`crate::comm`]: control words first). Launches write through the heap addresses,
+/// so only [`EmuWorld::new`], which is `unsafe`, makes one.
 #[derive(Clone, Debug)]
 pub struct EmuWorld {
     /// This rank, `0..heap_bases.len()`.
-    pub rank: u32,
-    /// Every rank's heap base address (at least [`crate::comm::HEAP_ALIGN`]-aligned;
-    /// each heap starts with [`tessera_ir::interp::ctrl::WORDS`] control words). The
-    /// heaps must stay alive and writable for the launch.
-    pub heap_bases: Vec<u64>,
+    rank: u32,
+    /// Every rank's heap base address.
+    heap_bases: Vec<u64>,
     /// How long a wait polls before failing.
-    pub timeout: Duration,
+    timeout: Duration,
+}
+
+impl EmuWorld {
+    /// The world of rank `rank` among the heaps at `heap_bases` (one per rank), whose
+    /// waits fail after `timeout`.
+    ///
+    /// # Safety
+    ///
+    /// Every address in `heap_bases` must be the start of host memory of this process
+    /// that is [`crate::comm::HEAP_ALIGN`]-aligned, starts with
+    /// [`tessera_ir::interp::ctrl::WORDS`] control words, holds every symmetric buffer
+    /// a launch passes at its offset, and stays alive, writable and accessed only
+    /// atomically or by launches for as long as any launch uses this world: kernels
+    /// read and write peers' heaps through these addresses.
+    pub unsafe fn new(rank: u32, heap_bases: Vec<u64>, timeout: Duration) -> EmuWorld {
+        EmuWorld {
+            rank,
+            heap_bases,
+            timeout,
+        }
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn size(&self) -> usize {
+        self.heap_bases.len()
+    }
 }
 
 /// Runs `func` on the SIMT emulator: the real lowering for `flavor`, JIT-compiled
