@@ -4,21 +4,20 @@
 //! f16; E4M3's range, ±448 down to 2^-9, lies inside f16's), and a product of two
 //! f16 is exact in f32. So a `dot` of 8-bit floats equals the same `dot` of its
 //! operands cast to f16, which the f16 matrix path (`mma.sync`, MFMA, `wgmma`)
-//! computes. [`upcast_dots`] rewrites the IR that way, on a copy, before lowering:
+//! computes. [`upcast_dots`] rewrites every 8-bit float `dot` of a kernel that way, on
+//! a copy, before lowering, when the target cannot multiply one of them as it is:
 //!
-//! - on every target but sm_90a, whose `wgmma` takes E4M3/E5M2 operands directly
-//!   (`m64nNk32.f32.e4m3.e4m3`) when both are K-major in shared memory, and sm_89
-//!   (below);
-//! - on gfx942, whose MFMA 8-bit float instructions read the FNUZ formats (exponent
-//!   bias 8 and 16, a single NaN `0x80`, no negative zero, no infinities), not the
-//!   OCP formats Tessera's types are: the f16 MFMA gives the exact product instead;
-//! - not on sm_89 (`mma.sync` m16n8k32 `.e4m3`/`.e5m2`, `QMMA` in the SASS, for which
-//!   the kernel's PTX declares ISA 8.4: CUDA 12.4 drivers or later; every other kernel
+//! - sm_90a's `wgmma` takes E4M3/E5M2 operands directly (`m64nNk32.f32.e4m3.e4m3`)
+//!   when both are K-major in shared memory; a `dot` whose B is not takes f16 `wgmma`
+//!   (the warpgroup instructions are Hopper's fast path, not `mma.sync`);
+//! - sm_89 takes `mma.sync` m16n8k32 `.e4m3`/`.e5m2` (`QMMA` in the SASS), for which
+//!   the kernel's PTX declares ISA 8.4 (CUDA 12.4 drivers or later; every other kernel
 //!   stays at 8.0). On sm_90 ptxas compiles that same instruction to conversions and
-//!   f16 `HMMA.16816`, which is what the f16 path gives without the newer driver, so
-//!   sm_90 keeps the f16 path;
-//! - on sm_90a for a `dot` whose B is not K-major: f16 `wgmma` there, not `mma.sync`
-//!   (the warpgroup instructions are Hopper's fast path).
+//!   f16 `HMMA.16816`, what the f16 path gives without the newer driver, so sm_90
+//!   takes the f16 path, as sm_80 does;
+//! - gfx942's MFMA 8-bit float instructions read the FNUZ formats (exponent bias 8
+//!   and 16, a single NaN `0x80`, no negative zero, no infinities), not the OCP
+//!   formats Tessera's types are: the f16 MFMA gives the exact product instead.
 
 use tessera_ir::ir::{Function, Op, OpKind, Region};
 use tessera_ir::{ScalarType, ValueId};

@@ -353,7 +353,9 @@ impl ArtifactStore {
                 reason: e.to_string(),
             }
         };
-        crate::secure_fs::create_private_dir(&self.dir).map_err(io(&self.dir))?;
+        crate::secure_fs::create_private_dir(&self.dir)
+            .and_then(|()| crate::secure_fs::check_dir(&self.dir))
+            .map_err(io(&self.dir))?;
         crate::secure_fs::atomic_write(&path, &bin.to_bytes()).map_err(io(&path))?;
         let raw = path.with_extension(bin.extension());
         crate::secure_fs::atomic_write(&raw, &bin.binary).map_err(io(&raw))?;

@@ -23,14 +23,13 @@ fn refuse(what: String) -> io::Error {
     io::Error::new(io::ErrorKind::PermissionDenied, what)
 }
 
-/// Creates `dir` (and missing parents) with mode `0700`, then checks it
-/// ([`check_dir`]); an existing folder keeps its mode.
+/// Creates `dir` (and missing parents) with mode `0700`; an existing folder keeps its
+/// mode (the caller checks it, [`check_dir`] or [`check_own_dir`]).
 pub(crate) fn create_private_dir(dir: &Path) -> io::Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
-        .create(dir)?;
-    check_dir(dir)
+        .create(dir)
 }
 
 /// Refuses a folder that other users could plant files in through its permissions:

@@ -393,16 +393,6 @@ impl EmuWorld {
             timeout,
         }
     }
-
-    /// This rank.
-    pub fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    /// The number of ranks.
-    pub fn size(&self) -> usize {
-        self.heap_bases.len()
-    }
 }
 
 /// Runs `func` on the SIMT emulator: the real lowering for `flavor`, JIT-compiled

@@ -546,7 +546,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
         return Err(super::LowerError::Unsupported {
             span: op.span.clone(),
             message: format!(
-                "`dot` on {s} takes wgmma (both operands K-major), mma.sync (sm_89+) or f16 operands"
+                "`dot` on {s} takes wgmma (both operands K-major), mma.sync (sm_89) or f16 operands"
             ),
         });
     }

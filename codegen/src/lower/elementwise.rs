@@ -294,14 +294,19 @@ pub(super) fn approx<'ctx>(
     v: FloatValue<'ctx>,
 ) -> LResult<FloatValue<'ctx>> {
     let r = intr(cx, name, &[v.into()])?;
+    with_fast_math(r, inkwell::llvm_sys::LLVMFastMathApproxFunc);
+    Ok(r.into_float_value())
+}
+
+/// Sets the fast-math `flags` (`LLVMFastMath*`) of `v`, the floating-point call or
+/// instruction just built.
+pub(super) fn with_fast_math(v: BasicValueEnum<'_>, flags: inkwell::llvm_sys::LLVMFastMathFlags) {
+    // SAFETY: `v` is a live floating-point instruction of the module being built;
+    // its fast-math flags only change what LLVM may assume about its operands.
     unsafe {
         use inkwell::values::AsValueRef;
-        inkwell::llvm_sys::core::LLVMSetFastMathFlags(
-            r.as_value_ref(),
-            inkwell::llvm_sys::LLVMFastMathApproxFunc,
-        );
+        inkwell::llvm_sys::core::LLVMSetFastMathFlags(v.as_value_ref(), flags);
     }
-    Ok(r.into_float_value())
 }
 
 fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {

@@ -313,7 +313,7 @@ impl Arch for Emu {
 
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
         match self.flavor {
-            // emu-nv multiplies 8-bit floats as sm_89+ does (`mma.sync` m16n8k32),
+            // emu-nv multiplies 8-bit floats as sm_89 does (`mma.sync` m16n8k32),
             // emu-sm90a as sm_90a (`wgmma`, else f16).
             EmuFlavor::Nv if input.is_fp8() => Some(super::arch::nv_m16n8k32_s8()),
             EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma(input),

@@ -328,7 +328,7 @@ fn lower_impl<'ctx>(
     opts: &CompileOptions,
     with_layouts: bool,
 ) -> Result<Lowered<'ctx>, CodegenError> {
-    // `dot`s of 8-bit floats: on `wgmma` or `mma.sync` (sm_89+) as they are where they
+    // `dot`s of 8-bit floats: on `wgmma` or `mma.sync` (sm_89) as they are where they
     // can be (else the whole kernel again with them on f16), elsewhere on f16
     // (`crate::fp8`).
     if crate::fp8::has_fp8_dot(func) {

@@ -241,15 +241,7 @@ fn float_extreme<'ctx>(
     let mut acc = vals[0].into_float_value();
     for v in &vals[1..] {
         let r = cx.call_intrinsic(name, &[f32t.into()], &[acc.into(), *v])?;
-        // SAFETY: `r` is the call instruction just built; setting its fast-math flags
-        // only changes what LLVM may assume about its operands.
-        unsafe {
-            use inkwell::values::AsValueRef;
-            inkwell::llvm_sys::core::LLVMSetFastMathFlags(
-                r.as_value_ref(),
-                inkwell::llvm_sys::LLVMFastMathNoNaNs,
-            );
-        }
+        super::elementwise::with_fast_math(r, inkwell::llvm_sys::LLVMFastMathNoNaNs);
         acc = r.into_float_value();
     }
     let mut any_nan: Option<IntValue<'ctx>> = None;

@@ -122,6 +122,59 @@ fn block_box(t: &Type) -> Option<TmaBox> {
     TmaBox::for_block(t.scalar_type()?.size_bytes() as u32, &t.shape)
 }
 
+/// What every TMA access of a block needs, read from its op: the block's type, its
+/// element type and bytes, its boxes, the tensor map and the block's coordinates
+/// (outermost first).
+struct Block<'ctx> {
+    ty: Type,
+    elem: tessera_ir::ScalarType,
+    e: u32,
+    bx: TmaBox,
+    box_bytes: u32,
+    tmap: IntValue<'ctx>,
+    coords: Vec<IntValue<'ctx>>,
+}
+
+impl<'ctx> Block<'ctx> {
+    /// The block of `desc_load`/`desc_store` `op` with operands `d`, of type `ty`.
+    fn of(l: &Lowerer<'_, 'ctx>, op: &Op, d: &DescOperands, ty: &Type) -> LResult<Block<'ctx>> {
+        let elem = ty
+            .scalar_type()
+            .ok_or_else(|| LowerError::Llvm("a tensor-descriptor block of pointers".into()))?;
+        let e = elem.size_bytes() as u32;
+        let bx = block_box(ty).ok_or_else(|| LowerError::Llvm("a block TMA cannot copy".into()))?;
+        let coords = (0..d.rank)
+            .map(|i| Ok(l.val(op.operands[d.coord(i)])?.regs[0].into_int_value()))
+            .collect::<LResult<_>>()?;
+        Ok(Block {
+            ty: ty.clone(),
+            elem,
+            e,
+            box_bytes: bx.box_bytes(e),
+            bx,
+            tmap: l.val(op.operands[DescOperands::TMAP])?.regs[0].into_int_value(),
+            coords,
+        })
+    }
+
+    /// Every box of a staging box on a 1024-byte boundary, where the swizzle pattern
+    /// starts (an error at `op` otherwise).
+    fn whole_periods(&self, op: &Op, what: &str) -> LResult<()> {
+        if self.bx.copies > 1 && !self.box_bytes.is_multiple_of(wgmma::ARRAY_ALIGN) {
+            return Err(LowerError::Unsupported {
+                span: op.span.clone(),
+                message: format!("TMA {what} boxes that are not whole 1024-byte swizzle periods"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Bytes of the whole block.
+    fn bytes(&self) -> u32 {
+        self.box_bytes * self.bx.copies
+    }
+}
+
 impl<'ctx> Lowerer<'_, 'ctx> {
     /// The mbarrier of `d`'s ring slot `slot` (`None`: the slot read this iteration).
     pub(super) fn ring_bar(&self, d: &Op, slot: Option<AsyncSlot>) -> LResult<PointerValue<'ctx>> {
@@ -172,12 +225,7 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
         unreachable!("a desc_load")
     };
     let dops = DescOperands::new(rank).map_err(LowerError::Llvm)?;
-    let t = l.f.ty(op.results[0]).clone();
-    let elem = t
-        .scalar_type()
-        .ok_or_else(|| LowerError::Llvm("desc_load of pointers".into()))?;
-    let e = elem.size_bytes() as u32;
-    let bx = block_box(&t).ok_or_else(|| LowerError::Llvm("a block TMA cannot copy".into()))?;
+    let blk = Block::of(l, op, &dops, l.f.ty(op.results[0]))?;
     let ring = l
         .async_dot(d)
         .ok_or_else(|| LowerError::Llvm("no ring for this dot".into()))?;
@@ -201,31 +249,25 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
     } else {
         let p =
             wgmma::plan(l, d).ok_or_else(|| LowerError::Llvm("a TMA ring without wgmma".into()))?;
-        wgmma::Arrays::new(&p).a_elems * e
+        wgmma::Arrays::new(&p).a_elems * blk.e
     };
     let bar = l.ring_bar(d, Some(slot))?;
-    let tmap = l.val(op.operands[DescOperands::TMAP])?.regs[0].into_int_value();
-    let coords: Vec<IntValue<'ctx>> = (0..dops.rank)
-        .map(|i| Ok(l.val(op.operands[dops.coord(i)])?.regs[0].into_int_value()))
-        .collect::<LResult<_>>()?;
     let pred = if has_pred {
         Some(l.val(op.operands[dops.extra()])?.regs[0].into_int_value())
     } else {
         None
     };
-    let box_bytes = bx.box_bytes(e);
     let site = l.new_site("cp.async.bulk.tensor");
     l.in_thread0(|l| {
         // Inside the ring slot (`ring_ok`: the arrays hold the boxes).
-        let issue = |l: &mut Lowerer<'_, 'ctx>| {
-            issue_box_copies(l, &bx, box_bytes, base, arr_off, tmap, &coords, bar, site)
-        };
+        let issue = |l: &mut Lowerer<'_, 'ctx>| issue_box_copies(l, &blk, base, arr_off, bar, site);
         match pred {
             Some(p) => l.when(p, issue),
             None => issue(l),
         }
     })?;
     l.async_issued(d, slot)?;
+    let bx = &blk.bx;
     l.note(|| {
         format!(
             "TMA: {} box(es) of {:?} ({}-byte swizzle) of operand {} into the dot's ring ({}), completing on the slot's mbarrier",
@@ -240,36 +282,32 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
         )
     });
     Ok(Tile {
-        elem: Elem::Scalar(elem),
-        layout: crate::layout::Layout::blocked(&t.shape, 1, l.ws, l.nw),
+        elem: Elem::Scalar(blk.elem),
+        layout: crate::layout::Layout::blocked(&blk.ty.shape, 1, l.ws, l.nw),
         regs: Vec::new(),
         uniform: false,
     })
 }
 
-/// Box `c` of a block of boxes `bx`: its place in shared memory, byte
-/// `first + c * box_bytes` of `base` (the caller promises it is inside the boxes'
-/// memory), and its coordinates, innermost first, `c * box width` columns on from
-/// `coords` (outermost first).
-#[allow(clippy::too_many_arguments)]
+/// Box `c` of `blk`: its place in shared memory, byte `first + c * box bytes` of
+/// `base` (the caller promises it is inside the boxes' memory), and its coordinates,
+/// innermost first, `c * box width` columns on from the block's.
 fn box_place<'ctx>(
     l: &Lowerer<'_, 'ctx>,
-    bx: &TmaBox,
-    box_bytes: u32,
+    blk: &Block<'ctx>,
     base: PointerValue<'ctx>,
     first: u32,
-    coords: &[IntValue<'ctx>],
     c: u32,
 ) -> LResult<(PointerValue<'ctx>, Vec<IntValue<'ctx>>)> {
-    let off = l.cx.i32((first + c * box_bytes) as i64);
+    let off = l.cx.i32((first + c * blk.box_bytes) as i64);
     // SAFETY: inside the boxes' shared memory, as the caller promises.
     let at = unsafe {
         l.cx.b
             .build_in_bounds_gep(l.cx.ctx.i8_type(), base, &[off], "")?
     };
-    let mut cs: Vec<IntValue<'ctx>> = coords.iter().rev().copied().collect();
+    let mut cs: Vec<IntValue<'ctx>> = blk.coords.iter().rev().copied().collect();
     if c > 0 {
-        let inner = bx.box_dims[bx.box_dims.len() - 1];
+        let inner = blk.bx.box_dims[blk.bx.box_dims.len() - 1];
         cs[0] =
             l.cx.b
                 .build_int_add(cs[0], l.cx.i32((c * inner) as i64), "")?;
@@ -277,27 +315,22 @@ fn box_place<'ctx>(
     Ok((at, cs))
 }
 
-/// Thread 0's side of a TMA load of one block: `mbarrier.arrive.expect_tx` of the
-/// block's bytes on `bar`, then one `cp.async.bulk.tensor` per box, box `c` at byte
-/// `first + c * box_bytes` of shared `base` and `c * box width` columns on from
-/// `coords` (outermost first). The caller promises the boxes lie in shared memory.
-#[allow(clippy::too_many_arguments)]
+/// Thread 0's side of a TMA load of `blk`: `mbarrier.arrive.expect_tx` of the block's
+/// bytes on `bar`, then one `cp.async.bulk.tensor` per box ([`box_place`] from byte
+/// `first` of shared `base`). The caller promises the boxes lie in shared memory.
 fn issue_box_copies<'ctx>(
     l: &mut Lowerer<'_, 'ctx>,
-    bx: &TmaBox,
-    box_bytes: u32,
+    blk: &Block<'ctx>,
     base: PointerValue<'ctx>,
     first: u32,
-    tmap: IntValue<'ctx>,
-    coords: &[IntValue<'ctx>],
     bar: PointerValue<'ctx>,
     site: u32,
 ) -> LResult<()> {
     l.arch
-        .mbarrier_arrive_expect_tx(&l.cx, bar, box_bytes * bx.copies, site)?;
-    for c in 0..bx.copies {
-        let (dst, cs) = box_place(l, bx, box_bytes, base, first, coords, c)?;
-        l.arch.tma_load(&l.cx, dst, tmap, &cs, bar, site)?;
+        .mbarrier_arrive_expect_tx(&l.cx, bar, blk.bytes(), site)?;
+    for c in 0..blk.bx.copies {
+        let (dst, cs) = box_place(l, blk, base, first, c)?;
+        l.arch.tma_load(&l.cx, dst, blk.tmap, &cs, bar, site)?;
     }
     Ok(())
 }
@@ -313,46 +346,29 @@ pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LRes
         unreachable!("a desc_store")
     };
     let d = DescOperands::new(rank).map_err(LowerError::Llvm)?;
-    let vt = l.f.ty(op.operands[d.extra()]).clone();
-    let bx = block_box(&vt).ok_or_else(|| LowerError::Llvm("a block TMA cannot copy".into()))?;
-    let elem = vt
-        .scalar_type()
-        .ok_or_else(|| LowerError::Llvm("desc_store of pointers".into()))?;
-    let e = elem.size_bytes() as u32;
-    let box_bytes = bx.box_bytes(e);
-    if bx.copies > 1 && !box_bytes.is_multiple_of(wgmma::ARRAY_ALIGN) {
-        // Each box on a 1024-byte boundary, where the swizzle pattern starts.
-        return Err(LowerError::Unsupported {
-            span: op.span.clone(),
-            message: "TMA store boxes that are not whole 1024-byte swizzle periods".into(),
-        });
-    }
+    let blk = Block::of(l, op, &d, l.f.ty(op.operands[d.extra()]))?;
+    blk.whole_periods(op, "store")?;
     let v = l.val(op.operands[d.extra()])?;
-    let tmap = l.val(op.operands[DescOperands::TMAP])?.regs[0].into_int_value();
-    let coords: Vec<IntValue<'ctx>> = (0..d.rank)
-        .map(|i| Ok(l.val(op.operands[d.coord(i)])?.regs[0].into_int_value()))
-        .collect::<LResult<_>>()?;
-    let total = box_bytes * bx.copies;
     // The scratch starts after the rings, on a 1024-byte boundary on wgmma targets.
-    let base = l.scratch(total, &op.span);
+    let base = l.scratch(blk.bytes(), &op.span);
     l.barrier()?;
-    let cols = *vt.shape.last().expect("rank >= 1");
-    let runs: Vec<u32> = (0..staging_vec(&bx, e).trailing_zeros())
+    let runs: Vec<u32> = (0..staging_vec(&blk).trailing_zeros())
         .map(|i| 1 << i)
         .collect();
-    super::dot::write_tile(l, &v, base, &runs, |ix| staged_at(l, &bx, e, cols, ix))?;
+    super::dot::write_tile(l, &v, base, &runs, |ix| staged_at(l, &blk, ix))?;
     l.arch.fence_async_shared(&l.cx)?;
     l.barrier()?;
     let site = l.new_site("cp.async.bulk.tensor");
     l.in_thread0(|l| {
-        for cpy in 0..bx.copies {
-            // Inside the staging box (`total` bytes of scratch).
-            let (src, cs) = box_place(l, &bx, box_bytes, base, 0, &coords, cpy)?;
-            l.arch.tma_store(&l.cx, src, tmap, &cs, site)?;
+        for c in 0..blk.bx.copies {
+            // Inside the staging box (the block's bytes of scratch).
+            let (src, cs) = box_place(l, &blk, base, 0, c)?;
+            l.arch.tma_store(&l.cx, src, blk.tmap, &cs, site)?;
         }
         l.arch.tma_store_wait(&l.cx, site)
     })?;
     l.barrier()?;
+    let bx = &blk.bx;
     l.note(|| {
         format!(
             "TMA store: {} box(es) of {:?} ({}-byte swizzle) staged in shared memory",
@@ -362,26 +378,26 @@ pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LRes
     Ok(())
 }
 
-/// Elements per vector access of a staging box: 16 bytes, or a box row if shorter. A
-/// run of them stays inside one 16-byte chunk, which the swizzle moves whole.
-fn staging_vec(bx: &TmaBox, e: u32) -> u32 {
-    (16 / e).min(bx.swizzle_bytes / e)
+/// Elements per vector access of `blk`'s staging box: 16 bytes, or a box row if
+/// shorter. A run of them stays inside one 16-byte chunk, which the swizzle moves
+/// whole.
+fn staging_vec(blk: &Block<'_>) -> u32 {
+    16.min(blk.bx.swizzle_bytes) / blk.e
 }
 
-/// The place (in elements from the staging box's start) of flat element `ix` of a
-/// block with `cols` columns, as TMA lays out boxes `bx` of `e`-byte elements: rows of
-/// `S = bx.swizzle_bytes` bytes (the outer dimensions flattened), the boxes one after
-/// the other along the columns, and the `S`-byte swizzle (byte-address bits 7..
-/// XORed into bits 4..).
+/// The place (in elements from the staging box's start) of flat element `ix` of
+/// `blk`, as TMA lays out its boxes: rows of `S = swizzle_bytes` bytes (the outer
+/// dimensions flattened), the boxes one after the other along the columns, and the
+/// `S`-byte swizzle (byte-address bits 7.. XORed into bits 4..).
 fn staged_at<'ctx>(
     l: &Lowerer<'_, 'ctx>,
-    bx: &TmaBox,
-    e: u32,
-    cols: u32,
+    blk: &Block<'ctx>,
     ix: IntValue<'ctx>,
 ) -> LResult<IntValue<'ctx>> {
     let b = &l.cx.b;
     let c = |x: u32| l.cx.i32(x as i64);
+    let (bx, e) = (&blk.bx, blk.e);
+    let cols = *blk.ty.shape.last().expect("rank >= 1");
     let w = bx.swizzle_bytes / e; // elements of one box row
     let mask = match bx.swizzle_bytes {
         128 => 7,
@@ -394,7 +410,7 @@ fn staged_at<'ctx>(
     let within = b.build_and(inner, c(w - 1), "")?;
     let byte = b.build_int_add(
         b.build_int_add(
-            b.build_int_mul(bxi, c(bx.box_bytes(e)), "")?,
+            b.build_int_mul(bxi, c(blk.box_bytes), "")?,
             b.build_int_mul(row, c(bx.swizzle_bytes), "")?,
             "",
         )?,
@@ -420,25 +436,9 @@ fn lower_standalone_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         unreachable!("a desc_load")
     };
     let dops = DescOperands::new(rank).map_err(LowerError::Llvm)?;
-    let t = l.f.ty(op.results[0]).clone();
-    let elem = t
-        .scalar_type()
-        .ok_or_else(|| LowerError::Llvm("desc_load of pointers".into()))?;
-    let e = elem.size_bytes() as u32;
-    let bx = block_box(&t).ok_or_else(|| LowerError::Llvm("a block TMA cannot copy".into()))?;
-    let box_bytes = bx.box_bytes(e);
-    if bx.copies > 1 && !box_bytes.is_multiple_of(wgmma::ARRAY_ALIGN) {
-        // Each box on a 1024-byte boundary, where the swizzle pattern starts.
-        return Err(LowerError::Unsupported {
-            span: op.span.clone(),
-            message: "TMA load boxes that are not whole 1024-byte swizzle periods".into(),
-        });
-    }
-    let tmap = l.val(op.operands[DescOperands::TMAP])?.regs[0].into_int_value();
-    let coords: Vec<IntValue<'ctx>> = (0..dops.rank)
-        .map(|i| Ok(l.val(op.operands[dops.coord(i)])?.regs[0].into_int_value()))
-        .collect::<LResult<_>>()?;
-    let total = box_bytes * bx.copies;
+    let blk = Block::of(l, op, &dops, l.f.ty(op.results[0]))?;
+    blk.whole_periods(op, "load")?;
+    let total = blk.bytes();
     // The staging box (the scratch starts 1024-aligned on wgmma targets), then the
     // mbarrier (8-byte aligned: `total` is a multiple of 32).
     let base = l.scratch(total + MBAR_BYTES, &op.span);
@@ -456,21 +456,16 @@ fn lower_standalone_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     l.barrier()?;
     let site = l.new_site("cp.async.bulk.tensor");
     // Inside the staging box (`total` bytes of scratch).
-    l.in_thread0(|l| issue_box_copies(l, &bx, box_bytes, base, 0, tmap, &coords, bar, site))?;
+    l.in_thread0(|l| issue_box_copies(l, &blk, base, 0, bar, site))?;
     let wait = l.new_site("mbarrier.try_wait");
     l.arch.mbarrier_wait(&l.cx, bar, l.cx.i32(0), wait)?;
-    // Every thread reads its elements, `vec` consecutive ones at a time.
-    let vec = staging_vec(&bx, e);
-    let lay = crate::layout::Layout::blocked(&t.shape, vec, l.ws, l.nw);
-    let cols = *t.shape.last().expect("rank >= 1");
-    let el = Elem::Scalar(elem);
+    // Every thread reads its elements, `run` consecutive ones at a time: the blocked
+    // layout's first register bits are the steps 1, 2, 4, ... of a run.
+    let vec = staging_vec(&blk);
+    let lay = crate::layout::Layout::blocked(&blk.ty.shape, vec, l.ws, l.nw);
+    let run = vec.min(lay.numel()) as usize;
+    let el = Elem::Scalar(blk.elem);
     let mt = l.mem_ty(el);
-    let run = 1usize
-        << lay
-            .reg
-            .iter()
-            .take_while(|&&b| b.is_power_of_two() && b < vec)
-            .count();
     let vt = match mt {
         inkwell::types::BasicTypeEnum::FloatType(f) => f.vec_type(run as u32),
         inkwell::types::BasicTypeEnum::IntType(i) => i.vec_type(run as u32),
@@ -479,10 +474,10 @@ fn lower_standalone_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     let idx = l.elem_indices(&lay)?;
     let mut regs = vec![None; idx.len()];
     for r in (0..idx.len()).step_by(run) {
-        let p = l.smem_ptr(base, mt, staged_at(l, &bx, e, cols, idx[r])?)?;
+        let p = l.smem_ptr(base, mt, staged_at(l, &blk, idx[r])?)?;
         let v = l.smem_load(vt.into(), p)?;
         if let Some(ld) = inkwell::values::BasicValue::as_instruction_value(&v) {
-            ld.set_alignment(run as u32 * e)
+            ld.set_alignment(run as u32 * blk.e)
                 .map_err(|m| LowerError::Llvm(format!("{m:?}")))?;
         }
         for (i, reg) in regs[r..r + run].iter_mut().enumerate() {
@@ -499,7 +494,7 @@ fn lower_standalone_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     l.note(|| {
         format!(
             "TMA load: {} box(es) of {:?} ({}-byte swizzle) staged in shared memory, completing on an mbarrier, read in {}-element vectors",
-            bx.copies, bx.box_dims, bx.swizzle_bytes, run
+            blk.bx.copies, blk.bx.box_dims, blk.bx.swizzle_bytes, run
         )
     });
     Ok(Tile {
