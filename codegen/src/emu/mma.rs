@@ -177,39 +177,58 @@ fn product_i32(a: &[i32], b: &[i32], c: &[i32], m: usize, n: usize, k: usize) ->
     d
 }
 
+/// `D = A·B + C` of `m x k` by `k x n` row-major matrices ([`product`], [`product_i32`]).
+type Product<T> = fn(&[T], &[T], &[T], usize, usize, usize) -> Vec<T>;
+
 /// Signed byte `i` of the `.b32` registers `regs` (byte `j` of register `i / 4`).
 fn s8(regs: &[u32], i: usize) -> i32 {
     (regs[i / 4] >> (8 * (i % 4))) as u8 as i8 as i32
 }
 
-/// NVIDIA m16n8k32 `.s8`: every lane's fragments (`a[lane]` four registers of four
-/// bytes, `b[lane]` two, `c[lane]` four s32) give the D fragments.
-pub fn nv_m16n8k32_s8(a: &[[u32; 4]], b: &[[u32; 2]], c: &[[i32; 4]]) -> Vec<[i32; 4]> {
+/// NVIDIA m16n8k32 (the `.s8` and 8-bit float forms share their fragments): every
+/// lane's fragments (`a[lane]` four registers of four bytes, `b[lane]` two, `c[lane]`
+/// four accumulators) give the D fragments; byte `j` of register `i / 4` is element
+/// `i`, read by `elem`, and `product` multiplies the matrices and adds C.
+fn nv_m16n8k32<T: Copy + Default>(
+    a: &[[u32; 4]],
+    b: &[[u32; 2]],
+    c: &[[T; 4]],
+    elem: impl Fn(u8) -> T,
+    product: Product<T>,
+) -> Vec<[T; 4]> {
     assert!(
         a.len() == 32 && b.len() == 32 && c.len() == 32,
         "one warp of 32 lanes"
     );
-    let (mut am, mut bm, mut cm) = (vec![0; 16 * 32], vec![0; 32 * 8], vec![0; 16 * 8]);
+    let byte = |regs: &[u32], i: usize| elem((regs[i / 4] >> (8 * (i % 4))) as u8);
+    let z = T::default();
+    let (mut am, mut bm, mut cm) = (vec![z; 16 * 32], vec![z; 32 * 8], vec![z; 16 * 8]);
     for lane in 0..32 {
         let (g, t) = (lane / 4, lane % 4);
         for i in 0..16 {
             let (r, col) = (g + 8 * ((i / 4) % 2), 4 * t + i % 4 + 16 * (i / 8));
-            am[r * 32 + col] = s8(&a[lane], i);
+            am[r * 32 + col] = byte(&a[lane], i);
         }
         for i in 0..8 {
-            bm[(4 * t + i % 4 + 16 * (i / 4)) * 8 + g] = s8(&b[lane], i);
+            bm[(4 * t + i % 4 + 16 * (i / 4)) * 8 + g] = byte(&b[lane], i);
         }
         for i in 0..4 {
             cm[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = c[lane][i];
         }
     }
-    let d = product_i32(&am, &bm, &cm, 16, 8, 32);
+    let d = product(&am, &bm, &cm, 16, 8, 32);
     (0..32)
         .map(|lane| {
             let (g, t) = (lane / 4, lane % 4);
             std::array::from_fn(|i| d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2])
         })
         .collect()
+}
+
+/// NVIDIA m16n8k32 `.s8`: every lane's fragments (`a[lane]` four registers of four
+/// bytes, `b[lane]` two, `c[lane]` four s32) give the D fragments.
+pub fn nv_m16n8k32_s8(a: &[[u32; 4]], b: &[[u32; 2]], c: &[[i32; 4]]) -> Vec<[i32; 4]> {
+    nv_m16n8k32(a, b, c, |x| x as i8 as i32, product_i32)
 }
 
 /// An OCP 8-bit float format.
@@ -234,32 +253,7 @@ impl Fp8 {
 /// each byte decoded as `fmt`, f32 C and D. Products of two 8-bit floats are exact in
 /// f32; the sum is taken in increasing k, then C added.
 pub fn nv_m16n8k32_f8(fmt: Fp8, a: &[[u32; 4]], b: &[[u32; 2]], c: &[[f32; 4]]) -> Vec<[f32; 4]> {
-    assert!(
-        a.len() == 32 && b.len() == 32 && c.len() == 32,
-        "one warp of 32 lanes"
-    );
-    let byte = |regs: &[u32], i: usize| fmt.to_f32((regs[i / 4] >> (8 * (i % 4))) as u8);
-    let (mut am, mut bm, mut cm) = (vec![0.0; 16 * 32], vec![0.0; 32 * 8], vec![0.0; 16 * 8]);
-    for lane in 0..32 {
-        let (g, t) = (lane / 4, lane % 4);
-        for i in 0..16 {
-            let (r, col) = (g + 8 * ((i / 4) % 2), 4 * t + i % 4 + 16 * (i / 8));
-            am[r * 32 + col] = byte(&a[lane], i);
-        }
-        for i in 0..8 {
-            bm[(4 * t + i % 4 + 16 * (i / 4)) * 8 + g] = byte(&b[lane], i);
-        }
-        for i in 0..4 {
-            cm[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = c[lane][i];
-        }
-    }
-    let d = product(&am, &bm, &cm, 16, 8, 32);
-    (0..32)
-        .map(|lane| {
-            let (g, t) = (lane / 4, lane % 4);
-            std::array::from_fn(|i| d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2])
-        })
-        .collect()
+    nv_m16n8k32(a, b, c, |x| fmt.to_f32(x), product)
 }
 
 /// AMD `v_mfma_i32_{16x16x32,32x32x16}_i8` for one wave (`mn` 16 or 32, `R` = 4 or
