@@ -176,6 +176,72 @@ impl<'a> Verifier<'a> {
             self.err(&f.span, "the kernel body must not have region arguments");
         }
         self.region(&f.body, RegionRole::Body, &f.span);
+        self.readonly_writes();
+    }
+
+    /// Refuses writes (stores, atomics, signals, descriptor stores) through pointers
+    /// derived from a `readonly` parameter (`&Global`/`&Symmetric`): through a peer's
+    /// copy (`x.on(p)`) or any pointer computed from it. Backends compile `readonly`
+    /// parameters as read-only memory, so such a write would be undefined there.
+    fn readonly_writes(&mut self) {
+        let f = self.f;
+        let mut origin: Vec<Option<usize>> = vec![None; f.values.len()];
+        for (i, p) in f.params.iter().enumerate() {
+            if p.attrs.readonly
+                && let Some(o) = origin.get_mut(p.value.index())
+            {
+                *o = Some(i);
+            }
+        }
+        fn walk(
+            r: &Region,
+            f: &Function,
+            origin: &mut [Option<usize>],
+            found: &mut Vec<(Span, String)>,
+        ) {
+            let of =
+                |origin: &[Option<usize>], v: ValueId| origin.get(v.index()).copied().flatten();
+            for op in &r.ops {
+                let writes = matches!(
+                    op.kind,
+                    OpKind::Store { .. }
+                        | OpKind::AtomicRmw { .. }
+                        | OpKind::AtomicCas { .. }
+                        | OpKind::Signal { .. }
+                        | OpKind::DescStore { .. }
+                );
+                if writes
+                    && let Some(&ptr) = op.operands.first()
+                    && let Some(p) = of(origin, ptr)
+                {
+                    found.push((
+                        op.span.clone(),
+                        format!(
+                            "`{}` writes through `{}`, a read-only parameter (declared `&`, not `&mut`), here through a pointer derived from it (a peer's copy or an offset); declare it `&mut` to write",
+                            op.kind.mnemonic(),
+                            f.params[p].name
+                        ),
+                    ));
+                }
+                if let Some(p) = op.operands.iter().find_map(|&v| of(origin, v)) {
+                    for &res in &op.results {
+                        if matches!(f.ty(res).elem, Elem::Ptr { .. })
+                            && let Some(o) = origin.get_mut(res.index())
+                        {
+                            *o = Some(p);
+                        }
+                    }
+                }
+                for sub in &op.regions {
+                    walk(sub, f, origin, found);
+                }
+            }
+        }
+        let mut found = Vec::new();
+        walk(&f.body, f, &mut origin, &mut found);
+        for (span, message) in found {
+            self.err(&span, message);
+        }
     }
 
     /// Walks a region whose scope the caller has already opened (args defined).

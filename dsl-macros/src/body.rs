@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 
-use proc_macro2::{Span, TokenStream};
-use quote::{format_ident, quote, quote_spanned};
+use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit::{self, Visit};
 use syn::visit_mut::{self, VisitMut};
@@ -66,9 +66,103 @@ impl Rewriter {
                     ALLOWED_MACROS.join("!, ") + "!"
                 ),
             ));
+        } else {
+            self.check_macro_args(&name, mac.tokens.clone(), 0);
+        }
+    }
+
+    /// Macro arguments are opaque to the rewrite: they run as plain Rust while the
+    /// kernel is built. Control flow there would escape the tracing (`return` ends the
+    /// build early, silently dropping the rest of the kernel) and an assignment there
+    /// would not be carried through `if`/`for`/`while`: reject them at their span.
+    fn check_macro_args(&mut self, mac: &str, tokens: TokenStream, depth: usize) {
+        let tokens: Vec<TokenTree> = tokens.into_iter().collect();
+        // Inside `let PAT = ..` up to its `=`, which is no assignment.
+        let mut in_let = false;
+        for (i, t) in tokens.iter().enumerate() {
+            match t {
+                TokenTree::Group(g) => self.check_macro_args(mac, g.stream(), depth + 1),
+                TokenTree::Ident(id) => {
+                    let word = id.to_string();
+                    in_let |= word == "let";
+                    if MACRO_ARG_KEYWORDS.contains(&word.as_str()) {
+                        self.errors.push(syn::Error::new(
+                            id.span(),
+                            format!(
+                                "unsupported in a Tessera kernel: `{word}` inside the \
+                                 arguments of `{mac}!`; macro arguments run as plain Rust \
+                                 while the kernel is built, outside the tracing of control \
+                                 flow; compute the value with a `let` before the macro"
+                            ),
+                        ));
+                    }
+                    // A nested macro call: `name!(..)`.
+                    if let (Some(TokenTree::Punct(bang)), Some(TokenTree::Group(_))) =
+                        (tokens.get(i + 1), tokens.get(i + 2))
+                        && bang.as_char() == '!'
+                        && !MACRO_ARG_KEYWORDS.contains(&word.as_str())
+                        && !["if", "else", "in", "as", "mut", "move"].contains(&word.as_str())
+                        && !ALLOWED_MACROS.contains(&word.as_str())
+                    {
+                        self.errors.push(syn::Error::new(
+                            id.span(),
+                            format!(
+                                "unsupported in a Tessera kernel: the macro `{word}!`; \
+                                 kernels may use only comptime macros ({})",
+                                ALLOWED_MACROS.join("!, ") + "!"
+                            ),
+                        ));
+                    }
+                }
+                TokenTree::Punct(p) if p.as_char() == '?' => self.errors.push(syn::Error::new(
+                    p.span(),
+                    format!(
+                        "unsupported in a Tessera kernel: the `?` operator inside the \
+                         arguments of `{mac}!`; kernels cannot fail at run time"
+                    ),
+                )),
+                TokenTree::Punct(p) if p.as_char() == '=' && p.spacing() == Spacing::Alone => {
+                    // The operator ending here: the joint punctuation before it, and `=`.
+                    let mut op = String::from("=");
+                    let mut j = i;
+                    while j > 0
+                        && let Some(TokenTree::Punct(q)) = tokens.get(j - 1)
+                        && q.spacing() == Spacing::Joint
+                    {
+                        op.insert(0, q.as_char());
+                        j -= 1;
+                    }
+                    let assign = ASSIGN_OPS.contains(&op.as_str());
+                    // At the top level, `name = value` is a named format argument.
+                    let named_arg = op == "=" && depth == 0;
+                    let binding = op == "=" && std::mem::take(&mut in_let);
+                    if assign && !named_arg && !binding {
+                        self.errors.push(syn::Error::new(
+                            p.span(),
+                            format!(
+                                "unsupported in a Tessera kernel: an assignment (`{op}`) \
+                                 inside the arguments of `{mac}!`; it would not be passed \
+                                 through `if`/`for`/`while`; assign before the macro"
+                            ),
+                        ));
+                    }
+                }
+                _ => {}
+            }
         }
     }
 }
+
+/// Keywords rejected inside the arguments of the allowed macros.
+const MACRO_ARG_KEYWORDS: &[&str] = &[
+    "return", "break", "continue", "loop", "match", "while", "for", "async", "await", "yield",
+    "unsafe", "become",
+];
+
+/// Assignment operators (`=` and the compound ones).
+const ASSIGN_OPS: &[&str] = &[
+    "=", "+=", "-=", "*=", "/=", "%=", "^=", "&=", "|=", "<<=", ">>=",
+];
 
 impl VisitMut for Rewriter {
     fn visit_stmt_mut(&mut self, s: &mut Stmt) {
@@ -159,21 +253,21 @@ impl VisitMut for Rewriter {
         }
         match e {
             Expr::If(_) | Expr::While(_) => {
-                let carried = carried_vars(e);
+                let ch = changes(e);
                 visit_mut::visit_expr_mut(self, e);
-                *e = match e {
-                    Expr::If(i) => rewrite_if(i, &carried),
-                    Expr::While(w) => rewrite_while(w, &carried),
-                    _ => unreachable!("matched above"),
-                };
+                match e {
+                    Expr::If(i) => *e = rewrite_if(i, &ch),
+                    Expr::While(w) => *e = rewrite_while(w, &ch),
+                    _ => {}
+                }
             }
             Expr::ForLoop(f) if range_bounds(&f.expr).is_some() => {
-                let carried = carried_vars(e);
+                let ch = changes(e);
                 visit_mut::visit_expr_mut(self, e);
                 if let Expr::ForLoop(f) = e
                     && let Some(bounds) = range_bounds(&f.expr)
                 {
-                    *e = rewrite_for(f, bounds, &carried);
+                    *e = rewrite_for(f, bounds, &ch);
                 }
             }
             Expr::Binary(b) if ord_op(&b.op).is_some() => {
@@ -192,6 +286,17 @@ impl VisitMut for Rewriter {
                 }
             }
             _ => visit_mut::visit_expr_mut(self, e),
+        }
+    }
+
+    fn visit_attribute_mut(&mut self, a: &mut syn::Attribute) {
+        if a.path().is_ident("comptime") || a.path().is_ident("no_specialize") {
+            self.errors.push(syn::Error::new_spanned(
+                &*a,
+                "`#[comptime]` and `#[no_specialize]` mark kernel parameters \
+                 (`#[comptime] name: T`); inside the body, a value computed from comptime \
+                 values is comptime already",
+            ));
         }
     }
 
@@ -218,37 +323,148 @@ fn ord_op(op: &BinOp) -> Option<Ident> {
     Some(Ident::new(name, op.span()))
 }
 
-/// The variables assigned inside `e` that are declared outside it, in order of first
-/// assignment.
-fn carried_vars(e: &Expr) -> Vec<Ident> {
+/// Methods of Rust's standard types (and the `op=` traits) that change their receiver
+/// in place (not `sort`, which tiles have by value). Inside a construct, a call of one
+/// on a variable declared outside it is a change the macro cannot carry: a runtime
+/// construct rejects it when it is traced.
+const MUTATING_METHODS: &[&str] = &[
+    "push",
+    "push_str",
+    "push_back",
+    "push_front",
+    "pop",
+    "pop_back",
+    "pop_front",
+    "insert",
+    "remove",
+    "swap_remove",
+    "clear",
+    "extend",
+    "extend_from_slice",
+    "append",
+    "truncate",
+    "resize",
+    "retain",
+    "drain",
+    "dedup",
+    "sort_by",
+    "sort_by_key",
+    "sort_unstable",
+    "reverse",
+    "swap",
+    "fill",
+    "rotate_left",
+    "rotate_right",
+    "get_mut",
+    "iter_mut",
+    "entry",
+    "add_assign",
+    "sub_assign",
+    "mul_assign",
+    "div_assign",
+    "rem_assign",
+    "bitand_assign",
+    "bitor_assign",
+    "bitxor_assign",
+    "shl_assign",
+    "shr_assign",
+];
+
+/// What a construct changes of the variables declared outside it.
+pub struct Changes {
+    /// Variables assigned (`x = ..`, `x += ..`, `x.f = ..`, `x[i] = ..`), in order of
+    /// first assignment: passed in and out of the construct.
+    pub carried: Vec<Ident>,
+    /// Changes the macro cannot pass through (`v.push(..)`, `*r = ..`): a description
+    /// and its span; a runtime construct rejects them when traced.
+    pub opaque: Vec<(String, Span)>,
+}
+
+/// The variables that `e` (an `if`, `while` or `for`) changes and that are declared
+/// outside it. Scope-aware: an assignment inside refers to the outer variable unless a
+/// `let` or `for` pattern binding that name earlier in an enclosing block of `e` shadows
+/// it.
+fn changes(e: &Expr) -> Changes {
     let mut a = Assigned::default();
     a.visit_expr(e);
     let mut seen = HashSet::new();
-    a.assigned
-        .into_iter()
-        .filter(|i| !a.declared.contains(&i.to_string()))
-        .filter(|i| seen.insert(i.to_string()))
-        .collect()
+    Changes {
+        carried: a
+            .assigned
+            .into_iter()
+            .filter(|i| seen.insert(i.to_string()))
+            .collect(),
+        opaque: a.opaque,
+    }
 }
 
 #[derive(Default)]
 struct Assigned {
+    /// Names bound inside the construct, one set per open scope (block, `for` body).
+    scopes: Vec<HashSet<String>>,
     assigned: Vec<Ident>,
-    declared: HashSet<String>,
+    opaque: Vec<(String, Span)>,
+}
+
+/// `e` as the user wrote it, roughly (`*r`, `self.v`), for messages.
+fn source_text(e: &Expr) -> String {
+    e.to_token_stream()
+        .to_string()
+        .replace(" . ", ".")
+        .replace("* ", "*")
+        .replace("& ", "&")
+}
+
+/// The variable a place expression (`v`, `v.f`, `v[i]`, `*v`, `v.m()`) starts from.
+fn root(e: &Expr) -> Option<&Ident> {
+    match e {
+        Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
+            Some(&p.path.segments[0].ident)
+        }
+        Expr::Field(f) => root(&f.base),
+        Expr::Index(i) => root(&i.expr),
+        Expr::Paren(p) => root(&p.expr),
+        Expr::Group(g) => root(&g.expr),
+        Expr::Unary(u) => root(&u.expr),
+        Expr::MethodCall(m) => root(&m.receiver),
+        Expr::Reference(r) => root(&r.expr),
+        _ => None,
+    }
 }
 
 impl Assigned {
-    fn place(&mut self, e: &Expr) {
+    /// True if `name` is bound inside the construct at this point.
+    fn is_local(&self, name: &Ident) -> bool {
+        let name = name.to_string();
+        self.scopes.iter().any(|s| s.contains(&name))
+    }
+
+    fn place(&mut self, e: &Expr, op: &str) {
         match e {
             Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
-                self.assigned.push(p.path.segments[0].ident.clone());
+                let i = &p.path.segments[0].ident;
+                if !self.is_local(i) {
+                    self.assigned.push(i.clone());
+                }
             }
-            Expr::Field(f) => self.place(&f.base),
-            Expr::Index(i) => self.place(&i.expr),
-            Expr::Paren(p) => self.place(&p.expr),
-            Expr::Tuple(t) => t.elems.iter().for_each(|e| self.place(e)),
-            Expr::Array(a) => a.elems.iter().for_each(|e| self.place(e)),
-            _ => {}
+            Expr::Field(f) => self.place(&f.base, op),
+            Expr::Index(i) => self.place(&i.expr, op),
+            Expr::Paren(p) => self.place(&p.expr, op),
+            Expr::Group(g) => self.place(&g.expr, op),
+            Expr::Tuple(t) => t.elems.iter().for_each(|e| self.place(e, op)),
+            Expr::Array(a) => a.elems.iter().for_each(|e| self.place(e, op)),
+            // `*r = ..`, `*v.last_mut().unwrap() = ..`: a change through a reference.
+            other => {
+                if let Some(r) = root(other)
+                    && !self.is_local(r)
+                {
+                    let place = source_text(other);
+                    self.opaque.push((
+                        format!("`{place} {op} ..` (through a reference)"),
+                        other.span(),
+                    ));
+                }
+            }
         }
     }
 
@@ -260,13 +476,23 @@ impl Assigned {
                 visit::visit_pat_ident(self, i);
             }
         }
-        Binder(&mut self.declared).visit_pat(p);
+        if self.scopes.is_empty() {
+            self.scopes.push(HashSet::new());
+        }
+        if let Some(top) = self.scopes.last_mut() {
+            Binder(top).visit_pat(p);
+        }
     }
 }
 
 impl Visit<'_> for Assigned {
+    fn visit_block(&mut self, b: &syn::Block) {
+        self.scopes.push(HashSet::new());
+        visit::visit_block(self, b);
+        self.scopes.pop();
+    }
     fn visit_expr_assign(&mut self, a: &syn::ExprAssign) {
-        self.place(&a.left);
+        self.place(&a.left, "=");
         visit::visit_expr_assign(self, a);
     }
     fn visit_expr_binary(&mut self, b: &syn::ExprBinary) {
@@ -283,18 +509,57 @@ impl Visit<'_> for Assigned {
                 | BinOp::ShlAssign(_)
                 | BinOp::ShrAssign(_)
         ) {
-            self.place(&b.left);
+            let op = b.op.to_token_stream().to_string();
+            self.place(&b.left, &op);
         }
         visit::visit_expr_binary(self, b);
     }
+    fn visit_expr_method_call(&mut self, m: &syn::ExprMethodCall) {
+        let name = m.method.to_string();
+        if MUTATING_METHODS.contains(&name.as_str())
+            && let Some(r) = root(&m.receiver)
+            && !self.is_local(r)
+        {
+            let recv = source_text(&m.receiver);
+            self.opaque
+                .push((format!("`{recv}.{name}(..)`"), m.method.span()));
+        }
+        visit::visit_expr_method_call(self, m);
+    }
     fn visit_local(&mut self, l: &syn::Local) {
+        // The initializer sees the bindings before this `let`.
+        if let Some(init) = &l.init {
+            self.visit_expr(&init.expr);
+            if let Some((_, e)) = &init.diverge {
+                self.visit_expr(e);
+            }
+        }
         self.declare(&l.pat);
-        visit::visit_local(self, l);
     }
     fn visit_expr_for_loop(&mut self, f: &syn::ExprForLoop) {
+        self.visit_expr(&f.expr);
+        self.scopes.push(HashSet::new());
         self.declare(&f.pat);
-        visit::visit_expr_for_loop(self, f);
+        self.visit_block(&f.body);
+        self.scopes.pop();
     }
+    fn visit_expr_closure(&mut self, c: &syn::ExprClosure) {
+        self.scopes.push(HashSet::new());
+        c.inputs.iter().for_each(|p| self.declare(p));
+        self.visit_expr(&c.body);
+        self.scopes.pop();
+    }
+    fn visit_arm(&mut self, arm: &syn::Arm) {
+        self.scopes.push(HashSet::new());
+        self.declare(&arm.pat);
+        if let Some((_, g)) = &arm.guard {
+            self.visit_expr(g);
+        }
+        self.visit_expr(&arm.body);
+        self.scopes.pop();
+    }
+    // Items cannot see the construct's variables.
+    fn visit_item(&mut self, _: &syn::Item) {}
 }
 
 /// `(start, end, step)` of `for` over `a..b`, `a..=b`, or `(a..b).step_by(s)`.
@@ -330,12 +595,18 @@ fn internal(name: &str) -> Ident {
     format_ident!("__tessera_{}", name, span = Span::mixed_site())
 }
 
-/// `(a, b,)` and `["a", "b"]` for the carried variables.
-fn vars_tokens(carried: &[Ident]) -> (TokenStream, TokenStream, TokenStream) {
+/// `(a, b,)`, `(mut a, mut b,)`, `&["a", "b"]` for the carried variables, and the
+/// changes the macro cannot carry, each `(description, line, column)` at its span.
+fn vars_tokens(ch: &Changes) -> (TokenStream, TokenStream, TokenStream, TokenStream) {
+    let carried = &ch.carried;
     let names: Vec<String> = carried.iter().map(|i| i.to_string()).collect();
     let tuple = quote!((#(#carried,)*));
     let muts = quote!((#(mut #carried,)*));
-    (tuple, muts, quote!(&[#(#names),*]))
+    let opaque = ch
+        .opaque
+        .iter()
+        .map(|(what, span)| quote_spanned!(*span=> (#what, ::core::line!(), ::core::column!())));
+    (tuple, muts, quote!(&[#(#names),*]), quote!(&[#(#opaque),*]))
 }
 
 fn assign_back(carried: &[Ident], from: &Ident) -> TokenStream {
@@ -346,8 +617,9 @@ fn assign_back(carried: &[Ident], from: &Ident) -> TokenStream {
     }
 }
 
-fn rewrite_if(i: &syn::ExprIf, carried: &[Ident]) -> Expr {
-    let (tuple, muts, names) = vars_tokens(carried);
+fn rewrite_if(i: &syn::ExprIf, ch: &Changes) -> Expr {
+    let carried = &ch.carried;
+    let (tuple, muts, names, opaque) = vars_tokens(ch);
     let vars = internal("vars");
     let branch = internal("branch");
     let r = internal("r");
@@ -359,7 +631,7 @@ fn rewrite_if(i: &syn::ExprIf, carried: &[Ident]) -> Expr {
     };
     let back = assign_back(carried, &vars);
     let call = quote_spanned! {i.if_token.span=>
-        ::tessera::__private::if_else(#cond, #tuple, #names, |#branch: bool, #vars| {
+        ::tessera::__private::if_else(#cond, #tuple, #names, #opaque, |#branch: bool, #vars| {
             let #muts = #vars;
             let #r = if #branch #then else #els;
             (#tuple, #r)
@@ -375,15 +647,16 @@ fn rewrite_if(i: &syn::ExprIf, carried: &[Ident]) -> Expr {
 fn rewrite_for(
     f: &syn::ExprForLoop,
     (start, end, step): (TokenStream, TokenStream, TokenStream),
-    carried: &[Ident],
+    ch: &Changes,
 ) -> Expr {
-    let (tuple, muts, names) = vars_tokens(carried);
+    let carried = &ch.carried;
+    let (tuple, muts, names, opaque) = vars_tokens(ch);
     let vars = internal("vars");
     let pat = &f.pat;
     let body = &f.body;
     let back = assign_back(carried, &vars);
     let call = quote_spanned! {f.for_token.span=>
-        ::tessera::__private::for_range((#start, #end, #step), #tuple, #names, |#pat, #vars| {
+        ::tessera::__private::for_range((#start, #end, #step), #tuple, #names, #opaque, |#pat, #vars| {
             let #muts = #vars;
             #body;
             #tuple
@@ -395,8 +668,9 @@ fn rewrite_for(
     }}
 }
 
-fn rewrite_while(w: &syn::ExprWhile, carried: &[Ident]) -> Expr {
-    let (tuple, muts, names) = vars_tokens(carried);
+fn rewrite_while(w: &syn::ExprWhile, ch: &Changes) -> Expr {
+    let carried = &ch.carried;
+    let (tuple, muts, names, opaque) = vars_tokens(ch);
     let vars = internal("vars");
     let phase = internal("phase");
     let cond = &w.cond;
@@ -404,7 +678,7 @@ fn rewrite_while(w: &syn::ExprWhile, carried: &[Ident]) -> Expr {
     let c = internal("c");
     let back = assign_back(carried, &vars);
     let call = quote_spanned! {w.while_token.span=>
-        ::tessera::__private::while_loop(#tuple, #names, |#phase: bool, #vars| {
+        ::tessera::__private::while_loop(#tuple, #names, #opaque, |#phase: bool, #vars| {
             let #muts = #vars;
             if #phase {
                 let #c = ::tessera::ir::dsl::while_cond(#cond);

@@ -1,6 +1,6 @@
 //! Expansion of `#[kernel]` and `#[helper]`.
 
-use proc_macro2::TokenStream;
+use proc_macro2::{Span, TokenStream};
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
@@ -29,6 +29,8 @@ enum ParamKind {
 
 struct Param {
     name: Ident,
+    /// `mut name: T`: the binding inside the kernel body is mutable.
+    mutable: bool,
     kind: ParamKind,
     /// `#[no_specialize]`: launches record no facts about the value.
     no_specialize: bool,
@@ -97,19 +99,30 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
         };
         let mut comptime = false;
         let mut no_specialize = None;
-        pt.attrs.retain(|a| {
-            if a.path().is_ident("comptime") {
+        for a in std::mem::take(&mut pt.attrs) {
+            let known = a.path().is_ident("comptime") || a.path().is_ident("no_specialize");
+            if !known {
+                errors.push(syn::Error::new_spanned(
+                    &a,
+                    "unsupported attribute on a kernel parameter: parameters take only \
+                     `#[comptime]` (a value known at launch) or `#[no_specialize]` (a runtime \
+                     scalar launches do not specialize on)",
+                ));
+            } else if !matches!(a.meta, syn::Meta::Path(_)) {
+                errors.push(syn::Error::new(
+                    a.meta.span(),
+                    "`#[comptime]` and `#[no_specialize]` take no arguments",
+                ));
+            } else if a.path().is_ident("comptime") {
                 comptime = true;
-                false
-            } else if a.path().is_ident("no_specialize") {
-                no_specialize = Some(a.path().span());
-                false
             } else {
-                true
+                no_specialize = Some(a.path().span());
             }
-        });
-        let name = match &*pt.pat {
-            Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => pi.ident.clone(),
+        }
+        let (name, mutable) = match &*pt.pat {
+            Pat::Ident(pi) if pi.by_ref.is_none() && pi.subpat.is_none() => {
+                (pi.ident.clone(), pi.mutability.is_some())
+            }
             other => {
                 errors.push(syn::Error::new(
                     other.span(),
@@ -187,6 +200,7 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
         }
         params.push(Param {
             name,
+            mutable,
             kind,
             ty,
             no_specialize: no_specialize.is_some(),
@@ -213,6 +227,15 @@ fn check_signature(f: &ItemFn, errors: &mut Vec<syn::Error>, what: &str) {
         errors.push(syn::Error::new(
             t.span,
             format!("a {what} cannot be `const`"),
+        ));
+    }
+    if let Some(abi) = &sig.abi {
+        errors.push(syn::Error::new(
+            abi.span(),
+            format!(
+                "a {what} cannot have an ABI (`extern`): it is traced into Tessera IR, not \
+                 called through a Rust ABI; remove it"
+            ),
         ));
     }
     if let Some(v) = &sig.variadic {
@@ -300,6 +323,41 @@ fn pow2_bounds(f: &ItemFn) -> Vec<TokenStream> {
         .collect()
 }
 
+/// The attributes on a kernel function: lint attributes (`allow`, `expect`, ...) apply
+/// to the traced body (the generated `build`), `cfg`/`cfg_attr` to every generated
+/// item, doc comments to the kernel's struct; any other is an error.
+fn kernel_attrs(
+    f: &ItemFn,
+    errors: &mut Vec<syn::Error>,
+) -> (Vec<syn::Attribute>, Vec<syn::Attribute>) {
+    let (mut lints, mut cfgs) = (Vec::new(), Vec::new());
+    for a in &f.attrs {
+        let p = a.path();
+        if p.is_ident("doc") {
+        } else if ["allow", "expect", "warn", "deny", "forbid"]
+            .iter()
+            .any(|l| p.is_ident(l))
+        {
+            lints.push(a.clone());
+        } else if p.is_ident("cfg") || p.is_ident("cfg_attr") {
+            cfgs.push(a.clone());
+        } else if p.is_ident("comptime") || p.is_ident("no_specialize") {
+            errors.push(syn::Error::new_spanned(
+                a,
+                "`#[comptime]` and `#[no_specialize]` mark kernel parameters \
+                 (`#[comptime] name: T`), not the kernel",
+            ));
+        } else {
+            errors.push(syn::Error::new_spanned(
+                a,
+                "unsupported attribute on a kernel: a kernel takes doc comments, lint \
+                 attributes (`#[allow(..)]`, ...) and `#[cfg(..)]`",
+            ));
+        }
+    }
+    (lints, cfgs)
+}
+
 pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut f: ItemFn = match syn::parse2(item) {
         Ok(f) => f,
@@ -317,13 +375,26 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         ));
     }
     for p in &f.sig.generics.params {
-        if let GenericParam::Lifetime(l) = p {
+        let default = match p {
+            GenericParam::Lifetime(l) => {
+                errors.push(syn::Error::new(
+                    l.span(),
+                    "kernels take no lifetime parameters",
+                ));
+                None
+            }
+            GenericParam::Type(t) => t.default.as_ref().map(|d| d.span()),
+            GenericParam::Const(c) => c.default.as_ref().map(|d| d.span()),
+        };
+        if let Some(span) = default {
             errors.push(syn::Error::new(
-                l.span(),
-                "kernels take no lifetime parameters",
+                span,
+                "kernel generic parameters cannot have defaults: give them at launch \
+                 (`k::<4>::launch(..)`), or wrap the launch in a function",
             ));
         }
     }
+    let (lint_attrs, cfg_attrs) = kernel_attrs(&f, &mut errors);
     let params = parse_params(&mut f, &mut errors);
     check_values_as_consts(&f, &params, &mut errors);
     let mut rw = Rewriter::new();
@@ -344,6 +415,11 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         .iter()
         .filter(|a| a.path().is_ident("doc"))
         .collect();
+    let params_ident = proc_macro2::Ident::new("__tessera_params", Span::mixed_site());
+    let ct_ident = proc_macro2::Ident::new("__tessera_ct", Span::mixed_site());
+    let device = proc_macro2::Ident::new("device", Span::mixed_site());
+    let grid = proc_macro2::Ident::new("grid", Span::mixed_site());
+    let args = proc_macro2::Ident::new("args", Span::mixed_site());
     let generics = &f.sig.generics;
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let mut where_preds: Vec<TokenStream> = where_clause
@@ -360,11 +436,14 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let mut launch_args = Vec::new();
     let mut ct_types = Vec::new();
     let mut ct_names = Vec::new();
+    let mut ct_pats = Vec::new();
     let mut desc_shapes: Vec<Type> = Vec::new();
     for p in &params {
         let ty = &p.ty;
         let n = &p.name;
         let ns = n.to_string();
+        // `mut name: T` stays mutable in the body.
+        let mt = if p.mutable { quote!(mut) } else { quote!() };
         arg_names.push(n.clone());
         match &p.kind {
             ParamKind::Buffer {
@@ -387,12 +466,12 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                 };
                 if *mutable {
                     declare.push(
-                        quote!(let #n: #ty = &mut __tessera_params.#decl::<#elem>(#ns, false);),
+                        quote!(let #mt #n: #ty = &mut #params_ident.#decl::<#elem>(#ns, false);),
                     );
                     arg_types.push(quote!(&mut ::tessera::#host<#elem>));
                 } else {
                     declare
-                        .push(quote!(let #n: #ty = &__tessera_params.#decl::<#elem>(#ns, true);));
+                        .push(quote!(let #mt #n: #ty = &#params_ident.#decl::<#elem>(#ns, true);));
                     arg_types.push(quote!(&::tessera::#host<#elem>));
                 }
                 launch_args.push(quote!(::tessera::LaunchArg::#ctor(#n)));
@@ -408,13 +487,13 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                 let dims = quote!(&<Self as ::tessera::Kernel>::desc_blocks()[#di]);
                 if *mutable {
                     declare.push(quote!(
-                        let #n: #ty = &mut __tessera_params.tensor_desc::<#elem, #shape>(#ns, #ro);
+                        let #mt #n: #ty = &mut #params_ident.tensor_desc::<#elem, #shape>(#ns, #ro);
                     ));
                     arg_types.push(quote!(&mut ::tessera::TensorDescriptor<'_, #elem>));
                     launch_args.push(quote!(::tessera::LaunchArg::desc_mut(#n, #dims)));
                 } else {
                     declare.push(quote!(
-                        let #n: #ty = &__tessera_params.tensor_desc::<#elem, #shape>(#ns, #ro);
+                        let #mt #n: #ty = &#params_ident.tensor_desc::<#elem, #shape>(#ns, #ro);
                     ));
                     arg_types.push(quote!(&::tessera::TensorDescriptor<'_, #elem>));
                     launch_args.push(quote!(::tessera::LaunchArg::desc(#n, #dims)));
@@ -428,7 +507,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                     quote_spanned!(ty_span=> scalar)
                 };
                 declare
-                    .push(quote_spanned!(ty_span=> let #n = __tessera_params.#ctor::<#ty>(#ns);));
+                    .push(quote_spanned!(ty_span=> let #mt #n = #params_ident.#ctor::<#ty>(#ns);));
                 arg_types.push(quote!(#ty));
                 launch_args.push(quote!(::tessera::LaunchArg::scalar::<#ty>(#n)));
             }
@@ -436,6 +515,11 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                 arg_types.push(quote!(#ty));
                 ct_types.push(ty.clone());
                 ct_names.push(n.clone());
+                ct_pats.push(if p.mutable {
+                    quote!(mut #n)
+                } else {
+                    quote!(#n)
+                });
             }
         }
     }
@@ -464,10 +548,12 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         // A braced struct, so that a parameter or local named like the kernel is
         // an ordinary binding (a tuple or unit struct's name cannot be shadowed:
         // E0530).
+        #(#cfg_attrs)*
         #vis struct #name #impl_generics #where_clause {
             _types: ::core::marker::PhantomData<fn() -> (#(#type_params,)*)>,
         }
 
+        #(#cfg_attrs)*
         impl #impl_generics ::tessera::Kernel for #name #ty_generics where #(#where_preds,)* {
             const NAME: &'static str = #name_str;
             type Comptime = (#(#ct_types,)*);
@@ -476,12 +562,13 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                 ::std::vec![#(<#desc_shapes as ::tessera::__private::Shape>::dims()),*]
             }
 
+            #(#lint_attrs)*
             #[allow(unused_variables, unused_mut, unused_braces, unused_assignments, clippy::all)]
             fn build(
-                __tessera_ct: &Self::Comptime,
+                #ct_ident: &Self::Comptime,
             ) -> ::core::result::Result<::tessera::__private::Function, ::tessera::__private::BuildError> {
-                let (#(#ct_names,)*) = ::core::clone::Clone::clone(__tessera_ct);
-                ::tessera::__private::trace(#name_str, #span_expr, |__tessera_params| {
+                let (#(#ct_pats,)*) = ::core::clone::Clone::clone(#ct_ident);
+                ::tessera::__private::trace(#name_str, #span_expr, |#params_ident| {
                     #(#declare)*
                     #body
                 })
@@ -491,20 +578,23 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         // `launch` requires `Self: Kernel` (and so the tile-dimension bounds) on the
         // method rather than on the impl: `k::<48>::launch` then reports the unsatisfied
         // `Const<48>: Pow2` with its own message, not "no function `launch`".
+        // `device`, `grid`, `args` and `__tessera_ct` are hygienic (mixed-site): kernel
+        // parameters of those names are other bindings.
+        #(#cfg_attrs)*
         impl #impl_generics #name #ty_generics #where_clause {
             #[doc = #launch_doc]
             #[allow(clippy::too_many_arguments, clippy::type_complexity)]
             pub fn launch(
-                device: &::tessera::Device,
-                grid: impl ::core::convert::Into<::tessera::Grid>,
-                args: (#(#arg_types,)*),
+                #device: &::tessera::Device,
+                #grid: impl ::core::convert::Into<::tessera::Grid>,
+                #args: (#(#arg_types,)*),
             ) -> ::core::result::Result<(), ::tessera::Error>
             where
                 #launch_bound
             {
-                let (#(#arg_names,)*) = args;
-                let __tessera_ct: <Self as ::tessera::Kernel>::Comptime = (#(#ct_names,)*);
-                ::tessera::launch::<Self>(device, grid.into(), &__tessera_ct, &mut [#(#launch_args),*])
+                let (#(#arg_names,)*) = #args;
+                let #ct_ident: <Self as ::tessera::Kernel>::Comptime = (#(#ct_names,)*);
+                ::tessera::launch::<Self>(#device, #grid.into(), &#ct_ident, &mut [#(#launch_args),*])
             }
         }
     }
@@ -533,5 +623,15 @@ pub fn expand_helper(attr: TokenStream, item: TokenStream) -> TokenStream {
             wc.predicates.push(syn::parse_quote!(#b));
         }
     }
+    // Counts the nesting of helper calls while tracing: a recursion that never reaches
+    // its base case is a build error naming the helper, not a stack overflow.
+    let name = f.sig.ident.to_string();
+    let name = name.strip_prefix("r#").unwrap_or(&name).to_string();
+    let guard = proc_macro2::Ident::new("__tessera_helper_call", Span::mixed_site());
+    let enter: syn::Stmt = syn::parse_quote_spanned! {f.sig.ident.span()=>
+        let #guard = ::tessera::ir::dsl::enter_helper(
+            #name, ::core::file!(), ::core::line!(), ::core::column!());
+    };
+    f.block.stmts.insert(0, enter);
     quote!(#f)
 }

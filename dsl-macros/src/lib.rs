@@ -28,6 +28,27 @@ mod kernel;
 /// compiles once; `#[no_specialize] name: i32` opts a scalar out (one kernel for
 /// every value).
 ///
+/// The body is ordinary Rust run once while the kernel is built ("traced"). `if`,
+/// `while` and `for` over ranges are rewritten: a `bool` condition or integer bounds
+/// are comptime (the taken branch runs, the loop is unrolled), a `Scalar<bool>`
+/// condition or a `Scalar<i32>` bound is runtime (both branches and the loop body are
+/// traced once, into IR). Variables declared outside a construct and assigned inside
+/// it (`x = ..`, `x += ..`, `x.f = ..`, `x[i] = ..`) are passed through it; at runtime
+/// only tiles can be. Limits, each a build error rather than wrong code:
+///
+/// - a `panic!`/`assert!` fails the build (naming the kernel and line), also inside
+///   a runtime branch never taken at run time (it is traced anyway): check run-time
+///   conditions with `device_assert`;
+/// - comptime loops stop after 2^20 iterations and `#[helper]` calls nest at most 256
+///   deep (a recursion that never reaches its comptime base case);
+/// - a change the macro cannot pass through a runtime construct (`v.push(..)`,
+///   `x.add_assign(..)` and other in-place methods of std types, `*r = ..`) is
+///   rejected when that construct is traced. Not detected: a variable changed through
+///   a `&mut` passed to a function (`f(&mut count)`), or by a method outside that list;
+///   keep comptime bookkeeping out of runtime constructs;
+/// - macro arguments are plain Rust: `return`, `break`, `continue`, `?`, `loop`,
+///   `match`, `while`, `for` and assignments there are compile errors.
+///
 /// ```text
 /// #[kernel]
 /// fn add<const BLOCK: usize>(x: &Global<f32>, y: &Global<f32>, out: &mut Global<f32>, n: i32) {

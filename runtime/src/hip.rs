@@ -55,6 +55,9 @@ mod h {
 
     pub const hipStreamNonBlocking: c_uint = 1;
     pub const hipIpcMemLazyEnablePeerAccess: c_uint = 1;
+    /// `hipExtMallocWithFlags` flag: device memory no cache keeps (`hip_runtime_api.h`:
+    /// `hipDeviceMallocUncached`).
+    pub const hipDeviceMallocUncached: c_uint = 3;
 
     /// `hipDeviceAttribute_t` values (the CUDA-compatible range, numbered alike since
     /// ROCm 5.0).
@@ -134,6 +137,7 @@ mod h {
         hipDeviceTotalMem: fn(bytes: *mut usize, d: c_int) -> hipError_t;
         hipGetDeviceProperties: fn(props: *mut c_void, d: c_int) -> hipError_t;
         hipMalloc: fn(p: *mut *mut c_void, bytes: usize) -> hipError_t;
+        hipExtMallocWithFlags: fn(p: *mut *mut c_void, bytes: usize, flags: c_uint) -> hipError_t;
         hipFree: fn(p: *mut c_void) -> hipError_t;
         hipMemset: fn(p: *mut c_void, v: c_int, bytes: usize) -> hipError_t;
         hipMemsetD32Async: fn(p: hipDeviceptr_t, v: c_int, n: usize, s: hipStream_t) -> hipError_t;
@@ -583,15 +587,33 @@ impl HipDevice {
         result
     }
 
-    /// A zeroed `hipMalloc` allocation of `bytes` bytes (exportable with
-    /// `hipIpcGetMemHandle`); free with [`HipDevice::free_raw`].
+    /// A zeroed symmetric heap of `bytes` bytes in *uncached* device memory
+    /// (`hipExtMallocWithFlags(.., hipDeviceMallocUncached)`), exportable with
+    /// `hipIpcGetMemHandle`; free with [`HipDevice::free_raw`].
+    ///
+    /// Why not `hipMalloc`: its memory is coarse-grained, which is coherent for
+    /// device-scope synchronization only. ROCm's "Hardware atomics operation support"
+    /// says system-scope atomics on coarse-grained memory do not achieve system-scope
+    /// coherence, and LLVM's AMDGPUUsage ("Memory Model GFX942") keeps one agent's L2
+    /// coherent with other agents' writes only through the memory type (MTYPE) of the
+    /// pages: on MI300X a GPU could keep a stale line of its own heap in L2, so a wait
+    /// could spin on an old signal value forever and pushed data could read stale.
+    /// Uncached memory is always read from and written to memory, so a peer's writes
+    /// are seen, and the system-scope release/acquire sequences the lowering emits
+    /// around signals and waits (`buffer_wbl2 sc0 sc1` before a release, `buffer_inv
+    /// sc0 sc1` after an acquire, `sc0 sc1` on the access; see
+    /// `tessera_codegen::lower::arch`) order the data. AMD's MORI allocates its whole
+    /// symmetric heap this way and exports it with `hipIpcGetMemHandle`, as this
+    /// runtime does. The price: heap data is not cached, so a kernel that rereads
+    /// gathered data many times should copy it to a plain buffer (or shared memory)
+    /// first.
     pub(crate) fn alloc_raw(&self, bytes: usize) -> Result<u64, Error> {
-        let what = format!("allocating a symmetric heap of {bytes} bytes");
+        let what = format!("allocating a symmetric heap of {bytes} bytes (uncached)");
         self.set(&what)?;
         let mut ptr = std::ptr::null_mut();
         // SAFETY: writes one pointer.
         check(self.ordinal, &what, unsafe {
-            h::hipMalloc(&mut ptr, bytes.max(1))
+            h::hipExtMallocWithFlags(&mut ptr, bytes.max(1), h::hipDeviceMallocUncached)
         })?;
         // SAFETY: `bytes.max(1)` bytes were just allocated.
         if let Err(e) = check(self.ordinal, &what, unsafe {

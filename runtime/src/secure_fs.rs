@@ -56,8 +56,7 @@ pub(crate) fn check_dir(dir: &Path) -> io::Result<()> {
 pub(crate) fn check_own_dir(dir: &Path) -> io::Result<()> {
     check_dir(dir)?;
     let uid = fs::metadata(dir)?.uid();
-    // SAFETY: `geteuid` has no preconditions and cannot fail.
-    let me = unsafe { libc::geteuid() };
+    let me = rustix::process::geteuid().as_raw();
     if uid != me && uid != 0 {
         return Err(refuse(format!(
             "{} belongs to another user (uid {uid}), who could plant kernels in it",

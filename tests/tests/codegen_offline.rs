@@ -450,9 +450,26 @@ fn comm_release_acquire_sequences_amdgcn() {
     assert!(wait < bar && bar < atom, "{}", art.asm);
     // The writeback of the system-scope release (gfx942: buffer_wbl2 sc0 sc1).
     assert!(
-        lines[..atom].iter().any(|l| l.contains("buffer_wbl2")),
-        "no writeback before the release:\n{}",
+        lines[..atom]
+            .iter()
+            .any(|l| l.contains("buffer_wbl2 sc0 sc1")),
+        "no system-scope writeback before the release:\n{}",
         art.asm
+    );
+    // The wait's system-scope acquire (AMDGPUUsage, "Memory Model GFX942"): the
+    // polling load bypasses the caches (`sc0 sc1`) and is followed by the
+    // system-scope invalidate `buffer_inv sc0 sc1` before anything else is read.
+    let poll = lines
+        .iter()
+        .position(|l| l.contains("global_load_dwordx2") && l.trim_end().ends_with("sc0 sc1"))
+        .unwrap_or_else(|| panic!("no system-scope polling load:\n{}", art.asm));
+    let inv = find_from(&lines, poll, "buffer_inv sc0 sc1").expect("buffer_inv after the poll");
+    assert!(
+        lines[poll + 1..inv]
+            .iter()
+            .all(|l| !l.contains("global_load") && !l.contains("s_load")),
+        "a load between the acquire and its invalidate:\n{}",
+        lines[poll..=inv].join("\n")
     );
     // Polling with the 100 MHz realtime counter.
     assert!(

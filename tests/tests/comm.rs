@@ -1273,3 +1273,54 @@ fn barrier_all_with_different_grids_in_one_world() {
         .unwrap();
     assert_eq!(bad[0], vec![0], "programs saw stale tags after barrier_all");
 }
+
+/// Stores a tile into this rank's copy of `data` through `on(rank())`: `data` is
+/// read-only (`&Symmetric`), so the kernel must not build.
+#[kernel]
+fn store_through_readonly_peer(data: &Symmetric<i32>) {
+    let offs = arange::<16>();
+    data.on(rank()).store(offs, offs, offs.lt(16)); // MARK: readonly store
+}
+
+/// The same with an atomic on the next rank's copy.
+#[kernel]
+fn atomic_through_readonly_peer(data: &Symmetric<i32>) {
+    let offs = arange::<16>();
+    let next = (rank() + 1) % world_size();
+    let _old = data.on(next).atomic_add(offs, offs, offs.lt(16)); // MARK: readonly atomic
+}
+
+#[test]
+fn a_read_only_symmetric_cannot_be_written_through_a_peer_copy() {
+    for (marker, expect) in [
+        ("MARK: readonly store", "`store`"),
+        ("MARK: readonly atomic", "`atomic"),
+    ] {
+        let original: Vec<i32> = (0..16).map(|i| 1000 + i).collect();
+        let out = World::local(2)
+            .heap_bytes(1 << 20)
+            .signal_bytes(4096)
+            .run(|r| {
+                let data = r.upload(&original)?;
+                let launched = if marker.ends_with("store") {
+                    store_through_readonly_peer::launch(r.device(), 1u32, (&data,))
+                } else {
+                    atomic_through_readonly_peer::launch(r.device(), 1u32, (&data,))
+                };
+                r.barrier()?;
+                Ok((launched.err().map(|e| e.to_string()), data.download()?))
+            })
+            .unwrap();
+        let line = line_of(SOURCE, marker);
+        for (e, data) in out {
+            let e = e.expect("writing through a read-only buffer must not build");
+            assert!(
+                e.contains(expect)
+                    && e.contains("`data`, a read-only parameter")
+                    && e.contains(&format!("comm.rs:{line}:")),
+                "{e}"
+            );
+            assert_eq!(data, original, "nothing was written");
+        }
+    }
+}

@@ -145,6 +145,37 @@ fn dies_rank(r: &Rank, seed: u64) -> Result<String, Error> {
     Ok(format!("failed after {secs:.3} s: {e}"))
 }
 
+/// Rank 1 stops (`SIGSTOP`) after joining; rank 0 waits for it at a host barrier and
+/// must fail within the wait timeout, naming it, and exit (not wait forever for the
+/// stopped process to leave).
+fn stops_rank(r: &Rank) -> Result<String, Error> {
+    if r.rank() == 1 {
+        let me = std::process::id().to_string();
+        let stopped = std::process::Command::new("kill")
+            .args(["-STOP", &me])
+            .status();
+        assert!(stopped.is_ok(), "kill -STOP: {stopped:?}");
+    }
+    r.barrier()?;
+    Ok("passed the barrier".into())
+}
+
+/// Rank 1 leaves right after joining; the others' next host barrier must fail at
+/// once, naming it.
+fn leaves_rank(r: &Rank) -> Result<String, Error> {
+    if r.rank() == 1 {
+        return Ok("left".into());
+    }
+    let start = Instant::now();
+    let e = r
+        .barrier()
+        .expect_err("a barrier without a rank that left must fail");
+    Ok(format!(
+        "failed after {:.3} s: {e}",
+        start.elapsed().as_secs_f64()
+    ))
+}
+
 /// The body run by each child process (a no-op when run directly).
 #[test]
 fn child_rank_body() {
@@ -159,6 +190,8 @@ fn child_rank_body() {
         // Rank 1 asks for a bigger heap than the others.
         let env_rank: u32 = std::env::var("RANK").unwrap().parse().unwrap();
         world().heap_bytes(if env_rank == 1 { 8 << 20 } else { 4 << 20 })
+    } else if scenario == "stops" {
+        world().wait_timeout(Duration::from_secs(3))
     } else {
         world()
     };
@@ -167,6 +200,8 @@ fn child_rank_body() {
         "all_gather" => all_gather_rank(r, seed),
         "dies" => dies_rank(r, seed),
         "mismatch" => Ok("joined".into()),
+        "stops" => stops_rank(r),
+        "leaves" => leaves_rank(r),
         other => panic!("unknown scenario {other}"),
     });
     match result {
@@ -275,6 +310,87 @@ fn a_dead_process_fails_the_others_quickly() {
         dump(&runs)
     );
     assert!(start.elapsed() < Duration::from_secs(60));
+}
+
+#[test]
+fn a_rank_that_leaves_early_fails_the_others_barriers_at_once() {
+    let runs = spawn(3, "leaves");
+    assert!(
+        runs[1].code == Some(0) && runs[1].stdout.contains("RESULT left"),
+        "{}",
+        dump(&runs)
+    );
+    for r in [0, 2] {
+        let line = runs[r]
+            .stdout
+            .lines()
+            .find_map(|l| l.split_once("RESULT failed after ").map(|(_, rest)| rest))
+            .unwrap_or_else(|| panic!("rank {r} did not fail as expected\n{}", dump(&runs)));
+        assert!(line.contains("rank 1 left the world"), "rank {r}: {line}");
+        let secs: f64 = line
+            .split(' ')
+            .next()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(f64::MAX);
+        assert!(secs < 10.0, "rank {r} took {secs} s (timeout 20 s): {line}");
+    }
+}
+
+/// A stopped (`SIGSTOP`) rank: rank 0 fails within its 3 s wait timeout, prints the
+/// root cause (rank 1 never arrived) and exits, although rank 1's process lives on.
+#[test]
+fn a_stopped_rank_fails_rank_0_in_bounded_time() {
+    let exe = std::env::current_exe().expect("test binary path");
+    let sock = std::env::temp_dir().join(format!("tessera-stop-test-{}.sock", std::process::id()));
+    let mut children: Vec<_> = (0..2)
+        .map(|r| {
+            std::process::Command::new(&exe)
+                .args([
+                    "--exact",
+                    "child_rank_body",
+                    "--test-threads",
+                    "1",
+                    "--nocapture",
+                ])
+                .env(SCENARIO, "stops")
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", "2")
+                .env("TESSERA_BOOTSTRAP", &sock)
+                .env("TESSERA_BOOTSTRAP_SECRET", "stop-test")
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("spawn rank")
+        })
+        .collect();
+    let start = Instant::now();
+    let mut rank0 = children.remove(0);
+    let mut rank1 = children.remove(0);
+    let exited = loop {
+        if let Ok(Some(_)) = rank0.try_wait() {
+            break true;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let secs = start.elapsed().as_secs_f64();
+    let _ = rank0.kill();
+    let _ = rank1.kill();
+    let out0 = rank0.wait_with_output().expect("rank 0 output");
+    let _ = rank1.wait();
+    let stdout = String::from_utf8_lossy(&out0.stdout);
+    let stderr = String::from_utf8_lossy(&out0.stderr);
+    assert!(
+        exited,
+        "rank 0 still runs after {secs:.1} s\n{stdout}{stderr}"
+    );
+    assert_eq!(out0.status.code(), Some(1), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("ERROR") && stdout.contains("rank 1 never arrived"),
+        "{stdout}{stderr}"
+    );
 }
 
 #[test]

@@ -20,7 +20,7 @@
 use std::cell::{Cell, RefCell, UnsafeCell};
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use corosensei::Yielder;
 
@@ -597,6 +597,37 @@ fn misaligned_shared(c: &ThreadCtx<'_>, p: *const u8, bytes: u32, site: i32) {
     });
 }
 
+/// Copies `dst.len()` bytes out of global memory at `src`. Threads of other blocks
+/// (other OS threads, and other ranks' launches in a world) may write that memory at
+/// the same time, so the emulator reads it with relaxed atomic loads: its own reads
+/// are then no data race in Rust's memory model, and they observe what a GPU's weak
+/// loads may (any value written, without ordering).
+///
+/// # Safety
+///
+/// The `dst.len()` bytes at `src` are valid for reads, and accessed by Rust code only
+/// atomically while others may write them.
+unsafe fn read_global(src: *const u8, dst: &mut [u8]) {
+    for (i, d) in dst.iter_mut().enumerate() {
+        // SAFETY: in bounds (the caller's contract); a byte needs no alignment.
+        *d = unsafe { AtomicU8::from_ptr(src.add(i).cast_mut()) }.load(Ordering::Relaxed);
+    }
+}
+
+/// Writes `src` into global memory at `dst` with relaxed atomic stores (see
+/// [`read_global`]).
+///
+/// # Safety
+///
+/// The `src.len()` bytes at `dst` are valid for writes, and accessed by Rust code only
+/// atomically while others may access them.
+unsafe fn write_global(dst: *mut u8, src: &[u8]) {
+    for (i, b) in src.iter().enumerate() {
+        // SAFETY: in bounds (the caller's contract); a byte needs no alignment.
+        unsafe { AtomicU8::from_ptr(dst.add(i)) }.store(*b, Ordering::Relaxed);
+    }
+}
+
 /// `cp.async.cg.shared.global [dst], [src], bytes, src_bytes` (PTX ISA, "cp.async"):
 /// copies `bytes` (4, 8 or 16, both addresses aligned to it) from global `src` to
 /// shared `dst`, the bytes past `src_bytes` zero (`src_bytes = 0` reads nothing).
@@ -622,7 +653,7 @@ extern "C" fn tessera_emu_cp_async(
             let p = tessera_emu_check_global(src as *mut u8, len as i32, site);
             // SAFETY: `check_global` returned `src` after checking that `len >= n`
             // bytes there lie in a buffer of the launch, or a scratch area as large.
-            unsafe { std::ptr::copy_nonoverlapping(p, data.as_mut_ptr(), n) };
+            unsafe { read_global(p, &mut data[..n]) };
         }
         c.copies.borrow_mut().open.push(AsyncCopy {
             dst: dst as usize,
@@ -911,9 +942,7 @@ extern "C" fn tessera_emu_tma_load(
                 };
                 // SAFETY: the `len` bytes at `src` lie in a buffer of the launch
                 // (`box_row`); `lin + at + len <= lin + row_bytes <= n`.
-                unsafe {
-                    std::ptr::copy_nonoverlapping(src, image.as_mut_ptr().add(lin + at), len)
-                };
+                unsafe { read_global(src, &mut image[lin + at..lin + at + len]) };
             }
             debug_assert!(lin + row_bytes <= n);
         }
@@ -1016,7 +1045,7 @@ extern "C" fn tessera_emu_tma_store_wait(_site: i32) {
                     return;
                 };
                 // SAFETY: the `len` bytes at `dst` lie in a buffer of the launch.
-                unsafe { std::ptr::copy_nonoverlapping(image.as_ptr().add(lin + at), dst, len) };
+                unsafe { write_global(dst, &image[lin + at..lin + at + len]) };
             }
         }
     })

@@ -1543,6 +1543,16 @@ impl Arch for Amdgpu {
         Ok(())
     }
 
+    /// Signals, waits and communication atomics at system scope are LLVM atomics with
+    /// the system `syncscope` (`""`): LLVM's memory legalizer then emits the code
+    /// sequences of AMDGPUUsage, "Memory Model GFX942" (tables "AMDHSA Memory Model
+    /// Code Sequences GFX942"): a release at system scope is `buffer_wbl2 sc0 sc1` and
+    /// `s_waitcnt vmcnt(0)` before the access, an acquire is `buffer_inv sc0 sc1` after
+    /// it, and the load or store itself carries `sc0 sc1` (atomic read-modify-writes
+    /// `sc1`). Those sequences give system-scope coherence on fine-grained or uncached
+    /// memory, which is why AMD symmetric heaps are allocated uncached (the runtime's
+    /// `HipDevice::alloc_raw`). `comm_release_acquire_sequences_amdgcn` in
+    /// `tests/tests/codegen_offline.rs` checks the emitted sequences.
     fn sync_scope(&self, scope: MemScope) -> &'static str {
         match scope {
             MemScope::Block => "workgroup",

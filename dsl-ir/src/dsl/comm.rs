@@ -91,13 +91,6 @@ fn scalar_u64<V: Operand<u64, Shape = ()>>(v: V, span: &Span) -> ValueId {
 }
 
 impl<T: DType> Symmetric<T> {
-    /// Wraps a pointer parameter value.
-    pub fn from_id(id: ValueId) -> Symmetric<T> {
-        Symmetric {
-            local: Global::from_ptr(id),
-        }
-    }
-
     /// The copy of this buffer on rank `peer` (`0..world_size()`): loads, stores and
     /// atomics through it are remote accesses. A peer outside the world is an error on
     /// the CPU and the emulator, and traps on a GPU.

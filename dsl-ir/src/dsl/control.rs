@@ -8,7 +8,9 @@
 //! Variables assigned inside a construct are passed in and out explicitly (the macro
 //! finds them), so a runtime construct turns them into loop-carried values or `if`
 //! results. Only tiles (and tuples and arrays of tiles) can be carried at runtime; a
-//! comptime value assigned inside a runtime construct is a build error.
+//! comptime value assigned inside a runtime construct is a build error, and so is a
+//! change the macro saw but cannot carry ([`Opaque`]: `v.push(..)`, `*r = ..`).
+//! Comptime loops are capped at [`MAX_COMPTIME_ITERATIONS`].
 
 use super::{DType, Int, Scalar, Tile, record_error, type_of, with_builder};
 use crate::builder::BuildError;
@@ -142,6 +144,33 @@ fn flatten_runtime<V: Carry>(v: &V, names: &[&str], what: &str, span: &Span) -> 
     out
 }
 
+/// Changes inside a construct that the macro cannot pass through it (`v.push(..)`,
+/// `*r = ..` on a variable declared outside): `(description, line, column)`, in the
+/// construct's file.
+pub type Opaque<'a> = &'a [(&'a str, u32, u32)];
+
+/// Rejects the changes in `opaque` for a runtime construct (`what`): the construct is
+/// traced once (both branches of an `if`), so they would happen once at build time,
+/// whatever the runtime condition or trip count.
+fn reject_opaque(opaque: Opaque<'_>, what: &str, span: &Span) {
+    if let Some(&(desc, line, col)) = opaque.first() {
+        record_error(BuildError::new(
+            Span {
+                line,
+                col,
+                ..span.clone()
+            },
+            format!(
+                "{desc} changes a variable declared outside a runtime {what}, in a way the \
+                 macro cannot pass through it: the construct is traced once (both branches \
+                 of an `if`), so the change would happen once at build time whatever the \
+                 runtime condition. Assign the variable with `=` or `op=` (only tiles can \
+                 change inside a runtime construct), or make the condition/bounds comptime"
+            ),
+        ));
+    }
+}
+
 fn types_of(vals: &[ValueId]) -> Vec<Type> {
     vals.iter().map(|&v| type_of(v)).collect()
 }
@@ -167,6 +196,7 @@ pub trait CondBranch {
         self,
         vars: V,
         names: &[&str],
+        opaque: Opaque<'_>,
         arm: impl FnMut(bool, V) -> (V, R),
         span: Span,
     ) -> (V, R);
@@ -177,6 +207,7 @@ impl CondBranch for bool {
         self,
         vars: V,
         _names: &[&str],
+        _opaque: Opaque<'_>,
         mut arm: impl FnMut(bool, V) -> (V, R),
         _span: Span,
     ) -> (V, R) {
@@ -200,11 +231,13 @@ impl<S: ScalarCond> CondBranch for Tile<bool, S> {
         self,
         vars: V,
         names: &[&str],
+        opaque: Opaque<'_>,
         mut arm: impl FnMut(bool, V) -> (V, R),
         span: Span,
     ) -> (V, R) {
         // Check that the variables can be carried before tracing the branches.
         flatten_runtime(&vars, names, "`if`", &span);
+        reject_opaque(opaque, "`if`", &span);
         let mut trace_arm = |which: bool| {
             with_builder(|b| b.open_region(&[]));
             let (v, r) = arm(which, vars.clone());
@@ -247,13 +280,19 @@ pub fn if_else<C: CondBranch, V: Carry, R: Carry>(
     cond: C,
     vars: V,
     names: &[&str],
+    opaque: Opaque<'_>,
     arm: impl FnMut(bool, V) -> (V, R),
 ) -> (V, R) {
-    cond.branch(vars, names, arm, Span::caller())
+    cond.branch(vars, names, opaque, arm, Span::caller())
 }
 
 // ---------------------------------------------------------------------------------
 // for
+
+/// The most iterations a comptime `for` or `while` loop may run (they run while the
+/// kernel is built, unrolled): more is a build error naming the loop, rather than a
+/// build that never ends.
+pub const MAX_COMPTIME_ITERATIONS: u64 = 1 << 20;
 
 /// Rust integers usable as comptime loop bounds.
 pub trait CtInt: Copy {
@@ -308,6 +347,7 @@ pub trait ForRange {
         self,
         vars: V,
         names: &[&str],
+        opaque: Opaque<'_>,
         body: impl FnMut(Self::Idx, V) -> V,
         span: Span,
     ) -> V;
@@ -319,6 +359,7 @@ impl<A: CtInt, B: CtInt, C: CtInt> ForRange for (A, B, C) {
         self,
         mut vars: V,
         _names: &[&str],
+        _opaque: Opaque<'_>,
         mut body: impl FnMut(B, V) -> V,
         span: Span,
     ) -> V {
@@ -327,6 +368,23 @@ impl<A: CtInt, B: CtInt, C: CtInt> ForRange for (A, B, C) {
             record_error(BuildError::new(
                 span,
                 format!("a `for` loop step must be positive, got {step}"),
+            ));
+            return vars;
+        }
+        let trips = if end > start {
+            (end - start + step - 1) / step
+        } else {
+            0
+        };
+        if trips > i128::from(MAX_COMPTIME_ITERATIONS) {
+            record_error(BuildError::new(
+                span,
+                format!(
+                    "this comptime `for` loop over {start}..{end} (step {step}) would be \
+                     unrolled {trips} times, more than the limit of {MAX_COMPTIME_ITERATIONS}: \
+                     comptime loops run while the kernel is built; use runtime bounds \
+                     (`Scalar<i32>`) for a long loop"
+                ),
             ));
             return vars;
         }
@@ -343,10 +401,12 @@ fn runtime_for<I: LoopIndex, V: Carry>(
     (lb, ub, st): (ValueId, ValueId, ValueId),
     vars: V,
     names: &[&str],
+    opaque: Opaque<'_>,
     mut body: impl FnMut(Scalar<I>, V) -> V,
     span: Span,
 ) -> V {
     let inits = flatten_runtime(&vars, names, "`for` loop", &span);
+    reject_opaque(opaque, "`for` loop", &span);
     let init_tys = types_of(&inits);
     let mut arg_tys = vec![Type::scalar(I::TY)];
     arg_tys.extend(init_tys.iter().cloned());
@@ -377,11 +437,12 @@ macro_rules! rt_for {
                 self,
                 vars: V,
                 names: &[&str],
+                opaque: Opaque<'_>,
                 body: impl FnMut(Scalar<I>, V) -> V,
                 span: Span,
             ) -> V {
                 let b = (self.0.value(&span), self.1.value(&span), self.2.value(&span));
-                runtime_for::<I, V>(b, vars, names, body, span)
+                runtime_for::<I, V>(b, vars, names, opaque, body, span)
             }
         }
     )*};
@@ -396,6 +457,7 @@ impl<I: LoopIndex, A: CtInt, Y: RtBound<I>> ForRange for (A, Scalar<I>, Y) {
         self,
         vars: V,
         names: &[&str],
+        opaque: Opaque<'_>,
         body: impl FnMut(Scalar<I>, V) -> V,
         span: Span,
     ) -> V {
@@ -404,7 +466,7 @@ impl<I: LoopIndex, A: CtInt, Y: RtBound<I>> ForRange for (A, Scalar<I>, Y) {
             self.1.id(),
             self.2.value(&span),
         );
-        runtime_for::<I, V>(b, vars, names, body, span)
+        runtime_for::<I, V>(b, vars, names, opaque, body, span)
     }
 }
 
@@ -414,6 +476,7 @@ impl<I: LoopIndex, A: CtInt, B: CtInt> ForRange for (A, B, Scalar<I>) {
         self,
         vars: V,
         names: &[&str],
+        opaque: Opaque<'_>,
         body: impl FnMut(Scalar<I>, V) -> V,
         span: Span,
     ) -> V {
@@ -422,7 +485,7 @@ impl<I: LoopIndex, A: CtInt, B: CtInt> ForRange for (A, B, Scalar<I>) {
             RtBound::<I>::value(self.1, &span),
             self.2.id(),
         );
-        runtime_for::<I, V>(b, vars, names, body, span)
+        runtime_for::<I, V>(b, vars, names, opaque, body, span)
     }
 }
 
@@ -433,9 +496,10 @@ pub fn for_range<R: ForRange, V: Carry>(
     bounds: R,
     vars: V,
     names: &[&str],
+    opaque: Opaque<'_>,
     body: impl FnMut(R::Idx, V) -> V,
 ) -> V {
-    bounds.run(vars, names, body, Span::caller())
+    bounds.run(vars, names, opaque, body, Span::caller())
 }
 
 // ---------------------------------------------------------------------------------
@@ -452,6 +516,7 @@ pub trait WhileCond: Sized {
     fn run<V: Carry>(
         vars: V,
         names: &[&str],
+        opaque: Opaque<'_>,
         step: impl FnMut(bool, V) -> (V, Option<Self>),
         span: Span,
     ) -> V;
@@ -461,10 +526,11 @@ impl WhileCond for bool {
     fn run<V: Carry>(
         mut vars: V,
         _names: &[&str],
+        _opaque: Opaque<'_>,
         mut step: impl FnMut(bool, V) -> (V, Option<bool>),
-        _span: Span,
+        span: Span,
     ) -> V {
-        loop {
+        for _ in 0..MAX_COMPTIME_ITERATIONS {
             let (v, c) = step(true, vars);
             vars = v;
             if c != Some(true) {
@@ -472,6 +538,16 @@ impl WhileCond for bool {
             }
             vars = step(false, vars).0;
         }
+        record_error(BuildError::new(
+            span,
+            format!(
+                "this comptime `while` loop (a `bool` condition) did not end after \
+                 {MAX_COMPTIME_ITERATIONS} iterations: comptime loops run while the kernel is \
+                 built; check its condition, or make it a runtime loop (a `Scalar<bool>` \
+                 condition)"
+            ),
+        ));
+        vars
     }
 }
 
@@ -479,10 +555,12 @@ impl<S: ScalarCond> WhileCond for Tile<bool, S> {
     fn run<V: Carry>(
         vars: V,
         names: &[&str],
+        opaque: Opaque<'_>,
         mut step: impl FnMut(bool, V) -> (V, Option<Self>),
         span: Span,
     ) -> V {
         let inits = flatten_runtime(&vars, names, "`while` loop", &span);
+        reject_opaque(opaque, "`while` loop", &span);
         let init_tys = types_of(&inits);
         let args = with_builder(|b| b.open_region(&init_tys));
         let v = vars.rebuild(&mut args.iter().copied());
@@ -540,9 +618,10 @@ pub fn while_cond<C: WhileCond>(cond: C) -> C {
 pub fn while_loop<V: Carry, C: WhileCond>(
     vars: V,
     names: &[&str],
+    opaque: Opaque<'_>,
     step: impl FnMut(bool, V) -> (V, Option<C>),
 ) -> V {
-    C::run(vars, names, step, Span::caller())
+    C::run(vars, names, opaque, step, Span::caller())
 }
 
 /// Values that `<`, `<=`, `>` and `>=` compare in a kernel body: Rust values (comptime

@@ -38,8 +38,8 @@ pub use batched::dot_batched;
 pub use combine::{Combine, associative_scan, reduce_with};
 pub use comm::{Peer, Symmetric, Token, barrier_all, fence, quiet, rank, world_size};
 pub use control::{
-    Carry, CondBranch, CtInt, ForRange, LoopIndex, OrdOp, RtBound, RustOrd, ScalarCond, WhileCond,
-    compare, for_range, if_else, while_cond, while_loop,
+    Carry, CondBranch, CtInt, ForRange, LoopIndex, MAX_COMPTIME_ITERATIONS, Opaque, OrdOp, RtBound,
+    RustOrd, ScalarCond, WhileCond, compare, for_range, if_else, while_cond, while_loop,
 };
 pub use debug::{PrintArgs, device_assert, device_print};
 pub use desc::{Coords, TensorDesc};
@@ -49,7 +49,7 @@ pub use ops::*;
 pub use random::{Seed, rand, randint, randint4x, randn, umulhi};
 pub use shape::*;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
 
 use half::{bf16, f16};
@@ -145,6 +145,75 @@ struct Ctx {
 
 thread_local! {
     static CTX: RefCell<Option<Ctx>> = const { RefCell::new(None) };
+    /// True while this thread traces a kernel: its panics become build errors.
+    static TRACING: Cell<bool> = const { Cell::new(false) };
+    /// Where the last panic while tracing happened (set by the panic hook).
+    static PANIC_AT: RefCell<Option<Span>> = const { RefCell::new(None) };
+    /// How deep `#[helper]` calls are nested.
+    static HELPER_DEPTH: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Installs (once per process) a panic hook that, on a thread tracing a kernel,
+/// records where the panic happened and prints nothing (the panic becomes the build
+/// error), and otherwise defers to the hook installed before.
+fn install_panic_hook() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if TRACING.with(Cell::get) {
+                let at = info
+                    .location()
+                    .map(|l| Span::new(l.file(), l.line(), l.column()));
+                PANIC_AT.with(|p| *p.borrow_mut() = at);
+            } else {
+                previous(info);
+            }
+        }));
+    });
+}
+
+/// The most deeply nested `#[helper]` calls while tracing: deeper is a build error
+/// (a recursive helper whose comptime base case is never reached), not a stack
+/// overflow.
+pub const MAX_HELPER_DEPTH: u32 = 256;
+
+/// One `#[helper]` call in progress (its guard, made by [`enter_helper`]).
+pub struct HelperCall {
+    _private: (),
+}
+
+impl Drop for HelperCall {
+    fn drop(&mut self) {
+        HELPER_DEPTH.with(|d| d.set(d.get().saturating_sub(1)));
+    }
+}
+
+/// Called by `#[helper]` functions on entry (`name`, defined at `file:line:col`):
+/// counts the nesting of helper calls, and ends the build with an error naming the
+/// helper when it exceeds [`MAX_HELPER_DEPTH`].
+pub fn enter_helper(name: &str, file: &str, line: u32, col: u32) -> HelperCall {
+    let depth = HELPER_DEPTH.with(|d| {
+        d.set(d.get() + 1);
+        d.get()
+    });
+    let call = HelperCall { _private: () };
+    if depth > MAX_HELPER_DEPTH {
+        let err = BuildError::new(
+            Span::new(file, line, col),
+            format!(
+                "helper `{name}` is nested more than {MAX_HELPER_DEPTH} calls deep: a \
+                 recursive #[helper] must reach its base case through comptime arguments \
+                 (helpers are inlined while the kernel is built)"
+            ),
+        );
+        if TRACING.with(Cell::get) {
+            // Unwinds to `trace`, which returns it.
+            std::panic::panic_any(err);
+        }
+        panic!("{err}");
+    }
+    call
 }
 
 /// Runs `f` with the kernel builder. Panics when no kernel is being traced: tiles only
@@ -211,7 +280,9 @@ pub(crate) fn type_of(v: ValueId) -> Type {
 
 /// Builds the IR of one kernel: sets up the tracing context, lets `body` declare the
 /// parameters (through [`KernelParams`]) and trace the body, and returns the function
-/// or the first error recorded while tracing. Nested calls are an error.
+/// or the first error recorded while tracing. A panic while tracing (a `panic!` or
+/// failed `assert!` in the kernel, or a helper nested too deep) is caught and returned
+/// as an error naming the kernel, at the panic's location. Nested calls are an error.
 pub fn trace(
     name: &str,
     span: Span,
@@ -238,16 +309,64 @@ pub fn trace(
         }
     }
     let reset = Reset;
-    let mut params = KernelParams { _private: () };
-    body(&mut params);
-    let ctx = CTX
-        .with(|c| c.borrow_mut().take())
-        .expect("context set above");
+    install_panic_hook();
+    TRACING.with(|t| t.set(true));
+    PANIC_AT.with(|p| *p.borrow_mut() = None);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut params = KernelParams { _private: () };
+        body(&mut params);
+    }));
+    TRACING.with(|t| t.set(false));
+    let ctx = CTX.with(|c| c.borrow_mut().take());
     drop(reset);
+    let Some(ctx) = ctx else {
+        return Err(BuildError::new(
+            span,
+            format!("internal error: the tracing context of kernel `{name}` was lost"),
+        ));
+    };
+    // An error recorded before a panic is its likely cause: report it first.
     if let Some(e) = ctx.error {
         return Err(e);
     }
+    if let Err(payload) = outcome {
+        return Err(panic_error(name, span, &ctx.b, payload));
+    }
     Ok(ctx.b.finish())
+}
+
+/// The build error for a panic while tracing kernel `name`: at the panic's location
+/// (the kernel's if unknown), with its message.
+fn panic_error(
+    name: &str,
+    span: Span,
+    b: &FunctionBuilder,
+    payload: Box<dyn std::any::Any + Send>,
+) -> BuildError {
+    let payload = match payload.downcast::<BuildError>() {
+        Ok(e) => return *e,
+        Err(p) => p,
+    };
+    let message = if let Some(m) = payload.downcast_ref::<&str>() {
+        (*m).to_string()
+    } else if let Some(m) = payload.downcast_ref::<String>() {
+        m.clone()
+    } else {
+        "(a panic without a message)".to_string()
+    };
+    let at = PANIC_AT.with(|p| p.borrow_mut().take()).unwrap_or(span);
+    let runtime = if b.depth() > 0 {
+        "; this code is inside a runtime `if`/`for`/`while`, which is traced whatever its \
+         runtime condition (both branches of an `if`), so a `panic!`/`assert!` there fails the \
+         build even if the branch is never taken at run time (check at run time with \
+         `device_assert`, or branch at comptime)"
+    } else {
+        ""
+    };
+    BuildError::new(
+        at,
+        format!("kernel `{name}` panicked while being built: {message}{runtime}"),
+    )
 }
 
 /// Declares kernel parameters, in launch order, while tracing.
@@ -363,8 +482,10 @@ impl<T: DType> std::fmt::Debug for Global<T> {
 }
 
 impl<T: DType> Global<T> {
-    /// Wraps a pointer value (the caller guarantees its type is `ptr<T>`).
-    pub fn from_ptr(ptr: ValueId) -> Global<T> {
+    /// Wraps a pointer value (the caller guarantees its type is `ptr<T>`). Crate
+    /// private: a writable `Global` made from a read-only one's pointer would get
+    /// around `&Global` (the verifier refuses such writes too).
+    pub(crate) fn from_ptr(ptr: ValueId) -> Global<T> {
         Global {
             ptr,
             _t: PhantomData,

@@ -1,7 +1,9 @@
 //! Symmetric heaps in GPU memory.
 //!
 //! Each rank's heap is one raw allocation of `heap_bytes` on its GPU (`cuMemAlloc`,
-//! not cudarc's stream-ordered pool, whose memory cannot be exported; `hipMalloc`),
+//! not cudarc's stream-ordered pool, whose memory cannot be exported; on AMD
+//! uncached memory from `hipExtMallocWithFlags`, which peers' writes reach, see
+//! `HipDevice::alloc_raw`),
 //! zeroed, laid out like a host heap (control words, signals, data). A rank reaches
 //! its peers' heaps by address:
 //!

@@ -810,8 +810,30 @@ impl Drop for Rank {
             // (Host heaps are shared files: a mapping outlives its creator.)
             let _ = self.barrier();
         }
-        // Leave the world (a process rank says goodbye; rank 0 waits for the others).
-        drop(self.link.take());
+        // Others' host barriers this rank will not arrive at stop at once.
+        self.shared
+            .team
+            .leave(self.rank, self.barriers.load(Ordering::Acquire));
+        // Leave the world (a process rank says goodbye; rank 0 waits for the others,
+        // for as long as a wait may take, or not at all once the world has failed).
+        if let Some(link) = self.link.take() {
+            let patience = if self.failed_rank().is_some() {
+                Duration::ZERO
+            } else {
+                self.shared.timeout
+            };
+            let stuck = link.leave(patience);
+            if !stuck.is_empty() {
+                let ranks: Vec<String> = stuck.iter().map(u32::to_string).collect();
+                self.shared.abort(self.rank, false);
+                eprintln!(
+                    "tessera: rank {} leaves the world although rank(s) {} did not leave within {:.3} s (stopped or hung?)",
+                    self.rank,
+                    ranks.join(", "),
+                    patience.as_secs_f64()
+                );
+            }
+        }
     }
 }
 
@@ -908,10 +930,24 @@ impl Rank {
                 "abandoned {what}: rank {rank}'s process exited without leaving the world"
             )),
             Stop::Failed { rank, .. } => self.err(format!("abandoned {what}: rank {rank} failed")),
-            Stop::Timeout => {
+            Stop::Left { rank } => {
                 self.abort();
                 self.err(format!(
-                    "{what} timed out after {:.3} s",
+                    "abandoned {what}: rank {rank} left the world (dropped its Rank) before arriving, so it never will"
+                ))
+            }
+            Stop::Timeout { missing } => {
+                self.abort();
+                let who = match missing.as_slice() {
+                    [] => String::new(),
+                    [r] => format!(": rank {r} never arrived (stopped, hung or busy elsewhere?)"),
+                    rs => format!(
+                        ": ranks {} never arrived (stopped, hung or busy elsewhere?)",
+                        rs.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
+                    ),
+                };
+                self.err(format!(
+                    "{what} timed out after {:.3} s{who}",
                     self.shared.timeout.as_secs_f64()
                 ))
             }
@@ -1090,7 +1126,7 @@ impl Rank {
         let me = self.rank;
         let other_failed = || sh.interp_world(me).failed_rank();
         sh.team
-            .barrier(generation, sh.size, sh.timeout, &other_failed)
+            .barrier(me, generation, sh.size, sh.timeout, &other_failed)
             .map_err(|(stop, arrived)| {
                 let what = format!("a host barrier ({arrived} of {} ranks arrived)", sh.size);
                 self.stopped(stop, &what)

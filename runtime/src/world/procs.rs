@@ -3,23 +3,31 @@
 //!
 //! **Launch environment** (what `torchrun` sets, and [`spawn_local`]): `RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`, optionally `LOCAL_WORLD_SIZE` (must equal `WORLD_SIZE`:
-//! a world lives on one node), and the bootstrap socket:
+//! a world lives on one node), the bootstrap socket and its secret:
 //!
-//! - `TESSERA_BOOTSTRAP`: a Unix socket path, or `@name` for a Linux abstract socket
-//!   (no file, nothing to clean up). [`spawn_local`] sets a unique abstract name.
-//! - else `MASTER_ADDR`/`MASTER_PORT` (and `TORCHELASTIC_RUN_ID` when set): the
-//!   abstract socket `@tessera-<addr>-<port>-<run id>`, so `torchrun` needs nothing
-//!   more. (Only the names are used: no TCP connection is made.)
+//! - `TESSERA_BOOTSTRAP`: a Unix socket path, or `@name` for a Linux abstract socket.
+//! - else `MASTER_ADDR`/`MASTER_PORT` (and `TORCHELASTIC_RUN_ID` when set): a socket
+//!   named after them in the per-user folder (`$XDG_RUNTIME_DIR/tessera`, else
+//!   `/tmp/tessera-<uid>`, created `0700`), so `torchrun` needs nothing more. (Only
+//!   the names are used: no TCP connection is made.) [`spawn_local`] also uses a
+//!   socket in that folder.
+//! - `TESSERA_BOOTSTRAP_SECRET` (optional; [`spawn_local`] sets a random one): what
+//!   every rank presents to rank 0.
 //!
 //! Without `WORLD_SIZE` the process is a world of one rank.
 //!
 //! **Bootstrap.** Rank 0 listens; every other rank connects (retrying until the wait
-//! timeout), sends its rank, the world's configuration (size, heap and signal bytes,
-//! kind) and its contribution: the file descriptor of its heap (a `memfd`, passed with
-//! `SCM_RIGHTS`) for host worlds, an IPC handle of its device heap for GPU worlds.
-//! Rank 0 checks that everybody agrees and answers each rank with the team segment's
-//! descriptor and every rank's contribution; each process then maps every heap
-//! (`mmap(MAP_SHARED)`) or opens every IPC handle. The connections stay open.
+//! timeout), checks with `SO_PEERCRED` that the listener is a process of its own user,
+//! and sends the secret, its rank, the world's configuration (size, heap and signal
+//! bytes, kind) and its contribution: the file descriptor of its heap (a sealed
+//! `memfd`, passed with `SCM_RIGHTS`) for host worlds, an IPC handle of its device heap
+//! for GPU worlds. Rank 0 checks each connection on a thread of its own within a
+//! per-connection limit: the peer's user (`SO_PEERCRED`), then the secret, before it
+//! sends anything; a connection that fails either, or says nothing in time, is dropped
+//! while accepting goes on. Rank 0 then checks that everybody agrees and answers each
+//! rank with the team segment's descriptor and every rank's contribution; each process
+//! maps every heap (`mmap(MAP_SHARED)`, refusing a segment not sealed against
+//! shrinking) or opens every IPC handle. The connections stay open.
 //!
 //! **Liveness.** After the bootstrap the connections carry one message: `B`, "this
 //! rank leaves" (sent when its [`crate::Rank`] is dropped). A connection that closes
@@ -27,119 +35,111 @@
 //! 0 die, and the watchdog thread marks the world as failed in the team segment and
 //! in every rank's control words, so every rank's waits and host barriers stop with
 //! an error naming the dead rank. Rank 0, when dropped, waits for every peer to leave
-//! (or die) before closing, since closing would look like its death. On GPUs leaving
+//! (or die) before closing, since closing would look like its death, but for at most
+//! the wait timeout (a stopped peer must not keep it alive). On GPUs leaving
 //! is collective (a host barrier when the `Rank` is dropped), since a process's
 //! device heap, opened by the others through IPC, is freed when it goes; host heaps
 //! are shared files whose mappings outlive their creator.
 //!
 //! **Why a local socket**: one node is all shared memory (and CUDA/HIP IPC) can
-//! reach, and a Unix socket is the one channel that can carry file descriptors; it
-//! needs no port, and an abstract name leaves nothing behind. Multi-node worlds
-//! would use the vendors' device libraries (NVSHMEM, rocSHMEM), see the design notes.
+//! reach, and a Unix socket is the one channel that can carry file descriptors and
+//! tell who is at the other end; it needs no port. Multi-node worlds would use the
+//! vendors' device libraries (NVSHMEM, rocSHMEM), see the design notes.
 
 use std::ffi::OsStr;
-use std::io::Read;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::io::{IoSlice, IoSliceMut, Read};
+use std::mem::MaybeUninit;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::{SocketAddr, UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::ptr::NonNull;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rustix::event::{PollFd, PollFlags, Timespec};
+use rustix::fs::{MemfdFlags, SealFlags};
+use rustix::net::{
+    RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, ReturnFlags, SendAncillaryBuffer,
+    SendAncillaryMessage, SendFlags,
+};
 use tessera_ir::interp::HostMemory;
 
 use crate::Error;
 
 const HELLO: u64 = 0x7465_7373_6865_6c6f; // "tesshelo"
-const PROTOCOL: u64 = 1;
+const PROTOCOL: u64 = 2;
 const FDS_PER_MSG: usize = 200;
 
-/// A `MAP_SHARED` mapping of a shared-memory file, unmapped on drop.
-pub(crate) struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
+/// A `MAP_SHARED` read-write mapping of a shared-memory file (`memmap2`), unmapped
+/// on drop.
+pub(crate) struct Mapping(memmap2::MmapRaw);
 
-// SAFETY: plain shared memory, accessed atomically or through raw pointers.
-unsafe impl Send for Mapping {}
-// SAFETY: as above.
-unsafe impl Sync for Mapping {}
-
-// SAFETY: `ptr` is valid for `len` bytes (page-aligned) until drop.
+// SAFETY: the mapping is valid for `len` bytes until drop, and it is accessed only
+// atomically or through raw pointers by the world's protocols.
 unsafe impl HostMemory for Mapping {
     fn base(&self) -> *mut u8 {
-        self.ptr.as_ptr()
+        self.0.as_mut_ptr()
     }
     fn len(&self) -> usize {
-        self.len
+        self.0.len()
     }
 }
 
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: mapped in `map` with this length, unmapped once.
-        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
+fn os_err(what: &str, e: impl std::fmt::Display) -> String {
+    format!("{what}: {e}")
 }
 
-fn os_err(what: &str) -> String {
-    format!("{what}: {}", std::io::Error::last_os_error())
-}
+/// The seals every shared segment carries: its size is fixed, so no process that holds
+/// it can shrink it under another's mapping (which would crash that one with
+/// `SIGBUS`).
+const SEALS: SealFlags = SealFlags::SHRINK
+    .union(SealFlags::GROW)
+    .union(SealFlags::SEAL);
 
-/// A zeroed anonymous shared-memory file of `len` bytes (`memfd_create`).
+/// A zeroed anonymous shared-memory file of `len` bytes (`memfd_create`), sealed
+/// against resizing ([`SEALS`]).
 pub(crate) fn memfd(name: &str, len: usize) -> Result<OwnedFd, String> {
-    let cname = std::ffi::CString::new(name).map_err(|_| "NUL in a segment name".to_string())?;
-    // SAFETY: a NUL-terminated name; returns a new descriptor or -1.
-    let fd = unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) };
-    if fd < 0 {
-        return Err(os_err("memfd_create"));
-    }
-    // SAFETY: `fd` is a fresh descriptor we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    // SAFETY: plain call on an owned descriptor.
-    if unsafe { libc::ftruncate(fd.as_raw_fd(), len as libc::off_t) } != 0 {
-        return Err(os_err(&format!("sizing a shared segment to {len} bytes")));
-    }
+    let fd = rustix::fs::memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)
+        .map_err(|e| os_err("memfd_create", e))?;
+    rustix::fs::ftruncate(&fd, len as u64)
+        .map_err(|e| os_err(&format!("sizing a shared segment to {len} bytes"), e))?;
+    rustix::fs::fcntl_add_seals(&fd, SEALS).map_err(|e| os_err("sealing a shared segment", e))?;
     Ok(fd)
 }
 
-/// Maps all of `fd` (which must hold at least `len` bytes) shared, read-write.
-pub(crate) fn map(fd: BorrowedFd<'_>, len: usize) -> Result<Mapping, String> {
-    // SAFETY: zeroed `stat` is valid; fstat fills it.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: valid descriptor and out-pointer.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return Err(os_err("fstat of a shared segment"));
+/// Refuses a segment whose size a peer could still change.
+fn check_sealed(fd: BorrowedFd<'_>) -> Result<(), String> {
+    match rustix::fs::fcntl_get_seals(fd) {
+        Ok(seals) if seals.contains(SealFlags::SHRINK) => Ok(()),
+        _ => Err(
+            "a shared segment is not sealed against shrinking: whoever sent it could truncate it and crash this process (SIGBUS)"
+                .into(),
+        ),
     }
+}
+
+/// Maps all of `fd` (which must hold at least `len` bytes and be sealed against
+/// shrinking) shared, read-write.
+pub(crate) fn map(fd: BorrowedFd<'_>, len: usize) -> Result<Mapping, String> {
+    check_sealed(fd)?;
+    let st = rustix::fs::fstat(fd).map_err(|e| os_err("fstat of a shared segment", e))?;
     if (st.st_size as u64) < len as u64 || len == 0 {
         return Err(format!(
             "a shared segment holds {} bytes, {len} expected",
             st.st_size
         ));
     }
-    // SAFETY: maps a file we hold a descriptor of; the result is checked.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED,
-            fd.as_raw_fd(),
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(os_err(&format!("mapping a shared segment of {len} bytes")));
-    }
-    NonNull::new(p.cast::<u8>())
-        .map(|ptr| Mapping { ptr, len })
-        .ok_or_else(|| "mmap returned null".to_string())
+    memmap2::MmapOptions::new()
+        .len(len)
+        .map_raw(fd.as_raw_fd())
+        .map(Mapping)
+        .map_err(|e| os_err(&format!("mapping a shared segment of {len} bytes"), e))
 }
 
 /// Where this process is in a launched world.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct LaunchEnv {
     /// `RANK`.
     pub rank: u32,
@@ -149,6 +149,72 @@ pub struct LaunchEnv {
     pub local_rank: u32,
     /// The bootstrap socket (`@name`: abstract), `None` for a world of one.
     pub bootstrap: Option<String>,
+    /// `TESSERA_BOOTSTRAP_SECRET`: what every rank must present to rank 0 to join
+    /// (set by [`spawn_local`]; `None`: the user check alone).
+    pub secret: Option<String>,
+}
+
+impl std::fmt::Debug for LaunchEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LaunchEnv")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("local_rank", &self.local_rank)
+            .field("bootstrap", &self.bootstrap)
+            .field("secret", &self.secret.as_ref().map(|_| "(hidden)"))
+            .finish()
+    }
+}
+
+/// The variable holding the bootstrap secret (see [`LaunchEnv::secret`]).
+pub const SECRET_VAR: &str = "TESSERA_BOOTSTRAP_SECRET";
+/// The longest secret accepted.
+const MAX_SECRET_BYTES: usize = 1024;
+/// How long rank 0 gives one connection to present itself.
+const CONN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections rank 0 checks at once; more are closed at once.
+const MAX_PENDING: usize = 64;
+
+/// The per-user folder of default bootstrap sockets: `$XDG_RUNTIME_DIR/tessera`
+/// (systemd's private per-user folder) when set, else `/tmp/tessera-<uid>`.
+fn runtime_dir(get: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    match get("XDG_RUNTIME_DIR").filter(|d| d.starts_with('/')) {
+        Some(d) => Path::new(&d).join("tessera"),
+        None => PathBuf::from(format!("/tmp/tessera-{}", my_uid())),
+    }
+}
+
+/// Creates the per-user socket folder `0700` if missing, and refuses one that is not
+/// a plain folder of this user's that nobody else can enter.
+fn ensure_private_dir(dir: &Path) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    crate::secure_fs::create_private_dir(dir)
+        .map_err(|e| format!("creating the bootstrap folder {}: {e}", dir.display()))?;
+    let m = std::fs::symlink_metadata(dir)
+        .map_err(|e| format!("bootstrap folder {}: {e}", dir.display()))?;
+    let me = my_uid();
+    if !m.is_dir() || m.uid() != me || m.mode() & 0o077 != 0 {
+        return Err(format!(
+            "the bootstrap folder {} is not a private folder of this user's (uid {me}) but {} of uid {} with mode {:o}: another user may have planted it; remove it, or set XDG_RUNTIME_DIR or TESSERA_BOOTSTRAP",
+            dir.display(),
+            if m.is_dir() {
+                "a folder"
+            } else {
+                "a link or file"
+            },
+            m.uid(),
+            m.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// A short stable tag for a string (FNV-1a): names a socket after a launcher's
+/// variables whatever their length or characters.
+fn tag(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
 }
 
 impl LaunchEnv {
@@ -175,6 +241,7 @@ impl LaunchEnv {
                 size: 1,
                 local_rank: 0,
                 bootstrap: None,
+                secret: None,
             });
         };
         let rank = num("RANK")?.ok_or_else(|| bad("WORLD_SIZE is set but RANK is not".into()))?;
@@ -197,17 +264,31 @@ impl LaunchEnv {
             Some(p)
         } else if let (Some(addr), Some(port)) = (get("MASTER_ADDR"), get("MASTER_PORT")) {
             let run = get("TORCHELASTIC_RUN_ID").unwrap_or_default();
-            Some(format!("@tessera-{addr}-{port}-{run}"))
+            let file = format!(
+                "torchrun-{:016x}.sock",
+                tag(&format!("{addr}\n{port}\n{run}"))
+            );
+            Some(runtime_dir(&get).join(file).to_string_lossy().into_owned())
         } else {
             return Err(bad(format!(
                 "RANK={rank} WORLD_SIZE={size} but no bootstrap socket: set TESSERA_BOOTSTRAP (a Unix socket path, or @name) or MASTER_ADDR and MASTER_PORT"
             )));
         };
+        let secret = get(SECRET_VAR);
+        if let Some(sec) = &secret
+            && sec.len() > MAX_SECRET_BYTES
+        {
+            return Err(bad(format!(
+                "{SECRET_VAR} has {} bytes, at most {MAX_SECRET_BYTES} are accepted",
+                sec.len()
+            )));
+        }
         Ok(LaunchEnv {
             rank,
             size,
             local_rank,
             bootstrap,
+            secret,
         })
     }
 }
@@ -245,23 +326,11 @@ pub(crate) struct Joined {
 /// `SIGPIPE` (which would kill a host program that does not ignore it, e.g. Python).
 fn send_all(s: &UnixStream, mut bytes: &[u8]) -> std::io::Result<()> {
     while !bytes.is_empty() {
-        // SAFETY: sends from a live buffer on a connected socket.
-        let n = unsafe {
-            libc::send(
-                s.as_raw_fd(),
-                bytes.as_ptr().cast(),
-                bytes.len(),
-                libc::MSG_NOSIGNAL,
-            )
-        };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match rustix::net::send(s, bytes, SendFlags::NOSIGNAL) {
+            Ok(n) => bytes = &bytes[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e.into()),
         }
-        bytes = &bytes[n as usize..];
     }
     Ok(())
 }
@@ -271,50 +340,18 @@ fn write_u64s(s: &mut UnixStream, words: &[u64]) -> std::io::Result<()> {
     send_all(s, &bytes)
 }
 
-fn read_u64s(s: &mut UnixStream, n: usize) -> std::io::Result<Vec<u64>> {
-    let mut bytes = vec![0u8; n * 8];
-    s.read_exact(&mut bytes)?;
-    Ok(bytes
-        .chunks_exact(8)
-        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-        .collect())
-}
-
 /// Sends descriptors, [`FDS_PER_MSG`] per one-byte message.
-fn send_fds(s: &UnixStream, fds: &[RawFd]) -> std::io::Result<()> {
+fn send_fds(s: &UnixStream, fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
     for chunk in fds.chunks(FDS_PER_MSG) {
-        let byte = [b'F'];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_ptr() as *mut libc::c_void,
-            iov_len: 1,
-        };
-        let data_len = std::mem::size_of_val(chunk) as u32;
-        // SAFETY: pure arithmetic.
-        let space = unsafe { libc::CMSG_SPACE(data_len) } as usize;
-        let mut cbuf = vec![0u64; space.div_ceil(8)];
-        // SAFETY: zeroed msghdr is valid.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: the control buffer holds CMSG_SPACE(data_len) aligned bytes, so the
-        // first header and its data fit.
-        unsafe {
-            let c = libc::CMSG_FIRSTHDR(&msg);
-            (*c).cmsg_level = libc::SOL_SOCKET;
-            (*c).cmsg_type = libc::SCM_RIGHTS;
-            (*c).cmsg_len = libc::CMSG_LEN(data_len) as _;
-            std::ptr::copy_nonoverlapping(
-                chunk.as_ptr().cast::<u8>(),
-                libc::CMSG_DATA(c),
-                data_len as usize,
-            );
+        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(chunk.len()))];
+        let mut control = SendAncillaryBuffer::new(&mut space);
+        if !control.push(SendAncillaryMessage::ScmRights(chunk)) {
+            return Err(std::io::Error::other("descriptor message too large"));
         }
-        // SAFETY: a valid message on a connected socket.
-        let r = unsafe { libc::sendmsg(s.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
-        if r != 1 {
-            return Err(std::io::Error::last_os_error());
+        let sent =
+            rustix::net::sendmsg(s, &[IoSlice::new(b"F")], &mut control, SendFlags::NOSIGNAL)?;
+        if sent != 1 {
+            return Err(std::io::Error::other("descriptor message not sent"));
         }
     }
     Ok(())
@@ -326,43 +363,29 @@ fn recv_fds(s: &UnixStream, n: usize) -> std::io::Result<Vec<OwnedFd>> {
     while out.len() < n {
         let want = (n - out.len()).min(FDS_PER_MSG);
         let mut byte = [0u8];
-        let mut iov = libc::iovec {
-            iov_base: byte.as_mut_ptr().cast(),
-            iov_len: 1,
+        let mut space = vec![MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(want))];
+        let mut control = RecvAncillaryBuffer::new(&mut space);
+        let r = loop {
+            match rustix::net::recvmsg(
+                s,
+                &mut [IoSliceMut::new(&mut byte)],
+                &mut control,
+                RecvFlags::CMSG_CLOEXEC,
+            ) {
+                Err(rustix::io::Errno::INTR) => {}
+                other => break other?,
+            }
         };
-        // SAFETY: pure arithmetic.
-        let space = unsafe { libc::CMSG_SPACE((want * std::mem::size_of::<RawFd>()) as u32) };
-        let mut cbuf = vec![0u64; (space as usize).div_ceil(8)];
-        // SAFETY: zeroed msghdr is valid.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.as_mut_ptr().cast();
-        msg.msg_controllen = space as _;
-        // SAFETY: buffers live for the call.
-        let r = unsafe { libc::recvmsg(s.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
-        if r < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if r == 0 {
+        if r.bytes == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
         let before = out.len();
-        // SAFETY: walks the control messages the kernel wrote into `cbuf`.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
-                    let bytes = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
-                    let data = libc::CMSG_DATA(c).cast::<RawFd>();
-                    for i in 0..bytes / std::mem::size_of::<RawFd>() {
-                        out.push(OwnedFd::from_raw_fd(data.add(i).read_unaligned()));
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&msg, c);
+        for m in control.drain() {
+            if let RecvAncillaryMessage::ScmRights(fds) = m {
+                out.extend(fds);
             }
         }
-        if msg.msg_flags & libc::MSG_CTRUNC != 0 || byte[0] != b'F' || out.len() == before {
+        if r.flags.contains(ReturnFlags::CTRUNC) || byte[0] != b'F' || out.len() == before {
             return Err(std::io::Error::other("malformed descriptor message"));
         }
     }
@@ -370,7 +393,8 @@ fn recv_fds(s: &UnixStream, n: usize) -> std::io::Result<Vec<OwnedFd>> {
 }
 
 /// The world's configuration every rank must agree on.
-pub(crate) type Config = [u64; 4];
+pub(crate) type Config = [u64; CONFIG_WORDS];
+const CONFIG_WORDS: usize = 4;
 
 /// Runs the bootstrap (see the module docs) as `env.rank`.
 pub(crate) fn bootstrap(
@@ -384,10 +408,11 @@ pub(crate) fn bootstrap(
     };
     let addr = socket_addr(name)?;
     let deadline = Instant::now() + timeout;
+    let secret = env.secret.as_deref().unwrap_or("").as_bytes();
     if env.rank == 0 {
-        bootstrap_root(env, name, &addr, config, mine, deadline)
+        bootstrap_root(env, name, &addr, config, mine, secret, deadline)
     } else {
-        bootstrap_peer(env, name, &addr, config, mine, deadline)
+        bootstrap_peer(env, name, &addr, config, mine, secret, deadline)
     }
 }
 
@@ -397,12 +422,59 @@ fn left(deadline: Instant) -> Duration {
         .max(Duration::from_millis(1))
 }
 
+/// The user and process at the other end of a connected socket (`SO_PEERCRED`).
+fn peer_cred(s: &UnixStream) -> std::io::Result<(u32, i32)> {
+    let c = rustix::net::sockopt::socket_peercred(s)?;
+    Ok((c.uid.as_raw(), c.pid.as_raw_nonzero().get()))
+}
+
+fn my_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
+/// Compares secrets in time that does not depend on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |d, (x, y)| d | (x ^ y)) == 0
+}
+
+/// Reads exactly `buf.len()` bytes before `until` (each read gets what time is left,
+/// so a peer that sends a byte at a time cannot stretch it).
+fn read_until(s: &mut UnixStream, buf: &mut [u8], until: Instant) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < buf.len() {
+        if Instant::now() >= until {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_read_timeout(Some(left(until)))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn read_words(s: &mut UnixStream, n: usize, until: Instant) -> std::io::Result<Vec<u64>> {
+    let mut bytes = vec![0u8; n * 8];
+    read_until(s, &mut bytes, until)?;
+    Ok(bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+        .collect())
+}
+
+/// The most bytes of a contribution's blob (an IPC handle is 64 to 128 bytes).
+const MAX_BLOB_BYTES: u64 = 1 << 20;
+
 fn bootstrap_peer(
     env: &LaunchEnv,
     name: &str,
     addr: &SocketAddr,
     config: Config,
     mine: Contribution,
+    secret: &[u8],
     deadline: Instant,
 ) -> Result<Joined, String> {
     let mut s = loop {
@@ -417,30 +489,54 @@ fn bootstrap_peer(
         }
     };
     let io = |e: std::io::Error| format!("bootstrap with rank 0 over {name:?}: {e}");
-    s.set_read_timeout(Some(left(deadline))).map_err(io)?;
+    // Nothing goes to a listener of another user (who could have taken the name
+    // first): the heap descriptor would give them this rank's memory.
+    let (uid, pid) = peer_cred(&s).map_err(io)?;
+    if uid != my_uid() {
+        return Err(format!(
+            "the bootstrap socket {name:?} is held by a process of another user (uid {uid}, pid {pid}), not this job's rank 0: refusing to join through it"
+        ));
+    }
+    // Rank 0 closes the connection of a rank it refuses (a reset when our hello was
+    // still unread).
+    let answer = |e: std::io::Error| {
+        if matches!(
+            e.kind(),
+            std::io::ErrorKind::UnexpectedEof
+                | std::io::ErrorKind::ConnectionReset
+                | std::io::ErrorKind::BrokenPipe
+        ) {
+            format!(
+                "rank 0 at {name:?} closed the connection without answering: it refused this rank ({SECRET_VAR} differs between the ranks, or the socket belongs to another job)"
+            )
+        } else {
+            io(e)
+        }
+    };
     s.set_write_timeout(Some(left(deadline))).map_err(io)?;
-    let mut hello = vec![
-        HELLO,
-        PROTOCOL,
+    let mut hello = vec![HELLO, PROTOCOL, secret.len() as u64];
+    write_u64s(&mut s, &hello).map_err(answer)?;
+    send_all(&s, secret).map_err(answer)?;
+    hello = vec![
         u64::from(env.rank),
         std::process::id().into(),
         u64::from(mine.heap_fd.is_some()),
         mine.blob.len() as u64,
     ];
     hello.extend_from_slice(&config);
-    write_u64s(&mut s, &hello).map_err(io)?;
-    send_all(&s, &mine.blob).map_err(io)?;
+    write_u64s(&mut s, &hello).map_err(answer)?;
+    send_all(&s, &mine.blob).map_err(answer)?;
     if let Some(fd) = &mine.heap_fd {
-        send_fds(&s, &[fd.as_raw_fd()]).map_err(io)?;
+        send_fds(&s, &[fd.as_fd()]).map_err(answer)?;
     }
     // The answer: status, then (on success) every rank's contribution.
-    let head = read_u64s(&mut s, 3).map_err(io)?;
+    let head = read_words(&mut s, 3, deadline).map_err(answer)?;
     if head[0] != HELLO {
         return Err(format!("{name:?} is not a Tessera bootstrap socket"));
     }
     if head[1] != 0 {
         let mut msg = vec![0u8; head[2].min(1 << 16) as usize];
-        s.read_exact(&mut msg).map_err(io)?;
+        read_until(&mut s, &mut msg, deadline).map_err(io)?;
         return Err(format!(
             "rank 0 refused this rank: {}",
             String::from_utf8_lossy(&msg)
@@ -453,15 +549,19 @@ fn bootstrap_peer(
     let mut all = Vec::with_capacity(size);
     let mut with_fd = Vec::with_capacity(size);
     for _ in 0..size {
-        let w = read_u64s(&mut s, 2).map_err(io)?;
-        let mut blob = vec![0u8; w[1].min(1 << 20) as usize];
-        s.read_exact(&mut blob).map_err(io)?;
+        let w = read_words(&mut s, 2, deadline).map_err(io)?;
+        if w[1] > MAX_BLOB_BYTES {
+            return Err(format!("rank 0 sent a contribution of {} bytes", w[1]));
+        }
+        let mut blob = vec![0u8; w[1] as usize];
+        read_until(&mut s, &mut blob, deadline).map_err(io)?;
         with_fd.push(w[0] == 1);
         all.push(Contribution {
             heap_fd: None,
             blob,
         });
     }
+    s.set_read_timeout(Some(left(deadline))).map_err(io)?;
     let nfds = 1 + with_fd.iter().filter(|&&b| b).count();
     let mut fds = recv_fds(&s, nfds).map_err(io)?.into_iter();
     let team_fd = fds.next().ok_or("no team segment received")?;
@@ -485,20 +585,88 @@ fn bootstrap_root(
     addr: &SocketAddr,
     config: Config,
     mine: Contribution,
+    secret: &[u8],
     deadline: Instant,
 ) -> Result<Joined, String> {
     if !name.starts_with('@') {
+        let path = Path::new(name);
+        // The default folder is made private (and checked) before anything is in it.
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let dir = runtime_dir(&get);
+        if path.parent() == Some(dir.as_path()) {
+            ensure_private_dir(&dir)?;
+        }
         // A socket file left by an earlier job.
-        let _ = std::fs::remove_file(name);
+        let _ = std::fs::remove_file(path);
     }
     let listener = UnixListener::bind_addr(addr)
         .map_err(|e| format!("rank 0 cannot listen on bootstrap socket {name:?}: {e}"))?;
-    let result = accept_all(env, name, &listener, config, mine, deadline);
+    let result = accept_all(env, name, &listener, config, mine, secret, deadline);
     drop(listener);
     if !name.starts_with('@') {
         let _ = std::fs::remove_file(name);
     }
     result
+}
+
+/// A rank that presented itself to rank 0.
+struct Arrival {
+    stream: UnixStream,
+    rank: usize,
+    pid: u64,
+    config: Config,
+    contribution: Contribution,
+}
+
+/// Checks one connection (its user, then its secret, before anything is sent to it)
+/// and reads its rank's hello, within [`CONN_TIMEOUT`]; `Err`: why it was dropped.
+fn handshake(mut s: UnixStream, secret: &[u8], deadline: Instant) -> Result<Arrival, String> {
+    let until = deadline.min(Instant::now() + CONN_TIMEOUT);
+    let io = |e: std::io::Error| e.to_string();
+    s.set_nonblocking(false).map_err(io)?;
+    s.set_write_timeout(Some(left(until))).map_err(io)?;
+    let (uid, pid) = peer_cred(&s).map_err(io)?;
+    let who = format!("pid {pid} (uid {uid})");
+    if uid != my_uid() {
+        return Err(format!("{who}: another user's process"));
+    }
+    let io = |e: std::io::Error| format!("{who}: {e}");
+    let h = read_words(&mut s, 3, until).map_err(io)?;
+    if h[0] != HELLO || h[1] != PROTOCOL {
+        return Err(format!(
+            "{who}: not a Tessera rank of this version (bootstrap protocol {PROTOCOL})"
+        ));
+    }
+    if h[2] > MAX_SECRET_BYTES as u64 {
+        return Err(format!("{who}: a secret of {} bytes", h[2]));
+    }
+    let mut theirs = vec![0u8; h[2] as usize];
+    read_until(&mut s, &mut theirs, until).map_err(io)?;
+    if !same_secret(&theirs, secret) {
+        return Err(format!("{who}: a wrong {SECRET_VAR}"));
+    }
+    let h = read_words(&mut s, 4 + CONFIG_WORDS, until).map_err(io)?;
+    let (rank, pid, has_fd, blob_len) = (h[0], h[1], h[2] == 1, h[3]);
+    if blob_len > MAX_BLOB_BYTES {
+        return Err(format!("{who}: a contribution of {blob_len} bytes"));
+    }
+    let mut blob = vec![0u8; blob_len as usize];
+    read_until(&mut s, &mut blob, until).map_err(io)?;
+    s.set_read_timeout(Some(left(until))).map_err(io)?;
+    let heap_fd = if has_fd {
+        recv_fds(&s, 1).map_err(io)?.pop()
+    } else {
+        None
+    };
+    let mut config = [0; CONFIG_WORDS];
+    config.copy_from_slice(&h[4..]);
+    Ok(Arrival {
+        stream: s,
+        rank: usize::try_from(rank).unwrap_or(usize::MAX),
+        pid,
+        config,
+        contribution: Contribution { heap_fd, blob },
+    })
 }
 
 fn accept_all(
@@ -507,6 +675,7 @@ fn accept_all(
     listener: &UnixListener,
     config: Config,
     mine: Contribution,
+    secret: &[u8],
     deadline: Instant,
 ) -> Result<Joined, String> {
     let size = env.size as usize;
@@ -519,69 +688,119 @@ fn accept_all(
     let mut joined = 1;
     let mut problem: Option<String> = None;
     let mut refused: Vec<UnixStream> = Vec::new();
+    // Every connection is checked on a thread of its own, so a slow or silent one
+    // holds up nobody; `checking` keeps a handle on each to close it if the world
+    // forms without it.
+    let (tx, rx) = std::sync::mpsc::channel::<(u64, Result<Arrival, String>)>();
+    let mut checking: std::collections::HashMap<u64, UnixStream> = Default::default();
+    let mut next_id = 0u64;
+    let mut dropped: Vec<String> = Vec::new();
+    let secret: Arc<[u8]> = Arc::from(secret);
     while joined < size {
-        let (mut s, _) = match listener.accept() {
-            Ok(c) => c,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    let missing: Vec<String> = (0..size)
-                        .filter(|&r| slots[r].is_none())
-                        .map(|r| r.to_string())
-                        .collect();
-                    return Err(format!(
-                        "bootstrap timed out: rank(s) {} never connected to {name:?}",
-                        missing.join(", ")
-                    ));
+        let mut busy = false;
+        match listener.accept() {
+            Ok((s, _)) => {
+                busy = true;
+                let id = next_id;
+                next_id += 1;
+                let spawned = (checking.len() < MAX_PENDING)
+                    .then(|| s.try_clone().ok())
+                    .flatten()
+                    .and_then(|handle| {
+                        let (tx, secret) = (tx.clone(), secret.clone());
+                        std::thread::Builder::new()
+                            .name("tessera-bootstrap".into())
+                            .spawn(move || {
+                                let _ = tx.send((id, handshake(s, &secret, deadline)));
+                            })
+                            .ok()
+                            .map(|_| handle)
+                    });
+                match spawned {
+                    Some(handle) => {
+                        checking.insert(id, handle);
+                    }
+                    None => dropped.push("a connection beyond those checked at once".into()),
                 }
-                std::thread::sleep(Duration::from_millis(5));
-                continue;
             }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock
+                        | std::io::ErrorKind::Interrupted
+                        | std::io::ErrorKind::ConnectionAborted
+                ) => {}
             Err(e) => return Err(format!("accepting on {name:?}: {e}")),
-        };
-        let io = |e: std::io::Error| format!("bootstrap over {name:?}: {e}");
-        s.set_nonblocking(false).map_err(io)?;
-        s.set_read_timeout(Some(left(deadline))).map_err(io)?;
-        s.set_write_timeout(Some(left(deadline))).map_err(io)?;
-        let h = read_u64s(&mut s, 6 + config.len()).map_err(io)?;
-        if h[0] != HELLO || h[1] != PROTOCOL {
-            // Not one of ours (or another version): ignore the connection.
-            continue;
         }
-        let (rank, pid, has_fd, blob_len) = (h[2] as usize, h[3], h[4] == 1, h[5]);
-        let mut blob = vec![0u8; blob_len.min(1 << 20) as usize];
-        s.read_exact(&mut blob).map_err(io)?;
-        let heap_fd = if has_fd {
-            recv_fds(&s, 1).map_err(io)?.pop()
-        } else {
-            None
-        };
-        let their: Config = [h[6], h[7], h[8], h[9]];
-        let why = if rank >= size {
-            Some(format!(
-                "rank {rank} (pid {pid}) is outside a world of {size}"
-            ))
-        } else if slots[rank].is_some() {
-            Some(format!(
-                "two processes claim rank {rank} (the second: pid {pid})"
-            ))
-        } else if their != config {
-            Some(format!(
-                "rank {rank} (pid {pid}) has another configuration than rank 0 (world size, heap bytes, signal bytes, kind: {their:?} vs {config:?}); every rank must build the same World"
-            ))
-        } else {
-            None
-        };
-        match why {
-            Some(w) => {
-                problem.get_or_insert(w);
-                refused.push(s);
-                joined += 1;
+        while let Ok((id, outcome)) = rx.try_recv() {
+            busy = true;
+            checking.remove(&id);
+            let a = match outcome {
+                Ok(a) => a,
+                Err(why) => {
+                    dropped.push(why);
+                    continue;
+                }
+            };
+            let (rank, pid) = (a.rank, a.pid);
+            let why = if rank >= size {
+                Some(format!(
+                    "rank {rank} (pid {pid}) is outside a world of {size}"
+                ))
+            } else if slots[rank].is_some() {
+                Some(format!(
+                    "two processes claim rank {rank} (the second: pid {pid})"
+                ))
+            } else if a.config != config {
+                Some(format!(
+                    "rank {rank} (pid {pid}) has another configuration than rank 0 (world size, heap bytes, signal bytes, kind: {:?} vs {config:?}); every rank must build the same World",
+                    a.config
+                ))
+            } else {
+                None
+            };
+            match why {
+                Some(w) => {
+                    problem.get_or_insert(w);
+                    refused.push(a.stream);
+                }
+                None => slots[rank] = Some((a.contribution, Some(a.stream))),
             }
-            None => {
-                slots[rank] = Some((Contribution { heap_fd, blob }, Some(s)));
-                joined += 1;
+            joined += 1;
+            if joined == size {
+                break;
             }
         }
+        if joined < size && Instant::now() >= deadline {
+            let missing: Vec<String> = (0..size)
+                .filter(|&r| slots[r].is_none())
+                .map(|r| r.to_string())
+                .collect();
+            let also = if dropped.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "; connections dropped: {}",
+                    dropped
+                        .iter()
+                        .take(8)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                )
+            };
+            return Err(format!(
+                "bootstrap timed out: rank(s) {} never joined through {name:?}{also}",
+                missing.join(", ")
+            ));
+        }
+        if !busy {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // Connections still being checked are not part of this world.
+    for s in checking.values() {
+        let _ = s.shutdown(std::net::Shutdown::Both);
     }
     let mut all = Vec::with_capacity(size);
     let mut peers = Vec::with_capacity(size - 1);
@@ -613,14 +832,19 @@ fn accept_all(
     let team_fd = memfd("tessera-team", super::team::TEAM_BYTES)?;
     // Stamp it before anyone maps it.
     let magic = super::team::MAGIC.to_ne_bytes();
-    // SAFETY: writes 8 bytes from a live buffer into our own file.
-    if unsafe { libc::pwrite(team_fd.as_raw_fd(), magic.as_ptr().cast(), 8, 0) } != 8 {
-        return Err(os_err("initializing the team segment"));
+    match rustix::io::pwrite(&team_fd, &magic, 0) {
+        Ok(8) => {}
+        Ok(n) => {
+            return Err(format!(
+                "initializing the team segment: wrote {n} of 8 bytes"
+            ));
+        }
+        Err(e) => return Err(os_err("initializing the team segment", e)),
     }
-    let mut fds = vec![team_fd.as_raw_fd()];
+    let mut fds = vec![team_fd.as_fd()];
     fds.extend(
         all.iter()
-            .filter_map(|c| c.heap_fd.as_ref().map(|f| f.as_raw_fd())),
+            .filter_map(|c| c.heap_fd.as_ref().map(|f| f.as_fd())),
     );
     for (r, s) in &mut peers {
         let io = |e: std::io::Error| format!("bootstrap answer to rank {r} over {name:?}: {e}");
@@ -643,11 +867,14 @@ fn accept_all(
 }
 
 /// The open connections of a process rank and their watchdog thread (see the module
-/// docs). Dropping it leaves the world.
+/// docs). [`Link::leave`] (or dropping it) leaves the world.
 pub(crate) struct Link {
     rank: u32,
     streams: Vec<(u32, UnixStream)>,
     leaving: Arc<AtomicBool>,
+    /// The peers whose connections are still open (their process neither left nor
+    /// died), as the watchdog sees them.
+    open: Arc<Mutex<Vec<u32>>>,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -668,42 +895,81 @@ impl Link {
                     .map_err(|e| format!("watching rank {r}: {e}"))?,
             ));
         }
-        let flag = leaving.clone();
+        let open = Arc::new(Mutex::new(peers.iter().map(|(r, _)| *r).collect()));
+        let (flag, still) = (leaving.clone(), open.clone());
         let thread = std::thread::Builder::new()
             .name(format!("tessera-rank{rank}-watchdog"))
-            .spawn(move || watch(watched, &flag, &*died))
+            .spawn(move || watch(watched, &flag, &still, &*died))
             .map_err(|e| format!("starting the watchdog thread: {e}"))?;
         Ok(Link {
             rank,
             streams: peers,
             leaving,
+            open,
             thread: Some(thread),
         })
     }
+
+    /// Leaves the world. A rank other than 0 says goodbye and closes its connection.
+    /// Rank 0 first waits, up to `patience`, for every peer to leave or die (closing
+    /// earlier would look like its death to them), then closes anyway; it answers the
+    /// peers that had not left by then (stopped or hung processes).
+    pub(crate) fn leave(mut self, patience: Duration) -> Vec<u32> {
+        self.close(patience)
+    }
+
+    fn close(&mut self, patience: Duration) -> Vec<u32> {
+        let Some(thread) = self.thread.take() else {
+            return Vec::new();
+        };
+        let mut stuck = Vec::new();
+        if self.rank == 0 {
+            let until = Instant::now() + patience;
+            while !thread.is_finished() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            if !thread.is_finished() {
+                stuck = self.open.lock().map(|o| o.clone()).unwrap_or_default();
+            }
+        }
+        self.leaving.store(true, Ordering::Release);
+        for (_, s) in &mut self.streams {
+            if self.rank != 0 {
+                let _ = send_all(s, b"B");
+            }
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        // The watchdog sees `leaving` within one poll period.
+        let _ = thread.join();
+        stuck
+    }
 }
 
-/// Reads the peers' goodbyes until every connection is closed.
-fn watch(mut peers: Vec<(u32, UnixStream)>, leaving: &AtomicBool, died: &(dyn Fn(u32) + Sync)) {
-    while !peers.is_empty() {
-        let mut polls: Vec<libc::pollfd> = peers
+/// Reads the peers' goodbyes until every connection is closed (or this rank leaves).
+fn watch(
+    mut peers: Vec<(u32, UnixStream)>,
+    leaving: &AtomicBool,
+    open: &Mutex<Vec<u32>>,
+    died: &(dyn Fn(u32) + Sync),
+) {
+    while !peers.is_empty() && !leaving.load(Ordering::Acquire) {
+        let mut polls: Vec<PollFd<'_>> = peers
             .iter()
-            .map(|(_, s)| libc::pollfd {
-                fd: s.as_fd().as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|(_, s)| PollFd::new(s, PollFlags::IN))
             .collect();
-        // SAFETY: `polls` describes live descriptors.
-        let n = unsafe { libc::poll(polls.as_mut_ptr(), polls.len() as libc::nfds_t, 200) };
-        if n < 0 {
-            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return;
+        let period = Timespec {
+            tv_sec: 0,
+            tv_nsec: 50_000_000,
+        };
+        match rustix::event::poll(&mut polls, Some(&period)) {
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return,
         }
+        let ready: Vec<bool> = polls.iter().map(|p| !p.revents().is_empty()).collect();
+        drop(polls);
         let mut gone = Vec::new();
-        for (i, p) in polls.iter().enumerate() {
-            if p.revents == 0 {
+        for (i, &r) in ready.iter().enumerate() {
+            if !r {
                 continue;
             }
             let (r, s) = &mut peers[i];
@@ -723,30 +989,17 @@ fn watch(mut peers: Vec<(u32, UnixStream)>, leaving: &AtomicBool, died: &(dyn Fn
             }
         }
         for i in gone.into_iter().rev() {
-            peers.swap_remove(i);
+            let (r, _) = peers.swap_remove(i);
+            if let Ok(mut o) = open.lock() {
+                o.retain(|&x| x != r);
+            }
         }
     }
 }
 
 impl Drop for Link {
     fn drop(&mut self) {
-        if self.rank == 0 {
-            // Closing now would look like rank 0's death: wait for every peer to
-            // leave (or die).
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
-            self.leaving.store(true, Ordering::Release);
-        } else {
-            self.leaving.store(true, Ordering::Release);
-            for (_, s) in &mut self.streams {
-                let _ = send_all(s, b"B");
-                let _ = s.shutdown(std::net::Shutdown::Both);
-            }
-            if let Some(t) = self.thread.take() {
-                let _ = t.join();
-            }
-        }
+        self.close(Duration::ZERO);
     }
 }
 
@@ -754,8 +1007,9 @@ static SPAWNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(
 
 /// Runs `program` with `args` as `n` ranks of one world, the way `torchrun
 /// --nproc-per-node n` would: each process gets `RANK`, `LOCAL_RANK`, `WORLD_SIZE`,
-/// `LOCAL_WORLD_SIZE` and a fresh `TESSERA_BOOTSTRAP` (an abstract socket), and the
-/// rest of this process's environment. Waits for all of them and returns their
+/// `LOCAL_WORLD_SIZE`, a fresh `TESSERA_BOOTSTRAP` (a socket in the per-user private
+/// folder) and a fresh random `TESSERA_BOOTSTRAP_SECRET`, and the rest of this
+/// process's environment. Waits for all of them and returns their
 /// outputs (exit status, stdout, stderr) by rank.
 pub fn spawn_local(
     n: usize,
@@ -780,14 +1034,20 @@ pub fn spawn_local_with(
     if n == 0 || n > 1024 {
         return Err(err(format!("a world needs 1 to 1024 ranks, got {n}")));
     }
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let name = format!(
-        "@tessera-{}-{}-{nanos}",
-        std::process::id(),
-        SPAWNS.fetch_add(1, Ordering::Relaxed)
-    );
+    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    let dir = runtime_dir(&get);
+    ensure_private_dir(&dir).map_err(err)?;
+    let name = dir
+        .join(format!(
+            "spawn-{}-{}.sock",
+            std::process::id(),
+            SPAWNS.fetch_add(1, Ordering::Relaxed)
+        ))
+        .to_string_lossy()
+        .into_owned();
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes).map_err(|e| err(format!("no random secret: {e}")))?;
+    let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
     let mut children = Vec::with_capacity(n);
     for r in 0..n {
         let mut cmd = command(r);
@@ -797,6 +1057,7 @@ pub fn spawn_local_with(
             .env("WORLD_SIZE", n.to_string())
             .env("LOCAL_WORLD_SIZE", n.to_string())
             .env("TESSERA_BOOTSTRAP", &name)
+            .env(SECRET_VAR, &secret)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -855,15 +1116,59 @@ mod tests {
             ("MASTER_PORT", "29500"),
         ])
         .unwrap();
+        let sock = e.bootstrap.clone().unwrap();
         assert_eq!(
             e,
             LaunchEnv {
                 rank: 2,
                 size: 4,
                 local_rank: 2,
-                bootstrap: Some("@tessera-127.0.0.1-29500-".into())
+                bootstrap: Some(sock.clone()),
+                secret: None,
             }
         );
+        // A path socket in the per-user folder, named after the launcher's variables.
+        let none = |_: &str| None;
+        assert!(
+            Path::new(&sock).parent() == Some(runtime_dir(&none).as_path())
+                && sock.ends_with(".sock")
+                && sock.len() < 100,
+            "{sock}"
+        );
+        let other = env(&[
+            ("RANK", "2"),
+            ("WORLD_SIZE", "4"),
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "29501"),
+        ])
+        .unwrap();
+        assert_ne!(other.bootstrap, e.bootstrap);
+        let xdg = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("MASTER_ADDR", "h"),
+            ("MASTER_PORT", "1"),
+            ("XDG_RUNTIME_DIR", "/run/user/7"),
+            (SECRET_VAR, "s3cret"),
+        ])
+        .unwrap();
+        assert!(
+            xdg.bootstrap
+                .as_deref()
+                .unwrap()
+                .starts_with("/run/user/7/tessera/torchrun-")
+        );
+        assert_eq!(xdg.secret.as_deref(), Some("s3cret"));
+        assert!(!format!("{xdg:?}").contains("s3cret"));
+        let long = "x".repeat(MAX_SECRET_BYTES + 1);
+        let e = env(&[
+            ("RANK", "0"),
+            ("WORLD_SIZE", "2"),
+            ("TESSERA_BOOTSTRAP", "@x"),
+            (SECRET_VAR, &long),
+        ])
+        .unwrap_err();
+        assert!(e.to_string().contains(SECRET_VAR), "{e}");
         let e = env(&[
             ("RANK", "1"),
             ("WORLD_SIZE", "2"),
@@ -903,7 +1208,7 @@ mod tests {
         let fds: Vec<OwnedFd> = (0..3)
             .map(|i| memfd(&format!("t{i}"), 8192).unwrap())
             .collect();
-        let raw: Vec<RawFd> = fds.iter().map(|f| f.as_raw_fd()).collect();
+        let raw: Vec<BorrowedFd<'_>> = fds.iter().map(|f| f.as_fd()).collect();
         send_fds(&a, &raw).unwrap();
         let got = recv_fds(&b, 3).unwrap();
         // Writes through one mapping are visible through the received descriptor's.
@@ -918,5 +1223,323 @@ mod tests {
             }
         }
         assert!(map(fds[0].as_fd(), 1 << 20).is_err());
+    }
+
+    #[test]
+    fn segments_are_sealed_and_unsealed_ones_refused() {
+        let fd = memfd("sealed", 8192).unwrap();
+        assert!(
+            rustix::fs::ftruncate(&fd, 4096).is_err(),
+            "shrinking must fail"
+        );
+        assert!(
+            rustix::fs::ftruncate(&fd, 1 << 20).is_err(),
+            "growing must fail"
+        );
+        assert!(map(fd.as_fd(), 8192).is_ok());
+        // An unsealed shared file, as a hostile peer could send.
+        let plain = rustix::fs::memfd_create("plain", MemfdFlags::CLOEXEC).unwrap();
+        rustix::fs::ftruncate(&plain, 8192).unwrap();
+        let e = map(plain.as_fd(), 8192).err().unwrap();
+        assert!(e.contains("not sealed"), "{e}");
+    }
+
+    #[test]
+    fn the_socket_folder_is_private_and_a_planted_one_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("tessera");
+        ensure_private_dir(&dir).unwrap();
+        let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = ensure_private_dir(&dir).unwrap_err();
+        assert!(e.contains("not a private folder"), "{e}");
+        let link = root.path().join("link");
+        std::os::unix::fs::symlink(root.path(), &link).unwrap();
+        assert!(ensure_private_dir(&link).is_err());
+    }
+
+    static NAMES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+    /// A fresh abstract socket name (abstract: any user can reach it, so the user
+    /// check itself is tested, not the folder's permissions).
+    fn fresh_name() -> String {
+        format!(
+            "@tessera-test-{}-{}",
+            std::process::id(),
+            NAMES.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    fn rank_env(rank: u32, name: &str, secret: &str) -> LaunchEnv {
+        LaunchEnv {
+            rank,
+            size: 2,
+            local_rank: rank,
+            bootstrap: Some(name.into()),
+            secret: Some(secret.into()),
+        }
+    }
+
+    const CONFIG: Config = [2, 8192, 0, 0];
+
+    fn contribution() -> Contribution {
+        Contribution {
+            heap_fd: Some(memfd("heap", 8192).unwrap()),
+            blob: vec![7; 5],
+        }
+    }
+
+    /// Connects to `name` as soon as rank 0 listens.
+    fn connect(name: &str) -> UnixStream {
+        let addr = socket_addr(name).unwrap();
+        let start = Instant::now();
+        loop {
+            match UnixStream::connect_addr(&addr) {
+                Ok(s) => return s,
+                Err(e) if start.elapsed() > Duration::from_secs(20) => panic!("{e}"),
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    }
+
+    /// The bytes a rank 1 (without a heap) sends: hello, secret, rank and config.
+    fn hello_bytes(secret: &[u8]) -> Vec<u8> {
+        let mut words = vec![HELLO, PROTOCOL, secret.len() as u64];
+        let mut bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+        bytes.extend_from_slice(secret);
+        words = vec![1, 4242, 0, 0];
+        words.extend_from_slice(&CONFIG);
+        bytes.extend(words.iter().flat_map(|w| w.to_le_bytes()));
+        bytes
+    }
+
+    #[test]
+    fn wrong_secrets_and_silent_connections_are_dropped_while_the_world_forms() {
+        let name = fresh_name();
+        let start = Instant::now();
+        let timeout = Duration::from_secs(60);
+        let root = {
+            let e = rank_env(0, &name, "right");
+            std::thread::spawn(move || bootstrap(&e, CONFIG, contribution(), timeout))
+        };
+        // A connection that never says anything, one with a wrong secret that claims
+        // rank 1, and one that sends garbage.
+        let mut silent = connect(&name);
+        let mut wrong = connect(&name);
+        send_all(&wrong, &hello_bytes(b"wrong")).unwrap();
+        // And one that sends garbage.
+        let mut garbage = connect(&name);
+        let noise: Vec<u8> = (0..200u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        send_all(&garbage, &noise).unwrap();
+        let peer = {
+            let e = rank_env(1, &name, "right");
+            std::thread::spawn(move || bootstrap(&e, CONFIG, contribution(), timeout))
+        };
+        let j0 = root.join().unwrap().unwrap();
+        let j1 = peer.join().unwrap().unwrap();
+        // The world formed without waiting for the silent connection to time out.
+        assert!(start.elapsed() < CONN_TIMEOUT, "{:?}", start.elapsed());
+        assert_eq!(j0.peers.len(), 1);
+        assert_eq!(j0.all[1].blob, vec![7; 5]);
+        assert_eq!(j1.all[0].blob, vec![7; 5]);
+        assert!(j1.all.iter().all(|c| c.heap_fd.is_some()));
+        // No intruder got a byte: their connections were closed.
+        for s in [&mut silent, &mut wrong, &mut garbage] {
+            s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+            let mut b = [0u8; 8];
+            match s.read(&mut b) {
+                Ok(0) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+                other => panic!("an intruder got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_rank_with_a_wrong_secret_is_refused() {
+        let name = fresh_name();
+        let timeout = Duration::from_secs(3);
+        let root = {
+            let e = rank_env(0, &name, "right");
+            std::thread::spawn(move || bootstrap(&e, CONFIG, contribution(), timeout))
+        };
+        let e = bootstrap(
+            &rank_env(1, &name, "wrong"),
+            CONFIG,
+            contribution(),
+            timeout,
+        )
+        .err()
+        .unwrap();
+        assert!(e.contains(SECRET_VAR), "{e}");
+        let e = root.join().unwrap().err().unwrap();
+        assert!(
+            e.contains("rank(s) 1 never joined") && e.contains("wrong"),
+            "{e}"
+        );
+    }
+
+    /// Forks a child that switches to user `nobody` and runs `child` (which may make
+    /// only async-signal-safe calls: raw system calls on prepared buffers), then
+    /// exits with what it returns. `None` when this process cannot switch users.
+    fn as_nobody(child: impl FnOnce() -> i32) -> Option<libc::pid_t> {
+        if my_uid() != 0 {
+            eprintln!("skipped: switching to another user needs root (CI runs as root)");
+            return None;
+        }
+        // SAFETY: the child makes only async-signal-safe calls (setgid, setuid, the
+        // socket calls of `child`, _exit) on memory prepared before the fork.
+        unsafe {
+            let pid = libc::fork();
+            assert!(pid >= 0, "fork failed");
+            if pid == 0 {
+                let code = if libc::setgid(65534) == 0 && libc::setuid(65534) == 0 {
+                    child()
+                } else {
+                    100
+                };
+                libc::_exit(code);
+            }
+            Some(pid)
+        }
+    }
+
+    fn wait_child(pid: libc::pid_t) -> i32 {
+        let mut status = 0;
+        // SAFETY: waits for our own child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            -1
+        }
+    }
+
+    /// `sockaddr_un` for an abstract name (`@` dropped).
+    fn raw_addr(name: &str) -> (libc::sockaddr_un, libc::socklen_t) {
+        // SAFETY: a zeroed `sockaddr_un` is valid.
+        let mut a: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        a.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        let bytes = name.strip_prefix('@').unwrap().as_bytes();
+        for (i, b) in bytes.iter().enumerate() {
+            a.sun_path[1 + i] = *b as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sa_family_t>() + 1 + bytes.len();
+        (a, len as libc::socklen_t)
+    }
+
+    #[test]
+    fn another_user_cannot_join_even_with_the_secret() {
+        let name = fresh_name();
+        let timeout = Duration::from_secs(60);
+        let root = {
+            let e = rank_env(0, &name, "right");
+            std::thread::spawn(move || bootstrap(&e, CONFIG, contribution(), timeout))
+        };
+        drop(connect(&name)); // rank 0 listens (a closed connection is dropped)
+        let (addr, len) = raw_addr(&name);
+        let msg = hello_bytes(b"right");
+        let Some(pid) = as_nobody(|| {
+            // SAFETY: raw system calls on prepared buffers (see `as_nobody`).
+            unsafe {
+                let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let tv = libc::timeval {
+                    tv_sec: 20,
+                    tv_usec: 0,
+                };
+                libc::setsockopt(
+                    s,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&raw const tv).cast(),
+                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                );
+                if libc::connect(s, (&raw const addr).cast(), len) != 0 {
+                    return 2;
+                }
+                libc::write(s, msg.as_ptr().cast(), msg.len());
+                let mut b = [0u8; 8];
+                match libc::read(s, b.as_mut_ptr().cast(), 8) {
+                    // Refused: closed without a word (a reset: our hello unread).
+                    0 => 0,
+                    n if n < 0 && *libc::__errno_location() == libc::ECONNRESET => 0,
+                    // Answered as rank 1.
+                    n if n > 0 => 1,
+                    _ => 3,
+                }
+            }
+        }) else {
+            // Not root: let rank 0 time out quietly.
+            let _ = bootstrap(
+                &rank_env(1, &name, "right"),
+                CONFIG,
+                contribution(),
+                timeout,
+            );
+            let _ = root.join();
+            return;
+        };
+        assert_eq!(
+            wait_child(pid),
+            0,
+            "the other user's connection was not refused"
+        );
+        // The world still forms with the real rank 1.
+        let j1 = bootstrap(
+            &rank_env(1, &name, "right"),
+            CONFIG,
+            contribution(),
+            timeout,
+        );
+        assert!(j1.is_ok(), "{:?}", j1.err());
+        assert!(root.join().unwrap().is_ok());
+    }
+
+    #[test]
+    fn a_rank_does_not_join_through_another_users_socket() {
+        let name = fresh_name();
+        let (addr, len) = raw_addr(&name);
+        let mut ready = [0 as libc::c_int; 2];
+        // SAFETY: a pipe into a two-element array.
+        assert_eq!(unsafe { libc::pipe(ready.as_mut_ptr()) }, 0);
+        let Some(pid) = as_nobody(|| {
+            // SAFETY: raw system calls on prepared buffers (see `as_nobody`).
+            unsafe {
+                let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                if libc::bind(s, (&raw const addr).cast(), len) != 0 || libc::listen(s, 8) != 0 {
+                    return 2;
+                }
+                libc::write(ready[1], b"r".as_ptr().cast(), 1);
+                // Squat until killed.
+                loop {
+                    libc::pause();
+                }
+            }
+        }) else {
+            return;
+        };
+        let mut b = [0u8];
+        // SAFETY: reads one byte from our pipe.
+        unsafe { libc::read(ready[0], b.as_mut_ptr().cast(), 1) };
+        let e = bootstrap(
+            &rank_env(1, &name, "right"),
+            CONFIG,
+            contribution(),
+            Duration::from_secs(10),
+        )
+        .err();
+        // SAFETY: kills and reaps our own child; closes our pipe.
+        unsafe {
+            libc::kill(pid, libc::SIGKILL);
+            libc::close(ready[0]);
+            libc::close(ready[1]);
+        }
+        wait_child(pid);
+        let e = e.expect("joined through a squatter's socket");
+        assert!(e.contains("another user (uid 65534"), "{e}");
     }
 }

@@ -13,8 +13,15 @@
 //! | 1 | failed: `1 + rank` of the first rank that failed, else 0 |
 //! | 2 | died: `1 + rank` of a process that exited without leaving the world |
 //! | 3 | host barrier arrivals (monotonic) |
+//! | 4 | ranks that have left the world |
 //! | `8 + 4k ..` | allocation record `k` (`RECORDS` of them) |
 //! | then `4k ..` | collective call record `k` (`CALL_RECORDS` of them) |
+//! | then `r` | host barriers rank `r` has arrived at ([`MAX_RANKS`] words) |
+//! | then `r` | `1 +` the host barriers rank `r` passed before it left, else 0 |
+//!
+//! The per-rank words name the root cause when a barrier cannot complete: the ranks
+//! that never arrived (stopped or hung) on a timeout, and a rank that left the world
+//! before arriving at once (it never will).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -29,16 +36,20 @@ const W_MAGIC: usize = 0;
 const W_FAILED: usize = 1;
 const W_DIED: usize = 2;
 const W_BARRIER: usize = 3;
+const W_LEFT: usize = 4;
 const HEADER_WORDS: usize = 8;
+/// The most ranks a world has.
+pub(crate) const MAX_RANKS: usize = 1024;
 /// Allocations checked across ranks; later ones are not checked (documented).
 pub(crate) const RECORDS: usize = 8192;
 const RECORD_WORDS: usize = 4;
 /// Collective calls checked across ranks; later ones are not checked (documented).
 pub(crate) const CALL_RECORDS: usize = 4096;
 const CALLS_BASE: usize = HEADER_WORDS + RECORDS * RECORD_WORDS;
+const ARRIVED_BASE: usize = CALLS_BASE + CALL_RECORDS * RECORD_WORDS;
+const LEFT_BASE: usize = ARRIVED_BASE + MAX_RANKS;
 /// Bytes of a team segment.
-pub(crate) const TEAM_BYTES: usize =
-    ((CALLS_BASE + CALL_RECORDS * RECORD_WORDS) * 8).next_multiple_of(4096);
+pub(crate) const TEAM_BYTES: usize = ((LEFT_BASE + MAX_RANKS) * 8).next_multiple_of(4096);
 
 const EMPTY: u64 = 0;
 const WRITING: u64 = 1;
@@ -88,8 +99,10 @@ pub(crate) struct Team {
 pub(crate) enum Stop {
     /// A rank failed (`died`: its process exited without leaving the world).
     Failed { rank: u32, died: bool },
-    /// The timeout passed.
-    Timeout,
+    /// A rank left the world (dropped its `Rank`) before arriving.
+    Left { rank: u32 },
+    /// The timeout passed; the ranks that had not arrived, where known.
+    Timeout { missing: Vec<u32> },
 }
 
 impl Team {
@@ -163,7 +176,9 @@ impl Team {
                 return Err(Stop::Failed { rank, died: false });
             }
             if start.elapsed() >= timeout {
-                return Err(Stop::Timeout);
+                return Err(Stop::Timeout {
+                    missing: Vec::new(),
+                });
             }
             spins += 1;
             if spins < 64 {
@@ -177,25 +192,77 @@ impl Team {
     }
 
     /// Arrives at host barrier number `generation` (0, 1, ... on each rank) of a team
-    /// of `size` and waits for the others. On failure, answers the number of ranks
-    /// that had arrived.
+    /// of `size` as `rank` and waits for the others. A rank that left the world
+    /// before this barrier stops the wait at once; a timeout names the ranks that
+    /// never arrived. On failure, answers the number of ranks that had arrived.
     pub(crate) fn barrier(
         &self,
+        rank: u32,
         generation: u64,
         size: u32,
         timeout: Duration,
         other_failed: &dyn Fn() -> Option<u32>,
     ) -> Result<(), (Stop, u64)> {
+        let size_us = (size as usize).min(MAX_RANKS);
         let w = self.word(W_BARRIER);
         let target = (generation + 1) * u64::from(size);
+        if (rank as usize) < MAX_RANKS {
+            self.word(ARRIVED_BASE + rank as usize)
+                .store(generation + 1, Ordering::Release);
+        }
         w.fetch_add(1, Ordering::AcqRel);
-        self.wait(timeout, other_failed, || {
-            w.load(Ordering::Acquire) >= target
-        })
-        .map_err(|s| {
+        let mut gone = None;
+        let waited = self.wait(timeout, other_failed, || {
+            if w.load(Ordering::Acquire) >= target {
+                return true;
+            }
+            gone = self.left_before(generation, size_us);
+            gone.is_some()
+        });
+        let waited = match (waited, gone) {
+            (Ok(()), Some(rank)) => Err(Stop::Left { rank }),
+            (w, _) => w,
+        };
+        waited.map_err(|s| {
+            let s = match s {
+                Stop::Timeout { .. } => Stop::Timeout {
+                    missing: (0..size_us)
+                        .filter(|&r| {
+                            self.word(ARRIVED_BASE + r).load(Ordering::Acquire) <= generation
+                        })
+                        .map(|r| r as u32)
+                        .collect(),
+                },
+                s => s,
+            };
             let arrived = w.load(Ordering::Acquire) - generation * u64::from(size);
             (s, arrived.min(u64::from(size)))
         })
+    }
+
+    /// A rank that left the world before arriving at barrier `generation`.
+    fn left_before(&self, generation: u64, size: usize) -> Option<u32> {
+        if self.word(W_LEFT).load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        (0..size)
+            .find(|&r| {
+                let passed = self.word(LEFT_BASE + r).load(Ordering::Acquire);
+                passed != 0 && passed - 1 <= generation
+            })
+            .map(|r| r as u32)
+    }
+
+    /// Records that `rank` leaves the world after passing `barriers` host barriers:
+    /// the others' barriers it will not arrive at stop at once.
+    pub(crate) fn leave(&self, rank: u32, barriers: u64) {
+        let i = rank as usize;
+        if i >= MAX_RANKS {
+            return;
+        }
+        self.word(LEFT_BASE + i)
+            .store(barriers + 1, Ordering::Release);
+        self.word(W_LEFT).fetch_add(1, Ordering::AcqRel);
     }
 
     /// Checks allocation number `index` against the other ranks': the first rank to
