@@ -181,8 +181,12 @@ impl<'a> Verifier<'a> {
 
     /// Refuses writes (stores, atomics, signals, descriptor stores) through pointers
     /// derived from a `readonly` parameter (`&Global`/`&Symmetric`): through a peer's
-    /// copy (`x.on(p)`) or any pointer computed from it. Backends compile `readonly`
-    /// parameters as read-only memory, so such a write would be undefined there.
+    /// copy (`x.on(p)`) or any pointer computed from it. A launch only borrows such a
+    /// buffer shared (`&Buffer`), so the host may hold other references to it that a
+    /// write would break. Pointers are derived through pointer arithmetic and shape
+    /// ops; a pointer loaded from memory derives from nothing here, and pointers
+    /// carried through loops or yielded from `if`s (which the DSL never makes, only
+    /// textual IR) are not followed.
     fn readonly_writes(&mut self) {
         let f = self.f;
         let mut origin: Vec<Option<usize>> = vec![None; f.values.len()];
@@ -223,7 +227,15 @@ impl<'a> Verifier<'a> {
                         ),
                     ));
                 }
-                if let Some(p) = op.operands.iter().find_map(|&v| of(origin, v)) {
+                let reads = matches!(
+                    op.kind,
+                    OpKind::Load { .. }
+                        | OpKind::DescLoad { .. }
+                        | OpKind::AtomicRmw { .. }
+                        | OpKind::AtomicCas { .. }
+                        | OpKind::WaitUntil { .. }
+                );
+                if !reads && let Some(p) = op.operands.iter().find_map(|&v| of(origin, v)) {
                     for &res in &op.results {
                         if matches!(f.ty(res).elem, Elem::Ptr { .. })
                             && let Some(o) = origin.get_mut(res.index())
@@ -797,6 +809,33 @@ mod tests {
 
     /// Verifies and expects exactly one error at `line` containing `msg`.
     #[track_caller]
+    #[test]
+    fn writes_through_pointers_derived_from_readonly_parameters_are_refused() {
+        let src = |dst: &str| {
+            format!(
+                "kernel @k(%x: ptr<f32> {{readonly}}, %y: ptr<f32>) {{\n\
+                 %0 = arange 0, 64 : <64xi32>\n\
+                 %1 = splat %x : <64xptr<f32>>\n\
+                 %2 = addptr %1, %0 : <64xptr<f32>>\n\
+                 %3 = load %2 : <64xf32>\n\
+                 %4 = splat %y : <64xptr<f32>>\n\
+                 %5 = addptr %4, %0 : <64xptr<f32>>\n\
+                 store {dst}, %3\n\
+                 }}\n"
+            )
+        };
+        let ok = crate::parser::parse_function(&src("%5")).unwrap();
+        assert!(verify_all(&ok).is_empty(), "{:?}", verify_all(&ok));
+        let bad = crate::parser::parse_function(&src("%2")).unwrap();
+        let errs = verify_all(&bad);
+        assert!(
+            errs.iter().any(|e| e
+                .message
+                .contains("`store` writes through `x`, a read-only parameter")),
+            "{errs:?}"
+        );
+    }
+
     fn expect_err(f: &Function, line: u32, msg: &str) {
         let errs = verify_all(f);
         assert!(!errs.is_empty(), "expected an error containing {msg:?}");

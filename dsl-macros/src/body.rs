@@ -67,7 +67,7 @@ impl Rewriter {
                 ),
             ));
         } else {
-            self.check_macro_args(&name, mac.tokens.clone(), 0);
+            self.check_macro_args(&name, mac.tokens.clone(), true);
         }
     }
 
@@ -75,13 +75,24 @@ impl Rewriter {
     /// kernel is built. Control flow there would escape the tracing (`return` ends the
     /// build early, silently dropping the rest of the kernel) and an assignment there
     /// would not be carried through `if`/`for`/`while`: reject them at their span.
-    fn check_macro_args(&mut self, mac: &str, tokens: TokenStream, depth: usize) {
+    /// `mac` is the innermost macro whose arguments `tokens` are in, `top` whether they
+    /// are its top level (not inside a group of its arguments).
+    fn check_macro_args(&mut self, mac: &str, tokens: TokenStream, top: bool) {
         let tokens: Vec<TokenTree> = tokens.into_iter().collect();
         // Inside `let PAT = ..` up to its `=`, which is no assignment.
         let mut in_let = false;
+        // Commas so far at this level (the macro's arguments before, when `top`).
+        let mut commas = 0;
         for (i, t) in tokens.iter().enumerate() {
             match t {
-                TokenTree::Group(g) => self.check_macro_args(mac, g.stream(), depth + 1),
+                TokenTree::Group(g) => {
+                    // The arguments of a nested macro call `name!(..)`: its own top level.
+                    let nested = macro_called(&tokens, i);
+                    match nested {
+                        Some(name) => self.check_macro_args(&name, g.stream(), true),
+                        None => self.check_macro_args(mac, g.stream(), false),
+                    }
+                }
                 TokenTree::Ident(id) => {
                     let word = id.to_string();
                     in_let |= word == "let";
@@ -101,7 +112,7 @@ impl Rewriter {
                         (tokens.get(i + 1), tokens.get(i + 2))
                         && bang.as_char() == '!'
                         && !MACRO_ARG_KEYWORDS.contains(&word.as_str())
-                        && !["if", "else", "in", "as", "mut", "move"].contains(&word.as_str())
+                        && !NOT_MACROS.contains(&word.as_str())
                         && !ALLOWED_MACROS.contains(&word.as_str())
                     {
                         self.errors.push(syn::Error::new(
@@ -114,6 +125,7 @@ impl Rewriter {
                         ));
                     }
                 }
+                TokenTree::Punct(p) if p.as_char() == ',' => commas += 1,
                 TokenTree::Punct(p) if p.as_char() == '?' => self.errors.push(syn::Error::new(
                     p.span(),
                     format!(
@@ -133,8 +145,16 @@ impl Rewriter {
                         j -= 1;
                     }
                     let assign = ASSIGN_OPS.contains(&op.as_str());
-                    // At the top level, `name = value` is a named format argument.
-                    let named_arg = op == "=" && depth == 0;
+                    // `, name = value` at the top level of a format-style macro, after
+                    // its format string: a named format argument.
+                    let named_arg = op == "="
+                        && top
+                        && i >= 2
+                        && matches!(&tokens[i - 1], TokenTree::Ident(_))
+                        && matches!(&tokens[i - 2], TokenTree::Punct(c) if c.as_char() == ',')
+                        && FORMAT_MACROS
+                            .iter()
+                            .any(|(m, before)| *m == mac && commas >= *before);
                     let binding = op == "=" && std::mem::take(&mut in_let);
                     if assign && !named_arg && !binding {
                         self.errors.push(syn::Error::new(
@@ -152,6 +172,44 @@ impl Rewriter {
         }
     }
 }
+
+/// Words before `!` that are no macro name (`if !x {..}`).
+const NOT_MACROS: &[&str] = &["if", "else", "in", "as", "mut", "move"];
+
+/// The name of the macro whose arguments `tokens[i]` (a group) are: `name!(..)`.
+fn macro_called(tokens: &[TokenTree], i: usize) -> Option<String> {
+    let (TokenTree::Ident(name), TokenTree::Punct(bang)) =
+        (tokens.get(i.checked_sub(2)?)?, tokens.get(i - 1)?)
+    else {
+        return None;
+    };
+    let name = name.to_string();
+    (bang.as_char() == '!'
+        && !MACRO_ARG_KEYWORDS.contains(&name.as_str())
+        && !NOT_MACROS.contains(&name.as_str()))
+    .then_some(name)
+}
+
+/// Macros taking a format string and named arguments (`name = value`), with the number
+/// of their arguments up to and including the format string (which the named
+/// arguments follow): `assert_eq!(a, b, "{x}", x = ..)`.
+const FORMAT_MACROS: &[(&str, usize)] = &[
+    ("println", 1),
+    ("eprintln", 1),
+    ("print", 1),
+    ("eprint", 1),
+    ("format", 1),
+    ("panic", 1),
+    ("unreachable", 1),
+    ("write", 2),
+    ("writeln", 2),
+    ("assert", 2),
+    ("debug_assert", 2),
+    ("assert_eq", 3),
+    ("assert_ne", 3),
+    ("debug_assert_eq", 3),
+    ("debug_assert_ne", 3),
+];
 
 /// Keywords rejected inside the arguments of the allowed macros.
 const MACRO_ARG_KEYWORDS: &[&str] = &[
@@ -439,7 +497,25 @@ impl Assigned {
         self.scopes.iter().any(|s| s.contains(&name))
     }
 
+    /// The target of an assignment: a place, or (`=`) a destructuring pattern of
+    /// places: `(a, b)`, `[a, b]`, `S { a, b: c.f, .. }`, `P(a, _)`, nested.
     fn place(&mut self, e: &Expr, op: &str) {
+        match e {
+            Expr::Paren(p) => self.place(&p.expr, op),
+            Expr::Group(g) => self.place(&g.expr, op),
+            Expr::Tuple(t) => t.elems.iter().for_each(|e| self.place(e, op)),
+            Expr::Array(a) => a.elems.iter().for_each(|e| self.place(e, op)),
+            Expr::Struct(s) => s.fields.iter().for_each(|f| self.place(&f.expr, op)),
+            Expr::Call(c) => c.args.iter().for_each(|e| self.place(e, op)),
+            // `_` and the `..` of `(a, ..)` assign nothing.
+            Expr::Infer(_) | Expr::Range(_) => {}
+            e => self.place_expr(e, op),
+        }
+    }
+
+    /// A place expression: `v`, `v.f`, `v[i]` change `v`; `*r`, `*v.last_mut().unwrap()`
+    /// change something through a reference.
+    fn place_expr(&mut self, e: &Expr, op: &str) {
         match e {
             Expr::Path(p) if p.qself.is_none() && p.path.segments.len() == 1 => {
                 let i = &p.path.segments[0].ident;
@@ -447,13 +523,10 @@ impl Assigned {
                     self.assigned.push(i.clone());
                 }
             }
-            Expr::Field(f) => self.place(&f.base, op),
-            Expr::Index(i) => self.place(&i.expr, op),
-            Expr::Paren(p) => self.place(&p.expr, op),
-            Expr::Group(g) => self.place(&g.expr, op),
-            Expr::Tuple(t) => t.elems.iter().for_each(|e| self.place(e, op)),
-            Expr::Array(a) => a.elems.iter().for_each(|e| self.place(e, op)),
-            // `*r = ..`, `*v.last_mut().unwrap() = ..`: a change through a reference.
+            Expr::Field(f) => self.place_expr(&f.base, op),
+            Expr::Index(i) => self.place_expr(&i.expr, op),
+            Expr::Paren(p) => self.place_expr(&p.expr, op),
+            Expr::Group(g) => self.place_expr(&g.expr, op),
             other => {
                 if let Some(r) = root(other)
                     && !self.is_local(r)

@@ -323,9 +323,22 @@ fn pow2_bounds(f: &ItemFn) -> Vec<TokenStream> {
         .collect()
 }
 
+/// Namespaces of tool attributes (`#[rustfmt::skip]`, `#[clippy::cognitive_complexity
+/// = ".."]`) accepted on a kernel: they are for tools reading the source as written, and
+/// mean nothing for the generated items, so they are dropped.
+const TOOL_ATTRIBUTES: &[&str] = &["rustfmt", "clippy", "rust_analyzer", "miri"];
+
 /// The attributes on a kernel function: lint attributes (`allow`, `expect`, ...) apply
-/// to the traced body (the generated `build`), `cfg`/`cfg_attr` to every generated
-/// item, doc comments to the kernel's struct; any other is an error.
+/// to every generated item (the kernel's struct, its `Kernel` impl with the traced body
+/// in `build`, and `launch`), `cfg`/`cfg_attr` to every generated item, doc comments to
+/// the kernel's struct; tool attributes (`#[rustfmt::skip]`) are dropped; any other is
+/// an error (`#[inline]`, `#[must_use]`, ... mean nothing for a kernel, which is no
+/// function once expanded).
+///
+/// An `expect` becomes an `allow`: the lint it expects fires in at most some of the
+/// generated items, and the items' own `allow`s (unused bindings of the traced body,
+/// `clippy::too_many_arguments` of `launch`) would leave it unfulfilled in the others.
+/// A `forbid` becomes a `deny`, as it would conflict with those `allow`s.
 fn kernel_attrs(
     f: &ItemFn,
     errors: &mut Vec<syn::Error>,
@@ -334,11 +347,19 @@ fn kernel_attrs(
     for a in &f.attrs {
         let p = a.path();
         if p.is_ident("doc") {
-        } else if ["allow", "expect", "warn", "deny", "forbid"]
-            .iter()
-            .any(|l| p.is_ident(l))
-        {
+        } else if ["allow", "warn", "deny"].iter().any(|l| p.is_ident(l)) {
             lints.push(a.clone());
+        } else if p.is_ident("expect") || p.is_ident("forbid") {
+            let mut a = a.clone();
+            if let syn::Meta::List(l) = &mut a.meta {
+                let level = if p.is_ident("expect") {
+                    "allow"
+                } else {
+                    "deny"
+                };
+                l.path = Ident::new(level, l.path.span()).into();
+            }
+            lints.push(a);
         } else if p.is_ident("cfg") || p.is_ident("cfg_attr") {
             cfgs.push(a.clone());
         } else if p.is_ident("comptime") || p.is_ident("no_specialize") {
@@ -347,11 +368,16 @@ fn kernel_attrs(
                 "`#[comptime]` and `#[no_specialize]` mark kernel parameters \
                  (`#[comptime] name: T`), not the kernel",
             ));
+        } else if p.segments.len() > 1
+            && p.leading_colon.is_none()
+            && TOOL_ATTRIBUTES.iter().any(|t| p.segments[0].ident == t)
+        {
         } else {
             errors.push(syn::Error::new_spanned(
                 a,
                 "unsupported attribute on a kernel: a kernel takes doc comments, lint \
-                 attributes (`#[allow(..)]`, ...) and `#[cfg(..)]`",
+                 attributes (`#[allow(..)]`, ...), `#[cfg(..)]` and tool attributes \
+                 (`#[rustfmt::skip]`)",
             ));
         }
     }
@@ -544,6 +570,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     quote! {
         #(#attrs)*
         #[doc = #doc]
+        #(#lint_attrs)*
         #[allow(non_camel_case_types)]
         // A braced struct, so that a parameter or local named like the kernel is
         // an ordinary binding (a tuple or unit struct's name cannot be shadowed:
@@ -554,6 +581,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         }
 
         #(#cfg_attrs)*
+        #(#lint_attrs)*
         impl #impl_generics ::tessera::Kernel for #name #ty_generics where #(#where_preds,)* {
             const NAME: &'static str = #name_str;
             type Comptime = (#(#ct_types,)*);
@@ -562,7 +590,6 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                 ::std::vec![#(<#desc_shapes as ::tessera::__private::Shape>::dims()),*]
             }
 
-            #(#lint_attrs)*
             #[allow(unused_variables, unused_mut, unused_braces, unused_assignments, clippy::all)]
             fn build(
                 #ct_ident: &Self::Comptime,
@@ -581,6 +608,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         // `device`, `grid`, `args` and `__tessera_ct` are hygienic (mixed-site): kernel
         // parameters of those names are other bindings.
         #(#cfg_attrs)*
+        #(#lint_attrs)*
         impl #impl_generics #name #ty_generics #where_clause {
             #[doc = #launch_doc]
             #[allow(clippy::too_many_arguments, clippy::type_complexity)]

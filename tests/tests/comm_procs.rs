@@ -150,11 +150,9 @@ fn dies_rank(r: &Rank, seed: u64) -> Result<String, Error> {
 /// stopped process to leave).
 fn stops_rank(r: &Rank) -> Result<String, Error> {
     if r.rank() == 1 {
-        let me = std::process::id().to_string();
-        let stopped = std::process::Command::new("kill")
-            .args(["-STOP", &me])
-            .status();
-        assert!(stopped.is_ok(), "kill -STOP: {stopped:?}");
+        // SAFETY: raising a signal has no preconditions; SIGSTOP stops this process
+        // before `raise` returns (until the test kills it).
+        assert_eq!(unsafe { libc::raise(libc::SIGSTOP) }, 0);
     }
     r.barrier()?;
     Ok("passed the barrier".into())
@@ -176,6 +174,15 @@ fn leaves_rank(r: &Rank) -> Result<String, Error> {
     ))
 }
 
+/// Rank 0 leaves at once; rank 1 keeps working past rank 0's patience (the 1 s wait
+/// timeout), then checks that the world did not fail: rank 0 left, it did not die.
+fn late_rank(r: &Rank) -> Result<String, Error> {
+    if r.rank() == 1 {
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    Ok(format!("failed rank {:?}", r.failed_rank()))
+}
+
 /// The body run by each child process (a no-op when run directly).
 #[test]
 fn child_rank_body() {
@@ -192,6 +199,8 @@ fn child_rank_body() {
         world().heap_bytes(if env_rank == 1 { 8 << 20 } else { 4 << 20 })
     } else if scenario == "stops" {
         world().wait_timeout(Duration::from_secs(3))
+    } else if scenario == "late" {
+        world().wait_timeout(Duration::from_secs(1))
     } else {
         world()
     };
@@ -202,6 +211,7 @@ fn child_rank_body() {
         "mismatch" => Ok("joined".into()),
         "stops" => stops_rank(r),
         "leaves" => leaves_rank(r),
+        "late" => late_rank(r),
         other => panic!("unknown scenario {other}"),
     });
     match result {
@@ -219,20 +229,26 @@ struct Ran {
     stderr: String,
 }
 
+/// This test binary, running only `child_rank_body` as a rank of `scenario`.
+fn rank_command(scenario: &str) -> std::process::Command {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut c = std::process::Command::new(exe);
+    c.args([
+        "--exact",
+        "child_rank_body",
+        "--test-threads",
+        "1",
+        "--nocapture",
+    ])
+    .env(SCENARIO, scenario);
+    c
+}
+
 fn spawn(n: usize, scenario: &str) -> Vec<Ran> {
     let seed: u64 = rand::thread_rng().r#gen();
-    let exe = std::env::current_exe().expect("test binary path");
     let outputs = tessera::world::spawn_local_with(n, |_| {
-        let mut c = std::process::Command::new(&exe);
-        c.args([
-            "--exact",
-            "child_rank_body",
-            "--test-threads",
-            "1",
-            "--nocapture",
-        ])
-        .env(SCENARIO, scenario)
-        .env(SEED, seed.to_string());
+        let mut c = rank_command(scenario);
+        c.env(SEED, seed.to_string());
         c
     })
     .expect("spawn ranks");
@@ -251,6 +267,23 @@ fn dump(runs: &[Ran]) -> String {
         .enumerate()
         .map(|(r, x)| format!("--- rank {r} (exit {:?})\n{}{}", x.code, x.stdout, x.stderr))
         .collect()
+}
+
+/// Rank `r` printed `RESULT failed after <secs> s: <error>` with `cause` in the error,
+/// well before the 20 s wait timeout.
+fn failed_quickly(runs: &[Ran], r: usize, cause: &str) {
+    let line = runs[r]
+        .stdout
+        .lines()
+        .find_map(|l| l.split_once("RESULT failed after ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("rank {r} did not fail as expected\n{}", dump(runs)));
+    assert!(line.contains(cause), "rank {r}: {line}");
+    let secs: f64 = line
+        .split(' ')
+        .next()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(f64::MAX);
+    assert!(secs < 10.0, "rank {r} took {secs} s (timeout 20 s): {line}");
 }
 
 #[test]
@@ -287,19 +320,7 @@ fn a_dead_process_fails_the_others_quickly() {
     let runs = spawn(4, "dies");
     assert_eq!(runs[1].code, Some(3), "{}", dump(&runs));
     for r in [0, 2, 3] {
-        let x = &runs[r];
-        let line = x
-            .stdout
-            .lines()
-            .find_map(|l| l.split_once("RESULT failed after ").map(|(_, rest)| rest))
-            .unwrap_or_else(|| panic!("rank {r} did not fail as expected\n{}", dump(&runs)));
-        assert!(line.contains("rank 1"), "rank {r}: {line}");
-        let secs: f64 = line
-            .split(' ')
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(f64::MAX);
-        assert!(secs < 10.0, "rank {r} took {secs} s (timeout 20 s): {line}");
+        failed_quickly(&runs, r, "rank 1");
     }
     // The host-barrier waiter reports the death itself.
     assert!(
@@ -321,38 +342,38 @@ fn a_rank_that_leaves_early_fails_the_others_barriers_at_once() {
         dump(&runs)
     );
     for r in [0, 2] {
-        let line = runs[r]
-            .stdout
-            .lines()
-            .find_map(|l| l.split_once("RESULT failed after ").map(|(_, rest)| rest))
-            .unwrap_or_else(|| panic!("rank {r} did not fail as expected\n{}", dump(&runs)));
-        assert!(line.contains("rank 1 left the world"), "rank {r}: {line}");
-        let secs: f64 = line
-            .split(' ')
-            .next()
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(f64::MAX);
-        assert!(secs < 10.0, "rank {r} took {secs} s (timeout 20 s): {line}");
+        failed_quickly(&runs, r, "rank 1 left the world");
     }
+}
+
+#[test]
+fn rank_0_leaving_before_a_busy_rank_is_no_failure() {
+    let runs = spawn(2, "late");
+    for x in &runs {
+        assert!(
+            x.code == Some(0) && x.stdout.contains("RESULT failed rank None"),
+            "{}",
+            dump(&runs)
+        );
+    }
+    // Rank 0 said who was still in the world when its patience ran out.
+    assert!(
+        runs[0]
+            .stderr
+            .contains("rank(s) 1 did not leave within 1.000 s"),
+        "{}",
+        dump(&runs)
+    );
 }
 
 /// A stopped (`SIGSTOP`) rank: rank 0 fails within its 3 s wait timeout, prints the
 /// root cause (rank 1 never arrived) and exits, although rank 1's process lives on.
 #[test]
 fn a_stopped_rank_fails_rank_0_in_bounded_time() {
-    let exe = std::env::current_exe().expect("test binary path");
     let sock = std::env::temp_dir().join(format!("tessera-stop-test-{}.sock", std::process::id()));
     let mut children: Vec<_> = (0..2)
         .map(|r| {
-            std::process::Command::new(&exe)
-                .args([
-                    "--exact",
-                    "child_rank_body",
-                    "--test-threads",
-                    "1",
-                    "--nocapture",
-                ])
-                .env(SCENARIO, "stops")
+            rank_command("stops")
                 .env("RANK", r.to_string())
                 .env("WORLD_SIZE", "2")
                 .env("TESSERA_BOOTSTRAP", &sock)
@@ -410,20 +431,11 @@ fn ranks_with_different_configurations_are_refused() {
 /// `MASTER_ADDR`/`MASTER_PORT`/`TORCHELASTIC_RUN_ID`.
 #[test]
 fn torchrun_environment() {
-    let exe = std::env::current_exe().expect("test binary path");
     let port: u16 = rand::thread_rng().gen_range(20000..60000);
     let run_id = format!("test-{}", std::process::id());
     let children: Vec<_> = (0..2)
         .map(|r| {
-            std::process::Command::new(&exe)
-                .args([
-                    "--exact",
-                    "child_rank_body",
-                    "--test-threads",
-                    "1",
-                    "--nocapture",
-                ])
-                .env(SCENARIO, "ping_pong")
+            rank_command("ping_pong")
                 .env(SEED, "42")
                 .env("RANK", r.to_string())
                 .env("LOCAL_RANK", r.to_string())

@@ -379,6 +379,48 @@ fn runtime_recursion(x: Scalar<i32>) -> Scalar<i32> {
     y
 }
 
+/// Recursing in both branches of a runtime `if` (both traced): `2^n` calls within
+/// the depth limit.
+#[helper]
+// MARK doubling (the next line)
+fn doubling(x: Scalar<i32>, n: u32) -> Scalar<i32> {
+    if n == 0 {
+        x
+    } else {
+        let mut y = x;
+        if x.lt(0) {
+            y = doubling(x + 1, n - 1);
+        } else {
+            y = doubling(x - 1, n - 1);
+        }
+        y
+    }
+}
+
+#[kernel]
+fn doubling_kernel(out: &mut Global<i32>, x: i32, #[comptime] n: u32) {
+    out.store_unmasked(arange::<1>(), full::<i32, S1<1>>(0) + doubling(x, n));
+}
+
+#[test]
+fn helper_calls_per_kernel_are_capped() {
+    let err = build_error::<doubling_kernel>(&(20,));
+    assert_error_at(
+        &err,
+        "MARK doubling",
+        &[
+            "doubling_kernel",
+            "more than 65536 #[helper] calls",
+            "`doubling`",
+        ],
+    );
+    // A few levels build and run (x = -3: three steps up, then down: 0 - 1 - 1 ...).
+    let dev = Device::cpu();
+    let mut out = dev.upload(&[7i32]).unwrap();
+    doubling_kernel::launch(&dev, 1u32, (&mut out, -3, 4)).unwrap();
+    assert_eq!(out.download().unwrap(), vec![-1]);
+}
+
 #[kernel]
 fn recursive_at_runtime(out: &mut Global<i32>, x: i32) {
     out.store_unmasked(arange::<1>(), full::<i32, S1<1>>(0) + runtime_recursion(x));
@@ -503,4 +545,168 @@ fn parameters_named_like_launch_internals_work() {
     named_like_launch::launch(&dev, 1u32, (&device, &mut grid, 3, 1.5, 10, 100)).unwrap();
     let want: Vec<f32> = xs.iter().map(|x| x * 3.0 + 114.0).collect();
     assert_eq!(grid.download().unwrap(), want);
+}
+
+// ---------------------------------------------------------------------------------
+// 8. Tool attributes on a kernel are accepted; an `expect` is never left unfulfilled by
+// the generated items (it is an `allow` on each of them).
+
+#[deny(unfulfilled_lint_expectations)]
+mod kernel_lint_attributes {
+    use tessera::prelude::*;
+
+    #[kernel]
+    #[rustfmt::skip]
+    #[clippy::msrv = "1.85"]
+    #[expect(clippy::too_many_arguments)]
+    #[expect(unused_variables, reason = "`unused` is never read")]
+    pub fn many_params(
+        out: &mut Global<i32>,
+        a: i32,
+        b: i32,
+        c: i32,
+        d: i32,
+        e: i32,
+        f: i32,
+        g: i32,
+    ) {
+        let unused = 1;
+        let v = full::<i32, S1<1>>(0) + a + b + c + d + e + f + g;
+        out.store_unmasked(arange::<1>(), v);
+    }
+}
+
+#[test]
+fn tool_attributes_and_expect_on_a_kernel() {
+    let dev = Device::cpu();
+    let mut out = dev.upload(&[-1i32]).unwrap();
+    kernel_lint_attributes::many_params::launch(&dev, 1u32, (&mut out, 1, 2, 3, 4, 5, 6, 7))
+        .unwrap();
+    assert_eq!(out.download().unwrap(), vec![28]);
+}
+
+// ---------------------------------------------------------------------------------
+// 9. Named format arguments are allowed in format-style macros, nested ones included
+// (assignments elsewhere in macro arguments are UI tests: macro_args_control_flow.rs).
+
+#[kernel]
+fn named_format_arguments(out: &mut Global<i32>, #[comptime] n: i32) {
+    assert!(n >= 0, "{}", format!("n = {v}", v = n));
+    assert!(n >= 0, "n = {v}", v = n);
+    assert_eq!(n, n, "{a} {b}", a = n, b = format!("{c}", c = n + 1));
+    debug_assert_ne!(n, n + 1, "{m}", m = n);
+    let s = format!("{x}{y}", x = n, y = { n + 1 });
+    out.store_unmasked(arange::<1>(), full::<i32, S1<1>>(s.len() as i32));
+}
+
+#[test]
+fn named_format_arguments_work() {
+    let dev = Device::cpu();
+    let mut out = dev.upload(&[-1i32]).unwrap();
+    named_format_arguments::launch(&dev, 1u32, (&mut out, 12)).unwrap();
+    assert_eq!(out.download().unwrap(), vec![4]);
+}
+
+// ---------------------------------------------------------------------------------
+// 10. Destructuring assignments (`S { a, b } = ..`, `P(a, b) = ..`) in runtime
+// constructs carry the variables they assign.
+
+struct Pair<T> {
+    a: T,
+    b: T,
+}
+
+struct Two<T>(T, T);
+
+#[kernel]
+fn destructuring_in_runtime_constructs(x: &Global<f32>, out: &mut Global<f32>, n: i32, flag: i32) {
+    let offs = arange::<B>();
+    let mut a = x.load_unmasked(offs);
+    let mut b = zeros::<f32, S1<B>>();
+    let mut c = full::<f32, S1<B>>(1.0);
+    for _i in 0..n {
+        Pair { a, b } = Pair {
+            a: a + 1.0,
+            b: b + a,
+        };
+        (Two(b, c), _) = (Two(b * 0.5, c + b), 0);
+    }
+    if flag.eq(1) {
+        Two(a, b) = Two(b, a);
+        Pair { a: c, .. } = Pair { a: c * 2.0, b: a };
+    }
+    out.store_unmasked(offs, a);
+    out.store_unmasked(offs + B as i32, b);
+    out.store_unmasked(offs + 2 * B as i32, c);
+}
+
+fn destructuring_reference(x: f32, n: i32, flag: i32) -> [f32; 3] {
+    let (mut a, mut b, mut c) = (x, 0.0f32, 1.0f32);
+    for _ in 0..n {
+        (a, b) = (a + 1.0, b + a);
+        (b, c) = (b * 0.5, c + b);
+    }
+    if flag == 1 {
+        (a, b) = (b, a);
+        c *= 2.0;
+    }
+    [a, b, c]
+}
+
+#[test]
+fn destructuring_assignments_in_runtime_constructs_are_carried() {
+    let dev = Device::cpu();
+    for (seed, n, flag) in [(11, 3, 1), (12, 0, 1), (13, 4, 0)] {
+        let xs = rand_vec(seed, B);
+        let x = dev.upload(&xs).unwrap();
+        let mut out = dev.upload(&vec![f32::NAN; 3 * B]).unwrap();
+        destructuring_in_runtime_constructs::launch(&dev, 1u32, (&x, &mut out, n, flag)).unwrap();
+        let got = out.download().unwrap();
+        for (i, &x) in xs.iter().enumerate() {
+            let want = destructuring_reference(x, n, flag);
+            let got = [got[i], got[B + i], got[2 * B + i]];
+            assert_eq!(got, want, "element {i}, n={n} flag={flag}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// 11. Comptime loops are capped together while one kernel is built: nested loops each
+// under the per-loop cap, but too many iterations in all, are a build error.
+
+#[kernel]
+fn nested_comptime_loops(out: &mut Global<i32>, #[comptime] outer: u32) {
+    let mut count = 0u64;
+    for _i in 0..outer {
+        // MARK nested_comptime_loops (the next line)
+        for _j in 0..4096u32 {
+            count += 1;
+        }
+    }
+    out.store_unmasked(arange::<1>(), full::<i32, S1<1>>(count as i32));
+}
+
+#[test]
+fn nested_comptime_loops_are_capped_together() {
+    use tessera::ir::dsl::{MAX_COMPTIME_ITERATIONS, MAX_COMPTIME_ITERATIONS_PER_KERNEL};
+    let outer = 2048u32;
+    assert!(u64::from(outer) * 4096 > MAX_COMPTIME_ITERATIONS_PER_KERNEL);
+    assert!(u64::from(outer) <= MAX_COMPTIME_ITERATIONS);
+    let err = build_error::<nested_comptime_loops>(&(outer,));
+    assert_error_at(
+        &err,
+        "MARK nested_comptime_loops",
+        &[
+            "nested_comptime_loops",
+            "comptime `for` loop crossed the limit of",
+            &format!("{MAX_COMPTIME_ITERATIONS_PER_KERNEL}"),
+        ],
+    );
+    // The count starts again for each build: just under the limit builds.
+    let outer = 1000u32;
+    assert!(u64::from(outer) * 4097 <= MAX_COMPTIME_ITERATIONS_PER_KERNEL);
+    let dev = Device::cpu();
+    let mut out = dev.upload(&[-1i32]).unwrap();
+    nested_comptime_loops::launch(&dev, 1u32, (&mut out, outer)).unwrap();
+    assert_eq!(out.download().unwrap(), vec![4096 * 1000]);
 }

@@ -37,6 +37,12 @@ fn k(out: &mut Global<i32>, #[comptime] n: Option<i32>) {
         1
     });
     println!("{}", format!("{}", todo!()));
+    // `name = value` is a named format argument only after a format-style macro's format
+    // string: elsewhere it is an assignment.
+    let _v = vec![count = 1];
+    assert_eq!(count = 1, ());
+    assert!(matches!(count = 1, _));
+    println!("{}", (count = 2, 1).1);
     // Still allowed: comparisons, named format arguments, `if`, `let`, `matches!` guards.
     println!("{}", {
         let s = count + 1;
@@ -44,6 +50,8 @@ fn k(out: &mut Global<i32>, #[comptime] n: Option<i32>) {
     });
     assert!(count <= 3 && count >= 0 && count != 7 && count == count);
     println!("{x} {}", if count > 1 { 1 } else { 2 }, x = count);
+    assert!(count >= 0, "{}", format!("{v}", v = count));
+    assert_eq!(count, count, "{a} {b}", a = count, b = format!("{c}", c = 1));
     assert!(matches!(n, Some(v) if v > 0) || n.is_none());
     out.store_unmasked(offs, offs);
 }

@@ -8,6 +8,10 @@ fn k1(out: &mut Global<i32>) {
 
 #[kernel]
 #[inline]
+#[must_use]
+#[rustfmt::skip]
+#[clippy::msrv = "1.85"]
+#[some_crate::attribute]
 fn k2(out: &mut Global<i32>) {
     out.store_unmasked(arange::<16>(), arange::<16>());
 }

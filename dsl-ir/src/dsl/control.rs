@@ -10,9 +10,10 @@
 //! results. Only tiles (and tuples and arrays of tiles) can be carried at runtime; a
 //! comptime value assigned inside a runtime construct is a build error, and so is a
 //! change the macro saw but cannot carry ([`Opaque`]: `v.push(..)`, `*r = ..`).
-//! Comptime loops are capped at [`MAX_COMPTIME_ITERATIONS`].
+//! Comptime loops are capped at [`MAX_COMPTIME_ITERATIONS`] each, and at
+//! [`MAX_COMPTIME_ITERATIONS_PER_KERNEL`] together while one kernel is built.
 
-use super::{DType, Int, Scalar, Tile, record_error, type_of, with_builder};
+use super::{DType, Int, Scalar, Tile, comptime_iteration, record_error, type_of, with_builder};
 use crate::builder::BuildError;
 use crate::ir::{OpKind, Span, ValueId};
 use crate::types::Type;
@@ -294,6 +295,11 @@ pub fn if_else<C: CondBranch, V: Carry, R: Carry>(
 /// build that never ends.
 pub const MAX_COMPTIME_ITERATIONS: u64 = 1 << 20;
 
+/// The most iterations of all comptime `for` and `while` loops together (nested ones,
+/// and those in helpers, each iteration of an inner loop counting) while one kernel is
+/// built: more is a build error at the loop that crosses it.
+pub const MAX_COMPTIME_ITERATIONS_PER_KERNEL: u64 = 1 << 22;
+
 /// Rust integers usable as comptime loop bounds.
 pub trait CtInt: Copy {
     /// The value.
@@ -390,6 +396,7 @@ impl<A: CtInt, B: CtInt, C: CtInt> ForRange for (A, B, C) {
         }
         let mut i = start;
         while i < end {
+            comptime_iteration("`for`", &span);
             vars = body(B::from_i128(i), vars);
             i += step;
         }
@@ -531,6 +538,7 @@ impl WhileCond for bool {
         span: Span,
     ) -> V {
         for _ in 0..MAX_COMPTIME_ITERATIONS {
+            comptime_iteration("`while`", &span);
             let (v, c) = step(true, vars);
             vars = v;
             if c != Some(true) {

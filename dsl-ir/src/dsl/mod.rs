@@ -38,8 +38,9 @@ pub use batched::dot_batched;
 pub use combine::{Combine, associative_scan, reduce_with};
 pub use comm::{Peer, Symmetric, Token, barrier_all, fence, quiet, rank, world_size};
 pub use control::{
-    Carry, CondBranch, CtInt, ForRange, LoopIndex, MAX_COMPTIME_ITERATIONS, Opaque, OrdOp, RtBound,
-    RustOrd, ScalarCond, WhileCond, compare, for_range, if_else, while_cond, while_loop,
+    Carry, CondBranch, CtInt, ForRange, LoopIndex, MAX_COMPTIME_ITERATIONS,
+    MAX_COMPTIME_ITERATIONS_PER_KERNEL, Opaque, OrdOp, RtBound, RustOrd, ScalarCond, WhileCond,
+    compare, for_range, if_else, while_cond, while_loop,
 };
 pub use debug::{PrintArgs, device_assert, device_print};
 pub use desc::{Coords, TensorDesc};
@@ -151,11 +152,51 @@ thread_local! {
     static PANIC_AT: RefCell<Option<Span>> = const { RefCell::new(None) };
     /// How deep `#[helper]` calls are nested.
     static HELPER_DEPTH: Cell<u32> = const { Cell::new(0) };
+    /// Comptime loop iterations run while building the current kernel.
+    static COMPTIME_ITERATIONS: Cell<u64> = const { Cell::new(0) };
+    /// `#[helper]` calls while tracing this kernel (see [`MAX_HELPER_CALLS`]).
+    static HELPER_CALLS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Counts one iteration of a comptime loop (`what`: "`for`", "`while`", at `span`)
+/// against [`MAX_COMPTIME_ITERATIONS_PER_KERNEL`]; past it, ends the build (unwinding to
+/// [`trace`]) with an error at the loop.
+#[inline]
+pub(crate) fn comptime_iteration(what: &str, span: &Span) {
+    let n = COMPTIME_ITERATIONS.with(|c| {
+        let n = c.get() + 1;
+        c.set(n);
+        n
+    });
+    if n > MAX_COMPTIME_ITERATIONS_PER_KERNEL {
+        comptime_budget_exceeded(what, span);
+    }
+}
+
+#[cold]
+fn comptime_budget_exceeded(what: &str, span: &Span) {
+    if !TRACING.with(Cell::get) {
+        // Not building a kernel (the count is reset by `trace`): nothing to bound.
+        COMPTIME_ITERATIONS.with(|c| c.set(0));
+        return;
+    }
+    std::panic::panic_any(BuildError::new(
+        span.clone(),
+        format!(
+            "this comptime {what} loop crossed the limit of \
+             {MAX_COMPTIME_ITERATIONS_PER_KERNEL} comptime loop iterations while building the \
+             kernel (all comptime loops together: nested loops multiply, loops in helpers \
+             count): comptime loops run while the kernel is built, unrolled; make the outer \
+             loops runtime loops (`Scalar<i32>` bounds)"
+        ),
+    ));
 }
 
 /// Installs (once per process) a panic hook that, on a thread tracing a kernel,
 /// records where the panic happened and prints nothing (the panic becomes the build
-/// error), and otherwise defers to the hook installed before.
+/// error), and otherwise defers to the hook installed before. A panic inside Tessera's
+/// own sources while tracing (an internal bug, not the kernel's `panic!`/`assert!`) is
+/// also passed to the hook before, so that its message and backtrace are printed.
 fn install_panic_hook() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
@@ -166,6 +207,11 @@ fn install_panic_hook() {
                     .location()
                     .map(|l| Span::new(l.file(), l.line(), l.column()));
                 PANIC_AT.with(|p| *p.borrow_mut() = at);
+                if info.payload().downcast_ref::<BuildError>().is_none()
+                    && info.location().is_some_and(|l| internal_source(l.file()))
+                {
+                    previous(info);
+                }
             } else {
                 previous(info);
             }
@@ -173,10 +219,24 @@ fn install_panic_hook() {
     });
 }
 
+/// True if `file` (a panic location) is among the sources of Tessera's tracing
+/// front-end or runtime, rather than in a kernel or a helper.
+fn internal_source(file: &str) -> bool {
+    let file = file.replace('\\', "/");
+    ["dsl-ir/src/", "runtime/src/"]
+        .iter()
+        .any(|d| file.starts_with(d) || file.contains(&format!("/{d}")))
+}
+
 /// The most deeply nested `#[helper]` calls while tracing: deeper is a build error
 /// (a recursive helper whose comptime base case is never reached), not a stack
 /// overflow.
 pub const MAX_HELPER_DEPTH: u32 = 256;
+
+/// The most `#[helper]` calls while tracing one kernel: a helper that recurses in both
+/// branches of a runtime `if` (both are traced) makes `2^depth` calls within the depth
+/// limit; past this many the build ends with an error naming the helper.
+pub const MAX_HELPER_CALLS: u64 = 1 << 16;
 
 /// One `#[helper]` call in progress (its guard, made by [`enter_helper`]).
 pub struct HelperCall {
@@ -197,16 +257,29 @@ pub fn enter_helper(name: &str, file: &str, line: u32, col: u32) -> HelperCall {
         d.set(d.get() + 1);
         d.get()
     });
+    let calls = HELPER_CALLS.with(|c| {
+        c.set(c.get() + 1);
+        c.get()
+    });
     let call = HelperCall { _private: () };
-    if depth > MAX_HELPER_DEPTH {
-        let err = BuildError::new(
-            Span::new(file, line, col),
-            format!(
-                "helper `{name}` is nested more than {MAX_HELPER_DEPTH} calls deep: a \
-                 recursive #[helper] must reach its base case through comptime arguments \
-                 (helpers are inlined while the kernel is built)"
-            ),
-        );
+    let why = if depth > MAX_HELPER_DEPTH {
+        Some(format!(
+            "helper `{name}` is nested more than {MAX_HELPER_DEPTH} calls deep: a \
+             recursive #[helper] must reach its base case through comptime arguments \
+             (helpers are inlined while the kernel is built)"
+        ))
+    } else if calls > MAX_HELPER_CALLS {
+        Some(format!(
+            "more than {MAX_HELPER_CALLS} #[helper] calls while building this kernel (the \
+             last one: `{name}`): helpers are inlined, and a helper that calls itself in \
+             both branches of a runtime `if` (both are traced) doubles the calls at every \
+             level; branch at comptime or recurse in one branch"
+        ))
+    } else {
+        None
+    };
+    if let Some(message) = why {
+        let err = BuildError::new(Span::new(file, line, col), message);
         if TRACING.with(Cell::get) {
             // Unwinds to `trace`, which returns it.
             std::panic::panic_any(err);
@@ -312,6 +385,8 @@ pub fn trace(
     install_panic_hook();
     TRACING.with(|t| t.set(true));
     PANIC_AT.with(|p| *p.borrow_mut() = None);
+    COMPTIME_ITERATIONS.with(|c| c.set(0));
+    HELPER_CALLS.with(|c| c.set(0));
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let mut params = KernelParams { _private: () };
         body(&mut params);
@@ -577,5 +652,21 @@ pub(crate) fn literal_tile<T: DType>(lit: LitValue, span: Span) -> Scalar<T> {
             record_error(e);
             Tile::from_id(with_builder(|b| b.push_placeholder(ty)))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::internal_source;
+
+    #[test]
+    fn panics_in_tessera_sources_are_internal() {
+        assert!(internal_source("dsl-ir/src/dsl/mod.rs"));
+        assert!(internal_source("/home/u/tessera/dsl-ir/src/builder.rs"));
+        assert!(internal_source("runtime/src/launch.rs"));
+        assert!(internal_source(r"C:\src\tessera\dsl-ir\src\dsl\ops.rs"));
+        assert!(!internal_source("tests/tests/macro_hardening.rs"));
+        assert!(!internal_source("src/main.rs"));
+        assert!(!internal_source("my-dsl-ir/src/kernels.rs"));
     }
 }

@@ -208,6 +208,17 @@ impl Shared {
     /// segment and every heap's abort word, releasing host barriers and device waits.
     fn abort(&self, rank: u32, died: bool) {
         self.team.fail(rank, died);
+        self.release(rank);
+    }
+
+    /// Marks `rank` as failed because it left the world while others needed it.
+    fn abort_by_leaving(&self, rank: u32) {
+        self.team.fail_by_leaving(rank);
+        self.release(rank);
+    }
+
+    /// Raises every heap's abort word naming `rank`, releasing device waits.
+    fn release(&self, rank: u32) {
         match &self.heaps {
             Heaps::Host(_) => self.interp_world(rank).abort(),
             Heaps::Gpu(hs) => {
@@ -823,11 +834,10 @@ impl Drop for Rank {
                 self.shared.timeout
             };
             let stuck = link.leave(patience);
-            if !stuck.is_empty() {
+            if !stuck.is_empty() && !patience.is_zero() {
                 let ranks: Vec<String> = stuck.iter().map(u32::to_string).collect();
-                self.shared.abort(self.rank, false);
                 eprintln!(
-                    "tessera: rank {} leaves the world although rank(s) {} did not leave within {:.3} s (stopped or hung?)",
+                    "tessera: rank {} leaves the world although rank(s) {} did not leave within {:.3} s (still working, stopped or hung?); from now on their deaths are seen by timeouts only",
                     self.rank,
                     ranks.join(", "),
                     patience.as_secs_f64()
@@ -929,9 +939,15 @@ impl Rank {
             Stop::Failed { rank, died: true } => self.err(format!(
                 "abandoned {what}: rank {rank}'s process exited without leaving the world"
             )),
+            Stop::Failed { rank, .. } if self.shared.team.failed_by_leaving(rank) => {
+                self.err(format!(
+                    "abandoned {what}: rank {rank} left the world (dropped its Rank) while others still needed it"
+                ))
+            }
             Stop::Failed { rank, .. } => self.err(format!("abandoned {what}: rank {rank} failed")),
             Stop::Left { rank } => {
-                self.abort();
+                // The others' waits stop too, naming the rank that left.
+                self.shared.abort_by_leaving(rank);
                 self.err(format!(
                     "abandoned {what}: rank {rank} left the world (dropped its Rank) before arriving, so it never will"
                 ))

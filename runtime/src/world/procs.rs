@@ -34,9 +34,11 @@
 //! without it means the process died: rank 0 sees its peers die, the others see rank
 //! 0 die, and the watchdog thread marks the world as failed in the team segment and
 //! in every rank's control words, so every rank's waits and host barriers stop with
-//! an error naming the dead rank. Rank 0, when dropped, waits for every peer to leave
-//! (or die) before closing, since closing would look like its death, but for at most
-//! the wait timeout (a stopped peer must not keep it alive). On GPUs leaving
+//! an error naming the dead rank. A rank that leaves records it in the team segment
+//! first, so the others' host barriers that need it fail at once. Rank 0, the hub
+//! that sees every peer's death, waits for every peer to leave (or die) before it
+//! says goodbye, but for at most the wait timeout (a stopped peer must not keep it
+//! alive; after it the others see deaths by timeouts only). On GPUs leaving
 //! is collective (a host barrier when the `Rank` is dropped), since a process's
 //! device heap, opened by the others through IPC, is freed when it goes; host heaps
 //! are shared files whose mappings outlive their creator.
@@ -140,6 +142,7 @@ pub(crate) fn map(fd: BorrowedFd<'_>, len: usize) -> Result<Mapping, String> {
 
 /// Where this process is in a launched world.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LaunchEnv {
     /// `RANK`.
     pub rank: u32,
@@ -177,8 +180,18 @@ const MAX_PENDING: usize = 64;
 
 /// The per-user folder of default bootstrap sockets: `$XDG_RUNTIME_DIR/tessera`
 /// (systemd's private per-user folder) when set, else `/tmp/tessera-<uid>`.
+///
+/// `$XDG_RUNTIME_DIR` counts only when it is an existing private (`0700`) folder of
+/// this user's: under `su`, `sudo -E`, a batch system or a container it may be unset,
+/// missing or another user's. Every rank of a job sees the same environment and
+/// folders, so every rank makes the same choice.
 fn runtime_dir(get: &dyn Fn(&str) -> Option<String>) -> PathBuf {
-    match get("XDG_RUNTIME_DIR").filter(|d| d.starts_with('/')) {
+    use std::os::unix::fs::MetadataExt;
+    let private = |d: &str| {
+        std::fs::symlink_metadata(d)
+            .is_ok_and(|m| m.is_dir() && m.uid() == my_uid() && m.mode() & 0o077 == 0)
+    };
+    match get("XDG_RUNTIME_DIR").filter(|d| d.starts_with('/') && private(d)) {
         Some(d) => Path::new(&d).join("tessera"),
         None => PathBuf::from(format!("/tmp/tessera-{}", my_uid())),
     }
@@ -385,7 +398,11 @@ fn recv_fds(s: &UnixStream, n: usize) -> std::io::Result<Vec<OwnedFd>> {
                 out.extend(fds);
             }
         }
-        if r.flags.contains(ReturnFlags::CTRUNC) || byte[0] != b'F' || out.len() == before {
+        if r.flags.contains(ReturnFlags::CTRUNC)
+            || byte[0] != b'F'
+            || out.len() == before
+            || out.len() > n
+        {
             return Err(std::io::Error::other("malformed descriptor message"));
         }
     }
@@ -423,9 +440,30 @@ fn left(deadline: Instant) -> Duration {
 }
 
 /// The user and process at the other end of a connected socket (`SO_PEERCRED`).
+/// (`rustix::net::sockopt::socket_peercred` is not used: its `UCred` holds a
+/// non-zero pid, and the kernel reports pid 0 for a peer outside this process's pid
+/// namespace, e.g. a container.)
 fn peer_cred(s: &UnixStream) -> std::io::Result<(u32, i32)> {
-    let c = rustix::net::sockopt::socket_peercred(s)?;
-    Ok((c.uid.as_raw(), c.pid.as_raw_nonzero().get()))
+    let mut c = libc::ucred {
+        pid: 0,
+        uid: 0,
+        gid: 0,
+    };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: the out-pointer and its length describe `c`, a plain C struct.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&raw mut c).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok((c.uid, c.pid))
 }
 
 fn my_uid() -> u32 {
@@ -507,7 +545,7 @@ fn bootstrap_peer(
                 | std::io::ErrorKind::BrokenPipe
         ) {
             format!(
-                "rank 0 at {name:?} closed the connection without answering: it refused this rank ({SECRET_VAR} differs between the ranks, or the socket belongs to another job)"
+                "rank 0 at {name:?} closed the connection without answering: it refused this rank (a {SECRET_VAR} that differs between the ranks, or the socket of another job) or it failed"
             )
         } else {
             io(e)
@@ -596,17 +634,42 @@ fn bootstrap_root(
         if path.parent() == Some(dir.as_path()) {
             ensure_private_dir(&dir)?;
         }
-        // A socket file left by an earlier job.
-        let _ = std::fs::remove_file(path);
+        // A socket file left by an earlier job is removed; one that a live job
+        // listens on is not taken over.
+        match UnixStream::connect_addr(addr) {
+            Ok(_) => {
+                return Err(format!(
+                    "the bootstrap socket {name:?} is in use by another job: give this one its own (TESSERA_BOOTSTRAP, or another MASTER_PORT or TORCHELASTIC_RUN_ID)"
+                ));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                let _ = std::fs::remove_file(path);
+            }
+            Err(_) => {}
+        }
     }
     let listener = UnixListener::bind_addr(addr)
         .map_err(|e| format!("rank 0 cannot listen on bootstrap socket {name:?}: {e}"))?;
+    // The socket file this listener made (removed at the end only if it is still
+    // that one, not a later job's).
+    let made = socket_file_id(name);
     let result = accept_all(env, name, &listener, config, mine, secret, deadline);
     drop(listener);
-    if !name.starts_with('@') {
+    if made.is_some() && socket_file_id(name) == made {
         let _ = std::fs::remove_file(name);
     }
     result
+}
+
+/// Device and inode of a path socket's file (`None` for an abstract name).
+fn socket_file_id(name: &str) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    if name.starts_with('@') {
+        return None;
+    }
+    std::fs::symlink_metadata(name)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
 }
 
 /// A rank that presented itself to rank 0.
@@ -696,41 +759,66 @@ fn accept_all(
     let mut next_id = 0u64;
     let mut dropped: Vec<String> = Vec::new();
     let secret: Arc<[u8]> = Arc::from(secret);
+    let me = my_uid();
+    // Why connections were dropped (distinct reasons, a bounded list).
+    fn note(dropped: &mut Vec<String>, why: String) {
+        if dropped.len() < 64 && !dropped.contains(&why) {
+            dropped.push(why);
+        }
+    }
     while joined < size {
         let mut busy = false;
-        match listener.accept() {
+        // At capacity, connections wait in the listen backlog (not closed: a real
+        // rank among them is checked once a slot frees).
+        let accepted = if checking.len() < MAX_PENDING {
+            listener.accept()
+        } else {
+            Err(std::io::ErrorKind::WouldBlock.into())
+        };
+        match accepted {
             Ok((s, _)) => {
                 busy = true;
+                // Another user's connection is dropped here, before it costs a thread.
+                match peer_cred(&s) {
+                    Ok((uid, _)) if uid == me => {}
+                    Ok((uid, pid)) => {
+                        note(
+                            &mut dropped,
+                            format!("pid {pid} (uid {uid}): another user's process"),
+                        );
+                        continue;
+                    }
+                    Err(e) => {
+                        note(
+                            &mut dropped,
+                            format!("a connection without credentials: {e}"),
+                        );
+                        continue;
+                    }
+                }
                 let id = next_id;
                 next_id += 1;
-                let spawned = (checking.len() < MAX_PENDING)
-                    .then(|| s.try_clone().ok())
-                    .flatten()
-                    .and_then(|handle| {
-                        let (tx, secret) = (tx.clone(), secret.clone());
-                        std::thread::Builder::new()
-                            .name("tessera-bootstrap".into())
-                            .spawn(move || {
-                                let _ = tx.send((id, handshake(s, &secret, deadline)));
-                            })
-                            .ok()
-                            .map(|_| handle)
-                    });
+                let spawned = s.try_clone().ok().and_then(|handle| {
+                    let (tx, secret) = (tx.clone(), secret.clone());
+                    std::thread::Builder::new()
+                        .name("tessera-bootstrap".into())
+                        .spawn(move || {
+                            let _ = tx.send((id, handshake(s, &secret, deadline)));
+                        })
+                        .ok()
+                        .map(|_| handle)
+                });
                 match spawned {
                     Some(handle) => {
                         checking.insert(id, handle);
                     }
-                    None => dropped.push("a connection beyond those checked at once".into()),
+                    None => note(&mut dropped, "a connection no thread could check".into()),
                 }
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock
-                        | std::io::ErrorKind::Interrupted
-                        | std::io::ErrorKind::ConnectionAborted
-                ) => {}
-            Err(e) => return Err(format!("accepting on {name:?}: {e}")),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            // Anything else (EINTR, ECONNABORTED, EMFILE, ENOBUFS, ...) may pass:
+            // retry until the deadline, which reports it.
+            Err(e) => note(&mut dropped, format!("accepting failed: {e}")),
         }
         while let Ok((id, outcome)) = rx.try_recv() {
             busy = true;
@@ -738,7 +826,7 @@ fn accept_all(
             let a = match outcome {
                 Ok(a) => a,
                 Err(why) => {
-                    dropped.push(why);
+                    note(&mut dropped, why);
                     continue;
                 }
             };
@@ -789,10 +877,13 @@ fn accept_all(
                         .join("; ")
                 )
             };
-            return Err(format!(
+            // The ranks that joined hear why (they would otherwise see a closed
+            // connection).
+            problem = Some(format!(
                 "bootstrap timed out: rank(s) {} never joined through {name:?}{also}",
                 missing.join(", ")
             ));
+            break;
         }
         if !busy {
             std::thread::sleep(Duration::from_millis(5));
@@ -910,10 +1001,10 @@ impl Link {
         })
     }
 
-    /// Leaves the world. A rank other than 0 says goodbye and closes its connection.
-    /// Rank 0 first waits, up to `patience`, for every peer to leave or die (closing
-    /// earlier would look like its death to them), then closes anyway; it answers the
-    /// peers that had not left by then (stopped or hung processes).
+    /// Leaves the world: says goodbye and closes the connections. Rank 0 first waits,
+    /// up to `patience`, for every peer to leave or die (while it is there, its
+    /// watchdog sees any peer's death and fails the world for the others); it answers
+    /// the peers that had not left by then (still working, stopped or hung).
     pub(crate) fn leave(mut self, patience: Duration) -> Vec<u32> {
         self.close(patience)
     }
@@ -934,9 +1025,9 @@ impl Link {
         }
         self.leaving.store(true, Ordering::Release);
         for (_, s) in &mut self.streams {
-            if self.rank != 0 {
-                let _ = send_all(s, b"B");
-            }
+            // A goodbye from every rank, rank 0 included: its peers see it leave, not
+            // die (its team-segment record fails their barriers that need it).
+            let _ = send_all(s, b"B");
             let _ = s.shutdown(std::net::Shutdown::Both);
         }
         // The watchdog sees `leaving` within one poll period.
@@ -1143,21 +1234,41 @@ mod tests {
         ])
         .unwrap();
         assert_ne!(other.bootstrap, e.bootstrap);
-        let xdg = env(&[
-            ("RANK", "0"),
-            ("WORLD_SIZE", "2"),
-            ("MASTER_ADDR", "h"),
-            ("MASTER_PORT", "1"),
-            ("XDG_RUNTIME_DIR", "/run/user/7"),
-            (SECRET_VAR, "s3cret"),
-        ])
-        .unwrap();
+        // $XDG_RUNTIME_DIR when it is a private folder of this user's, else /tmp.
+        let private = tempfile::tempdir().unwrap();
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(0o700);
+            std::fs::set_permissions(private.path(), mode).unwrap();
+        }
+        let xdg_dir = private.path().to_str().unwrap().to_string();
+        let with_xdg = |dir: &str| {
+            env(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("MASTER_ADDR", "h"),
+                ("MASTER_PORT", "1"),
+                ("XDG_RUNTIME_DIR", dir),
+                (SECRET_VAR, "s3cret"),
+            ])
+            .unwrap()
+        };
+        let xdg = with_xdg(&xdg_dir);
         assert!(
             xdg.bootstrap
                 .as_deref()
                 .unwrap()
-                .starts_with("/run/user/7/tessera/torchrun-")
+                .starts_with(&format!("{xdg_dir}/tessera/torchrun-")),
+            "{xdg:?}"
         );
+        let fallback = format!("/tmp/tessera-{}/torchrun-", my_uid());
+        for bad in ["/nonexistent/run/user/7", "/tmp"] {
+            let e = with_xdg(bad);
+            assert!(
+                e.bootstrap.as_deref().unwrap().starts_with(&fallback),
+                "{e:?}"
+            );
+        }
         assert_eq!(xdg.secret.as_deref(), Some("s3cret"));
         assert!(!format!("{xdg:?}").contains("s3cret"));
         let long = "x".repeat(MAX_SECRET_BYTES + 1);
@@ -1291,6 +1402,22 @@ mod tests {
         }
     }
 
+    /// Rank 0 of a world of two on `name`, bootstrapping on a thread of its own.
+    fn start_rank0(
+        name: &str,
+        secret: &str,
+        timeout: Duration,
+    ) -> std::thread::JoinHandle<Result<Joined, String>> {
+        let e = rank_env(0, name, secret);
+        std::thread::spawn(move || bootstrap(&e, CONFIG, contribution(), timeout))
+    }
+
+    /// Rank 1 joins the world on `name` (with the right secret), which must succeed.
+    fn join_rank1(name: &str, timeout: Duration) -> Joined {
+        bootstrap(&rank_env(1, name, "right"), CONFIG, contribution(), timeout)
+            .unwrap_or_else(|e| panic!("rank 1 could not join: {e}"))
+    }
+
     /// Connects to `name` as soon as rank 0 listens.
     fn connect(name: &str) -> UnixStream {
         let addr = socket_addr(name).unwrap();
@@ -1320,10 +1447,7 @@ mod tests {
         let name = fresh_name();
         let start = Instant::now();
         let timeout = Duration::from_secs(60);
-        let root = {
-            let e = rank_env(0, &name, "right");
-            std::thread::spawn(move || bootstrap(&e, CONFIG, contribution(), timeout))
-        };
+        let root = start_rank0(&name, "right", timeout);
         // A connection that never says anything, one with a wrong secret that claims
         // rank 1, and one that sends garbage.
         let mut silent = connect(&name);
@@ -1363,10 +1487,7 @@ mod tests {
     fn a_rank_with_a_wrong_secret_is_refused() {
         let name = fresh_name();
         let timeout = Duration::from_secs(3);
-        let root = {
-            let e = rank_env(0, &name, "right");
-            std::thread::spawn(move || bootstrap(&e, CONFIG, contribution(), timeout))
-        };
+        let root = start_rank0(&name, "right", timeout);
         let e = bootstrap(
             &rank_env(1, &name, "wrong"),
             CONFIG,
@@ -1436,10 +1557,7 @@ mod tests {
     fn another_user_cannot_join_even_with_the_secret() {
         let name = fresh_name();
         let timeout = Duration::from_secs(60);
-        let root = {
-            let e = rank_env(0, &name, "right");
-            std::thread::spawn(move || bootstrap(&e, CONFIG, contribution(), timeout))
-        };
+        let root = start_rank0(&name, "right", timeout);
         drop(connect(&name)); // rank 0 listens (a closed connection is dropped)
         let (addr, len) = raw_addr(&name);
         let msg = hello_bytes(b"right");
@@ -1489,13 +1607,7 @@ mod tests {
             "the other user's connection was not refused"
         );
         // The world still forms with the real rank 1.
-        let j1 = bootstrap(
-            &rank_env(1, &name, "right"),
-            CONFIG,
-            contribution(),
-            timeout,
-        );
-        assert!(j1.is_ok(), "{:?}", j1.err());
+        join_rank1(&name, timeout);
         assert!(root.join().unwrap().is_ok());
     }
 
@@ -1541,5 +1653,49 @@ mod tests {
         wait_child(pid);
         let e = e.expect("joined through a squatter's socket");
         assert!(e.contains("another user (uid 65534"), "{e}");
+    }
+
+    #[test]
+    fn a_live_socket_is_not_taken_over_and_its_file_is_cleaned_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let name = dir.path().join("boot.sock").to_str().unwrap().to_string();
+        let timeout = Duration::from_secs(60);
+        let first = start_rank0(&name, "right", timeout);
+        drop(connect(&name)); // the first job listens
+        let e = bootstrap(
+            &rank_env(0, &name, "right"),
+            CONFIG,
+            contribution(),
+            timeout,
+        )
+        .err()
+        .expect("a second rank 0 took over a live socket");
+        assert!(e.contains("in use by another job"), "{e}");
+        join_rank1(&name, timeout);
+        assert!(first.join().unwrap().is_ok());
+        assert!(
+            !Path::new(&name).exists(),
+            "the socket file was left behind"
+        );
+        // A stale file (no listener) is replaced.
+        let stale = std::os::unix::net::UnixListener::bind(&name).unwrap();
+        drop(stale);
+        let again = start_rank0(&name, "right", timeout);
+        join_rank1(&name, timeout);
+        assert!(again.join().unwrap().is_ok());
+    }
+
+    #[test]
+    fn a_rank_joins_behind_more_silent_connections_than_are_checked_at_once() {
+        let name = fresh_name();
+        let timeout = Duration::from_secs(60);
+        let root = start_rank0(&name, "right", timeout);
+        let silent: Vec<UnixStream> = (0..MAX_PENDING + 6).map(|_| connect(&name)).collect();
+        let start = Instant::now();
+        join_rank1(&name, timeout);
+        assert!(root.join().unwrap().is_ok());
+        // It waited in the backlog for checked connections to time out, no longer.
+        assert!(start.elapsed() < timeout / 2, "{:?}", start.elapsed());
+        drop(silent);
     }
 }

@@ -14,6 +14,7 @@
 //! | 2 | died: `1 + rank` of a process that exited without leaving the world |
 //! | 3 | host barrier arrivals (monotonic) |
 //! | 4 | ranks that have left the world |
+//! | 5 | `1 + rank` of a rank whose leaving failed the world (others needed it) |
 //! | `8 + 4k ..` | allocation record `k` (`RECORDS` of them) |
 //! | then `4k ..` | collective call record `k` (`CALL_RECORDS` of them) |
 //! | then `r` | host barriers rank `r` has arrived at ([`MAX_RANKS`] words) |
@@ -37,6 +38,7 @@ const W_FAILED: usize = 1;
 const W_DIED: usize = 2;
 const W_BARRIER: usize = 3;
 const W_LEFT: usize = 4;
+const W_LEFT_CAUSE: usize = 5;
 const HEADER_WORDS: usize = 8;
 /// The most ranks a world has.
 pub(crate) const MAX_RANKS: usize = 1024;
@@ -142,6 +144,24 @@ impl Team {
         }
     }
 
+    /// Records that `rank` failed the world by leaving it while others still needed
+    /// it (as [`Team::fail`], remembering why).
+    pub(crate) fn fail_by_leaving(&self, rank: u32) {
+        let _ = self.word(W_LEFT_CAUSE).compare_exchange(
+            0,
+            u64::from(rank) + 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+        self.fail(rank, false);
+    }
+
+    /// Whether the world failed because `rank` left it (see [`Team::fail_by_leaving`]).
+    pub(crate) fn failed_by_leaving(&self, rank: u32) -> bool {
+        self.word(W_LEFT_CAUSE).load(Ordering::Acquire) == u64::from(rank) + 1
+            && self.word(W_FAILED).load(Ordering::Acquire) == u64::from(rank) + 1
+    }
+
     /// Records `rank` as failed (the first failure wins); `died`: its process exited.
     pub(crate) fn fail(&self, rank: u32, died: bool) {
         let v = u64::from(rank) + 1;
@@ -215,6 +235,11 @@ impl Team {
         let waited = self.wait(timeout, other_failed, || {
             if w.load(Ordering::Acquire) >= target {
                 return true;
+            }
+            // A failure is the root cause (a rank that fails then leaves): `wait`
+            // reports it.
+            if self.failed().is_some() {
+                return false;
             }
             gone = self.left_before(generation, size_us);
             gone.is_some()
