@@ -74,6 +74,7 @@ const USAGE: &str = "usage: aot --target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|
                      --out <dir> [--num-warps <1|2|4|8|16>] [--num-stages <1..8>] \
                      [--specialize <all|none>] [--store <dir>]";
 
+#[derive(Debug)]
 struct Args {
     targets: Vec<Target>,
     out: PathBuf,
@@ -82,36 +83,44 @@ struct Args {
     spec: Specialization,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
+/// The value of the option just read, as a string.
+fn value_of(p: &mut lexopt::Parser) -> Result<String, String> {
+    use lexopt::ValueExt;
+    p.value()
+        .and_then(|v| v.string())
+        .map_err(|e| format!("{e}\n{USAGE}"))
+}
+
+fn parse_args(
+    args: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+) -> Result<Args, String> {
+    use lexopt::prelude::*;
     let (mut targets, mut out, mut opts) = (None, None, CompileOptions::default());
     let mut store = None;
     let mut spec = Specialization::AllDivisible;
-    while let Some(flag) = args.next() {
-        let mut value = || {
-            args.next()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--target" => {
-                let v = value()?;
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| format!("{e}\n{USAGE}"))? {
+        match arg {
+            Long("target") => {
+                let v = value_of(&mut p)?;
                 targets = Some(if v == "all" {
                     ALL_TARGETS.to_vec()
                 } else {
                     vec![v.parse::<Target>().map_err(|e| e.to_string())?]
                 });
             }
-            "--out" => out = Some(PathBuf::from(value()?)),
-            "--store" => store = Some(PathBuf::from(value()?)),
-            "--num-warps" => {
-                let v = value()?;
+            Long("out") => out = Some(PathBuf::from(value_of(&mut p)?)),
+            Long("store") => store = Some(PathBuf::from(value_of(&mut p)?)),
+            Long("num-warps") => {
+                let v = value_of(&mut p)?;
                 opts.num_warps = v
                     .parse()
                     .ok()
                     .filter(|n: &u32| n.is_power_of_two() && *n <= 16)
                     .ok_or_else(|| format!("--num-warps: `{v}` is not 1, 2, 4, 8 or 16"))?;
             }
-            "--num-stages" => {
-                let v = value()?;
+            Long("num-stages") => {
+                let v = value_of(&mut p)?;
                 opts.num_stages = Some(
                     v.parse()
                         .ok()
@@ -119,15 +128,15 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
                         .ok_or_else(|| format!("--num-stages: `{v}` is not 1 to 8"))?,
                 );
             }
-            "--specialize" => {
-                spec = match value()?.as_str() {
+            Long("specialize") => {
+                spec = match value_of(&mut p)?.as_str() {
                     "all" => Specialization::AllDivisible,
                     "none" => Specialization::None,
                     v => return Err(format!("--specialize: `{v}` is not `all` or `none`")),
                 }
             }
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+            Short('h') | Long("help") => return Err(USAGE.to_string()),
+            other => return Err(format!("{}\n{USAGE}", other.unexpected())),
         }
     }
     Ok(Args {
@@ -286,7 +295,7 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let result = parse_args(std::env::args().skip(1)).and_then(|args| run(&args));
+    let result = parse_args(std::env::args_os().skip(1)).and_then(|args| run(&args));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -301,7 +310,7 @@ mod tests {
     use super::*;
 
     fn parse(s: &str) -> Result<Args, String> {
-        parse_args(s.split_whitespace().map(String::from))
+        parse_args(s.split_whitespace())
     }
 
     #[test]
@@ -315,7 +324,10 @@ mod tests {
         assert_eq!(a.store, None);
         let a = parse("--target sm_90 --out x --store y").unwrap();
         assert_eq!(a.store, Some(PathBuf::from("y")));
-        assert_eq!(parse("--target all --out x").unwrap().targets.len(), 5);
+        assert_eq!(
+            parse("--target all --out x").unwrap().targets.len(),
+            ALL_TARGETS.len()
+        );
         assert!(
             parse("--target sm_70 --out x")
                 .unwrap_err()
@@ -331,9 +343,18 @@ mod tests {
                 .unwrap_err()
                 .contains("--out is required")
         );
-        assert!(parse("--target").unwrap_err().contains("needs a value"));
+        assert!(
+            parse("--target")
+                .unwrap_err()
+                .contains("missing argument for option '--target'")
+        );
+        assert_eq!(parse("--target=sm_90 --out=x").unwrap().targets.len(), 1);
         assert!(parse("--num-warps x --target sm_90 --out y").is_err());
         assert!(parse("--num-warps 3 --target sm_90 --out y").is_err());
-        assert!(parse("--bogus").unwrap_err().contains("unknown argument"));
+        assert!(
+            parse("--bogus")
+                .unwrap_err()
+                .contains("invalid option '--bogus'")
+        );
     }
 }

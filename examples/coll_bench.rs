@@ -74,13 +74,34 @@ fn human(bytes: usize) -> String {
 }
 
 fn main() {
-    let max_mib: usize = std::env::args()
-        .nth(1)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(16);
+    // Positional arguments: the largest size in MiB (16), and optionally one section
+    // (`busbw`, `crossover` or `ll`).
+    let usage = "usage: coll_bench [MAX_MIB [busbw|crossover|ll]]";
+    let mut positional = Vec::new();
+    let mut p = lexopt::Parser::from_env();
+    loop {
+        match p.next() {
+            Ok(None) => break,
+            Ok(Some(lexopt::Arg::Value(v))) => positional.push(v.to_string_lossy().into_owned()),
+            Ok(Some(other)) => {
+                eprintln!("{}\n{usage}", other.unexpected());
+                std::process::exit(2);
+            }
+            Err(e) => {
+                eprintln!("{e}\n{usage}");
+                std::process::exit(2);
+            }
+        }
+    }
+    let max_mib: usize = match positional.first() {
+        None => 16,
+        Some(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("MAX_MIB `{v}` is not a number\n{usage}");
+            std::process::exit(2);
+        }),
+    };
     let max = max_mib << 20;
-    // Optional second argument: only one section (`busbw`, `crossover` or `ll`).
-    let only = std::env::args().nth(2);
+    let only = positional.get(1).cloned();
     let run = |s: &str| only.as_deref().is_none_or(|o| o == s);
     let ranks = [2usize, 4, 8];
     // The interpreter moves data slower with more ranks on 2 cores: cap 8 ranks lower.

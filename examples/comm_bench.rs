@@ -215,14 +215,22 @@ fn barrier_latency(ranks: usize, iters: usize) -> Result<f64, Box<dyn std::error
 }
 
 fn main() {
-    let quick = match std::env::args().nth(1).as_deref() {
-        None => false,
-        Some("--quick") => true,
-        Some(a) => {
-            eprintln!("unknown argument `{a}`\nusage: comm_bench [--quick]");
-            std::process::exit(2);
+    let mut quick = false;
+    let mut p = lexopt::Parser::from_env();
+    loop {
+        match p.next() {
+            Ok(None) => break,
+            Ok(Some(lexopt::Arg::Long("quick"))) => quick = true,
+            Ok(Some(other)) => {
+                eprintln!("{}\nusage: comm_bench [--quick]", other.unexpected());
+                std::process::exit(2);
+            }
+            Err(e) => {
+                eprintln!("{e}\nusage: comm_bench [--quick]");
+                std::process::exit(2);
+            }
         }
-    };
+    }
     common::run_main(|| {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         println!("comm_bench: CPU ranks (reference interpreter), {threads} hardware thread(s)");

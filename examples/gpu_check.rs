@@ -67,7 +67,18 @@ struct Args {
     check_target: Option<String>,
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
+/// The value of the option just read, as a string.
+fn value_of(p: &mut lexopt::Parser) -> Result<String, String> {
+    use lexopt::ValueExt;
+    p.value()
+        .and_then(|v| v.string())
+        .map_err(|e| format!("{e}\n{USAGE}"))
+}
+
+fn parse_args(
+    args: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+) -> Result<Args, String> {
+    use lexopt::prelude::*;
     let mut a = Args {
         kernels: None,
         device: None,
@@ -77,20 +88,17 @@ fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
     };
     let mut check = false;
     let mut target = None;
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--kernels" => a.kernels = Some(PathBuf::from(value()?)),
-            "--device" => a.device = Some(value()?),
-            "--json" => a.json = Some(PathBuf::from(value()?)),
-            "--target" => target = Some(value()?),
-            "--no-bench" => a.bench = false,
-            "--check-artifacts" => check = true,
-            "-h" | "--help" => return Err(USAGE.into()),
-            other => return Err(format!("unknown argument `{other}`\n{USAGE}")),
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| format!("{e}\n{USAGE}"))? {
+        match arg {
+            Long("kernels") => a.kernels = Some(PathBuf::from(value_of(&mut p)?)),
+            Long("device") => a.device = Some(value_of(&mut p)?),
+            Long("json") => a.json = Some(PathBuf::from(value_of(&mut p)?)),
+            Long("target") => target = Some(value_of(&mut p)?),
+            Long("no-bench") => a.bench = false,
+            Long("check-artifacts") => check = true,
+            Short('h') | Long("help") => return Err(USAGE.into()),
+            other => return Err(format!("{}\n{USAGE}", other.unexpected())),
         }
     }
     if check {
@@ -556,17 +564,6 @@ fn print_table(rows: &[Row]) {
     }
 }
 
-fn json_escape(s: &str) -> String {
-    s.chars()
-        .flat_map(|c| match c {
-            '"' => vec!['\\', '"'],
-            '\\' => vec!['\\', '\\'],
-            c if (c as u32) < 0x20 => vec![' '],
-            c => vec![c],
-        })
-        .collect()
-}
-
 fn run(args: Args) -> Result<bool, (u8, String)> {
     let fail = |e: Error| (1u8, e.to_string());
     if let Some(target) = &args.check_target {
@@ -621,16 +618,18 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
         results = benchmarks(&dev, &mut rows);
     }
     if let Some(path) = &args.json {
-        let mut s = format!(
-            "{{\"device\": \"{}\", \"suite_ok\": {ok}, \"bench\": [",
-            json_escape(&dev.name())
-        );
-        for (i, (n, u, v)) in results.iter().enumerate() {
-            let sep = if i == 0 { "" } else { ", " };
-            s += &format!("{sep}{{\"name\": \"{n}\", \"unit\": \"{u}\", \"value\": {v}}}");
-        }
-        s += "]}\n";
-        std::fs::write(path, s)
+        let bench: Vec<serde_json::Value> = results
+            .iter()
+            .map(|(n, u, v)| serde_json::json!({"name": n, "unit": u, "value": v}))
+            .collect();
+        let report = serde_json::json!({
+            "device": dev.name(),
+            "suite_ok": ok,
+            "bench": bench,
+        });
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| (1, format!("cannot encode the report: {e}")))?;
+        std::fs::write(path, text + "\n")
             .map_err(|e| (1, format!("cannot write {}: {e}", path.display())))?;
     }
     dev.synchronize().map_err(fail)?;
@@ -639,7 +638,7 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
 }
 
 fn main() -> ExitCode {
-    let args = match parse_args(std::env::args().skip(1)) {
+    let args = match parse_args(std::env::args_os().skip(1)) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("gpu_check: {e}");

@@ -17,8 +17,8 @@ use tessera::prelude::*;
 /// Lanes of the tile; `--elems` of them are live (the rest is masked off).
 const B: usize = 1024;
 
-const USAGE: &str =
-    "usage: ping_pong [--ranks <1..=256>] [--laps <1..=1000000>] [--elems <1..=1024>]";
+/// The usage line (the flags' ranges and defaults come from `FLAGS`).
+const USAGE: &str = "ping_pong [--ranks N] [--laps N] [--elems N]";
 
 /// `laps` times around the ring, lap numbers `first + 1 ..= first + laps` (signals are
 /// monotonic, so a second launch continues the count).
@@ -56,32 +56,22 @@ struct Args {
     elems: usize,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let mut a = Args {
-        ranks: 2,
-        laps: 500,
-        elems: 256,
-    };
-    while let Some(flag) = args.next() {
-        if flag == "-h" || flag == "--help" {
-            return Err(USAGE.into());
-        }
-        let (slot, max) = match flag.as_str() {
-            "--ranks" => (&mut a.ranks, 256),
-            "--laps" => (&mut a.laps, 1_000_000),
-            "--elems" => (&mut a.elems, B),
-            _ => return Err(format!("unknown argument `{flag}`\n{USAGE}")),
-        };
-        let v = args
-            .next()
-            .ok_or_else(|| format!("{flag} needs a value\n{USAGE}"))?;
-        *slot = v
-            .parse::<usize>()
-            .ok()
-            .filter(|n| (1..=max).contains(n))
-            .ok_or_else(|| format!("{flag} {v}: expected an integer in 1..={max}\n{USAGE}"))?;
-    }
-    Ok(a)
+/// The command line's flags: name, default, accepted values.
+const FLAGS: [(&str, usize, std::ops::RangeInclusive<usize>); 3] = [
+    ("ranks", 2, 1..=256),
+    ("laps", 500, 1..=1_000_000),
+    ("elems", 256, 1..=B),
+];
+
+/// The arguments (without the program name); `None` when `--help` asks for the usage.
+fn parse_args(
+    args: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+) -> Result<Option<Args>, String> {
+    Ok(common::parse_args_from(USAGE, &FLAGS, args)?.map(|v| Args {
+        ranks: v[0],
+        laps: v[1],
+        elems: v[2],
+    }))
 }
 
 /// The device the ranks run on: the CPU, or the emulator when `TESSERA_DEVICE` asks.
@@ -102,8 +92,12 @@ fn add_ones(x: f32, k: usize) -> f32 {
 }
 
 fn main() {
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(a) => a,
+    let args = match parse_args(std::env::args_os().skip(1)) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            println!("{}", common::args_help(USAGE, &FLAGS));
+            return;
+        }
         Err(msg) => {
             eprintln!("{msg}");
             std::process::exit(2);
@@ -199,7 +193,7 @@ mod tests {
     use super::*;
 
     fn parse(s: &str) -> Result<Args, String> {
-        parse_args(s.split_whitespace().map(String::from))
+        parse_args(s.split_whitespace())?.ok_or_else(|| "help".to_string())
     }
 
     #[test]
@@ -213,6 +207,8 @@ mod tests {
             })
         );
         assert_eq!(parse("").map(|a| a.ranks), Ok(2));
+        assert_eq!(parse("--laps=9").map(|a| a.laps), Ok(9));
+        assert_eq!(parse_args(["--help"]), Ok(None));
         for bad in [
             "--ranks",
             "--ranks 0",

@@ -83,14 +83,15 @@ fn report(
 
 fn main() {
     common::run_main(|| {
-        let args: Vec<String> = std::env::args().collect();
-        let flag = |name: &str| {
-            args.iter()
-                .position(|a| a == name)
-                .and_then(|i| args.get(i + 1))
-                .and_then(|v| v.parse::<usize>().ok())
-        };
-        let rounds = flag("--rounds").unwrap_or(50) as i32;
+        let v = common::parse_args(
+            "ring [--threads N | --procs N] [--rounds N]",
+            &[
+                ("threads", 2, 1..=256),
+                ("procs", 0, 0..=256),
+                ("rounds", 50, 1..=1_000_000),
+            ],
+        )?;
+        let (threads, procs, rounds) = (v[0], v[1], v[2] as i32);
         let (mut rng, _) = common::rng();
         let init: Vec<f32> = common::uniform(&mut rng, B, -8.0, 8.0)
             .into_iter()
@@ -109,10 +110,11 @@ fn main() {
             if me == 0 {
                 report(n, rounds, &init, &got, took, "processes")?;
             }
-        } else if let Some(n) = flag("--procs") {
+        } else if procs > 0 {
+            // Every rank gets the same command line (it runs a launched world's rank).
             let exe = std::env::current_exe()?;
-            let rest: Vec<&String> = args.iter().skip(1).collect();
-            let outs = tessera::world::spawn_local(n, exe, &rest)?;
+            let rest: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            let outs = tessera::world::spawn_local(procs, exe, &rest)?;
             for (r, o) in outs.iter().enumerate() {
                 print!("{}", String::from_utf8_lossy(&o.stdout));
                 eprint!("{}", String::from_utf8_lossy(&o.stderr));
@@ -121,7 +123,7 @@ fn main() {
                 }
             }
         } else {
-            let n = flag("--threads").unwrap_or(2);
+            let n = threads;
             let out = World::local(n)
                 .heap_bytes(1 << 20)
                 .signal_bytes(4096)

@@ -61,51 +61,76 @@ pub fn run_main(f: impl FnOnce() -> Result<(), Box<dyn std::error::Error>>) {
     }
 }
 
-/// Parses `--name value` pairs of unsigned integers: `spec` lists the accepted names
-/// with their defaults and allowed ranges; `--help` prints them. Bad arguments are
-/// messages (the caller exits 1), not panics.
+/// Parses `--name value` (or `--name=value`) pairs of unsigned integers from the
+/// command line: `spec` lists the accepted names with their defaults and allowed
+/// ranges; `--help` prints them and exits. Bad arguments are messages (the caller
+/// exits 1), not panics.
 pub fn parse_args(
     usage: &str,
     spec: &[(&str, usize, std::ops::RangeInclusive<usize>)],
 ) -> Result<Vec<usize>, String> {
-    let mut vals: Vec<usize> = spec.iter().map(|s| s.1).collect();
-    let help = || {
-        let mut h = format!("usage: {usage}");
-        for (name, def, range) in spec {
-            h += &format!(
-                "\n  --{name} N   ({}..={}, default {def})",
-                range.start(),
-                range.end()
-            );
-        }
-        h
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        if a == "--help" || a == "-h" {
-            println!("{}", help());
+    match parse_args_from(usage, spec, std::env::args_os().skip(1))? {
+        Some(v) => Ok(v),
+        None => {
+            println!("{}", args_help(usage, spec));
             std::process::exit(0);
         }
-        let name = a.strip_prefix("--").unwrap_or("");
-        let Some(i) = spec.iter().position(|s| s.0 == name) else {
-            return Err(format!("unknown argument `{a}`\n{}", help()));
-        };
-        let v = args
-            .next()
-            .ok_or_else(|| format!("`{a}` needs a value\n{}", help()))?;
-        let n: usize = v
-            .parse()
-            .map_err(|_| format!("`{a} {v}`: not a number\n{}", help()))?;
-        if !spec[i].2.contains(&n) {
-            return Err(format!(
-                "`{a} {v}`: must be in {}..={}",
-                spec[i].2.start(),
-                spec[i].2.end()
-            ));
-        }
-        vals[i] = n;
     }
-    Ok(vals)
+}
+
+/// The usage text of [`parse_args`].
+pub fn args_help(usage: &str, spec: &[(&str, usize, std::ops::RangeInclusive<usize>)]) -> String {
+    let mut h = format!("usage: {usage}");
+    for (name, def, range) in spec {
+        h += &format!(
+            "\n  --{name} N   ({}..={}, default {def})",
+            range.start(),
+            range.end()
+        );
+    }
+    h
+}
+
+/// [`parse_args`] over `args` (without the program name); `None` when `--help` or
+/// `-h` asks for the usage.
+pub fn parse_args_from(
+    usage: &str,
+    spec: &[(&str, usize, std::ops::RangeInclusive<usize>)],
+    args: impl IntoIterator<Item = impl Into<std::ffi::OsString>>,
+) -> Result<Option<Vec<usize>>, String> {
+    use lexopt::prelude::*;
+    let help = || args_help(usage, spec);
+    let mut vals: Vec<usize> = spec.iter().map(|s| s.1).collect();
+    let mut p = lexopt::Parser::from_args(args);
+    while let Some(arg) = p.next().map_err(|e| format!("{e}\n{}", help()))? {
+        match arg {
+            Short('h') | Long("help") => return Ok(None),
+            Long(name) => {
+                let Some(i) = spec.iter().position(|s| s.0 == name) else {
+                    return Err(format!("unknown argument `--{name}`\n{}", help()));
+                };
+                let name = name.to_string();
+                let v: String = p
+                    .value()
+                    .map_err(|e| format!("{e}\n{}", help()))?
+                    .string()
+                    .map_err(|e| format!("--{name}: {e}"))?;
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| format!("`--{name} {v}`: not a number\n{}", help()))?;
+                if !spec[i].2.contains(&n) {
+                    return Err(format!(
+                        "`--{name} {v}`: must be in {}..={}",
+                        spec[i].2.start(),
+                        spec[i].2.end()
+                    ));
+                }
+                vals[i] = n;
+            }
+            other => return Err(format!("{}\n{}", other.unexpected(), help())),
+        }
+    }
+    Ok(Some(vals))
 }
 
 /// The device to run communicating ranks on: the best device present
