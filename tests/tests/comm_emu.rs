@@ -320,6 +320,11 @@ fn a_missing_signal_times_out_naming_the_wait() {
                         }
                         std::thread::sleep(Duration::from_millis(2));
                     }
+                    // A head start of a third of the timeout: rank 1's timeout (and the
+                    // abort it raises) must come first even when the 2 cores are busy
+                    // with other tests (with a few milliseconds, rank 0's own timeout
+                    // sometimes won).
+                    std::thread::sleep(Duration::from_millis(500));
                 }
                 let res = missing_signal::launch(r.device(), 1u32, (&mut sig, &mut out));
                 if let Err(e) = &res {
