@@ -178,6 +178,11 @@ const CONN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections rank 0 checks at once; more are closed at once.
 const MAX_PENDING: usize = 64;
 
+/// A launch variable: set and not blank.
+fn env_var(k: &str) -> Option<String> {
+    std::env::var(k).ok().filter(|v| !v.trim().is_empty())
+}
+
 /// The per-user folder of default bootstrap sockets: `$XDG_RUNTIME_DIR/tessera`
 /// (systemd's private per-user folder) when set, else `/tmp/tessera-<uid>`.
 ///
@@ -233,8 +238,7 @@ fn tag(text: &str) -> u64 {
 impl LaunchEnv {
     /// Reads the launch environment (see the module docs).
     pub fn from_env() -> Result<LaunchEnv, Error> {
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        Self::from_vars(get)
+        Self::from_vars(env_var)
     }
 
     pub(crate) fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<LaunchEnv, Error> {
@@ -629,8 +633,7 @@ fn bootstrap_root(
     if !name.starts_with('@') {
         let path = Path::new(name);
         // The default folder is made private (and checked) before anything is in it.
-        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-        let dir = runtime_dir(&get);
+        let dir = runtime_dir(&env_var);
         if path.parent() == Some(dir.as_path()) {
             ensure_private_dir(&dir)?;
         }
@@ -1125,8 +1128,7 @@ pub fn spawn_local_with(
     if n == 0 || n > 1024 {
         return Err(err(format!("a world needs 1 to 1024 ranks, got {n}")));
     }
-    let get = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    let dir = runtime_dir(&get);
+    let dir = runtime_dir(&env_var);
     ensure_private_dir(&dir).map_err(err)?;
     let name = dir
         .join(format!(
