@@ -295,6 +295,8 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    // Tessera's messages (the `log` facade), filtered by TESSERA_LOG.
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("TESSERA_LOG", "warn")).init();
     let result = parse_args(std::env::args_os().skip(1)).and_then(|args| run(&args));
     match result {
         Ok(()) => ExitCode::SUCCESS,

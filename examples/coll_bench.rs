@@ -74,6 +74,8 @@ fn human(bytes: usize) -> String {
 }
 
 fn main() {
+    // Tessera's messages (the `log` facade), filtered by TESSERA_LOG.
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("TESSERA_LOG", "warn")).init();
     // Positional arguments: the largest size in MiB (16), and optionally one section
     // (`busbw`, `crossover` or `ll`).
     let usage = "usage: coll_bench [MAX_MIB [busbw|crossover|ll]]";

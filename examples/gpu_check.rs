@@ -638,6 +638,8 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
 }
 
 fn main() -> ExitCode {
+    // Tessera's messages (the `log` facade), filtered by TESSERA_LOG.
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("TESSERA_LOG", "warn")).init();
     let args = match parse_args(std::env::args_os().skip(1)) {
         Ok(a) => a,
         Err(e) => {

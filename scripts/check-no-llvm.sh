@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 profile="${1:-debug}"
 flag=()
 [ "$profile" = release ] && flag=(--release)
-cargo build -q "${flag[@]}" -p tessera --no-default-features --example gpu_check
+cargo build -q "${flag[@]}" -p tessera-examples --no-default-features --example gpu_check
 bin="${CARGO_TARGET_DIR:-target}/$profile/examples/gpu_check"
 needed="$(readelf -d "$bin" | grep NEEDED || true)"
 if grep -qi llvm <<<"$needed" || ldd "$bin" | grep -qi llvm; then

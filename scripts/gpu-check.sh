@@ -37,7 +37,7 @@ pack=target/gpu-check
 limit=$((64 * 1024 * 1024))
 
 echo "== 1. gpu_check, release, no LLVM"
-cargo build -q --release -p tessera --no-default-features --example gpu_check
+cargo build -q --release -p tessera-examples --no-default-features --example gpu_check
 bin="$tdir/release/examples/gpu_check"
 if readelf -d "$bin" | grep -i 'NEEDED.*llvm'; then
   echo "FAIL: $bin links LLVM" >&2
@@ -50,7 +50,7 @@ mkdir -p "$pack/kernels"
 echo "== 2. precompile the example kernels for $target"
 aot_log="$(mktemp)"
 trap 'rm -f "$aot_log"' EXIT
-if cargo run -q --release -p tessera --example aot -- \
+if cargo run -q --release -p tessera-examples --example aot -- \
     --target "$target" --out "$pack/aot-$target" --store "$pack/kernels" >"$aot_log" 2>&1; then
   cat "$aot_log"
   lowering=1

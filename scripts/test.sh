@@ -10,64 +10,71 @@ fi
 set -x
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features -- -D warnings
-# The runtime builds without LLVM (feature `jit` off), and with HIP (libamdhip64).
-cargo clippy -p tessera --all-targets --no-default-features -- -D warnings
-cargo clippy -p tessera --all-targets --no-default-features --features hip -- -D warnings
+# The runtime and the examples build without LLVM (feature `jit` off), and with HIP
+# (libamdhip64).
+cargo clippy -p tessera -p tessera-examples --all-targets --no-default-features -- -D warnings
+cargo clippy -p tessera -p tessera-examples --all-targets --no-default-features --features hip -- -D warnings
 # Documentation: every intra-doc link resolves.
 RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q \
   -p tessera -p tessera-ir -p tessera-codegen -p tessera-macros
+# Every crate packages for crates.io (versions on the path dependencies, manifests and
+# readmes that cargo accepts). The unpublished workspace crates are packaged together,
+# each resolving the others locally (crates.io is still read for the rest); the
+# `publish = false` ones (tessera-examples, tessera-tests) are packaged too.
+# `--no-verify`: the builds are the steps above and below.
+cargo package --workspace --no-verify --allow-dirty -q
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
 # The HIP backend (no device here: the clean "unavailable" path and the fallback).
-cargo test -p tessera --features hip 2>&1 | tee -a "$log"
+cargo test -p tessera -p tessera-examples --features hip 2>&1 | tee -a "$log"
 # Without `jit`: the runtime tests pass and a binary using it links no LLVM.
 cargo test -p tessera --no-default-features --lib --test devices 2>&1 | tee -a "$log"
 scripts/check-no-llvm.sh
 # A missing CUDA driver is a clean error, not a panic.
 if [ ! -e /dev/nvidiactl ]; then
-  out="$(TESSERA_DEVICE=cuda cargo run -q -p tessera --example vector_add 2>&1 || true)"
+  out="$(TESSERA_DEVICE=cuda cargo run -q -p tessera-examples --example vector_add 2>&1 || true)"
   grep -q "no CUDA driver found (libcuda.so could not be loaded)" <<<"$out"
 fi
 # A bad launch-watchdog setting is an error naming it; a good one changes nothing.
-out="$(TESSERA_DEVICE=cpu TESSERA_LAUNCH_TIMEOUT=abc cargo run -q -p tessera --example vector_add 2>&1 || true)"
-grep -q 'TESSERA_LAUNCH_TIMEOUT=`abc`: expected a positive number of seconds' <<<"$out"
-TESSERA_DEVICE=emu-nv TESSERA_LAUNCH_TIMEOUT=600 cargo run -q -p tessera --example checked_gather
+out="$(TESSERA_DEVICE=cpu TESSERA_LAUNCH_TIMEOUT=abc cargo run -q -p tessera-examples --example vector_add 2>&1 || true)"
+grep -q 'TESSERA_LAUNCH_TIMEOUT=`abc`: expected a positive duration' <<<"$out"
+TESSERA_DEVICE=emu-nv TESSERA_LAUNCH_TIMEOUT=600 cargo run -q -p tessera-examples --example checked_gather
 # Every example checks its own results and exits non-zero on a mismatch.
-for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention ping_pong; do
-  TESSERA_DEVICE=cpu cargo run -q -p tessera --example "$ex"
+for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention ping_pong interop; do
+  TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example "$ex"
 done
 # Communicating examples on CPU ranks (small sizes: debug build).
-TESSERA_DEVICE=cpu cargo run -q -p tessera --example ping_pong -- --ranks 4 --laps 100
-TESSERA_DEVICE=cpu cargo run -q -p tessera --example ag_gemm -- --ranks 3 --rows 40 --n 70 --k 50 --iters 1
-TESSERA_DEVICE=cpu cargo run -q -p tessera --example custom_collective -- --ranks 3 --n 700
-TESSERA_DEVICE=cpu cargo run -q -p tessera --example allreduce -- --ranks 3
-TESSERA_DEVICE=cpu cargo run -q -p tessera --example moe_all_to_all -- --ranks 3
-TESSERA_DEVICE=cpu cargo run -q -p tessera --example sp_attention -- --ranks 3 --seq 40 --heads 1 --iters 1
+TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example ping_pong -- --ranks 4 --laps 100
+TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example ag_gemm -- --ranks 3 --rows 40 --n 70 --k 50 --iters 1
+TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example custom_collective -- --ranks 3 --n 700
+TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example allreduce -- --ranks 3
+TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example moe_all_to_all -- --ranks 3
+TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example sp_attention -- --ranks 3 --seq 40 --heads 1 --iters 1
 # The same examples on the SIMT emulator (the real GPU lowering of the communication
 # ops, both vendors' flavours), at their default sizes on 4 ranks.
 for emu in emu-nv emu-amd; do
-  TESSERA_DEVICE=$emu cargo run -q -p tessera --example ag_gemm -- --ranks 4 --iters 1
-  TESSERA_DEVICE=$emu cargo run -q -p tessera --example custom_collective -- --ranks 4
-  TESSERA_DEVICE=$emu cargo run -q -p tessera --example allreduce -- --ranks 4 --iters 1
-  TESSERA_DEVICE=$emu cargo run -q -p tessera --example moe_all_to_all -- --ranks 4
-  TESSERA_DEVICE=$emu cargo run -q -p tessera --example ping_pong -- --ranks 4 --laps 20
-  TESSERA_DEVICE=$emu cargo run -q -p tessera --example sp_attention -- --ranks 4 --seq 64 --heads 1 --iters 1
+  TESSERA_DEVICE=$emu cargo run -q -p tessera-examples --example ag_gemm -- --ranks 4 --iters 1
+  TESSERA_DEVICE=$emu cargo run -q -p tessera-examples --example custom_collective -- --ranks 4
+  TESSERA_DEVICE=$emu cargo run -q -p tessera-examples --example allreduce -- --ranks 4 --iters 1
+  TESSERA_DEVICE=$emu cargo run -q -p tessera-examples --example moe_all_to_all -- --ranks 4
+  TESSERA_DEVICE=$emu cargo run -q -p tessera-examples --example ping_pong -- --ranks 4 --laps 20
+  TESSERA_DEVICE=$emu cargo run -q -p tessera-examples --example sp_attention -- --ranks 4 --seq 64 --heads 1 --iters 1
 done
 # The single-device examples on the emulator too.
-for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention; do
-  TESSERA_DEVICE=emu-nv cargo run -q -p tessera --example "$ex"
-  TESSERA_DEVICE=emu-amd cargo run -q -p tessera --example "$ex"
+for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention interop; do
+  TESSERA_DEVICE=emu-nv cargo run -q -p tessera-examples --example "$ex"
+  TESSERA_DEVICE=emu-amd cargo run -q -p tessera-examples --example "$ex"
 done
 # The kernels with a `dot` on the Hopper flavour (wgmma from shared memory).
 for ex in matmul matmul_i8 matmul_fp8 matmul_desc attention; do
-  TESSERA_DEVICE=emu-sm90a cargo run -q -p tessera --example "$ex"
+  TESSERA_DEVICE=emu-sm90a cargo run -q -p tessera-examples --example "$ex"
 done
 # Compile-only: every example kernel for an NVIDIA and an AMD target.
 aot_dir="$(mktemp -d)"
 trap 'rm -f "$log"; rm -rf "$aot_dir"' EXIT
 for t in sm_90 sm_90a gfx942; do
-  cargo run -q -p tessera --example aot -- --target "$t" --out "$aot_dir/$t"
+  cargo run -q -p tessera-examples --example aot -- --target "$t" --out "$aot_dir/$t"
 done
 set +x
 # One closing line for the whole run, summed over every test binary.

@@ -134,7 +134,7 @@ def runs_on(tgt: str) -> list:
 
 def ours_side(work: Path) -> dict:
     out = {}
-    subprocess.run(["cargo", "build", "--release", "-q", "-p", "tessera", "--example", "aot"], cwd=ROOT, check=True)
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "tessera-examples", "--example", "aot"], cwd=ROOT, check=True)
     exe = ROOT / "target/release/examples/aot"
     for tgt, *_ in TARGETS:
         d = work / "ours" / tgt

@@ -220,17 +220,26 @@ fn init_llvm() {
     });
 }
 
-/// The `ld.lld` to link HSACOs with: `$TESSERA_LLD`, else `ld.lld-22`,
+/// The `ld.lld` [`use_lld`] named, if any.
+static LLD: std::sync::RwLock<Option<PathBuf>> = std::sync::RwLock::new(None);
+
+/// Links HSACOs with `lld` from now on (`None`: look for one, see [`find_lld`]). The
+/// runtime passes its `TESSERA_LLD` setting here.
+pub fn use_lld(lld: Option<PathBuf>) {
+    *LLD.write().unwrap_or_else(|e| e.into_inner()) = lld;
+}
+
+/// The `ld.lld` to link HSACOs with: the one given to [`use_lld`], else `ld.lld-22`,
 /// `/usr/lib/llvm-22/bin/ld.lld` or `ld.lld` found on `PATH`.
 pub fn find_lld() -> Result<PathBuf, CodegenError> {
-    if let Some(p) = std::env::var_os("TESSERA_LLD").filter(|p| !p.is_empty()) {
-        let p = PathBuf::from(p);
+    let chosen = LLD.read().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(p) = chosen {
         return if p.is_file() || p.components().count() == 1 {
             Ok(p)
         } else {
             Err(CodegenError::Tool {
                 tool: "ld.lld".into(),
-                message: format!("TESSERA_LLD={} does not exist", p.display()),
+                message: format!("{} (TESSERA_LLD) does not exist", p.display()),
             })
         };
     }
@@ -243,7 +252,7 @@ pub fn find_lld() -> Result<PathBuf, CodegenError> {
     }
     find_on_path("ld.lld").ok_or_else(|| CodegenError::Tool {
         tool: "ld.lld".into(),
-        message: "not found (looked for $TESSERA_LLD, ld.lld-22 on PATH, \
+        message: "not found (looked for ld.lld-22 on PATH, \
                   /usr/lib/llvm-22/bin/ld.lld and ld.lld on PATH); \
                   install it with `bash scripts/setup.sh`"
             .into(),

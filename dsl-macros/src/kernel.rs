@@ -446,6 +446,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let device = proc_macro2::Ident::new("device", Span::mixed_site());
     let grid = proc_macro2::Ident::new("grid", Span::mixed_site());
     let args = proc_macro2::Ident::new("args", Span::mixed_site());
+    let opts = proc_macro2::Ident::new("opts", Span::mixed_site());
     let generics = &f.sig.generics;
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
     let mut where_preds: Vec<TokenStream> = where_clause
@@ -562,6 +563,10 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
          the order of the kernel's parameters. The IR is built once per comptime \
          arguments and cached."
     );
+    let launch_with_doc = format!(
+        "Launches `{name_str}` like [`{name_str}::launch`], with `opts` (warps, pipeline \
+         stages, stream: [`tessera::LaunchOptions`])."
+    );
 
     let launch_bound = quote_spanned!(name.span()=>
         Self: ::tessera::Kernel<Comptime = (#(#ct_types,)*)>,
@@ -620,9 +625,29 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
             where
                 #launch_bound
             {
+                Self::launch_with(#device, #grid, &::tessera::LaunchOptions::default(), #args)
+            }
+
+            #[doc = #launch_with_doc]
+            #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+            pub fn launch_with(
+                #device: &::tessera::Device,
+                #grid: impl ::core::convert::Into<::tessera::Grid>,
+                #opts: &::tessera::LaunchOptions,
+                #args: (#(#arg_types,)*),
+            ) -> ::core::result::Result<(), ::tessera::Error>
+            where
+                #launch_bound
+            {
                 let (#(#arg_names,)*) = #args;
                 let #ct_ident: <Self as ::tessera::Kernel>::Comptime = (#(#ct_names,)*);
-                ::tessera::launch::<Self>(#device, #grid.into(), &#ct_ident, &mut [#(#launch_args),*])
+                ::tessera::launch_with::<Self>(
+                    #device,
+                    #grid.into(),
+                    #opts,
+                    &#ct_ident,
+                    &mut [#(#launch_args),*],
+                )
             }
         }
     }

@@ -53,8 +53,19 @@ pub fn check(name: &str, got: &[f64], want: &[f64], tol: &[f64]) -> Result<(), S
     Ok(())
 }
 
-/// Runs `f`, printing the error and exiting with status 1 on failure.
+/// Installs the examples' logger: Tessera's messages (the `log` facade) go to
+/// standard error, filtered by `TESSERA_LOG` (`warn` by default; e.g. `info`,
+/// `tessera=debug`).
+pub fn init_logger() {
+    let env = env_logger::Env::new().filter_or("TESSERA_LOG", "warn");
+    // A second call (a test including these helpers) keeps the first logger.
+    let _ = env_logger::Builder::from_env(env).try_init();
+}
+
+/// Runs `f` (after installing the logger), printing the error and exiting with
+/// status 1 on failure.
 pub fn run_main(f: impl FnOnce() -> Result<(), Box<dyn std::error::Error>>) {
+    init_logger();
     if let Err(e) = f() {
         eprintln!("error: {e}");
         std::process::exit(1);

@@ -33,7 +33,7 @@ use tessera_ir::Function;
 pub use crate::artifact::Specialization;
 use crate::artifact::{ArtifactStore, KernelBinary, KernelOptions, kernel_key};
 
-use crate::launch::{dump_enabled, dump_hash, dump_text};
+use crate::dump::{dump_enabled, dump_hash, dump_text};
 use crate::{Error, Kernel, kernel_ir};
 
 pub use tessera_codegen::target::ALL_TARGETS;
@@ -69,14 +69,23 @@ pub fn compile_ir(
     target: Target,
     opts: &CompileOptions,
 ) -> Result<Artifact, Error> {
+    tessera_codegen::emit::use_lld(crate::config::get()?.lld.clone());
     let art = tessera_codegen::compile(func, target, opts)?;
-    if dump_enabled("layout") {
+    if dump_enabled("layout")? {
         let text = tessera_codegen::lower::lower_with_layouts(func, target, opts)?;
         let ir = tessera_ir::printer::print_function(func);
         let hash = dump_hash(&[&ir, &target.to_string(), &format!("{opts:?}")]);
         dump_text("layout", &func.name, hash, "layout", text.as_bytes())?;
     }
-    if ["llvm", "ptx", "amdgcn"].iter().any(|s| dump_enabled(s)) {
+    let any = |stages: &[&str]| -> Result<bool, Error> {
+        for s in stages {
+            if dump_enabled(s)? {
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    };
+    if any(&["llvm", "ptx", "amdgcn"])? {
         let ir = tessera_ir::printer::print_function(func);
         let hash = dump_hash(&[&ir, &target.to_string(), &format!("{opts:?}")]);
         dump_text("llvm", &func.name, hash, "ll", art.llvm_ir.as_bytes())?;

@@ -28,11 +28,7 @@ use crate::disk_cache::{CacheKey, DiskCache};
 /// share the workspace version, so a runtime without LLVM knows it too.
 pub const COMPILER_VERSION: &str = concat!("tessera-", env!("CARGO_PKG_VERSION"));
 
-/// NVIDIA kernels needing more shared memory than this declare it dynamic (the
-/// codegen's `NVIDIA_STATIC_SHARED_BYTES`): their launch passes
-/// [`KernelBinary::shared_bytes`] of dynamic shared memory and raises the kernel's
-/// limit to it.
-pub const DYNAMIC_SHARED_PAST: u32 = 48 * 1024;
+pub use crate::backend::{DYNAMIC_SHARED_PAST, KernelBinary};
 
 /// First bytes of a serialized [`KernelBinary`] (format version 1).
 const MAGIC: &[u8; 8] = b"TSRKBIN1";
@@ -190,23 +186,6 @@ pub fn kernel_key_of<K: crate::Kernel>(
     ))
 }
 
-/// One compiled kernel, as a driver loads it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct KernelBinary {
-    /// The entry point's symbol.
-    pub name: String,
-    /// The target it was compiled for (`sm_90`, `gfx942`, ...).
-    pub target: String,
-    /// Threads per block.
-    pub num_threads: u32,
-    /// Shared memory in bytes: declared in the PTX up to 48 KiB, past that dynamic
-    /// (an unsized `.extern .shared` array the launch sizes to this), see
-    /// [`DYNAMIC_SHARED_PAST`].
-    pub shared_bytes: u32,
-    /// PTX text (NVIDIA) or an HSACO code object (AMD).
-    pub binary: Vec<u8>,
-}
-
 /// Why bytes are not a valid [`KernelBinary`].
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("invalid kernel binary: {0}")]
@@ -324,11 +303,12 @@ impl ArtifactStore {
         ArtifactStore { dir: dir.into() }
     }
 
-    /// The store named by `TESSERA_AOT_DIR`, if set.
-    pub fn from_env() -> Option<ArtifactStore> {
-        std::env::var_os("TESSERA_AOT_DIR")
-            .filter(|d| !d.is_empty())
-            .map(ArtifactStore::new)
+    /// The store named by `TESSERA_AOT_DIR` ([`crate::config`]), if set.
+    pub fn from_env() -> Result<Option<ArtifactStore>, Error> {
+        Ok(crate::config::get()?
+            .aot_dir
+            .clone()
+            .map(ArtifactStore::new))
     }
 
     /// The folder.
@@ -464,10 +444,7 @@ pub fn cached_or_compile(
         match KernelBinary::from_bytes(&payload) {
             Ok(bin) => return Ok((bin, Origin::DiskCache)),
             Err(e) => {
-                crate::disk_cache::log_warn(&format!(
-                    "discarding kernel cache entry {}: {e}",
-                    key.hex()
-                ));
+                log::warn!("discarding kernel cache entry {}: {e}", key.hex());
                 c.remove(key);
             }
         }
@@ -476,9 +453,20 @@ pub fn cached_or_compile(
     if let Some(c) = cache
         && let Err(e) = c.put(key, &bin.to_bytes())
     {
-        crate::disk_cache::log_warn(&e.to_string());
+        log::warn!("{e}");
     }
     Ok((bin, Origin::Compiled))
+}
+
+impl crate::Device {
+    /// Where precompiled kernels are looked for: the folder given to
+    /// [`crate::Device::with_artifacts`], else `TESSERA_AOT_DIR`.
+    pub fn artifact_store(&self) -> Result<Option<ArtifactStore>, Error> {
+        match &self.artifacts {
+            Some(d) => Ok(Some(ArtifactStore::new(d.as_ref().clone()))),
+            None => ArtifactStore::from_env(),
+        }
+    }
 }
 
 #[cfg(test)]

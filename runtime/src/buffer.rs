@@ -6,8 +6,9 @@ use std::sync::Arc;
 use tessera_ir::dsl::DType;
 use tessera_ir::interp::HostBuffer;
 
-use crate::device::Backend;
-use crate::{Device, Error};
+use crate::backend::{DevMem, RawStream};
+use crate::device::{Backend, Device, Stream};
+use crate::error::Error;
 
 /// Element types a buffer can hold: every Tessera element type but `bool`.
 pub trait Element: DType + bytemuck::Pod {}
@@ -17,11 +18,18 @@ impl<T: DType + bytemuck::Pod> Element for T {}
 pub(crate) enum Storage {
     /// Host memory, shared with the interpreter (the CPU device).
     Host(Arc<HostBuffer>),
-    /// CUDA device memory.
-    Cuda(crate::cuda::CudaBuf),
-    /// HIP device memory.
-    #[cfg(feature = "hip")]
-    Hip(crate::hip::HipBuf),
+    /// GPU memory.
+    Device(DevMem),
+}
+
+impl Storage {
+    /// The device address of GPU memory, `None` for host memory.
+    pub(crate) fn device_address(&self) -> Option<u64> {
+        match self {
+            Storage::Device(m) => Some(m.ptr),
+            Storage::Host(_) => None,
+        }
+    }
 }
 
 /// A buffer of `T` on a device. Kernels take `&Buffer<T>` for `&Global<T>` parameters
@@ -64,9 +72,7 @@ impl Device {
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Buffer<T>, Error> {
         let storage = match &self.backend {
             Backend::Cpu | Backend::Emu(_) => Storage::Host(Arc::new(HostBuffer::new(T::TY, len))),
-            Backend::Cuda(d) => Storage::Cuda(d.alloc(byte_len::<T>(len))?),
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => Storage::Hip(d.alloc(byte_len::<T>(len))?),
+            Backend::Gpu(g) => Storage::Device(DevMem::alloc(g, byte_len::<T>(len))?),
         };
         Ok(self.buffer(storage, len))
     }
@@ -78,9 +84,11 @@ impl Device {
             Backend::Cpu | Backend::Emu(_) => {
                 Storage::Host(Arc::new(HostBuffer::from_bytes(T::TY, bytes)?))
             }
-            Backend::Cuda(d) => Storage::Cuda(d.upload(bytes)?),
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => Storage::Hip(d.upload(bytes)?),
+            Backend::Gpu(g) => {
+                let m = DevMem::alloc(g, bytes.len())?;
+                g.htod(m.ptr, bytes, RawStream::DEFAULT)?;
+                Storage::Device(m)
+            }
         };
         Ok(self.buffer(storage, data.len()))
     }
@@ -102,33 +110,63 @@ impl<T: Element> Buffer<T> {
         &self.device
     }
 
-    fn bytes(&self) -> Result<Vec<u8>, Error> {
-        match &self.storage {
-            Storage::Host(h) => Ok(h.read_bytes()),
-            Storage::Cuda(c) => c.dev.read(c, byte_len::<T>(self.len)),
-            #[cfg(feature = "hip")]
-            Storage::Hip(b) => b.dev.read(b, byte_len::<T>(self.len)),
-        }
-    }
-
-    /// Copies the contents to the host (on a GPU, after the work queued before it).
-    pub fn download(&self) -> Result<Vec<T>, Error> {
-        let bytes = self.bytes()?;
-        let mut out = vec![T::zeroed(); self.len()];
-        let dst = bytemuck::cast_slice_mut::<T, u8>(&mut out);
-        if bytes.len() != dst.len() {
-            return Err(Error::BufferSize(format!(
-                "read {} bytes for {} elements",
-                bytes.len(),
-                self.len()
+    /// Checks that `stream` is a stream of this buffer's device.
+    fn check_stream(&self, stream: &Stream) -> Result<RawStream, Error> {
+        if stream.device() != &self.device {
+            return Err(Error::Usage(format!(
+                "a buffer of {} used on a stream of {}",
+                self.device.id(),
+                stream.device().id()
             )));
         }
-        dst.copy_from_slice(&bytes);
+        Ok(stream.raw())
+    }
+
+    /// Copies the contents to the host (on a GPU, after the work queued before it on
+    /// the default stream).
+    pub fn download(&self) -> Result<Vec<T>, Error> {
+        self.download_raw(RawStream::DEFAULT)
+    }
+
+    /// Copies the contents to the host after the work queued before it on `stream`.
+    pub fn download_on(&self, stream: &Stream) -> Result<Vec<T>, Error> {
+        let raw = self.check_stream(stream)?;
+        self.download_raw(raw)
+    }
+
+    fn download_raw(&self, stream: RawStream) -> Result<Vec<T>, Error> {
+        let mut out = vec![T::zeroed(); self.len()];
+        let dst = bytemuck::cast_slice_mut::<T, u8>(&mut out);
+        match &self.storage {
+            Storage::Host(h) => {
+                let bytes = h.read_bytes();
+                if bytes.len() != dst.len() {
+                    return Err(Error::BufferSize(format!(
+                        "read {} bytes for {} elements",
+                        bytes.len(),
+                        self.len()
+                    )));
+                }
+                dst.copy_from_slice(&bytes);
+            }
+            Storage::Device(m) => m.gpu.dtoh(m.ptr, dst, stream)?,
+        }
         Ok(out)
     }
 
-    /// Overwrites the contents with `data`, which must have [`Buffer::len`] elements.
+    /// Overwrites the contents with `data`, which must have [`Buffer::len`] elements
+    /// (on a GPU, after the work queued before it on the default stream).
     pub fn copy_from(&mut self, data: &[T]) -> Result<(), Error> {
+        self.copy_from_raw(data, RawStream::DEFAULT)
+    }
+
+    /// Overwrites the contents with `data` after the work queued before on `stream`.
+    pub fn copy_from_on(&mut self, data: &[T], stream: &Stream) -> Result<(), Error> {
+        let raw = self.check_stream(stream)?;
+        self.copy_from_raw(data, raw)
+    }
+
+    fn copy_from_raw(&mut self, data: &[T], stream: RawStream) -> Result<(), Error> {
         if data.len() != self.len() {
             return Err(Error::BufferSize(format!(
                 "copying {} elements into a buffer of {}",
@@ -139,12 +177,7 @@ impl<T: Element> Buffer<T> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         match &mut self.storage {
             Storage::Host(h) => h.write_bytes(0, bytes).map_err(Error::from),
-            Storage::Cuda(c) => {
-                let dev = c.dev.clone();
-                dev.write(c, bytes)
-            }
-            #[cfg(feature = "hip")]
-            Storage::Hip(b) => b.dev.write(b, bytes),
+            Storage::Device(m) => m.gpu.htod(m.ptr, bytes, stream),
         }
     }
 
@@ -158,16 +191,17 @@ impl<T: Element> Buffer<T> {
     /// after [`Device::enable_peer_access`]), and through the host otherwise.
     pub fn copy_to_device(&self, device: &Device) -> Result<Buffer<T>, Error> {
         match (&self.storage, &device.backend) {
-            (Storage::Cuda(src), Backend::Cuda(d)) => {
-                let mut dst = d.alloc(byte_len::<T>(self.len))?;
-                d.copy_device(src, &mut dst)?;
-                Ok(device.buffer(Storage::Cuda(dst), self.len))
-            }
-            #[cfg(feature = "hip")]
-            (Storage::Hip(src), Backend::Hip(d)) => {
-                let dst = d.alloc(byte_len::<T>(self.len))?;
-                d.copy_device(src, &dst, byte_len::<T>(self.len))?;
-                Ok(device.buffer(Storage::Hip(dst), self.len))
+            (Storage::Device(src), Backend::Gpu(g)) if src.gpu.kind() == g.kind() => {
+                let bytes = byte_len::<T>(self.len);
+                let dst = DevMem::alloc(g, bytes)?;
+                g.copy(
+                    dst.ptr,
+                    src.gpu.as_ref(),
+                    src.ptr,
+                    bytes,
+                    RawStream::DEFAULT,
+                )?;
+                Ok(device.buffer(Storage::Device(dst), self.len))
             }
             _ => device.upload(&self.download()?),
         }

@@ -74,18 +74,17 @@ impl DiskCache {
         DiskCache { dir: dir.into() }
     }
 
-    /// The cache in `TESSERA_CACHE_DIR`, else the user's cache directory; `None` when
-    /// neither can be determined.
-    pub fn from_env() -> Option<DiskCache> {
-        if let Some(d) = std::env::var_os("TESSERA_CACHE_DIR").filter(|d| !d.is_empty()) {
-            return Some(DiskCache::new(d));
-        }
-        if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-            return Some(DiskCache::new(Path::new(&d).join("tessera")));
-        }
-        std::env::var_os("HOME")
-            .filter(|d| !d.is_empty())
-            .map(|h| DiskCache::new(Path::new(&h).join(".cache").join("tessera")))
+    /// The cache `TESSERA_CACHE_DIR` names ([`crate::config`]), else `tessera` in the
+    /// user's cache folder (`$XDG_CACHE_HOME`, `~/.cache` on Linux; the `dirs`
+    /// crate's answer); `None` when it is `off` or no folder can be determined.
+    pub fn from_env() -> Result<Option<DiskCache>, crate::Error> {
+        Ok(match &crate::config::get()?.cache_dir {
+            crate::config::CacheDir::Off => None,
+            crate::config::CacheDir::At(d) => Some(DiskCache::new(d.clone())),
+            crate::config::CacheDir::Default => {
+                dirs::cache_dir().map(|d| DiskCache::new(d.join("tessera")))
+            }
+        })
     }
 
     /// The folder.
@@ -103,10 +102,7 @@ impl DiskCache {
         let path = self.entry_path(key);
         let refused = |e: io::Error| {
             if e.kind() != io::ErrorKind::NotFound {
-                log_warn(&format!(
-                    "not using kernel cache entry {}: {e}",
-                    path.display()
-                ));
+                log::warn!("not using kernel cache entry {}: {e}", path.display());
             }
         };
         if let Err(e) = crate::secure_fs::check_own_dir(&self.dir) {
@@ -117,10 +113,7 @@ impl DiskCache {
         match decode(&bytes) {
             Some(payload) => Some(payload.to_vec()),
             None => {
-                log_warn(&format!(
-                    "discarding corrupt kernel cache entry {}",
-                    path.display()
-                ));
+                log::warn!("discarding corrupt kernel cache entry {}", path.display());
                 // Another process may have replaced it with a good entry meanwhile;
                 // removing that one only costs a recompilation.
                 let _ = fs::remove_file(&path);
@@ -168,13 +161,6 @@ fn decode(bytes: &[u8]) -> Option<&[u8]> {
         return None;
     }
     Some(payload)
-}
-
-/// Warnings go to stderr only when `TESSERA_LOG` is set (the runtime has no logger).
-pub(crate) fn log_warn(msg: &str) {
-    if std::env::var_os("TESSERA_LOG").is_some() {
-        eprintln!("tessera: {msg}");
-    }
 }
 
 #[cfg(test)]

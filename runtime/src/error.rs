@@ -67,6 +67,10 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// A stream, event or buffer used wrongly: with another device than its own, or
+    /// an event timed before it was recorded.
+    #[error("{0}")]
+    Usage(String),
     /// `TESSERA_DEVICE` names no known device.
     #[error("unknown device `{0}` (expected one of: cpu, emu-nv, emu-amd, cuda, hip)")]
     UnknownDevice(String),

@@ -1,41 +1,24 @@
-//! Kernels, the IR cache, dumps, and launching.
+//! Launching kernels: arguments, launch options, and the launch on each kind of
+//! device (the interpreter, the emulator, a GPU backend).
 
-use std::any::TypeId;
-use std::collections::HashMap;
-use std::fmt::Debug;
-use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 use tessera_ir::debug::DebugSites;
 use tessera_ir::dsl::DType;
 use tessera_ir::interp::{self, KernelArg};
 use tessera_ir::ir::ConstValue;
 use tessera_ir::types::ScalarType;
-use tessera_ir::{BuildError, Function, ParamFacts};
+use tessera_ir::{Function, ParamFacts};
 
 #[cfg(not(feature = "jit"))]
 use crate::artifact::ArtifactStore;
 use crate::artifact::{KernelBinary, KernelOptions, kernel_key};
+use crate::backend::{GpuArg, GpuBackend, RawStream, TensorMapSpec};
 use crate::buffer::{Buffer, Element, Storage};
-use crate::device::Backend;
+use crate::compile::{Compiled, Kernel, compile};
+use crate::device::{Backend, Device, Stream};
 use crate::disk_cache::CacheKey;
-use crate::world::SymBuffer;
-use crate::{Device, Error};
-
-/// A kernel defined with `#[kernel]`: the macro implements this for the kernel's
-/// struct. `Comptime` is the tuple of its `#[comptime]` parameters.
-pub trait Kernel: 'static {
-    /// The kernel's name.
-    const NAME: &'static str;
-    /// The `#[comptime]` parameters, in order.
-    type Comptime: Clone + Debug + 'static;
-    /// Traces the body into IR for these comptime arguments.
-    fn build(ct: &Self::Comptime) -> Result<Function, BuildError>;
-    /// The block shapes of the kernel's tensor-descriptor parameters, in order.
-    fn desc_blocks() -> Vec<Vec<u32>> {
-        Vec::new()
-    }
-}
+use crate::error::Error;
 
 /// The number of program instances along up to three axes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,8 +91,10 @@ enum Arg<'a> {
         device: &'a Device,
         /// Every rank's copy (host worlds).
         copies: &'a Arc<[Arc<interp::HostBuffer>]>,
-        /// The world it was allocated in.
-        world: &'a Arc<crate::world::Shared>,
+        /// The identity of the world it was allocated in ([`RankLink::world_id`]).
+        ///
+        /// [`RankLink::world_id`]: crate::device::RankLink::world_id
+        world: usize,
     },
     /// A runtime scalar.
     Scalar(interp::Scalar),
@@ -198,36 +183,29 @@ impl<'a> LaunchArg<'a> {
         })
     }
 
-    /// A read-only symmetric buffer argument.
-    pub fn symmetric<T: Element>(b: &'a SymBuffer<T>) -> LaunchArg<'a> {
+    /// A symmetric buffer argument: this rank's copy (`storage`, `bytes` bytes on
+    /// `device`), every rank's copy for host worlds, and the world's identity (the
+    /// world builds these: `LaunchArg::symmetric`).
+    pub(crate) fn symmetric_parts(
+        storage: &'a Storage,
+        bytes: usize,
+        device: &'a Device,
+        copies: &'a Arc<[Arc<interp::HostBuffer>]>,
+        world: usize,
+    ) -> LaunchArg<'a> {
         LaunchArg(Arg::Symmetric {
-            storage: &b.local().storage,
-            bytes: b.local().len() * T::TY.size_bytes(),
-            device: b.device(),
-            copies: &b.copies,
-            world: b.world_shared(),
+            storage,
+            bytes,
+            device,
+            copies,
+            world,
         })
-    }
-
-    /// A written symmetric buffer argument.
-    pub fn symmetric_mut<T: Element>(b: &'a mut SymBuffer<T>) -> LaunchArg<'a> {
-        Self::symmetric(b)
     }
 
     /// A runtime scalar argument.
     pub fn scalar<T: DType>(v: T) -> LaunchArg<'a> {
         LaunchArg(Arg::Scalar(scalar_value(T::TY, v.to_const())))
     }
-}
-
-/// One kernel parameter as a GPU receives it: its bytes, by size (device addresses
-/// are `U64`).
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum GpuArg {
-    U8(u8),
-    U16(u16),
-    U32(u32),
-    U64(u64),
 }
 
 fn gpu_scalar(s: interp::Scalar) -> GpuArg {
@@ -276,47 +254,6 @@ fn scalar_value(ty: ScalarType, c: ConstValue) -> interp::Scalar {
     }
 }
 
-/// A built, verified and optimized kernel.
-struct Compiled {
-    func: Arc<Function>,
-    /// The kernel's `device_print`/`device_assert` sites, when it has any: its last
-    /// parameter is then the output buffer ([`tessera_ir::debug`]).
-    debug: Option<Arc<DebugSites>>,
-    /// The printed IR: what the GPU kernel keys hash.
-    ir_text: String,
-    /// GPU specializations of this IR on launch facts (which parameters are
-    /// divisible by 16), built on first use.
-    specs: Mutex<HashMap<Vec<ParamFacts>, Arc<Compiled>>>,
-}
-
-impl Compiled {
-    fn new(func: Function, debug: Option<Arc<DebugSites>>) -> Compiled {
-        Compiled {
-            ir_text: tessera_ir::printer::print_function(&func),
-            func: Arc::new(func),
-            debug,
-            specs: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// This kernel specialized like Triton does: parameters known to be 16-byte
-    /// aligned pointers or multiples of 16, which codegen turns into 128-bit accesses,
-    /// and pointers into buffers smaller than 2 GiB (32-bit buffer offsets on AMD).
-    /// Each specialization has its own IR text, so its own artifact key.
-    fn specialized(&self, facts: Vec<ParamFacts>) -> Arc<Compiled> {
-        let mut specs = self.specs.lock().unwrap_or_else(|e| e.into_inner());
-        specs
-            .entry(facts)
-            .or_insert_with_key(|spec| {
-                Arc::new(Compiled::new(
-                    self.func.specialized(spec),
-                    self.debug.clone(),
-                ))
-            })
-            .clone()
-    }
-}
-
 /// A scalar argument's value facts: an integer that is a multiple of 16 or equal to 1
 /// (floats and booleans get none).
 fn scalar_facts(s: &interp::Scalar) -> ParamFacts {
@@ -333,84 +270,6 @@ fn scalar_facts(s: &interp::Scalar) -> ParamFacts {
         _ => return ParamFacts::default(),
     };
     ParamFacts::of_int(v)
-}
-
-/// Which GPU launch limits apply ([`check_grid`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum GridLimits {
-    /// CUDA: x < 2^31, y and z <= 65535 blocks.
-    Cuda,
-    /// HIP (AMD): each dimension's work items (blocks x threads) within 32 bits.
-    #[cfg_attr(not(feature = "hip"), allow(dead_code))]
-    Hip,
-}
-
-/// Checks a launch of `grid` blocks of `threads` threads against the vendor's limits,
-/// naming the kernel and the limit (instead of the driver's bare "invalid value").
-pub(crate) fn check_grid(
-    kernel: &str,
-    limits: GridLimits,
-    grid: [u32; 3],
-    threads: u32,
-) -> Result<(), Error> {
-    let bad = |reason: String| {
-        Err(Error::Launch {
-            kernel: kernel.to_string(),
-            reason,
-        })
-    };
-    match limits {
-        GridLimits::Cuda => {
-            if grid[0] > i32::MAX as u32 {
-                return bad(format!(
-                    "a grid of {} programs along x: CUDA allows at most 2^31 - 1",
-                    grid[0]
-                ));
-            }
-            for (axis, &g) in ["y", "z"].iter().zip(&grid[1..]) {
-                if g > 65_535 {
-                    return bad(format!(
-                        "a grid of {g} programs along {axis}: CUDA allows at most 65535 (put the large extent on x)"
-                    ));
-                }
-            }
-        }
-        GridLimits::Hip => {
-            let dims = [threads as u64, 1, 1];
-            for ((axis, &g), d) in ["x", "y", "z"].iter().zip(&grid).zip(dims) {
-                if g as u64 * d > u32::MAX as u64 {
-                    return bad(format!(
-                        "{g} programs of {d} threads along {axis}: HIP dispatches at most 2^32 - 1 work items per dimension"
-                    ));
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// For a kernel that waits for other programs (`wait_until`, `barrier_all`): every
-/// one of its `programs` must be resident at once, and the device holds at most
-/// `per_unit` per multiprocessor (the driver's occupancy answer) on `units` of them.
-pub(crate) fn check_resident(
-    kernel: &str,
-    device: &str,
-    programs: u64,
-    per_unit: u32,
-    units: u32,
-) -> Result<(), Error> {
-    let limit = per_unit as u64 * units as u64;
-    if programs <= limit {
-        return Ok(());
-    }
-    Err(Error::Launch {
-        kernel: kernel.to_string(),
-        reason: format!(
-            "it waits for other programs (wait_until / barrier_all), so all {programs} programs must be resident at once, \
-             but {device} holds at most {limit} ({per_unit} per multiprocessor x {units}): launch at most {limit} programs \
-             and loop over the work in each, or give each program fewer warps or less shared memory"
-        ),
-    })
 }
 
 /// Buffers smaller than this get [`ParamFacts::within_2gib`].
@@ -430,18 +289,14 @@ fn arg_facts(a: &Arg<'_>, addr: Option<u64>) -> ParamFacts {
     }
 }
 
-/// A GPU launch's arguments (buffers by device address, via `address`, which
-/// answers `None` for storage of another kind) and its specialization: which
+/// A GPU launch's arguments (buffers by device address) and its specialization: which
 /// arguments are divisible by 16 (aligned addresses, integer multiples of 16), which
 /// integers equal 1, and which buffers are smaller than 2 GiB.
-fn gpu_args(
-    args: &[LaunchArg<'_>],
-    address: impl Fn(&Storage) -> Option<u64>,
-) -> Result<(Vec<GpuArg>, Vec<ParamFacts>), String> {
+fn gpu_args(args: &[LaunchArg<'_>]) -> Result<(Vec<GpuArg>, Vec<ParamFacts>), String> {
     args.iter()
         .map(|a| match &a.0 {
             Arg::Buffer { storage, .. } | Arg::Symmetric { storage, .. } => {
-                let addr = address(storage).ok_or("buffer storage mismatch")?;
+                let addr = storage.device_address().ok_or("buffer storage mismatch")?;
                 Ok((GpuArg::U64(addr), arg_facts(&a.0, Some(addr))))
             }
             Arg::Scalar(s) => Ok((gpu_scalar(*s), arg_facts(&a.0, None))),
@@ -450,123 +305,6 @@ fn gpu_args(
         .collect::<Result<Vec<_>, &str>>()
         .map(|v| v.into_iter().unzip())
         .map_err(str::to_string)
-}
-
-type IrKey = (TypeId, String);
-
-fn cache() -> &'static Mutex<HashMap<IrKey, Arc<Compiled>>> {
-    static CACHE: OnceLock<Mutex<HashMap<IrKey, Arc<Compiled>>>> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-/// The IR of kernel `K` for comptime arguments `ct`, after verification and
-/// optimization, with `device_print`/`device_assert` lowered to stores into the
-/// hidden last parameter ([`tessera_ir::debug`]): built on first use, then served from an in-process cache keyed by
-/// the kernel's type (which includes its generic arguments) and `ct`.
-pub fn kernel_ir<K: Kernel>(ct: &K::Comptime) -> Result<Arc<Function>, Error> {
-    Ok(compile::<K>(ct)?.func.clone())
-}
-
-fn compile<K: Kernel>(ct: &K::Comptime) -> Result<Arc<Compiled>, Error> {
-    let key: IrKey = (TypeId::of::<K>(), format!("{ct:?}"));
-    if let Some(c) = lock_cache().get(&key) {
-        return Ok(c.clone());
-    }
-    // Build outside the lock: kernels may be built concurrently.
-    let mut func = K::build(ct).map_err(|source| Error::Build {
-        kernel: K::NAME.to_string(),
-        source,
-    })?;
-    let verify = |f: &Function| {
-        tessera_ir::verify::verify(f).map_err(|source| Error::Verify {
-            kernel: K::NAME.to_string(),
-            source,
-        })
-    };
-    verify(&func)?;
-    tessera_ir::passes::optimize(&mut func);
-    verify(&func)?;
-    // `device_print`/`device_assert` become stores into a hidden buffer, the same
-    // IR for every backend.
-    let debug = tessera_ir::debug::lower_debug_ops(&mut func)
-        .map_err(|reason| Error::Launch {
-            kernel: K::NAME.to_string(),
-            reason,
-        })?
-        .map(Arc::new);
-    if debug.is_some() {
-        tessera_ir::passes::optimize(&mut func);
-        verify(&func)?;
-    }
-    crate::launch::dump(&func, &key.1)?;
-    let compiled = Arc::new(Compiled::new(func, debug));
-    Ok(lock_cache().entry(key).or_insert(compiled).clone())
-}
-
-fn lock_cache() -> std::sync::MutexGuard<'static, HashMap<IrKey, Arc<Compiled>>> {
-    // A panic while holding the lock cannot leave the map inconsistent (inserts are
-    // single calls), so a poisoned lock is still usable.
-    cache().lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// The stages listed in `TESSERA_DUMP` (comma-separated: `ir`, `layout`, `llvm`, `ptx`,
-/// `amdgcn`, or `all`).
-fn dump_stages() -> Vec<String> {
-    std::env::var("TESSERA_DUMP")
-        .map(|v| {
-            v.split(',')
-                .map(|s| s.trim().to_ascii_lowercase())
-                .filter(|s| !s.is_empty())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// True when `TESSERA_DUMP` lists `stage` (or `all`).
-pub(crate) fn dump_enabled(stage: &str) -> bool {
-    dump_stages().iter().any(|s| s == stage || s == "all")
-}
-
-/// A hash of `parts`, naming dump files.
-pub(crate) fn dump_hash(parts: &[&str]) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    for p in parts {
-        p.hash(&mut h);
-    }
-    h.finish()
-}
-
-/// Writes `<TESSERA_DUMP_DIR>/<kernel>-<hash>.<ext>` (default dir: `tessera-dump`)
-/// when `TESSERA_DUMP` lists `stage`.
-pub(crate) fn dump_text(
-    stage: &str,
-    kernel: &str,
-    hash: u64,
-    ext: &str,
-    text: &[u8],
-) -> Result<(), Error> {
-    if !dump_enabled(stage) {
-        return Ok(());
-    }
-    let dir = std::env::var("TESSERA_DUMP_DIR").unwrap_or_else(|_| "tessera-dump".into());
-    let path = std::path::Path::new(&dir).join(format!("{kernel}-{hash:016x}.{ext}"));
-    let io = |source| Error::Dump {
-        what: stage.into(),
-        path: path.display().to_string(),
-        source,
-    };
-    std::fs::create_dir_all(&dir).map_err(io)?;
-    std::fs::write(&path, text).map_err(io)
-}
-
-/// Writes `<TESSERA_DUMP_DIR>/<kernel>-<hash>.ir` when `TESSERA_DUMP` lists `ir`.
-fn dump(func: &Function, ct_key: &str) -> Result<(), Error> {
-    if !dump_enabled("ir") {
-        return Ok(());
-    }
-    let text = tessera_ir::printer::print_function(func);
-    let hash = dump_hash(&[ct_key, &text]);
-    dump_text("ir", &func.name, hash, "ir", text.as_bytes())
 }
 
 /// `args` with every tensor descriptor spread over its parameters (buffer,
@@ -651,16 +389,117 @@ impl TmaRequest<'_> {
     }
 }
 
-/// Launches kernel `K` (used by the generated `launch` functions).
+/// How a kernel is launched (`k::launch_with(&dev, grid, &opts, args)`): the
+/// compilation options, which are part of the kernel's cache key, and the stream.
+///
+/// ```
+/// # use tessera::{Device, LaunchOptions};
+/// # fn main() -> Result<(), tessera::Error> {
+/// let dev = Device::cpu();
+/// let stream = dev.stream()?;
+/// let opts = LaunchOptions::new().num_warps(8).num_stages(3).stream(&stream);
+/// assert_eq!(opts.num_warps, Some(8));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug, Default)]
+pub struct LaunchOptions {
+    /// Warps (wavefronts) per program instance: a power of two from 1 to 16; `None`
+    /// is 4. GPUs and the emulator honour it; the interpreter runs a program as one
+    /// thread whatever it is.
+    pub num_warps: Option<u32>,
+    /// Loop iterations whose `dot` operand tiles are in flight at once (1 to 8);
+    /// `None` is the target's default. Passed to the code generator (the
+    /// interpreter ignores it).
+    pub num_stages: Option<u32>,
+    /// The stream to launch on (a stream of the launching device); `None` is the
+    /// device's default stream.
+    pub stream: Option<Stream>,
+}
+
+impl LaunchOptions {
+    /// The defaults: 4 warps, the target's stages, the default stream.
+    pub fn new() -> LaunchOptions {
+        LaunchOptions::default()
+    }
+
+    /// With `n` warps per program.
+    pub fn num_warps(mut self, n: u32) -> LaunchOptions {
+        self.num_warps = Some(n);
+        self
+    }
+
+    /// With `n` pipeline stages.
+    pub fn num_stages(mut self, n: u32) -> LaunchOptions {
+        self.num_stages = Some(n);
+        self
+    }
+
+    /// On `stream`.
+    pub fn stream(mut self, stream: &Stream) -> LaunchOptions {
+        self.stream = Some(stream.clone());
+        self
+    }
+
+    /// The options that change the compiled code, checked.
+    pub(crate) fn kernel_options(&self, kernel: &str) -> Result<KernelOptions, Error> {
+        let d = KernelOptions::default();
+        let num_warps = self.num_warps.unwrap_or(d.num_warps);
+        if !num_warps.is_power_of_two() || num_warps > 16 {
+            return Err(Error::Launch {
+                kernel: kernel.to_string(),
+                reason: format!("num_warps must be a power of two from 1 to 16, got {num_warps}"),
+            });
+        }
+        if let Some(s) = self.num_stages
+            && !(1..=8).contains(&s)
+        {
+            return Err(Error::Launch {
+                kernel: kernel.to_string(),
+                reason: format!("num_stages must be from 1 to 8, got {s}"),
+            });
+        }
+        Ok(KernelOptions {
+            num_warps,
+            num_stages: self.num_stages,
+        })
+    }
+}
+
+/// Launches kernel `K` with the default [`LaunchOptions`] (used by the generated
+/// `launch` functions).
 pub fn launch<K: Kernel>(
     device: &Device,
     grid: Grid,
     ct: &K::Comptime,
     args: &mut [LaunchArg<'_>],
 ) -> Result<(), Error> {
+    launch_with::<K>(device, grid, &LaunchOptions::default(), ct, args)
+}
+
+/// Launches kernel `K` with `opts` (used by the generated `launch_with` functions).
+pub fn launch_with<K: Kernel>(
+    device: &Device,
+    grid: Grid,
+    opts: &LaunchOptions,
+    ct: &K::Comptime,
+    args: &mut [LaunchArg<'_>],
+) -> Result<(), Error> {
     let invalid = |reason: String| Error::Launch {
         kernel: K::NAME.to_string(),
         reason,
+    };
+    let kopts = &opts.kernel_options(K::NAME)?;
+    let stream = match &opts.stream {
+        Some(s) if s.device() != device => {
+            return Err(invalid(format!(
+                "the stream is on {}, the launch on {}",
+                s.device().id(),
+                device.id()
+            )));
+        }
+        Some(s) => s.raw(),
+        None => RawStream::DEFAULT,
     };
     let mut dims = [0u32; 3];
     for (d, &g) in dims.iter_mut().zip(grid.dims().iter()) {
@@ -727,10 +566,7 @@ pub fn launch<K: Kernel>(
     let world = device.comm.as_ref().map(|c| c.interp_world());
     for (i, a) in args.iter().enumerate() {
         if let Arg::Symmetric { world: w, .. } = &a.0 {
-            let same_world = device
-                .comm
-                .as_ref()
-                .is_some_and(|c| Arc::ptr_eq(w, &c.shared));
+            let same_world = device.comm.as_ref().is_some_and(|c| c.world_id() == *w);
             if !same_world {
                 return Err(invalid(format!(
                     "symmetric buffer `{}` belongs to another world than the launching device (launch on `rank.device()` of the rank that allocated it)",
@@ -774,7 +610,10 @@ pub fn launch<K: Kernel>(
                             crate::EmuKind::Amd => tessera_codegen::target::EmuFlavor::Amd,
                             crate::EmuKind::Sm90a => tessera_codegen::target::EmuFlavor::Sm90a,
                         };
-                        let opts = tessera_codegen::CompileOptions::default();
+                        let copts = tessera_codegen::CompileOptions {
+                            num_warps: kopts.num_warps,
+                            num_stages: kopts.num_stages,
+                        };
                         // Specialized like a GPU launch with these arguments, so the
                         // emulator runs the code a GPU would.
                         let spec: Vec<ParamFacts> = args
@@ -834,16 +673,21 @@ pub fn launch<K: Kernel>(
                         // launch: the rank's `Shared` holds them, and `c` holds it.
                         let emu_world = device.comm.as_ref().map(|c| unsafe {
                             tessera_codegen::emu::EmuWorld::new(
-                                c.rank,
+                                c.rank(),
                                 c.host_heap_bases(),
                                 c.timeout(),
                             )
                         });
-                        let limits = tessera_codegen::emu::EmuLimits { timeout: watchdog };
+                        let config = crate::config::get()?;
+                        let limits = tessera_codegen::emu::EmuLimits {
+                            timeout: watchdog,
+                            barrier_timeout: Some(config.emu_barrier_timeout),
+                            dump_llvm: config.dump.contains("emu-llvm"),
+                        };
                         tessera_codegen::emu::launch_limited(
                             &compiled.func,
                             flavor,
-                            &opts,
+                            &copts,
                             dims,
                             &kargs,
                             emu_world.as_ref(),
@@ -857,16 +701,12 @@ pub fn launch<K: Kernel>(
                     }
                 }
             }
-            Backend::Cuda(d) => {
-                let (mut gargs, mut spec) = gpu_args(args, |s| match s {
-                    Storage::Cuda(b) => Some(b.address()),
-                    _ => None,
-                })
-                .map_err(invalid)?;
+            Backend::Gpu(g) => {
+                let (mut gargs, mut spec) = gpu_args(args).map_err(invalid)?;
+                // TMA: the driver's tensor maps; a descriptor without one (unaligned,
+                // a block TMA cannot copy, an encoding the driver refuses, a backend
+                // without TMA) reads through masked loads, with the same results.
                 if device.gpu_target() == Some("sm_90a") {
-                    // TMA: the driver's tensor maps; a descriptor without one (unaligned,
-                    // a block TMA cannot copy, an encoding the driver refuses) reads
-                    // through masked loads, with the same results.
                     for t in &tma {
                         let GpuArg::U64(base) = gargs[t.buf_arg] else {
                             continue;
@@ -874,40 +714,34 @@ pub fn launch<K: Kernel>(
                         let Some(m) = t.map(base) else {
                             continue;
                         };
-                        let built = d.tensor_map(
+                        let built = g.tensor_map(&TensorMapSpec {
                             base,
-                            m.elem_bytes,
-                            &m.dims,
-                            &m.strides,
-                            &m.box_dims,
-                            m.swizzle,
-                        );
-                        if let Ok(addr) = built {
+                            elem_bytes: m.elem_bytes,
+                            dims: &m.dims,
+                            strides: &m.strides,
+                            box_dims: &m.box_dims,
+                            swizzle: m.swizzle,
+                        });
+                        if let Some(addr) = built {
                             gargs[t.tmap_arg] = GpuArg::U64(addr);
                             spec[t.tmap_arg].tensor_map = true;
                         }
                     }
                 }
                 gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
-                let (compiled, key) = gpu_specialization(device, &compiled, spec)?;
-                let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
-                d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
-                check_trap(device, &compiled.func)?;
-                check_comm_record(device, &compiled.func)?;
-            }
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => {
-                let (mut gargs, spec) = gpu_args(args, |s| match s {
-                    Storage::Hip(b) => Some(b.ptr as u64),
-                    _ => None,
-                })
-                .map_err(invalid)?;
-                gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
-                let (compiled, key) = gpu_specialization(device, &compiled, spec)?;
-                let k = d.kernel(&key.hex(), || resolve_binary(device, &compiled, &key))?;
-                d.launch(&k, dims, &gargs, compiled.func.uses_blocking())?;
-                check_trap(device, &compiled.func)?;
-                check_comm_record(device, &compiled.func)?;
+                let (compiled, key) = gpu_specialization(device, &compiled, spec, kopts)?;
+                let k = g.load(&key.hex(), &mut || {
+                    resolve_binary(device, &compiled, &key, kopts)
+                })?;
+                g.launch(
+                    k.as_ref(),
+                    dims,
+                    &gargs,
+                    compiled.func.uses_blocking(),
+                    stream,
+                )?;
+                check_trap(g.as_ref(), stream, &compiled.func)?;
+                check_comm_record(device, g.as_ref(), stream, &compiled.func)?;
             }
         }
         Ok(())
@@ -960,10 +794,10 @@ fn gpu_comm_args(device: &Device, func: &Function) -> Result<Vec<GpuArg>, String
     let c = device.comm.as_ref().ok_or(
         "the kernel communicates: launch it on a rank's device (`rank.device()` of a World)",
     )?;
-    let table = c.heap_bases_device_ptr().ok_or(
+    let hidden = c.gpu_hidden_args().ok_or(
         "the kernel communicates, but this rank's world has no heaps on this GPU (build it with `World::local(n).on(&gpu)` or `World::on_each`)",
     )?;
-    Ok(c.hidden_gpu_args(table).to_vec())
+    Ok(hidden.to_vec())
 }
 
 /// After a GPU launch of a kernel that waits: synchronizes, and turns a device-side
@@ -972,11 +806,11 @@ fn gpu_comm_args(device: &Device, func: &Function) -> Result<Vec<GpuArg>, String
 /// A communicating kernel can trap on the device (`remote_ptr` of a peer out of
 /// range): wait for it here, so the fault is reported as this kernel's, not as a
 /// sticky error of whatever call comes next.
-fn check_trap(device: &Device, func: &Function) -> Result<(), Error> {
+fn check_trap(gpu: &dyn GpuBackend, stream: RawStream, func: &Function) -> Result<(), Error> {
     if !func.uses_comm() {
         return Ok(());
     }
-    device.synchronize().map_err(|e| Error::Launch {
+    gpu.synchronize(stream).map_err(|e| Error::Launch {
         kernel: func.name.clone(),
         reason: format!(
             "the kernel faulted on the device (a trap: e.g. a peer rank out of range in `remote_ptr`); the device is unusable until the process restarts: {e}"
@@ -984,15 +818,21 @@ fn check_trap(device: &Device, func: &Function) -> Result<(), Error> {
     })
 }
 
-fn check_comm_record(device: &Device, func: &Function) -> Result<(), Error> {
+fn check_comm_record(
+    device: &Device,
+    gpu: &dyn GpuBackend,
+    stream: RawStream,
+    func: &Function,
+) -> Result<(), Error> {
     let Some(c) = device.comm.as_ref().filter(|_| func.uses_blocking()) else {
         return Ok(());
     };
-    device.synchronize()?;
+    gpu.synchronize(stream)?;
     let words = c.ctrl_words()?;
     #[cfg(feature = "jit")]
     {
-        if let Some(fault) = tessera_codegen::comm::decode_record(func, c.rank, &words, c.timeout())
+        if let Some(fault) =
+            tessera_codegen::comm::decode_record(func, c.rank(), &words, c.timeout())
         {
             c.abort();
             return Err(Error::CommFault(Box::new(fault)));
@@ -1006,7 +846,7 @@ fn check_comm_record(device: &Device, func: &Function) -> Result<(), Error> {
             Some(site) if site != 0 => {
                 c.abort();
                 Err(Error::Comm {
-                    rank: c.rank,
+                    rank: c.rank(),
                     message: format!(
                         "kernel `{}`: communication site #{site} failed (record {:?}); build with the `jit` feature for the source line",
                         func.name,
@@ -1019,17 +859,13 @@ fn check_comm_record(device: &Device, func: &Function) -> Result<(), Error> {
     }
 }
 
-/// The key of `compiled` for the GPU `device`, with the default options.
-fn gpu_key(device: &Device, compiled: &Compiled) -> Result<CacheKey, Error> {
+/// The key of `compiled` for the GPU `device` with options `kopts`.
+fn gpu_key(device: &Device, compiled: &Compiled, kopts: &KernelOptions) -> Result<CacheKey, Error> {
     let target = device.gpu_target().ok_or_else(|| Error::Launch {
         kernel: compiled.func.name.clone(),
         reason: "not a GPU device".into(),
     })?;
-    Ok(kernel_key(
-        &compiled.ir_text,
-        target,
-        &KernelOptions::default(),
-    ))
+    Ok(kernel_key(&compiled.ir_text, target, kopts))
 }
 
 /// The specialization of `compiled` a GPU launch with facts `spec` runs, and its key.
@@ -1043,6 +879,7 @@ fn gpu_specialization(
     device: &Device,
     compiled: &Compiled,
     spec: Vec<ParamFacts>,
+    kopts: &KernelOptions,
 ) -> Result<(Arc<Compiled>, CacheKey), Error> {
     let ones = spec.iter().any(|f| f.equal_to_one);
     let general: Vec<ParamFacts> = spec
@@ -1053,18 +890,18 @@ fn gpu_specialization(
         })
         .collect();
     let exact = compiled.specialized(spec);
-    let key = gpu_key(device, &exact)?;
+    let key = gpu_key(device, &exact, kopts)?;
     if cfg!(feature = "jit") || !ones {
         return Ok((exact, key));
     }
     let precompiled = device
-        .artifact_store()
+        .artifact_store()?
         .is_some_and(|s| s.path(&exact.func.name, &key).is_file());
     if precompiled {
         return Ok((exact, key));
     }
     let general = compiled.specialized(general);
-    let key = gpu_key(device, &general)?;
+    let key = gpu_key(device, &general, kopts)?;
     Ok((general, key))
 }
 
@@ -1075,10 +912,11 @@ fn resolve_binary(
     device: &Device,
     compiled: &Compiled,
     key: &CacheKey,
+    kopts: &KernelOptions,
 ) -> Result<KernelBinary, Error> {
     let name = &compiled.func.name;
     let target = device.gpu_target().unwrap_or_default();
-    let store = device.artifact_store();
+    let store = device.artifact_store()?;
     if let Some(store) = &store {
         match store.get(name, target, key) {
             Ok(bin) => return Ok(bin),
@@ -1089,16 +927,15 @@ fn resolve_binary(
     #[cfg(feature = "jit")]
     {
         let _ = store;
-        let cache = crate::disk_cache::DiskCache::from_env();
+        let cache = crate::disk_cache::DiskCache::from_env()?;
         let compile = || {
             let t: tessera_codegen::Target = target.parse().map_err(|e| Error::Launch {
                 kernel: name.clone(),
                 reason: format!("{e}"),
             })?;
-            let ko = KernelOptions::default();
             let opts = tessera_codegen::CompileOptions {
-                num_warps: ko.num_warps,
-                num_stages: ko.num_stages,
+                num_warps: kopts.num_warps,
+                num_stages: kopts.num_stages,
             };
             let art = crate::aot::compile_ir(&compiled.func, t, &opts)?;
             Ok(crate::aot::kernel_binary(&art))
@@ -1107,7 +944,7 @@ fn resolve_binary(
     }
     #[cfg(not(feature = "jit"))]
     {
-        let _ = store;
+        let _ = (store, kopts);
         Err(Error::MissingArtifact {
             kernel: name.clone(),
             target: target.to_string(),
@@ -1138,34 +975,5 @@ mod limit_tests {
         assert_eq!(f(S::I32(-1)), (false, false));
         assert_eq!(f(S::F32(1.0)), (false, false));
         assert_eq!(f(S::I1(true)), (false, false));
-    }
-
-    #[test]
-    fn grid_limits_name_the_kernel_and_the_limit() {
-        assert!(check_grid("k", GridLimits::Cuda, [1 << 30, 65_535, 65_535], 1024).is_ok());
-        let e = check_grid("k", GridLimits::Cuda, [1, 65_536, 1], 128).unwrap_err();
-        assert!(
-            matches!(&e, Error::Launch { kernel, reason } if kernel == "k" && reason.contains("65535") && reason.contains(" y")),
-            "{e}"
-        );
-        assert!(check_grid("k", GridLimits::Cuda, [u32::MAX, 1, 1], 128).is_err());
-        // HIP: work items per dimension within 32 bits.
-        assert!(check_grid("k", GridLimits::Hip, [(1 << 24) - 1, 1 << 20, 1], 256).is_ok());
-        assert!(check_grid("k", GridLimits::Hip, [1 << 24, 1, 1], 256).is_err());
-        let e = check_grid("k", GridLimits::Hip, [1 << 24, 1, 1], 512).unwrap_err();
-        assert!(e.to_string().contains("2^32 - 1 work items"), "{e}");
-    }
-
-    #[test]
-    fn waiting_kernels_need_every_program_resident() {
-        assert!(check_resident("ring", "H200", 132 * 2, 2, 132).is_ok());
-        let e = check_resident("ring", "H200", 132 * 2 + 1, 2, 132).unwrap_err();
-        let s = e.to_string();
-        assert!(
-            s.contains("ring") && s.contains("265 programs") && s.contains("at most 264"),
-            "{s}"
-        );
-        // No residency at all (occupancy 0): any launch is refused.
-        assert!(check_resident("ring", "MI300X", 1, 0, 304).is_err());
     }
 }

@@ -33,33 +33,48 @@
 
 extern crate self as tessera;
 
+// The modules, bottom up (each imports only from those above it; checked by
+// `tests/module_cycles.rs`): configuration, errors and properties; the GPU backends; devices
+// (streams, events) and buffers; compilation (the IR cache, dumps, kernel keys,
+// artifacts, the disk cache, the JIT); launching; worlds; collectives and fused
+// kernels.
+pub mod config;
+mod error;
+mod properties;
+mod secure_fs;
+
+mod backend;
+
+mod buffer;
+mod device;
+pub mod interop;
+mod tensor_desc;
+
 #[cfg(feature = "jit")]
 pub mod aot;
 pub mod artifact;
-pub mod attention;
-mod buffer;
-pub mod collectives;
-mod cuda;
+mod compile;
 pub mod debug;
-mod device;
 pub mod disk_cache;
-mod error;
-pub mod fused;
-#[cfg(feature = "hip")]
-mod hip;
+mod dump;
+
 mod launch;
-mod secure_fs;
-pub mod sp_attention;
-mod tensor_desc;
+
 pub mod world;
+
+pub mod attention;
+pub mod collectives;
+pub mod fused;
+pub mod sp_attention;
 
 pub use artifact::{ArtifactStore, KernelBinary, KernelOptions, Specialization};
 pub use buffer::{Buffer, Element};
-pub use device::{Device, DeviceKind, DeviceProperties, EmuKind};
+pub use compile::{Kernel, kernel_ir};
+pub use device::{Device, DeviceKind, DeviceProperties, EmuKind, Event, Stream};
 pub use error::Error;
 /// The 8-bit float element types (OCP E4M3 and E5M2), from the `float8` crate.
 pub use float8;
-pub use launch::{Grid, Kernel, LaunchArg, kernel_ir, launch};
+pub use launch::{Grid, LaunchArg, LaunchOptions, launch, launch_with};
 pub use tensor_desc::TensorDescriptor;
 #[cfg(feature = "jit")]
 pub use tessera_codegen as codegen;
@@ -70,7 +85,10 @@ pub use world::{Rank, SymBuffer, World};
 /// Everything a kernel author needs: the macros, the tile language, devices and buffers.
 pub mod prelude {
     pub use crate::collectives::{AllReduceAlgo, CollElem};
-    pub use crate::{Buffer, Device, Error, Grid, Kernel, Rank, SymBuffer, World, helper, kernel};
+    pub use crate::{
+        Buffer, Device, Error, Grid, Kernel, LaunchOptions, Rank, Stream, SymBuffer, World, helper,
+        kernel,
+    };
     pub use float8::{F8E4M3, F8E5M2};
     pub use half::{bf16, f16};
     pub use tessera_ir::dsl::{

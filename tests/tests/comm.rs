@@ -1083,20 +1083,6 @@ fn symmetric_allocation_mismatch_is_a_comm_error() {
     }
 }
 
-#[test]
-fn wait_timeout_parsing() {
-    use tessera::ir::interp::parse_wait_timeout;
-    assert_eq!(parse_wait_timeout("2"), Some(Duration::from_secs(2)));
-    assert_eq!(
-        parse_wait_timeout(" 0.25\n"),
-        Some(Duration::from_millis(250))
-    );
-    assert_eq!(parse_wait_timeout("1e-3"), Some(Duration::from_millis(1)));
-    for bad in ["", "0", "-1", "abc", "5s", "inf", "NaN", "1e300", "1e-12"] {
-        assert_eq!(parse_wait_timeout(bad), None, "{bad:?}");
-    }
-}
-
 /// `TESSERA_WAIT_TIMEOUT` is the default of [`World::wait_timeout`]. The variable is
 /// set only in a child process (this test binary, running just this test), so no
 /// other test sees it.
@@ -1105,7 +1091,7 @@ fn wait_timeout_from_environment() {
     const CHILD: &str = "TESSERA_COMM_TEST_CHILD";
     if std::env::var_os(CHILD).is_some() {
         assert_eq!(
-            tessera::ir::interp::default_wait_timeout(),
+            tessera::config::get().unwrap().wait_timeout,
             Duration::from_millis(400)
         );
         let t = Instant::now();
@@ -1129,7 +1115,7 @@ fn wait_timeout_from_environment() {
             "--test-threads=1",
         ])
         .env(CHILD, "1")
-        .env("TESSERA_WAIT_TIMEOUT", "0.4")
+        .env("TESSERA_WAIT_TIMEOUT", "400ms")
         .output()
         .unwrap();
     let text =

@@ -189,6 +189,9 @@ fn child_rank_body() {
     let Ok(scenario) = std::env::var(SCENARIO) else {
         return;
     };
+    // A rank process logs like an application: Tessera's warnings to stderr.
+    let _ = env_logger::Builder::from_env(env_logger::Env::new().filter_or("TESSERA_LOG", "warn"))
+        .try_init();
     let seed: u64 = std::env::var(SEED)
         .ok()
         .and_then(|s| s.parse().ok())

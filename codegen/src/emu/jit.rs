@@ -50,6 +50,15 @@ fn cache() -> &'static Mutex<HashMap<Key, Arc<Compiled>>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// The compilation options of every kernel compiled for the emulator so far, with
+/// its name and flavor (diagnostics: which option sets reached the compiler).
+pub fn compiled_kernels() -> Vec<(String, EmuFlavor, CompileOptions)> {
+    let map = cache().lock().unwrap_or_else(|p| p.into_inner());
+    map.iter()
+        .map(|((_, flavor, opts), c)| (c.meta.name.clone(), *flavor, opts.clone()))
+        .collect()
+}
+
 fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
@@ -70,6 +79,7 @@ pub(crate) fn compile(
     func: &Function,
     flavor: EmuFlavor,
     opts: &CompileOptions,
+    dump_llvm: bool,
 ) -> Result<Arc<Compiled>, EmuError> {
     let key = (
         tessera_ir::printer::print_function(func),
@@ -80,11 +90,16 @@ pub(crate) fn compile(
     if let Some(c) = lock().get(&key) {
         return Ok(c.clone());
     }
-    let c = Arc::new(build(func, flavor, opts)?);
+    let c = Arc::new(build(func, flavor, opts, dump_llvm)?);
     Ok(lock().entry(key).or_insert(c).clone())
 }
 
-fn build(func: &Function, flavor: EmuFlavor, opts: &CompileOptions) -> Result<Compiled, EmuError> {
+fn build(
+    func: &Function,
+    flavor: EmuFlavor,
+    opts: &CompileOptions,
+    dump_llvm: bool,
+) -> Result<Compiled, EmuError> {
     init();
     let jit_err = |message: String| EmuError::Jit {
         kernel: func.name.clone(),
@@ -172,7 +187,7 @@ fn build(func: &Function, flavor: EmuFlavor, opts: &CompileOptions) -> Result<Co
     module
         .run_passes("default<O2>", &machine, PassBuilderOptions::create())
         .map_err(|m| jit_err(m.to_string()))?;
-    if std::env::var_os("TESSERA_EMU_DUMP_LLVM").is_some() {
+    if dump_llvm {
         eprintln!("{}", module.print_to_string().to_string());
     }
     let ee = module

@@ -331,15 +331,9 @@ fn fmt3(b: &[u32; 3]) -> String {
     format!("({}, {}, {})", b[0], b[1], b[2])
 }
 
-/// How long a barrier may wait before the launch fails with [`EmuError::Timeout`]:
-/// `$TESSERA_EMU_TIMEOUT_MS`, else 60 s.
-fn barrier_timeout() -> Duration {
-    let ms = std::env::var("TESSERA_EMU_TIMEOUT_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(60_000);
-    Duration::from_millis(ms)
-}
+/// How long a barrier may wait before the launch fails with [`EmuError::Timeout`],
+/// unless [`EmuLimits::barrier_timeout`] says otherwise.
+pub const DEFAULT_BARRIER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A scalar's bytes in a zero-padded 8-byte slot (`i1` is one byte).
 fn scalar_slot(s: Scalar) -> u64 {
@@ -438,13 +432,18 @@ pub fn launch_in_world(
     launch_limited(func, flavor, opts, grid, args, world, &EmuLimits::default())
 }
 
-/// Limits of one emulated launch.
+/// Limits and debugging switches of one emulated launch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct EmuLimits {
     /// A watchdog: once the launch has run this long, every runtime loop (`for`,
     /// `while`) stops at its next test and the launch fails with
     /// [`EmuError::LaunchTimeout`] naming the loop. `None`: no limit.
     pub timeout: Option<Duration>,
+    /// How long a barrier may wait before the launch fails with
+    /// [`EmuError::Timeout`]; `None`: [`DEFAULT_BARRIER_TIMEOUT`].
+    pub barrier_timeout: Option<Duration>,
+    /// Print the JIT-compiled LLVM module to standard error when it is built.
+    pub dump_llvm: bool,
 }
 
 /// [`launch_in_world`] under `limits`.
@@ -487,7 +486,7 @@ pub fn launch_limited(
         Some(w) => (w.rank, w.heap_bases.clone(), w.timeout),
         None => {
             let base = (own_ctrl.as_ptr() as u64).next_multiple_of(256);
-            (0, vec![base], tessera_ir::interp::default_wait_timeout())
+            (0, vec![base], tessera_ir::interp::DEFAULT_WAIT_TIMEOUT)
         }
     };
     if uses_comm && rank as usize >= heap_bases.len() {
@@ -579,7 +578,7 @@ pub fn launch_limited(
         }
     }
     let arg_ptrs: Vec<*const u8> = slots.iter().map(|s| s as *const u64 as *const u8).collect();
-    let k = jit::compile(func, flavor, opts)?;
+    let k = jit::compile(func, flavor, opts, limits.dump_llvm)?;
     let total: u64 = grid.iter().map(|&g| g as u64).product();
     if total == 0 {
         return Ok(());
@@ -610,7 +609,7 @@ pub fn launch_limited(
     };
     check_memory(func, ranks, live_blocks, threads, shared_bytes, independent)?;
     // A team barrier must not give up before the waits do.
-    let mut team_timeout = barrier_timeout();
+    let mut team_timeout = limits.barrier_timeout.unwrap_or(DEFAULT_BARRIER_TIMEOUT);
     if uses_comm {
         team_timeout = team_timeout.max(timeout.saturating_add(Duration::from_secs(10)));
     }

@@ -31,28 +31,9 @@ pub mod ctrl {
     pub const WORDS: usize = 32;
 }
 
-/// The wait timeout from `TESSERA_WAIT_TIMEOUT` (see [`parse_wait_timeout`]), else
-/// 30 s (also when the variable is set to something that does not parse).
-pub fn default_wait_timeout() -> Duration {
-    std::env::var("TESSERA_WAIT_TIMEOUT")
-        .ok()
-        .and_then(|v| parse_wait_timeout(&v))
-        .unwrap_or(Duration::from_secs(30))
-}
-
-/// Parses a wait timeout as `TESSERA_WAIT_TIMEOUT` spells it: seconds, fractions
-/// allowed (`"0.5"`, `" 2 "`, `"1e-3"`). `None` for anything that is not a positive
-/// number of seconds a [`Duration`] can hold (`"0"`, `"-1"`, `"inf"`, `"1e300"`,
-/// `"5s"`).
-pub fn parse_wait_timeout(value: &str) -> Option<Duration> {
-    value
-        .trim()
-        .parse::<f64>()
-        .ok()
-        .filter(|s| s.is_finite() && *s > 0.0)
-        .and_then(|s| Duration::try_from_secs_f64(s).ok())
-        .filter(|d| !d.is_zero())
-}
+/// How long a wait may take when the world does not say (the runtime's
+/// `TESSERA_WAIT_TIMEOUT` default).
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The world one launch runs in: this rank, the number of ranks, every rank's control
 /// words, and how long a wait may take.
@@ -79,7 +60,7 @@ impl CommWorld {
                 crate::types::ScalarType::U64,
                 ctrl::WORDS,
             ))]),
-            timeout: default_wait_timeout(),
+            timeout: DEFAULT_WAIT_TIMEOUT,
         }
     }
 

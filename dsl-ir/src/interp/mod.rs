@@ -124,7 +124,7 @@ mod tests;
 use std::fmt::Write as _;
 
 pub use buffer::{Element, HostBuffer, HostMemory};
-pub use comm::{CommWorld, MAX_RESIDENT, ctrl, default_wait_timeout, parse_wait_timeout};
+pub use comm::{CommWorld, DEFAULT_WAIT_TIMEOUT, MAX_RESIDENT, ctrl};
 pub use exec::{run, run_in_world, run_limited};
 pub use value::{KernelArg, Scalar};
 

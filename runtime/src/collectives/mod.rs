@@ -5,8 +5,11 @@
 //! (`collectives/kernels.rs`), launched on [`Rank::device`]; the host only picks an
 //! algorithm, sizes the grid and keeps the workspace. Every rank must call the same
 //! collectives, with buffers of the same lengths, in the same order (as with NCCL or
-//! MPI). Today they run on CPU ranks (the interpreter); on emulator and GPU ranks the
-//! launch of a communicating kernel reports that it is not supported yet.
+//! MPI). They run on every kind of rank: CPU ranks (the interpreter) and emulator
+//! ranks (the SIMT emulator, given every rank's host heap base) reach their peers
+//! through the host heaps; GPU ranks reach them in device memory (peer access, or
+//! CUDA/HIP IPC for ranks as processes) through the heap-base table each rank
+//! uploads.
 //!
 //! # Algorithms
 //!
@@ -291,19 +294,19 @@ impl Rank {
         let mut g = self.coll.lock().unwrap_or_else(|e| e.into_inner());
         if g.is_none() {
             let ws = self.size() as usize;
-            *g = Some(Workspace {
+            *g = Some(Box::new(Workspace {
                 epoch: 0,
                 sig: self.alloc_signals(sig_words(ws))?,
                 counts: self.alloc::<i32>(ws + 1)?,
                 matrix: self.alloc::<i32>(ws * (ws + 1))?,
                 stage: None,
                 ll: None,
-            });
+            }));
             // Allocation zeroes this rank's copy: no rank may signal into a peer's
             // pad before the peer has done so.
             self.barrier()?;
         }
-        match g.as_mut() {
+        match g.as_mut().and_then(|w| w.downcast_mut::<Workspace>()) {
             Some(w) => f(self, w),
             None => Err(rank_err(self, "no collectives workspace".into())),
         }

@@ -19,7 +19,7 @@
 //!
 //! Either way each rank uploads once the *heap-base table*: `size` `u64`s, entry `p`
 //! the address of rank `p`'s heap as this rank's GPU sees it. Kernels receive its
-//! address (see `RankComm::heap_bases_device_ptr`) and translate `buf.on(peer)` as
+//! address (the `heap_bases` hidden parameter, `RankLink::gpu_hidden_args`) and translate `buf.on(peer)` as
 //! `table[peer] + (ptr - table[rank])`.
 //!
 //! **Registering an existing buffer** (using a user's `cuMemAlloc`ed buffer as
@@ -35,27 +35,19 @@ use std::sync::Arc;
 
 use tessera_ir::interp::ctrl;
 
+use crate::backend::{DevMem, GpuBackend, RawStream};
 use crate::buffer::Storage;
-use crate::device::Backend;
-use crate::{Device, Error};
+use crate::device::{Backend, Device};
+use crate::error::Error;
 
 /// A GPU through which a heap is reached.
-#[derive(Clone)]
-pub(crate) enum GpuDev {
-    Cuda(Arc<crate::cuda::CudaDevice>),
-    #[cfg(feature = "hip")]
-    Hip(Arc<crate::hip::HipDevice>),
-}
+pub(crate) type GpuDev = Arc<dyn GpuBackend>;
 
-impl GpuDev {
-    /// The GPU of `device`, `None` for the CPU and the emulator.
-    pub(crate) fn of(device: &Device) -> Option<GpuDev> {
-        match &device.backend {
-            Backend::Cuda(d) => Some(GpuDev::Cuda(d.clone())),
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => Some(GpuDev::Hip(d.clone())),
-            _ => None,
-        }
+/// The GPU of `device`, `None` for the CPU and the emulator.
+pub(crate) fn gpu_of(device: &Device) -> Option<GpuDev> {
+    match &device.backend {
+        Backend::Gpu(g) => Some(g.clone()),
+        _ => None,
     }
 }
 
@@ -72,13 +64,10 @@ pub(crate) struct GpuHeap {
 
 impl Drop for GpuHeap {
     fn drop(&mut self) {
-        match (&self.dev, self.owned) {
-            (GpuDev::Cuda(d), true) => d.free_raw(self.ptr),
-            (GpuDev::Cuda(d), false) => d.ipc_close(self.ptr),
-            #[cfg(feature = "hip")]
-            (GpuDev::Hip(d), true) => d.free_raw(self.ptr),
-            #[cfg(feature = "hip")]
-            (GpuDev::Hip(d), false) => d.ipc_close(self.ptr),
+        if self.owned {
+            self.dev.free_exportable(self.ptr)
+        } else {
+            self.dev.ipc_close(self.ptr)
         }
     }
 }
@@ -86,11 +75,7 @@ impl Drop for GpuHeap {
 impl GpuHeap {
     /// A zeroed heap of `len` bytes on `dev`.
     pub(crate) fn alloc(dev: &GpuDev, len: usize) -> Result<GpuHeap, Error> {
-        let ptr = match dev {
-            GpuDev::Cuda(d) => d.alloc_raw(len)?,
-            #[cfg(feature = "hip")]
-            GpuDev::Hip(d) => d.alloc_raw(len)?,
-        };
+        let ptr = dev.alloc_exportable(len)?;
         Ok(GpuHeap {
             dev: dev.clone(),
             ptr,
@@ -101,11 +86,7 @@ impl GpuHeap {
 
     /// Opens a heap of `len` bytes another process exported as `handle`.
     pub(crate) fn open(dev: &GpuDev, handle: &[u8], len: usize) -> Result<GpuHeap, Error> {
-        let ptr = match dev {
-            GpuDev::Cuda(d) => d.ipc_open(handle)?,
-            #[cfg(feature = "hip")]
-            GpuDev::Hip(d) => d.ipc_open(handle)?,
-        };
+        let ptr = dev.ipc_open(handle)?;
         Ok(GpuHeap {
             dev: dev.clone(),
             ptr,
@@ -116,11 +97,7 @@ impl GpuHeap {
 
     /// Its IPC handle (for a heap allocated here).
     pub(crate) fn handle(&self) -> Result<Vec<u8>, Error> {
-        match &self.dev {
-            GpuDev::Cuda(d) => d.ipc_handle(self.ptr),
-            #[cfg(feature = "hip")]
-            GpuDev::Hip(d) => d.ipc_handle(self.ptr),
-        }
+        self.dev.ipc_handle(self.ptr)
     }
 
     fn check(&self, offset: usize, bytes: usize) -> Result<u64, Error> {
@@ -140,21 +117,15 @@ impl GpuHeap {
     /// `bytes` bytes at `offset` (after the work queued on the device's stream).
     pub(crate) fn read(&self, offset: usize, bytes: usize) -> Result<Vec<u8>, Error> {
         let at = self.check(offset, bytes)?;
-        match &self.dev {
-            GpuDev::Cuda(d) => d.dtoh(at, bytes),
-            #[cfg(feature = "hip")]
-            GpuDev::Hip(d) => d.dtoh(at, bytes),
-        }
+        let mut out = vec![0u8; bytes];
+        self.dev.dtoh(at, &mut out, RawStream::DEFAULT)?;
+        Ok(out)
     }
 
     /// Writes `data` at `offset`.
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<(), Error> {
         let at = self.check(offset, data.len())?;
-        match &self.dev {
-            GpuDev::Cuda(d) => d.htod(at, data),
-            #[cfg(feature = "hip")]
-            GpuDev::Hip(d) => d.htod(at, data),
-        }
+        self.dev.htod(at, data, RawStream::DEFAULT)
     }
 
     /// Raises the abort word (`1 + failed rank`) without waiting for running kernels.
@@ -162,11 +133,7 @@ impl GpuHeap {
         // The word is a little-endian u64, zero until now: writing its low half is
         // enough (failed_rank + 1 <= 1024).
         let at = self.ptr + (ctrl::ABORT * 8) as u64;
-        match &self.dev {
-            GpuDev::Cuda(d) => d.poke_u32(at, failed_rank + 1),
-            #[cfg(feature = "hip")]
-            GpuDev::Hip(d) => d.poke_u32(at, failed_rank + 1),
-        }
+        self.dev.poke_u32(at, failed_rank + 1)
     }
 
     /// The control words (after the work queued on the device's stream): read them
@@ -182,17 +149,8 @@ impl GpuHeap {
     /// A buffer storage viewing `bytes` bytes at `offset`, keeping the heap alive.
     pub(crate) fn view(self: &Arc<Self>, offset: usize, bytes: usize) -> Result<Storage, Error> {
         let at = self.check(offset, bytes)?;
-        let owner: Arc<dyn Send + Sync> = self.clone();
-        Ok(match &self.dev {
-            GpuDev::Cuda(d) => Storage::Cuda(crate::cuda::CudaBuf::view(
-                d.clone(),
-                at,
-                bytes.max(1),
-                owner,
-            )),
-            #[cfg(feature = "hip")]
-            GpuDev::Hip(d) => Storage::Hip(crate::hip::HipBuf::view(d.clone(), at, owner)),
-        })
+        let owner: Arc<dyn std::any::Any + Send + Sync> = self.clone();
+        Ok(Storage::Device(DevMem::view(&self.dev, at, Some(owner))))
     }
 }
 
@@ -200,8 +158,6 @@ impl GpuHeap {
 pub(crate) struct GpuRank {
     /// The table: entry `p` is rank `p`'s heap address as this rank's GPU sees it.
     pub(crate) table: GpuHeap,
-    /// The same addresses, on the host.
-    pub(crate) bases: Vec<u64>,
 }
 
 impl GpuRank {
@@ -211,6 +167,6 @@ impl GpuRank {
         let table = GpuHeap::alloc(dev, bases.len() * 8)?;
         let bytes: Vec<u8> = bases.iter().flat_map(|b| b.to_le_bytes()).collect();
         table.write(0, &bytes)?;
-        Ok(GpuRank { table, bases })
+        Ok(GpuRank { table })
     }
 }

@@ -24,8 +24,11 @@
 //! processes), or on GPUs (heaps in device memory, see `gpu`: one process driving
 //! several GPUs through peer access with [`World::on_each`], or one rank per process
 //! exporting its heap through CUDA/HIP IPC). Without a usable GPU, asking for one
-//! fails with [`Error::DeviceUnavailable`] when the [`Device`] is opened. Launching a
-//! communicating kernel on a GPU is not wired yet: the launch reports it.
+//! fails with [`Error::DeviceUnavailable`] when the [`Device`] is opened.
+//! Communicating kernels launch on every kind of rank: on a GPU rank they get the
+//! address of the rank's heap-base table (every rank's heap as this GPU sees it,
+//! reached through peer access or IPC), on an emulator rank every rank's host heap
+//! base, and on a CPU rank the interpreter reads the host heaps directly.
 //!
 //! **Symmetric heap.** Each rank owns one heap (`heap_bytes`, 256 MiB by default or
 //! `TESSERA_HEAP_BYTES`), laid out identically on every rank:
@@ -60,263 +63,38 @@
 //! heaps but share the GPU's stream: kernels of different ranks run one after the
 //! other, so a kernel that waits for another rank's kernel in the same round times
 //! out. Use one GPU per rank for such kernels.
+//!
+//! **Files.** This file holds [`World`]: its builder, [`World::run`] (ranks as
+//! threads) and [`World::join`] (ranks as processes). `rank.rs` holds [`Rank`] (host
+//! barriers, symmetric allocation, failure reporting) and the rank's link to its
+//! device, through which launches of communicating kernels find their world;
+//! `symmetric.rs` holds [`SymBuffer`]; `heap.rs` the host heaps, the state the ranks
+//! of a world share and the allocation cursors; `gpu.rs` the heaps in GPU memory;
+//! `team.rs` the team segment; [`procs`] the bootstrap of ranks as processes.
 
 mod gpu;
+mod heap;
 pub mod procs;
+mod rank;
+mod symmetric;
 mod team;
 
+pub use heap::{CTRL_BYTES, SYM_ALIGN};
 pub use procs::{LaunchEnv, spawn_local, spawn_local_with};
+pub use rank::Rank;
+pub use symmetric::SymBuffer;
 
-use std::ops::{Deref, DerefMut};
-use std::ptr::NonNull;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tessera_ir::interp::{CommWorld, HostBuffer, HostMemory, InterpError, ctrl};
-use tessera_ir::types::ScalarType;
+use tessera_ir::interp::{HostMemory, InterpError};
 
-use crate::buffer::{Buffer, Element, Storage};
-use crate::{Device, Error};
+use crate::device::Device;
+use crate::error::Error;
 
-use gpu::{GpuDev, GpuHeap, GpuRank};
-use team::{AllocRecord, Stop, Team};
-
-/// Bytes of control words at the start of every heap.
-pub const CTRL_BYTES: usize = ctrl::WORDS * 8;
-/// Alignment of every symmetric allocation.
-pub const SYM_ALIGN: usize = 256;
-
-/// A rank's heap in host memory: zeroed, 4096-byte aligned.
-struct HostHeap {
-    /// The mapping's start, taken once: the heap is only accessed through raw pointers
-    /// (atomics, kernels), never through references into `map`.
-    ptr: NonNull<u8>,
-    len: usize,
-    /// An anonymous private mapping: its pages are zero and take no memory until
-    /// first touched, so a rank's resident memory follows what the world uses (eight
-    /// thread ranks of 256 MiB heaps no longer write 2 GiB at start).
-    _map: memmap2::MmapMut,
-}
-
-impl HostHeap {
-    fn new(len: usize) -> Result<HostHeap, String> {
-        let len = len.max(CTRL_BYTES);
-        let mut map = memmap2::MmapMut::map_anon(len)
-            .map_err(|e| format!("cannot map a heap of {len} bytes: {e}"))?;
-        let ptr = NonNull::new(map.as_mut_ptr())
-            .ok_or_else(|| format!("cannot map a heap of {len} bytes"))?;
-        Ok(HostHeap {
-            ptr,
-            len,
-            _map: map,
-        })
-    }
-}
-
-// SAFETY: the heap is plain memory accessed only atomically or through raw pointers.
-unsafe impl Send for HostHeap {}
-// SAFETY: as above.
-unsafe impl Sync for HostHeap {}
-
-// SAFETY: `ptr` is valid for `len` bytes, page-aligned (an mmap), until drop.
-unsafe impl HostMemory for HostHeap {
-    fn base(&self) -> *mut u8 {
-        self.ptr.as_ptr()
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-}
-
-/// Every rank's heap, as this process reaches them.
-pub(crate) enum Heaps {
-    /// Host memory (ranks as threads: allocations; as processes: shared mappings).
-    Host(Arc<[Arc<dyn HostMemory>]>),
-    /// GPU memory (allocated here or opened through IPC).
-    Gpu(Arc<[Arc<GpuHeap>]>),
-}
-
-/// State shared by the ranks of one world (in this process).
-pub(crate) struct Shared {
-    size: u32,
-    team: Team,
-    /// Every rank's heap.
-    pub(crate) heaps: Heaps,
-    /// Every rank's control words (views of the host heaps' first bytes; empty for
-    /// GPU heaps).
-    ctrl: Arc<[Arc<HostBuffer>]>,
-    timeout: Duration,
-    signal_bytes: usize,
-    heap_bytes: usize,
-}
-
-impl Shared {
-    fn new(
-        size: u32,
-        team: Team,
-        heaps: Heaps,
-        timeout: Duration,
-        signal_bytes: usize,
-        heap_bytes: usize,
-    ) -> Result<Shared, Error> {
-        let ctrl = match &heaps {
-            Heaps::Host(hs) => {
-                let mut v = Vec::with_capacity(hs.len());
-                for h in hs.iter() {
-                    v.push(Arc::new(HostBuffer::view(
-                        h.clone(),
-                        0,
-                        ScalarType::U64,
-                        ctrl::WORDS,
-                    )?));
-                }
-                v.into()
-            }
-            Heaps::Gpu(_) => Arc::from(Vec::new()),
-        };
-        Ok(Shared {
-            size,
-            team,
-            heaps,
-            ctrl,
-            timeout,
-            signal_bytes,
-            heap_bytes,
-        })
-    }
-
-    fn interp_world(&self, rank: u32) -> CommWorld {
-        CommWorld {
-            rank,
-            size: self.size,
-            ctrl: self.ctrl.clone(),
-            timeout: self.timeout,
-        }
-    }
-
-    /// The rank that failed first, if any: recorded in the team segment, or by a
-    /// kernel in this rank's control words.
-    fn failed(&self, me: u32) -> Option<u32> {
-        self.team
-            .failed()
-            .map(|(r, _)| r)
-            .or_else(|| self.interp_world(me).failed_rank())
-    }
-
-    /// Marks `rank` as failed (`died`: its process exited) everywhere: the team
-    /// segment and every heap's abort word, releasing host barriers and device waits.
-    fn abort(&self, rank: u32, died: bool) {
-        self.team.fail(rank, died);
-        self.release(rank);
-    }
-
-    /// Marks `rank` as failed because it left the world while others needed it.
-    fn abort_by_leaving(&self, rank: u32) {
-        self.team.fail_by_leaving(rank);
-        self.release(rank);
-    }
-
-    /// Raises every heap's abort word naming `rank`, releasing device waits.
-    fn release(&self, rank: u32) {
-        match &self.heaps {
-            Heaps::Host(_) => self.interp_world(rank).abort(),
-            Heaps::Gpu(hs) => {
-                for h in hs.iter() {
-                    // Best effort: the world is failing already.
-                    let _ = h.raise_abort(rank);
-                }
-            }
-        }
-    }
-}
-
-/// A rank's part in a world, attached to its [`Device`] handle so that launches of
-/// communicating kernels know their rank, world and heaps.
-pub(crate) struct RankComm {
-    pub(crate) rank: u32,
-    pub(crate) shared: Arc<Shared>,
-    /// GPU worlds: the heap-base table in this rank's device memory.
-    gpu: Option<GpuRank>,
-}
-
-#[allow(dead_code)] // The GPU accessors are for the GPU launch path (in progress).
-impl RankComm {
-    /// The interpreter's view of this rank's world.
-    pub(crate) fn interp_world(&self) -> CommWorld {
-        self.shared.interp_world(self.rank)
-    }
-
-    /// Number of ranks.
-    pub(crate) fn size(&self) -> u32 {
-        self.shared.size
-    }
-
-    /// Host worlds (CPU, emulator): every rank's heap base address as this process
-    /// sees it (the emulator's `heap_bases` table). Empty for GPU worlds.
-    pub(crate) fn host_heap_bases(&self) -> Vec<u64> {
-        match &self.shared.heaps {
-            Heaps::Host(hs) => hs.iter().map(|h| h.base() as u64).collect(),
-            Heaps::Gpu(_) => Vec::new(),
-        }
-    }
-
-    /// How long device-side waits poll.
-    pub(crate) fn timeout(&self) -> Duration {
-        self.shared.timeout
-    }
-
-    /// The values of a communicating kernel's hidden parameters on this rank, given
-    /// the device address of the heap-base table ([`tessera_codegen::comm`] ABI:
-    /// `rank: i32, world_size: i32, heap_bases: ptr, timeout_ns: i64`), as GPU
-    /// launch arguments.
-    pub(crate) fn hidden_gpu_args(&self, heap_table: u64) -> [crate::launch::GpuArg; 4] {
-        use crate::launch::GpuArg;
-        [
-            GpuArg::U32(self.rank),
-            GpuArg::U32(self.shared.size),
-            GpuArg::U64(heap_table),
-            GpuArg::U64(self.timeout_ns().min(i64::MAX as u64)),
-        ]
-    }
-
-    /// The wait timeout in nanoseconds (the `timeout_ns` kernel parameter).
-    pub(crate) fn timeout_ns(&self) -> u64 {
-        u64::try_from(self.shared.timeout.as_nanos()).unwrap_or(u64::MAX)
-    }
-
-    /// GPU worlds: the device address of the heap-base table (`size` `u64`s, entry `p`
-    /// = rank `p`'s heap base as this rank's GPU sees it), the `heap_bases` kernel
-    /// parameter.
-    pub(crate) fn heap_bases_device_ptr(&self) -> Option<u64> {
-        self.gpu.as_ref().map(|g| g.table.ptr)
-    }
-
-    /// GPU worlds: the same table on the host.
-    pub(crate) fn heap_bases(&self) -> Option<&[u64]> {
-        self.gpu.as_ref().map(|g| g.bases.as_slice())
-    }
-
-    /// This rank's control words (`ctrl::WORDS` `u64`s, read after the work queued
-    /// on its device): where a launch finds the device-side error record.
-    pub(crate) fn ctrl_words(&self) -> Result<Vec<u64>, Error> {
-        match &self.shared.heaps {
-            Heaps::Host(_) => {
-                let w = self.interp_world();
-                Ok((0..ctrl::WORDS)
-                    .map(|i| w.read(self.rank as usize, i))
-                    .collect())
-            }
-            Heaps::Gpu(hs) => hs[self.rank as usize].ctrl_words(),
-        }
-    }
-
-    /// Marks this rank as failed (e.g. after a device-side error), releasing the
-    /// other ranks.
-    pub(crate) fn abort(&self) {
-        self.shared.abort(self.rank, false);
-    }
-}
+use gpu::{GpuDev, GpuHeap, GpuRank, gpu_of};
+use heap::{Heaps, HostHeap, Shared};
+use team::Team;
 
 /// How the ranks of a world are laid out.
 #[derive(Clone, Debug)]
@@ -339,11 +117,13 @@ pub struct World {
     timeout: Duration,
 }
 
-fn default_heap_bytes() -> usize {
-    std::env::var("TESSERA_HEAP_BYTES")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(256 << 20)
+/// The configured defaults of a world (`TESSERA_HEAP_BYTES`, `TESSERA_WAIT_TIMEOUT`);
+/// a bad variable falls back to the built-in defaults here and is reported when the
+/// world is run or joined ([`World::check`]).
+fn configured() -> crate::config::Config {
+    crate::config::get()
+        .map(|c| (*c).clone())
+        .unwrap_or_default()
 }
 
 impl World {
@@ -354,9 +134,9 @@ impl World {
             size,
             layout: Layout::Threads,
             devices: vec![Device::cpu()],
-            heap_bytes: default_heap_bytes(),
+            heap_bytes: configured().heap_bytes,
             signal_bytes: 1 << 20,
-            timeout: tessera_ir::interp::default_wait_timeout(),
+            timeout: configured().wait_timeout,
         }
     }
 
@@ -424,6 +204,8 @@ impl World {
     }
 
     fn check(&self) -> Result<(), Error> {
+        // An unusable `TESSERA_*` variable is an error, not a silent default.
+        crate::config::get()?;
         if self.size == 0 || self.size > 1024 {
             return Err(Self::comm_err(format!(
                 "a world needs 1 to 1024 ranks, got {}",
@@ -462,7 +244,7 @@ impl World {
     /// access between the ranks' GPUs.
     fn thread_heaps(&self) -> Result<Heaps, Error> {
         let gpus: Vec<Option<GpuDev>> = (0..self.size)
-            .map(|r| self.device_of(r).map(GpuDev::of))
+            .map(|r| self.device_of(r).map(gpu_of))
             .collect::<Result<_, _>>()?;
         if gpus.iter().all(Option::is_none) {
             let mut heaps: Vec<Arc<dyn HostMemory>> = Vec::with_capacity(self.size);
@@ -527,7 +309,7 @@ impl World {
         let mut ranks = Vec::with_capacity(self.size);
         for r in 0..self.size {
             let device = self.device_of(r)?;
-            let gpu = match (&gpu_heaps, GpuDev::of(device)) {
+            let gpu = match (&gpu_heaps, gpu_of(device)) {
                 (Some(h), Some(g)) => Some(GpuRank::new(&g, h)?),
                 _ => None,
             };
@@ -606,7 +388,7 @@ impl World {
         let me = env.rank;
         let err = move |message: String| Error::Comm { rank: me, message };
         let device = self.device_of(me as usize)?;
-        let gpu = GpuDev::of(device);
+        let gpu = gpu_of(device);
         if env.size == 1 {
             // A world of one: nothing to exchange.
             let heaps = match &gpu {
@@ -620,11 +402,10 @@ impl World {
             };
             return self.make_rank(0, heaps, Self::team_segment()?, device, None);
         }
-        let kind = match &gpu {
+        let kind = match gpu.as_ref().map(|g| g.kind()) {
             None => 0,
-            Some(GpuDev::Cuda(_)) => 1,
-            #[cfg(feature = "hip")]
-            Some(GpuDev::Hip(_)) => 2,
+            Some(crate::DeviceKind::Hip) => 2,
+            Some(_) => 1,
         };
         let config = [
             u64::from(env.size),
@@ -702,7 +483,7 @@ impl World {
         device: &Device,
         peers: Option<Vec<(u32, std::os::unix::net::UnixStream)>>,
     ) -> Result<Rank, Error> {
-        let gpu = match (&heaps, GpuDev::of(device)) {
+        let gpu = match (&heaps, gpu_of(device)) {
             (Heaps::Gpu(h), Some(g)) => Some(GpuRank::new(&g, h)?),
             _ => None,
         };
@@ -775,471 +556,6 @@ fn is_consequence(e: &Error) -> bool {
         #[cfg(feature = "jit")]
         Error::CommFault(f) => matches!(**f, tessera_codegen::comm::CommFault::Aborted { .. }),
         _ => false,
-    }
-}
-
-/// Bump cursors of one rank's heap regions.
-#[derive(Debug)]
-struct Cursor {
-    signal_next: usize,
-    data_next: usize,
-    count: usize,
-}
-
-/// One rank of a world: its index, its device, its heap.
-pub struct Rank {
-    rank: u32,
-    shared: Arc<Shared>,
-    device: Device,
-    cursor: std::sync::Mutex<Cursor>,
-    barriers: AtomicU64,
-    /// Collective calls made so far (their agreement across ranks is checked).
-    calls: AtomicU64,
-    /// The collectives' workspace (signal pads, staging buffers, call counter),
-    /// allocated collectively on the first collective call.
-    pub(crate) coll: std::sync::Mutex<Option<crate::collectives::Workspace>>,
-    /// Ranks as processes: the connections to the other ranks (dropped last).
-    link: Option<procs::Link>,
-}
-
-impl std::fmt::Debug for Rank {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Rank({} of {})", self.rank, self.shared.size)
-    }
-}
-
-impl Drop for Rank {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            self.abort();
-        } else if self.link.is_some()
-            && matches!(self.shared.heaps, Heaps::Gpu(_))
-            && self.failed_rank().is_none()
-        {
-            // Leaving is collective for GPU heaps: the peers opened this rank's heap
-            // through IPC, and it is freed when this process's last handle goes.
-            // (Host heaps are shared files: a mapping outlives its creator.)
-            let _ = self.barrier();
-        }
-        // Others' host barriers this rank will not arrive at stop at once.
-        self.shared
-            .team
-            .leave(self.rank, self.barriers.load(Ordering::Acquire));
-        // Leave the world (a process rank says goodbye; rank 0 waits for the others,
-        // for as long as a wait may take, or not at all once the world has failed).
-        if let Some(link) = self.link.take() {
-            let patience = if self.failed_rank().is_some() {
-                Duration::ZERO
-            } else {
-                self.shared.timeout
-            };
-            let stuck = link.leave(patience);
-            if !stuck.is_empty() && !patience.is_zero() {
-                let ranks: Vec<String> = stuck.iter().map(u32::to_string).collect();
-                eprintln!(
-                    "tessera: rank {} leaves the world although rank(s) {} did not leave within {:.3} s (still working, stopped or hung?); from now on their deaths are seen by timeouts only",
-                    self.rank,
-                    ranks.join(", "),
-                    patience.as_secs_f64()
-                );
-            }
-        }
-    }
-}
-
-impl Rank {
-    fn new(
-        rank: u32,
-        shared: Arc<Shared>,
-        base: &Device,
-        gpu: Option<GpuRank>,
-        link: Option<procs::Link>,
-    ) -> Rank {
-        let mut device = base.clone();
-        device.comm = Some(Arc::new(RankComm {
-            rank,
-            shared: shared.clone(),
-            gpu,
-        }));
-        Rank {
-            rank,
-            device,
-            cursor: std::sync::Mutex::new(Cursor {
-                signal_next: CTRL_BYTES,
-                data_next: CTRL_BYTES + shared.signal_bytes,
-                count: 0,
-            }),
-            shared,
-            barriers: AtomicU64::new(0),
-            calls: AtomicU64::new(0),
-            coll: std::sync::Mutex::new(None),
-            link,
-        }
-    }
-
-    /// This rank's index, `0..size()`.
-    pub fn rank(&self) -> u32 {
-        self.rank
-    }
-
-    /// The number of ranks.
-    pub fn size(&self) -> u32 {
-        self.shared.size
-    }
-
-    /// This rank's device: launches on it run as this rank (kernels see `rank()`,
-    /// `world_size()` and the symmetric heaps).
-    pub fn device(&self) -> &Device {
-        &self.device
-    }
-
-    /// Marks this rank as failed: every rank's device-side waits and host barriers
-    /// stop with an error naming it. [`World::run`] and [`World::run_process`] do it
-    /// when the rank's code fails; call it when handling a failure yourself.
-    pub fn abort(&self) {
-        self.shared.abort(self.rank, false);
-    }
-
-    /// Checks that this rank's next collective call, `call` (three words; `describe`
-    /// names one), is the one every other rank makes as its call of the same number:
-    /// the first rank there records it, the others compare. A mismatch fails the
-    /// world, so every rank's waits stop, and is an error naming both calls.
-    pub(crate) fn agree_on_call(
-        &self,
-        call: [u64; 3],
-        describe: fn([u64; 3]) -> String,
-    ) -> Result<(), Error> {
-        let sh = &self.shared;
-        let index = self.calls.fetch_add(1, Ordering::Relaxed) as usize;
-        let me = self.rank;
-        let other_failed = || sh.interp_world(me).failed_rank();
-        match sh.team.check_call(index, call, sh.timeout, &other_failed) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(theirs)) => {
-                self.abort();
-                Err(self.err(format!(
-                    "collective call #{index} differs between ranks: this rank called {}, another rank {}; every rank must make the same collective calls in the same order",
-                    describe(call),
-                    describe(theirs)
-                )))
-            }
-            Err(stop) => Err(self.stopped(stop, "a collective call")),
-        }
-    }
-
-    fn err(&self, message: String) -> Error {
-        Error::Comm {
-            rank: self.rank,
-            message,
-        }
-    }
-
-    fn stopped(&self, stop: Stop, what: &str) -> Error {
-        match stop {
-            Stop::Failed { rank, died: true } => self.err(format!(
-                "abandoned {what}: rank {rank}'s process exited without leaving the world"
-            )),
-            Stop::Failed { rank, .. } if self.shared.team.failed_by_leaving(rank) => {
-                self.err(format!(
-                    "abandoned {what}: rank {rank} left the world (dropped its Rank) while others still needed it"
-                ))
-            }
-            Stop::Failed { rank, .. } => self.err(format!("abandoned {what}: rank {rank} failed")),
-            Stop::Left { rank } => {
-                // The others' waits stop too, naming the rank that left.
-                self.shared.abort_by_leaving(rank);
-                self.err(format!(
-                    "abandoned {what}: rank {rank} left the world (dropped its Rank) before arriving, so it never will"
-                ))
-            }
-            Stop::Timeout { missing } => {
-                self.abort();
-                let who = match missing.as_slice() {
-                    [] => String::new(),
-                    [r] => format!(": rank {r} never arrived (stopped, hung or busy elsewhere?)"),
-                    rs => format!(
-                        ": ranks {} never arrived (stopped, hung or busy elsewhere?)",
-                        rs.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")
-                    ),
-                };
-                self.err(format!(
-                    "{what} timed out after {:.3} s{who}",
-                    self.shared.timeout.as_secs_f64()
-                ))
-            }
-        }
-    }
-
-    /// A zeroed symmetric buffer of `len` elements. Collective and synchronizing, like
-    /// `shmem_malloc`: every rank allocates the same buffers in the same order, and the
-    /// call returns once every rank has made (and initialized) the allocation, so peers
-    /// may write into it right away.
-    pub fn alloc<T: Element>(&self, len: usize) -> Result<SymBuffer<T>, Error> {
-        self.alloc_in::<T>(len, false, None)
-    }
-
-    /// A symmetric buffer holding `data` on this rank (collective and synchronizing,
-    /// like [`Rank::alloc`]; each rank passes its own data of the same length).
-    pub fn upload<T: Element>(&self, data: &[T]) -> Result<SymBuffer<T>, Error> {
-        self.alloc_in::<T>(data.len(), false, Some(data))
-    }
-
-    /// `n` zeroed `u64` signal words in the signal region (collective and
-    /// synchronizing, like [`Rank::alloc`]).
-    pub fn alloc_signals(&self, n: usize) -> Result<SymBuffer<u64>, Error> {
-        self.alloc_in::<u64>(n, true, None)
-    }
-
-    fn alloc_in<T: Element>(
-        &self,
-        len: usize,
-        signals: bool,
-        init: Option<&[T]>,
-    ) -> Result<SymBuffer<T>, Error> {
-        let sh = &self.shared;
-        let bytes = len
-            .checked_mul(std::mem::size_of::<T>())
-            .ok_or_else(|| self.err(format!("{len} elements overflow the heap")))?;
-        let mut cur = self.cursor.lock().unwrap_or_else(|e| e.into_inner());
-        let (next, end) = if signals {
-            (cur.signal_next, CTRL_BYTES + sh.signal_bytes)
-        } else {
-            (cur.data_next, sh.heap_bytes)
-        };
-        let offset = next;
-        let new_next = offset
-            .checked_add(bytes.max(1).next_multiple_of(SYM_ALIGN))
-            .filter(|&n| n <= end)
-            .ok_or_else(|| {
-                self.err(format!(
-                    "symmetric {} region full: {bytes} bytes asked, {} of {} left (raise World::{})",
-                    if signals { "signal" } else { "data" },
-                    end.saturating_sub(offset),
-                    end - if signals { CTRL_BYTES } else { CTRL_BYTES + sh.signal_bytes },
-                    if signals { "signal_bytes" } else { "heap_bytes" },
-                ))
-            })?;
-        let rec = AllocRecord {
-            signals,
-            offset,
-            bytes,
-            elem: T::TY,
-        };
-        let me = self.rank;
-        let other_failed = || sh.interp_world(me).failed_rank();
-        match sh
-            .team
-            .check_alloc(cur.count, rec, sh.timeout, &other_failed)
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(other)) => {
-                return Err(self.err(format!(
-                    "symmetric allocation #{} differs between ranks: this rank asked for {} x {} ({} bytes, {}), another rank for {} x {} ({} bytes, {}); every rank must allocate the same buffers in the same order",
-                    cur.count,
-                    len,
-                    T::TY,
-                    bytes,
-                    if signals { "signals" } else { "data" },
-                    other.bytes / other.elem.size_bytes().max(1),
-                    other.elem,
-                    other.bytes,
-                    if other.signals { "signals" } else { "data" },
-                )));
-            }
-            Err(stop) => return Err(self.stopped(stop, "a symmetric allocation")),
-        }
-        let (local_storage, copies) = match &sh.heaps {
-            Heaps::Host(hs) => {
-                let mut copies = Vec::with_capacity(hs.len());
-                for h in hs.iter() {
-                    copies.push(Arc::new(HostBuffer::view(h.clone(), offset, T::TY, len)?));
-                }
-                let copies: Arc<[Arc<HostBuffer>]> = copies.into();
-                (Storage::Host(copies[self.rank as usize].clone()), copies)
-            }
-            Heaps::Gpu(hs) => (
-                hs[self.rank as usize].view(offset, bytes)?,
-                Arc::from(Vec::new()),
-            ),
-        };
-        if signals {
-            cur.signal_next = new_next;
-        } else {
-            cur.data_next = new_next;
-        }
-        cur.count += 1;
-        drop(cur);
-        let local = self.device.buffer::<T>(local_storage, len);
-        let mut b = SymBuffer {
-            local,
-            copies,
-            shared: sh.clone(),
-            offset,
-        };
-        // Heaps are zeroed once and never reused, but a user may have written past a
-        // region before; make the contract hold. Then wait for every rank to have
-        // done the same: a peer's first write must not land before this
-        // initialization (it would be erased).
-        match init {
-            Some(data) => b.local.copy_from(data)?,
-            None => b.local.fill(T::zeroed())?,
-        }
-        self.barrier()?;
-        Ok(b)
-    }
-
-    /// A view of `len` elements of `U` at byte `heap_offset` of every rank's heap (the
-    /// same memory as an existing symmetric allocation, seen as another type): used by
-    /// the collectives for workspaces and bit-level aliases. Not collective, not zeroed.
-    pub(crate) fn sym_view<U: Element>(
-        &self,
-        heap_offset: usize,
-        len: usize,
-    ) -> Result<SymBuffer<U>, Error> {
-        let sh = &self.shared;
-        let bytes = len
-            .checked_mul(std::mem::size_of::<U>())
-            .ok_or_else(|| self.err(format!("{len} elements overflow the heap")))?;
-        let (local_storage, copies) = match &sh.heaps {
-            Heaps::Host(hs) => {
-                let mut copies = Vec::with_capacity(hs.len());
-                for h in hs.iter() {
-                    copies.push(Arc::new(HostBuffer::view(
-                        h.clone(),
-                        heap_offset,
-                        U::TY,
-                        len,
-                    )?));
-                }
-                let copies: Arc<[Arc<HostBuffer>]> = copies.into();
-                (Storage::Host(copies[self.rank as usize].clone()), copies)
-            }
-            Heaps::Gpu(hs) => (
-                hs[self.rank as usize].view(heap_offset, bytes)?,
-                Arc::from(Vec::new()),
-            ),
-        };
-        Ok(SymBuffer {
-            local: self.device.buffer::<U>(local_storage, len),
-            copies,
-            shared: sh.clone(),
-            offset: heap_offset,
-        })
-    }
-
-    /// Whether `buf` was allocated in this world's heaps (not another world's).
-    pub(crate) fn owns<T: Element>(&self, buf: &SymBuffer<T>) -> bool {
-        Arc::ptr_eq(&buf.shared, &self.shared)
-    }
-
-    /// Host barrier: returns once every rank has called it (the same number of times),
-    /// after this rank's device work is done. Fails when another rank failed or when
-    /// the wait timeout passes.
-    pub fn barrier(&self) -> Result<(), Error> {
-        self.device.synchronize()?;
-        let sh = &self.shared;
-        let generation = self.barriers.fetch_add(1, Ordering::AcqRel);
-        let me = self.rank;
-        let other_failed = || sh.interp_world(me).failed_rank();
-        sh.team
-            .barrier(me, generation, sh.size, sh.timeout, &other_failed)
-            .map_err(|(stop, arrived)| {
-                let what = format!("a host barrier ({arrived} of {} ranks arrived)", sh.size);
-                self.stopped(stop, &what)
-            })
-    }
-
-    /// How long device-side waits and host barriers wait before failing.
-    pub fn wait_timeout(&self) -> Duration {
-        self.shared.timeout
-    }
-
-    /// The first rank that failed, if any.
-    pub fn failed_rank(&self) -> Option<u32> {
-        self.shared.failed(self.rank)
-    }
-}
-
-/// A symmetric buffer: the same allocation on every rank of a world. Dereferences to
-/// this rank's copy (a [`Buffer`], for upload/download), and is passed to kernels for
-/// `&Symmetric<T>` / `&mut Symmetric<T>` parameters.
-pub struct SymBuffer<T: Element> {
-    local: Buffer<T>,
-    /// Every rank's copy (host worlds; empty for GPU worlds).
-    pub(crate) copies: Arc<[Arc<HostBuffer>]>,
-    shared: Arc<Shared>,
-    offset: usize,
-}
-
-impl<T: Element> std::fmt::Debug for SymBuffer<T> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "SymBuffer<{}>[{}] at heap offset {}",
-            T::TY,
-            self.local.len(),
-            self.offset
-        )
-    }
-}
-
-impl<T: Element> SymBuffer<T> {
-    /// The world this buffer was allocated in.
-    pub(crate) fn world_shared(&self) -> &Arc<Shared> {
-        &self.shared
-    }
-
-    /// Byte offset of the allocation in every rank's heap.
-    pub fn heap_offset(&self) -> usize {
-        self.offset
-    }
-
-    /// This rank's copy.
-    pub fn local(&self) -> &Buffer<T> {
-        &self.local
-    }
-
-    /// Reads rank `peer`'s copy from the host (for checks and debugging).
-    pub fn download_peer(&self, peer: u32) -> Result<Vec<T>, Error> {
-        let size = self.shared.size;
-        if peer >= size {
-            return Err(Error::Comm {
-                rank: 0,
-                message: format!("peer {peer} is outside a world of {size} rank(s)"),
-            });
-        }
-        let bytes = match &self.shared.heaps {
-            Heaps::Host(_) => self.copies[peer as usize].read_bytes(),
-            Heaps::Gpu(hs) => {
-                // The peer's writes are ordered by its own stream: wait for ours.
-                self.local.device().synchronize()?;
-                hs[peer as usize].read(self.offset, std::mem::size_of::<T>() * self.local.len())?
-            }
-        };
-        let mut out = vec![T::zeroed(); self.local.len()];
-        let dst = bytemuck::cast_slice_mut::<T, u8>(&mut out);
-        if bytes.len() != dst.len() {
-            return Err(Error::BufferSize(format!(
-                "read {} bytes of rank {peer}'s copy for {} elements",
-                bytes.len(),
-                self.local.len()
-            )));
-        }
-        dst.copy_from_slice(&bytes);
-        Ok(out)
-    }
-}
-
-impl<T: Element> Deref for SymBuffer<T> {
-    type Target = Buffer<T>;
-    fn deref(&self) -> &Buffer<T> {
-        &self.local
-    }
-}
-
-impl<T: Element> DerefMut for SymBuffer<T> {
-    fn deref_mut(&mut self) -> &mut Buffer<T> {
-        &mut self.local
     }
 }
 

@@ -3,7 +3,7 @@
 //! | device | backend | kernels |
 //! |---|---|---|
 //! | `cpu` | the reference interpreter, program instances on a thread pool | traced IR (no LLVM) |
-//! | `cuda:N` | the CUDA driver API through cudarc, `libcuda` loaded at run time | PTX: precompiled ([`ArtifactStore`]) or JIT-compiled (feature `jit`) |
+//! | `cuda:N` | the CUDA driver API through cudarc, `libcuda` loaded at run time | PTX: precompiled ([`crate::ArtifactStore`]) or JIT-compiled (feature `jit`) |
 //! | `hip:N` | the HIP runtime through hip-sys (feature `hip`) | HSACO, likewise |
 //!
 //! **Streams.** Every GPU device has one stream, its *default stream*, created with the
@@ -27,86 +27,52 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::Error;
-use crate::artifact::ArtifactStore;
-use crate::cuda;
-#[cfg(feature = "hip")]
-use crate::hip;
+use tessera_ir::interp::CommWorld;
 
-/// The kind of a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DeviceKind {
-    /// The host CPU, running kernels with the reference interpreter (program instances
-    /// in parallel on a thread pool).
-    Cpu,
-    /// An NVIDIA GPU through the CUDA driver.
-    Cuda,
-    /// An AMD GPU through the HIP runtime (feature `hip`).
-    Hip,
-    /// The SIMT emulator (feature `jit`): the GPU lowering JIT-compiled for the host,
-    /// warps emulated with NVIDIA (`emu-nv`, ordinal 0) or AMD (`emu-amd`, ordinal 1)
-    /// lane layouts.
-    Emu,
-}
+use crate::backend::{self, GpuArg, GpuBackend, RawStream};
+use crate::error::Error;
+pub use crate::properties::{DeviceKind, DeviceProperties, EmuKind};
 
-/// Which vendor's lowering the emulator runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum EmuKind {
-    /// Warp 32 and `mma.sync` fragment layouts (as for sm_80).
-    Nv,
-    /// Wave 64 and MFMA layouts (as for gfx942).
-    Amd,
-    /// Warp 32 and the Hopper warpgroup instructions, `wgmma` (as for sm_90a).
-    Sm90a,
-}
+mod stream;
+pub use stream::{Event, Stream};
 
-impl EmuKind {
-    /// The device name, as `TESSERA_DEVICE` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            EmuKind::Nv => "emu-nv",
-            EmuKind::Amd => "emu-amd",
-            EmuKind::Sm90a => "emu-sm90a",
-        }
-    }
-
-    /// Threads per warp of the GPU it imitates.
-    pub fn warp_size(self) -> u32 {
-        match self {
-            EmuKind::Nv | EmuKind::Sm90a => 32,
-            EmuKind::Amd => 64,
-        }
-    }
-}
-
-/// What a device is made of.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DeviceProperties {
-    /// The product name (`NVIDIA H200`, `AMD Instinct MI300X`, or `cpu`).
-    pub name: String,
-    /// The compilation target for it (`sm_90`, `gfx942`; `host` for the CPU).
-    pub target: String,
-    /// CUDA compute capability (major, minor); `None` elsewhere.
-    pub compute_capability: Option<(u32, u32)>,
-    /// Streaming multiprocessors / compute units (CPU: worker threads).
-    pub multiprocessors: u32,
-    /// Threads per warp (wavefront); 1 on the CPU.
-    pub warp_size: u32,
-    /// Shared memory one block may use without opting in, in bytes.
-    pub shared_per_block: usize,
-    /// Shared memory one block may use after opting in, in bytes.
-    pub shared_per_block_optin: usize,
-    /// Device memory in bytes (0 for the CPU: host memory).
-    pub total_memory: usize,
-}
-
+/// Where a device's kernels run.
 #[derive(Clone)]
 pub(crate) enum Backend {
+    /// The reference interpreter.
     Cpu,
+    /// The SIMT emulator.
     Emu(EmuKind),
-    Cuda(Arc<cuda::CudaDevice>),
-    #[cfg(feature = "hip")]
-    Hip(Arc<hip::HipDevice>),
+    /// A GPU, through its backend.
+    Gpu(Arc<dyn GpuBackend>),
+}
+
+/// What a launch needs from the rank a device handle belongs to: implemented by the
+/// world, so that neither devices nor launches know the world's internals.
+pub(crate) trait RankLink: Send + Sync {
+    /// This rank.
+    fn rank(&self) -> u32;
+    /// The identity of the rank's world (symmetric buffers of another world are
+    /// refused).
+    fn world_id(&self) -> usize;
+    /// The interpreter's view of this rank's world.
+    fn interp_world(&self) -> CommWorld;
+    /// Host worlds (CPU, emulator): every rank's heap base address (empty for GPU
+    /// worlds).
+    #[cfg_attr(not(feature = "jit"), allow(dead_code))]
+    fn host_heap_bases(&self) -> Vec<u64>;
+    /// How long device-side waits poll.
+    #[cfg_attr(not(feature = "jit"), allow(dead_code))]
+    fn timeout(&self) -> Duration;
+    /// GPU worlds: the hidden parameters of a communicating kernel on this rank
+    /// (`rank, world_size, heap_bases, timeout_ns`: the codegen's comm ABI); `None`
+    /// when the world has no heaps on this GPU.
+    fn gpu_hidden_args(&self) -> Option<[GpuArg; 4]>;
+    /// This rank's control words (read after the work queued on its device): where
+    /// a launch finds the device-side error record.
+    fn ctrl_words(&self) -> Result<Vec<u64>, Error>;
+    /// Marks this rank as failed, releasing the other ranks.
+    fn abort(&self);
 }
 
 /// A device kernels are launched on. Cheap to clone; clones share the GPU context,
@@ -114,9 +80,10 @@ pub(crate) enum Backend {
 #[derive(Clone)]
 pub struct Device {
     pub(crate) backend: Backend,
-    artifacts: Option<Arc<ArtifactStore>>,
+    /// The folder given to [`Device::with_artifacts`].
+    pub(crate) artifacts: Option<Arc<PathBuf>>,
     /// The rank this device handle belongs to, for kernels that communicate.
-    pub(crate) comm: Option<Arc<crate::world::RankComm>>,
+    pub(crate) comm: Option<Arc<dyn RankLink>>,
     /// The launch watchdog set by [`Device::with_launch_timeout`].
     launch_timeout: Option<Duration>,
 }
@@ -167,14 +134,14 @@ impl Device {
     /// CUDA device `ordinal`. Fails with [`Error::DeviceUnavailable`] when no CUDA
     /// driver is installed (checked before any driver call) or there is no such GPU.
     pub fn cuda(ordinal: usize) -> Result<Device, Error> {
-        cuda::open(ordinal).map(|d| Device::from_backend(Backend::Cuda(d)))
+        backend::cuda::open(ordinal).map(|d| Device::from_backend(Backend::Gpu(d)))
     }
 
     /// HIP device `ordinal` (needs the `hip` feature).
     pub fn hip(ordinal: usize) -> Result<Device, Error> {
         #[cfg(feature = "hip")]
         {
-            hip::open(ordinal).map(|d| Device::from_backend(Backend::Hip(d)))
+            backend::hip::open(ordinal).map(|d| Device::from_backend(Backend::Gpu(d)))
         }
         #[cfg(not(feature = "hip"))]
         {
@@ -188,9 +155,9 @@ impl Device {
     /// The device named by `TESSERA_DEVICE` if set, else the best one present: CUDA
     /// device 0, then HIP device 0, then the CPU.
     pub fn best() -> Result<Device, Error> {
-        match std::env::var("TESSERA_DEVICE") {
-            Ok(name) if !name.trim().is_empty() => Device::by_name(name.trim()),
-            _ => Ok(Device::cuda(0)
+        match &crate::config::get()?.device {
+            Some(name) => Device::by_name(name),
+            None => Ok(Device::cuda(0)
                 .or_else(|_| Device::hip(0))
                 .unwrap_or_else(|_| Device::cpu())),
         }
@@ -198,11 +165,11 @@ impl Device {
 
     /// Every device present: the CUDA devices, then the HIP devices, then the CPU.
     pub fn all() -> Vec<Device> {
-        let mut out: Vec<Device> = (0..cuda::count())
+        let mut out: Vec<Device> = (0..backend::cuda::count())
             .filter_map(|i| Device::cuda(i).ok())
             .collect();
         #[cfg(feature = "hip")]
-        out.extend((0..hip::count()).filter_map(|i| Device::hip(i).ok()));
+        out.extend((0..backend::hip::count()).filter_map(|i| Device::hip(i).ok()));
         out.push(Device::cpu());
         out
     }
@@ -231,11 +198,11 @@ impl Device {
         }
     }
 
-    /// This device, loading precompiled kernels from `dir` (an [`ArtifactStore`]
+    /// This device, loading precompiled kernels from `dir` (an [`crate::ArtifactStore`]
     /// folder) before `TESSERA_AOT_DIR` and the JIT.
     pub fn with_artifacts(&self, dir: impl Into<PathBuf>) -> Device {
         Device {
-            artifacts: Some(Arc::new(ArtifactStore::new(dir))),
+            artifacts: Some(Arc::new(dir.into())),
             ..self.clone()
         }
     }
@@ -243,7 +210,7 @@ impl Device {
     /// This device with a launch watchdog on the CPU and the emulators: a launch
     /// that runs longer than `timeout` stops every runtime loop (`for`, `while`) at
     /// its next test and fails naming the kernel and the loop's line, instead of
-    /// running forever. Without it, `TESSERA_LAUNCH_TIMEOUT` (seconds, e.g. `30` or
+    /// running forever. Without it, `TESSERA_LAUNCH_TIMEOUT` (a duration, e.g. `30` or
     /// `0.5`) sets the limit; unset, launches are unbounded. GPUs ignore it (their
     /// kernels run to completion).
     pub fn with_launch_timeout(&self, timeout: Duration) -> Device {
@@ -254,36 +221,13 @@ impl Device {
     }
 
     /// The watchdog of a launch on this handle: [`Device::with_launch_timeout`],
-    /// else `TESSERA_LAUNCH_TIMEOUT`; a value that is not a positive number of
-    /// seconds is an error naming the variable.
+    /// else `TESSERA_LAUNCH_TIMEOUT` (a value that is not a duration is an error
+    /// naming the variable).
     pub(crate) fn launch_timeout(&self) -> Result<Option<Duration>, Error> {
         if let Some(t) = self.launch_timeout {
             return Ok(Some(t));
         }
-        let Ok(v) = std::env::var("TESSERA_LAUNCH_TIMEOUT") else {
-            return Ok(None);
-        };
-        if v.trim().is_empty() {
-            return Ok(None);
-        }
-        v.trim()
-            .parse::<f64>()
-            .ok()
-            .filter(|s| s.is_finite() && *s > 0.0)
-            .and_then(|s| Duration::try_from_secs_f64(s).ok())
-            .map(Some)
-            .ok_or_else(|| Error::Config(format!(
-                "TESSERA_LAUNCH_TIMEOUT=`{v}`: expected a positive number of seconds (e.g. 30 or 0.5)"
-            )))
-    }
-
-    /// Where precompiled kernels are looked for: the folder given to
-    /// [`Device::with_artifacts`], else `TESSERA_AOT_DIR`.
-    pub fn artifact_store(&self) -> Option<ArtifactStore> {
-        match &self.artifacts {
-            Some(s) => Some((**s).clone()),
-            None => ArtifactStore::from_env(),
-        }
+        Ok(crate::config::get()?.launch_timeout)
     }
 
     /// Its kind.
@@ -291,9 +235,7 @@ impl Device {
         match &self.backend {
             Backend::Cpu => DeviceKind::Cpu,
             Backend::Emu(_) => DeviceKind::Emu,
-            Backend::Cuda(_) => DeviceKind::Cuda,
-            #[cfg(feature = "hip")]
-            Backend::Hip(_) => DeviceKind::Hip,
+            Backend::Gpu(g) => g.kind(),
         }
     }
 
@@ -303,9 +245,7 @@ impl Device {
             Backend::Cpu | Backend::Emu(EmuKind::Nv) => 0,
             Backend::Emu(EmuKind::Amd) => 1,
             Backend::Emu(EmuKind::Sm90a) => 2,
-            Backend::Cuda(d) => d.ordinal,
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => d.ordinal,
+            Backend::Gpu(g) => g.ordinal(),
         }
     }
 
@@ -370,9 +310,7 @@ impl Device {
                 shared_per_block_optin: 48 * 1024,
                 total_memory: 0,
             },
-            Backend::Cuda(d) => d.props.clone(),
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => d.props.clone(),
+            Backend::Gpu(g) => g.props().clone(),
         }
     }
 
@@ -380,9 +318,7 @@ impl Device {
     pub fn synchronize(&self) -> Result<(), Error> {
         match &self.backend {
             Backend::Cpu | Backend::Emu(_) => Ok(()),
-            Backend::Cuda(d) => d.synchronize(),
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => d.synchronize(),
+            Backend::Gpu(g) => g.synchronize(RawStream::DEFAULT),
         }
     }
 
@@ -396,9 +332,14 @@ impl Device {
                 let r = f()?;
                 Ok((r, t.elapsed()))
             }
-            Backend::Cuda(d) => d.time(f),
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => d.time(f),
+            Backend::Gpu(_) => {
+                let start = Event::new(self)?;
+                let end = Event::new(self)?;
+                start.record_raw(RawStream::DEFAULT)?;
+                let r = f()?;
+                end.record_raw(RawStream::DEFAULT)?;
+                Ok((r, end.elapsed_since(&start)?))
+            }
         }
     }
 
@@ -410,9 +351,9 @@ impl Device {
             return Ok(());
         }
         match (&self.backend, &other.backend) {
-            (Backend::Cuda(a), Backend::Cuda(b)) => a.enable_peer_access(b),
-            #[cfg(feature = "hip")]
-            (Backend::Hip(a), Backend::Hip(b)) => a.enable_peer_access(b),
+            (Backend::Gpu(a), Backend::Gpu(b)) if a.kind() == b.kind() => {
+                a.enable_peer_access(b.as_ref())
+            }
             _ => Err(Error::DeviceUnavailable {
                 device: other.id(),
                 reason: format!("no peer access between {} and {}", self.id(), other.id()),
@@ -424,9 +365,7 @@ impl Device {
     pub(crate) fn gpu_target(&self) -> Option<&str> {
         match &self.backend {
             Backend::Cpu | Backend::Emu(_) => None,
-            Backend::Cuda(d) => Some(&d.props.target),
-            #[cfg(feature = "hip")]
-            Backend::Hip(d) => Some(&d.props.target),
+            Backend::Gpu(g) => Some(&g.props().target),
         }
     }
 }
@@ -460,9 +399,6 @@ mod tests {
         assert_eq!(Device::all().last(), Some(&Device::cpu()));
         let d = Device::cpu().with_artifacts("/nonexistent");
         assert_eq!(d, Device::cpu());
-        assert_eq!(
-            d.artifact_store().map(|s| s.dir().to_path_buf()),
-            Some(PathBuf::from("/nonexistent"))
-        );
+        assert_eq!(d.artifacts.as_deref(), Some(&PathBuf::from("/nonexistent")));
     }
 }

@@ -141,9 +141,9 @@ mod h {
         hipFree: fn(p: *mut c_void) -> hipError_t;
         hipMemset: fn(p: *mut c_void, v: c_int, bytes: usize) -> hipError_t;
         hipMemsetD32Async: fn(p: hipDeviceptr_t, v: c_int, n: usize, s: hipStream_t) -> hipError_t;
-        hipMemcpyHtoD: fn(dst: hipDeviceptr_t, src: *mut c_void, bytes: usize) -> hipError_t;
-        hipMemcpyDtoH: fn(dst: *mut c_void, src: hipDeviceptr_t, bytes: usize) -> hipError_t;
-        hipMemcpyPeer: fn(dst: *mut c_void, dd: c_int, src: *const c_void, sd: c_int, bytes: usize) -> hipError_t;
+        hipMemcpyHtoDAsync: fn(dst: hipDeviceptr_t, src: *mut c_void, bytes: usize, s: hipStream_t) -> hipError_t;
+        hipMemcpyDtoHAsync: fn(dst: *mut c_void, src: hipDeviceptr_t, bytes: usize, s: hipStream_t) -> hipError_t;
+        hipMemcpyPeerAsync: fn(dst: *mut c_void, dd: c_int, src: *const c_void, sd: c_int, bytes: usize, s: hipStream_t) -> hipError_t;
         hipDeviceSynchronize: fn() -> hipError_t;
         hipDeviceEnablePeerAccess: fn(peer: c_int, flags: c_uint) -> hipError_t;
         hipEventCreate: fn(e: *mut hipEvent_t) -> hipError_t;
@@ -215,10 +215,12 @@ fn api() -> Result<&'static h::Api, &'static str> {
     .map_err(String::as_str)
 }
 
-use crate::Error;
-use crate::artifact::KernelBinary;
-use crate::device::DeviceProperties;
-use crate::launch::GpuArg;
+use super::{
+    GpuArg, GpuBackend, GpuKernel, GridLimits, KernelBinary, RawEvent, RawStream, check_grid,
+    check_resident, downcast_kernel,
+};
+use crate::error::Error;
+use crate::properties::{DeviceKind, DeviceProperties};
 
 fn describe(e: h::hipError_t) -> String {
     if let Err(why) = api() {
@@ -280,48 +282,20 @@ unsafe impl Send for HipKernel {}
 // SAFETY: as above.
 unsafe impl Sync for HipKernel {}
 
+impl GpuKernel for HipKernel {
+    fn binary(&self) -> &KernelBinary {
+        &self.bin
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 /// An open HIP device.
 pub(crate) struct HipDevice {
-    pub(crate) ordinal: usize,
-    pub(crate) props: DeviceProperties,
+    ordinal: usize,
+    props: DeviceProperties,
     kernels: Mutex<HashMap<String, Arc<HipKernel>>>,
-}
-
-/// Device memory (at least one byte).
-pub(crate) struct HipBuf {
-    pub(crate) ptr: *mut c_void,
-    pub(crate) dev: Arc<HipDevice>,
-    /// For a view into memory owned elsewhere (a symmetric heap): its owner, kept
-    /// alive; the view is not freed.
-    pub(crate) owner: Option<Arc<dyn Send + Sync>>,
-}
-
-impl HipBuf {
-    /// A view of device memory at `ptr`, valid while `owner` lives.
-    pub(crate) fn view(dev: Arc<HipDevice>, ptr: u64, owner: Arc<dyn Send + Sync>) -> HipBuf {
-        HipBuf {
-            ptr: ptr as *mut c_void,
-            dev,
-            owner: Some(owner),
-        }
-    }
-}
-// SAFETY: a device pointer is plain data; access is ordered by the device's stream.
-unsafe impl Send for HipBuf {}
-// SAFETY: as above.
-unsafe impl Sync for HipBuf {}
-
-impl Drop for HipBuf {
-    fn drop(&mut self) {
-        if self.owner.is_some() {
-            return;
-        }
-        // SAFETY: allocated by hipMalloc on this device; freed once.
-        unsafe {
-            let _ = h::hipSetDevice(self.dev.ordinal as i32);
-            let _ = h::hipFree(self.ptr);
-        }
-    }
 }
 
 fn name_of(ordinal: usize) -> String {
@@ -461,135 +435,63 @@ impl HipDevice {
         })
     }
 
-    pub(crate) fn alloc(self: &Arc<Self>, bytes: usize) -> Result<HipBuf, Error> {
+    fn lock_kernels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<HipKernel>>> {
+        self.kernels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn hip_stream(s: RawStream) -> h::hipStream_t {
+    s.0 as usize as h::hipStream_t
+}
+
+fn hip_event(e: RawEvent) -> h::hipEvent_t {
+    e.0 as usize as h::hipEvent_t
+}
+
+impl GpuBackend for HipDevice {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Hip
+    }
+
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    fn props(&self) -> &DeviceProperties {
+        &self.props
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<u64, Error> {
         let what = format!("allocating {bytes} bytes");
         self.set(&what)?;
         let mut ptr = std::ptr::null_mut();
         // SAFETY: writes one pointer.
         check(self.ordinal, &what, unsafe {
-            h::hipMalloc(&mut ptr, bytes.max(1))
+            h::hipMalloc(&mut ptr, bytes)
         })?;
-        let buf = HipBuf {
-            ptr,
-            dev: self.clone(),
-            owner: None,
-        };
-        // SAFETY: `bytes.max(1)` bytes were just allocated.
-        check(self.ordinal, &what, unsafe {
-            h::hipMemset(ptr, 0, bytes.max(1))
-        })?;
-        Ok(buf)
-    }
-
-    pub(crate) fn upload(self: &Arc<Self>, data: &[u8]) -> Result<HipBuf, Error> {
-        let buf = self.alloc(data.len())?;
-        self.write(&buf, data)?;
-        Ok(buf)
-    }
-
-    pub(crate) fn write(&self, dst: &HipBuf, data: &[u8]) -> Result<(), Error> {
-        if data.is_empty() {
-            return Ok(());
+        // SAFETY: `bytes` bytes were just allocated.
+        if let Err(e) = check(self.ordinal, &what, unsafe { h::hipMemset(ptr, 0, bytes) }) {
+            self.free(ptr as u64);
+            return Err(e);
         }
-        self.set("copying to the device")?;
-        // SAFETY: dst holds at least data.len() bytes (checked by the caller).
-        check(self.ordinal, "copying to the device", unsafe {
-            h::hipMemcpyHtoD(dst.ptr, data.as_ptr() as *mut c_void, data.len())
-        })
+        Ok(ptr as u64)
     }
 
-    pub(crate) fn read(&self, src: &HipBuf, bytes: usize) -> Result<Vec<u8>, Error> {
-        let mut out = vec![0u8; bytes];
-        if bytes == 0 {
-            return Ok(out);
+    fn free(&self, ptr: u64) {
+        // SAFETY: allocated by hipMalloc on this device; freed once.
+        unsafe {
+            let _ = h::hipSetDevice(self.ordinal as i32);
+            let _ = h::hipFree(ptr as *mut c_void);
         }
-        self.set("copying to the host")?;
-        // SAFETY: src holds at least `bytes` bytes; hipMemcpyDtoH waits for the work
-        // queued before it on the null stream.
-        check(self.ordinal, "copying to the host", unsafe {
-            h::hipMemcpyDtoH(out.as_mut_ptr() as *mut c_void, src.ptr, bytes)
-        })?;
-        Ok(out)
-    }
-
-    pub(crate) fn copy_device(
-        &self,
-        src: &HipBuf,
-        dst: &HipBuf,
-        bytes: usize,
-    ) -> Result<(), Error> {
-        self.set("copying between devices")?;
-        // SAFETY: both hold at least `bytes` bytes.
-        check(self.ordinal, "copying between devices", unsafe {
-            h::hipMemcpyPeer(
-                dst.ptr,
-                dst.dev.ordinal as i32,
-                src.ptr,
-                src.dev.ordinal as i32,
-                bytes,
-            )
-        })
-    }
-
-    pub(crate) fn synchronize(&self) -> Result<(), Error> {
-        self.set("synchronizing")?;
-        // SAFETY: plain call.
-        check(self.ordinal, "synchronizing", unsafe {
-            h::hipDeviceSynchronize()
-        })
-    }
-
-    pub(crate) fn time<R>(
-        &self,
-        f: impl FnOnce() -> Result<R, Error>,
-    ) -> Result<(R, Duration), Error> {
-        self.set("creating events")?;
-        let mut ev = [std::ptr::null_mut(); 2];
-        for e in &mut ev {
-            // SAFETY: writes one handle.
-            check(self.ordinal, "creating an event", unsafe {
-                h::hipEventCreate(e)
-            })?;
-        }
-        let run = || -> Result<(R, Duration), Error> {
-            // SAFETY: live events, null stream.
-            check(self.ordinal, "recording an event", unsafe {
-                h::hipEventRecord(ev[0], std::ptr::null_mut())
-            })?;
-            let r = f()?;
-            self.set("recording an event")?;
-            let mut ms = 0f32;
-            // SAFETY: live events.
-            unsafe {
-                check(
-                    self.ordinal,
-                    "recording an event",
-                    h::hipEventRecord(ev[1], std::ptr::null_mut()),
-                )?;
-                check(
-                    self.ordinal,
-                    "waiting for an event",
-                    h::hipEventSynchronize(ev[1]),
-                )?;
-                check(
-                    self.ordinal,
-                    "reading an event's time",
-                    h::hipEventElapsedTime(&mut ms, ev[0], ev[1]),
-                )?;
-            }
-            Ok((r, Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3)))
-        };
-        let result = run();
-        for e in ev {
-            // SAFETY: created above, destroyed once.
-            let _ = unsafe { h::hipEventDestroy(e) };
-        }
-        result
     }
 
     /// A zeroed symmetric heap of `bytes` bytes in *uncached* device memory
     /// (`hipExtMallocWithFlags(.., hipDeviceMallocUncached)`), exportable with
-    /// `hipIpcGetMemHandle`; free with [`HipDevice::free_raw`].
+    /// `hipIpcGetMemHandle`.
     ///
     /// Why not `hipMalloc`: its memory is coarse-grained, which is coherent for
     /// device-scope synchronization only. ROCm's "Hardware atomics operation support"
@@ -607,7 +509,7 @@ impl HipDevice {
     /// runtime does. The price: heap data is not cached, so a kernel that rereads
     /// gathered data many times should copy it to a plain buffer (or shared memory)
     /// first.
-    pub(crate) fn alloc_raw(&self, bytes: usize) -> Result<u64, Error> {
+    fn alloc_exportable(&self, bytes: usize) -> Result<u64, Error> {
         let what = format!("allocating a symmetric heap of {bytes} bytes (uncached)");
         self.set(&what)?;
         let mut ptr = std::ptr::null_mut();
@@ -619,99 +521,93 @@ impl HipDevice {
         if let Err(e) = check(self.ordinal, &what, unsafe {
             h::hipMemset(ptr, 0, bytes.max(1))
         })
-        .and_then(|_| self.synchronize())
+        .and_then(|_| self.synchronize(RawStream::DEFAULT))
         {
-            self.free_raw(ptr as u64);
+            self.free_exportable(ptr as u64);
             return Err(e);
         }
         Ok(ptr as u64)
     }
 
-    /// Frees an [`HipDevice::alloc_raw`] allocation (errors ignored: destructors).
-    pub(crate) fn free_raw(&self, ptr: u64) {
-        // SAFETY: allocated by `alloc_raw`, freed once.
-        unsafe {
-            let _ = h::hipSetDevice(self.ordinal as i32);
-            let _ = h::hipFree(ptr as *mut c_void);
-        }
+    fn free_exportable(&self, ptr: u64) {
+        self.free(ptr);
     }
 
-    /// Copies `data` to device address `dst` (synchronous).
-    pub(crate) fn htod(&self, dst: u64, data: &[u8]) -> Result<(), Error> {
+    fn htod(&self, dst: u64, data: &[u8], stream: RawStream) -> Result<(), Error> {
         if data.is_empty() {
             return Ok(());
         }
-        self.set("copying to the device")?;
-        // SAFETY: the caller guarantees `dst` holds `data.len()` bytes.
-        check(self.ordinal, "copying to the device", unsafe {
-            h::hipMemcpyHtoD(dst as *mut c_void, data.as_ptr() as *mut c_void, data.len())
+        let what = "copying to the device";
+        self.set(what)?;
+        // SAFETY: the caller guarantees `dst` holds `data.len()` bytes; `data` lives
+        // until the stream is synchronized below.
+        check(self.ordinal, what, unsafe {
+            h::hipMemcpyHtoDAsync(
+                dst as *mut c_void,
+                data.as_ptr() as *mut c_void,
+                data.len(),
+                hip_stream(stream),
+            )
+        })?;
+        self.synchronize(stream)
+    }
+
+    fn dtoh(&self, src: u64, out: &mut [u8], stream: RawStream) -> Result<(), Error> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let what = "copying to the host";
+        self.set(what)?;
+        // SAFETY: the caller guarantees `src` holds `out.len()` bytes; `out` lives
+        // until the stream is synchronized below.
+        check(self.ordinal, what, unsafe {
+            h::hipMemcpyDtoHAsync(
+                out.as_mut_ptr() as *mut c_void,
+                src as *mut c_void,
+                out.len(),
+                hip_stream(stream),
+            )
+        })?;
+        self.synchronize(stream)
+    }
+
+    fn copy(
+        &self,
+        dst: u64,
+        src_dev: &dyn GpuBackend,
+        src: u64,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let what = "copying between devices";
+        if src_dev.kind() != DeviceKind::Hip {
+            return Err(Error::Driver {
+                device: self.id(),
+                what: what.into(),
+                message: format!("{} is not a HIP device", src_dev.id()),
+            });
+        }
+        if src_dev.ordinal() != self.ordinal {
+            src_dev.synchronize(RawStream::DEFAULT)?;
+        }
+        self.set(what)?;
+        // SAFETY: both ranges hold at least `bytes` bytes of live device memory.
+        check(self.ordinal, what, unsafe {
+            h::hipMemcpyPeerAsync(
+                dst as *mut c_void,
+                self.ordinal as i32,
+                src as *const c_void,
+                src_dev.ordinal() as i32,
+                bytes,
+                hip_stream(stream),
+            )
         })
     }
 
-    /// `bytes` bytes from device address `src` (after the queued work).
-    pub(crate) fn dtoh(&self, src: u64, bytes: usize) -> Result<Vec<u8>, Error> {
-        let mut out = vec![0u8; bytes];
-        if bytes == 0 {
-            return Ok(out);
-        }
-        self.set("copying to the host")?;
-        // SAFETY: the caller guarantees `src` holds `bytes` bytes.
-        check(self.ordinal, "copying to the host", unsafe {
-            h::hipMemcpyDtoH(out.as_mut_ptr() as *mut c_void, src as *mut c_void, bytes)
-        })?;
-        Ok(out)
-    }
-
-    /// The IPC handle of an [`HipDevice::alloc_raw`] allocation.
-    pub(crate) fn ipc_handle(&self, ptr: u64) -> Result<Vec<u8>, Error> {
-        let what = "exporting the heap (hipIpcGetMemHandle)";
-        self.set(what)?;
-        // SAFETY: zeroed plain data, written by HIP.
-        let mut hd: h::hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
-        // SAFETY: `ptr` is the base of a hipMalloc allocation.
-        check(self.ordinal, what, unsafe {
-            h::hipIpcGetMemHandle(&mut hd, ptr as *mut c_void)
-        })?;
-        Ok(hd.reserved.iter().map(|&c| c as u8).collect())
-    }
-
-    /// Opens another process's IPC handle: its address here. Close with
-    /// [`HipDevice::ipc_close`].
-    pub(crate) fn ipc_open(&self, handle: &[u8]) -> Result<u64, Error> {
-        let what = "opening a peer's heap (hipIpcOpenMemHandle)";
-        // SAFETY: zeroed plain data.
-        let mut hd: h::hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
-        if handle.len() != hd.reserved.len() {
-            return Err(Error::Driver {
-                device: format!("hip:{}", self.ordinal),
-                what: what.into(),
-                message: format!("an IPC handle of {} bytes, 64 expected", handle.len()),
-            });
-        }
-        for (d, s) in hd.reserved.iter_mut().zip(handle) {
-            *d = *s as _;
-        }
-        self.set(what)?;
-        let mut ptr = std::ptr::null_mut();
-        // SAFETY: a handle made by hipIpcGetMemHandle in another process.
-        check(self.ordinal, what, unsafe {
-            h::hipIpcOpenMemHandle(&mut ptr, hd, h::hipIpcMemLazyEnablePeerAccess)
-        })?;
-        Ok(ptr as u64)
-    }
-
-    /// Closes an address opened by [`HipDevice::ipc_open`] (errors ignored).
-    pub(crate) fn ipc_close(&self, ptr: u64) {
-        // SAFETY: opened by `ipc_open`, closed once.
-        unsafe {
-            let _ = h::hipSetDevice(self.ordinal as i32);
-            let _ = h::hipIpcCloseMemHandle(ptr as *mut c_void);
-        }
-    }
-
-    /// Writes the 32-bit `value` at `dst` on a non-blocking stream, so that it lands
-    /// while a kernel runs on the null stream (raising a heap's abort word).
-    pub(crate) fn poke_u32(&self, dst: u64, value: u32) -> Result<(), Error> {
+    fn poke_u32(&self, dst: u64, value: u32) -> Result<(), Error> {
         let what = "raising the abort word";
         self.set(what)?;
         let mut stream = std::ptr::null_mut();
@@ -733,22 +629,82 @@ impl HipDevice {
         r
     }
 
-    pub(crate) fn enable_peer_access(&self, other: &HipDevice) -> Result<(), Error> {
-        let what = format!("enabling peer access to hip:{}", other.ordinal);
-        self.set(&what)?;
-        // SAFETY: plain call.
-        let e = unsafe { h::hipDeviceEnablePeerAccess(other.ordinal as i32, 0) };
-        if e == h::hipError_t::hipErrorPeerAccessAlreadyEnabled {
-            return Ok(());
-        }
-        check(self.ordinal, &what, e)
+    fn synchronize(&self, stream: RawStream) -> Result<(), Error> {
+        let what = "synchronizing";
+        self.set(what)?;
+        // SAFETY: a stream of this device, or the null stream.
+        check(self.ordinal, what, unsafe {
+            if stream == RawStream::DEFAULT {
+                h::hipDeviceSynchronize()
+            } else {
+                h::hipStreamSynchronize(hip_stream(stream))
+            }
+        })
     }
 
-    pub(crate) fn kernel(
+    fn stream_create(&self) -> Result<RawStream, Error> {
+        let what = "creating a stream";
+        self.set(what)?;
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: writes one handle; flags 0: a blocking stream, ordered with the null
+        // stream.
+        check(self.ordinal, what, unsafe {
+            h::hipStreamCreateWithFlags(&mut stream, 0)
+        })?;
+        Ok(RawStream(stream as usize as u64))
+    }
+
+    fn stream_destroy(&self, stream: RawStream) {
+        if stream != RawStream::DEFAULT {
+            // SAFETY: created by `stream_create`, destroyed once.
+            let _ = unsafe { h::hipStreamDestroy(hip_stream(stream)) };
+        }
+    }
+
+    fn event_create(&self) -> Result<RawEvent, Error> {
+        let what = "creating an event";
+        self.set(what)?;
+        let mut e = std::ptr::null_mut();
+        // SAFETY: writes one handle.
+        check(self.ordinal, what, unsafe { h::hipEventCreate(&mut e) })?;
+        Ok(RawEvent(e as usize as u64))
+    }
+
+    fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<(), Error> {
+        let what = "recording an event";
+        self.set(what)?;
+        // SAFETY: a live event and stream of this device.
+        check(self.ordinal, what, unsafe {
+            h::hipEventRecord(hip_event(event), hip_stream(stream))
+        })
+    }
+
+    fn event_synchronize(&self, event: RawEvent) -> Result<(), Error> {
+        // SAFETY: a live event.
+        check(self.ordinal, "waiting for an event", unsafe {
+            h::hipEventSynchronize(hip_event(event))
+        })
+    }
+
+    fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<Duration, Error> {
+        let mut ms = 0f32;
+        // SAFETY: live, recorded events.
+        check(self.ordinal, "reading an event's time", unsafe {
+            h::hipEventElapsedTime(&mut ms, hip_event(start), hip_event(end))
+        })?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+
+    fn event_destroy(&self, event: RawEvent) {
+        // SAFETY: created by `event_create`, destroyed once.
+        let _ = unsafe { h::hipEventDestroy(hip_event(event)) };
+    }
+
+    fn load(
         &self,
         key: &str,
-        bin: impl FnOnce() -> Result<KernelBinary, Error>,
-    ) -> Result<Arc<HipKernel>, Error> {
+        bin: &mut dyn FnMut() -> Result<KernelBinary, Error>,
+    ) -> Result<Arc<dyn GpuKernel>, Error> {
         if let Some(k) = self.lock_kernels().get(key) {
             return Ok(k.clone());
         }
@@ -774,52 +730,54 @@ impl HipDevice {
             _module: module,
             bin,
         });
-        Ok(self
+        let k: Arc<HipKernel> = self
             .lock_kernels()
             .entry(key.to_string())
             .or_insert(k)
-            .clone())
+            .clone();
+        Ok(k)
     }
 
-    fn lock_kernels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<HipKernel>>> {
-        self.kernels.lock().unwrap_or_else(|e| e.into_inner())
+    fn occupancy(&self, kernel: &dyn GpuKernel) -> Result<u32, Error> {
+        let k: &HipKernel = downcast_kernel(kernel, &self.id())?;
+        let what = format!("querying the occupancy of `{}`", k.bin.name);
+        self.set(&what)?;
+        let mut per_cu = 0;
+        // SAFETY: writes one int; live function.
+        check(self.ordinal, &what, unsafe {
+            h::hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
+                &mut per_cu,
+                k.func,
+                k.bin.num_threads as i32,
+                0,
+            )
+        })?;
+        Ok(per_cu.max(0) as u32)
     }
 
-    pub(crate) fn launch(
+    fn launch(
         &self,
-        k: &HipKernel,
+        kernel: &dyn GpuKernel,
         grid: [u32; 3],
         args: &[GpuArg],
         waits: bool,
+        stream: RawStream,
     ) -> Result<(), Error> {
+        let k: &HipKernel = downcast_kernel(kernel, &self.id())?;
         let what = format!("launching kernel `{}`", k.bin.name);
-        crate::launch::check_grid(
-            &k.bin.name,
-            crate::launch::GridLimits::Hip,
-            grid,
-            k.bin.num_threads,
-        )?;
-        self.set(&what)?;
+        check_grid(&k.bin.name, GridLimits::Hip, grid, k.bin.num_threads)?;
         if waits {
-            let mut per_cu = 0;
-            // SAFETY: writes one int; live function.
-            check(self.ordinal, &what, unsafe {
-                h::hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
-                    &mut per_cu,
-                    k.func,
-                    k.bin.num_threads as i32,
-                    0,
-                )
-            })?;
+            let per_cu = self.occupancy(kernel)?;
             let programs = grid.iter().map(|&g| g as u64).product();
-            crate::launch::check_resident(
+            check_resident(
                 &k.bin.name,
                 &self.props.name,
                 programs,
-                per_cu.max(0) as u32,
+                per_cu,
                 self.props.multiprocessors,
             )?;
         }
+        self.set(&what)?;
         // Each parameter's value lives in `args`; HIP reads them through pointers.
         let mut params: Vec<*mut c_void> = args
             .iter()
@@ -830,8 +788,9 @@ impl HipDevice {
                 GpuArg::U64(v) => v as *const u64 as *mut c_void,
             })
             .collect();
-        // SAFETY: the parameters match the kernel's (checked by `launch`), and the
-        // pointers stay valid for the call (HIP copies the values).
+        // SAFETY: the parameters match the kernel's (checked by `launch`), the
+        // pointers stay valid for the call (HIP copies the values), and `stream` is
+        // a stream of this device.
         check(self.ordinal, &what, unsafe {
             h::hipModuleLaunchKernel(
                 k.func,
@@ -842,11 +801,71 @@ impl HipDevice {
                 1,
                 1,
                 0,
-                std::ptr::null_mut(),
+                hip_stream(stream),
                 params.as_mut_ptr(),
                 std::ptr::null_mut(),
             )
         })
+    }
+
+    fn enable_peer_access(&self, other: &dyn GpuBackend) -> Result<(), Error> {
+        if other.kind() != DeviceKind::Hip {
+            return Err(Error::DeviceUnavailable {
+                device: other.id(),
+                reason: format!("no peer access between {} and {}", self.id(), other.id()),
+            });
+        }
+        let what = format!("enabling peer access to {}", other.id());
+        self.set(&what)?;
+        // SAFETY: plain call.
+        let e = unsafe { h::hipDeviceEnablePeerAccess(other.ordinal() as i32, 0) };
+        if e == h::hipError_t::hipErrorPeerAccessAlreadyEnabled {
+            return Ok(());
+        }
+        check(self.ordinal, &what, e)
+    }
+
+    fn ipc_handle(&self, ptr: u64) -> Result<Vec<u8>, Error> {
+        let what = "exporting the heap (hipIpcGetMemHandle)";
+        self.set(what)?;
+        // SAFETY: zeroed plain data, written by HIP.
+        let mut hd: h::hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `ptr` is the base of an exportable allocation.
+        check(self.ordinal, what, unsafe {
+            h::hipIpcGetMemHandle(&mut hd, ptr as *mut c_void)
+        })?;
+        Ok(hd.reserved.iter().map(|&c| c as u8).collect())
+    }
+
+    fn ipc_open(&self, handle: &[u8]) -> Result<u64, Error> {
+        let what = "opening a peer's heap (hipIpcOpenMemHandle)";
+        // SAFETY: zeroed plain data.
+        let mut hd: h::hipIpcMemHandle_t = unsafe { std::mem::zeroed() };
+        if handle.len() != hd.reserved.len() {
+            return Err(Error::Driver {
+                device: self.id(),
+                what: what.into(),
+                message: format!("an IPC handle of {} bytes, 64 expected", handle.len()),
+            });
+        }
+        for (d, s) in hd.reserved.iter_mut().zip(handle) {
+            *d = *s as _;
+        }
+        self.set(what)?;
+        let mut ptr = std::ptr::null_mut();
+        // SAFETY: a handle made by hipIpcGetMemHandle in another process.
+        check(self.ordinal, what, unsafe {
+            h::hipIpcOpenMemHandle(&mut ptr, hd, h::hipIpcMemLazyEnablePeerAccess)
+        })?;
+        Ok(ptr as u64)
+    }
+
+    fn ipc_close(&self, ptr: u64) {
+        // SAFETY: opened by `ipc_open`, closed once.
+        unsafe {
+            let _ = h::hipSetDevice(self.ordinal as i32);
+            let _ = h::hipIpcCloseMemHandle(ptr as *mut c_void);
+        }
     }
 }
 

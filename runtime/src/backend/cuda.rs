@@ -1,0 +1,802 @@
+//! The CUDA backend: cudarc's driver API, with `libcuda` loaded at run time.
+//!
+//! cudarc panics when it cannot load `libcuda`, so every entry point here first
+//! checks [`driver_present`] and turns a missing driver into
+//! [`Error::DeviceUnavailable`]. Each device has one context (the primary context),
+//! whose legacy null stream is its default stream (see [`crate::Device`]), and a
+//! cache of loaded modules keyed by the kernel's [`crate::disk_cache::CacheKey`].
+//! Buffers come from the stream-ordered pool (`cuMemAllocAsync`) where the device has
+//! one, symmetric heaps from `cuMemAlloc` (exportable).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaFunction, DriverError, result, sys};
+use cudarc::nvrtc::Ptx;
+
+use super::{
+    DYNAMIC_SHARED_PAST, GpuArg, GpuBackend, GpuKernel, GridLimits, KernelBinary, RawEvent,
+    RawStream, TensorMapSpec, check_grid, check_resident, downcast_kernel,
+};
+use crate::error::Error;
+use crate::properties::{DeviceKind, DeviceProperties};
+
+/// The message every CUDA entry point gives on a machine without the driver.
+pub(crate) const NO_DRIVER: &str = "no CUDA driver found (libcuda.so could not be loaded)";
+
+/// True when `libcuda` can be loaded (then cudarc's calls do not panic).
+pub(crate) fn driver_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: only tries to dlopen the library.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// The number of CUDA devices (0 without a driver or when `cuInit` fails).
+pub(crate) fn count() -> usize {
+    if !driver_present() {
+        return 0;
+    }
+    CudaContext::device_count()
+        .map(|n| n.max(0) as usize)
+        .unwrap_or(0)
+}
+
+fn driver_err(device: usize, what: impl Into<String>) -> impl FnOnce(DriverError) -> Error {
+    let what = what.into();
+    move |e| Error::Driver {
+        device: format!("cuda:{device}"),
+        what,
+        message: describe(&e),
+    }
+}
+
+fn describe(e: &DriverError) -> String {
+    match (e.error_name(), e.error_string()) {
+        (Ok(n), Ok(s)) => format!("{} ({})", n.to_string_lossy(), s.to_string_lossy()),
+        _ => format!("{e:?}"),
+    }
+}
+
+/// One loaded kernel.
+pub(crate) struct CudaKernel {
+    func: CudaFunction,
+    bin: KernelBinary,
+}
+
+impl GpuKernel for CudaKernel {
+    fn binary(&self) -> &KernelBinary {
+        &self.bin
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// An open CUDA device.
+pub(crate) struct CudaDevice {
+    ordinal: usize,
+    ctx: Arc<CudaContext>,
+    props: DeviceProperties,
+    /// Whether the device has stream-ordered allocation (`cuMemAllocAsync`).
+    async_alloc: bool,
+    kernels: Mutex<HashMap<String, Arc<CudaKernel>>>,
+    /// A non-blocking stream for control-word writes (created with the first heap).
+    control: Mutex<Option<Stream>>,
+    /// Tensor maps built for launches, by their bytes: device copies a kernel reads
+    /// through `cp.async.bulk.tensor` (kept, since a kernel in flight may read one).
+    tensor_maps: Mutex<HashMap<Vec<u8>, u64>>,
+}
+
+/// A raw stream handle, usable from any thread.
+#[derive(Clone, Copy)]
+struct Stream(sys::CUstream);
+// SAFETY: a CUstream is a handle the driver accepts from any thread.
+unsafe impl Send for Stream {}
+
+fn cu_stream(s: RawStream) -> sys::CUstream {
+    s.0 as usize as sys::CUstream
+}
+
+fn cu_event(e: RawEvent) -> sys::CUevent {
+    e.0 as usize as sys::CUevent
+}
+
+/// The compilation target for compute capability `major.minor`: PTX for the newest
+/// known architecture not above it (PTX is JIT-compiled forward by the driver).
+pub(crate) fn target_for(major: u32, minor: u32) -> Option<&'static str> {
+    match major * 10 + minor {
+        // sm_90a code runs on 9.0 only (architecture-specific PTX is not forward
+        // compatible); later GPUs JIT the portable sm_90 PTX.
+        90 => Some("sm_90a"),
+        91.. => Some("sm_90"),
+        89 => Some("sm_89"),
+        86..=88 => Some("sm_86"),
+        80..=85 => Some("sm_80"),
+        _ => None,
+    }
+}
+
+/// Opens CUDA device `ordinal` (once per process; later calls share it).
+pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>, Error> {
+    let name = format!("cuda:{ordinal}");
+    if !driver_present() {
+        return Err(Error::DeviceUnavailable {
+            device: name,
+            reason: NO_DRIVER.into(),
+        });
+    }
+    static OPEN: OnceLock<Mutex<HashMap<usize, Arc<CudaDevice>>>> = OnceLock::new();
+    let open = OPEN.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut open = open.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(d) = open.get(&ordinal) {
+        return Ok(d.clone());
+    }
+    let n = CudaContext::device_count().map_err(|e| Error::DeviceUnavailable {
+        device: name.clone(),
+        reason: format!("the CUDA driver failed to initialize: {}", describe(&e)),
+    })?;
+    if ordinal >= n.max(0) as usize {
+        return Err(Error::DeviceUnavailable {
+            device: name,
+            reason: format!("{n} CUDA device(s) present"),
+        });
+    }
+    let ctx = CudaContext::new(ordinal).map_err(driver_err(ordinal, "creating a context"))?;
+    let attr = |a| {
+        ctx.attribute(a)
+            .map(|v| v.max(0) as u64)
+            .map_err(driver_err(ordinal, "querying device attributes"))
+    };
+    use sys::CUdevice_attribute as A;
+    let (major, minor) = ctx
+        .compute_capability()
+        .map_err(driver_err(ordinal, "querying the compute capability"))?;
+    let (major, minor) = (major.max(0) as u32, minor.max(0) as u32);
+    let target = target_for(major, minor).ok_or_else(|| Error::DeviceUnavailable {
+        device: format!("cuda:{ordinal}"),
+        reason: format!("compute capability {major}.{minor} is below Tessera's minimum, 8.0"),
+    })?;
+    let props = DeviceProperties {
+        name: ctx
+            .name()
+            .map_err(driver_err(ordinal, "querying the name"))?,
+        target: target.to_string(),
+        compute_capability: Some((major, minor)),
+        multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
+        warp_size: attr(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)? as u32,
+        shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)? as usize,
+        shared_per_block_optin: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+            as usize,
+        total_memory: ctx
+            .total_mem()
+            .map_err(driver_err(ordinal, "querying the memory size"))?,
+    };
+    // SAFETY: reads one attribute of a valid device.
+    let async_alloc = unsafe {
+        result::device::get_attribute(
+            ctx.cu_device(),
+            sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED,
+        )
+    }
+    .is_ok_and(|v| v > 0);
+    let dev = Arc::new(CudaDevice {
+        ordinal,
+        ctx,
+        props,
+        async_alloc,
+        kernels: Mutex::new(HashMap::new()),
+        tensor_maps: Mutex::new(HashMap::new()),
+        control: Mutex::new(None),
+    });
+    open.insert(ordinal, dev.clone());
+    Ok(dev)
+}
+impl CudaDevice {
+    fn err(&self, what: impl Into<String>) -> impl FnOnce(DriverError) -> Error {
+        driver_err(self.ordinal, what)
+    }
+
+    /// Makes the context current on this thread (every entry point may be called
+    /// from any thread: watchdogs, rank threads).
+    fn bind(&self, what: &str) -> Result<(), Error> {
+        self.ctx.bind_to_thread().map_err(self.err(what))
+    }
+
+    fn control_stream(&self) -> Result<Stream, Error> {
+        let mut g = self.control.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = *g {
+            return Ok(s);
+        }
+        let what = "creating a control stream";
+        self.bind(what)?;
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(self.err(what))?;
+        *g = Some(Stream(s));
+        Ok(Stream(s))
+    }
+
+    /// Copies `data` into a new device allocation (the tensor maps' storage).
+    fn upload_raw(&self, data: &[u8]) -> Result<u64, Error> {
+        let ptr = self.alloc(data.len().max(1))?;
+        if let Err(e) = self.htod(ptr, data, RawStream::DEFAULT) {
+            self.free(ptr);
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    /// The error log of the driver's PTX JIT for `ptx` (why it refuses the module),
+    /// or `None` when it loads or says nothing.
+    fn jit_error_log(&self, ptx: &str) -> Option<String> {
+        let ptx = std::ffi::CString::new(ptx).ok()?;
+        self.ctx.bind_to_thread().ok()?;
+        let mut log = vec![0u8; 16 * 1024];
+        let mut opts = [
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER,
+            sys::CUjit_option::CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES,
+        ];
+        // The size option's value is the integer itself, in the pointer slot.
+        let mut vals: [*mut std::ffi::c_void; 2] = [
+            log.as_mut_ptr() as *mut std::ffi::c_void,
+            log.len() as *mut std::ffi::c_void,
+        ];
+        let mut module = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated PTX image; two options whose values are a buffer
+        // and its size, the driver writing at most that many bytes into it; the
+        // context is current on this thread.
+        let r = unsafe {
+            sys::cuModuleLoadDataEx(
+                &mut module,
+                ptx.as_ptr() as *const std::ffi::c_void,
+                opts.len() as u32,
+                opts.as_mut_ptr(),
+                vals.as_mut_ptr(),
+            )
+        };
+        if r == sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: loaded just above, unloaded once.
+            unsafe { sys::cuModuleUnload(module) };
+            return None;
+        }
+        let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
+        (end > 0).then(|| String::from_utf8_lossy(&log[..end]).into_owned())
+    }
+
+    fn lock_kernels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<CudaKernel>>> {
+        self.kernels.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Dynamic shared memory a launch of `bin` passes (declared in the PTX up to
+    /// 48 KiB, dynamic past it: [`KernelBinary`]).
+    fn dynamic_shared(bin: &KernelBinary) -> usize {
+        if bin.shared_bytes > DYNAMIC_SHARED_PAST {
+            bin.shared_bytes as usize
+        } else {
+            0
+        }
+    }
+}
+
+impl Drop for CudaDevice {
+    fn drop(&mut self) {
+        let maps: Vec<u64> = self
+            .tensor_maps
+            .get_mut()
+            .map(|m| m.values().copied().collect())
+            .unwrap_or_default();
+        for p in maps {
+            self.free(p);
+        }
+        if let Ok(Some(s)) = self.control.get_mut().map(|s| s.take())
+            && self.ctx.bind_to_thread().is_ok()
+        {
+            // SAFETY: created by `control_stream`, destroyed once.
+            let _ = unsafe { result::stream::destroy(s.0) };
+        }
+    }
+}
+
+impl GpuBackend for CudaDevice {
+    fn kind(&self) -> DeviceKind {
+        DeviceKind::Cuda
+    }
+
+    fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    fn props(&self) -> &DeviceProperties {
+        &self.props
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<u64, Error> {
+        let what = format!("allocating {bytes} bytes");
+        self.bind(&what)?;
+        let stream = cu_stream(RawStream::DEFAULT);
+        // SAFETY: an allocation in the bound context, zeroed on the default stream
+        // before any other work queued there (or synchronously) can use it.
+        unsafe {
+            let ptr = if self.async_alloc {
+                result::malloc_async(stream, bytes)
+            } else {
+                result::malloc_sync(bytes)
+            }
+            .map_err(self.err(what.clone()))?;
+            if let Err(e) = result::memset_d8_async(ptr, 0, bytes, stream) {
+                self.free(ptr);
+                return Err(self.err(what)(e));
+            }
+            Ok(ptr)
+        }
+    }
+
+    fn free(&self, ptr: u64) {
+        if self.ctx.bind_to_thread().is_err() {
+            return;
+        }
+        // SAFETY: allocated by `alloc` in this context, freed once, after the work
+        // queued on the default stream.
+        let _ = unsafe {
+            if self.async_alloc {
+                result::free_async(ptr, cu_stream(RawStream::DEFAULT))
+            } else {
+                result::free_sync(ptr)
+            }
+        };
+    }
+
+    /// A zeroed allocation made with `cuMemAlloc` (not the stream pool: pool memory
+    /// cannot be exported with `cuIpcGetMemHandle`).
+    fn alloc_exportable(&self, bytes: usize) -> Result<u64, Error> {
+        let what = format!("allocating a symmetric heap of {bytes} bytes");
+        self.bind(&what)?;
+        // SAFETY: plain allocation in the bound context.
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(self.err(what.clone()))?;
+        // SAFETY: `ptr` holds `bytes.max(1)` bytes.
+        if let Err(e) = unsafe { result::memset_d8_sync(ptr, 0, bytes.max(1)) } {
+            self.free_exportable(ptr);
+            return Err(self.err(what)(e));
+        }
+        // The zeroes must land before a peer (another process) can see the heap; and
+        // create the control stream now: creating it later could wait for a kernel
+        // that is waiting.
+        let ready = self
+            .synchronize(RawStream::DEFAULT)
+            .and_then(|_| self.control_stream().map(|_| ()));
+        if let Err(e) = ready {
+            self.free_exportable(ptr);
+            return Err(e);
+        }
+        Ok(ptr)
+    }
+
+    fn free_exportable(&self, ptr: u64) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: allocated by `alloc_exportable`, freed once.
+            let _ = unsafe { result::free_sync(ptr) };
+        }
+    }
+
+    fn htod(&self, dst: u64, data: &[u8], stream: RawStream) -> Result<(), Error> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let what = "copying to the device";
+        self.bind(what)?;
+        // SAFETY: the caller guarantees `dst` is device memory of at least
+        // `data.len()` bytes, alive; `data` lives until the stream is synchronized.
+        unsafe {
+            result::memcpy_htod_async(dst, data, cu_stream(stream)).map_err(self.err(what))?;
+        }
+        self.synchronize(stream)
+    }
+
+    fn dtoh(&self, src: u64, out: &mut [u8], stream: RawStream) -> Result<(), Error> {
+        if out.is_empty() {
+            return Ok(());
+        }
+        let what = "copying to the host";
+        self.bind(what)?;
+        // SAFETY: the caller guarantees `src` is device memory of at least
+        // `out.len()` bytes; `out` lives until the stream is synchronized below.
+        unsafe {
+            result::memcpy_dtoh_async(out, src, cu_stream(stream)).map_err(self.err(what))?;
+        }
+        self.synchronize(stream)
+    }
+
+    fn copy(
+        &self,
+        dst: u64,
+        src_dev: &dyn GpuBackend,
+        src: u64,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let what = "copying between devices";
+        if src_dev.kind() != DeviceKind::Cuda {
+            return Err(Error::Driver {
+                device: self.id(),
+                what: what.into(),
+                message: format!("{} is not a CUDA device", src_dev.id()),
+            });
+        }
+        // The source's stream may still be writing it.
+        if src_dev.ordinal() != self.ordinal {
+            src_dev.synchronize(RawStream::DEFAULT)?;
+        }
+        self.bind(what)?;
+        // SAFETY: both ranges are live device memory of at least `bytes` bytes
+        // (unified addressing makes a peer's address valid here).
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, cu_stream(stream)) }
+            .map_err(self.err(what))
+    }
+
+    fn poke_u32(&self, dst: u64, value: u32) -> Result<(), Error> {
+        let what = "raising the abort word";
+        let stream = self.control_stream()?;
+        self.bind(what)?;
+        // SAFETY: `dst` is 4 bytes of live device memory (a heap's control word); the
+        // stream is ours.
+        unsafe {
+            sys::cuMemsetD32Async(dst, value, 1, stream.0)
+                .result()
+                .and_then(|_| result::stream::synchronize(stream.0))
+        }
+        .map_err(self.err(what))
+    }
+
+    fn synchronize(&self, stream: RawStream) -> Result<(), Error> {
+        let what = "synchronizing the stream";
+        self.bind(what)?;
+        // SAFETY: a stream of this context (or the null stream).
+        unsafe { result::stream::synchronize(cu_stream(stream)) }.map_err(self.err(what))
+    }
+
+    fn stream_create(&self) -> Result<RawStream, Error> {
+        let what = "creating a stream";
+        self.bind(what)?;
+        // A blocking stream: ordered with the legacy default stream.
+        let s =
+            result::stream::create(result::stream::StreamKind::Default).map_err(self.err(what))?;
+        Ok(RawStream(s as usize as u64))
+    }
+
+    fn stream_destroy(&self, stream: RawStream) {
+        if stream != RawStream::DEFAULT && self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: created by `stream_create`, destroyed once (the driver lets
+            // its queued work finish).
+            let _ = unsafe { result::stream::destroy(cu_stream(stream)) };
+        }
+    }
+
+    fn event_create(&self) -> Result<RawEvent, Error> {
+        let what = "creating an event";
+        self.bind(what)?;
+        let e =
+            result::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT).map_err(self.err(what))?;
+        Ok(RawEvent(e as usize as u64))
+    }
+
+    fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<(), Error> {
+        let what = "recording an event";
+        self.bind(what)?;
+        // SAFETY: a live event and stream of this context.
+        unsafe { result::event::record(cu_event(event), cu_stream(stream)) }.map_err(self.err(what))
+    }
+
+    fn event_synchronize(&self, event: RawEvent) -> Result<(), Error> {
+        let what = "waiting for an event";
+        self.bind(what)?;
+        // SAFETY: a live event.
+        unsafe { result::event::synchronize(cu_event(event)) }.map_err(self.err(what))
+    }
+
+    fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<Duration, Error> {
+        let what = "reading an event's time";
+        self.bind(what)?;
+        // SAFETY: live, recorded events.
+        let ms = unsafe { result::event::elapsed(cu_event(start), cu_event(end)) }
+            .map_err(self.err(what))?;
+        Ok(Duration::from_secs_f64(f64::from(ms.max(0.0)) / 1e3))
+    }
+
+    fn event_destroy(&self, event: RawEvent) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: created by `event_create`, destroyed once.
+            let _ = unsafe { result::event::destroy(cu_event(event)) };
+        }
+    }
+
+    fn load(
+        &self,
+        key: &str,
+        bin: &mut dyn FnMut() -> Result<KernelBinary, Error>,
+    ) -> Result<Arc<dyn GpuKernel>, Error> {
+        if let Some(k) = self.lock_kernels().get(key) {
+            return Ok(k.clone());
+        }
+        let bin = bin()?;
+        let what = format!("loading kernel `{}` ({})", bin.name, bin.target);
+        let src = String::from_utf8(bin.binary.clone())
+            .ok()
+            .filter(|s| !s.contains('\0'))
+            .ok_or_else(|| Error::Artifact {
+                path: format!("kernel `{}`", bin.name),
+                reason: "the PTX is not NUL-free UTF-8 text".into(),
+            })?;
+        if bin.name.contains('\0') {
+            return Err(Error::Artifact {
+                path: format!("kernel `{}`", bin.name),
+                reason: "the entry name contains NUL".into(),
+            });
+        }
+        let module = match self.ctx.load_module(Ptx::from_src(src.clone())) {
+            Ok(m) => m,
+            Err(e) => {
+                // The driver's own words on the PTX it refused, if it has any.
+                let mut err = self.err(what.clone())(e);
+                if let (Error::Driver { message, .. }, Some(log)) =
+                    (&mut err, self.jit_error_log(&src))
+                {
+                    message.push_str("; the driver's JIT log: ");
+                    message.push_str(log.trim());
+                }
+                return Err(err);
+            }
+        };
+        let func = module
+            .load_function(&bin.name)
+            .map_err(self.err(what.clone()))?;
+        if bin.shared_bytes > DYNAMIC_SHARED_PAST {
+            // Dynamic shared memory past 48 KiB needs the kernel's opt-in.
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bin.shared_bytes as i32,
+            )
+            .map_err(self.err(what))?;
+        }
+        let k = Arc::new(CudaKernel { func, bin });
+        let k: Arc<CudaKernel> = self
+            .lock_kernels()
+            .entry(key.to_string())
+            .or_insert(k)
+            .clone();
+        Ok(k)
+    }
+
+    fn occupancy(&self, kernel: &dyn GpuKernel) -> Result<u32, Error> {
+        let k: &CudaKernel = downcast_kernel(kernel, &self.id())?;
+        self.bind("querying the occupancy")?;
+        k.func
+            .occupancy_max_active_blocks_per_multiprocessor(
+                k.bin.num_threads,
+                Self::dynamic_shared(&k.bin),
+                None,
+            )
+            .map_err(self.err(format!("querying the occupancy of `{}`", k.bin.name)))
+    }
+
+    fn launch(
+        &self,
+        kernel: &dyn GpuKernel,
+        grid: [u32; 3],
+        args: &[GpuArg],
+        waits: bool,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        let k: &CudaKernel = downcast_kernel(kernel, &self.id())?;
+        let what = format!("launching kernel `{}`", k.bin.name);
+        let shared = k.bin.shared_bytes as usize;
+        check_grid(&k.bin.name, GridLimits::Cuda, grid, k.bin.num_threads)?;
+        if waits {
+            let per_sm = self.occupancy(kernel)?;
+            let programs = grid.iter().map(|&g| g as u64).product();
+            check_resident(
+                &k.bin.name,
+                &self.props.name,
+                programs,
+                per_sm,
+                self.props.multiprocessors,
+            )?;
+        }
+        if shared > self.props.shared_per_block_optin {
+            return Err(Error::Launch {
+                kernel: k.bin.name.clone(),
+                reason: format!(
+                    "it needs {shared} bytes of shared memory, {} has {} per block",
+                    self.props.name, self.props.shared_per_block_optin
+                ),
+            });
+        }
+        // Each parameter's value lives in `args`; the driver reads them through
+        // pointers (and copies them before the call returns).
+        let mut params: Vec<*mut std::ffi::c_void> = args
+            .iter()
+            .map(|a| match a {
+                GpuArg::U8(v) => v as *const u8 as *mut std::ffi::c_void,
+                GpuArg::U16(v) => v as *const u16 as *mut std::ffi::c_void,
+                GpuArg::U32(v) => v as *const u32 as *mut std::ffi::c_void,
+                GpuArg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
+            })
+            .collect();
+        self.bind(&what)?;
+        // SAFETY: the arguments match the kernel's parameters in number and size
+        // (checked against the IR by `launch`), device addresses belong to live
+        // buffers of this device borrowed for the call, the kernel's accesses are
+        // bounds-masked by construction, and `stream` is a stream of this context.
+        unsafe {
+            result::launch_kernel(
+                k.func.cu_function(),
+                (grid[0], grid[1], grid[2]),
+                (k.bin.num_threads, 1, 1),
+                Self::dynamic_shared(&k.bin) as u32,
+                cu_stream(stream),
+                &mut params,
+            )
+        }
+        .map_err(self.err(what))
+    }
+
+    fn tensor_map(&self, spec: &TensorMapSpec<'_>) -> Option<u64> {
+        let r = spec.dims.len();
+        let dt = match spec.elem_bytes {
+            1 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+            2 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT16,
+            _ => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT32,
+        };
+        let sw = match spec.swizzle {
+            128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            64 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B,
+            32 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_32B,
+            _ => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_NONE,
+        };
+        // The driver takes dimensions innermost first, and the byte strides of
+        // dimensions 1.. only.
+        let gdim: Vec<u64> = spec.dims.iter().rev().copied().collect();
+        let gstride: Vec<u64> = spec
+            .strides
+            .iter()
+            .rev()
+            .skip(1)
+            .map(|&s| s * spec.elem_bytes as u64)
+            .collect();
+        let bdim: Vec<u32> = spec.box_dims.iter().rev().copied().collect();
+        let estride = vec![1u32; r];
+        if gstride.len() + 1 != r || bdim.len() != r {
+            return None;
+        }
+        let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
+        self.ctx.bind_to_thread().ok()?;
+        // SAFETY: `map` is a writable 64-byte aligned `CUtensorMap`; the arrays hold
+        // `r` (`r - 1` for the strides) entries, as the call's rank says.
+        let res = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                map.as_mut_ptr(),
+                dt,
+                r as u32,
+                spec.base as *mut std::ffi::c_void,
+                gdim.as_ptr(),
+                gstride.as_ptr(),
+                bdim.as_ptr(),
+                estride.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sw,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        if res != sys::CUresult::CUDA_SUCCESS {
+            return None;
+        }
+        // SAFETY: the driver wrote the map; it is plain bytes.
+        let map = unsafe { map.assume_init() };
+        let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
+        let mut maps = self.tensor_maps.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(&addr) = maps.get(&bytes) {
+            return Some(addr);
+        }
+        if maps.len() >= 4096 {
+            // Kernels launched earlier may still read the maps: let them finish.
+            self.synchronize(RawStream::DEFAULT).ok()?;
+            for (_, p) in maps.drain() {
+                self.free(p);
+            }
+        }
+        let addr = self.upload_raw(&bytes).ok()?;
+        maps.insert(bytes, addr);
+        Some(addr)
+    }
+
+    fn enable_peer_access(&self, other: &dyn GpuBackend) -> Result<(), Error> {
+        let what = format!("enabling peer access to {}", other.id());
+        let Some(other) = other.as_any().downcast_ref::<CudaDevice>() else {
+            return Err(Error::DeviceUnavailable {
+                device: other.id(),
+                reason: format!("no peer access between {} and {}", self.id(), other.id()),
+            });
+        };
+        self.bind(&what)?;
+        // SAFETY: both contexts are alive (held by the devices).
+        let r = unsafe { sys::cuCtxEnablePeerAccess(other.ctx.cu_ctx(), 0) };
+        match r {
+            sys::CUresult::CUDA_SUCCESS | sys::CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => {
+                Ok(())
+            }
+            e => Err(self.err(what)(DriverError(e))),
+        }
+    }
+
+    fn ipc_handle(&self, ptr: u64) -> Result<Vec<u8>, Error> {
+        let what = "exporting the heap (cuIpcGetMemHandle)";
+        self.bind(what)?;
+        // SAFETY: zeroed plain data, written by the driver.
+        let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+        // SAFETY: `ptr` is the base of a cuMemAlloc allocation.
+        unsafe { sys::cuIpcGetMemHandle(&mut h, ptr) }
+            .result()
+            .map_err(self.err(what))?;
+        Ok(h.reserved.iter().map(|&c| c as u8).collect())
+    }
+
+    fn ipc_open(&self, handle: &[u8]) -> Result<u64, Error> {
+        let what = "opening a peer's heap (cuIpcOpenMemHandle)";
+        // SAFETY: zeroed plain data.
+        let mut h: sys::CUipcMemHandle = unsafe { std::mem::zeroed() };
+        if handle.len() != h.reserved.len() {
+            return Err(Error::Driver {
+                device: self.id(),
+                what: what.into(),
+                message: format!("an IPC handle of {} bytes, 64 expected", handle.len()),
+            });
+        }
+        for (d, s) in h.reserved.iter_mut().zip(handle) {
+            *d = *s as _;
+        }
+        self.bind(what)?;
+        let mut ptr = 0;
+        // SAFETY: a handle made by cuIpcGetMemHandle in another process.
+        unsafe {
+            sys::cuIpcOpenMemHandle_v2(
+                &mut ptr,
+                h,
+                sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as u32,
+            )
+        }
+        .result()
+        .map_err(self.err(what))?;
+        Ok(ptr)
+    }
+
+    fn ipc_close(&self, ptr: u64) {
+        if self.ctx.bind_to_thread().is_ok() {
+            // SAFETY: opened by `ipc_open`, closed once.
+            let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
+        }
+    }
+}
+
+#[cfg(test)]
+mod target_tests {
+    use super::target_for;
+
+    /// Compute capability 9.0 gets the architecture-specific sm_90a (wgmma), which
+    /// only 9.0 runs; newer GPUs the portable sm_90 PTX, older ones their own.
+    #[test]
+    fn capabilities_map_to_targets() {
+        assert_eq!(target_for(9, 0), Some("sm_90a"));
+        assert_eq!(target_for(10, 0), Some("sm_90"));
+        assert_eq!(target_for(8, 9), Some("sm_89"));
+        assert_eq!(target_for(8, 6), Some("sm_86"));
+        assert_eq!(target_for(8, 0), Some("sm_80"));
+        assert_eq!(target_for(7, 5), None);
+    }
+}
