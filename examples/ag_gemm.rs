@@ -9,8 +9,7 @@
 
 mod common;
 
-use std::time::Instant;
-
+use tessera::bench::Bench;
 use tessera::fused::unfused::AgThenGemm;
 use tessera::fused::{AgGemm, GemmElem, ag_gemm_kernel, unfused};
 use tessera::prelude::*;
@@ -38,12 +37,6 @@ struct Shape {
     k: usize,
     iters: usize,
     programs: usize,
-}
-
-/// Median of the per-iteration times, in ms.
-fn median_ms(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2] * 1e3
 }
 
 fn run<T: GemmElem>(
@@ -87,19 +80,21 @@ where
         fused.run(r, &shard, &db, &mut c_fused)?;
         plain.run(r, &shard, &db, &mut c_plain)?;
         let got = (c_fused.download()?, c_plain.download()?);
-        let (mut t_fused, mut t_plain) = (Vec::new(), Vec::new());
-        for _ in 0..s.iters {
-            r.barrier()?;
-            let t = Instant::now();
-            fused.run(r, &shard, &db, &mut c_fused)?;
-            r.barrier()?;
-            t_fused.push(t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            plain.run(r, &shard, &db, &mut c_plain)?;
-            r.barrier()?;
-            t_plain.push(t.elapsed().as_secs_f64());
-        }
-        Ok((got, t_fused, t_plain))
+        // Fused and unfused in alternation (the first runs warmed them up); each run
+        // ends with a host barrier, so that a run's time is the whole world's.
+        r.barrier()?;
+        let cmp = Bench::new().warmup(0).reps(s.iters).compare(
+            r.device(),
+            || {
+                fused.run(r, &shard, &db, &mut c_fused)?;
+                r.barrier()
+            },
+            || {
+                plain.run(r, &shard, &db, &mut c_plain)?;
+                r.barrier()
+            },
+        )?;
+        Ok((got, cmp))
     })?;
 
     let a64: Vec<f64> = a.iter().map(|&v| to_f64(v)).collect();
@@ -111,20 +106,21 @@ where
         .zip(&mag)
         .map(|(w, s)| 1e-30 + s * (k as f64) * f32::EPSILON as f64 + w.abs() * out_ulp)
         .collect();
-    for (rank, ((fused, plain), _, _)) in results.iter().enumerate() {
+    for (rank, ((fused, plain), _)) in results.iter().enumerate() {
         let f: Vec<f64> = fused.iter().map(|&v| to_f64(v)).collect();
         let p: Vec<f64> = plain.iter().map(|&v| to_f64(v)).collect();
         common::check(&format!("{name} fused, rank {rank}"), &f, &want, &tol)?;
         common::check(&format!("{name} unfused, rank {rank}"), &p, &want, &tol)?;
     }
-    // Rank 0's times (every iteration ends with a host barrier: the world's time).
-    let (_, tf, tp) = &results[0];
-    let (fused_ms, plain_ms) = (median_ms(tf.clone()), median_ms(tp.clone()));
+    // Rank 0's times (every run ends with a host barrier: the world's time).
+    let (_, cmp) = &results[0];
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let (fused_ms, plain_ms) = (ms(cmp.a.median()), ms(cmp.b.median()));
     let gflop = 2.0 * (m * n * k) as f64 * s.ranks as f64 / 1e9;
     println!(
-        "{name}: {} ranks, C {m}x{n}, k {k}: fused {fused_ms:.1} ms, unfused (all-gather, then GEMM) {plain_ms:.1} ms, speedup {:.2}x ({:.2} GFLOP/s fused, all ranks; median of {})",
+        "{name}: {} ranks, C {m}x{n}, k {k}: fused {fused_ms:.1} ms, unfused (all-gather, then GEMM) {plain_ms:.1} ms, speedup {:.2}x ({:.2} GFLOP/s fused, all ranks; medians of {} alternating runs, speedup = median per-pair unfused/fused)",
         s.ranks,
-        plain_ms / fused_ms,
+        1.0 / cmp.ratio,
         gflop / (fused_ms / 1e3),
         s.iters
     );

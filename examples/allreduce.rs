@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::time::Instant;
-
+use tessera::bench::{Bench, Timing};
 use tessera::collectives::CollElem;
 use tessera::prelude::*;
 
@@ -41,16 +40,19 @@ fn run<T: CollElem>(
         let mut buf = r.upload(&xs[r.rank() as usize])?;
         r.all_reduce(&mut buf, ReduceOp::Sum)?; // the first call also sets up the workspace
         let got = buf.download()?;
-        let mut times = Vec::with_capacity(iters);
+        // One measured run at a time: the inputs are restored between runs (not
+        // timed), so that every run reduces the same data.
+        let mut samples = Vec::with_capacity(iters);
         for _ in 0..iters {
             buf.copy_from(&xs[r.rank() as usize])?;
             r.barrier()?;
-            let t = Instant::now();
-            r.all_reduce(&mut buf, ReduceOp::Sum)?;
-            r.barrier()?;
-            times.push(t.elapsed().as_secs_f64());
+            let t = Bench::new().warmup(0).reps(1).run(r.device(), || {
+                r.all_reduce(&mut buf, ReduceOp::Sum)?;
+                r.barrier()
+            })?;
+            samples.extend_from_slice(t.samples());
         }
-        Ok((got, times))
+        Ok((got, Timing::new(samples)))
     })?;
 
     let mut want = vec![0.0f64; n];
@@ -77,9 +79,7 @@ fn run<T: CollElem>(
             return Err(format!("{name}: rank {rank} and rank 0 disagree").into());
         }
     }
-    let mut times = out[0].1.clone();
-    times.sort_by(f64::total_cmp);
-    let secs = times[times.len() / 2];
+    let secs = out[0].1.median().as_secs_f64();
     let bytes = (n * std::mem::size_of::<T>()) as f64;
     let algbw = bytes / secs / 1e9;
     let busbw = algbw * 2.0 * (ranks as f64 - 1.0) / ranks as f64;

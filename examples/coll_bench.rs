@@ -4,14 +4,16 @@
 //! `cargo run --release --example coll_bench [-- MAX_MIB]` (sizes up to MAX_MIB MiB,
 //! default 16). Prints markdown tables (BENCHMARKS.md "Collectives on CPU ranks").
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tessera::bench::Bench;
 use tessera::collectives::{AllReduceAlgo, LL_MAX_ELEMS, ONE_SHOT_MAX_BYTES, auto_ll};
 use tessera::prelude::*;
 
 /// Seconds per all-reduce of `bytes` bytes of f32 on `ws` ranks: after one warm-up
-/// call, `ROUNDS` rounds of `iters` calls between host barriers; a round's time is the
-/// slowest rank's, the result the best round's mean per call.
+/// call, `ROUNDS` rounds of `iters` calls, each ending with a host barrier (so that the
+/// ranks' times of a round differ only by the barrier's exit); the result is the
+/// slowest rank's best round, per call.
 fn time_all_reduce(ws: usize, bytes: usize, algo: AllReduceAlgo, iters: u32) -> f64 {
     const ROUNDS: usize = 3;
     let n = (bytes / 4).max(1);
@@ -23,39 +25,43 @@ fn time_all_reduce(ws: usize, bytes: usize, algo: AllReduceAlgo, iters: u32) -> 
             let init: Vec<f32> = (0..n).map(|i| (i % 97) as f32 + r.rank() as f32).collect();
             let mut b = r.upload(&init)?;
             r.all_reduce_with(&mut b, ReduceOp::Max, algo)?;
-            let mut rounds = Vec::with_capacity(ROUNDS);
-            for _ in 0..ROUNDS {
-                r.barrier()?;
-                let t = Instant::now();
+            r.barrier()?;
+            let rounds = Bench::new().warmup(0).reps(ROUNDS).run(r.device(), || {
                 for _ in 0..iters {
                     r.all_reduce_with(&mut b, ReduceOp::Max, algo)?;
                 }
-                r.barrier()?;
-                rounds.push(t.elapsed().as_secs_f64() / iters as f64);
-            }
-            Ok(rounds)
+                r.barrier()
+            })?;
+            Ok(rounds.min().as_secs_f64() / iters as f64)
         })
         .unwrap_or_else(|e| panic!("{ws} ranks, {bytes} bytes, {algo:?}: {e}"));
-    (0..ROUNDS)
-        .map(|k| per_rank.iter().map(|v| v[k]).fold(0.0, f64::max))
-        .fold(f64::MAX, f64::min)
+    per_rank.into_iter().fold(0.0, f64::max)
 }
 
 /// Plain memcpy bandwidth (GB/s) for `bytes` bytes: best of a few runs, with the
 /// destination at the same and at a different offset modulo 4 KiB as the source.
 fn memcpy_gbs(bytes: usize) -> f64 {
     let src = vec![1u8; bytes.max(1)];
-    let mut dst = vec![0u8; bytes.max(1) + 4096];
+    let dst = std::cell::RefCell::new(vec![0u8; bytes.max(1) + 4096]);
     let reps = ((256 << 20) / bytes.max(1)).clamp(3, 10_000);
-    let mut best = f64::MAX;
-    for shift in [0usize, 64, 0, 64] {
-        let t = Instant::now();
-        for _ in 0..reps {
-            dst[shift..shift + src.len()].copy_from_slice(std::hint::black_box(&src));
-            std::hint::black_box(&mut dst);
+    // Two runs at each offset, alternating (timed on the CPU device: the wall clock).
+    let copies = |shift: usize| {
+        let (src, dst) = (&src, &dst);
+        move || {
+            let mut dst = dst.borrow_mut();
+            for _ in 0..reps {
+                dst[shift..shift + src.len()].copy_from_slice(std::hint::black_box(src));
+                std::hint::black_box(&mut *dst);
+            }
+            Ok(())
         }
-        best = best.min(t.elapsed().as_secs_f64() / reps as f64);
-    }
+    };
+    let t = Bench::new()
+        .warmup(0)
+        .reps(2)
+        .compare(&Device::cpu(), copies(0), copies(64))
+        .expect("timing host copies");
+    let best = t.a.min().min(t.b.min()).as_secs_f64() / reps as f64;
     bytes as f64 / best / 1e9
 }
 

@@ -11,8 +11,9 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tessera::bench::Bench;
 use tessera::prelude::*;
 
 /// Lanes per tile: 4 KiB of f32.
@@ -74,15 +75,6 @@ fn barriers(count: &mut Symmetric<i32>, bad: &mut Global<i32>, first: i32, iters
     bad.store_unmasked(0, misses);
 }
 
-/// The best (smallest) duration of `reps` runs of `f`.
-fn best<E>(reps: usize, mut f: impl FnMut() -> Result<Duration, E>) -> Result<Duration, E> {
-    let mut b = Duration::MAX;
-    for _ in 0..reps {
-        b = b.min(f()?);
-    }
-    Ok(b)
-}
-
 /// Timed launches per latency figure (the best one is reported).
 const LATENCY_REPS: usize = 5;
 
@@ -108,32 +100,37 @@ fn bandwidth(bytes: usize, reps: usize) -> Result<(f64, f64, f64), Box<dyn std::
     // resolution; short samples often escape preemption on a busy machine).
     let mut dst = vec![1.0f32; n];
     let batch = ((64 << 10) / bytes).max(1);
-    let memcpy = best(if bytes <= 1 << 20 { 200 } else { 20 }, || {
-        let t = Instant::now();
-        for _ in 0..batch {
-            dst.copy_from_slice(std::hint::black_box(&data));
-            std::hint::black_box(&mut dst);
-        }
-        Ok::<_, Error>(t.elapsed() / batch as u32)
-    })?;
+    // (Timed on the CPU device: the wall clock.)
+    let memcpy = Bench::new()
+        .warmup(0)
+        .reps(if bytes <= 1 << 20 { 200 } else { 20 })
+        .run(&Device::cpu(), || {
+            for _ in 0..batch {
+                dst.copy_from_slice(std::hint::black_box(&data));
+                std::hint::black_box(&mut dst);
+            }
+            Ok(())
+        })?
+        .min()
+        / batch as u32;
     let out = world(2, 2 * bytes + (1 << 20)).run(|r| {
         let src = r.device().upload(&data)?;
         let mut sym = r.upload(&vec![f32::NAN; n])?;
         let mut local = r.device().upload(&vec![f32::NAN; n])?;
-        let mut put = Duration::MAX;
-        let mut copy = Duration::MAX;
-        for _ in 0..reps {
-            r.barrier()?;
-            let t = Instant::now();
-            put_bw::<B>::launch(r.device(), programs, (&src, &mut sym, n as i32))?;
-            put = put.min(t.elapsed());
-            r.barrier()?;
-            if r.rank() == 0 {
-                let t = Instant::now();
-                copy_local::<B>::launch(r.device(), programs, (&src, &mut local, n as i32))?;
-                copy = copy.min(t.elapsed());
-            }
-        }
+        // Put and local copy in alternation, the fastest of each counts. Every rank
+        // launches the put (only rank 0's programs move data); the copy is rank 0's.
+        r.barrier()?;
+        let times = Bench::new().warmup(0).reps(reps).compare(
+            r.device(),
+            || put_bw::<B>::launch(r.device(), programs, (&src, &mut sym, n as i32)),
+            || {
+                if r.rank() == 0 {
+                    copy_local::<B>::launch(r.device(), programs, (&src, &mut local, n as i32))?;
+                }
+                Ok(())
+            },
+        )?;
+        let (put, copy) = (times.a.min(), times.b.min());
         r.barrier()?;
         let got = if r.rank() == 1 {
             sym.download()?
@@ -164,14 +161,17 @@ fn signal_latency(iters: usize) -> Result<f64, Box<dyn std::error::Error>> {
         let mut sig = r.alloc_signals(1)?;
         signal_ping::launch(r.device(), 1u32, (&mut sig, 0, 10))?;
         let mut first = 10;
-        let t = best(LATENCY_REPS, || {
-            r.barrier()?;
-            let t = Instant::now();
-            signal_ping::launch(r.device(), 1u32, (&mut sig, first, iters as i32))?;
-            let t = t.elapsed();
-            first += iters as i32;
-            Ok::<_, Error>(t)
-        })?;
+        // The ranks start together; the round trips keep them in step from then on.
+        r.barrier()?;
+        let t = Bench::new()
+            .warmup(0)
+            .reps(LATENCY_REPS)
+            .run(r.device(), || {
+                signal_ping::launch(r.device(), 1u32, (&mut sig, first, iters as i32))?;
+                first += iters as i32;
+                Ok(())
+            })?
+            .min();
         r.barrier()?;
         Ok((t, sig.download()?[0]))
     })?;
@@ -191,19 +191,24 @@ fn barrier_latency(ranks: usize, iters: usize) -> Result<f64, Box<dyn std::error
         barriers::launch(r.device(), 1u32, (&mut count, &mut bad, 0, 5))?;
         let mut misses = bad.download()?[0];
         let mut first = 5;
-        let t = best(LATENCY_REPS, || {
-            r.barrier()?;
-            let t = Instant::now();
-            barriers::launch(
-                r.device(),
-                1u32,
-                (&mut count, &mut bad, first, iters as i32),
-            )?;
-            let t = t.elapsed();
-            first += iters as i32;
-            misses += bad.download()?[0];
-            Ok::<_, Error>(t)
-        })?;
+        // The ranks start together; the kernel's barriers keep them in step from then
+        // on. Each run also reads back its 4-byte miss count (negligible next to the
+        // `2 * iters` barriers).
+        r.barrier()?;
+        let t = Bench::new()
+            .warmup(0)
+            .reps(LATENCY_REPS)
+            .run(r.device(), || {
+                barriers::launch(
+                    r.device(),
+                    1u32,
+                    (&mut count, &mut bad, first, iters as i32),
+                )?;
+                first += iters as i32;
+                misses += bad.download()?[0];
+                Ok(())
+            })?
+            .min();
         Ok((t, misses))
     })?;
     if let Some((k, (_, b))) = out.iter().enumerate().find(|(_, (_, b))| *b != 0) {

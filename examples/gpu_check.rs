@@ -44,6 +44,7 @@ use std::process::ExitCode;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tessera::artifact::KernelOptions;
+use tessera::bench::Bench;
 use tessera::prelude::*;
 use tessera::{ArtifactStore, DeviceKind, Specialization};
 
@@ -359,22 +360,6 @@ const CASES: [(&str, Case); 11] = [
     }),
 ];
 
-/// Median device time of `iters` runs of `f` after two warm-up runs, in seconds.
-fn bench(
-    dev: &Device,
-    iters: usize,
-    mut f: impl FnMut() -> Result<(), Error>,
-) -> Result<f64, Error> {
-    f()?;
-    f()?;
-    let mut times = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        times.push(dev.time(&mut f)?.1.as_secs_f64());
-    }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
-}
-
 /// (name, metric, value) of every benchmark; shapes match `scripts/gpu_bench.py`.
 fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
     let mut out = Vec::new();
@@ -393,6 +378,8 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             detail: e.to_string(),
         }),
     };
+    // Each figure: the median device time of the measured runs after two warm-up runs.
+    let bench = |reps| Bench::new().warmup(2).reps(reps);
     let n = 1usize << 26;
     record(
         "vector_add",
@@ -401,9 +388,12 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             let x = dev.alloc::<f32>(n)?;
             let y = dev.alloc::<f32>(n)?;
             let mut o = dev.alloc::<f32>(n)?;
-            let t = bench(dev, 20, || {
-                vector_add::<1024>::launch(dev, n.div_ceil(1024), (&x, &y, &mut o, n as i32))
-            })?;
+            let t = bench(20)
+                .run(dev, || {
+                    vector_add::<1024>::launch(dev, n.div_ceil(1024), (&x, &y, &mut o, n as i32))
+                })?
+                .median()
+                .as_secs_f64();
             Ok(3.0 * 4.0 * n as f64 / t / 1e9)
         })(),
     );
@@ -414,13 +404,16 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
         (|| {
             let x = dev.upload(&vec![0.5f32; r * c])?;
             let mut o = dev.alloc::<f32>(r * c)?;
-            let t = bench(dev, 20, || {
-                softmax::<f32, 4, 1024>::launch(
-                    dev,
-                    r.div_ceil(4),
-                    (&x, &mut o, r as i32, c as i32),
-                )
-            })?;
+            let t = bench(20)
+                .run(dev, || {
+                    softmax::<f32, 4, 1024>::launch(
+                        dev,
+                        r.div_ceil(4),
+                        (&x, &mut o, r as i32, c as i32),
+                    )
+                })?
+                .median()
+                .as_secs_f64();
             Ok(2.0 * 4.0 * (r * c) as f64 / t / 1e9)
         })(),
     );
@@ -435,10 +428,13 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             let mut y = dev.alloc::<f32>(r * c)?;
             let mut mean = dev.alloc::<f32>(r)?;
             let mut rstd = dev.alloc::<f32>(r)?;
-            let t = bench(dev, 20, || {
-                let args = (&x, &w, &b, &mut y, &mut mean, &mut rstd, c as i32, 1e-5f32);
-                layernorm::<f32, 256>::launch(dev, r, args)
-            })?;
+            let t = bench(20)
+                .run(dev, || {
+                    let args = (&x, &w, &b, &mut y, &mut mean, &mut rstd, c as i32, 1e-5f32);
+                    layernorm::<f32, 256>::launch(dev, r, args)
+                })?
+                .median()
+                .as_secs_f64();
             Ok(2.0 * 4.0 * (r * c) as f64 / t / 1e9)
         })(),
     );
@@ -451,10 +447,13 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             let b = dev.upload(&vec![f16::from_f32(0.01); s * s])?;
             let mut c = dev.alloc::<f16>(s * s)?;
             let si = s as i32;
-            let t = bench(dev, 10, || {
-                let grid = (s.div_ceil(64), s.div_ceil(64));
-                matmul::<f16, 64, 64, 32>::launch(dev, grid, (&a, &b, &mut c, si, si, si))
-            })?;
+            let t = bench(10)
+                .run(dev, || {
+                    let grid = (s.div_ceil(64), s.div_ceil(64));
+                    matmul::<f16, 64, 64, 32>::launch(dev, grid, (&a, &b, &mut c, si, si, si))
+                })?
+                .median()
+                .as_secs_f64();
             Ok(2.0 * (s as f64).powi(3) / t / 1e12)
         })(),
     );
@@ -469,10 +468,13 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             let ad = tessera::TensorDescriptor::new(&a, &[s, s], &[s, 1], &[128, 64])?;
             let bd = tessera::TensorDescriptor::new(&b, &[s, s], &[s, 1], &[64, 128])?;
             let mut cd = tessera::TensorDescriptor::new_mut(&mut c, &[s, s], &[s, 1], &[128, 128])?;
-            let t = bench(dev, 10, || {
-                let grid = (s.div_ceil(128), s.div_ceil(128));
-                matmul_desc::<128, 128, 64>::launch(dev, grid, (&ad, &bd, &mut cd))
-            })?;
+            let t = bench(10)
+                .run(dev, || {
+                    let grid = (s.div_ceil(128), s.div_ceil(128));
+                    matmul_desc::<128, 128, 64>::launch(dev, grid, (&ad, &bd, &mut cd))
+                })?
+                .median()
+                .as_secs_f64();
             Ok(2.0 * (s as f64).powi(3) / t / 1e12)
         })(),
     );

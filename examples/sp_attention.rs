@@ -11,18 +11,11 @@
 
 mod common;
 
-use std::time::Instant;
-
+use tessera::bench::Bench;
 use tessera::prelude::*;
 use tessera::sp_attention::{self as sp, AllGatherThenAttention, SpAttention, SpShape};
 
 const HD: usize = 64;
-
-/// Median of the per-iteration times, in ms.
-fn median_ms(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2] * 1e3
-}
 
 fn run(
     dev: &Device,
@@ -59,25 +52,27 @@ fn run(
         fused.run(r, &q, &k, &v, &mut o_fused, scale)?;
         plain.run(r, &q, &k, &v, &mut o_plain, scale)?;
         let got = (o_fused.download()?, o_plain.download()?);
-        let (mut t_fused, mut t_plain) = (Vec::new(), Vec::new());
-        for _ in 0..iters {
-            r.barrier()?;
-            let t = Instant::now();
-            fused.run(r, &q, &k, &v, &mut o_fused, scale)?;
-            r.barrier()?;
-            t_fused.push(t.elapsed().as_secs_f64());
-            let t = Instant::now();
-            plain.run(r, &q, &k, &v, &mut o_plain, scale)?;
-            r.barrier()?;
-            t_plain.push(t.elapsed().as_secs_f64());
-        }
-        Ok((got, t_fused, t_plain))
+        // Fused and unfused in alternation (the first runs warmed them up); each run
+        // ends with a host barrier, so that a run's time is the whole world's.
+        r.barrier()?;
+        let cmp = Bench::new().warmup(0).reps(iters).compare(
+            d,
+            || {
+                fused.run(r, &q, &k, &v, &mut o_fused, scale)?;
+                r.barrier()
+            },
+            || {
+                plain.run(r, &q, &k, &v, &mut o_plain, scale)?;
+                r.barrier()
+            },
+        )?;
+        Ok((got, cmp))
     })?;
     let f64s = |v: &[f16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
     let k_all: Vec<f64> = ks.iter().flat_map(|k| f64s(k)).collect();
     let v_all: Vec<f64> = vs.iter().flat_map(|v| f64s(v)).collect();
     let name = format!("sp_attention{} f16", if causal { " causal" } else { "" });
-    for (rank, ((fused, plain), _, _)) in results.iter().enumerate() {
+    for (rank, ((fused, plain), _)) in results.iter().enumerate() {
         let want = sp::reference(
             &f64s(&qs[rank]),
             &k_all,
@@ -110,11 +105,13 @@ fn run(
             return Err(format!("{name}, rank {rank}: fused and unfused results differ").into());
         }
     }
-    let (_, tf, tp) = &results[0];
-    let (fused_ms, plain_ms) = (median_ms(tf.clone()), median_ms(tp.clone()));
+    // Rank 0's times (every run ends with a host barrier: the world's time).
+    let (_, cmp) = &results[0];
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1e3;
+    let (fused_ms, plain_ms) = (ms(cmp.a.median()), ms(cmp.b.median()));
     println!(
-        "{name}: {ranks} ranks x {heads} heads x {sq} rows, head dim {HD}: fused {fused_ms:.1} ms, unfused (all-gather, then attention) {plain_ms:.1} ms, speedup {:.2}x (median of {iters})",
-        plain_ms / fused_ms
+        "{name}: {ranks} ranks x {heads} heads x {sq} rows, head dim {HD}: fused {fused_ms:.1} ms, unfused (all-gather, then attention) {plain_ms:.1} ms, speedup {:.2}x (medians of {iters} alternating runs, speedup = median per-pair unfused/fused)",
+        1.0 / cmp.ratio
     );
     Ok(())
 }

@@ -15,7 +15,6 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Once;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use inkwell::OptimizationLevel;
 use inkwell::context::Context;
@@ -309,38 +308,21 @@ pub(crate) fn tool_io(tool: &str, path: &Path, e: std::io::Error) -> CodegenErro
     }
 }
 
-/// A private directory under the system's temp dir, removed with its contents on drop.
-pub(crate) struct TempDir {
-    path: PathBuf,
-}
+/// A private folder under the system's temporary folder (`tessera-<what>-` and a
+/// random suffix), removed with its contents on drop.
+pub(crate) struct TempDir(tempfile::TempDir);
 
 impl TempDir {
-    /// Creates `tessera-<what>-<pid>-<n>`.
     pub(crate) fn new(what: &str) -> Result<TempDir, CodegenError> {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let base = std::env::temp_dir();
-        let mut last = None;
-        for _ in 0..16 {
-            let n = NEXT.fetch_add(1, Ordering::Relaxed);
-            let path = base.join(format!("tessera-{what}-{}-{n}", std::process::id()));
-            // create_dir (not create_dir_all) fails if it exists: the directory is ours.
-            match std::fs::create_dir(&path) {
-                Ok(()) => return Ok(TempDir { path }),
-                Err(e) => last = Some((path, e)),
-            }
-        }
-        let (path, e) = last.expect("at least one attempt");
-        Err(tool_io(what, &path, e))
+        tempfile::Builder::new()
+            .prefix(&format!("tessera-{what}-"))
+            .tempdir()
+            .map(TempDir)
+            .map_err(|e| tool_io(what, &std::env::temp_dir(), e))
     }
 
     pub(crate) fn path(&self) -> &Path {
-        &self.path
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
+        self.0.path()
     }
 }
 

@@ -17,23 +17,10 @@ mod matmul;
 mod vector_add;
 
 use std::hint::black_box;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use tessera::bench::Bench;
 use tessera::prelude::*;
-
-/// Median wall time of `reps` runs of `f` after one warm-up run.
-fn time(reps: usize, mut f: impl FnMut()) -> Duration {
-    f();
-    let mut ts: Vec<Duration> = (0..reps)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed()
-        })
-        .collect();
-    ts.sort();
-    ts[reps / 2]
-}
 
 fn lcg(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
@@ -49,6 +36,9 @@ fn lcg(n: usize, seed: u64) -> Vec<f32> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dev = Device::cpu();
+    // Each figure: the median time of `reps` runs after one warm-up run (on the CPU
+    // device, so the wall clock: the plain Rust baselines are timed the same way).
+    let time = |reps| Bench::new().warmup(1).reps(reps);
     println!("# tessera interpreter benchmark on {dev}");
     println!();
     println!("| benchmark | implementation | time | throughput | ratio vs baseline |");
@@ -62,21 +52,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let y = dev.upload(&ys)?;
     let mut out = dev.alloc::<f32>(n)?;
     let mut plain = vec![0.0f32; n];
-    let t_plain = time(21, || {
-        let (a, b) = (black_box(&xs), black_box(&ys));
-        for i in 0..n {
-            plain[i] = a[i] + b[i];
-        }
-        black_box(&plain);
-    });
-    let t_va = time(21, || {
-        vector_add::vector_add::<1024>::launch(
-            &dev,
-            n.div_ceil(1024),
-            (&x, &y, &mut out, n as i32),
-        )
-        .expect("launch");
-    });
+    let t_plain = time(21)
+        .run(&dev, || {
+            let (a, b) = (black_box(&xs), black_box(&ys));
+            for i in 0..n {
+                plain[i] = a[i] + b[i];
+            }
+            black_box(&plain);
+            Ok(())
+        })?
+        .median();
+    let t_va = time(21)
+        .run(&dev, || {
+            vector_add::vector_add::<1024>::launch(
+                &dev,
+                n.div_ceil(1024),
+                (&x, &y, &mut out, n as i32),
+            )
+        })?
+        .median();
     assert_eq!(out.download()?, plain, "results differ");
     let gbs = |t: Duration| 3.0 * 4.0 * n as f64 / t.as_secs_f64() / 1e9;
     let row = |b: &str, imp: &str, t: Duration, thr: String, base: Duration| {
@@ -108,52 +102,61 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let flops = 2.0 * (m * nn * k) as f64;
     let gf = |t: Duration| format!("{:.2} GFLOP/s", flops / t.as_secs_f64() / 1e9);
     let mut c_naive = vec![0.0f32; m * nn];
-    let t_naive = time(3, || {
-        let (a, b) = (black_box(&a), black_box(&b));
-        for i in 0..m {
-            for j in 0..nn {
-                let mut s = 0.0f32;
-                for p in 0..k {
-                    s += a[i * k + p] * b[p * nn + j];
+    let t_naive = time(3)
+        .run(&dev, || {
+            let (a, b) = (black_box(&a), black_box(&b));
+            for i in 0..m {
+                for j in 0..nn {
+                    let mut s = 0.0f32;
+                    for p in 0..k {
+                        s += a[i * k + p] * b[p * nn + j];
+                    }
+                    c_naive[i * nn + j] = s;
                 }
-                c_naive[i * nn + j] = s;
             }
-        }
-        black_box(&c_naive);
-    });
+            black_box(&c_naive);
+            Ok(())
+        })?
+        .median();
     let mut c_mm = vec![0.0f32; m * nn];
-    let t_mm = time(11, || unsafe {
-        // SAFETY: the pointers and strides describe the row-major a (m x k), b (k x n)
-        // and c (m x n) vectors above, which outlive the call.
-        matrixmultiply::sgemm(
-            m,
-            k,
-            nn,
-            1.0,
-            a.as_ptr(),
-            k as isize,
-            1,
-            b.as_ptr(),
-            nn as isize,
-            1,
-            0.0,
-            c_mm.as_mut_ptr(),
-            nn as isize,
-            1,
-        );
-    });
+    let t_mm = time(11)
+        .run(&dev, || {
+            // SAFETY: the pointers and strides describe the row-major a (m x k),
+            // b (k x n) and c (m x n) vectors above, which outlive the call.
+            unsafe {
+                matrixmultiply::sgemm(
+                    m,
+                    k,
+                    nn,
+                    1.0,
+                    a.as_ptr(),
+                    k as isize,
+                    1,
+                    b.as_ptr(),
+                    nn as isize,
+                    1,
+                    0.0,
+                    c_mm.as_mut_ptr(),
+                    nn as isize,
+                    1,
+                );
+            }
+            Ok(())
+        })?
+        .median();
     let da = dev.upload(&a)?;
     let db = dev.upload(&b)?;
     let mut dc = dev.alloc::<f32>(m * nn)?;
     let grid = (m.div_ceil(64), nn.div_ceil(64));
-    let t_interp = time(5, || {
-        matmul::matmul::<f32, 64, 64, 32>::launch(
-            &dev,
-            grid,
-            (&da, &db, &mut dc, m as i32, nn as i32, k as i32),
-        )
-        .expect("launch");
-    });
+    let t_interp = time(5)
+        .run(&dev, || {
+            matmul::matmul::<f32, 64, 64, 32>::launch(
+                &dev,
+                grid,
+                (&da, &db, &mut dc, m as i32, nn as i32, k as i32),
+            )
+        })?
+        .median();
     let got = dc.download()?;
     let max_err = got
         .iter()

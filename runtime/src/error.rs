@@ -4,8 +4,17 @@ use tessera_ir::BuildError;
 use tessera_ir::interp::InterpError;
 use tessera_ir::verify::VerifyError;
 
-/// Everything that can go wrong building, compiling or launching a kernel.
+/// An error of the compiler crate (`tessera_codegen`, feature `jit`), boxed so that
+/// [`Error`] has the same variants with and without the feature: reach its own type
+/// with `downcast_ref` (`tessera::codegen::emu::EmuError`,
+/// `tessera::codegen::comm::CommFault`, `tessera::codegen::CodegenError`).
+pub type CompilerError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong building, compiling or launching a kernel. Its
+/// variants are the same with and without the `jit` feature (those only the compiler
+/// produces never occur without it).
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// Tracing the kernel body failed (an op with invalid operands, a comptime value
     /// assigned in a runtime loop, ...). The message starts with the user's
@@ -32,10 +41,9 @@ pub enum Error {
     Exec(Box<InterpError>),
     /// The kernel failed on the SIMT emulator (out-of-bounds access, barrier
     /// divergence, shared-memory race, ...), naming the op's file:line:col, block and
-    /// thread.
-    #[cfg(feature = "jit")]
+    /// thread: a `tessera::codegen::emu::EmuError`.
     #[error("{0}")]
-    Emu(Box<tessera_codegen::emu::EmuError>),
+    Emu(CompilerError),
     /// A communication failure outside a kernel: a mismatched symmetric allocation, a
     /// full heap, a rank that never reached a host barrier, a rank that failed.
     #[error("communication error on rank {rank}: {message}")]
@@ -47,10 +55,10 @@ pub enum Error {
     },
     /// A communicating kernel's wait failed on a GPU (timed out, or was released by
     /// another rank's failure), decoded from the rank's device-side error record:
-    /// names the wait's file:line:col, rank, expected and observed values.
-    #[cfg(feature = "jit")]
+    /// names the wait's file:line:col, rank, expected and observed values: a
+    /// `tessera::codegen::comm::CommFault`.
     #[error("{0}")]
-    CommFault(Box<tessera_codegen::comm::CommFault>),
+    CommFault(CompilerError),
     /// A `device_assert` failed: names its file:line:col, message, program and
     /// first failing element. The kernel ran to completion.
     #[error("{0}")]
@@ -126,10 +134,9 @@ pub enum Error {
     /// A buffer operation with mismatched sizes.
     #[error("buffer size mismatch: {0}")]
     BufferSize(String),
-    /// Compiling the kernel for a GPU failed.
-    #[cfg(feature = "jit")]
+    /// Compiling the kernel for a GPU failed: a `tessera::codegen::CodegenError`.
     #[error(transparent)]
-    Codegen(#[from] tessera_codegen::CodegenError),
+    Codegen(CompilerError),
     /// Writing a dump file failed.
     #[error("cannot write the {what} dump to {path}: {source}")]
     Dump {
@@ -146,5 +153,37 @@ pub enum Error {
 impl From<InterpError> for Error {
     fn from(e: InterpError) -> Error {
         Error::Exec(Box::new(e))
+    }
+}
+
+#[cfg(feature = "jit")]
+impl From<tessera_codegen::CodegenError> for Error {
+    fn from(e: tessera_codegen::CodegenError) -> Error {
+        Error::Codegen(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The compiler's variants exist in every build (this test compiles with and
+    /// without `jit`), carrying any error, which keeps its own type.
+    #[test]
+    fn the_compiler_variants_exist_without_the_compiler() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("inner")]
+        struct Inner;
+        for e in [
+            Error::Emu(Box::new(Inner)),
+            Error::CommFault(Box::new(Inner)),
+            Error::Codegen(Box::new(Inner)),
+        ] {
+            assert_eq!(e.to_string(), "inner");
+            let (Error::Emu(b) | Error::CommFault(b) | Error::Codegen(b)) = e else {
+                unreachable!()
+            };
+            assert!(b.downcast_ref::<Inner>().is_some());
+        }
     }
 }

@@ -4,9 +4,10 @@
 //!   address on the CPU and the emulator), for passing to other libraries.
 //! - [`Device::wrap`] (`unsafe`) makes a [`Buffer`] of memory someone else allocated:
 //!   Tessera never frees it, and keeps the `owner` you give alive as long as the
-//!   buffer (and any launch using it) lives. With cudarc, wrap a `CudaSlice`'s
-//!   `device_ptr` and pass the slice as the owner; a Tessera [`crate::Stream`]'s
-//!   handle is [`crate::Stream::as_raw`].
+//!   buffer (and any launch using it) lives. [`Buffer::from_cuda_slice`] does this
+//!   safely for a cudarc `CudaSlice` (the buffer owns the slice); a Tessera
+//!   [`crate::Stream`]'s `CUstream`/`hipStream_t` is [`crate::Stream::as_raw`], for
+//!   cudarc's raw stream calls and other libraries.
 //! - [`Buffer::into_dlpack`] hands a buffer to a DLPack consumer (PyTorch, JAX,
 //!   NumPy, ... through their `from_dlpack`), zero-copy: the tensor owns the buffer
 //!   and frees it when the consumer calls its deleter. [`Buffer::from_dlpack`] takes
@@ -126,6 +127,40 @@ impl Device {
                 device_id: self.ordinal() as i32,
             },
         }
+    }
+}
+
+impl<T: Element + cudarc::driver::DeviceRepr> Buffer<T> {
+    /// A buffer over a cudarc `CudaSlice` on `device` (the CUDA device the slice is
+    /// on), zero-copy: the buffer owns the slice, which frees its memory when the
+    /// buffer and its launches are done. The work queued on the slice's stream is
+    /// finished first (Tessera's launches use its own streams).
+    pub fn from_cuda_slice(
+        device: &Device,
+        slice: cudarc::driver::CudaSlice<T>,
+    ) -> Result<Buffer<T>, Error> {
+        if device.kind() != DeviceKind::Cuda || device.ordinal() != slice.ordinal() {
+            return Err(Error::Usage(format!(
+                "a CudaSlice of cuda:{} used as a buffer of {}",
+                slice.ordinal(),
+                device.id()
+            )));
+        }
+        slice.stream().synchronize().map_err(|e| Error::Driver {
+            device: device.id(),
+            what: "waiting for the CudaSlice's stream".into(),
+            message: format!("{e:?}"),
+        })?;
+        let ptr = {
+            use cudarc::driver::DevicePtr;
+            let (ptr, _sync) = slice.device_ptr(slice.stream());
+            ptr
+        };
+        let len = slice.len();
+        // SAFETY: the slice is `len` initialized `T`s of device memory on this CUDA
+        // device (checked above), moved into the buffer as its owner, so nothing
+        // else reaches it while the buffer lives.
+        unsafe { device.wrap(ptr, len, slice) }
     }
 }
 

@@ -466,6 +466,22 @@ impl LaunchOptions {
     }
 }
 
+/// The compilation options of a launch with these options: precompile with them
+/// (`tessera::aot::precompile(.., &(&opts).try_into()?, ..)`) and a launch with `opts`
+/// finds the artifact. Fails (like the launch) on options out of range.
+#[cfg(feature = "jit")]
+impl TryFrom<&LaunchOptions> for tessera_codegen::CompileOptions {
+    type Error = Error;
+
+    fn try_from(opts: &LaunchOptions) -> Result<Self, Error> {
+        let k = opts.kernel_options("<aot>")?;
+        Ok(tessera_codegen::CompileOptions {
+            num_warps: k.num_warps,
+            num_stages: k.num_stages,
+        })
+    }
+}
+
 /// Launches kernel `K` with the default [`LaunchOptions`] (used by the generated
 /// `launch` functions).
 pub fn launch<K: Kernel>(

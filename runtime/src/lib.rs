@@ -33,15 +33,17 @@
 
 extern crate self as tessera;
 
-// The modules, bottom up (each imports only from those above it; checked by
+// The modules, bottom up (each imports only from those listed before it; checked by
 // `tests/module_cycles.rs`): configuration, errors and properties; the GPU backends; devices
 // (streams, events) and buffers; compilation (the IR cache, dumps, kernel keys,
-// artifacts, the disk cache, the JIT); launching; worlds; collectives and fused
-// kernels.
+// artifacts, the disk cache, the JIT); launching; worlds; collectives, fused kernels,
+// timing and autotuning.
 pub mod config;
 mod error;
 mod properties;
 mod secure_fs;
+#[cfg(test)]
+mod test_util;
 
 mod backend;
 
@@ -50,17 +52,18 @@ mod device;
 pub mod interop;
 mod tensor_desc;
 
-#[cfg(feature = "jit")]
-pub mod aot;
-pub mod artifact;
 mod compile;
+#[cfg(feature = "jit")]
+pub use compile::aot;
+pub use compile::{artifact, disk_cache};
 pub mod debug;
-pub mod disk_cache;
-mod dump;
 
 mod launch;
 
 pub mod world;
+
+pub mod autotune;
+pub mod bench;
 
 pub mod attention;
 pub mod collectives;
@@ -71,7 +74,7 @@ pub use artifact::{ArtifactStore, KernelBinary, KernelOptions, Specialization};
 pub use buffer::{Buffer, Element};
 pub use compile::{Kernel, kernel_ir};
 pub use device::{Device, DeviceKind, DeviceProperties, EmuKind, Event, Stream};
-pub use error::Error;
+pub use error::{CompilerError, Error};
 /// The 8-bit float element types (OCP E4M3 and E5M2), from the `float8` crate.
 pub use float8;
 pub use launch::{Grid, LaunchArg, LaunchOptions, launch, launch_with};

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tessera::EmuKind;
+use tessera::bench::Bench;
 use tessera::codegen::CompileOptions;
 use tessera::codegen::emu;
 use tessera::codegen::target::EmuFlavor;
@@ -47,18 +48,19 @@ fn time(
     args: &[KernelArg],
 ) -> (f64, f64) {
     let opts = CompileOptions::default();
+    // The first launch includes the JIT compilation: one run, timed on its own.
     let t = Instant::now();
     emu::launch(f, flavor, &opts, grid, args).expect("first launch");
     let first = t.elapsed().as_secs_f64();
-    let mut ts: Vec<f64> = (0..5)
-        .map(|_| {
-            let t = Instant::now();
-            emu::launch(f, flavor, &opts, grid, args).expect("launch");
-            t.elapsed().as_secs_f64()
+    // The launches run on the host when called: timed on the CPU device's wall clock.
+    let rest = Bench::new()
+        .warmup(0)
+        .reps(5)
+        .run(&Device::cpu(), || {
+            emu::launch(f, flavor, &opts, grid, args).map_err(|e| tessera::Error::Emu(Box::new(e)))
         })
-        .collect();
-    ts.sort_by(f64::total_cmp);
-    (first, ts[ts.len() / 2])
+        .expect("launch");
+    (first, rest.median().as_secs_f64())
 }
 
 fn buf<T: tessera::ir::interp::Element>(v: &[T]) -> KernelArg {

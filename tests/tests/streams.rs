@@ -205,3 +205,37 @@ fn every_option_set_computes_the_same() {
         }
     }
 }
+
+/// Precompiling with a launch's options writes the artifact under the key that
+/// launch looks up (the options are part of it), not under the default options' key.
+#[test]
+fn precompiled_artifacts_carry_the_launch_options() {
+    use tessera::artifact::{KernelOptions, Specialization, kernel_key_of};
+    use tessera::codegen::{CompileOptions, Target};
+    let store_dir = tempfile::tempdir().unwrap();
+    let store = tessera::ArtifactStore::new(store_dir.path());
+    let opts = LaunchOptions::new().num_warps(8).num_stages(2);
+    let copts: CompileOptions = (&opts).try_into().unwrap();
+    assert_eq!((copts.num_warps, copts.num_stages), (8, Some(2)));
+    let target: Target = "sm_90".parse().unwrap();
+    let file =
+        tessera::aot::precompile::<scale<128>>(&(), &Specialization::None, target, &copts, &store)
+            .unwrap();
+    let key = |num_warps, num_stages| {
+        kernel_key_of::<scale<128>>(
+            &(),
+            "sm_90",
+            &KernelOptions {
+                num_warps,
+                num_stages,
+            },
+        )
+        .unwrap()
+    };
+    assert_eq!(file, store.path("scale", &key(8, Some(2))));
+    assert_ne!(key(8, Some(2)), key(4, None));
+    assert!(!store.path("scale", &key(4, None)).exists());
+    // Options out of range are refused here as at launch.
+    let bad: Result<CompileOptions, _> = (&LaunchOptions::new().num_warps(5)).try_into();
+    assert!(bad.is_err());
+}

@@ -17,7 +17,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::{
     DYNAMIC_SHARED_PAST, GpuArg, GpuBackend, GpuKernel, GridLimits, KernelBinary, RawEvent,
-    RawStream, TensorMapSpec, check_grid, check_resident, downcast_kernel,
+    RawStream, TensorMapSpec, before_copy, downcast_kernel,
 };
 use crate::error::Error;
 use crate::properties::{DeviceKind, DeviceProperties};
@@ -418,21 +418,10 @@ impl GpuBackend for CudaDevice {
         bytes: usize,
         stream: RawStream,
     ) -> Result<(), Error> {
-        if bytes == 0 {
+        if !before_copy(self, src_dev, bytes)? {
             return Ok(());
         }
         let what = "copying between devices";
-        if src_dev.kind() != DeviceKind::Cuda {
-            return Err(Error::Driver {
-                device: self.id(),
-                what: what.into(),
-                message: format!("{} is not a CUDA device", src_dev.id()),
-            });
-        }
-        // The source's stream may still be writing it.
-        if src_dev.ordinal() != self.ordinal {
-            src_dev.synchronize(RawStream::DEFAULT)?;
-        }
         self.bind(what)?;
         // SAFETY: both ranges are live device memory of at least `bytes` bytes
         // (unified addressing makes a peer's address valid here).
@@ -596,18 +585,7 @@ impl GpuBackend for CudaDevice {
         let k: &CudaKernel = downcast_kernel(kernel, &self.id())?;
         let what = format!("launching kernel `{}`", k.bin.name);
         let shared = k.bin.shared_bytes as usize;
-        check_grid(&k.bin.name, GridLimits::Cuda, grid, k.bin.num_threads)?;
-        if waits {
-            let per_sm = self.occupancy(kernel)?;
-            let programs = grid.iter().map(|&g| g as u64).product();
-            check_resident(
-                &k.bin.name,
-                &self.props.name,
-                programs,
-                per_sm,
-                self.props.multiprocessors,
-            )?;
-        }
+        self.check_launch(kernel, grid, waits, GridLimits::Cuda)?;
         if shared > self.props.shared_per_block_optin {
             return Err(Error::Launch {
                 kernel: k.bin.name.clone(),
@@ -619,15 +597,7 @@ impl GpuBackend for CudaDevice {
         }
         // Each parameter's value lives in `args`; the driver reads them through
         // pointers (and copies them before the call returns).
-        let mut params: Vec<*mut std::ffi::c_void> = args
-            .iter()
-            .map(|a| match a {
-                GpuArg::U8(v) => v as *const u8 as *mut std::ffi::c_void,
-                GpuArg::U16(v) => v as *const u16 as *mut std::ffi::c_void,
-                GpuArg::U32(v) => v as *const u32 as *mut std::ffi::c_void,
-                GpuArg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
-            })
-            .collect();
+        let mut params: Vec<_> = args.iter().map(GpuArg::as_param).collect();
         self.bind(&what)?;
         // SAFETY: the arguments match the kernel's parameters in number and size
         // (checked against the IR by `launch`), device addresses belong to live

@@ -216,8 +216,8 @@ fn api() -> Result<&'static h::Api, &'static str> {
 }
 
 use super::{
-    GpuArg, GpuBackend, GpuKernel, GridLimits, KernelBinary, RawEvent, RawStream, check_grid,
-    check_resident, downcast_kernel,
+    GpuArg, GpuBackend, GpuKernel, GridLimits, KernelBinary, RawEvent, RawStream, before_copy,
+    downcast_kernel,
 };
 use crate::error::Error;
 use crate::properties::{DeviceKind, DeviceProperties};
@@ -579,20 +579,10 @@ impl GpuBackend for HipDevice {
         bytes: usize,
         stream: RawStream,
     ) -> Result<(), Error> {
-        if bytes == 0 {
+        if !before_copy(self, src_dev, bytes)? {
             return Ok(());
         }
         let what = "copying between devices";
-        if src_dev.kind() != DeviceKind::Hip {
-            return Err(Error::Driver {
-                device: self.id(),
-                what: what.into(),
-                message: format!("{} is not a HIP device", src_dev.id()),
-            });
-        }
-        if src_dev.ordinal() != self.ordinal {
-            src_dev.synchronize(RawStream::DEFAULT)?;
-        }
         self.set(what)?;
         // SAFETY: both ranges hold at least `bytes` bytes of live device memory.
         check(self.ordinal, what, unsafe {
@@ -765,29 +755,10 @@ impl GpuBackend for HipDevice {
     ) -> Result<(), Error> {
         let k: &HipKernel = downcast_kernel(kernel, &self.id())?;
         let what = format!("launching kernel `{}`", k.bin.name);
-        check_grid(&k.bin.name, GridLimits::Hip, grid, k.bin.num_threads)?;
-        if waits {
-            let per_cu = self.occupancy(kernel)?;
-            let programs = grid.iter().map(|&g| g as u64).product();
-            check_resident(
-                &k.bin.name,
-                &self.props.name,
-                programs,
-                per_cu,
-                self.props.multiprocessors,
-            )?;
-        }
+        self.check_launch(kernel, grid, waits, GridLimits::Hip)?;
         self.set(&what)?;
         // Each parameter's value lives in `args`; HIP reads them through pointers.
-        let mut params: Vec<*mut c_void> = args
-            .iter()
-            .map(|a| match a {
-                GpuArg::U8(v) => v as *const u8 as *mut c_void,
-                GpuArg::U16(v) => v as *const u16 as *mut c_void,
-                GpuArg::U32(v) => v as *const u32 as *mut c_void,
-                GpuArg::U64(v) => v as *const u64 as *mut c_void,
-            })
-            .collect();
+        let mut params: Vec<_> = args.iter().map(GpuArg::as_param).collect();
         // SAFETY: the parameters match the kernel's (checked by `launch`), the
         // pointers stay valid for the call (HIP copies the values), and `stream` is
         // a stream of this device.

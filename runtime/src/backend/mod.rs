@@ -62,6 +62,19 @@ pub(crate) enum GpuArg {
     U64(u64),
 }
 
+impl GpuArg {
+    /// A pointer to the parameter's value, as `cuLaunchKernel` and
+    /// `hipModuleLaunchKernel` take each parameter (valid while `self` is).
+    pub(crate) fn as_param(&self) -> *mut std::ffi::c_void {
+        match self {
+            GpuArg::U8(v) => v as *const u8 as *mut std::ffi::c_void,
+            GpuArg::U16(v) => v as *const u16 as *mut std::ffi::c_void,
+            GpuArg::U32(v) => v as *const u32 as *mut std::ffi::c_void,
+            GpuArg::U64(v) => v as *const u64 as *mut std::ffi::c_void,
+        }
+    }
+}
+
 /// A backend's stream handle (`CUstream`, `hipStream_t`) as an integer; 0 is the
 /// device's default stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -195,6 +208,26 @@ pub(crate) trait GpuBackend: Send + Sync + 'static {
         waits: bool,
         stream: RawStream,
     ) -> Result<(), Error>;
+    /// Checks a launch of `grid` blocks of `kernel` against the vendor's grid
+    /// `limits` and, for a kernel that `waits` for other programs, that every
+    /// program is resident at once ([`GpuBackend::occupancy`]).
+    fn check_launch(
+        &self,
+        kernel: &dyn GpuKernel,
+        grid: [u32; 3],
+        waits: bool,
+        limits: GridLimits,
+    ) -> Result<(), Error> {
+        let b = kernel.binary();
+        check_grid(&b.name, limits, grid, b.num_threads)?;
+        if waits {
+            let per_unit = self.occupancy(kernel)?;
+            let programs = grid.iter().map(|&g| g as u64).product();
+            let p = self.props();
+            check_resident(&b.name, &p.name, programs, per_unit, p.multiprocessors)?;
+        }
+        Ok(())
+    }
     /// The device address of a tensor map for TMA copies, `None` where the backend
     /// has none (or the driver refuses this one: the kernel then reads through
     /// masked loads, with the same results).
@@ -343,6 +376,30 @@ pub(crate) fn check_resident(
              and loop over the work in each, or give each program fewer warps or less shared memory"
         ),
     })
+}
+
+/// Before a copy from `src` to `dst` (devices of one backend kind): `false` when there
+/// is nothing to copy, an error across kinds; waits for the source device's default
+/// stream when it is another device (it may still be writing the source).
+pub(crate) fn before_copy(
+    dst: &dyn GpuBackend,
+    src: &dyn GpuBackend,
+    bytes: usize,
+) -> Result<bool, Error> {
+    if bytes == 0 {
+        return Ok(false);
+    }
+    if src.kind() != dst.kind() {
+        return Err(Error::Driver {
+            device: dst.id(),
+            what: "copying between devices".into(),
+            message: format!("{} is not a {:?} device", src.id(), dst.kind()),
+        });
+    }
+    if src.ordinal() != dst.ordinal() {
+        src.synchronize(RawStream::DEFAULT)?;
+    }
+    Ok(true)
 }
 
 /// The concrete kernel type of a backend, or an error naming the mix-up (a kernel

@@ -547,14 +547,17 @@ fn is_consequence(e: &Error) -> bool {
         Error::Exec(ie) => matches!(**ie, InterpError::Aborted { .. }),
         Error::Comm { message, .. } => message.starts_with("abandoned"),
         #[cfg(feature = "jit")]
-        Error::Emu(ee) => match &**ee {
-            tessera_codegen::emu::EmuError::Comm(f) => {
+        Error::Emu(ee) => match ee.downcast_ref::<tessera_codegen::emu::EmuError>() {
+            Some(tessera_codegen::emu::EmuError::Comm(f)) => {
                 matches!(**f, tessera_codegen::comm::CommFault::Aborted { .. })
             }
             _ => false,
         },
         #[cfg(feature = "jit")]
-        Error::CommFault(f) => matches!(**f, tessera_codegen::comm::CommFault::Aborted { .. }),
+        Error::CommFault(f) => matches!(
+            f.downcast_ref::<tessera_codegen::comm::CommFault>(),
+            Some(tessera_codegen::comm::CommFault::Aborted { .. })
+        ),
         _ => false,
     }
 }

@@ -33,7 +33,7 @@ use tessera_ir::Function;
 pub use crate::artifact::Specialization;
 use crate::artifact::{ArtifactStore, KernelBinary, KernelOptions, kernel_key};
 
-use crate::dump::{dump_enabled, dump_hash, dump_text};
+use crate::compile::dump::{dump_enabled, dump_hash, dump_text};
 use crate::{Error, Kernel, kernel_ir};
 
 pub use tessera_codegen::target::ALL_TARGETS;

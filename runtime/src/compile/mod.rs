@@ -1,6 +1,8 @@
-//! Kernels and the IR cache: a `#[kernel]` traced once per set of comptime
-//! arguments, verified, optimized and kept (with its GPU specializations) for every
-//! later launch.
+//! Compilation: kernels and the IR cache (a `#[kernel]` traced once per set of
+//! comptime arguments, verified, optimized and kept with its GPU specializations for
+//! every later launch), dumps of its stages, kernel keys and artifacts
+//! ([`artifact`]), the disk cache ([`disk_cache`]) and the JIT/AOT compiler
+//! (`aot`, feature `jit`).
 
 use std::any::TypeId;
 use std::collections::HashMap;
@@ -11,6 +13,12 @@ use tessera_ir::debug::DebugSites;
 use tessera_ir::{BuildError, Function, ParamFacts};
 
 use crate::error::Error;
+
+#[cfg(feature = "jit")]
+pub mod aot;
+pub mod artifact;
+pub mod disk_cache;
+pub(crate) mod dump;
 
 /// A kernel defined with `#[kernel]`: the macro implements this for the kernel's
 /// struct. `Comptime` is the tuple of its `#[comptime]` parameters.
@@ -114,7 +122,7 @@ pub(crate) fn compile<K: Kernel>(ct: &K::Comptime) -> Result<Arc<Compiled>, Erro
         tessera_ir::passes::optimize(&mut func);
         verify(&func)?;
     }
-    crate::dump::dump_ir(&func, &key.1)?;
+    dump::dump_ir(&func, &key.1)?;
     let compiled = Arc::new(Compiled::new(func, debug));
     Ok(lock_cache().entry(key).or_insert(compiled).clone())
 }

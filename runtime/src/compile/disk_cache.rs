@@ -167,15 +167,7 @@ fn decode(bytes: &[u8]) -> Option<&[u8]> {
 mod tests {
     use super::*;
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!(
-            "tessera-cache-{name}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = fs::remove_dir_all(&d);
-        d
-    }
+    use crate::test_util::temp_dir;
 
     #[test]
     fn keys_separate_every_input() {
@@ -198,7 +190,7 @@ mod tests {
     #[test]
     fn planted_links_and_shared_folders_are_refused() {
         use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let d = temp_dir("planted");
+        let (_tmp, d) = temp_dir("planted");
         let cache = DiskCache::new(d.join("c"));
         let k = CacheKey::new("ir", "sm_90", "v", "o");
         cache
@@ -224,7 +216,8 @@ mod tests {
 
     #[test]
     fn round_trip_and_miss() {
-        let c = DiskCache::new(temp_dir("rt"));
+        let (_tmp, d) = temp_dir("rt");
+        let c = DiskCache::new(d);
         let k = CacheKey::new("kernel", "gfx942", "v", "o");
         assert_eq!(c.get(&k), None);
         c.put(&k, b"payload bytes").unwrap();
@@ -236,7 +229,8 @@ mod tests {
 
     #[test]
     fn corrupt_entries_are_discarded() {
-        let c = DiskCache::new(temp_dir("corrupt"));
+        let (_tmp, d) = temp_dir("corrupt");
+        let c = DiskCache::new(d);
         let k = CacheKey::new("kernel", "sm_80", "v", "o");
         let payload: Vec<u8> = (0..1000u32).map(|i| (i * 7 % 251) as u8).collect();
         let path = c.entry_path(&k);
@@ -279,7 +273,7 @@ mod tests {
 
     #[test]
     fn concurrent_writers_and_readers_see_whole_entries() {
-        let dir = temp_dir("concurrent");
+        let (_tmp, dir) = temp_dir("concurrent");
         let k = CacheKey::new("kernel", "sm_90", "v", "o");
         let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
         std::thread::scope(|s| {

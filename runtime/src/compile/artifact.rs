@@ -483,11 +483,7 @@ mod tests {
         }
     }
 
-    fn temp_dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("tessera-art-{name}-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&d);
-        d
-    }
+    use crate::test_util::temp_dir;
 
     #[test]
     fn round_trip_and_every_truncation_fails() {
@@ -504,7 +500,7 @@ mod tests {
 
     #[test]
     fn store_finds_validates_and_reports_missing() {
-        let dir = temp_dir("store");
+        let (_tmp, dir) = temp_dir("store");
         let store = ArtifactStore::new(&dir);
         let opts = KernelOptions::default();
         let key = kernel_key("func @vector_add ...", "sm_90", &opts);
@@ -537,7 +533,7 @@ mod tests {
 
     #[test]
     fn corrupt_cached_artifact_is_discarded_and_recompiled() {
-        let dir = temp_dir("cache");
+        let (_tmp, dir) = temp_dir("cache");
         let cache = DiskCache::new(&dir);
         let key = kernel_key("func @k", "gfx942", &KernelOptions::default());
         let good = KernelBinary {
