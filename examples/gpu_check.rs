@@ -13,9 +13,15 @@
 // The example kernels are included as modules; each also has its own `main`.
 #![allow(clippy::duplicate_mod)]
 
+#[path = "argmax.rs"]
+#[allow(dead_code)]
+mod ex_argmax;
 #[path = "checked_gather.rs"]
 #[allow(dead_code)]
 mod ex_checked_gather;
+#[path = "dropout.rs"]
+#[allow(dead_code)]
+mod ex_dropout;
 #[path = "layernorm.rs"]
 #[allow(dead_code)]
 mod ex_layernorm;
@@ -34,6 +40,9 @@ mod ex_matmul_i8;
 #[path = "softmax.rs"]
 #[allow(dead_code)]
 mod ex_softmax;
+#[path = "topk.rs"]
+#[allow(dead_code)]
+mod ex_topk;
 #[path = "vector_add.rs"]
 #[allow(dead_code)]
 mod ex_vector_add;
@@ -48,13 +57,16 @@ use tessera::bench::Bench;
 use tessera::prelude::*;
 use tessera::{ArtifactStore, DeviceKind, Specialization};
 
+use ex_argmax::row_argmax;
 use ex_checked_gather::checked_gather;
+use ex_dropout::seeded_dropout;
 use ex_layernorm::layernorm;
 use ex_matmul::matmul;
 use ex_matmul_desc::matmul_desc;
 use ex_matmul_fp8::{matmul_fp8_bt, quantize};
 use ex_matmul_i8::{matmul_i8, matmul_i8_bt};
 use ex_softmax::softmax;
+use ex_topk::route;
 use ex_vector_add::vector_add;
 
 const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
@@ -151,7 +163,7 @@ type Case = fn(&Device, &Device, &mut StdRng) -> Result<Result<String, String>, 
 
 /// Runs one kernel on `gpu` and on `cpu` with the same inputs; the inner result is
 /// the comparison.
-const CASES: [(&str, Case); 11] = [
+const CASES: [(&str, Case); 16] = [
     ("vector_add", |gpu, cpu, rng| {
         let n = 1_000_003usize;
         let (xs, ys) = (random(rng, n, -10.0, 10.0), random(rng, n, -10.0, 10.0));
@@ -218,6 +230,30 @@ const CASES: [(&str, Case); 11] = [
             let mut dc = d.upload(&vec![f16::NAN; m * n])?;
             let args = (&da, &db, &mut dc, m as i32, n as i32, k as i32);
             matmul::<f16, 64, 64, 32>::launch(d, (m.div_ceil(64), n.div_ceil(64)), args)?;
+            Ok(f64s(dc.download()?, |v| v.to_f64()))
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 1e-2, 2.0 / 2048.0))
+    }),
+    ("matmul_f16_128x128x64_8warps", |gpu, cpu, rng| {
+        // The tile of the Triton comparison, 8 warps (a launch option: the artifact
+        // precompiled with 8 warps).
+        let (m, n, k) = (300usize, 260usize, 200usize);
+        let h = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+        let (a, b) = (
+            h(random(rng, m * k, -1.0, 1.0)),
+            h(random(rng, k * n, -1.0, 1.0)),
+        );
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (da, db) = (d.upload(&a)?, d.upload(&b)?);
+            let mut dc = d.upload(&vec![f16::NAN; m * n])?;
+            let args = (&da, &db, &mut dc, m as i32, n as i32, k as i32);
+            let opts = LaunchOptions::new().num_warps(8);
+            matmul::<f16, 128, 128, 64>::launch_with(
+                d,
+                (m.div_ceil(128), n.div_ceil(128)),
+                &opts,
+                args,
+            )?;
             Ok(f64s(dc.download()?, |v| v.to_f64()))
         };
         Ok(compare(&run(gpu)?, &run(cpu)?, 1e-2, 2.0 / 2048.0))
@@ -325,6 +361,87 @@ const CASES: [(&str, Case); 11] = [
             Ok(out)
         };
         Ok(compare(&run(gpu)?, &run(cpu)?, 1e-4, 1e-4))
+    }),
+    ("dropout", |gpu, cpu, rng| {
+        // The mask comes from rand(seed, offset): the same bits on every device.
+        let n = 1_000_003usize;
+        let xs = random(rng, n, -1.0, 1.0);
+        let seed: i32 = rng.gen_range(0..1 << 30);
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let x = d.upload(&xs)?;
+            let mut out = d.upload(&vec![f32::NAN; n])?;
+            seeded_dropout::<1024>::launch(
+                d,
+                n.div_ceil(1024),
+                (&x, &mut out, n as i32, 0.3, seed),
+            )?;
+            Ok(f64s(out.download()?, f64::from))
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 0.0, 1e-6))
+    }),
+    ("argmax", |gpu, cpu, rng| {
+        // Coarse values: ties, which go to the lowest index everywhere.
+        let (rows, cols) = (777usize, 1000usize);
+        let xs: Vec<f32> = (0..rows * cols)
+            .map(|_| rng.gen_range(-50..50) as f32 * 0.25)
+            .collect();
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let x = d.upload(&xs)?;
+            let mut idx = d.upload(&vec![-1i32; rows])?;
+            let mut val = d.upload(&vec![f32::NAN; rows])?;
+            row_argmax::<1024>::launch(d, rows, (&x, &mut idx, &mut val, cols as i32))?;
+            let mut out = f64s(idx.download()?, f64::from);
+            out.extend(f64s(val.download()?, f64::from));
+            Ok(out)
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 0.0, 0.0))
+    }),
+    ("topk", |gpu, cpu, rng| {
+        // MoE routing: top 4 of 64 experts with gates, and a full row sort (scan and
+        // sort network); coarse logits, so ties are resolved the same way.
+        let (n, e, k) = (1000usize, 64usize, 4usize);
+        let xs: Vec<f32> = (0..n * e)
+            .map(|_| rng.gen_range(-40..40) as f32 * 0.125)
+            .collect();
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let x = d.upload(&xs)?;
+            let mut ids = d.upload(&vec![-1i32; n * k])?;
+            let mut gates = d.upload(&vec![f32::NAN; n * k])?;
+            let mut sorted = d.upload(&vec![f32::NAN; n * e])?;
+            route::<16, 64, 4>::launch(
+                d,
+                n.div_ceil(16),
+                (&x, &mut ids, &mut gates, &mut sorted, n as i32),
+            )?;
+            let mut out = f64s(ids.download()?, f64::from);
+            out.extend(f64s(gates.download()?, f64::from));
+            out.extend(f64s(sorted.download()?, f64::from));
+            Ok(out)
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 1e-6, 1e-5))
+    }),
+    ("attention_f16_128x64", |gpu, cpu, rng| {
+        // FlashAttention-2 forward, causal, 2 heads, ragged sequence.
+        let (heads, seq) = (2usize, 300usize);
+        let h = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+        let len = heads * seq * 64;
+        let (q, k, v) = (
+            h(random(rng, len, -1.0, 1.0)),
+            h(random(rng, len, -1.0, 1.0)),
+            h(random(rng, len, -1.0, 1.0)),
+        );
+        let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E;
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let (dq, dk, dv) = (d.upload(&q)?, d.upload(&k)?, d.upload(&v)?);
+            let mut o = d.upload(&vec![f16::NAN; len])?;
+            tessera::attention::attention_fwd::<f16, 128, 64, 64>::launch(
+                d,
+                (seq.div_ceil(128), heads),
+                (&dq, &dk, &dv, &mut o, seq as i32, seq as i32, scale_log2, 1),
+            )?;
+            Ok(f64s(o.download()?, |x| x.to_f64()))
+        };
+        Ok(compare(&run(gpu)?, &run(cpu)?, 2e-3, 4.0 / 2048.0))
     }),
     // device_print and device_assert: the output buffer read back after the launch.
     ("checked_gather", |gpu, cpu, rng| {
@@ -553,6 +670,22 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
     one(
         "checked_gather",
         find_all::<checked_gather<256>>(store, t, o),
+    );
+    one("dropout", find_all::<seeded_dropout<1024>>(store, t, o));
+    one("argmax", find_all::<row_argmax<1024>>(store, t, o));
+    one("topk", find_all::<route<16, 64, 4>>(store, t, o));
+    one(
+        "attention_f16_128x64",
+        find_all::<tessera::attention::attention_fwd<f16, 128, 64, 64>>(store, t, o),
+    );
+    // Launched with 8 warps (`LaunchOptions::num_warps`): precompiled with 8.
+    let eight = KernelOptions {
+        num_warps: 8,
+        num_stages: None,
+    };
+    one(
+        "matmul_f16_128x128x64_8warps",
+        find_all::<matmul<f16, 128, 128, 64>>(store, t, &eight),
     );
     rows
 }

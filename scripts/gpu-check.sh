@@ -69,13 +69,39 @@ strip "$pack/gpu_check" 2>/dev/null || true
 cp scripts/gpu_bench.py "$pack/"
 cat >"$pack/run.sh" <<'EOF'
 #!/usr/bin/env bash
-# Runs on the GPU machine: the cross-backend suite and the benchmarks on cuda:0,
-# then the PyTorch/Triton baselines; the table comes last.
+# Runs on the GPU machine: bash run.sh [OUT_DIR]   (default: ./report)
+# Every step has its own time limit (the whole run stays under the device tool's 10
+# minutes); each step's log, the JSON report (ours.json) and steps.txt (one line per
+# step with its exit status) go into OUT_DIR, whatever fails.
+out="$(realpath -m "${1:-report}")"
 cd "$(dirname "${BASH_SOURCE[0]}")"
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
-./gpu_check --kernels kernels --device "${TESSERA_DEVICE:-cuda:0}" --json ours.json
-status=$?
-python3 gpu_bench.py --ours ours.json || status=1
+mkdir -p "$out"
+status=0
+step() { # name limit_seconds command...
+  local name=$1 secs=$2
+  shift 2
+  echo "== $name (limit ${secs} s)"
+  timeout --kill-after=10 "$secs" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  tail -n 60 "$out/$name.log"
+  [ "$rc" = 124 ] && echo "$name: TIMED OUT after $secs s"
+  echo "$name: exit $rc" | tee -a "$out/steps.txt"
+  [ "$rc" = 0 ] || status=1
+}
+if command -v nvidia-smi >/dev/null 2>&1; then
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
+fi
+cat "$out/gpu.txt" 2>/dev/null || echo "no nvidia-smi"
+dev="${TESSERA_DEVICE:-cuda:0}"
+step suite 200 ./gpu_check --kernels kernels --device "$dev" --json "$out/ours.json"
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  # Out-of-bounds and misaligned accesses of every example kernel (no benchmarks).
+  step memcheck 180 compute-sanitizer --tool memcheck --error-exitcode 3 \
+    ./gpu_check --kernels kernels --device "$dev" --no-bench
+else
+  echo "memcheck: skipped (no compute-sanitizer on this machine)" | tee -a "$out/steps.txt"
+fi
+step baselines 150 python3 gpu_bench.py --ours "$out/ours.json"
 exit $status
 EOF
 chmod +x "$pack/run.sh" "$pack/gpu_check"
@@ -109,7 +135,8 @@ fi
 
 echo
 echo "== on the GPU machine, make this one device-tool call:"
-echo "run(command=\"bash $pack/run.sh\", carry=[\"$pack\"], timeout_s=600)"
+echo "run(command=\"bash $pack/run.sh \\\"\$OUT\\\"\", carry=[\"$pack\"], timeout_s=600)"
+echo "(the report, every step's log and steps.txt come back as the call's files)"
 if [ "$dry_run" = 0 ] && [ -e /dev/nvidiactl ]; then
-  bash "$pack/run.sh"
+  bash "$pack/run.sh" target/gpu-check-report
 fi

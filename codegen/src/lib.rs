@@ -16,7 +16,9 @@
 //! - [`tools`]: offline validators (ptxas, SASS and AMDGPU disassembly, resource usage).
 
 pub mod axis;
-pub mod comm;
+/// The device-side ABI of communicating kernels (hidden parameters, control words,
+/// error records): [`tessera_ir::comm`], which needs no LLVM.
+pub use tessera_ir::comm;
 pub mod emit;
 pub mod emu;
 pub mod fp8;

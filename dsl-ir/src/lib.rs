@@ -16,6 +16,7 @@
 #![warn(missing_docs)]
 
 pub mod builder;
+pub mod comm;
 pub mod debug;
 pub mod dsl;
 pub mod infer;

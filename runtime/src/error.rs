@@ -7,7 +7,7 @@ use tessera_ir::verify::VerifyError;
 /// An error of the compiler crate (`tessera_codegen`, feature `jit`), boxed so that
 /// [`Error`] has the same variants with and without the feature: reach its own type
 /// with `downcast_ref` (`tessera::codegen::emu::EmuError`,
-/// `tessera::codegen::comm::CommFault`, `tessera::codegen::CodegenError`).
+/// `tessera::codegen::CodegenError`).
 pub type CompilerError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong building, compiling or launching a kernel. Its
@@ -55,10 +55,10 @@ pub enum Error {
     },
     /// A communicating kernel's wait failed on a GPU (timed out, or was released by
     /// another rank's failure), decoded from the rank's device-side error record:
-    /// names the wait's file:line:col, rank, expected and observed values: a
-    /// `tessera::codegen::comm::CommFault`.
+    /// names the wait's file:line:col, rank, expected and observed values (with or
+    /// without the `jit` feature: the record's layout is IR-level).
     #[error("{0}")]
-    CommFault(CompilerError),
+    CommFault(Box<tessera_ir::comm::CommFault>),
     /// A `device_assert` failed: names its file:line:col, message, program and
     /// first failing element. The kernel ran to completion.
     #[error("{0}")]
@@ -174,13 +174,9 @@ mod tests {
         #[derive(Debug, thiserror::Error)]
         #[error("inner")]
         struct Inner;
-        for e in [
-            Error::Emu(Box::new(Inner)),
-            Error::CommFault(Box::new(Inner)),
-            Error::Codegen(Box::new(Inner)),
-        ] {
+        for e in [Error::Emu(Box::new(Inner)), Error::Codegen(Box::new(Inner))] {
             assert_eq!(e.to_string(), "inner");
-            let (Error::Emu(b) | Error::CommFault(b) | Error::Codegen(b)) = e else {
+            let (Error::Emu(b) | Error::Codegen(b)) = e else {
                 unreachable!()
             };
             assert!(b.downcast_ref::<Inner>().is_some());

@@ -845,33 +845,12 @@ fn check_comm_record(
     };
     gpu.synchronize(stream)?;
     let words = c.ctrl_words()?;
-    #[cfg(feature = "jit")]
-    {
-        if let Some(fault) =
-            tessera_codegen::comm::decode_record(func, c.rank(), &words, c.timeout())
-        {
+    match tessera_ir::comm::decode_record(func, c.rank(), &words, c.timeout()) {
+        Some(fault) => {
             c.abort();
-            return Err(Error::CommFault(Box::new(fault)));
+            Err(Error::CommFault(Box::new(fault)))
         }
-        Ok(())
-    }
-    #[cfg(not(feature = "jit"))]
-    {
-        // Without the codegen crate: the record's raw words (site 1-based at word 2).
-        match words.get(2).copied() {
-            Some(site) if site != 0 => {
-                c.abort();
-                Err(Error::Comm {
-                    rank: c.rank(),
-                    message: format!(
-                        "kernel `{}`: communication site #{site} failed (record {:?}); build with the `jit` feature for the source line",
-                        func.name,
-                        &words[2..words.len().min(7)]
-                    ),
-                })
-            }
-            _ => Ok(()),
-        }
+        None => Ok(()),
     }
 }
 

@@ -580,3 +580,54 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(Tile { regs, ..ptrs })
     }
 }
+
+#[cfg(test)]
+mod hidden_param_tests {
+    use tessera_ir::ir::{CmpPred, ConstValue, MemScope, OpKind, ParamAttrs};
+    use tessera_ir::{Function, FunctionBuilder, ScalarType, Span, Type};
+
+    /// A kernel with a `u64` signal parameter and, if `with_comm`, `rank`,
+    /// `wait_until` and `barrier_all`.
+    fn kernel(with_comm: bool) -> Function {
+        let sp = |line| Span::new("k.rs", line, 9);
+        let mut b = FunctionBuilder::new("k", sp(1));
+        let sig = b.param(
+            "sig",
+            Type::global_ptr(ScalarType::U64),
+            ParamAttrs::default(),
+        );
+        if with_comm {
+            b.op1(OpKind::Rank, &[], None, sp(2)).unwrap();
+            let v = b
+                .constant(ConstValue::Int(7), Type::scalar(ScalarType::U64), sp(3))
+                .unwrap();
+            let w = OpKind::WaitUntil {
+                pred: CmpPred::Ge,
+                scope: MemScope::System,
+            };
+            b.op1(w, &[sig, v], None, sp(3)).unwrap();
+            b.op(OpKind::BarrierAll, &[], None, sp(4)).unwrap();
+        }
+        b.finish()
+    }
+
+    #[test]
+    fn only_communicating_kernels_get_hidden_parameters() {
+        use inkwell::context::Context;
+        for (comm, n) in [(false, 1), (true, 5)] {
+            let f = kernel(comm);
+            for t in [
+                crate::Target::nvptx(90),
+                crate::Target::Amdgpu(crate::AmdArch::Gfx942),
+            ] {
+                let ctx = Context::create();
+                let (m, _) =
+                    crate::lower::lower_kernel(&ctx, &f, t, &crate::CompileOptions::default())
+                        .expect("lowers");
+                let k = m.get_function("k").expect("kernel");
+                assert_eq!(k.count_params(), n, "{t} comm={comm}");
+                m.verify().unwrap_or_else(|e| panic!("{t}: {e}"));
+            }
+        }
+    }
+}

@@ -62,7 +62,6 @@ pub(crate) trait RankLink: Send + Sync {
     #[cfg_attr(not(feature = "jit"), allow(dead_code))]
     fn host_heap_bases(&self) -> Vec<u64>;
     /// How long device-side waits poll.
-    #[cfg_attr(not(feature = "jit"), allow(dead_code))]
     fn timeout(&self) -> Duration;
     /// GPU worlds: the hidden parameters of a communicating kernel on this rank
     /// (`rank, world_size, heap_bases, timeout_ns`: the codegen's comm ABI); `None`

@@ -553,11 +553,7 @@ fn is_consequence(e: &Error) -> bool {
             }
             _ => false,
         },
-        #[cfg(feature = "jit")]
-        Error::CommFault(f) => matches!(
-            f.downcast_ref::<tessera_codegen::comm::CommFault>(),
-            Some(tessera_codegen::comm::CommFault::Aborted { .. })
-        ),
+        Error::CommFault(f) => matches!(**f, tessera_ir::comm::CommFault::Aborted { .. }),
         _ => false,
     }
 }
