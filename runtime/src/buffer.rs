@@ -187,8 +187,10 @@ impl<T: Element> Buffer<T> {
     }
 
     /// A copy of this buffer on `device`: a device-to-device copy on the same GPU, a
-    /// peer copy between GPUs of one vendor (`cuMemcpyPeer`, `hipMemcpyPeer`; faster
-    /// after [`Device::enable_peer_access`]), and through the host otherwise.
+    /// peer copy between GPUs of one vendor (`cuMemcpyDtoDAsync` under unified
+    /// addressing, `hipMemcpyPeerAsync`; faster after
+    /// [`Device::enable_peer_access`]), and through the host otherwise. A copy between
+    /// two GPUs returns when it is done.
     pub fn copy_to_device(&self, device: &Device) -> Result<Buffer<T>, Error> {
         match (&self.storage, &device.backend) {
             (Storage::Device(src), Backend::Gpu(g)) if src.gpu.kind() == g.kind() => {
@@ -201,6 +203,11 @@ impl<T: Element> Buffer<T> {
                     bytes,
                     RawStream::DEFAULT,
                 )?;
+                if src.gpu.ordinal() != g.ordinal() {
+                    // The source may be freed as soon as this returns, on its own
+                    // device's stream, which is not ordered with this device's.
+                    g.synchronize(RawStream::DEFAULT)?;
+                }
                 Ok(device.buffer(Storage::Device(dst), self.len))
             }
             _ => device.upload(&self.download()?),

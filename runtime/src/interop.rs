@@ -38,7 +38,10 @@ pub use dlpark;
 impl<T: Element> Buffer<T> {
     /// The address of its first element: a device address on a GPU (valid in the
     /// device's context), a host address on the CPU and the emulator. It stays valid
-    /// while the buffer lives; work queued on the device may still be using it.
+    /// while the buffer lives. Work queued on the device (its zero fill or upload
+    /// included) may still be using it: a library working on a stream that is not
+    /// ordered with Tessera's (a non-blocking stream) calls [`Device::synchronize`]
+    /// first.
     pub fn device_ptr(&self) -> u64 {
         match &self.storage {
             Storage::Host(h) => h.as_mut_ptr() as u64,
@@ -74,7 +77,8 @@ impl Device {
     /// A buffer of `len` elements of memory someone else owns, at `ptr`: a device
     /// address on this GPU, or a host address for the CPU and the emulator. Tessera
     /// never frees it; `owner` (anything: the allocation's handle, a guard, `()`) is
-    /// dropped after the buffer and every launch using it.
+    /// dropped with the buffer, on a GPU after the device has finished its queued work
+    /// (every launch that may use the memory).
     ///
     /// Host memory must be 8-byte aligned and `len * size_of::<T>()` a multiple of 8
     /// (the interpreter accesses whole words); an error says otherwise.
@@ -111,7 +115,7 @@ impl Device {
             }
             Backend::Gpu(g) => {
                 let owner: Arc<dyn std::any::Any + Send + Sync> = Arc::new(owner);
-                Storage::Device(DevMem::view(g, ptr, Some(owner)))
+                Storage::Device(DevMem::foreign(g, ptr, owner))
             }
         };
         Ok(self.buffer(storage, len))
@@ -139,9 +143,16 @@ impl<T: Element + cudarc::driver::DeviceRepr> Buffer<T> {
         device: &Device,
         slice: cudarc::driver::CudaSlice<T>,
     ) -> Result<Buffer<T>, Error> {
-        if device.kind() != DeviceKind::Cuda || device.ordinal() != slice.ordinal() {
+        let same_context = match &device.backend {
+            Backend::Gpu(g) => g
+                .as_any()
+                .downcast_ref::<crate::backend::cuda::CudaDevice>()
+                .is_some_and(|d| d.cu_ctx() == slice.context().cu_ctx()),
+            _ => false,
+        };
+        if !same_context {
             return Err(Error::Usage(format!(
-                "a CudaSlice of cuda:{} used as a buffer of {}",
+                "a CudaSlice of cuda:{} (its context) used as a buffer of {}: the slice must come from the device's primary context",
                 slice.ordinal(),
                 device.id()
             )));

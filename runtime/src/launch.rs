@@ -413,7 +413,9 @@ pub struct LaunchOptions {
     /// interpreter ignores it).
     pub num_stages: Option<u32>,
     /// The stream to launch on (a stream of the launching device); `None` is the
-    /// device's default stream.
+    /// device's default stream. A kernel that waits for other programs
+    /// (`wait_until`, `barrier_all`) needs all of them resident at once (checked
+    /// against the whole device): do not run other kernels beside it on other streams.
     pub stream: Option<Stream>,
 }
 
@@ -721,7 +723,9 @@ pub fn launch_with<K: Kernel>(
                 let (mut gargs, mut spec) = gpu_args(args).map_err(invalid)?;
                 // TMA: the driver's tensor maps; a descriptor without one (unaligned,
                 // a block TMA cannot copy, an encoding the driver refuses, a backend
-                // without TMA) reads through masked loads, with the same results.
+                // without TMA) reads through masked loads, with the same results. The
+                // maps stay alive until the launch is queued.
+                let mut maps = Vec::new();
                 if device.gpu_target() == Some("sm_90a") {
                     for t in &tma {
                         let GpuArg::U64(base) = gargs[t.buf_arg] else {
@@ -737,10 +741,11 @@ pub fn launch_with<K: Kernel>(
                             strides: &m.strides,
                             box_dims: &m.box_dims,
                             swizzle: m.swizzle,
-                        });
-                        if let Some(addr) = built {
-                            gargs[t.tmap_arg] = GpuArg::U64(addr);
+                        })?;
+                        if let Some(map) = built {
+                            gargs[t.tmap_arg] = GpuArg::U64(map.addr);
                             spec[t.tmap_arg].tensor_map = true;
+                            maps.push(map);
                         }
                     }
                 }
@@ -756,6 +761,7 @@ pub fn launch_with<K: Kernel>(
                     compiled.func.uses_blocking(),
                     stream,
                 )?;
+                drop(maps);
                 check_trap(g.as_ref(), stream, &compiled.func)?;
                 check_comm_record(device, g.as_ref(), stream, &compiled.func)?;
             }

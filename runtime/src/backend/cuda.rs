@@ -17,7 +17,7 @@ use cudarc::nvrtc::Ptx;
 
 use super::{
     DYNAMIC_SHARED_PAST, GpuArg, GpuBackend, GpuKernel, GridLimits, KernelBinary, RawEvent,
-    RawStream, TensorMapSpec, before_copy, downcast_kernel,
+    RawStream, TensorMap, TensorMapSpec, before_copy, downcast_kernel,
 };
 use crate::error::Error;
 use crate::properties::{DeviceKind, DeviceProperties};
@@ -85,7 +85,32 @@ pub(crate) struct CudaDevice {
     control: Mutex<Option<Stream>>,
     /// Tensor maps built for launches, by their bytes: device copies a kernel reads
     /// through `cp.async.bulk.tensor` (kept, since a kernel in flight may read one).
-    tensor_maps: Mutex<HashMap<Vec<u8>, u64>>,
+    tensor_maps: Mutex<HashMap<Vec<u8>, Arc<MapMemory>>>,
+}
+
+/// The device memory of one tensor map, freed (in stream order) when the last
+/// handle goes: the cache's, or a launch's that was handed it.
+struct MapMemory {
+    ptr: u64,
+    ctx: Arc<CudaContext>,
+    async_alloc: bool,
+}
+
+impl Drop for MapMemory {
+    fn drop(&mut self) {
+        // SAFETY: the context is alive (held here); the map was allocated by
+        // `CudaDevice::alloc` in it and is freed once, after the work queued before
+        // on the legacy stream (which waits for the blocking streams' work).
+        unsafe {
+            if result::ctx::set_current(self.ctx.cu_ctx()).is_ok() {
+                let _ = if self.async_alloc {
+                    result::free_async(self.ptr, std::ptr::null_mut())
+                } else {
+                    result::free_sync(self.ptr)
+                };
+            }
+        }
+    }
 }
 
 /// A raw stream handle, usable from any thread.
@@ -197,10 +222,23 @@ impl CudaDevice {
         driver_err(self.ordinal, what)
     }
 
+    /// The device's context (the primary context).
+    pub(crate) fn cu_ctx(&self) -> sys::CUcontext {
+        self.ctx.cu_ctx()
+    }
+
     /// Makes the context current on this thread (every entry point may be called
     /// from any thread: watchdogs, rank threads).
     fn bind(&self, what: &str) -> Result<(), Error> {
         self.ctx.bind_to_thread().map_err(self.err(what))
+    }
+
+    /// Makes the context current for a cleanup call (a free, a destroy): unlike
+    /// [`CudaDevice::bind`], it does not take an error cudarc stored in the context
+    /// earlier, which would skip the cleanup and leak.
+    fn bind_for_cleanup(&self) -> bool {
+        // SAFETY: the context is alive (held by `self.ctx`).
+        unsafe { result::ctx::set_current(self.ctx.cu_ctx()) }.is_ok()
     }
 
     fn control_stream(&self) -> Result<Stream, Error> {
@@ -280,16 +318,8 @@ impl CudaDevice {
 
 impl Drop for CudaDevice {
     fn drop(&mut self) {
-        let maps: Vec<u64> = self
-            .tensor_maps
-            .get_mut()
-            .map(|m| m.values().copied().collect())
-            .unwrap_or_default();
-        for p in maps {
-            self.free(p);
-        }
         if let Ok(Some(s)) = self.control.get_mut().map(|s| s.take())
-            && self.ctx.bind_to_thread().is_ok()
+            && self.bind_for_cleanup()
         {
             // SAFETY: created by `control_stream`, destroyed once.
             let _ = unsafe { result::stream::destroy(s.0) };
@@ -336,7 +366,7 @@ impl GpuBackend for CudaDevice {
     }
 
     fn free(&self, ptr: u64) {
-        if self.ctx.bind_to_thread().is_err() {
+        if !self.bind_for_cleanup() {
             return;
         }
         // SAFETY: allocated by `alloc` in this context, freed once, after the work
@@ -362,9 +392,9 @@ impl GpuBackend for CudaDevice {
             self.free_exportable(ptr);
             return Err(self.err(what)(e));
         }
-        // The zeroes must land before a peer (another process) can see the heap; and
-        // create the control stream now: creating it later could wait for a kernel
-        // that is waiting.
+        // The zeroes must land before a peer (another process) can see the heap; the
+        // control stream (for raising the abort word under a waiting kernel) is made
+        // now, so a failure to make it shows here rather than in a watchdog.
         let ready = self
             .synchronize(RawStream::DEFAULT)
             .and_then(|_| self.control_stream().map(|_| ()));
@@ -376,7 +406,7 @@ impl GpuBackend for CudaDevice {
     }
 
     fn free_exportable(&self, ptr: u64) {
-        if self.ctx.bind_to_thread().is_ok() {
+        if self.bind_for_cleanup() {
             // SAFETY: allocated by `alloc_exportable`, freed once.
             let _ = unsafe { result::free_sync(ptr) };
         }
@@ -450,6 +480,12 @@ impl GpuBackend for CudaDevice {
         unsafe { result::stream::synchronize(cu_stream(stream)) }.map_err(self.err(what))
     }
 
+    fn synchronize_device(&self) -> Result<(), Error> {
+        let what = "synchronizing the device";
+        self.bind(what)?;
+        result::ctx::synchronize().map_err(self.err(what))
+    }
+
     fn stream_create(&self) -> Result<RawStream, Error> {
         let what = "creating a stream";
         self.bind(what)?;
@@ -460,7 +496,7 @@ impl GpuBackend for CudaDevice {
     }
 
     fn stream_destroy(&self, stream: RawStream) {
-        if stream != RawStream::DEFAULT && self.ctx.bind_to_thread().is_ok() {
+        if stream != RawStream::DEFAULT && self.bind_for_cleanup() {
             // SAFETY: created by `stream_create`, destroyed once (the driver lets
             // its queued work finish).
             let _ = unsafe { result::stream::destroy(cu_stream(stream)) };
@@ -499,7 +535,7 @@ impl GpuBackend for CudaDevice {
     }
 
     fn event_destroy(&self, event: RawEvent) {
-        if self.ctx.bind_to_thread().is_ok() {
+        if self.bind_for_cleanup() {
             // SAFETY: created by `event_create`, destroyed once.
             let _ = unsafe { result::event::destroy(cu_event(event)) };
         }
@@ -515,6 +551,16 @@ impl GpuBackend for CudaDevice {
         }
         let bin = bin()?;
         let what = format!("loading kernel `{}` ({})", bin.name, bin.target);
+        if bin.shared_bytes as usize > self.props.shared_per_block_optin {
+            // Before the driver's bare "invalid value" from the opt-in below.
+            return Err(Error::Launch {
+                kernel: bin.name.clone(),
+                reason: format!(
+                    "it needs {} bytes of shared memory, {} has {} per block",
+                    bin.shared_bytes, self.props.name, self.props.shared_per_block_optin
+                ),
+            });
+        }
         let src = String::from_utf8(bin.binary.clone())
             .ok()
             .filter(|s| !s.contains('\0'))
@@ -616,7 +662,8 @@ impl GpuBackend for CudaDevice {
         .map_err(self.err(what))
     }
 
-    fn tensor_map(&self, spec: &TensorMapSpec<'_>) -> Option<u64> {
+    fn tensor_map(&self, spec: &TensorMapSpec<'_>) -> Result<Option<TensorMap>, Error> {
+        let what = "building a tensor map (cuTensorMapEncodeTiled)";
         let r = spec.dims.len();
         let dt = match spec.elem_bytes {
             1 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
@@ -642,10 +689,10 @@ impl GpuBackend for CudaDevice {
         let bdim: Vec<u32> = spec.box_dims.iter().rev().copied().collect();
         let estride = vec![1u32; r];
         if gstride.len() + 1 != r || bdim.len() != r {
-            return None;
+            return Ok(None);
         }
         let mut map = std::mem::MaybeUninit::<sys::CUtensorMap>::zeroed();
-        self.ctx.bind_to_thread().ok()?;
+        self.bind(what)?;
         // SAFETY: `map` is a writable 64-byte aligned `CUtensorMap`; the arrays hold
         // `r` (`r - 1` for the strides) entries, as the call's rank says.
         let res = unsafe {
@@ -665,25 +712,30 @@ impl GpuBackend for CudaDevice {
             )
         };
         if res != sys::CUresult::CUDA_SUCCESS {
-            return None;
+            // A map the driver will not encode: the launch reads through loads.
+            return Ok(None);
         }
         // SAFETY: the driver wrote the map; it is plain bytes.
         let map = unsafe { map.assume_init() };
         let bytes: Vec<u8> = map.opaque.iter().flat_map(|w| w.to_le_bytes()).collect();
         let mut maps = self.tensor_maps.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&addr) = maps.get(&bytes) {
-            return Some(addr);
+        if let Some(m) = maps.get(&bytes) {
+            return Ok(Some(TensorMap::new(m.ptr, m.clone())));
         }
         if maps.len() >= 4096 {
-            // Kernels launched earlier may still read the maps: let them finish.
-            self.synchronize(RawStream::DEFAULT).ok()?;
-            for (_, p) in maps.drain() {
-                self.free(p);
-            }
+            // Kernels launched earlier may still read the maps: let them finish. A map
+            // handed out for a launch not queued yet lives on in that launch's handle.
+            self.synchronize_device()?;
+            maps.clear();
         }
-        let addr = self.upload_raw(&bytes).ok()?;
-        maps.insert(bytes, addr);
-        Some(addr)
+        let ptr = self.upload_raw(&bytes)?;
+        let m = Arc::new(MapMemory {
+            ptr,
+            ctx: self.ctx.clone(),
+            async_alloc: self.async_alloc,
+        });
+        maps.insert(bytes, m.clone());
+        Ok(Some(TensorMap::new(ptr, m)))
     }
 
     fn enable_peer_access(&self, other: &dyn GpuBackend) -> Result<(), Error> {
@@ -747,7 +799,7 @@ impl GpuBackend for CudaDevice {
     }
 
     fn ipc_close(&self, ptr: u64) {
-        if self.ctx.bind_to_thread().is_ok() {
+        if self.bind_for_cleanup() {
             // SAFETY: opened by `ipc_open`, closed once.
             let _ = unsafe { sys::cuIpcCloseMemHandle(ptr) };
         }

@@ -623,13 +623,18 @@ impl GpuBackend for HipDevice {
         let what = "synchronizing";
         self.set(what)?;
         // SAFETY: a stream of this device, or the null stream.
+        // The null stream is HIP's legacy default stream: synchronizing it also waits
+        // for the work queued before on blocking streams.
         check(self.ordinal, what, unsafe {
-            if stream == RawStream::DEFAULT {
-                h::hipDeviceSynchronize()
-            } else {
-                h::hipStreamSynchronize(hip_stream(stream))
-            }
+            h::hipStreamSynchronize(hip_stream(stream))
         })
+    }
+
+    fn synchronize_device(&self) -> Result<(), Error> {
+        let what = "synchronizing the device";
+        self.set(what)?;
+        // SAFETY: plain call.
+        check(self.ordinal, what, unsafe { h::hipDeviceSynchronize() })
     }
 
     fn stream_create(&self) -> Result<RawStream, Error> {
@@ -646,8 +651,11 @@ impl GpuBackend for HipDevice {
 
     fn stream_destroy(&self, stream: RawStream) {
         if stream != RawStream::DEFAULT {
-            // SAFETY: created by `stream_create`, destroyed once.
-            let _ = unsafe { h::hipStreamDestroy(hip_stream(stream)) };
+            // SAFETY: created by `stream_create` on this device, destroyed once.
+            unsafe {
+                let _ = h::hipSetDevice(self.ordinal as i32);
+                let _ = h::hipStreamDestroy(hip_stream(stream));
+            }
         }
     }
 
@@ -686,8 +694,11 @@ impl GpuBackend for HipDevice {
     }
 
     fn event_destroy(&self, event: RawEvent) {
-        // SAFETY: created by `event_create`, destroyed once.
-        let _ = unsafe { h::hipEventDestroy(hip_event(event)) };
+        // SAFETY: created by `event_create` on this device, destroyed once.
+        unsafe {
+            let _ = h::hipSetDevice(self.ordinal as i32);
+            let _ = h::hipEventDestroy(hip_event(event));
+        }
     }
 
     fn load(

@@ -110,6 +110,21 @@ pub(crate) struct TensorMapSpec<'a> {
     pub(crate) swizzle: u32,
 }
 
+/// A tensor map built for a launch: its device address, and what keeps it alive.
+/// Hold it until the launch is queued; the backend frees the map (in stream order,
+/// after the kernels that read it) once nothing holds it.
+pub(crate) struct TensorMap {
+    pub(crate) addr: u64,
+    _keep: Arc<dyn Any + Send + Sync>,
+}
+
+impl TensorMap {
+    /// The map at `addr`, kept alive by `keep`.
+    pub(crate) fn new(addr: u64, keep: Arc<dyn Any + Send + Sync>) -> TensorMap {
+        TensorMap { addr, _keep: keep }
+    }
+}
+
 /// One GPU, as the runtime drives it. Every method may be called from any thread;
 /// the backend makes its context current itself. Calls that take a stream queue
 /// their work on it in order with the work queued before; methods that hand host
@@ -171,6 +186,8 @@ pub(crate) trait GpuBackend: Send + Sync + 'static {
 
     /// Waits until everything queued on `stream` has finished.
     fn synchronize(&self, stream: RawStream) -> Result<(), Error>;
+    /// Waits until everything queued on the device, on every stream, has finished.
+    fn synchronize_device(&self) -> Result<(), Error>;
     /// A new stream, ordered with the default stream (work on either waits for the
     /// work queued before it on the other).
     fn stream_create(&self) -> Result<RawStream, Error>;
@@ -228,11 +245,11 @@ pub(crate) trait GpuBackend: Send + Sync + 'static {
         }
         Ok(())
     }
-    /// The device address of a tensor map for TMA copies, `None` where the backend
-    /// has none (or the driver refuses this one: the kernel then reads through
-    /// masked loads, with the same results).
-    fn tensor_map(&self, _spec: &TensorMapSpec<'_>) -> Option<u64> {
-        None
+    /// A tensor map for TMA copies; `None` where the backend has none or the driver
+    /// refuses to encode this one (the kernel then reads through masked loads, with
+    /// the same results). Other failures (memory, a faulted device) are errors.
+    fn tensor_map(&self, _spec: &TensorMapSpec<'_>) -> Result<Option<TensorMap>, Error> {
+        Ok(None)
     }
 
     // Several devices and processes.
@@ -263,6 +280,10 @@ enum Keep {
     Owned,
     /// Not freed; the owner (if any) is kept alive as long as the view.
     View(#[allow(dead_code)] Option<Arc<dyn Any + Send + Sync>>),
+    /// Memory another library owns: its owner is dropped (which may free it, on a
+    /// stream Tessera's are not ordered with) only after the device has finished
+    /// every kernel that may use it.
+    Foreign(Option<Arc<dyn Any + Send + Sync>>),
 }
 
 impl DevMem {
@@ -275,6 +296,20 @@ impl DevMem {
             gpu: gpu.clone(),
             keep: Keep::Owned,
         })
+    }
+
+    /// Memory another library owns at `ptr` on `gpu`, kept alive by `owner`, which is
+    /// dropped only after the device has finished its work (see `Keep::Foreign`).
+    pub(crate) fn foreign(
+        gpu: &Arc<dyn GpuBackend>,
+        ptr: u64,
+        owner: Arc<dyn Any + Send + Sync>,
+    ) -> DevMem {
+        DevMem {
+            ptr,
+            gpu: gpu.clone(),
+            keep: Keep::Foreign(Some(owner)),
+        }
     }
 
     /// A view of memory at `ptr` on `gpu`, which `owner` (if any) keeps alive; never
@@ -294,8 +329,18 @@ impl DevMem {
 
 impl Drop for DevMem {
     fn drop(&mut self) {
-        if let Keep::Owned = self.keep {
-            self.gpu.free(self.ptr);
+        match &mut self.keep {
+            Keep::Owned => self.gpu.free(self.ptr),
+            Keep::View(_) => {}
+            Keep::Foreign(owner) => {
+                if let Err(e) = self.gpu.synchronize_device() {
+                    log::warn!(
+                        "releasing foreign memory on {} after a failed synchronize: {e}",
+                        self.gpu.id()
+                    );
+                }
+                drop(owner.take());
+            }
         }
     }
 }
@@ -379,8 +424,8 @@ pub(crate) fn check_resident(
 }
 
 /// Before a copy from `src` to `dst` (devices of one backend kind): `false` when there
-/// is nothing to copy, an error across kinds; waits for the source device's default
-/// stream when it is another device (it may still be writing the source).
+/// is nothing to copy, an error across kinds; waits for the source device when it is
+/// another device (any of its streams may still be writing the source).
 pub(crate) fn before_copy(
     dst: &dyn GpuBackend,
     src: &dyn GpuBackend,
@@ -397,7 +442,7 @@ pub(crate) fn before_copy(
         });
     }
     if src.ordinal() != dst.ordinal() {
-        src.synchronize(RawStream::DEFAULT)?;
+        src.synchronize_device()?;
     }
     Ok(true)
 }

@@ -4,14 +4,16 @@
 //! |---|---|---|
 //! | `cpu` | the reference interpreter, program instances on a thread pool | traced IR (no LLVM) |
 //! | `cuda:N` | the CUDA driver API through cudarc, `libcuda` loaded at run time | PTX: precompiled ([`crate::ArtifactStore`]) or JIT-compiled (feature `jit`) |
-//! | `hip:N` | the HIP runtime through hip-sys (feature `hip`) | HSACO, likewise |
+//! | `hip:N` | the HIP runtime, `libamdhip64` loaded at run time (feature `hip`) | HSACO, likewise |
 //!
-//! **Streams.** Every GPU device has one stream, its *default stream*, created with the
-//! device and shared by every [`Device`] handle to it: launches, copies and fills are
-//! queued on it in program order, so they never race with each other. Launches and
-//! device-to-device copies are asynchronous; [`crate::Buffer::download`],
-//! [`Device::synchronize`] and [`Device::time`] wait for the stream. An error raised
-//! by a kernel while it runs asynchronously is reported by the next call that waits.
+//! **Streams.** Every GPU device has a *default stream* (the legacy null stream),
+//! shared by every [`Device`] handle to it: the plain launches, copies and fills are
+//! queued on it in program order, so they never race with each other. More streams
+//! come from [`Device::stream`] (see [`Stream`]). Launches and device-to-device
+//! copies are asynchronous; [`crate::Buffer::download`] and [`Device::time`] wait for
+//! the default stream, [`Device::synchronize`] for every stream of the device. An error
+//! raised by a kernel while it runs asynchronously is reported by the next call that
+//! waits.
 //!
 //! **Several GPUs.** [`Device::all`] lists every device (CUDA, then HIP, then the
 //! CPU). Each GPU has its own context, stream, module cache and memory; a buffer
@@ -313,11 +315,11 @@ impl Device {
         }
     }
 
-    /// Waits until everything queued on the device's stream has finished.
+    /// Waits until everything queued on the device, on every stream, has finished.
     pub fn synchronize(&self) -> Result<(), Error> {
         match &self.backend {
             Backend::Cpu | Backend::Emu(_) => Ok(()),
-            Backend::Gpu(g) => g.synchronize(RawStream::DEFAULT),
+            Backend::Gpu(g) => g.synchronize_device(),
         }
     }
 

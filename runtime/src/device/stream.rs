@@ -104,9 +104,10 @@ impl Stream {
         self.inner.raw
     }
 
-    /// The raw stream handle (`CUstream`, `hipStream_t`; null for the default
-    /// stream), for passing to other libraries. It stays valid while this stream (or
-    /// a clone) lives.
+    /// The raw stream handle (`CUstream`, `hipStream_t`), for passing to other
+    /// libraries. It stays valid while this stream (or a clone) lives. The default
+    /// stream's is null: the *legacy* default stream (a library compiled for the
+    /// per-thread default stream must be given `CU_STREAM_LEGACY` instead).
     pub fn as_raw(&self) -> *mut std::ffi::c_void {
         self.inner.raw.0 as usize as *mut std::ffi::c_void
     }

@@ -3,7 +3,7 @@
 //! Each rank's heap is one raw allocation of `heap_bytes` on its GPU (`cuMemAlloc`,
 //! not cudarc's stream-ordered pool, whose memory cannot be exported; on AMD
 //! uncached memory from `hipExtMallocWithFlags`, which peers' writes reach, see
-//! `HipDevice::alloc_raw`),
+//! `GpuBackend::alloc_exportable` of the HIP backend),
 //! zeroed, laid out like a host heap (control words, signals, data). A rank reaches
 //! its peers' heaps by address:
 //!
