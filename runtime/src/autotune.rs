@@ -176,7 +176,10 @@ impl<C: Clone + Debug> Tuner<C> {
             .unwrap_or_else(|e| e.into_inner())
             .get(&key.hex())
             .copied();
-        let disk = DiskCache::from_env()?;
+        let disk = match remembered {
+            Some(_) => None,
+            None => DiskCache::from_env()?,
+        };
         let (index, how) = match remembered {
             Some(i) => (i, Choice::Memory),
             None => match disk.as_ref().and_then(|d| stored_winner(d, &key, &names)) {

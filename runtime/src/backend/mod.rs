@@ -278,8 +278,8 @@ pub(crate) struct DevMem {
 enum Keep {
     /// Freed with [`GpuBackend::free`] on drop.
     Owned,
-    /// Not freed; the owner (if any) is kept alive as long as the view.
-    View(#[allow(dead_code)] Option<Arc<dyn Any + Send + Sync>>),
+    /// Not freed; the owner is kept alive as long as the view.
+    View(#[allow(dead_code)] Arc<dyn Any + Send + Sync>),
     /// Memory another library owns: its owner is dropped (which may free it, on a
     /// stream Tessera's are not ordered with) only after the device has finished
     /// every kernel that may use it.
@@ -312,12 +312,12 @@ impl DevMem {
         }
     }
 
-    /// A view of memory at `ptr` on `gpu`, which `owner` (if any) keeps alive; never
-    /// freed by this value.
+    /// A view of memory at `ptr` on `gpu`, which `owner` keeps alive; never freed by
+    /// this value.
     pub(crate) fn view(
         gpu: &Arc<dyn GpuBackend>,
         ptr: u64,
-        owner: Option<Arc<dyn Any + Send + Sync>>,
+        owner: Arc<dyn Any + Send + Sync>,
     ) -> DevMem {
         DevMem {
             ptr,

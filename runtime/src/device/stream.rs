@@ -36,6 +36,9 @@ pub struct Stream {
 struct StreamInner {
     device: Device,
     raw: RawStream,
+    /// Whether it is the device's default stream (a stream made on the CPU or the
+    /// emulator has the default's raw handle, but is not it).
+    default: bool,
 }
 
 impl Drop for StreamInner {
@@ -70,20 +73,24 @@ impl Device {
             Backend::Gpu(g) => g.stream_create()?,
             Backend::Cpu | Backend::Emu(_) => RawStream::DEFAULT,
         };
-        Ok(self.wrap_stream(raw))
+        Ok(self.wrap_stream(raw, false))
     }
 
     /// The device's default stream (what calls without a stream use).
     pub fn default_stream(&self) -> Stream {
-        self.wrap_stream(RawStream::DEFAULT)
+        self.wrap_stream(RawStream::DEFAULT, true)
     }
 
-    fn wrap_stream(&self, raw: RawStream) -> Stream {
+    fn wrap_stream(&self, raw: RawStream, default: bool) -> Stream {
         let mut device = self.clone();
         // A stream does not keep a world alive.
         device.comm = None;
         Stream {
-            inner: Arc::new(StreamInner { device, raw }),
+            inner: Arc::new(StreamInner {
+                device,
+                raw,
+                default,
+            }),
         }
     }
 }
@@ -96,7 +103,7 @@ impl Stream {
 
     /// Whether it is its device's default stream.
     pub fn is_default(&self) -> bool {
-        self.inner.raw == RawStream::DEFAULT
+        self.inner.default
     }
 
     /// The backend's handle (0: the default stream).

@@ -150,7 +150,7 @@ impl GpuHeap {
     pub(crate) fn view(self: &Arc<Self>, offset: usize, bytes: usize) -> Result<Storage, Error> {
         let at = self.check(offset, bytes)?;
         let owner: Arc<dyn std::any::Any + Send + Sync> = self.clone();
-        Ok(Storage::Device(DevMem::view(&self.dev, at, Some(owner))))
+        Ok(Storage::Device(DevMem::view(&self.dev, at, owner)))
     }
 }
 

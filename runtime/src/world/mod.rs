@@ -117,26 +117,21 @@ pub struct World {
     timeout: Duration,
 }
 
-/// The configured defaults of a world (`TESSERA_HEAP_BYTES`, `TESSERA_WAIT_TIMEOUT`);
-/// a bad variable falls back to the built-in defaults here and is reported when the
-/// world is run or joined ([`World::check`]).
-fn configured() -> crate::config::Config {
-    crate::config::get()
-        .map(|c| (*c).clone())
-        .unwrap_or_default()
-}
-
 impl World {
     /// `size` ranks as threads of this process, each on the CPU device (change with
     /// [`World::on`] or [`World::on_each`]).
     pub fn local(size: usize) -> World {
+        // The configured defaults (`TESSERA_HEAP_BYTES`, `TESSERA_WAIT_TIMEOUT`); a bad
+        // variable falls back to the built-in defaults here and is reported when the
+        // world is run or joined (`World::check`).
+        let config = crate::config::get().unwrap_or_default();
         World {
             size,
             layout: Layout::Threads,
             devices: vec![Device::cpu()],
-            heap_bytes: configured().heap_bytes,
+            heap_bytes: config.heap_bytes,
             signal_bytes: 1 << 20,
-            timeout: configured().wait_timeout,
+            timeout: config.wait_timeout,
         }
     }
 
