@@ -64,8 +64,11 @@ fi
 # ---------------------------------------------------------------- apt (LLVM/MLIR 22, HIP)
 # On Debian 12 the *-22 packages come from bookworm-security (1:22.1.8-1~deb12u1);
 # libamdhip64-dev (5.2.3) from bookworm main. No extra apt source is needed.
+# Open MPI (4.1 on bookworm) for the MPI transport (feature `mpi`: its bindings are
+# generated at build time with libclang) and its suite, run by `mpirun`.
 APT_PKGS=(llvm-22-dev libmlir-22-dev mlir-22-tools lld-22 libpolly-22-dev clang-22
-          libzstd-dev libz3-dev libxml2-dev zlib1g-dev libamdhip64-dev)
+          libzstd-dev libz3-dev libxml2-dev zlib1g-dev libamdhip64-dev
+          libclang1-22 openmpi-bin libopenmpi-dev)
 
 pkg_installed() {
   [ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null || true)" = "installed" ]

@@ -51,6 +51,11 @@ TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example custom_collective 
 TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example allreduce -- --ranks 3
 TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example moe_all_to_all -- --ranks 3
 TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example sp_attention -- --ranks 3 --seq 40 --heads 1 --iters 1
+# The MPI transport: 4 ranks as an MPI job with shared memory disabled (every byte
+# over TCP), each case compared bit-for-bit with the threads' transport ...
+bash scripts/mpi-check.sh 4
+# ... and with MPI's defaults: a node's ranks map each other's heaps.
+bash scripts/mpi-check.sh 3 --shm
 # The same examples on the SIMT emulator (the real GPU lowering of the communication
 # ops, both vendors' flavours), at their default sizes on 4 ranks.
 for emu in emu-nv emu-amd; do

@@ -139,7 +139,7 @@ impl<T: Element> Buffer<T> {
         let dst = bytemuck::cast_slice_mut::<T, u8>(&mut out);
         match &self.storage {
             Storage::Host(h) => {
-                let bytes = h.read_bytes();
+                let bytes = h.read_bytes()?;
                 if bytes.len() != dst.len() {
                     return Err(Error::BufferSize(format!(
                         "read {} bytes for {} elements",

@@ -97,6 +97,11 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "what the examples' logger prints (Tessera logs through the `log` facade; default `warn`)",
     },
     Variable {
+        name: "TESSERA_TRANSPORT",
+        accepts: "`shm` or `mpi`",
+        meaning: "how a launched process reaches its peers: `shm`, shared memory on one node; `mpi`, MPI one-sided communication, any number of nodes (feature `mpi`; default: `mpi` under `mpirun`/`srun` without `WORLD_SIZE`, else `shm`); read by `World::launched`",
+    },
+    Variable {
         name: "TESSERA_BOOTSTRAP",
         accepts: "a socket path, or `@name` (abstract)",
         meaning: "the bootstrap socket of a launched world (default: from `MASTER_ADDR`/`MASTER_PORT`); read by `World::launched`",

@@ -73,10 +73,25 @@ impl CommWorld {
 
     /// Reads control word `w` of `rank` (0 when absent).
     pub fn read(&self, rank: usize, w: usize) -> u64 {
-        // SAFETY: `word` checked the type and that `w < len`.
-        self.word(rank, w).map_or(0, |b| unsafe {
-            <u64 as super::buffer::sealed::Mem>::load(b.base(), w)
-        })
+        // An engine that cannot read reads as 0 (no failure, no arrival): the wait
+        // that polls it then times out with its own message.
+        self.word(rank, w)
+            .map_or(0, |b| b.load_word(w).unwrap_or(0))
+    }
+
+    /// Lets this rank's communication engine (if any) make progress.
+    pub fn progress(&self) {
+        if let Some(b) = self.ctrl.get(self.rank as usize) {
+            b.progress();
+        }
+    }
+
+    /// Completes this rank's writes through its communication engine (if any).
+    pub fn quiet(&self) -> Result<(), InterpError> {
+        match self.ctrl.get(self.rank as usize) {
+            Some(b) => b.quiet(),
+            None => Ok(()),
+        }
     }
 
     /// The rank that failed first, if any.
@@ -92,16 +107,8 @@ impl CommWorld {
     pub fn abort(&self) {
         for r in 0..self.ctrl.len() {
             if let Some(b) = self.word(r, ctrl::ABORT) {
-                // SAFETY: `word` checked the type and bounds.
-                unsafe {
-                    <u64 as super::buffer::sealed::Mem>::cas(
-                        b.base(),
-                        ctrl::ABORT,
-                        0,
-                        self.rank as u64 + 1,
-                        Ordering::AcqRel,
-                    );
-                }
+                // Best effort: the world is failing already.
+                let _ = b.cas::<u64>(ctrl::ABORT, 0, self.rank as u64 + 1, Ordering::AcqRel);
             }
         }
     }
@@ -133,11 +140,6 @@ fn pred_holds(p: CmpPred, a: u64, b: u64) -> bool {
         CmpPred::Gt => a > b,
         CmpPred::Ge => a >= b,
     }
-}
-
-fn load_u64(b: &HostBuffer, i: usize) -> u64 {
-    // SAFETY: callers located `i` inside `b`, a buffer of u64.
-    unsafe { <u64 as super::buffer::sealed::Mem>::load(b.base(), i) }
 }
 
 impl Prog<'_, '_> {
@@ -216,16 +218,9 @@ impl Prog<'_, '_> {
                     SignalOp::Set => AtomicOp::Xchg,
                     SignalOp::Add => AtomicOp::Add,
                 };
-                // SAFETY: `signal_word` located `idx` inside `b`, a buffer of u64.
-                unsafe {
-                    <u64 as super::buffer::sealed::Mem>::rmw(
-                        b.base(),
-                        idx,
-                        aop,
-                        v,
-                        std_order(order),
-                    )
-                };
+                // `signal_word` located `idx` inside `b`, a buffer of u64.
+                b.rmw::<u64>(idx, aop, v, std_order(order))
+                    .map_err(|e| self.transport(op, e))?;
                 Ok(None)
             }
             OpKind::WaitUntil { pred, .. } => {
@@ -234,18 +229,24 @@ impl Prog<'_, '_> {
                 let start = Instant::now();
                 let mut backoff = Backoff(0);
                 loop {
-                    let seen = load_u64(b, idx);
+                    let seen = b.load_word(idx).map_err(|e| self.transport(op, e))?;
                     if pred_holds(pred, seen, v) {
                         fence(Ordering::Acquire);
                         return Ok(Some(Data::U64(vec![seen])));
                     }
                     self.wait_check(op, start, || name.clone(), pred, v, seen)?;
+                    b.progress();
                     backoff.snooze();
                 }
             }
             OpKind::Fence { order, .. } => {
                 if order != MemOrder::Relaxed {
                     fence(std_order(order));
+                    // `quiet` and ordering fences complete this rank's puts through
+                    // a communication engine (nothing to do without one).
+                    self.world()
+                        .quiet()
+                        .map_err(|e| self.transport(op, e.to_string()))?;
                 }
                 Ok(None)
             }
@@ -266,35 +267,38 @@ impl Prog<'_, '_> {
         };
         let per_rank: u64 = self.ex.grid.iter().map(|&g| g as u64).product();
         let total = per_rank * w.size as u64;
-        let rmw = |b: &HostBuffer, i: usize, op: AtomicOp, v: u64, o: Ordering| {
-            // SAFETY: `word` checked the type and bounds.
-            unsafe { <u64 as super::buffer::sealed::Mem>::rmw(b.base(), i, op, v, o) }.unwrap_or(0)
+        let rmw = |b: &HostBuffer, i: usize, aop: AtomicOp, v: u64, o: Ordering| {
+            // `word` checked the type and bounds.
+            b.rmw::<u64>(i, aop, v, o)
+                .map(Option::unwrap_or_default)
+                .map_err(|e| self.transport(op, e))
         };
+        let load = |b: &HostBuffer, i: usize| b.load_word(i).map_err(|e| self.transport(op, e));
         // Sense reversal by generation: read the generation, then arrive; the last to
         // arrive resets the count (before anyone can arrive at the next barrier: they
         // are all still waiting) and publishes the next generation.
-        let gen_seen = load_u64(generation, ctrl::BARRIER_GEN);
+        let gen_seen = load(generation, ctrl::BARRIER_GEN)?;
         fence(Ordering::Acquire);
-        let old = rmw(counter, ctrl::BARRIER, AtomicOp::Add, 1, Ordering::AcqRel);
+        let old = rmw(counter, ctrl::BARRIER, AtomicOp::Add, 1, Ordering::AcqRel)?;
         if old + 1 >= total {
-            rmw(counter, ctrl::BARRIER, AtomicOp::Xchg, 0, Ordering::Relaxed);
+            rmw(counter, ctrl::BARRIER, AtomicOp::Xchg, 0, Ordering::Relaxed)?;
             rmw(
                 generation,
                 ctrl::BARRIER_GEN,
                 AtomicOp::Add,
                 1,
                 Ordering::Release,
-            );
+            )?;
             return Ok(());
         }
         let start = Instant::now();
         let mut backoff = Backoff(0);
         loop {
-            if load_u64(generation, ctrl::BARRIER_GEN) != gen_seen {
+            if load(generation, ctrl::BARRIER_GEN)? != gen_seen {
                 fence(Ordering::Acquire);
                 return Ok(());
             }
-            let arrived = load_u64(counter, ctrl::BARRIER);
+            let arrived = load(counter, ctrl::BARRIER)?;
             let what = || {
                 format!(
                     "arrivals of all {total} program instances ({} rank(s) x {per_rank}; {arrived} arrived)",
@@ -302,6 +306,8 @@ impl Prog<'_, '_> {
                 )
             };
             self.wait_check(op, start, what, CmpPred::Ge, total, arrived)?;
+            generation.progress();
+            w.progress();
             backoff.snooze();
         }
     }

@@ -95,9 +95,12 @@ pub fn run_limited(
             .for_each_init(|| vec![None; nvalues], |env, lin| ex.run_program(env, lin));
     }
     let err = ex.err.into_inner().unwrap_or_else(|e| e.into_inner());
+    // The kernel's writes through a communication engine are complete when the
+    // launch is, whether it failed or not.
+    let quiet = ex.world.quiet();
     match err {
         Some((_, e)) => Err(e),
-        None => Ok(()),
+        None => quiet,
     }
 }
 
@@ -728,6 +731,18 @@ impl Prog<'_, '_> {
             op: op.kind.mnemonic(),
             span: op.span.clone(),
             message: message.into(),
+        }
+        .into()
+    }
+
+    /// A communication engine's failure during `op`.
+    pub(super) fn transport(&self, op: &Op, message: String) -> Stop {
+        InterpError::Transport {
+            kernel: self.kernel(),
+            op: op.kind.mnemonic(),
+            span: op.span.clone(),
+            program_id: self.pid,
+            message,
         }
         .into()
     }
@@ -1426,31 +1441,19 @@ impl Prog<'_, '_> {
         let n = p.offs.len();
         let fill = |i: usize| other.map_or_else(T::default, |o| o[i]);
         if let Some((b, start)) = self.dense_range::<T>(p) {
-            let base = b.base();
-            // SAFETY: `start + n <= b.len()` and `b` holds elements of `T`. Masked-off
-            // lanes of this in-bounds range are read but their values discarded.
-            return Ok(match (mask.filter(|m| !all_true(m)), other) {
-                (None, _) => (0..n)
-                    .map(|i| unsafe { T::load(base, start + i) })
-                    .collect(),
-                (Some(m), None) => m
-                    .iter()
-                    .enumerate()
-                    .map(|(i, &m)| {
-                        let v = unsafe { T::load(base, start + i) };
-                        if m { v } else { T::default() }
-                    })
-                    .collect(),
-                (Some(m), Some(o)) => m
-                    .iter()
-                    .zip(o)
-                    .enumerate()
-                    .map(|(i, (&m, &o))| {
-                        let v = unsafe { T::load(base, start + i) };
-                        if m { v } else { o }
-                    })
-                    .collect(),
-            });
+            // Masked-off lanes of this in-bounds range are read but their values
+            // discarded.
+            let mut v = b
+                .load_range::<T>(start, n)
+                .map_err(|e| self.transport(op, e))?;
+            if let Some(m) = mask.filter(|m| !all_true(m)) {
+                for (i, (x, &m)) in v.iter_mut().zip(m).enumerate() {
+                    if !m {
+                        *x = fill(i);
+                    }
+                }
+            }
+            return Ok(v);
         }
         let mut out = Vec::with_capacity(n);
         for i in 0..n {
@@ -1459,8 +1462,8 @@ impl Prog<'_, '_> {
                 continue;
             }
             let (b, idx) = self.locate::<T>(op, p, i, shape)?;
-            // SAFETY: `idx < b.len()` was checked by `locate`.
-            out.push(unsafe { T::load(b.base(), idx) });
+            // `idx < b.len()` was checked by `locate`.
+            out.push(b.load::<T>(idx).map_err(|e| self.transport(op, e))?);
         }
         Ok(out)
     }
@@ -1488,31 +1491,18 @@ impl Prog<'_, '_> {
         shape: &[u32],
     ) -> R<()> {
         if let Some((b, start)) = self.dense_range::<T>(p) {
-            let base = b.base();
-            match mask.filter(|m| !all_true(m)) {
-                // SAFETY (both arms): `start + n <= b.len()`, `b` holds `T`s.
-                None => {
-                    for (i, &v) in vals.iter().enumerate() {
-                        unsafe { T::store(base, start + i, v) }
-                    }
-                }
-                Some(m) => {
-                    for (i, (&v, &m)) in vals.iter().zip(m).enumerate() {
-                        if m {
-                            unsafe { T::store(base, start + i, v) }
-                        }
-                    }
-                }
-            }
-            return Ok(());
+            let mask = mask.filter(|m| !all_true(m));
+            return b
+                .store_range(start, vals, mask)
+                .map_err(|e| self.transport(op, e));
         }
         for (i, &v) in vals.iter().enumerate() {
             if mask.is_some_and(|m| !m[i]) {
                 continue;
             }
             let (b, idx) = self.locate::<T>(op, p, i, shape)?;
-            // SAFETY: `idx < b.len()` was checked by `locate`.
-            unsafe { T::store(b.base(), idx, v) }
+            // `idx < b.len()` was checked by `locate`.
+            b.store(idx, v).map_err(|e| self.transport(op, e))?;
         }
         Ok(())
     }
@@ -1626,16 +1616,13 @@ impl Prog<'_, '_> {
                 continue;
             }
             let (b, idx) = self.locate::<T>(op, p, i, shape)?;
-            // SAFETY: `idx < b.len()` was checked by `locate`.
-            let old = unsafe {
-                match (&op.kind, v2) {
-                    (OpKind::AtomicRmw { op: aop, .. }, _) => {
-                        T::rmw(b.base(), idx, *aop, v1[i], ord)
-                    }
-                    (_, Some(des)) => T::cas(b.base(), idx, v1[i], des[i], ord),
-                    _ => None,
-                }
-            };
+            // `idx < b.len()` was checked by `locate`.
+            let old = match (&op.kind, v2) {
+                (OpKind::AtomicRmw { op: aop, .. }, _) => b.rmw(idx, *aop, v1[i], ord),
+                (_, Some(des)) => b.cas(idx, v1[i], des[i], ord),
+                _ => Ok(None),
+            }
+            .map_err(|e| self.transport(op, e))?;
             match old {
                 Some(o) => out.push(o),
                 None => {

@@ -123,7 +123,7 @@ mod tests;
 
 use std::fmt::Write as _;
 
-pub use buffer::{Element, HostBuffer, HostMemory};
+pub use buffer::{Element, HostBuffer, HostMemory, RemoteMemory};
 pub use comm::{CommWorld, DEFAULT_WAIT_TIMEOUT, MAX_RESIDENT, ctrl};
 pub use exec::{run, run_in_world, run_limited};
 pub use value::{KernelArg, Scalar};
@@ -343,6 +343,23 @@ pub enum InterpError {
         kernel: String,
         /// The grid.
         grid: [u32; 3],
+    },
+    /// A communication engine (MPI, ...) failed an access to another rank's memory.
+    #[error(
+        "{span}: `{op}` in kernel `{kernel}` at program_id {pid}: the communication engine failed: {message}",
+        pid = fmt_pid(.program_id)
+    )]
+    Transport {
+        /// Kernel name.
+        kernel: String,
+        /// The op.
+        op: &'static str,
+        /// Its source location.
+        span: Span,
+        /// The program instance.
+        program_id: [u32; 3],
+        /// The engine's message.
+        message: String,
     },
     /// A host-side [`HostBuffer`] access out of range or of the wrong type.
     #[error("host buffer access: {message}")]

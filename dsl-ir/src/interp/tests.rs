@@ -347,7 +347,7 @@ fn host_buffer_is_send_sync_and_round_trips() {
     assert_eq!(b.len(), 3);
     assert_eq!(b.size_bytes(), 12);
     assert_eq!(b.elem(), S::F32);
-    let bytes = b.read_bytes();
+    let bytes = b.read_bytes().unwrap();
     assert_eq!(bytes.len(), 12);
     let c = HostBuffer::from_bytes(S::F32, &bytes).unwrap();
     assert_eq!(c.to_vec::<f32>().unwrap(), vec![1.5, -2.0, 3.25]);
@@ -363,7 +363,7 @@ fn host_buffer_is_send_sync_and_round_trips() {
     d.write_bytes(1, &src).unwrap();
     let mut want = vec![0u8; 21];
     want[1..20].copy_from_slice(&src);
-    assert_eq!(d.read_bytes(), want);
+    assert_eq!(d.read_bytes().unwrap(), want);
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_ir::interp::{CommWorld, HostBuffer, HostMemory, ctrl};
+use tessera_ir::interp::{CommWorld, HostBuffer, HostMemory, RemoteMemory, ctrl};
 use tessera_ir::types::ScalarType;
 
 use crate::error::Error;
@@ -63,10 +63,44 @@ unsafe impl HostMemory for HostHeap {
     }
 }
 
+/// A rank's heap in host memory, as this process reaches it.
+#[derive(Clone)]
+pub(super) enum HostHeapRef {
+    /// Mapped here (ranks as threads: allocations; as processes of one node: shared
+    /// mappings; an MPI rank's own heap).
+    Local(Arc<dyn HostMemory>),
+    /// Another rank's, reached through a communication engine (MPI).
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    Remote(Arc<dyn RemoteMemory>),
+}
+
+impl HostHeapRef {
+    /// `len` elements of `elem` at byte `offset` of the heap.
+    pub(super) fn view(
+        &self,
+        offset: usize,
+        elem: ScalarType,
+        len: usize,
+    ) -> Result<HostBuffer, Error> {
+        Ok(match self {
+            HostHeapRef::Local(m) => HostBuffer::view(m.clone(), offset, elem, len)?,
+            HostHeapRef::Remote(m) => HostBuffer::remote(m.clone(), offset, elem, len)?,
+        })
+    }
+
+    /// The heap's address in this process (`None` when reached through an engine).
+    pub(super) fn base(&self) -> Option<*mut u8> {
+        match self {
+            HostHeapRef::Local(m) => Some(m.base()),
+            HostHeapRef::Remote(_) => None,
+        }
+    }
+}
+
 /// Every rank's heap, as this process reaches them.
 pub(super) enum Heaps {
-    /// Host memory (ranks as threads: allocations; as processes: shared mappings).
-    Host(Arc<[Arc<dyn HostMemory>]>),
+    /// Host memory (mapped here, or reached through an engine).
+    Host(Arc<[HostHeapRef]>),
     /// GPU memory (allocated here or opened through IPC).
     Gpu(Arc<[Arc<GpuHeap>]>),
 }
@@ -98,12 +132,7 @@ impl Shared {
             Heaps::Host(hs) => {
                 let mut v = Vec::with_capacity(hs.len());
                 for h in hs.iter() {
-                    v.push(Arc::new(HostBuffer::view(
-                        h.clone(),
-                        0,
-                        ScalarType::U64,
-                        ctrl::WORDS,
-                    )?));
+                    v.push(Arc::new(h.view(0, ScalarType::U64, ctrl::WORDS)?));
                 }
                 v.into()
             }

@@ -6,12 +6,22 @@
 //!
 //! - **threads of this process**: [`World::local`]`(n)` then [`World::run`], which
 //!   calls a closure once per rank with its [`Rank`] handle; or
-//! - **processes of one node**, one rank each, started by `torchrun` or
+//! - **processes of one node** sharing memory, one rank each, started by `torchrun` or
 //!   [`spawn_local`]: [`World::launched`] (or [`World::from_env`]) reads `RANK`,
 //!   `WORLD_SIZE`, `LOCAL_RANK` and the bootstrap socket (`TESSERA_BOOTSTRAP`, else
 //!   derived from `MASTER_ADDR`/`MASTER_PORT`; see [`procs`]), and [`World::join`]
 //!   returns this process's [`Rank`] once every rank has joined
 //!   ([`World::run_process`] joins, runs a closure and leaves).
+//!
+//! - **processes of an MPI job**, on one node or many, started by `mpirun` or `srun`
+//!   (feature `mpi`): [`World::mpi`], or [`World::launched`], which picks MPI for a
+//!   process an MPI launcher started (or with `TESSERA_TRANSPORT=mpi`). Ranks are CPU
+//!   ranks; each heap is the rank's part of an MPI window; the heaps of a node's
+//!   ranks are mapped by each of them where MPI can share memory, and every other
+//!   access to a peer (and every atomic) goes through MPI one-sided communication
+//!   (`MPI_Get`, `MPI_Put`, `MPI_Compare_and_swap`, `MPI_Fetch_and_op`; see
+//!   `mpi.rs`), as does the team segment. Results are bit-for-bit those of the other transports
+//!   (`scripts/mpi-check.sh` checks it, with shared memory disabled).
 //!
 //! Either way a [`Rank`] offers the same operations ([`Rank::alloc`],
 //! [`Rank::upload`], [`Rank::alloc_signals`], [`Rank::barrier`], [`Rank::device`]) and
@@ -74,6 +84,8 @@
 
 mod gpu;
 mod heap;
+#[cfg(feature = "mpi")]
+mod mpi;
 pub mod procs;
 mod rank;
 mod symmetric;
@@ -93,17 +105,36 @@ use crate::device::Device;
 use crate::error::Error;
 
 use gpu::{GpuDev, GpuHeap, GpuRank, gpu_of};
-use heap::{Heaps, HostHeap, Shared};
+use heap::{Heaps, HostHeap, HostHeapRef, Shared};
 use team::Team;
 
-/// How the ranks of a world are laid out.
+/// How the ranks of a world are laid out, and the transport between them.
 #[derive(Clone, Debug)]
 enum Layout {
     /// All ranks as threads of this process.
     Threads,
-    /// This process is one rank of a world of processes.
+    /// This process is one rank of a world of processes on one node (shared memory).
     Process(LaunchEnv),
+    /// This process is one rank of an MPI job (one node or many).
+    #[cfg(feature = "mpi")]
+    Mpi(MpiLib),
 }
+
+/// The process's MPI library, held by a world that will join through it.
+#[cfg(feature = "mpi")]
+#[derive(Clone)]
+struct MpiLib(Arc<mpi::Mpi>);
+
+#[cfg(feature = "mpi")]
+impl std::fmt::Debug for MpiLib {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mpi(rank {} of {})", self.0.rank, self.0.size)
+    }
+}
+
+/// Variables that MPI launchers (`mpirun` of Open MPI or MPICH, `srun`) set in the
+/// processes they start.
+const MPI_LAUNCHER_VARS: &[&str] = &["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"];
 
 /// A world of ranks to run SPMD code on: build it, then [`World::run`] (ranks as
 /// threads) or [`World::join`] (this process as one rank).
@@ -139,13 +170,43 @@ impl World {
     /// `RANK`, `WORLD_SIZE`, ...; see [`procs`]), as a builder: configure it like a
     /// local world (every rank must configure it the same), then [`World::join`].
     /// Without `WORLD_SIZE`, a world of one rank.
+    ///
+    /// The transport is chosen here: `TESSERA_TRANSPORT=mpi` (or, with it unset, a
+    /// process started by an MPI launcher, `mpirun` or `srun`, and no `WORLD_SIZE`)
+    /// makes it [`World::mpi`]; otherwise the ranks are processes of one node that
+    /// share memory (`TESSERA_TRANSPORT=shm`).
     pub fn launched() -> Result<World, Error> {
+        if wants_mpi(|k| std::env::var(k).ok())? {
+            return World::mpi();
+        }
         let env = LaunchEnv::from_env()?;
         Ok(World {
             size: env.size as usize,
             layout: Layout::Process(env),
             ..World::local(1)
         })
+    }
+
+    /// The world of the MPI job this process belongs to (started by `mpirun` or
+    /// `srun`, on one node or many), as a builder: configure it like a local world
+    /// (every rank must configure it the same), then [`World::join`]. Initializes MPI
+    /// (finalized when the last world of the process is gone). Ranks are CPU ranks
+    /// that reach their peers through MPI one-sided communication, or directly for
+    /// the peers of their node where MPI can share memory (see the module docs). Needs the `mpi` feature; without it, an error saying so.
+    pub fn mpi() -> Result<World, Error> {
+        #[cfg(feature = "mpi")]
+        {
+            let lib = mpi::Mpi::get().map_err(Self::comm_err)?;
+            Ok(World {
+                size: lib.size as usize,
+                layout: Layout::Mpi(MpiLib(lib)),
+                ..World::local(1)
+            })
+        }
+        #[cfg(not(feature = "mpi"))]
+        Err(Self::comm_err(
+            "this process was asked to join an MPI world (TESSERA_TRANSPORT=mpi, or started by mpirun/srun) but Tessera was built without its `mpi` feature: rebuild with `--features mpi` (needs an MPI library, e.g. Debian's libopenmpi-dev)".into(),
+        ))
     }
 
     /// Joins the launched world with the default configuration (CPU device, heap size
@@ -242,11 +303,11 @@ impl World {
             .map(|r| self.device_of(r).map(gpu_of))
             .collect::<Result<_, _>>()?;
         if gpus.iter().all(Option::is_none) {
-            let mut heaps: Vec<Arc<dyn HostMemory>> = Vec::with_capacity(self.size);
+            let mut heaps = Vec::with_capacity(self.size);
             for _ in 0..self.size {
-                heaps.push(Arc::new(
+                heaps.push(HostHeapRef::Local(Arc::new(
                     HostHeap::new(self.heap_bytes).map_err(Self::comm_err)?,
-                ));
+                )));
             }
             return Ok(Heaps::Host(heaps.into()));
         }
@@ -282,7 +343,7 @@ impl World {
         &self,
         f: impl Fn(&Rank) -> Result<R, Error> + Sync,
     ) -> Result<Vec<R>, Error> {
-        if let Layout::Process(_) = self.layout {
+        if !matches!(self.layout, Layout::Threads) {
             return Err(Self::comm_err(
                 "World::run runs ranks as threads; this world is launched as processes: use World::join or World::run_process".into(),
             ));
@@ -374,6 +435,10 @@ impl World {
     /// this process is done with the world: dropping it leaves the world, and a
     /// process that exits without leaving counts as dead (the others' waits fail).
     pub fn join(&self) -> Result<Rank, Error> {
+        #[cfg(feature = "mpi")]
+        if let Layout::Mpi(lib) = &self.layout {
+            return self.join_mpi(&lib.0);
+        }
         let Layout::Process(env) = &self.layout else {
             return Err(Self::comm_err(
                 "World::join is for a launched world (World::launched / World::from_env); World::local runs its ranks with World::run".into(),
@@ -387,9 +452,9 @@ impl World {
         if env.size == 1 {
             // A world of one: nothing to exchange.
             let heaps = match &gpu {
-                None => Heaps::Host(Arc::from(vec![Arc::new(
+                None => Heaps::Host(Arc::from(vec![HostHeapRef::Local(Arc::new(
                     HostHeap::new(self.heap_bytes).map_err(err)?,
-                ) as Arc<dyn HostMemory>])),
+                ))])),
                 Some(g) => Heaps::Gpu(Arc::from(vec![Arc::new(GpuHeap::alloc(
                     g,
                     self.heap_bytes,
@@ -439,14 +504,14 @@ impl World {
         .map_err(err)?;
         let heaps = match (&gpu, own_gpu) {
             (None, _) => {
-                let mut hs: Vec<Arc<dyn HostMemory>> = Vec::with_capacity(joined.all.len());
+                let mut hs = Vec::with_capacity(joined.all.len());
                 for (r, c) in joined.all.iter().enumerate() {
                     let fd = c.heap_fd.as_ref().ok_or_else(|| {
                         err(format!("rank {r} sent no heap (mixed host and GPU ranks?)"))
                     })?;
-                    hs.push(Arc::new(
+                    hs.push(HostHeapRef::Local(Arc::new(
                         procs::map(fd.as_fd_ref(), self.heap_bytes).map_err(err)?,
-                    ));
+                    )));
                 }
                 Heaps::Host(hs.into())
             }
@@ -466,6 +531,90 @@ impl World {
         // Rank 0 created the team segment; make sure everybody mapped it (and every
         // heap) before anyone fails or allocates through it.
         let rank = self.make_rank(me, heaps, team, device, Some(joined.peers))?;
+        rank.barrier()?;
+        Ok(rank)
+    }
+
+    /// [`World::join`] for an MPI world: the heaps and the team segment are MPI
+    /// windows (see `mpi`).
+    #[cfg(feature = "mpi")]
+    fn join_mpi(&self, lib: &Arc<mpi::Mpi>) -> Result<Rank, Error> {
+        let me = lib.rank;
+        let err = move |message: String| Error::Comm { rank: me, message };
+        // Every rank learns whether every rank can join and with which sizes before
+        // anything collective that could wait forever for a rank that gave up.
+        let local = self.check().and_then(|()| {
+            let device = self.device_of(me as usize)?;
+            if matches!(device.backend, crate::device::Backend::Cpu) {
+                Ok(device)
+            } else {
+                Err(err(format!(
+                    "the MPI transport runs CPU ranks (the interpreter reaches peers through MPI); this rank's device is {}",
+                    device.id()
+                )))
+            }
+        });
+        let all = lib
+            .allgather_u64(&[
+                u64::from(local.is_ok()),
+                self.heap_bytes as u64,
+                self.signal_bytes as u64,
+            ])
+            .map_err(err)?;
+        let device = local?;
+        if let Some(r) = all.iter().position(|c| c[0] == 0) {
+            return Err(err(format!(
+                "rank {r} could not join the MPI world (its own error says why)"
+            )));
+        }
+        let mine = &all[me as usize];
+        if let Some((r, c)) = all.iter().enumerate().find(|(_, c)| c[1..] != mine[1..]) {
+            return Err(err(format!(
+                "ranks configure the world differently: this rank has a heap of {} bytes with {} bytes of signals, rank {r} {} and {}; every rank must configure it the same",
+                self.heap_bytes, self.signal_bytes, c[1], c[2]
+            )));
+        }
+        // Windows are allocated collectively, in the same order on every rank. The
+        // heaps of a node's ranks are allocated together where MPI can share memory,
+        // so that each rank maps its node's other heaps.
+        let zero = CTRL_BYTES + self.signal_bytes;
+        let heap = Arc::new(
+            match mpi::Window::allocate_node_shared(lib, self.heap_bytes, zero).map_err(err)? {
+                Some(w) => w,
+                None => mpi::Window::allocate(lib, self.heap_bytes, zero).map_err(err)?,
+            },
+        );
+        let team_bytes = if me == 0 { team::TEAM_BYTES } else { 0 };
+        let team_win = Arc::new(mpi::Window::allocate(lib, team_bytes, team_bytes).map_err(err)?);
+        let team_mem = Arc::new(mpi::Peer {
+            win: team_win,
+            target: 0,
+            len: team::TEAM_BYTES,
+        });
+        // Rank 0 writes the magic word before the others check it.
+        let team = if me == 0 {
+            Some(Team::remote(team_mem.clone(), true).map_err(err)?)
+        } else {
+            None
+        };
+        lib.barrier().map_err(err)?;
+        let team = match team {
+            Some(t) => t,
+            None => Team::remote(team_mem, false).map_err(err)?,
+        };
+        let heaps: Vec<HostHeapRef> = (0..lib.size)
+            .map(|r| match mpi::Part::mapped(&heap, r) {
+                // This rank's heap, and its node's others where mapped: direct loads
+                // and stores, atomics through the window.
+                Some(part) => HostHeapRef::Local(Arc::new(part)),
+                None => HostHeapRef::Remote(Arc::new(mpi::Peer {
+                    win: heap.clone(),
+                    target: r,
+                    len: self.heap_bytes,
+                })),
+            })
+            .collect();
+        let rank = self.make_rank(me, Heaps::Host(heaps.into()), team, device, None)?;
         rank.barrier()?;
         Ok(rank)
     }
@@ -514,6 +663,30 @@ impl World {
             rank.abort();
         }
         out
+    }
+}
+
+/// Whether a launched process joins an MPI world (see [`World::launched`]), from the
+/// variables `get` reads.
+fn wants_mpi(get: impl Fn(&str) -> Option<String>) -> Result<bool, Error> {
+    let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
+    match var("TESSERA_TRANSPORT").as_deref().map(str::trim) {
+        Some("mpi") => Ok(true),
+        Some("shm") => Ok(false),
+        Some(other) => Err(Error::Config(format!(
+            "TESSERA_TRANSPORT=`{other}`: expected `shm` or `mpi`"
+        ))),
+        None => {
+            let launcher =
+                var("WORLD_SIZE").is_none() && MPI_LAUNCHER_VARS.iter().any(|k| var(k).is_some());
+            if launcher && !cfg!(feature = "mpi") {
+                // A build without MPI under `srun` stays what it was: a world of one.
+                log::warn!(
+                    "started by an MPI launcher but built without Tessera's `mpi` feature: this process is a world of one (rebuild with --features mpi to join the MPI job's world)"
+                );
+            }
+            Ok(launcher && cfg!(feature = "mpi"))
+        }
     }
 }
 
@@ -654,6 +827,48 @@ mod tests {
             })
             .unwrap();
         assert_eq!(got, vec![3.5, -1.0, 7.25]);
+    }
+
+    #[test]
+    fn the_transport_follows_the_launcher_and_the_variable() {
+        fn with(vars: &[(&str, &str)]) -> Result<bool, Error> {
+            wants_mpi(|k| {
+                vars.iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            })
+        }
+        assert!(!with(&[]).unwrap());
+        assert!(!with(&[("WORLD_SIZE", "4"), ("RANK", "1")]).unwrap());
+        for launcher in MPI_LAUNCHER_VARS {
+            // (Without the `mpi` feature a launched process stays a world of one.)
+            assert_eq!(
+                with(&[(launcher, "4")]).unwrap(),
+                cfg!(feature = "mpi"),
+                "{launcher}"
+            );
+        }
+        // torchrun's variables win over an MPI launcher's; the variable over both.
+        assert!(!with(&[("WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_SIZE", "2")]).unwrap());
+        assert!(with(&[("WORLD_SIZE", "2"), ("TESSERA_TRANSPORT", " mpi ")]).unwrap());
+        assert!(!with(&[("PMI_SIZE", "2"), ("TESSERA_TRANSPORT", "shm")]).unwrap());
+        let e = with(&[("TESSERA_TRANSPORT", "ib")])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("TESSERA_TRANSPORT=`ib`") && e.contains("`shm` or `mpi`"),
+            "{e}"
+        );
+    }
+
+    #[cfg(not(feature = "mpi"))]
+    #[test]
+    fn an_mpi_world_without_the_feature_says_so() {
+        let e = World::mpi().unwrap_err().to_string();
+        assert!(
+            e.contains("without its `mpi` feature") && e.contains("--features mpi"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -271,7 +271,7 @@ impl LaunchEnv {
             && local != size
         {
             return Err(bad(format!(
-                "LOCAL_WORLD_SIZE={local} but WORLD_SIZE={size}: Tessera worlds live on one node (peers are reached through shared memory)"
+                "LOCAL_WORLD_SIZE={local} but WORLD_SIZE={size}: a world of the shared-memory transport lives on one node; across nodes, start the ranks with mpirun or srun and the MPI transport (feature `mpi`, TESSERA_TRANSPORT=mpi)"
             )));
         }
         let local_rank = num("LOCAL_RANK")?.unwrap_or(rank);

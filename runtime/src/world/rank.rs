@@ -51,7 +51,12 @@ impl RankLink for RankComm {
 
     fn host_heap_bases(&self) -> Vec<u64> {
         match &self.shared.heaps {
-            Heaps::Host(hs) => hs.iter().map(|h| h.base() as u64).collect(),
+            // (An MPI world's peers have no address here: its ranks are CPU ranks,
+            // the emulator is refused when it is joined.)
+            Heaps::Host(hs) => hs
+                .iter()
+                .map(|h| h.base().map_or(0, |b| b as u64))
+                .collect(),
             Heaps::Gpu(_) => Vec::new(),
         }
     }
@@ -359,7 +364,7 @@ impl Rank {
             Heaps::Host(hs) => {
                 let mut copies = Vec::with_capacity(hs.len());
                 for h in hs.iter() {
-                    copies.push(Arc::new(HostBuffer::view(h.clone(), offset, T::TY, len)?));
+                    copies.push(Arc::new(h.view(offset, T::TY, len)?));
                 }
                 let copies: Arc<[Arc<HostBuffer>]> = copies.into();
                 (Storage::Host(copies[self.rank as usize].clone()), copies)
@@ -411,12 +416,7 @@ impl Rank {
             Heaps::Host(hs) => {
                 let mut copies = Vec::with_capacity(hs.len());
                 for h in hs.iter() {
-                    copies.push(Arc::new(HostBuffer::view(
-                        h.clone(),
-                        heap_offset,
-                        U::TY,
-                        len,
-                    )?));
+                    copies.push(Arc::new(h.view(heap_offset, U::TY, len)?));
                 }
                 let copies: Arc<[Arc<HostBuffer>]> = copies.into();
                 (Storage::Host(copies[self.rank as usize].clone()), copies)

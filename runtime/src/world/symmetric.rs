@@ -75,7 +75,7 @@ impl<T: Element> SymBuffer<T> {
             });
         }
         let bytes = match &self.shared.heaps {
-            Heaps::Host(_) => self.copies[peer as usize].read_bytes(),
+            Heaps::Host(_) => self.copies[peer as usize].read_bytes()?,
             Heaps::Gpu(hs) => {
                 // The peer's writes are ordered by its own stream: wait for ours.
                 self.local.device().synchronize()?;

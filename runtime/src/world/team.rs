@@ -28,7 +28,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tessera_ir::interp::HostMemory;
+use tessera_ir::interp::{HostMemory, RemoteMemory};
 use tessera_ir::types::ScalarType;
 
 /// Identifies a team segment (and its layout version).
@@ -94,7 +94,101 @@ impl AllocRecord {
 
 /// A team segment (see the module docs).
 pub(crate) struct Team {
-    mem: Arc<dyn HostMemory>,
+    mem: TeamMem,
+}
+
+/// Where a team segment lives.
+enum TeamMem {
+    /// Host memory this process maps (ranks as threads or processes of one node).
+    Local(Arc<dyn HostMemory>),
+    /// Memory reached through a communication engine (rank 0's team window of an
+    /// MPI world): every access is the engine's, atomics included.
+    Engine(Arc<dyn RemoteMemory>),
+}
+
+/// One word of a team segment, with the part of `AtomicU64`'s interface the team
+/// protocol uses. Through an engine, a store completes before it returns and a read
+/// that the engine cannot carry out reads 0 (an engine's failure ends the job).
+struct TeamWord<'a> {
+    team: &'a Team,
+    i: usize,
+}
+
+impl TeamWord<'_> {
+    fn local(&self) -> Option<&AtomicU64> {
+        match &self.team.mem {
+            TeamMem::Local(mem) => {
+                debug_assert!((self.i + 1) * 8 <= mem.len());
+                // SAFETY: in bounds (checked in `Team::new` for every index used here),
+                // 8-aligned, and the segment is only ever accessed atomically.
+                Some(unsafe { &*(mem.base().add(self.i * 8) as *const AtomicU64) })
+            }
+            TeamMem::Engine(_) => None,
+        }
+    }
+
+    fn engine(&self) -> Option<&dyn RemoteMemory> {
+        match &self.team.mem {
+            TeamMem::Engine(e) => Some(&**e),
+            TeamMem::Local(_) => None,
+        }
+    }
+
+    /// Logs an engine's failure (MPI's own are fatal: only range errors get here).
+    fn failed<T: Default>(&self, r: Result<T, String>) -> T {
+        r.unwrap_or_else(|e| {
+            log::error!("team word {}: {e}", self.i);
+            T::default()
+        })
+    }
+
+    fn load(&self, o: Ordering) -> u64 {
+        match (self.local(), self.engine()) {
+            (Some(w), _) => w.load(o),
+            (None, Some(e)) => self.failed(e.load_u64(self.i * 8)),
+            (None, None) => 0,
+        }
+    }
+
+    fn store(&self, v: u64, o: Ordering) {
+        match (self.local(), self.engine()) {
+            (Some(w), _) => w.store(v, o),
+            // Complete before returning (team stores are rare).
+            (None, Some(e)) => {
+                self.failed(e.put(self.i * 8, &v.to_ne_bytes()).and_then(|()| e.quiet()))
+            }
+            (None, None) => {}
+        }
+    }
+
+    fn fetch_add(&self, v: u64, o: Ordering) -> u64 {
+        match (self.local(), self.engine()) {
+            (Some(w), _) => w.fetch_add(v, o),
+            (None, Some(e)) => self.failed(e.fetch_add_u64(self.i * 8, v)),
+            (None, None) => 0,
+        }
+    }
+
+    fn compare_exchange(
+        &self,
+        current: u64,
+        new: u64,
+        o: Ordering,
+        f: Ordering,
+    ) -> Result<u64, u64> {
+        if let Some(w) = self.local() {
+            return w.compare_exchange(current, new, o, f);
+        }
+        let seen = match self.engine() {
+            Some(e) => self.failed(e.compare_and_swap(self.i * 8, 8, current, new).map(Some)),
+            None => None,
+        };
+        match seen {
+            Some(seen) if seen == current => Ok(seen),
+            Some(seen) => Err(seen),
+            None => Err(0),
+        }
+    }
 }
 
 /// Why a host-side wait stopped.
@@ -117,6 +211,23 @@ impl Team {
                 mem.len()
             ));
         }
+        Team::init(TeamMem::Local(mem), create)
+    }
+
+    /// A team segment reached through a communication engine (at least
+    /// [`TEAM_BYTES`]): as [`Team::new`].
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(crate) fn remote(mem: Arc<dyn RemoteMemory>, create: bool) -> Result<Team, String> {
+        if mem.len() < TEAM_BYTES {
+            return Err(format!(
+                "the team segment has {} bytes, needs {TEAM_BYTES}",
+                mem.len()
+            ));
+        }
+        Team::init(TeamMem::Engine(mem), create)
+    }
+
+    fn init(mem: TeamMem, create: bool) -> Result<Team, String> {
         let t = Team { mem };
         if create {
             t.word(W_MAGIC).store(MAGIC, Ordering::Release);
@@ -126,11 +237,15 @@ impl Team {
         Ok(t)
     }
 
-    fn word(&self, i: usize) -> &AtomicU64 {
-        debug_assert!((i + 1) * 8 <= self.mem.len());
-        // SAFETY: in bounds (checked in `new` for every index used here), 8-aligned,
-        // and the segment is only ever accessed atomically.
-        unsafe { &*(self.mem.base().add(i * 8) as *const AtomicU64) }
+    fn word(&self, i: usize) -> TeamWord<'_> {
+        TeamWord { team: self, i }
+    }
+
+    /// Lets the team's engine (if any) make progress between polls.
+    fn progress(&self) {
+        if let TeamMem::Engine(e) = &self.mem {
+            e.progress();
+        }
     }
 
     /// The first failed rank, if any (and whether its process died).
@@ -200,6 +315,7 @@ impl Team {
                     missing: Vec::new(),
                 });
             }
+            self.progress();
             spins += 1;
             if spins < 64 {
                 std::hint::spin_loop();

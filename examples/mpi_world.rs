@@ -1,0 +1,357 @@
+//! The MPI transport's suite: run it as an MPI job, e.g. with every byte on the
+//! network path (no shared memory between the processes):
+//!
+//! ```text
+//! cargo build -p tessera-examples --features mpi --example mpi_world
+//! mpirun -np 4 --mca pml ob1 --mca btl self,tcp --mca osc pt2pt \
+//!     target/debug/examples/mpi_world
+//! ```
+//!
+//! Each process joins the MPI world (`World::launched`, which sees `mpirun`) and runs
+//! every case on it: the ping-pong kernel, each collective with each algorithm, the
+//! fused plans and their unfused baselines, device-side barriers and remote atomics,
+//! back-to-back all-reduces with a straggler. It then runs the same cases on a world
+//! of threads of its own (the shared-memory transport, in this process) and checks
+//! that its rank's outputs are bit-for-bit the same. Prints one line per case and
+//! `N passed, N failed`; exits non-zero on any failure.
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tessera::fused::unfused::{AgThenGemm, AllReduceThenRmsNorm, GemmThenReduceScatter};
+use tessera::fused::{AgGemm, AllReduceRmsNorm, GemmReduceScatter};
+use tessera::prelude::*;
+
+const B: usize = 256;
+
+/// The tile goes around the ring `laps` times; every rank adds one per hop.
+#[kernel]
+pub fn ring<const B: usize>(
+    ball: &mut Symmetric<f32>,
+    sig: &mut Symmetric<u64>,
+    laps: i32,
+    n: i32,
+) {
+    let me = rank();
+    let right = (me + 1) % world_size();
+    let offs = arange::<B>();
+    let mask = offs.lt(n);
+    for lap in 0..laps {
+        let l = (lap + 1).cast::<u64>();
+        if me.eq(0) {
+            let v = ball.load(offs, mask) + 1.0f32;
+            ball.put_signal(right, offs, v, mask, sig, 0, l, SignalOp::Set);
+            sig.wait_until(0, CmpPred::Ge, l);
+        } else {
+            sig.wait_until(0, CmpPred::Ge, l);
+            let v = ball.load(offs, mask) + 1.0f32;
+            ball.put_signal(right, offs, v, mask, sig, 0, l, SignalOp::Set);
+        }
+    }
+}
+
+/// Every program adds its values to every rank's `acc` with remote atomics (adds,
+/// maxima, exchanges), then all programs of all ranks meet at a device barrier and
+/// each reads its right neighbour's `acc` into `seen`.
+#[kernel]
+pub fn atomics<const B: usize>(
+    acc: &mut Symmetric<i32>,
+    top: &mut Symmetric<f32>,
+    vals: &Global<i32>,
+    seen: &mut Global<i32>,
+) {
+    let pid = program_id(0);
+    let offs = arange::<B>();
+    let all = offs.lt(B as i32);
+    let v = vals.load(offs, all);
+    let size = world_size();
+    for p in 0..size {
+        let mut a = acc.on(p);
+        a.atomic_add(offs, v, all);
+        let mut t = top.on(p);
+        t.atomic_max(offs, v.cast::<f32>() * 0.5f32, all);
+    }
+    barrier_all();
+    let right = (rank() + 1) % size;
+    let got = acc.on(right).load(offs, all);
+    seen.store(offs + pid * B, got, all);
+}
+
+/// A case: a name and this rank's outputs (bytes, compared exactly).
+type Outputs = Vec<(String, Vec<u8>)>;
+
+fn bytes<T: bytemuck::Pod>(v: &[T]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// Values in [-4, 4), the same for the same seed and rank on every transport.
+fn data<T: From<F32>>(seed: u64, rank: u32, n: usize) -> Vec<T> {
+    let mut g = StdRng::seed_from_u64(seed * 1_000_003 + u64::from(rank) * 7919 + 1);
+    (0..n)
+        .map(|_| T::from(F32(g.gen_range(-4.0f32..4.0))))
+        .collect()
+}
+
+/// An `f32` to convert into each element type the cases use.
+struct F32(f32);
+
+impl From<F32> for f32 {
+    fn from(v: F32) -> f32 {
+        v.0
+    }
+}
+
+impl From<F32> for f16 {
+    fn from(v: F32) -> f16 {
+        f16::from_f32(v.0)
+    }
+}
+
+impl From<F32> for bf16 {
+    fn from(v: F32) -> bf16 {
+        bf16::from_f32(v.0)
+    }
+}
+
+fn push<T: bytemuck::Pod>(out: &mut Outputs, name: impl Into<String>, v: &[T]) {
+    out.push((name.into(), bytes(v)));
+}
+
+/// Every case on `r`'s world.
+fn cases(r: &Rank) -> Result<Outputs, Error> {
+    let mut out = Outputs::new();
+    let me = r.rank();
+    let ws = r.size() as usize;
+    let dev = r.device().clone();
+
+    // Ping-pong: 256 f32 (a masked-off tail) around the ring, 20 laps.
+    let mut start = data::<f32>(1, 0, B);
+    start[200..].fill(f32::NAN);
+    let init = if me == 0 { start } else { vec![f32::NAN; B] };
+    let mut ball = r.upload(&init)?;
+    let mut sig = r.alloc_signals(1)?;
+    ring::<B>::launch(&dev, 1u32, (&mut ball, &mut sig, 20, 200))?;
+    r.barrier()?;
+    push(&mut out, "ping_pong", &ball.download()?);
+
+    // Remote atomics and device barriers.
+    let mut acc = r.alloc::<i32>(B)?;
+    let mut top = r.upload(&vec![-1e9f32; B])?;
+    let vals: Vec<i32> = {
+        let mut g = StdRng::seed_from_u64(7 + u64::from(me));
+        (0..B).map(|_| g.gen_range(-1000..1000)).collect()
+    };
+    let vals = dev.upload(&vals)?;
+    let mut seen = dev.upload(&vec![i32::MIN; 2 * B])?;
+    atomics::<B>::launch(&dev, 2u32, (&mut acc, &mut top, &vals, &mut seen))?;
+    r.barrier()?;
+    push(&mut out, "remote atomics: sums", &acc.download()?);
+    push(&mut out, "remote atomics: maxima", &top.download()?);
+    push(
+        &mut out,
+        "remote atomics: after barrier_all",
+        &seen.download()?,
+    );
+
+    // Every collective, every algorithm, three element types.
+    let algos = [
+        AllReduceAlgo::Auto,
+        AllReduceAlgo::OneShot,
+        AllReduceAlgo::TwoShot,
+        AllReduceAlgo::LowLatency,
+    ];
+    for (ai, &algo) in algos.iter().enumerate() {
+        for (oi, &op) in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]
+            .iter()
+            .enumerate()
+        {
+            let seed = 100 + ai as u64 * 10 + oi as u64;
+            let mut b = r.upload(&data::<f32>(seed, me, 1000))?;
+            r.all_reduce_with(&mut b, op, algo)?;
+            push(
+                &mut out,
+                format!("all_reduce {algo:?} {op:?} f32"),
+                &b.download()?,
+            );
+        }
+        let mut h = r.upload(&data::<f16>(200 + ai as u64, me, 300))?;
+        r.all_reduce_with(&mut h, ReduceOp::Sum, algo)?;
+        push(
+            &mut out,
+            format!("all_reduce {algo:?} Sum f16"),
+            &h.download()?,
+        );
+        let mut h = r.upload(&data::<bf16>(300 + ai as u64, me, 300))?;
+        r.all_reduce_with(&mut h, ReduceOp::Sum, algo)?;
+        push(
+            &mut out,
+            format!("all_reduce {algo:?} Sum bf16"),
+            &h.download()?,
+        );
+    }
+    let x = r.upload(&data::<f32>(400, me, 333))?;
+    let mut g = r.alloc::<f32>(333 * ws)?;
+    r.all_gather(&x, &mut g)?;
+    push(&mut out, "all_gather f32", &g.download()?);
+    let x = r.upload(&data::<bf16>(401, me, 128 * ws))?;
+    let mut s = r.alloc::<bf16>(128)?;
+    r.reduce_scatter(&x, &mut s, ReduceOp::Sum)?;
+    push(&mut out, "reduce_scatter bf16", &s.download()?);
+    let mut b = r.upload(&data::<f16>(402, me, 500))?;
+    r.broadcast(&mut b, (ws as u32).saturating_sub(2))?;
+    push(&mut out, "broadcast f16", &b.download()?);
+    let counts: Vec<usize> = {
+        let mut g = StdRng::seed_from_u64(403 + u64::from(me));
+        (0..ws).map(|_| g.gen_range(0..40)).collect()
+    };
+    let send = r.upload(&data::<f32>(404, me, 40 * ws))?;
+    let mut recv = r.upload(&vec![f32::NAN; 40 * ws])?;
+    let got = r.all_to_all_v(&send, &counts, &mut recv)?;
+    push(&mut out, "all_to_all_v f32", &recv.download()?);
+    push(
+        &mut out,
+        "all_to_all_v counts",
+        &got.iter().map(|&c| c as u64).collect::<Vec<_>>(),
+    );
+
+    // The fused plans and their unfused baselines.
+    let (rows, n, k) = (24, 40, 32);
+    let a = dev.upload(&data::<f32>(500, me, rows * k))?;
+    let bm = dev.upload(&data::<f32>(501, 0, k * n))?;
+    let mut c = dev.alloc::<f32>(rows * ws * n)?;
+    AgGemm::<f32>::new(r, rows, n, k)?.run(r, &a, &bm, &mut c)?;
+    push(&mut out, "fused all-gather + GEMM", &c.download()?);
+    let mut c = dev.alloc::<f32>(rows * ws * n)?;
+    AgThenGemm::<f32>::new(r, rows, n, k)?.run(r, &a, &bm, &mut c)?;
+    push(&mut out, "all-gather then GEMM", &c.download()?);
+    let (m, kr) = (8 * ws, 24);
+    let a = dev.upload(&data::<f32>(502, me, m * kr))?;
+    let bm = dev.upload(&data::<f32>(503, me, kr * n))?;
+    let mut o = dev.alloc::<f32>(m / ws * n)?;
+    GemmReduceScatter::<f32>::new(r, m, n, kr)?.run(r, &a, &bm, &mut o)?;
+    push(&mut out, "fused GEMM + reduce-scatter", &o.download()?);
+    let mut o = dev.alloc::<f32>(m / ws * n)?;
+    GemmThenReduceScatter::<f32>::new(r, m, n, kr)?.run(r, &a, &bm, &mut o)?;
+    push(&mut out, "GEMM then reduce-scatter", &o.download()?);
+    let (rows, hidden) = (6, 96);
+    let x = r.upload(&data::<f32>(504, me, rows * hidden))?;
+    let w = dev.upload(&data::<f32>(505, 0, hidden))?;
+    for fused in [true, false] {
+        let mut res = dev.upload(&data::<f32>(506, me, rows * hidden))?;
+        let mut o = dev.alloc::<f32>(rows * hidden)?;
+        let name = if fused {
+            AllReduceRmsNorm::<f32>::new(r, rows, hidden, 1e-5)?
+                .run(r, &x, &mut res, &w, &mut o)?;
+            "fused all-reduce + RMSNorm"
+        } else {
+            AllReduceThenRmsNorm::<f32>::new(r, rows, hidden, 1e-5)?
+                .run(r, &x, &mut res, &w, &mut o)?;
+            "all-reduce then RMSNorm"
+        };
+        push(&mut out, format!("{name}: out"), &o.download()?);
+        push(&mut out, format!("{name}: residual"), &res.download()?);
+    }
+
+    // Back-to-back all-reduces with a straggler (the same plan on every rank).
+    let mut plan = StdRng::seed_from_u64(4242);
+    let mut all = Vec::new();
+    for call in 0..40u64 {
+        let n = if plan.gen_bool(0.5) {
+            plan.gen_range(1..300)
+        } else {
+            plan.gen_range(300..3000)
+        };
+        let algo = algos[plan.gen_range(0..4)];
+        let straggler = plan.gen_range(0..ws as u32);
+        let ms = plan.gen_range(1..6);
+        if plan.gen_bool(0.3) && me == straggler {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        let mut b = r.upload(&data::<f32>(600 + call, me, n))?;
+        r.all_reduce_with(&mut b, ReduceOp::Sum, algo)?;
+        all.extend(b.download()?);
+    }
+    push(&mut out, "40 all-reduces with a straggler", &all);
+    Ok(out)
+}
+
+fn main() {
+    env_logger::Builder::from_env(env_logger::Env::new().filter_or("TESSERA_LOG", "warn")).init();
+    let result = (|| -> Result<(u32, u32, u32), Error> {
+        let world = World::launched()?
+            .heap_bytes(16 << 20)
+            .wait_timeout(Duration::from_secs(60));
+        let rank = world.join()?;
+        let (me, ws) = (rank.rank(), rank.size());
+        if me == 0 {
+            println!(
+                "mpi_world: {ws} rank(s) of the launched world (MPI under mpirun) on {}",
+                rank.device()
+            );
+        }
+        let t = std::time::Instant::now();
+        let got = cases(&rank)?;
+        let mpi_time = t.elapsed();
+        rank.barrier()?;
+        // The reference: the same cases on a world of threads of this process.
+        let t = std::time::Instant::now();
+        let want = World::local(ws as usize)
+            .heap_bytes(16 << 20)
+            .wait_timeout(Duration::from_secs(60))
+            .run(cases)?
+            .swap_remove(me as usize);
+        let local_time = t.elapsed();
+        let (mut pass, mut fail) = (0u32, 0u32);
+        for ((name, g), (wname, w)) in got.iter().zip(&want) {
+            if name == wname && g == w {
+                pass += 1;
+                if me == 0 {
+                    println!("ok   {name} ({} bytes)", g.len());
+                }
+            } else {
+                fail += 1;
+                let at = g.iter().zip(w).position(|(a, b)| a != b);
+                println!(
+                    "FAIL rank {me}: {name}: {} bytes, the local transport's {wname}: {} bytes; first difference at byte {at:?}",
+                    g.len(),
+                    w.len()
+                );
+            }
+        }
+        if got.len() != want.len() {
+            fail += 1;
+            println!(
+                "FAIL rank {me}: {} cases, the local transport {}",
+                got.len(),
+                want.len()
+            );
+        }
+        // Every rank's counts, summed over the MPI world.
+        let mut counts = rank.upload(&[pass as f32, fail as f32])?;
+        rank.all_reduce(&mut counts, ReduceOp::Sum)?;
+        let counts = counts.download()?;
+        if me == 0 {
+            println!(
+                "cases on the launched world: {:.2} s; on threads (shared memory): {:.2} s",
+                mpi_time.as_secs_f64(),
+                local_time.as_secs_f64()
+            );
+        }
+        Ok((me, counts[0] as u32, counts[1] as u32))
+    })();
+    match result {
+        Ok((me, pass, fail)) => {
+            if me == 0 {
+                println!("mpi_world: {pass} passed, {fail} failed");
+            }
+            if fail > 0 {
+                std::process::exit(1);
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    }
+}
