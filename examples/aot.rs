@@ -49,6 +49,9 @@ mod matmul_fp8;
 #[path = "matmul_i8.rs"]
 #[allow(dead_code)]
 mod matmul_i8;
+#[path = "ping_pong.rs"]
+#[allow(dead_code)]
+mod ping_pong;
 #[path = "softmax.rs"]
 #[allow(dead_code)]
 mod softmax;
@@ -208,7 +211,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 22] = [
+const JOBS: [Job; 23] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -235,6 +238,8 @@ const JOBS: [Job; 22] = [
     job!("matmul_fp8_e4m3", matmul_fp8::matmul_fp8_bt<F8E4M3, 64, 64, 64>),
     job!("matmul_i8_bt_128x128x128", warps = 8, matmul_i8::matmul_i8_bt<128, 128, 128>),
     job!("matmul_fp8_bt_128x128x128", warps = 8, matmul_fp8::matmul_fp8_bt<F8E4M3, 128, 128, 128>),
+    // Device-side communication (examples/ping_pong.rs): the GPU check's ranks.
+    job!("ring_pass", ping_pong::ring_pass<1024>),
     // Through tensor descriptors (examples/matmul_desc.rs): TMA + mbarriers on sm_90a.
     job!("matmul_desc_128x128x64", warps = 8, maps, matmul_desc::matmul_desc<128, 128, 64>),
 ];

@@ -2,7 +2,7 @@
 //!
 //! A [`Stream`] is a queue of work on one device: launches and copies on it run in
 //! the order they were queued. Every device has its default stream
-//! ([`Device::default_stream`]), which the plain calls ([`crate::Buffer::upload`],
+//! ([`Device::default_stream`]), which the plain calls ([`Device::upload`],
 //! `K::launch`, [`crate::Buffer::download`]) use; [`Device::stream`] makes another,
 //! for work that may overlap the default stream's. A new stream is *ordered with the
 //! default stream* (CUDA's and HIP's blocking streams): work on either waits for the

@@ -196,6 +196,14 @@ impl World {
     pub fn mpi() -> Result<World, Error> {
         #[cfg(feature = "mpi")]
         {
+            if let Ok(v) = std::env::var(mpi::SHARED_VAR)
+                && !matches!(v.trim(), "0" | "1")
+            {
+                return Err(Self::comm_err(format!(
+                    "{}={v:?}: expected 0 (every peer through MPI calls) or 1 (share the heaps of a node's processes)",
+                    mpi::SHARED_VAR
+                )));
+            }
             let lib = mpi::Mpi::get().map_err(Self::comm_err)?;
             Ok(World {
                 size: lib.size as usize,
@@ -591,17 +599,22 @@ impl World {
             target: 0,
             len: team::TEAM_BYTES,
         });
-        // Rank 0 writes the magic word before the others check it.
+        // Rank 0 writes the magic word before the others check it. Each step ends in
+        // an agreement, so that a failure on one rank is an error on all (not a hang).
         let team = if me == 0 {
-            Some(Team::remote(team_mem.clone(), true).map_err(err)?)
+            Some(Team::remote(team_mem.clone(), true))
         } else {
             None
         };
-        lib.barrier().map_err(err)?;
+        let problem = team.as_ref().and_then(|t| t.as_ref().err().cloned());
+        lib.agree(problem, "set up the team segment").map_err(err)?;
         let team = match team {
             Some(t) => t,
-            None => Team::remote(team_mem, false).map_err(err)?,
+            None => Team::remote(team_mem, false),
         };
+        lib.agree(team.as_ref().err().cloned(), "open the team segment")
+            .map_err(err)?;
+        let team = team.map_err(err)?;
         let heaps: Vec<HostHeapRef> = (0..lib.size)
             .map(|r| match mpi::Part::mapped(&heap, r) {
                 // This rank's heap, and its node's others where mapped: direct loads

@@ -8,7 +8,8 @@
 //! - a rank reads and writes its own heap directly (it is local memory), and so the
 //!   heaps of its node's other ranks where MPI can share memory between them (the
 //!   node's heaps are then allocated together, `MPI_Win_allocate_shared`, and the
-//!   window over every rank is created on them, `MPI_Win_create`); it reaches other
+//!   window over every rank is created on them, `MPI_Win_create`; [`SHARED_VAR`]
+//!   turns this off); it reaches other
 //!   peers through the window: loads are `MPI_Get`, stores `MPI_Put`, atomics
 //!   `MPI_Compare_and_swap` (in a loop applying the CPU's own operation, so results
 //!   are bit-exact with the other transports) and signals `MPI_Fetch_and_op`
@@ -154,14 +155,37 @@ impl Mpi {
         Ok(all.chunks(n.max(1)).map(<[u64]>::to_vec).collect())
     }
 
-    /// `MPI_Barrier` on `MPI_COMM_WORLD` (while creating windows: nothing else is
-    /// shared yet).
-    pub(super) fn barrier(&self) -> Result<(), String> {
-        let _g = lock();
-        // SAFETY: MPI is initialized (`self` exists).
-        check("MPI_Barrier", unsafe {
-            ffi::MPI_Barrier(ffi::RSMPI_COMM_WORLD)
-        })
+    /// A barrier that also tells every rank whether every rank succeeded: `problem`
+    /// is this rank's failure at `what`, if any; an error on every rank when any
+    /// rank had one (its own, or one naming the first rank that failed).
+    pub(super) fn agree(&self, problem: Option<String>, what: &str) -> Result<(), String> {
+        let mine = if problem.is_some() {
+            self.rank as c_int
+        } else {
+            c_int::MAX
+        };
+        let mut first: c_int = c_int::MAX;
+        {
+            let _g = lock();
+            // SAFETY: one int each way.
+            check("MPI_Allreduce", unsafe {
+                ffi::MPI_Allreduce(
+                    (&mine as *const c_int).cast(),
+                    (&mut first as *mut c_int).cast(),
+                    1,
+                    ffi::RSMPI_INT32_T,
+                    ffi::RSMPI_MIN,
+                    ffi::RSMPI_COMM_WORLD,
+                )
+            })?;
+        }
+        match problem {
+            Some(p) => Err(p),
+            None if first != c_int::MAX => Err(format!(
+                "rank {first} could not {what} (its own error says why)"
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -188,6 +212,31 @@ fn warn_about_known_bugs(rank: c_int) {
             version.lines().next().unwrap_or("Open MPI").trim()
         );
     }
+}
+
+/// The variable that turns the sharing of a node's heaps off (`0`) or on (`1`, the
+/// default where the library allows it).
+pub(crate) const SHARED_VAR: &str = "TESSERA_MPI_SHARED";
+
+/// Why the heaps of a node's processes must not be allocated together, if they must
+/// not: [`SHARED_VAR`]` = 0`, or an Open MPI run whose one-sided components exclude
+/// `osc/sm` (`OMPI_MCA_osc`, e.g. `pt2pt` or `^sm`), which cannot allocate shared
+/// windows. `get` reads one environment variable.
+fn shared_heaps_off(get: impl Fn(&str) -> Option<String>) -> Option<String> {
+    match get(SHARED_VAR).as_deref().map(str::trim) {
+        Some("0") => return Some(format!("{SHARED_VAR}=0")),
+        Some("1") => return None,
+        _ => {}
+    }
+    let osc = get("OMPI_MCA_osc")?;
+    let list = osc.trim();
+    let (excluding, names) = match list.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, list),
+    };
+    let has_sm = names.split(',').any(|n| n.trim() == "sm");
+    (excluding == has_sm)
+        .then(|| format!("Open MPI's one-sided components are `{list}`, without `sm`"))
 }
 
 impl Drop for Mpi {
@@ -278,61 +327,75 @@ impl Window {
         }
         // SAFETY: MPI_Win_allocate succeeded, so it wrote the handle.
         let win = unsafe { win.assume_init() };
-        let base = match NonNull::new(base) {
-            Some(b) => b,
-            // A zero-byte part may have no address: any aligned dangling pointer.
-            None if len == 0 => NonNull::<u64>::dangling().cast(),
-            None => return Err("MPI_Win_allocate returned no memory".into()),
+        // A zero-byte part is never accessed, and MPI may answer it with any address
+        // (Open MPI 4 gives an unaligned one): an aligned dangling pointer instead.
+        let base = if len == 0 {
+            Some(NonNull::<u64>::dangling().cast())
+        } else {
+            NonNull::new(base)
         };
         Window::open(mpi, win, base, len, zero, None)
     }
 
-    /// Zeroes the first `zero` local bytes of a fresh window, opens its epoch and
-    /// waits for every rank.
+    /// Zeroes the first `zero` local bytes of a fresh window (`base`: its local part,
+    /// `None` if MPI gave none), opens its epoch and waits for every rank. Collective
+    /// even when it fails: every rank learns whether every rank opened the window
+    /// (and all free it), so that a failure on one rank is an error on all, not a
+    /// hang in the next collective.
     fn open(
         mpi: &Arc<Mpi>,
         win: ffi::MPI_Win,
-        base: NonNull<u8>,
+        base: Option<NonNull<u8>>,
         len: usize,
         zero: usize,
         node: Option<NodeShared>,
     ) -> Result<Window, String> {
-        if !(base.as_ptr() as usize).is_multiple_of(8) {
-            return Err("MPI returned window memory that is not 8-byte aligned".into());
-        }
-        // SAFETY: `zero.min(len)` bytes of the fresh local part; nobody accesses it
-        // before the barrier below.
-        unsafe { std::ptr::write_bytes(base.as_ptr(), 0, zero.min(len)) };
+        let mut problem = match base {
+            None => Some("MPI returned no memory for the window".to_string()),
+            Some(b) if !(b.as_ptr() as usize).is_multiple_of(8) => {
+                Some("MPI returned window memory that is not 8-byte aligned".into())
+            }
+            Some(b) => {
+                // SAFETY: `zero.min(len)` bytes of the fresh local part; nobody
+                // accesses it before the agreement below.
+                unsafe { std::ptr::write_bytes(b.as_ptr(), 0, zero.min(len)) };
+                None
+            }
+        };
         let w = Window {
             win,
-            base,
+            // Only dereferenced once every rank agreed that it is valid.
+            base: base.unwrap_or(NonNull::<u64>::dangling().cast()),
             len,
             pending: Mutex::new(Vec::new()),
             me: mpi.rank,
             node,
             _mpi: mpi.clone(),
         };
-        {
+        if problem.is_none() {
             let _g = lock();
             // SAFETY: a live window.
-            unsafe {
+            problem = unsafe {
                 check(
                     "MPI_Win_lock_all",
                     ffi::MPI_Win_lock_all(ffi::MPI_MODE_NOCHECK as c_int, w.win),
-                )?;
-                check("MPI_Win_sync", ffi::MPI_Win_sync(w.win))?;
+                )
+                .and_then(|()| check("MPI_Win_sync", ffi::MPI_Win_sync(w.win)))
             }
+            .err();
         }
-        mpi.barrier()?;
+        // On failure `w` is dropped, freeing the window on every rank alike.
+        mpi.agree(problem, "open the window")?;
         Ok(w)
     }
 
     /// As [`Window::allocate`], with the ranks of each node allocating their parts
     /// together (`MPI_Win_allocate_shared`) so that each maps its node's other parts
     /// ([`Window::mapped`]); the window over every rank is then created on that
-    /// memory (`MPI_Win_create`). `None` (after every rank agreed) when the library
-    /// cannot share memory between a node's processes (e.g. its shared-memory
-    /// components are disabled): use [`Window::allocate`].
+    /// memory (`MPI_Win_create`). `None` (every rank agreeing) when sharing is turned
+    /// off ([`SHARED_VAR`]) or the library is known not to do it
+    /// ([`shared_heaps_off`]): use [`Window::allocate`]. A library that fails it
+    /// anyway is an error naming [`SHARED_VAR`].
     pub(super) fn allocate_node_shared(
         mpi: &Arc<Mpi>,
         len: usize,
@@ -340,13 +403,42 @@ impl Window {
     ) -> Result<Option<Window>, String> {
         let size = ffi::MPI_Aint::try_from(len)
             .map_err(|_| format!("a window of {len} bytes is too large"))?;
+        // Decided before trying: MPI leaves its state undefined after an error (MPI
+        // 3.1, section 8.3), so a failure is an error, not a fallback. Every rank
+        // takes the decision of the most restrictive one.
+        let reason = shared_heaps_off(|k| std::env::var(k).ok());
+        let mut off: c_int = 0;
+        {
+            let _g = lock();
+            let mine = c_int::from(reason.is_some());
+            // SAFETY: one int each way.
+            check("MPI_Allreduce", unsafe {
+                ffi::MPI_Allreduce(
+                    (&mine as *const c_int).cast(),
+                    (&mut off as *mut c_int).cast(),
+                    1,
+                    ffi::RSMPI_INT32_T,
+                    ffi::RSMPI_MAX,
+                    ffi::RSMPI_COMM_WORLD,
+                )
+            })?;
+        }
+        if off != 0 {
+            if mpi.rank == 0 {
+                let why = reason.unwrap_or_else(|| "another rank's environment says so".into());
+                log::info!(
+                    "the heaps are not shared between the processes of a node ({why}); every peer is reached through MPI calls"
+                );
+            }
+            return Ok(None);
+        }
         // Declared before the lock's guard, so that an early return releases the lock
         // before the node's allocation is freed (which takes it).
         let mut holder: Option<NodeShared> = None;
         let g = lock();
         let mut comm = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
         // SAFETY: MPI is initialized; the out-pointer receives the communicator.
-        let comm = unsafe {
+        let mut comm = unsafe {
             check(
                 "MPI_Comm_split_type",
                 ffi::MPI_Comm_split_type(
@@ -381,54 +473,26 @@ impl Window {
                 win.as_mut_ptr(),
             )
         };
-        // Every rank learns whether every node managed.
-        let (mine, mut any_failed): (c_int, c_int) = (c_int::from(rc != 0), 0);
-        // SAFETY: one int each way.
-        check("MPI_Allreduce", unsafe {
-            ffi::MPI_Allreduce(
-                (&mine as *const c_int).cast(),
-                (&mut any_failed as *mut c_int).cast(),
-                1,
-                ffi::RSMPI_INT32_T,
-                ffi::RSMPI_MAX,
-                ffi::RSMPI_COMM_WORLD,
-            )
-        })?;
+        if rc != 0 {
+            // Nothing to free but the communicator (see above: no fallback).
+            // SAFETY: the communicator is live.
+            unsafe {
+                let _ = ffi::MPI_Comm_free(&mut comm);
+            }
+            drop(g);
+            return Err(format!(
+                "{}: this MPI cannot share memory between the processes of a node; \
+                 run with {SHARED_VAR}=0 to reach every peer through MPI calls",
+                mpi_err("MPI_Win_allocate_shared", rc)
+            ));
+        }
         // From here on the node's allocation is owned (freed on every early return).
         let node = holder.insert(NodeShared {
-            // SAFETY: only read when the allocation succeeded (`rc == 0`).
-            win: if rc == 0 {
-                unsafe { win.assume_init() }
-            } else {
-                // SAFETY: a null handle, never freed (see below).
-                unsafe { ffi::RSMPI_WIN_NULL }
-            },
+            // SAFETY: MPI_Win_allocate_shared succeeded, so it wrote the handle.
+            win: unsafe { win.assume_init() },
             comm,
             parts: Vec::new(),
         });
-        if any_failed != 0 {
-            if rc != 0 {
-                // Nothing to free but the communicator.
-                // SAFETY: the communicator is live; the holder is forgotten so that
-                // its drop does not free the null window.
-                unsafe {
-                    let _ = ffi::MPI_Comm_free(&mut node.comm);
-                }
-                std::mem::forget(holder.take());
-            }
-            drop(g);
-            let why = if rc != 0 {
-                mpi_err("MPI_Win_allocate_shared", rc)
-            } else {
-                "MPI_Win_allocate_shared failed on another node".into()
-            };
-            if mpi.rank == 0 {
-                log::info!(
-                    "MPI cannot share memory between the processes of a node here ({why}); every peer is reached through MPI calls"
-                );
-            }
-            return Ok(None);
-        }
         let base = NonNull::new(base).ok_or("MPI_Win_allocate_shared returned no memory")?;
         // The node's ranks, in node order, and their parts.
         let mut node_size: c_int = 0;
@@ -484,7 +548,7 @@ impl Window {
         drop(g);
         // SAFETY: MPI_Win_create succeeded.
         let world = unsafe { world.assume_init() };
-        Window::open(mpi, world, base, len, zero, holder.take()).map(Some)
+        Window::open(mpi, world, Some(base), len, zero, holder.take()).map(Some)
     }
 
     /// Where rank `r`'s part is mapped in this process: this rank's, and those of
@@ -797,5 +861,42 @@ unsafe impl HostMemory for Part {
             target: self.target,
             len: self.win.len,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
+    }
+
+    #[test]
+    fn shared_heaps_follow_the_variable_then_open_mpi_components() {
+        assert_eq!(shared_heaps_off(env(&[])), None);
+        let off = shared_heaps_off(env(&[(SHARED_VAR, "0")]));
+        assert_eq!(off.as_deref(), Some("TESSERA_MPI_SHARED=0"));
+        // The variable wins over the components.
+        let on = [(SHARED_VAR, "1"), ("OMPI_MCA_osc", "pt2pt")];
+        assert_eq!(shared_heaps_off(env(&on)), None);
+        for (osc, off) in [
+            ("pt2pt", true),
+            ("^sm", true),
+            ("^rdma,sm", true),
+            ("^rdma", false),
+            ("sm,pt2pt", false),
+            (" sm ", false),
+        ] {
+            let got = shared_heaps_off(env(&[("OMPI_MCA_osc", osc)]));
+            assert_eq!(got.is_some(), off, "OMPI_MCA_osc={osc}: {got:?}");
+        }
+        // Anything else in the variable (`World::mpi` refuses it): the components decide.
+        let junk = [(SHARED_VAR, "maybe"), ("OMPI_MCA_osc", "pt2pt")];
+        assert!(shared_heaps_off(env(&junk)).is_some());
     }
 }
