@@ -31,6 +31,8 @@ mod checked_gather;
 #[path = "dropout.rs"]
 #[allow(dead_code)]
 mod dropout;
+#[path = "gpu_cases.rs"]
+mod gpu_cases;
 #[path = "layernorm.rs"]
 #[allow(dead_code)]
 mod layernorm;
@@ -69,7 +71,7 @@ use std::time::Instant;
 use tessera::ArtifactStore;
 use tessera::aot::{
     ALL_TARGETS, Artifact, CompileOptions, Specialization, Target, Vendor,
-    compile_kernel_specialized, precompile,
+    compile_kernel_specialized, precompile_launches,
 };
 use tessera::prelude::*;
 
@@ -183,13 +185,7 @@ macro_rules! job {
                 };
                 compile_kernel_specialized::<$k>(&(), &sp, t, o)
             },
-            |t, o, s| {
-                let ir = tessera::kernel_ir::<$k>(&())?;
-                Specialization::for_launches(&ir)
-                    .iter()
-                    .map(|sp| precompile::<$k>(&(), sp, t, o, s))
-                    .collect()
-            },
+            |t, o, s| precompile_launches::<$k>(&(), t, o, s),
         )
     };
     (@ $name:literal, $warps:expr, $k:ty) => {
@@ -198,20 +194,14 @@ macro_rules! job {
             $warps,
             |sp, t, o| compile_kernel_specialized::<$k>(&(), sp, t, o),
             // Every specialization a launch can look up.
-            |t, o, s| {
-                let ir = tessera::kernel_ir::<$k>(&())?;
-                Specialization::for_launches(&ir)
-                    .iter()
-                    .map(|sp| precompile::<$k>(&(), sp, t, o, s))
-                    .collect()
-            },
+            |t, o, s| precompile_launches::<$k>(&(), t, o, s),
         )
     };
 }
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 23] = [
+const JOBS: [Job; 28] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -240,6 +230,12 @@ const JOBS: [Job; 23] = [
     job!("matmul_fp8_bt_128x128x128", warps = 8, matmul_fp8::matmul_fp8_bt<F8E4M3, 128, 128, 128>),
     // Device-side communication (examples/ping_pong.rs): the GPU check's ranks.
     job!("ring_pass", ping_pong::ring_pass<1024>),
+    // The GPU check's own cases (examples/gpu_cases.rs).
+    job!("bf16_axpb", gpu_cases::bf16_axpb<1024>),
+    job!("f64_poly", gpu_cases::f64_poly<256>),
+    job!("histogram_system", gpu_cases::histogram_system<1024>),
+    job!("row_cumsum_f32", gpu_cases::row_cumsum<f32, 1024>),
+    job!("row_cumsum_i32", gpu_cases::row_cumsum<i32, 1024>),
     // Through tensor descriptors (examples/matmul_desc.rs): TMA + mbarriers on sm_90a.
     job!("matmul_desc_128x128x64", warps = 8, maps, matmul_desc::matmul_desc<128, 128, 64>),
 ];
@@ -290,6 +286,18 @@ fn run(args: &Args) -> Result<(), String> {
                 art.meta.shared_bytes,
                 elapsed.as_secs_f64() * 1e3,
                 file.display()
+            );
+        }
+        // The collectives' own kernels (f32), for a runtime without LLVM.
+        if let Some(s) = &args.store {
+            let t = Instant::now();
+            let files =
+                tessera::collectives::precompile::<f32>(target, &args.opts, &ArtifactStore::new(s))
+                    .map_err(|e| format!("{tname}: the collectives' kernels: {e}"))?;
+            println!(
+                "{tname:>8} collectives (f32): {} artifacts in {:.1} s",
+                files.len(),
+                t.elapsed().as_secs_f64()
             );
         }
     }

@@ -1,9 +1,13 @@
-//! The GPU check: every example kernel on a GPU against the CPU interpreter, then
-//! benchmarks. Built WITHOUT LLVM (`--no-default-features`): the kernels come
-//! precompiled from an artifact store (`scripts/gpu-check.sh` packs both).
+//! The GPU check: every example kernel on a GPU against the CPU interpreter, then a
+//! communicating kernel as 2 processes on the GPU (`ping_pong`, heaps shared through
+//! the driver's IPC), then benchmarks. Built WITHOUT LLVM (`--no-default-features`):
+//! the kernels come precompiled from an artifact store (`scripts/gpu-check.sh` packs
+//! both); a build with `jit` compiles them at launch instead (the tests run it so on
+//! the emulators).
 //!
 //! ```sh
-//! gpu_check --kernels <dir> [--device cuda:0] [--json out.json] [--no-bench]
+//! gpu_check --kernels <dir> [--device cuda:0] [--json out.json] [--no-bench] [--no-comm]
+//! gpu_check --device emu-nv --no-bench --case bf16 --case f64   # some cases only
 //! gpu_check --kernels <dir> --target sm_90 --check-artifacts   # no GPU needed
 //! ```
 //!
@@ -49,6 +53,8 @@ mod ex_topk;
 #[path = "vector_add.rs"]
 #[allow(dead_code)]
 mod ex_vector_add;
+#[path = "gpu_cases.rs"]
+mod gpu_cases;
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -73,9 +79,11 @@ use ex_ping_pong::ring_pass;
 use ex_softmax::softmax;
 use ex_topk::route;
 use ex_vector_add::vector_add;
+use gpu_cases::{bf16_axpb, f64_poly, histogram_system, row_cumsum};
 
 const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
-                     [--json <file>] [--no-bench] [--no-comm] [--target <t> --check-artifacts]";
+                     [--json <file>] [--no-bench] [--no-comm] [--case <name>]... \
+                     [--target <t> --check-artifacts]";
 
 struct Args {
     kernels: Option<PathBuf>,
@@ -84,6 +92,8 @@ struct Args {
     bench: bool,
     /// Runs the communication check (processes on the GPU).
     comm: bool,
+    /// Runs only the suite's cases whose names contain one of these (all if empty).
+    cases: Vec<String>,
     /// This process is one rank of the communication check (started by it).
     comm_rank: bool,
     check_target: Option<String>,
@@ -107,6 +117,7 @@ fn parse_args(
         json: None,
         bench: true,
         comm: true,
+        cases: Vec::new(),
         comm_rank: false,
         check_target: None,
     };
@@ -121,6 +132,7 @@ fn parse_args(
             Long("target") => target = Some(value_of(&mut p)?),
             Long("no-bench") => a.bench = false,
             Long("no-comm") => a.comm = false,
+            Long("case") => a.cases.push(value_of(&mut p)?),
             Long("comm-rank") => a.comm_rank = true,
             Long("check-artifacts") => check = true,
             Short('h') | Long("help") => return Err(USAGE.into()),
@@ -176,7 +188,7 @@ type Case = fn(&Device, &Device, &mut StdRng) -> Result<Result<String, String>, 
 
 /// Runs one kernel on `gpu` and on `cpu` with the same inputs; the inner result is
 /// the comparison.
-const CASES: [(&str, Case); 16] = [
+const CASES: [(&str, Case); 20] = [
     ("vector_add", |gpu, cpu, rng| {
         let n = 1_000_003usize;
         let (xs, ys) = (random(rng, n, -10.0, 10.0), random(rng, n, -10.0, 10.0));
@@ -508,6 +520,85 @@ const CASES: [(&str, Case); 16] = [
         };
         Ok(compare(&run(gpu)?, &run(cpu)?, 2e-3, 4.0 / 2048.0))
     }),
+    ("bf16_axpb", |gpu, cpu, rng| {
+        let n = 100_003usize;
+        let xs: Vec<bf16> = random(rng, n, -50.0, 50.0)
+            .into_iter()
+            .map(bf16::from_f32)
+            .collect();
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let x = d.upload(&xs)?;
+            let mut out = d.upload(&vec![bf16::NAN; n])?;
+            let args = (&x, &mut out, 0.37f32, -1.5f32, n as i32);
+            bf16_axpb::<1024>::launch(d, n.div_ceil(1024), args)?;
+            Ok(f64s(out.download()?, |v| v.to_f64()))
+        };
+        // One rounding to bf16 of the same f32 value: bit-exact.
+        Ok(compare(&run(gpu)?, &run(cpu)?, 0.0, 0.0))
+    }),
+    ("f64_poly", |gpu, cpu, rng| {
+        let n = 100_003usize;
+        let xs: Vec<f64> = random(rng, n, -1e3, 1e3)
+            .into_iter()
+            .map(|v| f64::from(v) * 1.000_000_1)
+            .collect();
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let x = d.upload(&xs)?;
+            let mut out = d.upload(&vec![f64::NAN; n])?;
+            f64_poly::<256>::launch(d, n.div_ceil(256), (&x, &mut out, n as i32))?;
+            out.download()
+        };
+        // Correctly rounded operations on both; a fused multiply-add may round once
+        // where the interpreter rounds twice.
+        Ok(compare(&run(gpu)?, &run(cpu)?, 0.0, 1e-15))
+    }),
+    ("histogram_system", |gpu, cpu, rng| {
+        // 1M keys into 1000 bins, skewed (half into 10 bins) so that atomics collide.
+        let (n, bins) = (1_000_003usize, 1000i32);
+        let keys: Vec<i32> = (0..n)
+            .map(|i| {
+                if i % 2 == 0 {
+                    rng.gen_range(0..10)
+                } else {
+                    rng.gen_range(0..bins)
+                }
+            })
+            .collect();
+        let run = |d: &Device| -> Result<Vec<f64>, Error> {
+            let k = d.upload(&keys)?;
+            let mut counts = d.upload(&vec![0u32; bins as usize])?;
+            histogram_system::<1024>::launch(d, n.div_ceil(1024), (&k, &mut counts, n as i32))?;
+            Ok(f64s(counts.download()?, f64::from))
+        };
+        let got = run(gpu)?;
+        let total: f64 = got.iter().sum();
+        Ok(compare(&got, &run(cpu)?, 0.0, 0.0).map(|d| format!("{d}, {total} counted")))
+    }),
+    ("row_cumsum", |gpu, cpu, rng| {
+        // f32 (the GPU's scan adds in another order: a tolerance) and i32 (exact), rows
+        // of 1000 in a 1024-wide tile.
+        let (rows, cols) = (300usize, 1000usize);
+        let xs = random(rng, rows * cols, -1.0, 1.0);
+        let xi: Vec<i32> = (0..rows * cols)
+            .map(|_| rng.gen_range(-1000..1000))
+            .collect();
+        let run = |d: &Device| -> Result<(Vec<f64>, Vec<f64>), Error> {
+            let (x, y) = (d.upload(&xs)?, d.upload(&xi)?);
+            let mut out = d.upload(&vec![f32::NAN; rows * cols])?;
+            let mut outi = d.upload(&vec![i32::MIN; rows * cols])?;
+            row_cumsum::<f32, 1024>::launch(d, rows, (&x, &mut out, cols as i32))?;
+            row_cumsum::<i32, 1024>::launch(d, rows, (&y, &mut outi, cols as i32))?;
+            Ok((
+                f64s(out.download()?, f64::from),
+                f64s(outi.download()?, f64::from),
+            ))
+        };
+        let ((gf, gi), (cf, ci)) = (run(gpu)?, run(cpu)?);
+        if let Err(e) = compare(&gi, &ci, 0.0, 0.0) {
+            return Ok(Err(format!("i32: {e}")));
+        }
+        Ok(compare(&gf, &cf, 1e-4, 1e-5).map(|d| format!("{d}; i32 exact")))
+    }),
     // device_print and device_assert: the output buffer read back after the launch.
     ("checked_gather", |gpu, cpu, rng| {
         let (n, len) = (10_000usize, 3000usize);
@@ -650,6 +741,34 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             Ok(2.0 * (s as f64).powi(3) / t / 1e12)
         })(),
     );
+    // FlashAttention-2 forward (tessera::attention, 128 query rows x 64 keys per step,
+    // head dim 64), not causal: 32 heads (say batch 4 x 8 heads) of 4096 tokens.
+    let (heads, seq) = (32usize, 4096usize);
+    record(
+        "attention_f16",
+        "TFLOP/s",
+        (|| {
+            let len = heads * seq * 64;
+            let q = dev.upload(&random_f16(len, 3))?;
+            let k = dev.upload(&random_f16(len, 4))?;
+            let v = dev.upload(&random_f16(len, 5))?;
+            let mut o = dev.alloc::<f16>(len)?;
+            let scale_log2 = (1.0 / 8.0f32) * std::f32::consts::LOG2_E;
+            let (sq, grid) = (seq as i32, (seq.div_ceil(128), heads));
+            let t = bench(10)
+                .run(dev, || {
+                    tessera::attention::attention_fwd::<f16, 128, 64, 64>::launch(
+                        dev,
+                        grid,
+                        (&q, &k, &v, &mut o, sq, sq, scale_log2, 0),
+                    )
+                })?
+                .median()
+                .as_secs_f64();
+            // QK^T and PV: 2 * 2 * seq * seq * 64 per head.
+            Ok(4.0 * heads as f64 * (seq as f64).powi(2) * 64.0 / t / 1e12)
+        })(),
+    );
     // The same product through tensor descriptors (TMA into the wgmma ring on sm_90a).
     record(
         "matmul_desc_f16",
@@ -767,6 +886,20 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
         find_all::<matmul<f16, 128, 128, 64>>(store, t, &eight),
     );
     one("ring_pass", find_all::<ring_pass<1024>>(store, t, o));
+    one("bf16_axpb", find_all::<bf16_axpb<1024>>(store, t, o));
+    one("f64_poly", find_all::<f64_poly<256>>(store, t, o));
+    one(
+        "histogram_system",
+        find_all::<histogram_system<1024>>(store, t, o),
+    );
+    one(
+        "row_cumsum_f32",
+        find_all::<row_cumsum<f32, 1024>>(store, t, o),
+    );
+    one(
+        "row_cumsum_i32",
+        find_all::<row_cumsum<i32, 1024>>(store, t, o),
+    );
     one(
         "matmul_desc_128x128x64_8warps",
         find_all::<matmul_desc<128, 128, 64>>(store, t, &eight),
@@ -798,12 +931,13 @@ fn add_ones(x: f32, k: usize) -> f32 {
 /// One rank of the communication check (this process was started by
 /// [`comm_check`]): joins the launched world on `dev` (heaps exported and opened
 /// through the driver's IPC), passes a tile around the ring of processes with
-/// `put_signal` / `wait_until` (`examples/ping_pong.rs`), and checks every element
-/// it ends with, the masked-off ones untouched.
+/// `put_signal` / `wait_until` (`examples/ping_pong.rs`) and checks every element it
+/// ends with, the masked-off ones untouched; then all-reduces with each algorithm of
+/// the stock collectives.
 fn comm_rank(dev: &Device) -> Result<Result<String, String>, Error> {
     let r = World::launched()?
         .on(dev)
-        .heap_bytes(1 << 20)
+        .heap_bytes(64 << 20)
         .signal_bytes(4096)
         .wait_timeout(Duration::from_secs(30))
         .join()?;
@@ -847,28 +981,59 @@ fn comm_rank(dev: &Device) -> Result<Result<String, String>, Error> {
             COMM_ELEMS + i
         )));
     }
-    Ok(Ok(format!(
-        "rank {me}: {COMM_ELEMS} elements exact after {hops} hops; {COMM_LAPS} laps in {:.2} ms ({:.1} us per hop)",
-        elapsed.as_secs_f64() * 1e3,
+    let mut line = format!(
+        "rank {me}: ping_pong {COMM_ELEMS} elements exact after {hops} hops, {:.1} us per hop",
         elapsed.as_secs_f64() * 1e6 / (COMM_LAPS * ws) as f64
-    )))
+    );
+    // The stock all-reduce (f32 sum, every algorithm), against the sums in rank order
+    // (bit-exact: the collectives add in rank order too). Odd sizes: ragged tiles.
+    for (algo, n) in [
+        (AllReduceAlgo::LowLatency, 1000usize),
+        (AllReduceAlgo::OneShot, 100_003),
+        (AllReduceAlgo::TwoShot, 1_000_003),
+    ] {
+        let input = |p: usize| random(&mut StdRng::seed_from_u64(p as u64 + 17), n, -1.0, 1.0);
+        let mut want = input(0);
+        for p in 1..ws {
+            for (w, x) in want.iter_mut().zip(input(p)) {
+                *w += x;
+            }
+        }
+        let mut buf = r.upload(&input(me))?;
+        let t = Instant::now();
+        r.all_reduce_with(&mut buf, ReduceOp::Sum, algo)?;
+        let got = buf.download()?;
+        let elapsed = t.elapsed();
+        if let Err(e) = compare(&f64s(got, f64::from), &f64s(want, f64::from), 0.0, 0.0) {
+            return Ok(Err(format!("rank {me}: all_reduce {algo:?} of {n}: {e}")));
+        }
+        line += &format!(
+            ", all_reduce {algo:?} of {n} exact ({:.2} ms)",
+            elapsed.as_secs_f64() * 1e3
+        );
+    }
+    r.barrier()?;
+    Ok(Ok(line))
 }
 
 /// The communication check: [`COMM_RANKS`] processes of this program on `device`
-/// (`spawn_local`, as `torchrun` would start them), each running [`comm_rank`]. The
+/// (`spawn_local`, as `torchrun` would start them), each running [`comm_rank`] with
+/// the precompiled `kernels` (without: compiled at launch, which needs `jit`). The
 /// inner result is the verdict, with every rank's line.
-fn comm_check(device: &str, kernels: &std::path::Path) -> Result<Result<String, String>, Error> {
+fn comm_check(
+    device: &str,
+    kernels: Option<&std::path::Path>,
+) -> Result<Result<String, String>, Error> {
     let exe = std::env::current_exe().map_err(|e| Error::Comm {
         rank: 0,
         message: format!("cannot find this program to start its ranks: {e}"),
     })?;
     let outs = tessera::world::spawn_local_with(COMM_RANKS, |_| {
         let mut c = Command::new(&exe);
-        c.arg("--comm-rank")
-            .arg("--device")
-            .arg(device)
-            .arg("--kernels")
-            .arg(kernels);
+        c.arg("--comm-rank").arg("--device").arg(device);
+        if let Some(dir) = kernels {
+            c.arg("--kernels").arg(dir);
+        }
         c
     })?;
     let mut lines = Vec::new();
@@ -942,8 +1107,12 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
     let cpu = Device::cpu();
     let mut rows = Vec::new();
     let mut ok = true;
-    let mut rng = StdRng::seed_from_u64(0x7e55e7a);
-    for (name, case) in CASES {
+    for (i, (name, case)) in CASES.iter().enumerate() {
+        if !args.cases.is_empty() && !args.cases.iter().any(|c| name.contains(c.as_str())) {
+            continue;
+        }
+        // Each case's own inputs, whichever cases run.
+        let mut rng = StdRng::seed_from_u64(0x7e55e7a + i as u64);
         let (status, detail) = match case(&dev, &cpu, &mut rng) {
             Ok(Ok(d)) => ("PASS", d),
             Ok(Err(d)) => ("FAIL", d),
@@ -958,14 +1127,8 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
         });
     }
     if args.comm {
-        let name = format!("ping_pong_{COMM_RANKS}proc");
-        let verdict = match &args.kernels {
-            Some(dir) => comm_check(&dev.id(), dir),
-            None => Err(Error::Comm {
-                rank: 0,
-                message: "the communication check needs --kernels".into(),
-            }),
-        };
+        let name = format!("comm_{COMM_RANKS}proc");
+        let verdict = comm_check(&dev.id(), args.kernels.as_deref());
         let (status, detail) = match verdict {
             Ok(Ok(d)) => ("PASS", d),
             Ok(Err(d)) => ("FAIL", d),

@@ -1,20 +1,28 @@
 #!/usr/bin/env bash
 # The GPU check, prepared here and run on a GPU machine that has a driver, PyTorch
-# and Triton but no Rust and no LLVM.
+# and Triton but no Rust and no LLVM. One pack per vendor:
 #
-#   scripts/gpu-check.sh [--dry-run] [--target sm_90a]
+#   scripts/gpu-check.sh [--dry-run] [--vendor nvidia|amd|both]
 #
+#   nvidia: target/gpu-check/      kernels for sm_90a (an H100/H200), device cuda:0
+#   amd:    target/gpu-check-amd/  kernels for gfx942 (MI300) and gfx90a (MI200),
+#                                  device hip:0, built with the `hip` feature
+#
+# For each pack:
 # 1. builds examples/gpu_check.rs in release WITHOUT LLVM (`--no-default-features`)
-#    and checks that it links no libLLVM;
-# 2. precompiles every example kernel for the target with the `aot` example into an
-#    artifact store (needs the SIMT lowering; without it this step says so and the
-#    rest still runs: the GPU run then reports the kernels missing);
-# 3. packs the binary, the kernels, scripts/gpu_bench.py and run.sh into
-#    target/gpu-check/ (git-ignored, so pass it in the device tool's `carry`), checks
-#    it is under 64 MiB, and checks the pack here: the artifacts are found for the
-#    target, and TESSERA_DEVICE=cuda fails cleanly when there is no driver;
+#    and checks that it links no libLLVM, and no vendor library (libcuda and
+#    libamdhip64 are loaded at run time);
+# 2. precompiles every example kernel for the pack's targets with the `aot` example
+#    into an artifact store;
+# 3. packs the binary, the kernels, scripts/gpu_bench.py and run.sh (git-ignored, so
+#    pass the folder in the device tool's `carry`), checks it is under 64 MiB, and
+#    checks the pack here: the artifacts are found for every target, and the device
+#    fails cleanly when there is no driver;
 # 4. prints the one `run` call to make on the GPU machine. Without --dry-run, when
-#    this machine has an NVIDIA GPU, it also runs the pack here.
+#    this machine has the vendor's GPU, it also runs the pack here.
+#
+# --dry-run checks both packs unless --vendor says otherwise; without it, the default
+# is nvidia.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 command -v cargo >/dev/null 2>&1 || . "$HOME/.cargo/env"
@@ -23,50 +31,85 @@ if [ -f .tools/env.sh ]; then
   . .tools/env.sh
 fi
 dry_run=0
-target=sm_90a  # an H200 (compute capability 9.0) runs sm_90a code
+vendor=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --dry-run) dry_run=1 ;;
-    --target) target="$2"; shift ;;
-    *) echo "usage: $0 [--dry-run] [--target sm_90a]" >&2; exit 2 ;;
+    --vendor) vendor="${2:-}"; shift ;;
+    *) echo "usage: $0 [--dry-run] [--vendor nvidia|amd|both]" >&2; exit 2 ;;
   esac
   shift
 done
-tdir="${CARGO_TARGET_DIR:-target}"
-pack=target/gpu-check
-limit=$((64 * 1024 * 1024))
-
-echo "== 1. gpu_check, release, no LLVM"
-cargo build -q --release -p tessera-examples --no-default-features --example gpu_check
-bin="$tdir/release/examples/gpu_check"
-if readelf -d "$bin" | grep -i 'NEEDED.*llvm'; then
-  echo "FAIL: $bin links LLVM" >&2
-  exit 1
+if [ -z "$vendor" ]; then
+  if [ "$dry_run" = 1 ]; then vendor=both; else vendor=nvidia; fi
 fi
-echo "ok: $(readelf -d "$bin" | grep -c NEEDED) shared libraries, none of them LLVM"
-
-rm -rf "$pack"
-mkdir -p "$pack/kernels"
-echo "== 2. precompile the example kernels for $target"
+case "$vendor" in
+  nvidia|amd|both) ;;
+  *) echo "gpu-check: --vendor must be nvidia, amd or both, not '$vendor'" >&2; exit 2 ;;
+esac
+tdir="${CARGO_TARGET_DIR:-target}"
+limit=$((64 * 1024 * 1024))
 aot_log="$(mktemp)"
 trap 'rm -f "$aot_log"' EXIT
-if cargo run -q --release -p tessera-examples --example aot -- \
-    --target "$target" --out "$pack/aot-$target" --store "$pack/kernels" >"$aot_log" 2>&1; then
-  cat "$aot_log"
-  lowering=1
-else
-  lowering=0
-  sed 's/^/  /' "$aot_log" | tail -8
-  echo "NOTE: precompilation failed: the SIMT lowering (codegen/src/lower) is not in" \
-       "this branch yet, so the pack has no kernels; the GPU run will report each one" \
-       "missing. Everything else is packed."
-fi
-rm -rf "$pack/aot-$target"
 
-echo "== 3. pack into $pack"
+# pack VENDOR: builds, packs and checks one vendor's pack (see the top).
+pack_vendor() {
+local vendor=$1 pack targets features dev_env dev no_driver
+if [ "$vendor" = nvidia ]; then
+  pack=target/gpu-check
+  targets="sm_90a"  # an H200 (compute capability 9.0) runs sm_90a code
+  features=""
+  dev=cuda:0
+  dev_env=cuda
+  no_driver="no CUDA driver found"
+else
+  pack=target/gpu-check-amd
+  targets="gfx942 gfx90a"  # MI300X/MI300A, MI200
+  features="--features hip"
+  dev=hip:0
+  dev_env=hip
+  # Where a HIP runtime is installed without a GPU (some build machines), it is
+  # loaded and says there is no device.
+  no_driver="no HIP (runtime|device) found"
+fi
+
+echo "== [$vendor] 1. gpu_check, release, no LLVM"
+# shellcheck disable=SC2086  # $features is empty or two words
+cargo build -q --release -p tessera-examples --no-default-features $features --example gpu_check
+bin="$tdir/release/examples/gpu_check"
+if readelf -d "$bin" | grep -iE 'NEEDED.*(llvm|libcuda|amdhip)'; then
+  echo "FAIL: $bin links LLVM or a vendor library (they must be loaded at run time)" >&2
+  exit 1
+fi
+echo "ok: $(readelf -d "$bin" | grep -c NEEDED) shared libraries, none of them LLVM, CUDA or HIP"
+rm -rf "$pack"
+mkdir -p "$pack/kernels"
 cp "$bin" "$pack/gpu_check"
+
+for target in $targets; do
+  echo "== [$vendor] 2. precompile the example kernels for $target"
+  if ! cargo run -q --release -p tessera-examples --example aot -- \
+      --target "$target" --out "$pack/aot-$target" --store "$pack/kernels" >"$aot_log" 2>&1; then
+    sed 's/^/  /' "$aot_log" | tail -8
+    echo "FAIL: precompiling the example kernels for $target" >&2
+    exit 1
+  fi
+  cat "$aot_log"
+  rm -rf "$pack/aot-$target"
+done
+
+echo "== [$vendor] 3. pack into $pack"
 strip "$pack/gpu_check" 2>/dev/null || true
 cp scripts/gpu_bench.py "$pack/"
+# What run.sh needs to know about its vendor (run.sh itself is the same for both).
+{
+  echo "default_dev=$dev"
+  if [ "$vendor" = nvidia ]; then
+    echo "smi=(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader)"
+  else
+    echo "smi=(rocm-smi --showproductname --showdriverversion --showmeminfo vram)"
+  fi
+} >"$pack/pack.env"
 cat >"$pack/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # Runs on the GPU machine: bash run.sh [OUT_DIR]   (default: ./report)
@@ -75,6 +118,8 @@ cat >"$pack/run.sh" <<'EOF'
 # step with its exit status) go into OUT_DIR, whatever fails.
 out="$(realpath -m "${1:-report}")"
 cd "$(dirname "${BASH_SOURCE[0]}")"
+# shellcheck disable=SC1091
+. ./pack.env
 mkdir -p "$out"
 status=0
 step() { # name limit_seconds command...
@@ -88,20 +133,21 @@ step() { # name limit_seconds command...
   echo "$name: exit $rc" | tee -a "$out/steps.txt"
   [ "$rc" = 0 ] || status=1
 }
-if command -v nvidia-smi >/dev/null 2>&1; then
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader >"$out/gpu.txt" 2>&1
+if command -v "${smi[0]}" >/dev/null 2>&1; then
+  "${smi[@]}" >"$out/gpu.txt" 2>&1
 fi
-cat "$out/gpu.txt" 2>/dev/null || echo "no nvidia-smi"
-dev="${TESSERA_DEVICE:-cuda:0}"
+cat "$out/gpu.txt" 2>/dev/null || echo "no ${smi[0]}"
+dev="${TESSERA_DEVICE:-$default_dev}"
 step suite 150 ./gpu_check --kernels kernels --device "$dev" --json "$out/ours.json"
+# torch and Triton on the same shapes (ROCm's torch answers to torch.cuda too).
 step baselines 110 python3 gpu_bench.py --ours "$out/ours.json"
-if command -v compute-sanitizer >/dev/null 2>&1; then
+if [ "${dev%%:*}" = cuda ] && command -v compute-sanitizer >/dev/null 2>&1; then
   # Out-of-bounds and misaligned accesses of every example kernel (no benchmarks, no
   # processes: the sanitizer watches this one). Last: it is the slowest step.
   step memcheck 130 compute-sanitizer --tool memcheck --error-exitcode 3 \
     ./gpu_check --kernels kernels --device "$dev" --no-bench --no-comm
 else
-  echo "memcheck: skipped (no compute-sanitizer on this machine)" | tee -a "$out/steps.txt"
+  echo "memcheck: skipped (no compute-sanitizer for $dev on this machine)" | tee -a "$out/steps.txt"
 fi
 exit $status
 EOF
@@ -113,31 +159,40 @@ if [ "$size" -ge "$limit" ]; then
   exit 1
 fi
 
-echo "== check the pack here (no GPU needed)"
-if "$pack/gpu_check" --kernels "$pack/kernels" --target "$target" --check-artifacts; then
-  echo "ok: every kernel is in the pack for $target"
-elif [ "$lowering" = 1 ]; then
-  echo "FAIL: precompiled kernels are missing from the pack" >&2
-  exit 1
-else
-  echo "(expected without the lowering)"
-fi
-if [ ! -e /dev/nvidiactl ]; then
+echo "== [$vendor] check the pack here (no GPU needed)"
+for target in $targets; do
+  if "$pack/gpu_check" --kernels "$pack/kernels" --target "$target" --check-artifacts; then
+    echo "ok: every kernel is in the pack for $target"
+  else
+    echo "FAIL: precompiled kernels are missing from the pack for $target" >&2
+    exit 1
+  fi
+done
+if [ ! -e /dev/nvidiactl ] && [ ! -e /dev/kfd ]; then
   set +e
-  msg="$(TESSERA_DEVICE=cuda "$pack/gpu_check" --kernels "$pack/kernels" 2>&1)"
+  msg="$(TESSERA_DEVICE=$dev_env "$pack/gpu_check" --kernels "$pack/kernels" 2>&1)"
   rc=$?
   set -e
-  echo "TESSERA_DEVICE=cuda here: exit $rc: $msg"
-  if [ "$rc" != 2 ] || ! grep -q "no CUDA driver found" <<<"$msg"; then
-    echo "FAIL: expected a clean 'no CUDA driver found' error" >&2
+  echo "TESSERA_DEVICE=$dev_env here: exit $rc: $msg"
+  if [ "$rc" != 2 ] || ! grep -qE "$no_driver" <<<"$msg"; then
+    echo "FAIL: expected a clean '$no_driver' error" >&2
     exit 1
   fi
 fi
-
 echo
-echo "== on the GPU machine, make this one device-tool call:"
+echo "== [$vendor] on the GPU machine, make this one device-tool call:"
 echo "run(command=\"bash $pack/run.sh \\\"\$OUT\\\"\", carry=[\"$pack\"], timeout_s=600)"
 echo "(the report, every step's log and steps.txt come back as the call's files)"
-if [ "$dry_run" = 0 ] && [ -e /dev/nvidiactl ]; then
-  bash "$pack/run.sh" target/gpu-check-report
+local gpu_here=/dev/nvidiactl
+[ "$vendor" = amd ] && gpu_here=/dev/kfd
+if [ "$dry_run" = 0 ] && [ -e "$gpu_here" ]; then
+  bash "$pack/run.sh" "target/gpu-check-report-$vendor"
+fi
+}
+
+if [ "$vendor" = both ]; then
+  pack_vendor nvidia
+  pack_vendor amd
+else
+  pack_vendor "$vendor"
 fi

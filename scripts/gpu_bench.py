@@ -129,6 +129,16 @@ def baselines():
         except Exception as e:  # a Triton failure must not hide the other numbers
             print(f"triton matmul failed: {e}", file=sys.stderr)
     out.append(("matmul_f16", "TFLOP/s", flops / ms / 1e9, tri))
+    # The same product, ours through tensor descriptors (TMA + wgmma).
+    out.append(("matmul_desc_f16", "TFLOP/s", flops / ms / 1e9, tri))
+    del a, bb
+
+    # FlashAttention forward, not causal: 32 heads of 4096 tokens, head dim 64 (torch
+    # picks its flash backend). No Triton attention kernel here (yet).
+    h, s, d = 32, 4096, 64
+    q, k, v = (torch.randn((1, h, s, d), device="cuda", dtype=torch.float16) for _ in range(3))
+    ms = bench(lambda: F.scaled_dot_product_attention(q, k, v), iters=10)
+    out.append(("attention_f16", "TFLOP/s", 4 * h * s * s * d / ms / 1e9, None))
     return out
 
 
@@ -162,11 +172,14 @@ def main():
         return "-" if v is None else f"{v:10.1f}"
 
     print(f"\nbenchmarks on {gpu} (tessera: {device})")
-    print(f"{'kernel':<12} {'unit':<8} {'tessera':>10} {'torch':>10} {'triton':>10} {'vs torch':>9}")
+    print(f"{'kernel':<16} {'unit':<8} {'tessera':>10} {'torch':>10} {'triton':>10} "
+          f"{'vs torch':>9} {'vs triton':>9}")
     for name, unit, t, tri in rows:
         mine = ours.get(name)
         ratio = "-" if mine is None else f"{mine / t:8.2f}x"
-        print(f"{name:<12} {unit:<8} {fmt(mine):>10} {fmt(t):>10} {fmt(tri):>10} {ratio:>9}")
+        rtri = "-" if mine is None or tri is None else f"{mine / tri:8.2f}x"
+        print(f"{name:<16} {unit:<8} {fmt(mine):>10} {fmt(t):>10} {fmt(tri):>10} "
+              f"{ratio:>9} {rtri:>9}")
     return 0
 
 

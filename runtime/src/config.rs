@@ -102,6 +102,11 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "how a launched process reaches its peers: `shm`, shared memory on one node; `mpi`, MPI one-sided communication, any number of nodes (feature `mpi`; default: `mpi` under `mpirun`/`srun` without `WORLD_SIZE`, else `shm`); read by `World::launched`",
     },
     Variable {
+        name: "TESSERA_MPI_SHARED",
+        accepts: "`0` or `1`",
+        meaning: "under the MPI transport, whether the ranks of a node share their heaps (`MPI_Win_allocate_shared`; default `1`, unless Open MPI's one-sided components exclude `sm`); `0` reaches every peer through MPI calls; read by `World::mpi`",
+    },
+    Variable {
         name: "TESSERA_BOOTSTRAP",
         accepts: "a socket path, or `@name` (abstract)",
         meaning: "the bootstrap socket of a launched world (default: from `MASTER_ADDR`/`MASTER_PORT`); read by `World::launched`",

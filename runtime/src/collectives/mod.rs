@@ -713,3 +713,36 @@ impl Rank {
         })
     }
 }
+
+/// Precompiles every kernel the collectives launch on elements of type `T` (every
+/// algorithm and reduction: all-reduce one-shot, two-shot and low-latency,
+/// all-gather, reduce-scatter, broadcast, all-to-all) for `target` into `store`, under
+/// the keys launches look up: what a build without `jit` needs to run the collectives
+/// on a GPU (the GPU check's pack holds them for `f32`). Returns the written files.
+#[cfg(feature = "jit")]
+pub fn precompile<T: CollElem>(
+    target: crate::aot::Target,
+    opts: &crate::aot::CompileOptions,
+    store: &crate::ArtifactStore,
+) -> Result<Vec<std::path::PathBuf>, Error> {
+    use crate::aot::precompile_launches as all;
+    let (t, o, s) = (target, opts, store);
+    let mut out = Vec::new();
+    out.extend(all::<kernels::ar_one_shot<T, OP_SUM>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_one_shot<T, OP_MAX>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_one_shot<T, OP_MIN>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_two_shot<T, OP_SUM>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_two_shot<T, OP_MAX>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_two_shot<T, OP_MIN>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_ll<T, T::Bits, OP_SUM>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_ll<T, T::Bits, OP_MAX>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_ll<T, T::Bits, OP_MIN>>(&(), t, o, s)?);
+    out.extend(all::<kernels::all_gather_k<T>>(&(), t, o, s)?);
+    out.extend(all::<kernels::reduce_scatter_k<T, OP_SUM>>(&(), t, o, s)?);
+    out.extend(all::<kernels::reduce_scatter_k<T, OP_MAX>>(&(), t, o, s)?);
+    out.extend(all::<kernels::reduce_scatter_k<T, OP_MIN>>(&(), t, o, s)?);
+    out.extend(all::<kernels::broadcast_k<T>>(&(), t, o, s)?);
+    out.extend(all::<kernels::a2a_counts>(&(), t, o, s)?);
+    out.extend(all::<kernels::a2a_data<T>>(&(), t, o, s)?);
+    Ok(out)
+}

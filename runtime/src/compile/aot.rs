@@ -133,3 +133,19 @@ pub fn precompile<K: Kernel>(
     );
     store.put(&func.name, &key, &kernel_binary(&art))
 }
+
+/// [`precompile`] for every specialization a launch of `K` can look up
+/// ([`Specialization::for_launches`]): what a build without LLVM needs to launch
+/// it with any arguments. Returns the written files.
+pub fn precompile_launches<K: Kernel>(
+    ct: &K::Comptime,
+    target: Target,
+    opts: &CompileOptions,
+    store: &ArtifactStore,
+) -> Result<Vec<PathBuf>, Error> {
+    let ir = kernel_ir::<K>(ct)?;
+    Specialization::for_launches(&ir)
+        .iter()
+        .map(|sp| precompile::<K>(ct, sp, target, opts, store))
+        .collect()
+}
