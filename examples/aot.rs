@@ -201,7 +201,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 28] = [
+const JOBS: [Job; 29] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -230,6 +230,17 @@ const JOBS: [Job; 28] = [
     job!("matmul_fp8_bt_128x128x128", warps = 8, matmul_fp8::matmul_fp8_bt<F8E4M3, 128, 128, 128>),
     // Device-side communication (examples/ping_pong.rs): the GPU check's ranks.
     job!("ring_pass", ping_pong::ring_pass<1024>),
+    // The fused all-gather + GEMM's kernel (tessera::fused::AgGemm, f16), which the
+    // GPU check runs between processes.
+    job!(
+        "ag_gemm_f16",
+        tessera::fused::ag_gemm_kernel<
+            f16,
+            { tessera::fused::BM },
+            { tessera::fused::BN },
+            { tessera::fused::BK },
+        >
+    ),
     // The GPU check's own cases (examples/gpu_cases.rs).
     job!("bf16_axpb", gpu_cases::bf16_axpb<1024>),
     job!("f64_poly", gpu_cases::f64_poly<256>),

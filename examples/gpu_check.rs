@@ -1,6 +1,7 @@
-//! The GPU check: every example kernel on a GPU against the CPU interpreter, then a
-//! communicating kernel as 2 processes on the GPU (`ping_pong`, heaps shared through
-//! the driver's IPC), then benchmarks. Built WITHOUT LLVM (`--no-default-features`):
+//! The GPU check: every example kernel on a GPU against the CPU interpreter, then
+//! communication as 2 processes on the GPU (heaps shared through the driver's IPC:
+//! `ping_pong`, every all-reduce algorithm, the fused all-gather + GEMM) and, where
+//! the machine has several GPUs, as one process per GPU; then benchmarks. Built WITHOUT LLVM (`--no-default-features`):
 //! the kernels come precompiled from an artifact store (`scripts/gpu-check.sh` packs
 //! both); a build with `jit` compiles them at launch instead (the tests run it so on
 //! the emulators).
@@ -8,6 +9,7 @@
 //! ```sh
 //! gpu_check --kernels <dir> [--device cuda:0] [--json out.json] [--no-bench] [--no-comm]
 //! gpu_check --device emu-nv --no-bench --case bf16 --case f64   # some cases only
+//! gpu_check --device cpu --no-bench --comm-devices cpu,cpu,cpu  # 3 ranks, one per device
 //! gpu_check --kernels <dir> --target sm_90 --check-artifacts   # no GPU needed
 //! ```
 //!
@@ -83,6 +85,7 @@ use gpu_cases::{bf16_axpb, f64_poly, histogram_system, row_cumsum};
 
 const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
                      [--json <file>] [--no-bench] [--no-comm] [--case <name>]... \
+                     [--comm-devices <d0,d1,...>] \
                      [--target <t> --check-artifacts]";
 
 struct Args {
@@ -96,6 +99,8 @@ struct Args {
     cases: Vec<String>,
     /// This process is one rank of the communication check (started by it).
     comm_rank: bool,
+    /// The communication check on these devices only, one rank each.
+    comm_devices: Vec<String>,
     check_target: Option<String>,
 }
 
@@ -119,6 +124,7 @@ fn parse_args(
         comm: true,
         cases: Vec::new(),
         comm_rank: false,
+        comm_devices: Vec::new(),
         check_target: None,
     };
     let mut check = false;
@@ -133,6 +139,9 @@ fn parse_args(
             Long("no-bench") => a.bench = false,
             Long("no-comm") => a.comm = false,
             Long("case") => a.cases.push(value_of(&mut p)?),
+            Long("comm-devices") => {
+                a.comm_devices = value_of(&mut p)?.split(',').map(str::to_string).collect();
+            }
             Long("comm-rank") => a.comm_rank = true,
             Long("check-artifacts") => check = true,
             Short('h') | Long("help") => return Err(USAGE.into()),
@@ -933,7 +942,7 @@ fn add_ones(x: f32, k: usize) -> f32 {
 /// through the driver's IPC), passes a tile around the ring of processes with
 /// `put_signal` / `wait_until` (`examples/ping_pong.rs`) and checks every element it
 /// ends with, the masked-off ones untouched; then all-reduces with each algorithm of
-/// the stock collectives.
+/// the stock collectives, and runs the fused all-gather + GEMM.
 fn comm_rank(dev: &Device) -> Result<Result<String, String>, Error> {
     let r = World::launched()?
         .on(dev)
@@ -1012,25 +1021,67 @@ fn comm_rank(dev: &Device) -> Result<Result<String, String>, Error> {
             elapsed.as_secs_f64() * 1e3
         );
     }
+    // Fused all-gather + GEMM (`tessera::fused::AgGemm`, f16 in and out, f32 sums):
+    // C = gather(A) . B, each rank pushing its shard while the tiles are computed.
+    let (ms, n, k) = (200usize, 192usize, 256usize);
+    let h = |v: Vec<f32>| v.into_iter().map(f16::from_f32).collect::<Vec<_>>();
+    let shard = |p: usize| {
+        h(random(
+            &mut StdRng::seed_from_u64(p as u64 + 100),
+            ms * k,
+            -1.0,
+            1.0,
+        ))
+    };
+    let bh = h(random(&mut StdRng::seed_from_u64(99), k * n, -1.0, 1.0));
+    let a = r.device().upload(&shard(me))?;
+    let b = r.device().upload(&bh)?;
+    let mut c = r.device().upload(&vec![f16::NAN; ws * ms * n])?;
+    let mut plan = tessera::fused::AgGemm::<f16>::new(&r, ms, n, k)?;
+    let t = Instant::now();
+    plan.run(&r, &a, &b, &mut c)?;
+    let got = f64s(c.download()?, |v| v.to_f64());
+    let elapsed = t.elapsed();
+    let full: Vec<f16> = (0..ws).flat_map(shard).collect();
+    let want: Vec<f64> = (0..ws * ms)
+        .flat_map(|i| {
+            let (full, bh) = (&full, &bh);
+            (0..n).map(move |j| {
+                (0..k)
+                    .map(|l| full[i * k + l].to_f64() * bh[l * n + j].to_f64())
+                    .sum::<f64>()
+            })
+        })
+        .collect();
+    // f32 sums of 256 products, then one rounding to f16 (2^-11 relative).
+    if let Err(e) = compare(&got, &want, 1e-3, 1.0 / 1024.0) {
+        return Ok(Err(format!("rank {me}: AgGemm: {e}")));
+    }
+    line += &format!(
+        ", AgGemm f16 {}x{n}x{k} within f16 rounding ({:.2} ms)",
+        ws * ms,
+        elapsed.as_secs_f64() * 1e3
+    );
     r.barrier()?;
     Ok(Ok(line))
 }
 
-/// The communication check: [`COMM_RANKS`] processes of this program on `device`
-/// (`spawn_local`, as `torchrun` would start them), each running [`comm_rank`] with
+/// The communication check: one process of this program per entry of `devices` (rank
+/// `r` on `devices[r]`; `spawn_local`, as `torchrun` would start them), each running
+/// [`comm_rank`] with
 /// the precompiled `kernels` (without: compiled at launch, which needs `jit`). The
 /// inner result is the verdict, with every rank's line.
 fn comm_check(
-    device: &str,
+    devices: &[String],
     kernels: Option<&std::path::Path>,
 ) -> Result<Result<String, String>, Error> {
     let exe = std::env::current_exe().map_err(|e| Error::Comm {
         rank: 0,
         message: format!("cannot find this program to start its ranks: {e}"),
     })?;
-    let outs = tessera::world::spawn_local_with(COMM_RANKS, |_| {
+    let outs = tessera::world::spawn_local_with(devices.len(), |r| {
         let mut c = Command::new(&exe);
-        c.arg("--comm-rank").arg("--device").arg(device);
+        c.arg("--comm-rank").arg("--device").arg(&devices[r]);
         if let Some(dir) = kernels {
             c.arg("--kernels").arg(dir);
         }
@@ -1058,6 +1109,28 @@ fn comm_check(
     } else {
         Err(lines.join("; "))
     })
+}
+
+/// Runs [`comm_check`] on `devices` and records its row.
+fn comm_row(
+    name: &str,
+    devices: &[String],
+    kernels: Option<&std::path::Path>,
+    rows: &mut Vec<Row>,
+    ok: &mut bool,
+) {
+    let (status, detail) = match comm_check(devices, kernels) {
+        Ok(Ok(d)) => ("PASS", d),
+        Ok(Err(d)) => ("FAIL", d),
+        Err(e) => ("ERROR", e.to_string()),
+    };
+    *ok &= status == "PASS";
+    println!("{name:<12} {status:<5} {detail}");
+    rows.push(Row {
+        what: format!("comm {name}"),
+        status: status.into(),
+        detail,
+    });
 }
 
 fn run(args: Args) -> Result<bool, (u8, String)> {
@@ -1127,20 +1200,26 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
         });
     }
     if args.comm {
-        let name = format!("comm_{COMM_RANKS}proc");
-        let verdict = comm_check(&dev.id(), args.kernels.as_deref());
-        let (status, detail) = match verdict {
-            Ok(Ok(d)) => ("PASS", d),
-            Ok(Err(d)) => ("FAIL", d),
-            Err(e) => ("ERROR", e.to_string()),
-        };
-        ok &= status == "PASS";
-        println!("{name:<12} {status:<5} {detail}");
-        rows.push(Row {
-            what: format!("comm {name}"),
-            status: status.into(),
-            detail,
-        });
+        // COMM_RANKS processes on this device; and, where the machine has several
+        // devices of its kind, one process per device (NVLink or PCIe between them).
+        let mut worlds = vec![(format!("comm_{COMM_RANKS}proc"), vec![dev.id(); COMM_RANKS])];
+        let peers: Vec<String> = Device::all()
+            .iter()
+            .filter(|d| d.kind() == dev.kind() && d.kind() != DeviceKind::Cpu)
+            .map(Device::id)
+            .collect();
+        if peers.len() >= 2 {
+            worlds.push((format!("comm_{}gpus", peers.len()), peers));
+        }
+        if !args.comm_devices.is_empty() {
+            worlds = vec![(
+                format!("comm_{}ranks", args.comm_devices.len()),
+                args.comm_devices.clone(),
+            )];
+        }
+        for (name, devices) in worlds {
+            comm_row(&name, &devices, args.kernels.as_deref(), &mut rows, &mut ok);
+        }
     }
     let mut results = Vec::new();
     if args.bench && dev.kind() != DeviceKind::Cpu {
@@ -1182,6 +1261,33 @@ fn main() -> ExitCode {
         Err((code, e)) => {
             eprintln!("gpu_check: {e}");
             ExitCode::from(code)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Args, String> {
+        parse_args(s.split_whitespace())
+    }
+
+    #[test]
+    fn arguments() {
+        let a = parse("--kernels k --device cuda:1 --no-comm --case bf16 --case f64").unwrap();
+        assert_eq!(a.kernels, Some(PathBuf::from("k")));
+        assert_eq!(a.device.as_deref(), Some("cuda:1"));
+        assert!(a.bench && !a.comm && !a.comm_rank);
+        assert_eq!(a.cases, ["bf16", "f64"]);
+        let a = parse("--comm-devices cuda:0,cuda:1").unwrap();
+        assert_eq!(a.comm_devices, ["cuda:0", "cuda:1"]);
+        let a = parse("--comm-rank --no-bench").unwrap();
+        assert!(a.comm_rank && !a.bench && a.comm && a.cases.is_empty());
+        let a = parse("--kernels k --target sm_90a --check-artifacts").unwrap();
+        assert_eq!(a.check_target.as_deref(), Some("sm_90a"));
+        for bad in ["--check-artifacts", "--case", "--bogus", "stray"] {
+            assert!(parse(bad).is_err(), "{bad} was accepted");
         }
     }
 }
