@@ -201,7 +201,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 29] = [
+const JOBS: [Job; 30] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -211,6 +211,8 @@ const JOBS: [Job; 29] = [
     job!("matmul_f16_128x128x32", matmul::matmul<f16, 128, 128, 32>),
     job!("matmul_f16_128x128x64", warps = 8, matmul::matmul<f16, 128, 128, 64>),
     job!("layernorm", layernorm::layernorm<f32, 256>),
+    // The GPU check's wider layernorm tile (its benchmark compares both).
+    job!("layernorm_2048", layernorm::layernorm<f32, 2048>),
     job!("dropout", dropout::seeded_dropout<1024>),
     job!("argmax", argmax::row_argmax<1024>),
     job!("topk", topk::route<16, 64, 4>),

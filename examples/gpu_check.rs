@@ -643,6 +643,28 @@ const CASES: [(&str, Case); 20] = [
 ];
 
 /// (name, metric, value) of every benchmark; shapes match `scripts/gpu_bench.py`.
+/// GB/s (x read and y written once) of `layernorm::<f32, BLOCK>` on 4096 rows of 8192.
+fn layernorm_gbs<const BLOCK: usize>(dev: &Device, bench: Bench) -> Result<f64, Error>
+where
+    Const<BLOCK>: Pow2,
+{
+    let (r, c) = (4096usize, 8192usize);
+    let x = dev.upload(&vec![0.5f32; r * c])?;
+    let w = dev.upload(&vec![1.0f32; c])?;
+    let b = dev.alloc::<f32>(c)?;
+    let mut y = dev.alloc::<f32>(r * c)?;
+    let mut mean = dev.alloc::<f32>(r)?;
+    let mut rstd = dev.alloc::<f32>(r)?;
+    let t = bench
+        .run(dev, || {
+            let args = (&x, &w, &b, &mut y, &mut mean, &mut rstd, c as i32, 1e-5f32);
+            layernorm::<f32, BLOCK>::launch(dev, r, args)
+        })?
+        .median()
+        .as_secs_f64();
+    Ok(2.0 * 4.0 * (r * c) as f64 / t / 1e9)
+}
+
 /// `n` random f16 values in [-2, 2) (seeded).
 fn random_f16(n: usize, seed: u64) -> Vec<f16> {
     let mut rng = StdRng::seed_from_u64(seed);
@@ -708,26 +730,13 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             Ok(2.0 * 4.0 * (r * c) as f64 / t / 1e9)
         })(),
     );
-    let (r, c) = (4096usize, 8192usize);
+    // The example's tile (256 columns a step) and a wider one (2048: 16 columns per
+    // thread a step), to tell the kernel's shape from the code generated for it.
+    record("layernorm", "GB/s", layernorm_gbs::<256>(dev, bench(20)));
     record(
-        "layernorm",
+        "layernorm_b2048",
         "GB/s",
-        (|| {
-            let x = dev.upload(&vec![0.5f32; r * c])?;
-            let w = dev.upload(&vec![1.0f32; c])?;
-            let b = dev.alloc::<f32>(c)?;
-            let mut y = dev.alloc::<f32>(r * c)?;
-            let mut mean = dev.alloc::<f32>(r)?;
-            let mut rstd = dev.alloc::<f32>(r)?;
-            let t = bench(20)
-                .run(dev, || {
-                    let args = (&x, &w, &b, &mut y, &mut mean, &mut rstd, c as i32, 1e-5f32);
-                    layernorm::<f32, 256>::launch(dev, r, args)
-                })?
-                .median()
-                .as_secs_f64();
-            Ok(2.0 * 4.0 * (r * c) as f64 / t / 1e9)
-        })(),
+        layernorm_gbs::<2048>(dev, bench(20)),
     );
     let s = 4096usize;
     record(
@@ -874,6 +883,10 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
         find_all::<matmul_fp8_bt<F8E4M3, 64, 64, 64>>(store, t, o),
     );
     one("layernorm", find_all::<layernorm<f32, 256>>(store, t, o));
+    one(
+        "layernorm_2048",
+        find_all::<layernorm<f32, 2048>>(store, t, o),
+    );
     one(
         "checked_gather",
         find_all::<checked_gather<256>>(store, t, o),
