@@ -155,6 +155,25 @@ impl Mpi {
         Ok(all.chunks(n.max(1)).map(<[u64]>::to_vec).collect())
     }
 
+    /// `MPI_Allreduce` of one int over `MPI_COMM_WORLD`: the smallest (`min`) or the
+    /// largest of the ranks' `mine`.
+    fn allreduce_int(&self, mine: c_int, min: bool) -> Result<c_int, String> {
+        let mut out: c_int = 0;
+        let _g = lock();
+        // SAFETY: one int each way; the operations are MPI's predefined ones.
+        check("MPI_Allreduce", unsafe {
+            ffi::MPI_Allreduce(
+                (&mine as *const c_int).cast(),
+                (&mut out as *mut c_int).cast(),
+                1,
+                ffi::RSMPI_INT32_T,
+                if min { ffi::RSMPI_MIN } else { ffi::RSMPI_MAX },
+                ffi::RSMPI_COMM_WORLD,
+            )
+        })?;
+        Ok(out)
+    }
+
     /// A barrier that also tells every rank whether every rank succeeded: `problem`
     /// is this rank's failure at `what`, if any; an error on every rank when any
     /// rank had one (its own, or one naming the first rank that failed).
@@ -164,21 +183,7 @@ impl Mpi {
         } else {
             c_int::MAX
         };
-        let mut first: c_int = c_int::MAX;
-        {
-            let _g = lock();
-            // SAFETY: one int each way.
-            check("MPI_Allreduce", unsafe {
-                ffi::MPI_Allreduce(
-                    (&mine as *const c_int).cast(),
-                    (&mut first as *mut c_int).cast(),
-                    1,
-                    ffi::RSMPI_INT32_T,
-                    ffi::RSMPI_MIN,
-                    ffi::RSMPI_COMM_WORLD,
-                )
-            })?;
-        }
+        let first = self.allreduce_int(mine, true)?;
         match problem {
             Some(p) => Err(p),
             None if first != c_int::MAX => Err(format!(
@@ -407,22 +412,7 @@ impl Window {
         // 3.1, section 8.3), so a failure is an error, not a fallback. Every rank
         // takes the decision of the most restrictive one.
         let reason = shared_heaps_off(|k| std::env::var(k).ok());
-        let mut off: c_int = 0;
-        {
-            let _g = lock();
-            let mine = c_int::from(reason.is_some());
-            // SAFETY: one int each way.
-            check("MPI_Allreduce", unsafe {
-                ffi::MPI_Allreduce(
-                    (&mine as *const c_int).cast(),
-                    (&mut off as *mut c_int).cast(),
-                    1,
-                    ffi::RSMPI_INT32_T,
-                    ffi::RSMPI_MAX,
-                    ffi::RSMPI_COMM_WORLD,
-                )
-            })?;
-        }
+        let off = mpi.allreduce_int(c_int::from(reason.is_some()), false)?;
         if off != 0 {
             if mpi.rank == 0 {
                 let why = reason.unwrap_or_else(|| "another rank's environment says so".into());
