@@ -274,6 +274,9 @@ pub(super) struct Window {
     node: Option<NodeShared>,
     /// Kept for as long as the window lives (freed before MPI is finalized).
     _mpi: Arc<Mpi>,
+    /// Whether the passive-target epoch is open (`MPI_Win_lock_all` succeeded): only
+    /// then does dropping flush and close it.
+    locked: bool,
 }
 
 /// The memory of a node's ranks, allocated together so that each maps the others'
@@ -367,7 +370,7 @@ impl Window {
                 None
             }
         };
-        let w = Window {
+        let mut w = Window {
             win,
             // Only dereferenced once every rank agreed that it is valid.
             base: base.unwrap_or(NonNull::<u64>::dangling().cast()),
@@ -376,6 +379,7 @@ impl Window {
             me: mpi.rank,
             node,
             _mpi: mpi.clone(),
+            locked: false,
         };
         if problem.is_none() {
             let _g = lock();
@@ -385,6 +389,7 @@ impl Window {
                     "MPI_Win_lock_all",
                     ffi::MPI_Win_lock_all(ffi::MPI_MODE_NOCHECK as c_int, w.win),
                 )
+                .inspect(|()| w.locked = true)
                 .and_then(|()| check("MPI_Win_sync", ffi::MPI_Win_sync(w.win)))
             }
             .err();
@@ -584,8 +589,10 @@ impl Drop for Window {
         // in the same order, see the module docs). Errors are fatal in MPI's default
         // handler; nothing is left to report them to here.
         unsafe {
-            let _ = ffi::MPI_Win_flush_all(self.win);
-            let _ = ffi::MPI_Win_unlock_all(self.win);
+            if self.locked {
+                let _ = ffi::MPI_Win_flush_all(self.win);
+                let _ = ffi::MPI_Win_unlock_all(self.win);
+            }
             let _ = ffi::MPI_Win_free(&mut self.win);
         }
     }
