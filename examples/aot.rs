@@ -201,7 +201,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-const JOBS: [Job; 30] = [
+const JOBS: [Job; 31] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -210,6 +210,8 @@ const JOBS: [Job; 30] = [
     // The tile sizes of the Triton comparison (benches/vs_triton).
     job!("matmul_f16_128x128x32", matmul::matmul<f16, 128, 128, 32>),
     job!("matmul_f16_128x128x64", warps = 8, matmul::matmul<f16, 128, 128, 64>),
+    // ... and at the Triton baseline's own tile (scripts/gpu_bench.py: 128x256x64).
+    job!("matmul_f16_128x256x64", warps = 8, matmul::matmul<f16, 128, 256, 64>),
     job!("layernorm", layernorm::layernorm<f32, 256>),
     // The GPU check's wider layernorm tile (its benchmark compares both).
     job!("layernorm_2048", layernorm::layernorm<f32, 2048>),
