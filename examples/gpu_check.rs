@@ -1,10 +1,10 @@
 //! The GPU check: every example kernel on a GPU against the CPU interpreter, then
 //! communication as 2 processes on the GPU (heaps shared through the driver's IPC:
 //! `ping_pong`, every all-reduce algorithm, the fused all-gather + GEMM) and, where
-//! the machine has several GPUs, as one process per GPU; then benchmarks. Built WITHOUT LLVM (`--no-default-features`):
-//! the kernels come precompiled from an artifact store (`scripts/gpu-check.sh` packs
-//! both); a build with `jit` compiles them at launch instead (the tests run it so on
-//! the emulators).
+//! the machine has several GPUs, as one process per GPU; then benchmarks. Built
+//! WITHOUT LLVM (`--no-default-features`): the kernels come precompiled from an
+//! artifact store (`scripts/gpu-check.sh` packs both); a build with `jit` compiles
+//! them at launch instead (the tests run it so on the emulators).
 //!
 //! ```sh
 //! gpu_check --kernels <dir> [--device cuda:0] [--json out.json] [--no-bench] [--no-comm]
@@ -738,31 +738,14 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
         "GB/s",
         layernorm_gbs::<2048>(dev, bench(20)),
     );
+    // The matmul example's kernel at its own 64x64x32 tile (4 warps), at 128x128x64
+    // and at the Triton baseline's 128x256x64 (8 warps each): how much of the gap to
+    // the baselines is the example's small tile.
     let s = 4096usize;
-    record(
-        "matmul_f16",
-        "TFLOP/s",
-        (|| {
-            // Random (normal-ish) data like the torch baseline's `randn`: constant data
-            // draws less power and runs faster on tensor cores.
-            let a = dev.upload(&random_f16(s * s, 1))?;
-            let b = dev.upload(&random_f16(s * s, 2))?;
-            let mut c = dev.alloc::<f16>(s * s)?;
-            let si = s as i32;
-            let t = bench(10)
-                .run(dev, || {
-                    let grid = (s.div_ceil(64), s.div_ceil(64));
-                    matmul::<f16, 64, 64, 32>::launch(dev, grid, (&a, &b, &mut c, si, si, si))
-                })?
-                .median()
-                .as_secs_f64();
-            Ok(2.0 * (s as f64).powi(3) / t / 1e12)
-        })(),
-    );
-    // The same kernel at the 128x128x64 tile and at the Triton baseline's own
-    // 128x256x64, 8 warps each: how much of the gap is the example's small tile.
     type Launch<'a> = &'a dyn Fn(&Buffer<f16>, &Buffer<f16>, &mut Buffer<f16>) -> Result<(), Error>;
-    let big = |launch: Launch| -> Result<f64, Error> {
+    let matmul_tflops = |launch: Launch| -> Result<f64, Error> {
+        // Random (normal-ish) data like the torch baseline's `randn`: constant data
+        // draws less power and runs faster on tensor cores.
         let a = dev.upload(&random_f16(s * s, 1))?;
         let b = dev.upload(&random_f16(s * s, 2))?;
         let mut c = dev.alloc::<f16>(s * s)?;
@@ -772,21 +755,29 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             .as_secs_f64();
         Ok(2.0 * (s as f64).powi(3) / t / 1e12)
     };
-    let (si, opts) = (s as i32, LaunchOptions::new().num_warps(8));
+    let (si, eight) = (s as i32, LaunchOptions::new().num_warps(8));
+    record(
+        "matmul_f16",
+        "TFLOP/s",
+        matmul_tflops(&|a, b, c| {
+            let grid = (s.div_ceil(64), s.div_ceil(64));
+            matmul::<f16, 64, 64, 32>::launch(dev, grid, (a, b, c, si, si, si))
+        }),
+    );
     record(
         "matmul_f16_128x128x64",
         "TFLOP/s",
-        big(&|a, b, c| {
+        matmul_tflops(&|a, b, c| {
             let grid = (s.div_ceil(128), s.div_ceil(128));
-            matmul::<f16, 128, 128, 64>::launch_with(dev, grid, &opts, (a, b, c, si, si, si))
+            matmul::<f16, 128, 128, 64>::launch_with(dev, grid, &eight, (a, b, c, si, si, si))
         }),
     );
     record(
         "matmul_f16_128x256x64",
         "TFLOP/s",
-        big(&|a, b, c| {
+        matmul_tflops(&|a, b, c| {
             let grid = (s.div_ceil(128), s.div_ceil(256));
-            matmul::<f16, 128, 256, 64>::launch_with(dev, grid, &opts, (a, b, c, si, si, si))
+            matmul::<f16, 128, 256, 64>::launch_with(dev, grid, &eight, (a, b, c, si, si, si))
         }),
     );
     // FlashAttention-2 forward (tessera::attention, 128 query rows x 64 keys per step,
@@ -830,11 +821,10 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             let ad = tessera::TensorDescriptor::new(&a, &[s, s], &[s, 1], &[128, 64])?;
             let bd = tessera::TensorDescriptor::new(&b, &[s, s], &[s, 1], &[64, 128])?;
             let mut cd = tessera::TensorDescriptor::new_mut(&mut c, &[s, s], &[s, 1], &[128, 128])?;
+            let grid = (s.div_ceil(128), s.div_ceil(128));
             let t = bench(10)
                 .run(dev, || {
-                    let grid = (s.div_ceil(128), s.div_ceil(128));
-                    let opts = LaunchOptions::new().num_warps(8);
-                    matmul_desc::<128, 128, 64>::launch_with(dev, grid, &opts, (&ad, &bd, &mut cd))
+                    matmul_desc::<128, 128, 64>::launch_with(dev, grid, &eight, (&ad, &bd, &mut cd))
                 })?
                 .median()
                 .as_secs_f64();

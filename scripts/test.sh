@@ -76,7 +76,8 @@ for ex in matmul matmul_i8 matmul_fp8 matmul_desc attention; do
   TESSERA_DEVICE=emu-sm90a cargo run -q -p tessera-examples --example "$ex"
 done
 # The GPU check's own cases (bf16, f64, system-scope atomics, prefix sums) and its
-# ping_pong as 2 processes, on both emulators (the real run is on a GPU, see README).
+# communication check as 2 processes (ping_pong, every all-reduce algorithm, the fused
+# all-gather + GEMM), on both emulators (the real run is on a GPU, see README).
 for d in emu-nv emu-amd; do
   cargo run -q -p tessera-examples --example gpu_check -- --device "$d" --no-bench \
     --case bf16 --case f64 --case histogram --case cumsum
