@@ -274,6 +274,7 @@ fn run(args: &Args) -> Result<(), String> {
             let opts = CompileOptions {
                 num_warps: warps.unwrap_or(args.opts.num_warps),
                 num_stages: args.opts.num_stages,
+                ..CompileOptions::default()
             };
             let t = Instant::now();
             let art = match compile(&args.spec, target, &opts) {

@@ -149,6 +149,57 @@ if [ "$DO_PY" = 1 ]; then
   log "py part: $(( $(now) - t0 ))s"
 fi
 
+# ---------------------------------------------------------------- NVSHMEM device library
+# The communicating kernels compiled for other nodes link NVSHMEM's device bitcode
+# (tests/tests/comm_nodes.rs assembles them): the two families the tests use, taken
+# from NVIDIA's PyPI wheel (only those files are kept: about 85 MB).
+NVSHMEM_PY_VERSION="${NVSHMEM_PY_VERSION:-3.8.0}"
+NVSHMEM_DIR="$TOOLS/nvshmem"
+NVSHMEM_STAMP="$NVSHMEM_DIR/stamp"
+NVSHMEM_FILES=(libnvshmem_device_sm_80.bc libnvshmem_device_sm_90.bc)
+nvshmem_ok() {
+  [ -f "$NVSHMEM_STAMP" ] && [ "$(cat "$NVSHMEM_STAMP")" = "$NVSHMEM_PY_VERSION" ] || return 1
+  local f
+  for f in "${NVSHMEM_FILES[@]}"; do [ -s "$NVSHMEM_DIR/lib/$f" ] || return 1; done
+}
+if [ "$DO_PY" = 1 ]; then
+  t0=$(now)
+  if nvshmem_ok; then
+    log "nvshmem: device bitcode $NVSHMEM_PY_VERSION present"
+  else
+    PYBIN="$TOOLS/venv/bin/python"
+    [ -x "$PYBIN" ] || PYBIN="${PYTHON:-python3}"
+    tmp="$(mktemp -d)"
+    "$PYBIN" -m pip download -q --disable-pip-version-check --no-deps -d "$tmp" \
+      "nvidia-nvshmem-cu12==$NVSHMEM_PY_VERSION"
+    mkdir -p "$NVSHMEM_DIR/lib"
+    "$PYBIN" - "$tmp" "$NVSHMEM_DIR" "${NVSHMEM_FILES[@]}" <<'PYEOF'
+import glob, os, sys, zipfile
+tmp, dest, files = sys.argv[1], sys.argv[2], sys.argv[3:]
+whl = glob.glob(os.path.join(tmp, "*.whl"))[0]
+with zipfile.ZipFile(whl) as z:
+    names = z.namelist()
+    for f in files:
+        src = "nvidia/nvshmem/lib/" + f
+        if src not in names:
+            sys.exit("setup.sh: %s is not in %s" % (src, whl))
+        with z.open(src) as i, open(os.path.join(dest, "lib", f), "wb") as o:
+            while True:
+                b = i.read(1 << 20)
+                if not b:
+                    break
+                o.write(b)
+    lic = [n for n in names if n.endswith("License.txt")]
+    if lic:
+        with z.open(lic[0]) as i, open(os.path.join(dest, "License.txt"), "wb") as o:
+            o.write(i.read())
+PYEOF
+    rm -rf "$tmp"
+    echo "$NVSHMEM_PY_VERSION" > "$NVSHMEM_STAMP"
+  fi
+  log "nvshmem part: $(( $(now) - t0 ))s"
+fi
+
 # ---------------------------------------------------------------- env.sh
 mkdir -p "$TOOLS"
 cat > "$TOOLS/env.sh.tmp" <<ENV
@@ -158,6 +209,7 @@ export LLVM_SYS_221_PREFIX=/usr/lib/llvm-22
 export MLIR_SYS_220_PREFIX=/usr/lib/llvm-22
 export TABLEGEN_220_PREFIX=/usr/lib/llvm-22
 export HIP_PATH=/usr
+export TESSERA_NVSHMEM_HOME="$TOOLS/nvshmem"
 ENV
 if cmp -s "$TOOLS/env.sh.tmp" "$TOOLS/env.sh"; then rm "$TOOLS/env.sh.tmp"
 else mv "$TOOLS/env.sh.tmp" "$TOOLS/env.sh"; fi

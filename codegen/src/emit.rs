@@ -46,7 +46,15 @@ pub fn compile(
             ),
         });
     }
-    let out = emit_module(&module, target, &func.name)?;
+    let mut min_ptx = None;
+    if opts.engine == crate::CommEngine::Nvshmem
+        && func.uses_comm()
+        && let Target::Nvptx { sm, .. } = target
+    {
+        crate::nvshmem::link(&module, sm, &meta.name)?;
+        min_ptx = Some(crate::nvshmem::PTX_ISA);
+    }
+    let out = emit_module_with(&module, target, &func.name, min_ptx)?;
     Ok(Artifact {
         target,
         meta,
@@ -74,6 +82,16 @@ pub fn emit_module(
     target: Target,
     kernel: &str,
 ) -> Result<Emitted, CodegenError> {
+    emit_module_with(module, target, kernel, None)
+}
+
+/// [`emit_module`] with at least PTX ISA `min_ptx` (times 10) on NVIDIA targets.
+fn emit_module_with(
+    module: &Module<'_>,
+    target: Target,
+    kernel: &str,
+    min_ptx: Option<u64>,
+) -> Result<Emitted, CodegenError> {
     let llvm_err = |what: &str, message: String| CodegenError::Llvm {
         kernel: kernel.to_string(),
         target,
@@ -84,11 +102,18 @@ pub fn emit_module(
         .map_err(|m| llvm_err("invalid LLVM IR", m.to_string()))?;
     // A lowering that emitted instructions of a newer PTX ISA asked for it (the only
     // such today: `mma.sync` on 8-bit floats, 8.4).
-    let newer_ptx = module.get_flag(crate::lower::arch::PTX_ISA_FLAG).is_some();
-    let features = if newer_ptx && !target.is_emu() && matches!(target.vendor(), Vendor::Nvidia) {
-        format!("+ptx{}", crate::lower::arch::PTX_ISA_FP8_MMA)
-    } else {
-        target.features().to_string()
+    // Linking NVSHMEM's device library asks for its version too.
+    let newer_ptx = module
+        .get_flag(crate::lower::arch::PTX_ISA_FLAG)
+        .map(|_| crate::lower::arch::PTX_ISA_FP8_MMA)
+        .into_iter()
+        .chain(min_ptx)
+        .max();
+    let features = match newer_ptx {
+        Some(v) if !target.is_emu() && matches!(target.vendor(), Vendor::Nvidia) => {
+            format!("+ptx{v}")
+        }
+        _ => target.features().to_string(),
     };
     let machine =
         target_machine_with(target, &features).map_err(|m| llvm_err("target machine", m))?;
@@ -109,8 +134,16 @@ pub fn emit_module(
     }
     module.set_triple(&machine.get_triple());
     module.set_data_layout(&machine.get_target_data().get_data_layout());
+    // A linked device library (NVSHMEM's) brings thousands of functions the kernel
+    // never calls: they are internal, and `globaldce` drops them before the
+    // optimization pipeline would spend its time on them.
+    let pipeline = if min_ptx.is_some() {
+        "globaldce,default<O3>"
+    } else {
+        "default<O3>"
+    };
     module
-        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
+        .run_passes(pipeline, &machine, PassBuilderOptions::create())
         .map_err(|m| llvm_err("optimization pipeline", m.to_string()))?;
     let llvm_ir = module.print_to_string().to_string();
     let emit = |m: &Module<'_>, ty: FileType| {

@@ -13,6 +13,8 @@
 //! - [`lower`]: tile IR to SIMT LLVM IR, written once for every target;
 //! - [`emit`]: LLVM IR to PTX text or an HSACO code object;
 //! - [`comm`]: the ABI of communicating kernels (hidden parameters, error records);
+//! - [`nvshmem`]: NVSHMEM's device library, linked into kernels that reach other
+//!   nodes ([`CommEngine`]);
 //! - [`tools`]: offline validators (ptxas, SASS and AMDGPU disassembly, resource usage).
 
 pub mod axis;
@@ -24,6 +26,7 @@ pub mod emu;
 pub mod fp8;
 pub mod layout;
 pub mod lower;
+pub mod nvshmem;
 pub mod pipeline;
 pub mod target;
 pub mod tools;
@@ -42,6 +45,8 @@ pub struct CompileOptions {
     /// ([`pipeline`]): 1 turns pipelining off, `None` takes the target's default
     /// ([`lower::arch::Arch::default_num_stages`]). At most 8.
     pub num_stages: Option<u32>,
+    /// How a communicating kernel reaches its peers ([`CommEngine`]).
+    pub engine: CommEngine,
 }
 
 impl Default for CompileOptions {
@@ -49,8 +54,37 @@ impl Default for CompileOptions {
         CompileOptions {
             num_warps: 4,
             num_stages: None,
+            engine: CommEngine::Direct,
         }
     }
+}
+
+/// How a communicating kernel reaches its peers' symmetric heaps.
+///
+/// - [`CommEngine::Direct`]: every peer is reached by loads, stores and atomics
+///   through mapped memory (threads, processes on one node, CUDA/HIP IPC).
+/// - [`CommEngine::Nvshmem`]: peers on this node still are; a peer on another node
+///   is reached through NVSHMEM's device library, linked into the kernel (NVIDIA
+///   targets, and the emulator, which implements those functions from their
+///   documented semantics). The heap-base table marks an off-node peer by a tag in
+///   the top byte of its entry ([`crate::comm::OFF_NODE_SHIFT`]); every load, store
+///   and atomic through a pointer that may be remote tests the tag and calls
+///   `nvshmem_uintN_p`/`_g`/`_atomic_*` for a tagged one; a signal to an off-node
+///   peer is `nvshmemx_signal_op`, after every thread's `nvshmem_quiet`; a
+///   system-scope release fence (`quiet`), `barrier_all` and the kernel's end also
+///   quiet. See [`lower::engine`].
+/// - [`CommEngine::Rocshmem`]: the same hook for AMD's rocSHMEM; compiling with it
+///   fails with [`CodegenError::Tool`] until rocSHMEM's device library is found
+///   (see [`lower::engine`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CommEngine {
+    /// Mapped memory only.
+    #[default]
+    Direct,
+    /// NVSHMEM for off-node peers.
+    Nvshmem,
+    /// rocSHMEM for off-node peers (not available yet).
+    Rocshmem,
 }
 
 impl CompileOptions {

@@ -83,6 +83,47 @@ pub const KIND_ABORTED: u64 = 2;
 
 const _: () = assert!(ERR_PROGRAM < ctrl::WORDS && ctrl::ABORT < ERR_SITE);
 
+/// Off-node peers (kernels compiled for an engine such as NVSHMEM): the heap-base
+/// table entry of a peer that mapped memory cannot reach is this rank's own base plus
+/// `(peer + 1) << OFF_NODE_SHIFT`, so `remote_ptr` (which adds `bases[peer] -
+/// bases[rank]`) yields this rank's symmetric address with the peer in its top byte:
+/// the address an engine's `put`/`get` take, and the peer to send it to. Device and
+/// host virtual addresses are below 2^57, so a tag never collides with an address,
+/// and a world with an engine has at most 255 ranks per tag byte
+/// ([`MAX_TAGGED_RANKS`]).
+pub const OFF_NODE_SHIFT: u32 = 56;
+
+/// The most ranks a table with off-node tags can name.
+pub const MAX_TAGGED_RANKS: usize = 255;
+
+/// The heap-base table rank `rank` passes to a kernel compiled for an off-node
+/// engine: `bases[r]` where `on_node(r)` holds, else the tagged entry of
+/// [`OFF_NODE_SHIFT`]. `None` when the world is too large to tag or `rank` is outside
+/// it.
+pub fn tagged_bases(
+    bases: &[u64],
+    rank: usize,
+    on_node: impl Fn(usize) -> bool,
+) -> Option<Vec<u64>> {
+    if bases.len() > MAX_TAGGED_RANKS || rank >= bases.len() {
+        return None;
+    }
+    let me = bases[rank];
+    Some(
+        bases
+            .iter()
+            .enumerate()
+            .map(|(r, &b)| {
+                if r == rank || on_node(r) {
+                    b
+                } else {
+                    me.wrapping_add(((r as u64) + 1) << OFF_NODE_SHIFT)
+                }
+            })
+            .collect(),
+    )
+}
+
 /// The values of the hidden parameters of one launch on one rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HiddenArgs {

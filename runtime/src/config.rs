@@ -116,6 +116,16 @@ pub const VARIABLES: &[Variable] = &[
         accepts: "text",
         meaning: "what every rank must present to join a launched world (set by `spawn_local`); read by `World::launched`",
     },
+    Variable {
+        name: "TESSERA_NVSHMEM_HOME",
+        accepts: "a folder",
+        meaning: "an NVSHMEM installation (holding `lib/libnvshmem_device_sm_XX.bc`), whose device library kernels compiled for off-node peers link (`CommEngine::Nvshmem`; default: NVIDIA's Debian package folders, `/usr/local/nvshmem`, `/opt/nvidia/nvshmem`; `scripts/setup.sh` installs one in `.tools/nvshmem`); read by the compiler",
+    },
+    Variable {
+        name: "TESSERA_ROCSHMEM_BITCODE",
+        accepts: "a file",
+        meaning: "rocSHMEM's device library as LLVM bitcode, for AMD kernels that reach off-node peers (`CommEngine::Rocshmem`; not finished: compiling with it fails naming what is missing); read by the compiler",
+    },
 ];
 
 /// Which compilation stages to dump.

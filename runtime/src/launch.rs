@@ -480,6 +480,7 @@ impl TryFrom<&LaunchOptions> for tessera_codegen::CompileOptions {
         Ok(tessera_codegen::CompileOptions {
             num_warps: k.num_warps,
             num_stages: k.num_stages,
+            ..Default::default()
         })
     }
 }
@@ -628,9 +629,21 @@ pub fn launch_with<K: Kernel>(
                             crate::EmuKind::Amd => tessera_codegen::target::EmuFlavor::Amd,
                             crate::EmuKind::Sm90a => tessera_codegen::target::EmuFlavor::Sm90a,
                         };
+                        // Ranks on several (emulated) nodes: off-node peers through the
+                        // vendor's engine (the emulator implements its functions).
+                        let nodes = device.comm.as_ref().and_then(|c| c.nodes());
+                        let split = nodes.as_ref().is_some_and(|n| n.iter().any(|&x| x != n[0]));
+                        let engine = match (split, flavor) {
+                            (false, _) => tessera_codegen::CommEngine::Direct,
+                            (true, tessera_codegen::target::EmuFlavor::Amd) => {
+                                tessera_codegen::CommEngine::Rocshmem
+                            }
+                            (true, _) => tessera_codegen::CommEngine::Nvshmem,
+                        };
                         let copts = tessera_codegen::CompileOptions {
                             num_warps: kopts.num_warps,
                             num_stages: kopts.num_stages,
+                            engine,
                         };
                         // Specialized like a GPU launch with these arguments, so the
                         // emulator runs the code a GPU would.
@@ -689,12 +702,18 @@ pub fn launch_with<K: Kernel>(
                         // SAFETY: the world's host heaps (one per rank, each starting
                         // with its control words, `HEAP_ALIGN`-aligned) outlive the
                         // launch: the rank's `Shared` holds them, and `c` holds it.
-                        let emu_world = device.comm.as_ref().map(|c| unsafe {
-                            tessera_codegen::emu::EmuWorld::new(
-                                c.rank(),
-                                c.host_heap_bases(),
-                                c.timeout(),
-                            )
+                        let emu_world = device.comm.as_ref().map(|c| {
+                            let w = unsafe {
+                                tessera_codegen::emu::EmuWorld::new(
+                                    c.rank(),
+                                    c.host_heap_bases(),
+                                    c.timeout(),
+                                )
+                            };
+                            match &nodes {
+                                Some(n) => w.with_nodes(n.clone()),
+                                None => w,
+                            }
                         });
                         let config = crate::config::get()?;
                         let limits = tessera_codegen::emu::EmuLimits {
@@ -937,6 +956,7 @@ fn resolve_binary(
             let opts = tessera_codegen::CompileOptions {
                 num_warps: kopts.num_warps,
                 num_stages: kopts.num_stages,
+                ..Default::default()
             };
             let art = crate::aot::compile_ir(&compiled.func, t, &opts)?;
             Ok(crate::aot::kernel_binary(&art))

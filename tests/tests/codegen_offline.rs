@@ -537,6 +537,7 @@ fn gfx942_masked_loads_are_buffer_loads() {
     let opts = CompileOptions {
         num_warps: 4,
         num_stages: Some(1),
+        ..CompileOptions::default()
     };
     let disasm = |within_2gib: bool| {
         let facts = vec![ParamFacts::new(true, within_2gib); func.params.len()];

@@ -341,6 +341,7 @@ fn pipelined_matmul_every_stage_count() {
         let opts = CompileOptions {
             num_warps: 4,
             num_stages: Some(stages),
+            ..CompileOptions::default()
         };
         let name = format!("matmul f16 ({stages} stages)");
         check_with(&name, &f, grid, &args, &opts, 4e-5 * k as f64);

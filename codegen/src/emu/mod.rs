@@ -53,13 +53,14 @@
 pub mod jit;
 pub mod mma;
 pub(crate) mod runtime;
+mod shmem;
 pub(crate) mod stack;
 pub mod team;
 pub mod tma;
 pub mod wgmma;
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corosensei::{Coroutine, CoroutineResult, Yielder};
@@ -366,6 +367,10 @@ pub struct EmuWorld {
     heap_bases: Vec<u64>,
     /// How long a wait polls before failing.
     timeout: Duration,
+    /// Each rank's node, when the ranks are on several ([`EmuWorld::with_nodes`]).
+    nodes: Option<Vec<u32>>,
+    /// Calls of the off-node engine's functions so far ([`EmuWorld::engine_ops`]).
+    engine_ops: Arc<AtomicU64>,
 }
 
 impl EmuWorld {
@@ -385,8 +390,33 @@ impl EmuWorld {
             rank,
             heap_bases,
             timeout,
+            nodes: None,
+            engine_ops: Arc::new(AtomicU64::new(0)),
         }
     }
+
+    /// Places rank `r` on node `nodes[r]` (one entry per rank): peers on this rank's
+    /// node are reached through memory, the others only through the off-node engine
+    /// the kernel is compiled for ([`crate::CommEngine`]; the heap-base table marks
+    /// them, [`crate::comm::tagged_bases`]), as on a cluster. A communicating kernel
+    /// compiled with [`crate::CommEngine::Direct`] cannot run in such a world.
+    pub fn with_nodes(mut self, nodes: Vec<u32>) -> EmuWorld {
+        self.nodes = Some(nodes);
+        self
+    }
+
+    /// How many calls of the off-node engine's device functions the kernels of this
+    /// world (and its clones) have made.
+    pub fn engine_ops(&self) -> u64 {
+        self.engine_ops.load(Ordering::Relaxed)
+    }
+}
+
+/// Calls of the off-node engine's device functions made by every emulated launch of
+/// this process so far (see [`EmuWorld::with_nodes`]): a test's evidence that
+/// off-node traffic took the engine's path.
+pub fn engine_ops_total() -> u64 {
+    shmem::TOTAL.load(Ordering::Relaxed)
 }
 
 /// Runs `func` on the SIMT emulator: the real lowering for `flavor`, JIT-compiled
@@ -489,6 +519,42 @@ pub fn launch_limited(
             (0, vec![base], tessera_ir::interp::DEFAULT_WAIT_TIMEOUT)
         }
     };
+    let engine_ops = world.map_or_else(|| Arc::new(AtomicU64::new(0)), |w| w.engine_ops.clone());
+    // The table the kernel gets: off-node peers tagged (see `crate::comm`).
+    let table = match world.and_then(|w| w.nodes.as_ref()) {
+        Some(nodes) if uses_comm => {
+            if nodes.len() != heap_bases.len() {
+                return Err(arg_err(
+                    "<world>",
+                    format!(
+                        "{} node entries for {} ranks",
+                        nodes.len(),
+                        heap_bases.len()
+                    ),
+                ));
+            }
+            let mine = nodes.get(rank as usize).copied();
+            let split = nodes.iter().any(|&n| Some(n) != mine);
+            if split && opts.engine == crate::CommEngine::Direct {
+                return Err(arg_err(
+                    "<world>",
+                    "the ranks are on several nodes, but the kernel was compiled without an off-node engine (CompileOptions::engine)".into(),
+                ));
+            }
+            crate::comm::tagged_bases(&heap_bases, rank as usize, |r| Some(nodes[r]) == mine)
+                .ok_or_else(|| {
+                    arg_err(
+                        "<world>",
+                        format!(
+                            "a world of {} ranks on several nodes (at most {})",
+                            heap_bases.len(),
+                            crate::comm::MAX_TAGGED_RANKS
+                        ),
+                    )
+                })?
+        }
+        _ => heap_bases.clone(),
+    };
     if uses_comm && rank as usize >= heap_bases.len() {
         return Err(arg_err(
             "<world>",
@@ -562,7 +628,7 @@ pub fn launch_limited(
             }
         }
     }
-    let table_addr = heap_bases.as_ptr() as u64;
+    let table_addr = table.as_ptr() as u64;
     if uses_comm {
         let hidden = crate::comm::HiddenArgs {
             rank,
@@ -622,6 +688,7 @@ pub fn launch_limited(
         comm: uses_comm.then(|| CommCtx {
             rank,
             heap_bases: heap_bases.clone(),
+            engine_ops: engine_ops.clone(),
         }),
         errors: Mutex::new(Vec::new()),
         failed: AtomicBool::new(false),

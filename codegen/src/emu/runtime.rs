@@ -91,6 +91,8 @@ pub(crate) struct CommCtx {
     pub rank: u32,
     /// Every rank's heap base (host addresses).
     pub heap_bases: Vec<u64>,
+    /// Calls of the off-node engine's functions ([`super::shmem`]), counted.
+    pub engine_ops: std::sync::Arc<AtomicU64>,
 }
 
 impl CommCtx {
@@ -223,6 +225,10 @@ pub(crate) struct ThreadCtx<'a> {
     pub wg_dirty: Cell<bool>,
     /// TMA stores issued and not yet waited for (`cp.async.bulk.wait_group.read`).
     pub tma_stores: RefCell<Vec<TmaStore>>,
+    /// The site of the off-node engine call being made ([`super::shmem`]).
+    pub engine_site: Cell<u32>,
+    /// This thread's off-node puts not yet delivered (at its next quiet).
+    pub puts: RefCell<Vec<super::shmem::Put>>,
 }
 
 /// A TMA store: it reads its box from shared memory and writes global memory when
@@ -252,6 +258,16 @@ pub(crate) struct AsyncCopies {
     committed: VecDeque<Vec<AsyncCopy>>,
 }
 
+impl Drop for ThreadCtx<'_> {
+    fn drop(&mut self) {
+        // Puts still queued when the thread ends are delivered (the lowering quiets
+        // at the kernel's end; a program that gave up early may not have).
+        if !self.puts.get_mut().is_empty() {
+            super::shmem::deliver(self);
+        }
+    }
+}
+
 impl<'a> ThreadCtx<'a> {
     /// Thread `tid` of `blk`, at block `lin` of the launch's grid.
     pub(crate) fn new(tid: u32, launch: &'a Launch<'a>, blk: &'a Block, lin: u64) -> ThreadCtx<'a> {
@@ -268,6 +284,8 @@ impl<'a> ThreadCtx<'a> {
             wg: RefCell::new(WgState::default()),
             wg_dirty: Cell::new(false),
             tma_stores: RefCell::new(Vec::new()),
+            engine_site: Cell::new(u32::MAX),
+            puts: RefCell::new(Vec::new()),
         }
     }
 
@@ -311,7 +329,7 @@ pub(crate) fn switch_to(ctx: &ThreadCtx<'_>) {
 }
 
 /// Runs `f` on the calling thread's context, or returns `default` outside a launch.
-fn with<R>(default: R, f: impl FnOnce(&ThreadCtx<'_>) -> R) -> R {
+pub(super) fn with<R>(default: R, f: impl FnOnce(&ThreadCtx<'_>) -> R) -> R {
     let p = CURRENT.with(|c| c.get());
     if p.is_null() {
         return default;
@@ -323,7 +341,7 @@ fn with<R>(default: R, f: impl FnOnce(&ThreadCtx<'_>) -> R) -> R {
 }
 
 impl ThreadCtx<'_> {
-    fn fail(&self, e: EmuError) {
+    pub(super) fn fail(&self, e: EmuError) {
         self.launch.record(self.block_lin.get(), self.tid, e);
     }
 }
@@ -359,7 +377,7 @@ extern "C" fn tessera_emu_shared_base() -> *mut u8 {
     with(std::ptr::null_mut(), |c| c.blk.shared)
 }
 
-extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: i32) -> *mut u8 {
+pub(super) extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: i32) -> *mut u8 {
     with(p, |c| {
         let addr = p as usize;
         let n = bytes.max(1) as usize;
@@ -1731,6 +1749,12 @@ extern "C" fn trunc_df_bf(x: f64) -> f32 {
 
 /// The symbols JIT-compiled kernels may call, with their addresses.
 pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
+    let mut v = base_symbols();
+    v.extend(super::shmem::symbols());
+    v
+}
+
+fn base_symbols() -> Vec<(&'static str, usize)> {
     vec![
         ("tessera_emu_tid", tessera_emu_tid as *const () as usize),
         (

@@ -137,6 +137,38 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(v.into_int_value())
     }
 
+    /// An acquire load of the `u64` word at `p`, which may be an off-node peer's
+    /// (through the engine).
+    fn word_load(&self, p: PointerValue<'ctx>) -> LResult<IntValue<'ctx>> {
+        let v = self.word_atomic(p, None, self.i64c(0), |p| {
+            Ok(Some(
+                self.atomic_load(p, AtomicOrdering::Acquire, "")?.into(),
+            ))
+        })?;
+        v.map(|v| v.into_int_value())
+            .ok_or_else(|| LowerError::Llvm("a word load produced no value".into()))
+    }
+
+    /// `op` (system scope, `ord`) on the `u64` word at `p`, which may be an off-node
+    /// peer's (through the engine); the old value.
+    fn word_rmw(
+        &self,
+        op: SignalOp,
+        p: PointerValue<'ctx>,
+        v: IntValue<'ctx>,
+        ord: AtomicOrdering,
+    ) -> LResult<IntValue<'ctx>> {
+        let r = self.word_atomic(p, Some(op), v, |p| {
+            Ok(Some(
+                self.arch
+                    .atomic_u64(&self.cx, op, p, v, ord, MemScope::System)?
+                    .into(),
+            ))
+        })?;
+        r.map(|v| v.into_int_value())
+            .ok_or_else(|| LowerError::Llvm("a word update produced no value".into()))
+    }
+
     fn atomic_store(&self, p: PointerValue<'ctx>, v: IntValue<'ctx>) -> LResult<()> {
         let s = self.cx.b.build_store(p, v)?;
         set_align(s, 8);
@@ -284,7 +316,22 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.cx.b.build_conditional_branch(more, body, done)?;
         self.cx.b.position_at_end(body);
         let base = self.heap_base(rv)?;
-        self.cas_zero(self.ctrl_word(base, ctrl::ABORT)?, mark)?;
+        let abort_p = self.ctrl_word(base, ctrl::ABORT)?;
+        if self.engine_on() {
+            self.split_remote(
+                abort_p,
+                |p| {
+                    self.cas_zero(p, mark)?;
+                    Ok(None)
+                },
+                |addr, pe| {
+                    self.engine_cas_zero(addr, mark, pe)?;
+                    Ok(None)
+                },
+            )?;
+        } else {
+            self.cas_zero(abort_p, mark)?;
+        }
         let next = self.cx.b.build_int_add(rv, self.cx.i32(1), "")?;
         r.add_incoming(&[(&next, self.cx.cur_block())]);
         let latch = self.cx.b.build_unconditional_branch(head)?;
@@ -421,6 +468,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 self.vals.insert(op.results[0], t);
             }
             OpKind::Fence { order, scope } => {
+                if matches!(order, MemOrder::Release | MemOrder::AcqRel)
+                    && scope == MemScope::System
+                {
+                    // `quiet`: this thread's off-node puts are delivered.
+                    self.engine_quiet()?;
+                }
                 if let Some(o) = fence_order(order) {
                     self.cx.fence(o, self.arch.sync_scope(scope))?;
                 }
@@ -434,14 +487,32 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let v = self.val(op.operands[1])?.regs[0].into_int_value();
                 let sc = self.arch.sync_scope(scope);
                 if matches!(order, MemOrder::Release | MemOrder::AcqRel) {
-                    // Every thread (every wave on AMD) drains its own stores.
+                    // Every thread (every wave on AMD) drains its own stores, and
+                    // its off-node puts are delivered.
+                    self.engine_quiet()?;
                     self.cx.fence(AtomicOrdering::Release, sc)?;
                 }
                 self.barrier()?;
                 self.in_thread0(|l| {
-                    let p = l.access_ptr(AddrSpace::Global, p, 8, true, "signal")?;
-                    l.arch
-                        .atomic_u64(&l.cx, sop, p, v, rmw_order(order), scope)?;
+                    let near = |p| {
+                        let p = l.access_ptr(AddrSpace::Global, p, 8, true, "signal")?;
+                        l.arch
+                            .atomic_u64(&l.cx, sop, p, v, rmw_order(order), scope)?;
+                        Ok(None)
+                    };
+                    if !l.engine_on() {
+                        near(p)?;
+                        return Ok(());
+                    }
+                    l.split_remote(p, near, |addr, pe| {
+                        let code = match sop {
+                            SignalOp::Set => super::engine::NVSHMEM_SIGNAL_SET,
+                            SignalOp::Add => super::engine::NVSHMEM_SIGNAL_ADD,
+                        };
+                        let code = l.cx.i32(code as i64);
+                        l.engine_signal(addr, v, code, pe)?;
+                        Ok(None)
+                    })?;
                     Ok(())
                 })?;
             }
@@ -469,6 +540,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let cv = self.cv()?;
                 let smem = self.scratch(16, span);
                 let nt = self.nw * self.ws;
+                // Every thread's off-node puts are delivered before it arrives.
+                self.engine_quiet()?;
                 self.barrier()?;
                 self.in_thread0(|l| {
                     let i64t = l.cx.ctx.i64_type();
@@ -478,15 +551,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     let gen_ptr = l.ctrl_word(base0, ctrl::BARRIER_GEN)?;
                     // Sense reversal by generation (see `ctrl::BARRIER_GEN`): read the
                     // generation, arrive; the last arriver resets the count and
-                    // publishes the next generation, the others poll for it.
-                    let gen_seen = l.atomic_load(gen_ptr, AtomicOrdering::Acquire, "")?;
-                    let old = l.arch.atomic_u64(
-                        &l.cx,
+                    // publishes the next generation, the others poll for it. Rank 0's
+                    // words may be on another node (through the engine).
+                    let gen_seen = l.word_load(gen_ptr)?;
+                    let old = l.word_rmw(
                         SignalOp::Add,
                         cnt,
                         l.i64c(1),
                         AtomicOrdering::AcquireRelease,
-                        MemScope::System,
                     )?;
                     let mut total = l.cx.b.build_int_z_extend(cv.world, i64t, "")?;
                     for axis in 0..3 {
@@ -502,31 +574,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     let b_cont = l.cx.ctx.append_basic_block(l.kernel, "barrier.cont");
                     l.cx.b.build_conditional_branch(last, b_last, b_cont)?;
                     l.cx.b.position_at_end(b_last);
-                    l.arch.atomic_u64(
-                        &l.cx,
-                        SignalOp::Set,
-                        cnt,
-                        l.i64c(0),
-                        AtomicOrdering::Monotonic,
-                        MemScope::System,
-                    )?;
-                    l.arch.atomic_u64(
-                        &l.cx,
-                        SignalOp::Add,
-                        gen_ptr,
-                        l.i64c(1),
-                        AtomicOrdering::Release,
-                        MemScope::System,
-                    )?;
+                    l.word_rmw(SignalOp::Set, cnt, l.i64c(0), AtomicOrdering::Monotonic)?;
+                    l.word_rmw(SignalOp::Add, gen_ptr, l.i64c(1), AtomicOrdering::Release)?;
                     l.cx.b.build_unconditional_branch(b_cont)?;
                     l.cx.b.position_at_end(b_cont);
                     let probe = |l: &Lowerer<'a, 'ctx>| {
-                        let g = l.atomic_load(gen_ptr, AtomicOrdering::Acquire, "")?;
+                        let g = l.word_load(gen_ptr)?;
                         let done =
                             l.cx.b
                                 .build_int_compare(IntPredicate::NE, g, gen_seen, "")?;
                         // Reported on timeout: how many had arrived.
-                        let obs = l.atomic_load(cnt, AtomicOrdering::Monotonic, "")?;
+                        let obs = l.word_load(cnt)?;
                         Ok((obs, done))
                     };
                     l.poll_loop(site, total, &probe, smem)

@@ -234,6 +234,13 @@ impl Arch for Emu {
         int_result(call(cx, "tessera_emu_timer_ns", ty, &[])?)
     }
 
+    fn engine_site<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
+        let i32t = cx.ctx.i32_type();
+        let ty = cx.ctx.void_type().fn_type(&[i32t.into()], false);
+        call(cx, "tessera_emu_engine_site", ty, &[Emu::site(cx, site)])?;
+        Ok(())
+    }
+
     fn bad_peer<'ctx>(
         &self,
         cx: &Cx<'ctx>,

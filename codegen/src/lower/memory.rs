@@ -180,6 +180,57 @@ fn set_align(v: impl inkwell::values::AsValueRef, align: u32) {
     }
 }
 
+/// A load of `ty` (`bytes` bytes, aligned to them) at `p`; through the engine when
+/// `remote` and `p` carries an off-node tag ([`super::engine`]).
+fn load_at<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    space: AddrSpace,
+    p: PointerValue<'ctx>,
+    ty: BasicTypeEnum<'ctx>,
+    bytes: u32,
+    remote: bool,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let near = |p| {
+        let p = l.access_ptr(space, p, bytes, false, "load")?;
+        let v = l.cx.b.build_load(ty, p, "")?;
+        set_align(v, bytes);
+        Ok(Some(v))
+    };
+    let v = if remote && space == AddrSpace::Global {
+        l.split_remote(p, near, |a, pe| Ok(Some(l.engine_get(ty, a, pe)?)))?
+    } else {
+        near(p)?
+    };
+    v.ok_or_else(|| LowerError::Llvm("a load produced no value".into()))
+}
+
+/// A store of `v` (`bytes` bytes, aligned to them) at `p`; through the engine when
+/// `remote` and `p` carries an off-node tag.
+fn store_at<'ctx>(
+    l: &Lowerer<'_, 'ctx>,
+    space: AddrSpace,
+    p: PointerValue<'ctx>,
+    v: BasicValueEnum<'ctx>,
+    bytes: u32,
+    remote: bool,
+) -> LResult<()> {
+    let near = |p| {
+        let p = l.access_ptr(space, p, bytes, true, "store")?;
+        let s = l.cx.b.build_store(p, v)?;
+        set_align(s, bytes);
+        Ok(None)
+    };
+    if remote && space == AddrSpace::Global {
+        l.split_remote(p, near, |a, pe| {
+            l.engine_put(v, a, pe)?;
+            Ok(None)
+        })?;
+    } else {
+        near(p)?;
+    }
+    Ok(())
+}
+
 pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     let OpKind::Load {
         has_mask,
@@ -192,6 +243,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
     let Elem::Ptr { pointee, space } = ptrs.elem else {
         return Err(LowerError::Llvm("load from a non-pointer".into()));
     };
+    let remote = l.maybe_remote(op.operands[0]);
     let elem = Elem::Scalar(pointee);
     let mut ptrs = ptrs;
     let mut lay = ptrs.layout.clone();
@@ -264,10 +316,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         let slot = l.scratch(size.max(1), &op.span);
         l.in_thread0(|l| {
             let v = guarded(l, m, Some(o), || {
-                let p = l.access_ptr(space, p, size, false, "load")?;
-                let v = l.cx.b.build_load(mem_ty, p, "")?;
-                set_align(v, size);
-                Ok(Some(v))
+                Ok(Some(load_at(l, space, p, mem_ty, size, remote)?))
             })?
             .expect("a value on both edges");
             l.smem_store(slot, v)?;
@@ -365,10 +414,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
                 }
             }
             let loaded = guarded(l, m, Some(fallback.into()), || {
-                let p = l.access_ptr(space, p, vec * size, false, "load")?;
-                let v = l.cx.b.build_load(vt, p, "")?;
-                set_align(v, vec * size);
-                Ok(Some(v))
+                Ok(Some(load_at(l, space, p, vt, vec * size, remote)?))
             })?
             .expect("a value on both edges")
             .into_vector_value();
@@ -383,9 +429,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
         }
         let o = other.as_ref().map(|o| o.regs[r]).unwrap_or(zero);
         let v = guarded(l, m, Some(o), || {
-            let p = l.access_ptr(space, p, size, false, "load")?;
-            let v = l.cx.b.build_load(mem_ty, p, "")?;
-            set_align(v, size);
+            let v = load_at(l, space, p, mem_ty, size, remote)?;
             Ok(Some(l.reg_from_mem(elem, v)?))
         })?
         .expect("a value on both edges");
@@ -448,7 +492,12 @@ pub(super) fn async_copy_ok(l: &Lowerer<'_, '_>, op: &Op, dim: usize) -> bool {
         return false;
     };
     let size = pointee.size_bytes() as u64;
-    if has_other || space != AddrSpace::Global || pointee == ScalarType::I1 || size == 0 {
+    if has_other
+        || space != AddrSpace::Global
+        || pointee == ScalarType::I1
+        || size == 0
+        || l.maybe_remote(op.operands[0])
+    {
         return false;
     }
     let v = 16 / size;
@@ -615,6 +664,7 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
     let Elem::Ptr { pointee, space } = ptrs.elem else {
         return Err(LowerError::Llvm("store to a non-pointer".into()));
     };
+    let remote = l.maybe_remote(op.operands[0]);
     let elem = Elem::Scalar(pointee);
     let val = l.val(op.operands[1])?;
     let mut lay = ptrs.layout.clone();
@@ -674,9 +724,7 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
                         .into();
             }
             guarded(l, cond, None, || {
-                let p = l.access_ptr(space, p, vec * size, true, "store")?;
-                let s = l.cx.b.build_store(p, vv)?;
-                set_align(s, vec * size);
+                store_at(l, space, p, vv, vec * size, remote)?;
                 Ok(None)
             })?;
             r += vec as usize;
@@ -684,9 +732,7 @@ pub(super) fn lower_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<(
         }
         let v = l.store_to_mem(elem, val.regs[r])?;
         guarded(l, cond, None, || {
-            let p = l.access_ptr(space, p, size, true, "store")?;
-            let s = l.cx.b.build_store(p, v)?;
-            set_align(s, size);
+            store_at(l, space, p, v, size, remote)?;
             Ok(None)
         })?;
         r += 1;
@@ -723,6 +769,7 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
     let Elem::Ptr { pointee, space } = ptrs.elem else {
         return Err(LowerError::Llvm("atomic on a non-pointer".into()));
     };
+    let remote = l.maybe_remote(op.operands[0]);
     let elem = Elem::Scalar(pointee);
     let nvals = if rmw.is_some() { 1 } else { 2 };
     let mut vals: Vec<Tile> = (0..nvals)
@@ -777,7 +824,7 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
         let v1 = vals.get(1).map(|v| v.regs[r]);
         let b = l.cx.b.as_mut_ptr();
         let bytes = pointee.size_bytes() as u32;
-        let res = guarded(l, cond, Some(zero), || unsafe {
+        let near = |p: PointerValue<'ctx>| unsafe {
             use inkwell::llvm_sys::core as c;
             let p = l.access_ptr(space, p, bytes, true, "atomic")?;
             if let Some(a) = rmw
@@ -829,6 +876,16 @@ pub(super) fn lower_atomic<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<
                 }
             };
             Ok(Some(BasicValueEnum::new(raw)))
+        };
+        let res = guarded(l, cond, Some(zero), || {
+            if !remote {
+                return near(p);
+            }
+            l.split_remote(p, near, |a, pe| {
+                let release = matches!(order, MemOrder::Release | MemOrder::AcqRel);
+                let old = l.engine_atomic(&op.span, rmw, pointee, release, a, pe, v0, v1)?;
+                Ok(Some(old))
+            })
         })?
         .expect("a value on both edges");
         regs.push(res);

@@ -80,6 +80,7 @@ mod convert;
 mod dot;
 mod elementwise;
 pub mod emu_arch;
+pub mod engine;
 mod fmod;
 mod memory;
 mod reduce;
@@ -328,6 +329,9 @@ fn lower_impl<'ctx>(
     opts: &CompileOptions,
     with_layouts: bool,
 ) -> Result<Lowered<'ctx>, CodegenError> {
+    if func.uses_comm() {
+        engine::check(arch.target(), opts.engine)?;
+    }
     // `dot`s of 8-bit floats: on `wgmma` or `mma.sync` (sm_89) as they are where they
     // can be (else the whole kernel again with them on f16), elsewhere on f16
     // (`crate::fp8`).
@@ -461,6 +465,7 @@ fn lower_expanded<'ctx>(
     };
     let num_threads = opts.num_warps * arch.warp_size();
     let mut l = Lowerer::new(cx, arch, func, opts.num_warps).map_err(err)?;
+    l.engine = opts.engine;
     if with_layouts {
         l.notes = Some(RefCell::new(HashMap::new()));
     }
@@ -553,6 +558,8 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     comm_sites: usize,
     /// The block that returns early (programs whose wait failed).
     comm_exit: Option<BasicBlock<'ctx>>,
+    /// How off-node peers are reached ([`engine`]).
+    engine: crate::CommEngine,
     /// The op being lowered (span, mnemonic), for new sites.
     cur_op: RefCell<(Span, &'static str)>,
     /// The op being lowered, for [`Self::note`].
@@ -665,6 +672,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             comm,
             comm_sites: 0,
             comm_exit: None,
+            engine: crate::CommEngine::Direct,
         })
     }
 
@@ -700,6 +708,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.plan_staging(&self.f.body);
         let body = &self.f.body;
         self.lower_region(body)?;
+        // Puts to off-node peers are delivered before the kernel ends.
+        self.engine_quiet()?;
         self.cx.b.build_return(None)?;
         Ok(())
     }

@@ -160,6 +160,9 @@ pub(crate) fn ar_ll<T: Float, U: Int, const OP: usize>(
             ll.on(p).store(ll_off + me * cap + offs, w, m);
         }
     }
+    // The words are delivered (an off-node engine such as NVSHMEM guarantees it only
+    // after a quiet; waiting for them without one could wait forever).
+    quiet();
     let sc = pid * TILE as i32 + lanes;
     for c in (pid..nchunks).step_by(np) {
         let offs = c * TILE as i32 + lanes;

@@ -37,7 +37,9 @@ use crate::compile::dump::{dump_enabled, dump_hash, dump_text};
 use crate::{Error, Kernel, kernel_ir};
 
 pub use tessera_codegen::target::ALL_TARGETS;
-pub use tessera_codegen::{AmdArch, Artifact, CompileOptions, KernelMeta, Target, Vendor};
+pub use tessera_codegen::{
+    AmdArch, Artifact, CommEngine, CompileOptions, KernelMeta, Target, Vendor,
+};
 
 /// Compiles kernel `K` (with comptime arguments `ct`) specialized as `spec` for
 /// `target`, from its cached, verified and optimized IR ([`kernel_ir`]).

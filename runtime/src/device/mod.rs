@@ -65,6 +65,10 @@ pub(crate) trait RankLink: Send + Sync {
     fn host_heap_bases(&self) -> Vec<u64>;
     /// How long device-side waits poll.
     fn timeout(&self) -> Duration;
+    /// Each rank's node, when the world places its ranks on several
+    /// (`World::ranks_per_node`).
+    #[cfg_attr(not(feature = "jit"), allow(dead_code))]
+    fn nodes(&self) -> Option<Vec<u32>>;
     /// GPU worlds: the hidden parameters of a communicating kernel on this rank
     /// (`rank, world_size, heap_bases, timeout_ns`: the codegen's comm ABI); `None`
     /// when the world has no heaps on this GPU.

@@ -117,6 +117,9 @@ pub(super) struct Shared {
     pub(super) timeout: Duration,
     pub(super) signal_bytes: usize,
     pub(super) heap_bytes: usize,
+    /// Each rank's node, when the ranks are placed on several
+    /// ([`super::World::ranks_per_node`]).
+    pub(super) nodes: Option<Arc<[u32]>>,
 }
 
 impl Shared {
@@ -146,6 +149,7 @@ impl Shared {
             timeout,
             signal_bytes,
             heap_bytes,
+            nodes: None,
         })
     }
 

@@ -146,6 +146,8 @@ pub struct World {
     heap_bytes: usize,
     signal_bytes: usize,
     timeout: Duration,
+    /// Ranks per (emulated) node ([`World::ranks_per_node`]).
+    ranks_per_node: Option<usize>,
 }
 
 impl World {
@@ -163,6 +165,7 @@ impl World {
             heap_bytes: config.heap_bytes,
             signal_bytes: 1 << 20,
             timeout: config.wait_timeout,
+            ranks_per_node: None,
         }
     }
 
@@ -258,9 +261,42 @@ impl World {
         self
     }
 
+    /// Places the ranks on nodes of `n` consecutive ranks each (rank `r` on node
+    /// `r / n`), for ranks as threads ([`World::run`]) on the emulator: peers of a
+    /// rank's node are reached through memory, the others only through the off-node
+    /// engine, NVSHMEM (kernels are compiled with
+    /// [`CommEngine::Nvshmem`](tessera_codegen::CommEngine), whose device functions
+    /// the emulator implements from their documented semantics), as on a cluster of
+    /// GPU nodes. Every kernel, collective and fused plan runs unchanged and must
+    /// give the results of a one-node world. On the CPU device (the reference
+    /// interpreter) the placement changes nothing; on GPUs, and for `emu-amd`
+    /// (rocSHMEM), running such a world is an error naming what is missing.
+    pub fn ranks_per_node(mut self, n: usize) -> World {
+        self.ranks_per_node = Some(n);
+        self
+    }
+
     /// The number of ranks.
     pub fn size(&self) -> usize {
         self.size
+    }
+
+    /// Each rank's node under [`World::ranks_per_node`]; `None` without it.
+    fn nodes(&self, gpu: bool) -> Result<Option<Arc<[u32]>>, Error> {
+        let Some(n) = self.ranks_per_node else {
+            return Ok(None);
+        };
+        if n == 0 {
+            return Err(Self::comm_err(
+                "ranks_per_node(0): a node holds at least one rank".into(),
+            ));
+        }
+        if gpu && n < self.size {
+            return Err(Self::comm_err(format!(
+                "ranks_per_node({n}) puts these GPU ranks on several nodes, which needs NVSHMEM's host runtime: Tessera compiles and links NVSHMEM's device library (CommEngine::Nvshmem) but does not bootstrap NVSHMEM on GPUs yet. Off-node ranks run on the emulator (Device::emu) today"
+            )));
+        }
+        Ok(Some((0..self.size).map(|r| (r / n) as u32).collect()))
     }
 
     fn comm_err(message: String) -> Error {
@@ -362,14 +398,17 @@ impl World {
             Heaps::Gpu(h) => Some(h.clone()),
             Heaps::Host(_) => None,
         };
-        let shared = Arc::new(Shared::new(
+        let nodes = self.nodes(gpu_heaps.is_some())?;
+        let mut shared = Shared::new(
             self.size as u32,
             Self::team_segment()?,
             heaps,
             self.timeout,
             self.signal_bytes,
             self.heap_bytes,
-        )?);
+        )?;
+        shared.nodes = nodes;
+        let shared = Arc::new(shared);
         let mut ranks = Vec::with_capacity(self.size);
         for r in 0..self.size {
             let device = self.device_of(r)?;
@@ -452,6 +491,11 @@ impl World {
                 "World::join is for a launched world (World::launched / World::from_env); World::local runs its ranks with World::run".into(),
             ));
         };
+        if self.ranks_per_node.is_some() {
+            return Err(Self::comm_err(
+                "ranks_per_node places ranks as threads (World::run) on emulated nodes; a launched world's ranks are processes of one node".into(),
+            ));
+        }
         self.check()?;
         let me = env.rank;
         let err = move |message: String| Error::Comm { rank: me, message };

@@ -65,6 +65,10 @@ impl RankLink for RankComm {
         self.shared.timeout
     }
 
+    fn nodes(&self) -> Option<Vec<u32>> {
+        self.shared.nodes.as_ref().map(|n| n.to_vec())
+    }
+
     /// `rank: i32, world_size: i32, heap_bases: ptr, timeout_ns: i64`
     /// ([`tessera_codegen::comm`] ABI), the heap-base table being `size` `u64`s in
     /// this rank's device memory, entry `p` = rank `p`'s heap base as this rank's GPU

@@ -186,6 +186,12 @@ pub trait Arch {
     /// A monotonic clock in nanoseconds (`i64`), read by the polling loops of
     /// `wait_until` and `barrier_all` to time out.
     fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>>;
+    /// Emitted before each call of an off-node engine's device function
+    /// ([`crate::lower::engine`]): GPUs emit nothing; the emulator notes the op
+    /// (`site`) the call belongs to, for its error messages.
+    fn engine_site<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        Ok(())
+    }
     /// Emitted on the path taken when a `remote_ptr` peer (`i32`) is outside
     /// `0..world` (`i32`): GPUs trap, the emulator reports the op and goes on with
     /// the local copy.

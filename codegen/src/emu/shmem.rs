@@ -1,0 +1,285 @@
+//! The emulator's NVSHMEM device functions: the ones [`crate::lower::engine`] calls
+//! for off-node peers, implemented from NVSHMEM's and OpenSHMEM's documented
+//! semantics on the emulated world's heaps, so a kernel compiled with
+//! [`crate::CommEngine::Nvshmem`] runs here as on a GPU cluster (with
+//! [`super::EmuWorld::with_nodes`] choosing which peers are off-node).
+//!
+//! - An address argument is a symmetric address **on the calling rank**; the
+//!   function acts on the same offset of rank `pe`'s heap, bounds-checked against the
+//!   launch's buffers like every emulated access (errors name the op that made the
+//!   call).
+//! - `nvshmem_<T>_p` is not visible at once: the put waits in the calling thread's
+//!   queue until that thread's next `nvshmem_quiet` (OpenSHMEM: a put is complete, and
+//!   visible to every PE, only after a quiet). A lowering that signals before
+//!   quieting delivers the signal first, and the data too late, as a network would.
+//! - `nvshmem_<T>_g`, the atomics and `nvshmemx_signal_op` act at once (atomically;
+//!   a signal is not ordered after earlier puts without a quiet, as documented).
+//! - Every call counts in the world's engine-operation counter
+//!   ([`super::EmuWorld::engine_ops`]), so tests can tell that off-node traffic took
+//!   this path.
+
+use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
+
+use super::EmuError;
+use super::runtime::{ThreadCtx, tessera_emu_check_global, with};
+
+/// Every engine call of the process ([`super::engine_ops_total`]).
+pub(crate) static TOTAL: AtomicU64 = AtomicU64::new(0);
+
+/// A put waiting for its thread's next quiet.
+pub(crate) struct Put {
+    addr: usize,
+    bits: u64,
+    bytes: u8,
+}
+
+/// NVSHMEM's `NVSHMEM_SIGNAL_SET` and `NVSHMEM_SIGNAL_ADD` (`nvshmemx_signal_op_t`,
+/// in NVSHMEM's `nvshmem_common_transport.h`).
+const SIGNAL_SET: i32 = 9;
+const SIGNAL_ADD: i32 = 10;
+
+fn fail(c: &ThreadCtx<'_>, message: String) {
+    let (span, op) = c.launch.site(c.engine_site.get());
+    c.fail(EmuError::Instruction {
+        kernel: c.launch.kernel.to_string(),
+        op,
+        span,
+        block: c.block.get(),
+        thread: c.tid,
+        message,
+    });
+}
+
+/// The host address of the `bytes` at symmetric address `addr` of rank `pe`, checked;
+/// `None` after recording the error.
+fn target(c: &ThreadCtx<'_>, what: &str, addr: usize, bytes: usize, pe: i32) -> Option<usize> {
+    let Some(w) = c.launch.comm.as_ref() else {
+        fail(c, format!("{what} in a kernel without a world"));
+        return None;
+    };
+    w.engine_ops.fetch_add(1, Ordering::Relaxed);
+    TOTAL.fetch_add(1, Ordering::Relaxed);
+    let n = w.heap_bases.len();
+    if pe < 0 || pe as usize >= n {
+        fail(c, format!("{what} to PE {pe} of a world of {n}"));
+        return None;
+    }
+    let off = addr.wrapping_sub(w.heap_bases[w.rank as usize] as usize);
+    let real = (w.heap_bases[pe as usize] as usize).wrapping_add(off);
+    // The control words at the start of every heap (`barrier_all`'s counters, the
+    // abort word) are no launch buffer, but the lowering's own targets.
+    let ctrl_bytes = 8 * tessera_ir::interp::ctrl::WORDS;
+    if off.checked_add(bytes).is_some_and(|end| end <= ctrl_bytes) && off.is_multiple_of(bytes) {
+        return Some(real);
+    }
+    let p = tessera_emu_check_global(real as *mut u8, bytes as i32, c.engine_site.get() as i32);
+    (p as usize == real).then_some(real)
+}
+
+fn write(addr: usize, bits: u64, bytes: u8) {
+    // SAFETY: `target` checked that `addr..addr + bytes` lies in a buffer of the
+    // launch and is aligned to `bytes`; emulated threads access memory atomically or
+    // through such checked addresses.
+    unsafe {
+        match bytes {
+            1 => AtomicU8::from_ptr(addr as *mut u8).store(bits as u8, Ordering::Relaxed),
+            2 => AtomicU16::from_ptr(addr as *mut u16).store(bits as u16, Ordering::Relaxed),
+            4 => AtomicU32::from_ptr(addr as *mut u32).store(bits as u32, Ordering::Relaxed),
+            _ => AtomicU64::from_ptr(addr as *mut u64).store(bits, Ordering::Relaxed),
+        }
+    }
+}
+
+fn read(addr: usize, bytes: u8) -> u64 {
+    // SAFETY: as in `write`.
+    unsafe {
+        match bytes {
+            1 => AtomicU8::from_ptr(addr as *mut u8).load(Ordering::Acquire) as u64,
+            2 => AtomicU16::from_ptr(addr as *mut u16).load(Ordering::Acquire) as u64,
+            4 => AtomicU32::from_ptr(addr as *mut u32).load(Ordering::Acquire) as u64,
+            _ => AtomicU64::from_ptr(addr as *mut u64).load(Ordering::Acquire),
+        }
+    }
+}
+
+/// Delivers the calling thread's queued puts.
+pub(crate) fn deliver(c: &ThreadCtx<'_>) {
+    let puts = std::mem::take(&mut *c.puts.borrow_mut());
+    for p in puts {
+        write(p.addr, p.bits, p.bytes);
+    }
+    std::sync::atomic::fence(Ordering::SeqCst);
+}
+
+extern "C" fn nvshmem_quiet() {
+    with((), |c| {
+        if let Some(w) = c.launch.comm.as_ref() {
+            w.engine_ops.fetch_add(1, Ordering::Relaxed);
+            TOTAL.fetch_add(1, Ordering::Relaxed);
+        }
+        deliver(c);
+    })
+}
+
+extern "C" fn nvshmemx_signal_op(addr: *mut u64, value: u64, op: i32, pe: i32) {
+    with((), |c| {
+        let Some(a) = target(c, "nvshmemx_signal_op", addr as usize, 8, pe) else {
+            return;
+        };
+        // SAFETY: as in `write`.
+        let word = unsafe { AtomicU64::from_ptr(a as *mut u64) };
+        match op {
+            SIGNAL_SET => word.store(value, Ordering::SeqCst),
+            SIGNAL_ADD => {
+                word.fetch_add(value, Ordering::SeqCst);
+            }
+            _ => fail(c, format!("nvshmemx_signal_op with signal operation {op}")),
+        }
+    })
+}
+
+macro_rules! put_get {
+    ($($t:ty, $bytes:expr, $p:ident, $g:ident;)*) => {$(
+        extern "C" fn $p(addr: *mut $t, value: $t, pe: i32) {
+            with((), |c| {
+                if let Some(a) = target(c, stringify!($p), addr as usize, $bytes, pe) {
+                    c.puts.borrow_mut().push(Put { addr: a, bits: value as u64, bytes: $bytes });
+                }
+            })
+        }
+        extern "C" fn $g(addr: *const $t, pe: i32) -> $t {
+            with(0, |c| match target(c, stringify!($g), addr as usize, $bytes, pe) {
+                Some(a) => read(a, $bytes) as $t,
+                None => 0,
+            })
+        }
+    )*};
+}
+
+put_get! {
+    u8, 1, nvshmem_uint8_p, nvshmem_uint8_g;
+    u16, 2, nvshmem_uint16_p, nvshmem_uint16_g;
+    u32, 4, nvshmem_uint32_p, nvshmem_uint32_g;
+    u64, 8, nvshmem_uint64_p, nvshmem_uint64_g;
+}
+
+macro_rules! amos {
+    ($($t:ty, $atomic:ty, $bytes:expr, $add:ident, $and:ident, $or:ident, $xor:ident, $swap:ident, $cas:ident;)*) => {$(
+        extern "C" fn $add(addr: *mut $t, v: $t, pe: i32) -> $t {
+            amo(stringify!($add), addr as usize, $bytes, pe, |a: &$atomic| a.fetch_add(v, Ordering::SeqCst))
+        }
+        extern "C" fn $and(addr: *mut $t, v: $t, pe: i32) -> $t {
+            amo(stringify!($and), addr as usize, $bytes, pe, |a: &$atomic| a.fetch_and(v, Ordering::SeqCst))
+        }
+        extern "C" fn $or(addr: *mut $t, v: $t, pe: i32) -> $t {
+            amo(stringify!($or), addr as usize, $bytes, pe, |a: &$atomic| a.fetch_or(v, Ordering::SeqCst))
+        }
+        extern "C" fn $xor(addr: *mut $t, v: $t, pe: i32) -> $t {
+            amo(stringify!($xor), addr as usize, $bytes, pe, |a: &$atomic| a.fetch_xor(v, Ordering::SeqCst))
+        }
+        extern "C" fn $swap(addr: *mut $t, v: $t, pe: i32) -> $t {
+            amo(stringify!($swap), addr as usize, $bytes, pe, |a: &$atomic| a.swap(v, Ordering::SeqCst))
+        }
+        extern "C" fn $cas(addr: *mut $t, cond: $t, v: $t, pe: i32) -> $t {
+            amo(stringify!($cas), addr as usize, $bytes, pe, |a: &$atomic| {
+                match a.compare_exchange(cond, v, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(x) | Err(x) => x,
+                }
+            })
+        }
+    )*};
+}
+
+/// An atomic on rank `pe`'s word at symmetric address `addr`; 0 after an error.
+fn amo<A, T: Default>(
+    what: &str,
+    addr: usize,
+    bytes: usize,
+    pe: i32,
+    f: impl FnOnce(&A) -> T,
+) -> T {
+    with(T::default(), |c| match target(c, what, addr, bytes, pe) {
+        // SAFETY: `target` checked the address is inside a buffer and aligned to
+        // `bytes`, the size of the atomic type `A`.
+        Some(a) => f(unsafe { &*(a as *const A) }),
+        None => T::default(),
+    })
+}
+
+amos! {
+    u32, AtomicU32, 4, nvshmem_uint32_atomic_fetch_add, nvshmem_uint32_atomic_fetch_and,
+        nvshmem_uint32_atomic_fetch_or, nvshmem_uint32_atomic_fetch_xor,
+        nvshmem_uint32_atomic_swap, nvshmem_uint32_atomic_compare_swap;
+    u64, AtomicU64, 8, nvshmem_uint64_atomic_fetch_add, nvshmem_uint64_atomic_fetch_and,
+        nvshmem_uint64_atomic_fetch_or, nvshmem_uint64_atomic_fetch_xor,
+        nvshmem_uint64_atomic_swap, nvshmem_uint64_atomic_compare_swap;
+}
+
+extern "C" fn nvshmem_uint64_atomic_fetch(addr: *const u64, pe: i32) -> u64 {
+    amo(
+        "nvshmem_uint64_atomic_fetch",
+        addr as usize,
+        8,
+        pe,
+        |a: &AtomicU64| a.load(Ordering::SeqCst),
+    )
+}
+
+extern "C" fn nvshmem_uint64_atomic_set(addr: *mut u64, v: u64, pe: i32) {
+    amo(
+        "nvshmem_uint64_atomic_set",
+        addr as usize,
+        8,
+        pe,
+        |a: &AtomicU64| a.store(v, Ordering::SeqCst),
+    )
+}
+
+extern "C" fn tessera_emu_engine_site(site: i32) {
+    with((), |c| c.engine_site.set(site as u32))
+}
+
+/// The functions above, by name (the JIT resolves the lowering's calls to them).
+pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
+    macro_rules! syms {
+        ($($f:ident),* $(,)?) => { vec![$((stringify!($f), $f as *const () as usize)),*] };
+    }
+    syms![
+        tessera_emu_engine_site,
+        nvshmem_quiet,
+        nvshmemx_signal_op,
+        nvshmem_uint8_p,
+        nvshmem_uint16_p,
+        nvshmem_uint32_p,
+        nvshmem_uint64_p,
+        nvshmem_uint8_g,
+        nvshmem_uint16_g,
+        nvshmem_uint32_g,
+        nvshmem_uint64_g,
+        nvshmem_uint32_atomic_fetch_add,
+        nvshmem_uint32_atomic_fetch_and,
+        nvshmem_uint32_atomic_fetch_or,
+        nvshmem_uint32_atomic_fetch_xor,
+        nvshmem_uint32_atomic_swap,
+        nvshmem_uint32_atomic_compare_swap,
+        nvshmem_uint64_atomic_fetch_add,
+        nvshmem_uint64_atomic_fetch_and,
+        nvshmem_uint64_atomic_fetch_or,
+        nvshmem_uint64_atomic_fetch_xor,
+        nvshmem_uint64_atomic_swap,
+        nvshmem_uint64_atomic_compare_swap,
+        nvshmem_uint64_atomic_fetch,
+        nvshmem_uint64_atomic_set,
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_function_the_lowering_calls_is_implemented() {
+        let have: Vec<&str> = super::symbols().iter().map(|(n, _)| *n).collect();
+        for f in crate::lower::engine::NVSHMEM_FUNCTIONS {
+            assert!(have.contains(f), "the emulator lacks {f}");
+        }
+    }
+}
