@@ -88,6 +88,7 @@ mod heap;
 mod mpi;
 pub mod procs;
 mod rank;
+pub mod rendezvous;
 mod symmetric;
 mod team;
 
