@@ -137,13 +137,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(v.into_int_value())
     }
 
-    /// An acquire load of the `u64` word at `p`, which may be an off-node peer's
-    /// (through the engine).
-    fn word_load(&self, p: PointerValue<'ctx>) -> LResult<IntValue<'ctx>> {
+    /// An atomic load (`ord`, system scope) of the `u64` word at `p`, which may be an
+    /// off-node peer's (through the engine).
+    fn word_load(&self, p: PointerValue<'ctx>, ord: AtomicOrdering) -> LResult<IntValue<'ctx>> {
         let v = self.word_atomic(p, None, self.i64c(0), |p| {
-            Ok(Some(
-                self.atomic_load(p, AtomicOrdering::Acquire, "")?.into(),
-            ))
+            Ok(Some(self.atomic_load(p, ord, "")?.into()))
         })?;
         v.map(|v| v.into_int_value())
             .ok_or_else(|| LowerError::Llvm("a word load produced no value".into()))
@@ -553,7 +551,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     // generation, arrive; the last arriver resets the count and
                     // publishes the next generation, the others poll for it. Rank 0's
                     // words may be on another node (through the engine).
-                    let gen_seen = l.word_load(gen_ptr)?;
+                    let gen_seen = l.word_load(gen_ptr, AtomicOrdering::Acquire)?;
                     let old = l.word_rmw(
                         SignalOp::Add,
                         cnt,
@@ -579,12 +577,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     l.cx.b.build_unconditional_branch(b_cont)?;
                     l.cx.b.position_at_end(b_cont);
                     let probe = |l: &Lowerer<'a, 'ctx>| {
-                        let g = l.word_load(gen_ptr)?;
+                        let g = l.word_load(gen_ptr, AtomicOrdering::Acquire)?;
                         let done =
                             l.cx.b
                                 .build_int_compare(IntPredicate::NE, g, gen_seen, "")?;
                         // Reported on timeout: how many had arrived.
-                        let obs = l.word_load(cnt)?;
+                        let obs = l.word_load(cnt, AtomicOrdering::Monotonic)?;
                         Ok((obs, done))
                     };
                     l.poll_loop(site, total, &probe, smem)
