@@ -14,11 +14,19 @@
 //! of threads of its own (the shared-memory transport, in this process) and checks
 //! that its rank's outputs are bit-for-bit the same. Prints one line per case and
 //! `N passed, N failed`; exits non-zero on any failure.
+//!
+//! `--ranks-per-node K` places the ranks on nodes of `K` consecutive ranks
+//! (`World::ranks_per_node`: on one machine, groups of `K` processes that map each
+//! other's heaps and reach the other groups through MPI calls; the threads world it
+//! is compared with is placed the same way). `--crossover` then times the flat and
+//! the hierarchical all-reduce and all-gather from 1 KiB to 1 MiB per rank and
+//! prints the table (`scripts/mpi-check.sh 4 --nodes 2` runs both).
 
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tessera::collectives::ONE_SHOT_MAX_BYTES;
 use tessera::fused::unfused::{AgThenGemm, AllReduceThenRmsNorm, GemmThenReduceScatter};
 use tessera::fused::{AgGemm, AllReduceRmsNorm, GemmReduceScatter};
 use tessera::prelude::*;
@@ -160,6 +168,7 @@ fn cases(r: &Rank) -> Result<Outputs, Error> {
         AllReduceAlgo::OneShot,
         AllReduceAlgo::TwoShot,
         AllReduceAlgo::LowLatency,
+        AllReduceAlgo::Hierarchical,
     ];
     for (ai, &algo) in algos.iter().enumerate() {
         for (oi, &op) in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min]
@@ -190,10 +199,36 @@ fn cases(r: &Rank) -> Result<Outputs, Error> {
             &h.download()?,
         );
     }
-    let x = r.upload(&data::<f32>(400, me, 333))?;
-    let mut g = r.alloc::<f32>(333 * ws)?;
-    r.all_gather(&x, &mut g)?;
-    push(&mut out, "all_gather f32", &g.download()?);
+    // Several steps of the hierarchical pipeline per program.
+    let mut b = r.upload(&data::<f32>(399, me, 300_007))?;
+    r.all_reduce_with(&mut b, ReduceOp::Sum, AllReduceAlgo::Hierarchical)?;
+    push(
+        &mut out,
+        "all_reduce Hierarchical Sum f32 (large)",
+        &b.download()?,
+    );
+    let mut b = r.upload(&data::<f32>(398, me, 20_011))?;
+    r.all_reduce(&mut b, ReduceOp::Sum)?;
+    push(&mut out, "all_reduce Auto Sum f32 (large)", &b.download()?);
+    for (gi, algo) in [
+        AllGatherAlgo::Auto,
+        AllGatherAlgo::Flat,
+        AllGatherAlgo::Hierarchical,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for n in [333, 8195] {
+            let x = r.upload(&data::<f32>(400 + gi as u64, me, n))?;
+            let mut g = r.upload(&vec![f32::NAN; n * ws])?;
+            r.all_gather_with(&x, &mut g, algo)?;
+            push(
+                &mut out,
+                format!("all_gather {algo:?} f32 n={n}"),
+                &g.download()?,
+            );
+        }
+    }
     let x = r.upload(&data::<bf16>(401, me, 128 * ws))?;
     let mut s = r.alloc::<bf16>(128)?;
     r.reduce_scatter(&x, &mut s, ReduceOp::Sum)?;
@@ -262,7 +297,7 @@ fn cases(r: &Rank) -> Result<Outputs, Error> {
         } else {
             plan.gen_range(300..3000)
         };
-        let algo = algos[plan.gen_range(0..4)];
+        let algo = algos[plan.gen_range(0..algos.len())];
         let straggler = plan.gen_range(0..ws as u32);
         let ms = plan.gen_range(1..6);
         if plan.gen_bool(0.3) && me == straggler {
@@ -276,18 +311,109 @@ fn cases(r: &Rank) -> Result<Outputs, Error> {
     Ok(out)
 }
 
+/// Seconds per call of `f` on this rank, the slowest rank's (after one warm-up
+/// call; ranks start together).
+fn time_calls(
+    r: &Rank,
+    iters: u32,
+    mut f: impl FnMut() -> Result<(), Error>,
+) -> Result<f64, Error> {
+    f()?;
+    r.barrier()?;
+    let t = std::time::Instant::now();
+    for _ in 0..iters {
+        f()?;
+    }
+    let mine = t.elapsed().as_secs_f64() / f64::from(iters);
+    let mut m = r.upload(&[mine as f32])?;
+    r.all_reduce_with(&mut m, ReduceOp::Max, AllReduceAlgo::OneShot)?;
+    Ok(f64::from(m.download()?[0]))
+}
+
+/// The flat and the hierarchical all-reduce (f32 Sum) and all-gather from 1 KiB to
+/// 1 MiB per rank: a table on rank 0 (the flat all-reduce is the one Auto takes on
+/// one node: one-shot up to `ONE_SHOT_MAX_BYTES`, two-shot above).
+fn crossover(r: &Rank) -> Result<(), Error> {
+    let me = r.rank();
+    let ws = r.size() as usize;
+    if me == 0 {
+        println!(
+            "crossover: {ws} ranks, nodes {:?}; ms per call (slowest rank), hierarchical / flat",
+            r.nodes()
+        );
+        println!("  bytes/rank | all_reduce flat  hier  ratio | all_gather flat  hier  ratio");
+    }
+    for kib in [1usize, 4, 16, 64, 256, 1024] {
+        let n = kib * 1024 / 4;
+        let iters = if kib >= 256 { 3 } else { 6 };
+        let mut b = r.upload(&data::<f32>(700, me, n))?;
+        let flat = if kib * 1024 <= ONE_SHOT_MAX_BYTES {
+            AllReduceAlgo::OneShot
+        } else {
+            AllReduceAlgo::TwoShot
+        };
+        let ar_flat = time_calls(r, iters, || r.all_reduce_with(&mut b, ReduceOp::Max, flat))?;
+        let ar_hier = time_calls(r, iters, || {
+            r.all_reduce_with(&mut b, ReduceOp::Max, AllReduceAlgo::Hierarchical)
+        })?;
+        let x = r.upload(&data::<f32>(701, me, n))?;
+        let mut g = r.alloc::<f32>(n * ws)?;
+        let ag_flat = time_calls(r, iters, || {
+            r.all_gather_with(&x, &mut g, AllGatherAlgo::Flat)
+        })?;
+        let ag_hier = time_calls(r, iters, || {
+            r.all_gather_with(&x, &mut g, AllGatherAlgo::Hierarchical)
+        })?;
+        if me == 0 {
+            println!(
+                "  {:>7} KiB | {:>14.2} {:>5.2} {:>6.2} | {:>14.2} {:>5.2} {:>6.2}",
+                kib,
+                ar_flat * 1e3,
+                ar_hier * 1e3,
+                ar_hier / ar_flat,
+                ag_flat * 1e3,
+                ag_hier * 1e3,
+                ag_hier / ag_flat
+            );
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     env_logger::Builder::from_env(env_logger::Env::new().filter_or("TESSERA_LOG", "warn")).init();
+    let args: Vec<String> = std::env::args().collect();
+    let per_node = args
+        .iter()
+        .position(|a| a == "--ranks-per-node")
+        .and_then(|i| args.get(i + 1))
+        .map(|v| v.parse::<usize>());
+    let per_node = match per_node {
+        Some(Ok(k)) => Some(k),
+        Some(Err(e)) => {
+            eprintln!("error: --ranks-per-node: {e}");
+            std::process::exit(2);
+        }
+        None => None,
+    };
+    let bench = args.iter().any(|a| a == "--crossover");
+    let place = move |w: World| match per_node {
+        Some(k) => w.ranks_per_node(k),
+        None => w,
+    };
     let result = (|| -> Result<(u32, u32, u32), Error> {
-        let world = World::launched()?
-            .heap_bytes(16 << 20)
-            .wait_timeout(Duration::from_secs(60));
+        let world = place(
+            World::launched()?
+                .heap_bytes(16 << 20)
+                .wait_timeout(Duration::from_secs(60)),
+        );
         let rank = world.join()?;
         let (me, ws) = (rank.rank(), rank.size());
         if me == 0 {
             println!(
-                "mpi_world: {ws} rank(s) of the launched world (MPI under mpirun) on {}",
-                rank.device()
+                "mpi_world: {ws} rank(s) of the launched world (MPI under mpirun) on {}, nodes {:?}",
+                rank.device(),
+                rank.nodes()
             );
         }
         let t = std::time::Instant::now();
@@ -296,11 +422,13 @@ fn main() {
         rank.barrier()?;
         // The reference: the same cases on a world of threads of this process.
         let t = std::time::Instant::now();
-        let want = World::local(ws as usize)
-            .heap_bytes(16 << 20)
-            .wait_timeout(Duration::from_secs(60))
-            .run(cases)?
-            .swap_remove(me as usize);
+        let want = place(
+            World::local(ws as usize)
+                .heap_bytes(16 << 20)
+                .wait_timeout(Duration::from_secs(60)),
+        )
+        .run(cases)?
+        .swap_remove(me as usize);
         let local_time = t.elapsed();
         let (mut pass, mut fail) = (0u32, 0u32);
         for ((name, g), (wname, w)) in got.iter().zip(&want) {
@@ -326,6 +454,9 @@ fn main() {
                 got.len(),
                 want.len()
             );
+        }
+        if bench {
+            crossover(&rank)?;
         }
         // Every rank's counts, summed over the MPI world.
         let mut counts = rank.upload(&[pass as f32, fail as f32])?;

@@ -7,6 +7,12 @@
 #   scripts/mpi-check.sh NP --shm      MPI's defaults (but osc/rdma, see below): the
 #                                      ranks of the node map each other's heaps
 #                                      (direct loads and stores)
+#   scripts/mpi-check.sh NP --nodes K  nodes of K ranks emulated: each group of K
+#                                      consecutive ranks maps its heaps, every byte
+#                                      between groups takes the network path (TCP);
+#                                      the suite runs placed so (hierarchical
+#                                      collectives), then times the flat and the
+#                                      hierarchical collectives (the crossover)
 # Needs an MPI library (Debian: openmpi-bin libopenmpi-dev; scripts/setup.sh installs
 # them) and builds the example with `--features mpi`.
 set -euo pipefail
@@ -18,8 +24,9 @@ if [ -f .tools/env.sh ]; then
 fi
 NP="${1:-4}"
 MODE="${2:-net}"
+ARGS=()
+PROFILE=debug
 command -v mpirun >/dev/null 2>&1 || { echo "mpi-check: no mpirun (install openmpi-bin libopenmpi-dev, or run scripts/setup.sh)" >&2; exit 1; }
-cargo build -q -p tessera-examples --features mpi --example mpi_world
 # Open MPI refuses root unless told; CI runs as root in a throwaway machine.
 if [ "$(id -u)" = 0 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
@@ -35,15 +42,28 @@ case "$MODE" in
   # MPI's defaults but one: Open MPI 4's osc/rdma crashes in MPI_Compare_and_swap
   # over its shared-memory transport (open-mpi/ompi#11349; the world warns).
   --shm) MCA=(--mca osc ^rdma) ;;
-  *) echo "mpi-check: unknown mode $MODE (expected --shm)" >&2; exit 2 ;;
+  # The TCP transport between processes (no `vader`), window sharing (osc/sm) for
+  # each group's heaps, one-sided traffic between groups over TCP (osc/pt2pt).
+  --nodes)
+    K="${3:?mpi-check: --nodes needs the ranks per node}"
+    MCA=(--mca pml ob1 --mca btl self,tcp --mca osc ^rdma)
+    ARGS=(--ranks-per-node "$K" --crossover)
+    # The crossover sets `Auto`'s threshold, which users meet in release builds.
+    PROFILE=release ;;
+  *) echo "mpi-check: unknown mode $MODE (expected --shm or --nodes K)" >&2; exit 2 ;;
 esac
+if [ "$PROFILE" = release ]; then
+  cargo build -q --release -p tessera-examples --features mpi --example mpi_world
+else
+  cargo build -q -p tessera-examples --features mpi --example mpi_world
+fi
 # --oversubscribe: more ranks than cores is fine here. Every socket on the loopback
 # interface: the job's own TCP traffic (the BTL's and the launcher's) never leaves
 # this machine. A hang is bounded: a clear message after 10 minutes.
 set +e
 TESSERA_LOG=info timeout --kill-after=10 600 mpirun -np "$NP" --oversubscribe \
   --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "${MCA[@]}" \
-  target/debug/examples/mpi_world < /dev/null 2>&1 | tee "$log"
+  "target/$PROFILE/examples/mpi_world" "${ARGS[@]}" < /dev/null 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e
 if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then

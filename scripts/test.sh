@@ -56,6 +56,10 @@ TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example sp_attention -- --
 bash scripts/mpi-check.sh 4
 # ... and with MPI's defaults: a node's ranks map each other's heaps.
 bash scripts/mpi-check.sh 3 --shm
+# ... and on 2 emulated nodes of 2 (heaps mapped within, TCP between): the suite
+# with the hierarchical collectives, then the flat-against-hierarchical crossover
+# table (a release build: it is what sets `Auto`'s threshold).
+bash scripts/mpi-check.sh 4 --nodes 2
 # The same examples on the SIMT emulator (the real GPU lowering of the communication
 # ops, both vendors' flavours), at their default sizes on 4 ranks.
 for emu in emu-nv emu-amd; do

@@ -87,7 +87,7 @@ pub use world::{Rank, SymBuffer, World};
 
 /// Everything a kernel author needs: the macros, the tile language, devices and buffers.
 pub mod prelude {
-    pub use crate::collectives::{AllReduceAlgo, CollElem};
+    pub use crate::collectives::{AllGatherAlgo, AllReduceAlgo, CollElem};
     pub use crate::{
         Buffer, Device, Error, Grid, Kernel, LaunchOptions, Rank, Stream, SymBuffer, World, helper,
         kernel,

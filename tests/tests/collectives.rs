@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tessera::collectives::{HIER_STEP_CHUNKS, MAX_PROGRAMS, TILE};
 use tessera::prelude::*;
 
 /// Element types under test, with exact conversions to and from `f32`.
@@ -520,5 +521,198 @@ fn ranks_that_disagree_on_a_collective_all_fail() {
             "{named}"
         );
         assert!(named.contains(want), "{named}");
+    }
+}
+
+/// The hierarchical reduction's order: each node's ranks in rank order (in f32),
+/// then the nodes' partials in node order, rounded once. (With one node, or one rank
+/// per node, this is the rank order.)
+fn hier_ref<T: Elem>(inputs: &[Vec<T>], per_node: usize, op: ReduceOp) -> Vec<T> {
+    let n = inputs.first().map_or(0, |v| v.len());
+    let f = |a: f32, b: f32| match op {
+        ReduceOp::Max => a.max(b),
+        ReduceOp::Min => a.min(b),
+        _ => a + b,
+    };
+    (0..n)
+        .map(|i| {
+            let partial = |node: &[Vec<T>]| {
+                node.iter()
+                    .map(|x| x[i].to_f32())
+                    .reduce(f)
+                    .unwrap_or(f32::NAN)
+            };
+            let acc = inputs
+                .chunks(per_node)
+                .map(partial)
+                .reduce(f)
+                .unwrap_or(f32::NAN);
+            T::from_f32(acc)
+        })
+        .collect()
+}
+
+/// Rank `r`'s data for the hierarchical cases: full 24-bit mantissas over exponents
+/// 2^-8 to 2^8, so that sums in another order round differently ([`data`]'s
+/// uniform values are multiples of 2^-19 and their sums are exact in any order).
+fn wide_data<T: Elem>(seed: u64, r: u32, n: usize) -> Vec<T> {
+    let mut g = StdRng::seed_from_u64(seed.wrapping_mul(1000033) ^ ((r as u64 + 1) * 104729));
+    (0..n)
+        .map(|_| {
+            let m = 1.0 + g.gen_range(0..1u32 << 23) as f32 / (1u32 << 23) as f32;
+            let s = if g.gen_bool(0.5) { -1.0 } else { 1.0 };
+            T::from_f32(s * m * 2f32.powi(g.gen_range(-8..=8)))
+        })
+        .collect()
+}
+
+/// Hierarchical all-reduce and all-gather on `T` for ranks placed `per_node` to a
+/// node (`None`: not placed, one node): every op, ragged sizes up to several chunks
+/// per program, each call checked on every rank against [`hier_ref`] and the
+/// concatenation, poisoned outputs; flat calls of other sizes in between (the
+/// staging slots and signal words are shared with them).
+fn hier_case<T: Elem>(
+    r: &Rank,
+    per_node: Option<usize>,
+    seed: u64,
+    errs: &mut Vec<String>,
+) -> Result<(), Error> {
+    let ws = r.size() as usize;
+    let me = r.rank() as usize;
+    let l = per_node.unwrap_or(ws);
+    let ty = std::any::type_name::<T>();
+    let mut g = StdRng::seed_from_u64(seed);
+    let ns = [
+        1,
+        g.gen_range(2..1024),
+        g.gen_range(1025..4 * 1024),
+        9 * 1024 + 7,
+    ];
+    for (si, &n) in ns.iter().enumerate() {
+        for (oi, &op) in OPS.iter().enumerate() {
+            let case = seed * 1000 + (si * 10 + oi) as u64;
+            let inputs: Vec<Vec<T>> = (0..ws).map(|q| wide_data::<T>(case, q as u32, n)).collect();
+            let mut b = r.upload(&inputs[me])?;
+            r.all_reduce_with(&mut b, op, AllReduceAlgo::Hierarchical)?;
+            let what =
+                format!("{ws} ranks, {l} per node, rank {me}, hierarchical {op:?} {ty} n={n}");
+            errs.extend(diff(&what, &b.download()?, &hier_ref(&inputs, l, op)));
+            // A flat call of another size between two hierarchical ones.
+            let mut c = r.upload(&inputs[me][..n / 2 + 1])?;
+            r.all_reduce_with(&mut c, op, AllReduceAlgo::OneShot)?;
+            let half: Vec<Vec<T>> = inputs.iter().map(|v| v[..n / 2 + 1].to_vec()).collect();
+            errs.extend(diff(
+                &format!("{what} (one-shot after)"),
+                &c.download()?,
+                &reduce_ref(&half, op),
+            ));
+        }
+        let case = seed * 1000 + 500 + si as u64;
+        let inputs: Vec<Vec<T>> = (0..ws).map(|q| data::<T>(case, q as u32, n)).collect();
+        let input = r.upload(&inputs[me])?;
+        let mut out = r.upload(&vec![T::nan(); n * ws])?;
+        r.all_gather_with(&input, &mut out, AllGatherAlgo::Hierarchical)?;
+        errs.extend(diff(
+            &format!("{ws} ranks, {l} per node, rank {me}, hierarchical all_gather {ty} n={n}"),
+            &out.download()?,
+            &inputs.concat(),
+        ));
+    }
+    Ok(())
+}
+
+fn hier_world(ws: usize, per_node: Option<usize>) -> Vec<String> {
+    let w = world(ws);
+    let w = match per_node {
+        Some(k) => w.ranks_per_node(k),
+        None => w,
+    };
+    let errs = w
+        .run(move |r| {
+            let mut errs = Vec::new();
+            let l = per_node.unwrap_or(ws) as u32;
+            // The data tells the orders apart: on 2 or more nodes of 2 or more ranks
+            // the hierarchical order rounds differently from the rank order.
+            if r.rank() == 0 && l > 1 && (l as usize) < ws {
+                let inputs: Vec<Vec<f32>> = (0..ws as u32)
+                    .map(|q| wide_data::<f32>(1, q, 1000))
+                    .collect();
+                let h = hier_ref(&inputs, l as usize, ReduceOp::Sum);
+                let f = reduce_ref(&inputs, ReduceOp::Sum);
+                if h == f {
+                    errs.push(format!(
+                        "{ws} ranks, {l} per node: the data does not tell the orders apart"
+                    ));
+                }
+            }
+            if r.ranks_per_node() != Some(l) {
+                errs.push(format!(
+                    "ranks_per_node() = {:?}, placed {l}",
+                    r.ranks_per_node()
+                ));
+            }
+            hier_case::<f32>(r, per_node, 71 + ws as u64, &mut errs)?;
+            hier_case::<bf16>(r, per_node, 83 + ws as u64, &mut errs)?;
+            // Several steps of the pipeline per program (a step is
+            // HIER_STEP_CHUNKS chunks of TILE elements).
+            let n = 2 * MAX_PROGRAMS * HIER_STEP_CHUNKS * TILE * l as usize + 7;
+            let inputs: Vec<Vec<f32>> = (0..ws as u32).map(|q| wide_data(97, q, n)).collect();
+            let mut b = r.upload(&inputs[r.rank() as usize])?;
+            r.all_reduce_with(&mut b, ReduceOp::Sum, AllReduceAlgo::Hierarchical)?;
+            errs.extend(diff(
+                &format!(
+                    "{ws} ranks, {l} per node, rank {}, hierarchical n={n}",
+                    r.rank()
+                ),
+                &b.download()?,
+                &hier_ref(&inputs, l as usize, ReduceOp::Sum),
+            ));
+            Ok(errs)
+        })
+        .unwrap_or_else(|e| panic!("{ws} ranks, {per_node:?} per node: {e}"));
+    errs.into_iter().flatten().collect()
+}
+
+#[test]
+fn hierarchical_collectives_on_placed_ranks() {
+    let mut errs = Vec::new();
+    // Two nodes of two, three nodes of two, two nodes of three; one node; one rank
+    // per node (both degenerate to the rank order).
+    for (ws, per_node) in [
+        (4, Some(2)),
+        (6, Some(2)),
+        (6, Some(3)),
+        (4, None),
+        (3, Some(1)),
+    ] {
+        errs.extend(hier_world(ws, per_node));
+    }
+    assert!(errs.is_empty(), "{}", errs.join("\n"));
+}
+
+#[test]
+fn hierarchical_collectives_need_regular_nodes() {
+    // 3 ranks on nodes of 2: node 0 holds two, node 1 one.
+    let errs = world(3).ranks_per_node(2).run(|r| {
+        let mut b = r.upload(&[1.0f32; 10])?;
+        let e = r
+            .all_reduce_with(&mut b, ReduceOp::Sum, AllReduceAlgo::Hierarchical)
+            .err()
+            .map(|e| e.to_string());
+        // Auto falls back to the flat algorithms there.
+        let mut c = r.upload(&vec![1.0f32; 8192])?;
+        r.all_reduce(&mut c, ReduceOp::Sum)?;
+        let ok = c.download()?.iter().all(|&x| x == 3.0);
+        Ok((e, ok))
+    });
+    // Every rank gets the error (the layout is the same everywhere) and goes on.
+    let results = errs.expect("the world runs on after the refused call");
+    for (r, (e, ok)) in results.iter().enumerate() {
+        let msg = e.as_deref().unwrap_or("no error");
+        assert!(
+            msg.contains("nodes of equally many consecutive ranks") && msg.contains("[0, 0, 1]"),
+            "rank {r}: {msg}"
+        );
+        assert!(ok, "rank {r}: the Auto all-reduce after it is wrong");
     }
 }

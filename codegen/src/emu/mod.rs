@@ -405,15 +405,16 @@ impl EmuWorld {
         self
     }
 
-    /// How many calls of the off-node engine's device functions the kernels of this
+    /// How many calls of the off-node engine's device functions that reach a PE's
+    /// memory (puts, gets, atomics, signals; quiets do not count) the kernels of this
     /// world (and its clones) have made.
     pub fn engine_ops(&self) -> u64 {
         self.engine_ops.load(Ordering::Relaxed)
     }
 }
 
-/// Calls of the off-node engine's device functions made by every emulated launch of
-/// this process so far (see [`EmuWorld::with_nodes`]): a test's evidence that
+/// Calls of the off-node engine's device functions that reach a PE's memory, made by
+/// every emulated launch of this process so far (see [`EmuWorld::with_nodes`]): a test's evidence that
 /// off-node traffic took the engine's path.
 pub fn engine_ops_total() -> u64 {
     shmem::TOTAL.load(Ordering::Relaxed)

@@ -14,9 +14,10 @@
 //!   quieting delivers the signal first, and the data too late, as a network would.
 //! - `nvshmem_<T>_g`, the atomics and `nvshmemx_signal_op` act at once (atomically;
 //!   a signal is not ordered after earlier puts without a quiet, as documented).
-//! - Every call counts in the world's engine-operation counter
+//! - Every call that reaches a PE's memory (puts, gets, atomics, signals; not
+//!   `nvshmem_quiet`) counts in the world's engine-operation counter
 //!   ([`super::EmuWorld::engine_ops`]), so tests can tell that off-node traffic took
-//!   this path.
+//!   this path, and how much of it.
 
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
@@ -112,13 +113,7 @@ pub(crate) fn deliver(c: &ThreadCtx<'_>) {
 }
 
 extern "C" fn nvshmem_quiet() {
-    with((), |c| {
-        if let Some(w) = c.launch.comm.as_ref() {
-            w.engine_ops.fetch_add(1, Ordering::Relaxed);
-            TOTAL.fetch_add(1, Ordering::Relaxed);
-        }
-        deliver(c);
-    })
+    with((), deliver)
 }
 
 extern "C" fn nvshmemx_signal_op(addr: *mut u64, value: u64, op: i32, pe: i32) {

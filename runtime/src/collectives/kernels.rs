@@ -339,3 +339,200 @@ pub(crate) fn a2a_data<T: Float>(
     }
     handshake(sig, sig_base, 0, epoch);
 }
+
+/// Hierarchical all-reduce (ranks on nodes of `lsize` consecutive ranks; see the
+/// [module docs](super)). Local rank `l` of a node owns segment `l` (`seg` elements)
+/// of the buffer. It handles its chunks in steps of `step` chunks, in one pipeline:
+/// 1. **on the node** it reduces segment `l` over its node's ranks (direct loads)
+///    into `f32` partials in its staging slot (`stage[stage_off..]`), then raises
+///    its progress word on the rank of each node that owns the same segment;
+/// 2. **across nodes** (one step behind, so that step 1 of the next step overlaps
+///    the transfer) it waits for the progress of those ranks, reads their partials
+///    through the off-node engine, combines them in node order, rounds once to `T`
+///    and stores the result into segment `l` of every rank of its node.
+///
+/// Signal words (`hsig`, per program `pid`: three rows of `ws` words from
+/// `pid * 3 * ws`): "entered" (epoch, on the node), progress (`tick + s + 1` after
+/// step `s`; `tick` = epoch shifted left by 24, so values only grow across calls),
+/// "done" (epoch, on the node: every rank of the node stored its segment here).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ar_hier<T: Float, const OP: usize>(
+    buf: &mut Symmetric<T>,
+    stage: &mut Symmetric<f32>,
+    hsig: &mut Symmetric<u64>,
+    n: i32,
+    seg: i32,
+    lsize: i32,
+    stage_off: i32,
+    step: i32,
+    epoch: u64,
+    tick: u64,
+) {
+    let me = rank();
+    let ws = world_size();
+    let l = me % lsize;
+    let node0 = me - l;
+    let nodes = ws / lsize;
+    let pid = program_id(0);
+    let np = num_programs(0);
+    let lanes = arange::<TILE>();
+    let nchunks = (seg + (TILE as i32 - 1)) / TILE as i32;
+    let mine = (nchunks - pid + np - 1) / np;
+    let entered = pid * 3 * ws;
+    let progress = entered + ws;
+    let done = progress + ws;
+    for k in 0..lsize {
+        hsig.signal(node0 + k, entered + me, epoch, SignalOp::Set);
+    }
+    for k in 0..lsize {
+        hsig.wait_until(entered + node0 + k, CmpPred::Ge, epoch);
+    }
+    let steps = (mine + step - 1) / step;
+    for s in 0..steps + 1 {
+        if s.lt(steps) {
+            for q in 0..step {
+                let i = s * step + q;
+                if i.lt(mine) {
+                    let loc = (pid + i * np) * TILE as i32 + lanes;
+                    let offs = l * seg + loc;
+                    let m = loc.lt(seg) & offs.lt(n);
+                    let mut acc = buf.on(node0).load(offs, m).cast::<f32>();
+                    for k in 1..lsize {
+                        acc = combine(acc, buf.on(node0 + k).load(offs, m).cast::<f32>(), OP);
+                    }
+                    stage.store(stage_off + loc, acc, m);
+                }
+            }
+            let mark = tick + (s + 1).cast::<u64>();
+            for j in 0..nodes {
+                hsig.signal(j * lsize + l, progress + me, mark, SignalOp::Set);
+            }
+        }
+        if s.gt(0) {
+            let mark = tick + s.cast::<u64>();
+            for j in 0..nodes {
+                hsig.wait_until(progress + j * lsize + l, CmpPred::Ge, mark);
+            }
+            for q in 0..step {
+                let i = (s - 1) * step + q;
+                if i.lt(mine) {
+                    let loc = (pid + i * np) * TILE as i32 + lanes;
+                    let offs = l * seg + loc;
+                    let m = loc.lt(seg) & offs.lt(n);
+                    let mut acc = stage.on(l).load(stage_off + loc, m);
+                    for j in 1..nodes {
+                        acc = combine(acc, stage.on(j * lsize + l).load(stage_off + loc, m), OP);
+                    }
+                    let v = acc.cast::<T>();
+                    for k in 0..lsize {
+                        buf.on(node0 + k).store(offs, v, m);
+                    }
+                }
+            }
+        }
+    }
+    for k in 0..lsize {
+        hsig.signal(node0 + k, done + me, epoch, SignalOp::Set);
+    }
+    for k in 0..lsize {
+        hsig.wait_until(done + node0 + k, CmpPred::Ge, epoch);
+    }
+}
+
+/// Hierarchical all-gather (ranks on nodes of `lsize` consecutive ranks). Rank
+/// `(node b, local l)` pushes each chunk of its input **across nodes** only to the
+/// rank `l` of every node (block `me` of their outputs, through the off-node
+/// engine) and raises its progress word there after each step of `step` chunks;
+/// one step behind, it forwards what
+/// the ranks `l` of every node pushed to it (block of that source) to the other
+/// ranks of its **own node** (direct stores). Off-node bytes per rank: one copy of
+/// the input per other node, instead of one per off-node rank. Signal rows as in
+/// [`ar_hier`]; "entered" is raised on every rank that writes into this rank's
+/// output (the ranks `l` of every node and the node's ranks).
+#[kernel]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn ag_hier<T: Float>(
+    input: &Symmetric<T>,
+    output: &mut Symmetric<T>,
+    hsig: &mut Symmetric<u64>,
+    n: i32,
+    lsize: i32,
+    step: i32,
+    epoch: u64,
+    tick: u64,
+) {
+    let me = rank();
+    let ws = world_size();
+    let l = me % lsize;
+    let node0 = me - l;
+    let nodes = ws / lsize;
+    let pid = program_id(0);
+    let np = num_programs(0);
+    let lanes = arange::<TILE>();
+    let nchunks = (n + (TILE as i32 - 1)) / TILE as i32;
+    let mine = (nchunks - pid + np - 1) / np;
+    let entered = pid * 3 * ws;
+    let progress = entered + ws;
+    let done = progress + ws;
+    for j in 0..nodes {
+        hsig.signal(j * lsize + l, entered + me, epoch, SignalOp::Set);
+    }
+    for k in 0..lsize {
+        hsig.signal(node0 + k, entered + me, epoch, SignalOp::Set);
+    }
+    for j in 0..nodes {
+        hsig.wait_until(entered + j * lsize + l, CmpPred::Ge, epoch);
+    }
+    for k in 0..lsize {
+        hsig.wait_until(entered + node0 + k, CmpPred::Ge, epoch);
+    }
+    let steps = (mine + step - 1) / step;
+    for s in 0..steps + 1 {
+        if s.lt(steps) {
+            for q in 0..step {
+                let i = s * step + q;
+                if i.lt(mine) {
+                    let offs = (pid + i * np) * TILE as i32 + lanes;
+                    let m = offs.lt(n);
+                    let v = input.load(offs, m);
+                    for j in 0..nodes {
+                        output.on(j * lsize + l).store(me * n + offs, v, m);
+                    }
+                }
+            }
+            let mark = tick + (s + 1).cast::<u64>();
+            for j in 0..nodes {
+                hsig.signal(j * lsize + l, progress + me, mark, SignalOp::Set);
+            }
+        }
+        if s.gt(0) {
+            let mark = tick + s.cast::<u64>();
+            for j in 0..nodes {
+                hsig.wait_until(progress + j * lsize + l, CmpPred::Ge, mark);
+            }
+            for q in 0..step {
+                let i = (s - 1) * step + q;
+                if i.lt(mine) {
+                    let offs = (pid + i * np) * TILE as i32 + lanes;
+                    let m = offs.lt(n);
+                    for j in 0..nodes {
+                        let src = j * lsize + l;
+                        let v = output.load(src * n + offs, m);
+                        for k in 0..lsize {
+                            if k.ne(l) {
+                                output.on(node0 + k).store(src * n + offs, v, m);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for k in 0..lsize {
+        hsig.signal(node0 + k, done + me, epoch, SignalOp::Set);
+    }
+    for k in 0..lsize {
+        hsig.wait_until(done + node0 + k, CmpPred::Ge, epoch);
+    }
+}

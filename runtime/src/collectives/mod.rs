@@ -23,10 +23,21 @@
 //!   every peer. `2(n-1)/n·N` bytes moved per rank: best for large messages.
 //! - **Low-latency all-reduce** ([`AllReduceAlgo::LowLatency`]): one-shot with the LL
 //!   protocol below.
+//! - **Hierarchical all-reduce** ([`AllReduceAlgo::Hierarchical`]), for ranks on
+//!   nodes of `L` consecutive ranks ([`Rank::ranks_per_node`]): local rank `l`
+//!   reduces segment `l` over its node (direct loads) into `f32` partials, reads
+//!   the partials of rank `l` of every other node through the off-node engine,
+//!   combines them in node order and stores the segment on its node; one pipelined
+//!   kernel (`ar_hier`, steps of [`HIER_STEP_CHUNKS`] chunks). **All-gather**
+//!   likewise ([`AllGatherAlgo::Hierarchical`], `ag_hier`): inputs cross nodes only
+//!   to the rank of the same local index, which forwards them on its node.
 //! - [`AllReduceAlgo::Auto`] takes LL up to [`LL_MAX_BYTES`] (0: never, on CPU
 //!   ranks LL measured slower than plain), one-shot up to [`ONE_SHOT_MAX_BYTES`]
 //!   (4 KiB), two-shot above: crossovers measured on CPU ranks with 2, 4 and 8 ranks,
-//!   see those constants and BENCHMARKS.md "Collectives on CPU ranks".
+//!   see those constants and BENCHMARKS.md "Collectives on CPU ranks". On ranks
+//!   split over nodes of several ranks it takes the hierarchical all-reduce from
+//!   [`HIER_AR_MIN_BYTES`] on ([`AllGatherAlgo::Auto`]: from [`HIER_AG_MIN_BYTES`],
+//!   never on CPU ranks), measured on the MPI transport.
 //! - **All-gather** pushes each rank's input into block `rank` of every output;
 //!   **reduce-scatter** and **broadcast** pull; **all-to-all-v** first exchanges the
 //!   per-destination counts (a one-program kernel gathers every rank's count row into
@@ -35,7 +46,11 @@
 //! Reductions (`Sum`, `Max`, `Min`) load, `.cast::<f32>()`, combine in `f32` over the
 //! ranks **in rank order** (`((x0 ∘ x1) ∘ x2) ∘ ...`) and round once to the element
 //! type. Every rank and every algorithm therefore gets the same bits, equal to a host
-//! reference that combines in `f32` in rank order and rounds once.
+//! reference that combines in `f32` in rank order and rounds once; the
+//! hierarchical all-reduce combines each node's ranks in rank order, then the
+//! nodes' partials in node order (the same bits on every rank and transport; a sum
+//! may round differently from the rank order on 2 or more nodes of 2 or more
+//! ranks).
 //!
 //! # Synchronization
 //!
@@ -122,6 +137,23 @@ pub enum AllReduceAlgo {
     /// One-shot over the low-latency protocol (data and flag in one 64-bit word);
     /// messages up to [`LL_MAX_ELEMS`] elements.
     LowLatency,
+    /// For ranks on several nodes ([`Rank::ranks_per_node`]): reduce on the node,
+    /// combine the nodes' partials across nodes, store on the node, in one
+    /// pipelined kernel. Sums combine in node order (see the module docs).
+    Hierarchical,
+}
+
+/// How [`Rank::all_gather_with`] gathers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AllGatherAlgo {
+    /// [`AllGatherAlgo::Hierarchical`] for ranks on several nodes of several ranks
+    /// each from [`HIER_AG_MIN_BYTES`] of input on, else [`AllGatherAlgo::Flat`].
+    Auto,
+    /// Every rank pushes its input to every rank.
+    Flat,
+    /// Every rank pushes its input across nodes only to the ranks of the same local
+    /// index, which forward it on their node (one pipelined kernel).
+    Hierarchical,
 }
 
 /// Most program instances per rank of a collective kernel.
@@ -152,6 +184,39 @@ pub const LL_MAX_BYTES: usize = 0;
 /// segment reads, on 2 shared cores).
 pub const ONE_SHOT_MAX_BYTES: usize = 4 * 1024;
 
+/// [`AllReduceAlgo::Auto`] takes [`AllReduceAlgo::Hierarchical`] from this many
+/// bytes on, for ranks on several nodes of several ranks each.
+///
+/// Measured on the MPI transport (`scripts/mpi-check.sh 4 --nodes 2`, run by CI in
+/// release: 2 emulated nodes of 2 CPU ranks, heaps mapped within a node, TCP between
+/// nodes; BENCHMARKS.md "Hierarchical collectives"): the hierarchical all-reduce
+/// took 0.3 to 0.9 times the flat one's time from 64 KiB to 1 MiB in every run,
+/// and lost or tied below (1.6 to 4.3 times at 16 KiB). It moves half the
+/// elements across nodes (the emulator's engine count), but does 1.75 times the
+/// flat two-shot's loads and stores on 2 x 2 ranks, which costs where those are
+/// slow (a debug build: never faster up to 1 MiB). On GPU nodes, to be measured.
+pub const HIER_AR_MIN_BYTES: usize = 64 * 1024;
+
+/// [`AllGatherAlgo::Auto`] takes [`AllGatherAlgo::Hierarchical`] from this many
+/// bytes of input per rank on, for ranks on several nodes of several ranks each:
+/// **never** on CPU ranks (`usize::MAX`). Measured as [`HIER_AR_MIN_BYTES`]: no size
+/// from 4 KiB to 1 MiB where it won in every run (0.6 to 1.5 times the flat
+/// all-gather's time from 64 KiB on), although one copy of the input crosses to
+/// each other node instead of one to each off-node rank.
+pub const HIER_AG_MIN_BYTES: usize = usize::MAX;
+
+/// Whether [`AllGatherAlgo::Auto`] takes the hierarchical kernel for `bytes` of
+/// input per rank, on ranks split over nodes.
+// (Written so that it stays meaningful while the measured threshold is "never".)
+#[allow(clippy::absurd_extreme_comparisons)]
+fn auto_hier_gather(bytes: usize) -> bool {
+    bytes >= HIER_AG_MIN_BYTES
+}
+
+/// Chunks of [`TILE`] elements per step of the hierarchical kernels' pipeline:
+/// a program raises its progress across nodes once per step (128 KiB of `f32`).
+pub const HIER_STEP_CHUNKS: usize = 32;
+
 /// Whether [`AllReduceAlgo::Auto`] takes LL for a message of `bytes` (> 0) bytes.
 // (Written so that it stays meaningful while the measured threshold is 0.)
 #[allow(clippy::absurd_extreme_comparisons, clippy::impossible_comparisons)]
@@ -178,6 +243,8 @@ pub(crate) struct Workspace {
     stage: Option<SymBuffer<u64>>,
     /// LL buffers and scratch: raw bytes as u64 words.
     ll: Option<SymBuffer<u64>>,
+    /// The hierarchical kernels' signal words: `3 * MAX_PROGRAMS * ws`.
+    hsig: Option<SymBuffer<u64>>,
 }
 
 /// Bytes of `len` elements of `T`.
@@ -211,20 +278,27 @@ const CALLS: [&str; 5] = [
     "all_to_all_v",
 ];
 const OPS: [&str; 3] = ["Sum", "Max", "Min"];
-const ALGOS: [AllReduceAlgo; 4] = [
+const ALGOS: [AllReduceAlgo; 5] = [
     AllReduceAlgo::Auto,
     AllReduceAlgo::OneShot,
     AllReduceAlgo::TwoShot,
     AllReduceAlgo::LowLatency,
+    AllReduceAlgo::Hierarchical,
+];
+const GATHER_ALGOS: [AllGatherAlgo; 3] = [
+    AllGatherAlgo::Auto,
+    AllGatherAlgo::Flat,
+    AllGatherAlgo::Hierarchical,
 ];
 
 /// A collective call as the three words every rank must agree on
 /// ([`Rank::agree_on_call`]): which collective, the element type, the reduction
-/// (`OP_*`), the algorithm asked for, the element count, the root.
+/// (`OP_*`), the algorithm asked for (its index in [`ALGOS`] or [`GATHER_ALGOS`]),
+/// the element count, the root.
 fn call_words<T: CollElem>(
     call: usize,
     op: usize,
-    algo: AllReduceAlgo,
+    algo: usize,
     count: usize,
     root: u32,
 ) -> [u64; 3] {
@@ -232,7 +306,6 @@ fn call_words<T: CollElem>(
         .iter()
         .position(|t| *t == T::TY)
         .unwrap_or(0);
-    let algo = ALGOS.iter().position(|a| *a == algo).unwrap_or(0);
     [
         call as u64 | (ty as u64) << 8 | (op as u64) << 16 | (algo as u64) << 24,
         count as u64,
@@ -257,6 +330,14 @@ fn describe_call(w: [u64; 3]) -> String {
             w[1],
             ALGOS.get(field(24)).copied().unwrap_or(AllReduceAlgo::Auto)
         ),
+        1 => format!(
+            "{name}({ty}, {} elements, {:?})",
+            w[1],
+            GATHER_ALGOS
+                .get(field(24))
+                .copied()
+                .unwrap_or(AllGatherAlgo::Auto)
+        ),
         2 => format!(
             "{name}({}, {ty}, {} elements)",
             OPS.get(field(16)).copied().unwrap_or("?"),
@@ -266,6 +347,10 @@ fn describe_call(w: [u64; 3]) -> String {
         4 => format!("{name}({ty})"),
         _ => format!("{name}({ty}, {} elements)", w[1]),
     }
+}
+
+fn algo_index(algo: AllReduceAlgo) -> usize {
+    ALGOS.iter().position(|a| *a == algo).unwrap_or(0)
 }
 
 fn rank_err(rank: &Rank, message: String) -> Error {
@@ -301,6 +386,7 @@ impl Rank {
                 matrix: self.alloc::<i32>(ws * (ws + 1))?,
                 stage: None,
                 ll: None,
+                hsig: None,
             }));
             // Allocation zeroes this rank's copy: no rank may signal into a peer's
             // pad before the peer has done so.
@@ -348,7 +434,10 @@ impl Rank {
         self.check_owned(buf, "the all_reduce buffer")?;
         let n = buf.len();
         let n32 = as_i32(self, n, "the all_reduce buffer")?;
-        self.agree_on_call(call_words::<T>(0, code, algo, n, 0), describe_call)?;
+        self.agree_on_call(
+            call_words::<T>(0, code, algo_index(algo), n, 0),
+            describe_call,
+        )?;
         if n == 0 {
             return Ok(());
         }
@@ -359,10 +448,15 @@ impl Rank {
             ));
         }
         let bytes = bytes_of::<T>(n);
+        let per_node = self.ranks_per_node();
+        let split = per_node.is_some_and(|l| l > 1 && l < self.size());
         self.with_ws(|r, w| {
             let epoch = w.epoch + 1;
             let ll_ok = epoch < u32::MAX as u64;
             let algo = match algo {
+                AllReduceAlgo::Auto if split && bytes >= HIER_AR_MIN_BYTES => {
+                    AllReduceAlgo::Hierarchical
+                }
                 AllReduceAlgo::Auto if auto_ll(bytes) && n <= LL_MAX_ELEMS && ll_ok => {
                     AllReduceAlgo::LowLatency
                 }
@@ -378,6 +472,9 @@ impl Rank {
                 (AllReduceAlgo::TwoShot, OP_SUM) => r.two_shot::<T, OP_SUM>(w, buf, n32),
                 (AllReduceAlgo::TwoShot, OP_MAX) => r.two_shot::<T, OP_MAX>(w, buf, n32),
                 (AllReduceAlgo::TwoShot, _) => r.two_shot::<T, OP_MIN>(w, buf, n32),
+                (AllReduceAlgo::Hierarchical, OP_SUM) => r.hier::<T, OP_SUM>(w, buf, n32),
+                (AllReduceAlgo::Hierarchical, OP_MAX) => r.hier::<T, OP_MAX>(w, buf, n32),
+                (AllReduceAlgo::Hierarchical, _) => r.hier::<T, OP_MIN>(w, buf, n32),
                 (_, OP_SUM) => r.low_latency::<T, OP_SUM>(w, buf, n32),
                 (_, OP_MAX) => r.low_latency::<T, OP_MAX>(w, buf, n32),
                 (_, _) => r.low_latency::<T, OP_MIN>(w, buf, n32),
@@ -398,6 +495,77 @@ impl Rank {
         slot.as_ref()
             .map(|b| b.heap_offset())
             .ok_or_else(|| rank_err(self, "no workspace region".into()))
+    }
+
+    /// The node size the hierarchical kernels run with: every node holds `L`
+    /// consecutive ranks (one node when the ranks are not placed), or an error.
+    fn hier_layout(&self, what: &str) -> Result<usize, Error> {
+        self.ranks_per_node().map(|l| l as usize).ok_or_else(|| {
+            rank_err(
+                self,
+                format!(
+                    "the hierarchical {what} needs nodes of equally many consecutive ranks; this world's nodes are {:?}",
+                    self.nodes()
+                ),
+            )
+        })
+    }
+
+    /// The hierarchical kernels' signal words and the call's `(epoch, tick)`
+    /// (`tick`: the epoch shifted left by 24, the base of the progress marks).
+    fn hier_sync(&self, w: &mut Workspace) -> Result<(u64, u64), Error> {
+        if w.hsig.is_none() {
+            w.hsig = Some(self.alloc_signals(3 * MAX_PROGRAMS * self.size() as usize)?);
+            // As for the signal pad: no rank signals into a peer's words before the
+            // peer has zeroed them.
+            self.barrier()?;
+        }
+        let epoch = Self::next_epoch(w);
+        if epoch >= 1 << 40 {
+            return Err(rank_err(
+                self,
+                "2^40 collective calls: the hierarchical kernels' progress marks would wrap".into(),
+            ));
+        }
+        Ok((epoch, epoch << 24))
+    }
+
+    fn hier<T: CollElem, const OP: usize>(
+        &self,
+        w: &mut Workspace,
+        buf: &mut SymBuffer<T>,
+        n: i32,
+    ) -> Result<(), Error> {
+        let l = self.hier_layout("all_reduce")?;
+        let seg = (n as usize).div_ceil(l);
+        // f32 partials, double-buffered by epoch parity (as the one-shot's slots).
+        let off = self.region(&mut w.stage, 2 * bytes_of::<f32>(seg))?;
+        let half = w.stage.as_ref().map_or(0, |b| b.len() * 8) / 4 / 2;
+        let half32 = as_i32(self, 2 * half, "the hierarchical staging region")? / 2;
+        let mut stage = self.sym_view::<f32>(off, 2 * half)?;
+        let (epoch, tick) = self.hier_sync(w)?;
+        let stage_off = if epoch.is_multiple_of(2) { 0 } else { half32 };
+        let grid = programs(seg.div_ceil(TILE));
+        let hsig = w
+            .hsig
+            .as_mut()
+            .ok_or_else(|| rank_err(self, "no hierarchical signal words".into()))?;
+        kernels::ar_hier::<T, OP>::launch(
+            self.device(),
+            grid,
+            (
+                buf,
+                &mut stage,
+                hsig,
+                n,
+                seg as i32,
+                l as i32,
+                stage_off,
+                HIER_STEP_CHUNKS as i32,
+                epoch,
+                tick,
+            ),
+        )
     }
 
     fn next_epoch(w: &mut Workspace) -> u64 {
@@ -489,11 +657,23 @@ impl Rank {
     }
 
     /// `output[r*n .. (r+1)*n]` = `input` of rank `r`, with `n = input.len()`;
-    /// `output.len()` must be `n * size()`.
+    /// `output.len()` must be `n * size()`. Picks the algorithm by topology and size
+    /// ([`AllGatherAlgo::Auto`]).
     pub fn all_gather<T: CollElem>(
         &self,
         input: &SymBuffer<T>,
         output: &mut SymBuffer<T>,
+    ) -> Result<(), Error> {
+        self.all_gather_with(input, output, AllGatherAlgo::Auto)
+    }
+
+    /// [`Rank::all_gather`] with a chosen algorithm. [`AllGatherAlgo::Hierarchical`]
+    /// fails for ranks whose nodes do not hold equally many consecutive ranks.
+    pub fn all_gather_with<T: CollElem>(
+        &self,
+        input: &SymBuffer<T>,
+        output: &mut SymBuffer<T>,
+        algo: AllGatherAlgo,
     ) -> Result<(), Error> {
         self.check_owned(input, "the all_gather input")?;
         self.check_owned(output, "the all_gather output")?;
@@ -510,18 +690,47 @@ impl Rank {
             ));
         }
         as_i32(self, n * ws, "the all_gather output")?;
-        self.agree_on_call(
-            call_words::<T>(1, 0, AllReduceAlgo::Auto, n, 0),
-            describe_call,
-        )?;
+        let index = GATHER_ALGOS.iter().position(|a| *a == algo).unwrap_or(0);
+        self.agree_on_call(call_words::<T>(1, 0, index, n, 0), describe_call)?;
         if n == 0 {
             return Ok(());
         }
+        let split = self
+            .ranks_per_node()
+            .is_some_and(|l| l > 1 && l < self.size());
+        let hier = match algo {
+            AllGatherAlgo::Auto => split && auto_hier_gather(bytes_of::<T>(n)),
+            AllGatherAlgo::Flat => false,
+            AllGatherAlgo::Hierarchical => true,
+        };
         self.with_ws(|r, w| {
+            let grid = programs(n.div_ceil(TILE));
+            if hier {
+                let l = r.hier_layout("all_gather")?;
+                let (epoch, tick) = r.hier_sync(w)?;
+                let hsig = w
+                    .hsig
+                    .as_mut()
+                    .ok_or_else(|| rank_err(r, "no hierarchical signal words".into()))?;
+                return kernels::ag_hier::<T>::launch(
+                    r.device(),
+                    grid,
+                    (
+                        input,
+                        output,
+                        hsig,
+                        n as i32,
+                        l as i32,
+                        HIER_STEP_CHUNKS as i32,
+                        epoch,
+                        tick,
+                    ),
+                );
+            }
             let epoch = Self::next_epoch(w);
             kernels::all_gather_k::<T>::launch(
                 r.device(),
-                programs(n.div_ceil(TILE)),
+                grid,
                 (input, output, &mut w.sig, n as i32, 0, epoch),
             )
         })
@@ -551,10 +760,7 @@ impl Rank {
             ));
         }
         as_i32(self, n * ws, "the reduce_scatter input")?;
-        self.agree_on_call(
-            call_words::<T>(2, code, AllReduceAlgo::Auto, n, 0),
-            describe_call,
-        )?;
+        self.agree_on_call(call_words::<T>(2, code, 0, n, 0), describe_call)?;
         if n == 0 {
             return Ok(());
         }
@@ -584,10 +790,7 @@ impl Rank {
         }
         let n = buf.len();
         let n32 = as_i32(self, n, "the broadcast buffer")?;
-        self.agree_on_call(
-            call_words::<T>(3, 0, AllReduceAlgo::Auto, n, root),
-            describe_call,
-        )?;
+        self.agree_on_call(call_words::<T>(3, 0, 0, n, root), describe_call)?;
         if n == 0 {
             return Ok(());
         }
@@ -616,10 +819,7 @@ impl Rank {
         self.check_owned(send, "the all_to_all_v send buffer")?;
         self.check_owned(recv, "the all_to_all_v receive buffer")?;
         // Counts differ between ranks by design (they are checked collectively below).
-        self.agree_on_call(
-            call_words::<T>(4, 0, AllReduceAlgo::Auto, 0, 0),
-            describe_call,
-        )?;
+        self.agree_on_call(call_words::<T>(4, 0, 0, 0, 0), describe_call)?;
         let ws = self.size() as usize;
         let me = self.rank() as usize;
         // A local problem is not returned at once: the other ranks would wait for this
@@ -715,7 +915,8 @@ impl Rank {
 }
 
 /// Precompiles every kernel the collectives launch on elements of type `T` (every
-/// algorithm and reduction: all-reduce one-shot, two-shot and low-latency,
+/// algorithm and reduction: all-reduce one-shot, two-shot, low-latency and
+/// hierarchical, all-gather flat and hierarchical,
 /// all-gather, reduce-scatter, broadcast, all-to-all) for `target` into `store`, under
 /// the keys launches look up: what a build without `jit` needs to run the collectives
 /// on a GPU (the GPU check's pack holds them for `f32`). Returns the written files.
@@ -737,7 +938,11 @@ pub fn precompile<T: CollElem>(
     out.extend(all::<kernels::ar_ll<T, T::Bits, OP_SUM>>(&(), t, o, s)?);
     out.extend(all::<kernels::ar_ll<T, T::Bits, OP_MAX>>(&(), t, o, s)?);
     out.extend(all::<kernels::ar_ll<T, T::Bits, OP_MIN>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_hier<T, OP_SUM>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_hier<T, OP_MAX>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_hier<T, OP_MIN>>(&(), t, o, s)?);
     out.extend(all::<kernels::all_gather_k<T>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ag_hier<T>>(&(), t, o, s)?);
     out.extend(all::<kernels::reduce_scatter_k<T, OP_SUM>>(&(), t, o, s)?);
     out.extend(all::<kernels::reduce_scatter_k<T, OP_MAX>>(&(), t, o, s)?);
     out.extend(all::<kernels::reduce_scatter_k<T, OP_MIN>>(&(), t, o, s)?);

@@ -272,6 +272,12 @@ impl World {
     /// give the results of a one-node world. On the CPU device (the reference
     /// interpreter) the placement changes nothing; on GPUs, and for `emu-amd`
     /// (rocSHMEM), running such a world is an error naming what is missing.
+    ///
+    /// For an MPI world ([`World::launched`] under `mpirun`, feature `mpi`) it splits
+    /// each node's processes into groups of `n` consecutive ranks that map each
+    /// other's heaps, and reach the other groups through MPI calls: nodes of `n`
+    /// ranks emulated on fewer machines. Either way the placement is what the
+    /// hierarchical collectives follow ([`Rank::nodes`]).
     pub fn ranks_per_node(mut self, n: usize) -> World {
         self.ranks_per_node = Some(n);
         self
@@ -513,7 +519,7 @@ impl World {
                     self.heap_bytes,
                 )?)])),
             };
-            return self.make_rank(0, heaps, Self::team_segment()?, device, None);
+            return self.make_rank(0, heaps, Self::team_segment()?, device, None, None);
         }
         let kind = match gpu.as_ref().map(|g| g.kind()) {
             None => 0,
@@ -583,7 +589,7 @@ impl World {
         };
         // Rank 0 created the team segment; make sure everybody mapped it (and every
         // heap) before anyone fails or allocates through it.
-        let rank = self.make_rank(me, heaps, team, device, Some(joined.peers))?;
+        let rank = self.make_rank(me, heaps, team, device, Some(joined.peers), None)?;
         rank.barrier()?;
         Ok(rank)
     }
@@ -632,7 +638,9 @@ impl World {
         // so that each rank maps its node's other heaps.
         let zero = CTRL_BYTES + self.signal_bytes;
         let heap = Arc::new(
-            match mpi::Window::allocate_node_shared(lib, self.heap_bytes, zero).map_err(err)? {
+            match mpi::Window::allocate_node_shared(lib, self.heap_bytes, zero, self.ranks_per_node)
+                .map_err(err)?
+            {
                 Some(w) => w,
                 None => mpi::Window::allocate(lib, self.heap_bytes, zero).map_err(err)?,
             },
@@ -672,7 +680,24 @@ impl World {
                 })),
             })
             .collect();
-        let rank = self.make_rank(me, Heaps::Host(heaps.into()), team, device, None)?;
+        // Each rank's node: the lowest rank whose heap it maps (its own included).
+        let first = (0..lib.size)
+            .find(|&r| mpi::Part::mapped(&heap, r).is_some())
+            .unwrap_or(me);
+        let nodes: Arc<[u32]> = lib
+            .allgather_u64(&[u64::from(first)])
+            .map_err(err)?
+            .iter()
+            .map(|v| v.first().map_or(0, |&x| x as u32))
+            .collect();
+        let rank = self.make_rank(
+            me,
+            Heaps::Host(heaps.into()),
+            team,
+            device,
+            None,
+            Some(nodes),
+        )?;
         rank.barrier()?;
         Ok(rank)
     }
@@ -684,19 +709,22 @@ impl World {
         team: Team,
         device: &Device,
         peers: Option<Vec<(u32, std::os::unix::net::UnixStream)>>,
+        nodes: Option<Arc<[u32]>>,
     ) -> Result<Rank, Error> {
         let gpu = match (&heaps, gpu_of(device)) {
             (Heaps::Gpu(h), Some(g)) => Some(GpuRank::new(&g, h)?),
             _ => None,
         };
-        let shared = Arc::new(Shared::new(
+        let mut shared = Shared::new(
             self.size as u32,
             team,
             heaps,
             self.timeout,
             self.signal_bytes,
             self.heap_bytes,
-        )?);
+        )?;
+        shared.nodes = nodes;
+        let shared = Arc::new(shared);
         let link = match peers {
             Some(p) => {
                 let s = shared.clone();

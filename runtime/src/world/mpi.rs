@@ -406,11 +406,18 @@ impl Window {
     /// off ([`SHARED_VAR`]) or the library is known not to do it
     /// ([`shared_heaps_off`]): use [`Window::allocate`]. A library that fails it
     /// anyway is an error naming [`SHARED_VAR`].
+    ///
+    /// `group`: split each node's ranks further into groups of that many
+    /// consecutive ranks (`world rank / group`), each sharing only among itself.
     pub(super) fn allocate_node_shared(
         mpi: &Arc<Mpi>,
         len: usize,
         zero: usize,
+        group: Option<usize>,
     ) -> Result<Option<Window>, String> {
+        if group == Some(0) {
+            return Err("ranks_per_node(0): a node holds at least one rank".into());
+        }
         let size = ffi::MPI_Aint::try_from(len)
             .map_err(|_| format!("a window of {len} bytes is too large"))?;
         // Decided before trying: MPI leaves its state undefined after an error (MPI
@@ -452,6 +459,14 @@ impl Window {
             ) {
                 let _ = ffi::MPI_Comm_free(&mut comm);
                 return Err(e);
+            }
+            if let Some(g) = group {
+                let color = (mpi.rank as usize / g) as c_int;
+                let mut part = std::mem::MaybeUninit::<ffi::MPI_Comm>::uninit();
+                let rc = ffi::MPI_Comm_split(comm, color, mpi.rank as c_int, part.as_mut_ptr());
+                let _ = ffi::MPI_Comm_free(&mut comm);
+                check("MPI_Comm_split", rc)?;
+                comm = part.assume_init();
             }
             comm
         };

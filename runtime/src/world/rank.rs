@@ -100,6 +100,23 @@ impl RankLink for RankComm {
     }
 }
 
+/// `Some(L)` when `nodes` (a node per rank) are blocks of `L` consecutive ranks,
+/// each block a node of its own.
+pub(crate) fn regular_nodes(nodes: &[u32]) -> Option<u32> {
+    let first = *nodes.first()?;
+    let l = nodes.iter().take_while(|&&x| x == first).count();
+    if !nodes.len().is_multiple_of(l) {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::new();
+    for block in nodes.chunks(l) {
+        if block.iter().any(|&x| x != block[0]) || !seen.insert(block[0]) {
+            return None;
+        }
+    }
+    u32::try_from(l).ok()
+}
+
 /// One rank of a world: its index, its device, its heap.
 pub struct Rank {
     rank: u32,
@@ -200,6 +217,25 @@ impl Rank {
     /// The number of ranks.
     pub fn size(&self) -> u32 {
         self.shared.size
+    }
+
+    /// The node of every rank (indexed by rank): as [`World::ranks_per_node`]
+    /// placed them, or for an MPI world the processes that map each other's heaps;
+    /// every rank on node 0 when nothing places them.
+    ///
+    /// [`World::ranks_per_node`]: super::World::ranks_per_node
+    pub fn nodes(&self) -> Vec<u32> {
+        match &self.shared.nodes {
+            Some(n) => n.to_vec(),
+            None => vec![0; self.shared.size as usize],
+        }
+    }
+
+    /// `Some(L)` when every node holds `L` consecutive ranks (`size()` when the
+    /// ranks share one node), `None` for any other placement. The hierarchical
+    /// collectives need such nodes.
+    pub fn ranks_per_node(&self) -> Option<u32> {
+        regular_nodes(&self.nodes())
     }
 
     /// This rank's device: launches on it run as this rank (kernels see `rank()`,
@@ -468,5 +504,22 @@ impl Rank {
     /// The first rank that failed, if any.
     pub fn failed_rank(&self) -> Option<u32> {
         self.shared.failed(self.rank)
+    }
+}
+
+#[cfg(test)]
+mod node_tests {
+    use super::regular_nodes;
+
+    #[test]
+    fn regular_nodes_are_equal_blocks_of_consecutive_ranks() {
+        assert_eq!(regular_nodes(&[0, 0, 0, 0]), Some(4));
+        assert_eq!(regular_nodes(&[0, 0, 1, 1]), Some(2));
+        assert_eq!(regular_nodes(&[5, 3, 9]), Some(1));
+        assert_eq!(regular_nodes(&[0, 0, 1, 1, 1, 1]), None, "unequal nodes");
+        assert_eq!(regular_nodes(&[0, 1, 0, 1]), None, "not consecutive");
+        assert_eq!(regular_nodes(&[0, 0, 1, 1, 0, 0]), None, "node 0 twice");
+        assert_eq!(regular_nodes(&[0, 0, 1]), None, "size not a multiple");
+        assert_eq!(regular_nodes(&[]), None);
     }
 }

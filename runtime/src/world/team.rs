@@ -153,10 +153,22 @@ impl TeamWord<'_> {
     fn store(&self, v: u64, o: Ordering) {
         match (self.local(), self.engine()) {
             (Some(w), _) => w.store(v, o),
-            // Complete before returning (team stores are rare).
-            (None, Some(e)) => {
-                self.failed(e.put(self.i * 8, &v.to_ne_bytes()).and_then(|()| e.quiet()))
-            }
+            // An atomic write (a compare-and-swap loop), complete before returning.
+            // Not a put: other ranks poll these words with atomics, and MPI leaves a
+            // put that meets an atomic on the same word undefined (an atomic read that
+            // is a fetch-and-add of 0 writes the old value back over it: a lost
+            // store, seen as a host barrier or allocation check waiting forever).
+            (None, Some(e)) => self.failed((|| {
+                let off = self.i * 8;
+                let mut cur = e.load_u64(off)?;
+                loop {
+                    let seen = e.compare_and_swap(off, 8, cur, v)?;
+                    if seen == cur {
+                        return Ok(());
+                    }
+                    cur = seen;
+                }
+            })()),
             (None, None) => {}
         }
     }
