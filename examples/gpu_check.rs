@@ -11,6 +11,7 @@
 //! gpu_check --device emu-nv --no-bench --case bf16 --case f64   # some cases only
 //! gpu_check --device cpu --no-bench --comm-devices cpu,cpu,cpu  # 3 ranks, one per device
 //! gpu_check --kernels <dir> --target sm_90 --check-artifacts   # no GPU needed
+//! gpu_check --nvshmem 2        # NVSHMEM's host side: 2 processes, one PE each
 //! ```
 //!
 //! Exit status: 0 when every case passed, 1 on a mismatch or error, 2 when the device
@@ -86,7 +87,7 @@ use gpu_cases::{bf16_axpb, f64_poly, histogram_system, row_cumsum};
 const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
                      [--json <file>] [--no-bench] [--no-comm] [--case <name>]... \
                      [--comm-devices <d0,d1,...>] \
-                     [--target <t> --check-artifacts]";
+                     [--target <t> --check-artifacts] [--nvshmem <ranks>]";
 
 struct Args {
     kernels: Option<PathBuf>,
@@ -102,6 +103,10 @@ struct Args {
     /// The communication check on these devices only, one rank each.
     comm_devices: Vec<String>,
     check_target: Option<String>,
+    /// The NVSHMEM check with this many processes ([`nvshmem_check`]).
+    nvshmem: Option<u32>,
+    /// This process is rank `r` of `n` of the NVSHMEM check, meeting at `addr`.
+    nvshmem_rank: Option<(u32, u32, String)>,
 }
 
 /// The value of the option just read, as a string.
@@ -126,6 +131,8 @@ fn parse_args(
         comm_rank: false,
         comm_devices: Vec::new(),
         check_target: None,
+        nvshmem: None,
+        nvshmem_rank: None,
     };
     let mut check = false;
     let mut target = None;
@@ -144,6 +151,22 @@ fn parse_args(
             }
             Long("comm-rank") => a.comm_rank = true,
             Long("check-artifacts") => check = true,
+            Long("nvshmem") => {
+                let v = value_of(&mut p)?;
+                a.nvshmem = Some(v.parse().map_err(|e| format!("--nvshmem {v}: {e}"))?);
+            }
+            Long("nvshmem-rank") => {
+                // r/n@addr
+                let v = value_of(&mut p)?;
+                let bad = || format!("--nvshmem-rank {v}: expected RANK/SIZE@HOST:PORT");
+                let (rn, addr) = v.split_once('@').ok_or_else(bad)?;
+                let (r, n) = rn.split_once('/').ok_or_else(bad)?;
+                a.nvshmem_rank = Some((
+                    r.parse().map_err(|_| bad())?,
+                    n.parse().map_err(|_| bad())?,
+                    addr.to_string(),
+                ));
+            }
             Short('h') | Long("help") => return Err(USAGE.into()),
             other => return Err(format!("{}\n{USAGE}", other.unexpected())),
         }
@@ -1170,8 +1193,116 @@ fn comm_row(
     });
 }
 
+/// The secret of the NVSHMEM check's rendezvous (set by the check for its ranks).
+const NVSHMEM_SECRET_VAR: &str = "TESSERA_GPU_CHECK_SECRET";
+
+/// One rank of the NVSHMEM check: NVSHMEM's host library loaded, the unique id
+/// drawn by rank 0 and handed out by the TCP rendezvous, NVSHMEM initialized on
+/// `cuda:(rank % GPUs)`, a symmetric allocation, which peers map it, a barrier,
+/// freed, finalized. Answers the rank's line.
+fn nvshmem_rank(rank: u32, size: u32, addr: &str) -> Result<String, Error> {
+    use tessera::world::nvshmem::{NvshmemHost, bootstrap_unique_id};
+    let secret = std::env::var(NVSHMEM_SECRET_VAR).unwrap_or_default();
+    let host = NvshmemHost::load()?;
+    let id = bootstrap_unique_id(
+        &host,
+        addr,
+        rank,
+        size,
+        secret.as_bytes(),
+        Duration::from_secs(60),
+    )?;
+    let gpus = Device::all()
+        .iter()
+        .filter(|d| d.kind() == DeviceKind::Cuda)
+        .count()
+        .max(1);
+    let dev = Device::cuda(rank as usize % gpus)?;
+    let s = host.init(rank, size, &id, &dev)?;
+    let (pe, pes) = (s.my_pe(), s.n_pes());
+    let bytes = 1 << 20;
+    let heap = s.malloc(bytes)?;
+    let mapped: Vec<bool> = (0..pes).map(|p| s.ptr(heap, p).is_some()).collect();
+    let own = s.ptr(heap, pe);
+    s.barrier_all();
+    // SAFETY: allocated above by this session, freed once, no kernel uses it.
+    unsafe { s.free(heap) };
+    let ok = pe == rank && pes == size && own == Some(heap);
+    drop(s);
+    let line = format!(
+        "rank {rank}/{size} on {dev}: PE {pe} of {pes}, {bytes} symmetric bytes at {heap:#x}, own copy {own:x?}, peers mapped {mapped:?} ({})",
+        host.path().display()
+    );
+    if ok {
+        Ok(line)
+    } else {
+        Err(Error::Comm {
+            rank,
+            message: format!("unexpected: {line}"),
+        })
+    }
+}
+
+/// The NVSHMEM check: `n` processes of this program, one PE each (started here, as
+/// `torchrun` would), each running [`nvshmem_rank`]. Answers whether all passed.
+fn nvshmem_check(n: u32) -> Result<bool, Error> {
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("this program: {e}")))?;
+    let free = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| Error::Usage(format!("a free port for the rendezvous: {e}")))?;
+    let addr = free.to_string();
+    let secret: String = {
+        let mut g = StdRng::from_entropy();
+        (0..32)
+            .map(|_| format!("{:02x}", g.r#gen::<u8>()))
+            .collect()
+    };
+    let mut children = Vec::new();
+    for r in 0..n {
+        let child = Command::new(&exe)
+            .arg("--nvshmem-rank")
+            .arg(format!("{r}/{n}@{addr}"))
+            .env(NVSHMEM_SECRET_VAR, &secret)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::Usage(format!("starting NVSHMEM rank {r}: {e}")))?;
+        children.push(child);
+    }
+    let mut ok = true;
+    for (r, c) in children.into_iter().enumerate() {
+        let o = c
+            .wait_with_output()
+            .map_err(|e| Error::Usage(format!("NVSHMEM rank {r}: {e}")))?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        ok &= o.status.success();
+        let verdict = if o.status.success() { "PASS" } else { "FAIL" };
+        println!("nvshmem {verdict} ({}): {}", o.status, text.trim());
+    }
+    Ok(ok)
+}
+
 fn run(args: Args) -> Result<bool, (u8, String)> {
     let fail = |e: Error| (1u8, e.to_string());
+    if let Some((r, n, addr)) = &args.nvshmem_rank {
+        return match nvshmem_rank(*r, *n, addr) {
+            Ok(line) => {
+                println!("{line}");
+                Ok(true)
+            }
+            Err(e) => {
+                eprintln!("rank {r}: {e}");
+                Ok(false)
+            }
+        };
+    }
+    if let Some(n) = args.nvshmem {
+        return nvshmem_check(n).map_err(fail);
+    }
     if let Some(target) = &args.check_target {
         let dir = args
             .kernels

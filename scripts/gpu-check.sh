@@ -141,6 +141,18 @@ dev="${TESSERA_DEVICE:-$default_dev}"
 step suite 150 ./gpu_check --kernels kernels --device "$dev" --json "$out/ours.json"
 # torch and Triton on the same shapes (ROCm's torch answers to torch.cuda too).
 step baselines 110 python3 gpu_bench.py --ours "$out/ours.json"
+# NVSHMEM's host side (issue 19): 2 processes, one PE each (on one GPU, NVSHMEM's
+# multiple processes per GPU), with the unique id handed out by Tessera's TCP
+# rendezvous. The host library comes with PyTorch's nvidia-nvshmem-cu12 wheel.
+if [ "${dev%%:*}" = cuda ]; then
+  nvhome="${TESSERA_NVSHMEM_HOME:-$(python3 -c 'import nvidia.nvshmem as m; print(list(m.__path__)[0])' 2>/dev/null)}"
+  if [ -n "$nvhome" ] && [ -e "$nvhome/lib/libnvshmem_host.so.3" ]; then
+    export TESSERA_NVSHMEM_HOME="$nvhome"
+    step nvshmem 60 ./gpu_check --nvshmem 2
+  else
+    echo "nvshmem: skipped (no NVSHMEM host library: pip install nvidia-nvshmem-cu12, or set TESSERA_NVSHMEM_HOME)" | tee -a "$out/steps.txt"
+  fi
+fi
 if [ "${dev%%:*}" = cuda ] && command -v compute-sanitizer >/dev/null 2>&1; then
   # Out-of-bounds and misaligned accesses of every example kernel (no benchmarks, no
   # processes: the sanitizer watches this one). Last: it is the slowest step.
@@ -177,6 +189,19 @@ if [ ! -e /dev/nvidiactl ] && [ ! -e /dev/kfd ]; then
   if [ "$rc" != 2 ] || ! grep -qE "$no_driver" <<<"$msg"; then
     echo "FAIL: expected a clean '$no_driver' error" >&2
     exit 1
+  fi
+  if [ "$vendor" = nvidia ] && [ -e "${TESSERA_NVSHMEM_HOME:-/nonexistent}/lib/libnvshmem_host.so.3" ]; then
+    # The NVSHMEM step: the unique id is drawn and handed out, then each rank
+    # fails cleanly for want of a GPU.
+    set +e
+    msg="$(timeout 120 "$pack/gpu_check" --nvshmem 2 2>&1)"
+    rc=$?
+    set -e
+    echo "gpu_check --nvshmem 2 here: exit $rc: $msg"
+    if [ "$rc" = 0 ] || [ "$(grep -c 'FAIL.*no CUDA driver' <<<"$msg")" != 2 ]; then
+      echo "FAIL: expected both NVSHMEM ranks to stop cleanly at the missing CUDA driver" >&2
+      exit 1
+    fi
   fi
 fi
 echo

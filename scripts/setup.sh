@@ -152,11 +152,14 @@ fi
 # ---------------------------------------------------------------- NVSHMEM device library
 # The communicating kernels compiled for other nodes link NVSHMEM's device bitcode
 # (tests/tests/comm_nodes.rs assembles them): the two families the tests use, taken
-# from NVIDIA's PyPI wheel (only those files are kept: about 85 MB).
+# from NVIDIA's PyPI wheel; and the host library with its unique-id bootstrap plugin
+# (the tests draw and distribute a unique id; no GPU needed). Only those files are
+# kept: about 280 MB.
 NVSHMEM_PY_VERSION="${NVSHMEM_PY_VERSION:-3.8.0}"
 NVSHMEM_DIR="$TOOLS/nvshmem"
 NVSHMEM_STAMP="$NVSHMEM_DIR/stamp"
-NVSHMEM_FILES=(libnvshmem_device_sm_80.bc libnvshmem_device_sm_90.bc)
+NVSHMEM_FILES=(libnvshmem_device_sm_80.bc libnvshmem_device_sm_90.bc libnvshmem_host.so.3
+  nvshmem_bootstrap_uid.so.3)
 nvshmem_ok() {
   [ -f "$NVSHMEM_STAMP" ] && [ "$(cat "$NVSHMEM_STAMP")" = "$NVSHMEM_PY_VERSION" ] || return 1
   local f

@@ -31,18 +31,11 @@ use crate::CodegenError;
 pub const PTX_ISA: u64 = 86;
 
 /// The variable naming an NVSHMEM installation.
-pub const HOME_VAR: &str = "TESSERA_NVSHMEM_HOME";
+pub const HOME_VAR: &str = tessera_ir::comm::NVSHMEM_HOME_VAR;
 
 /// Where NVSHMEM is looked for when [`HOME_VAR`] is not set: NVIDIA's Debian packages
 /// (CUDA 12 and 13) and the usual prefixes.
-pub const SEARCH_PATH: &[&str] = &[
-    "/usr/lib/x86_64-linux-gnu/nvshmem/12",
-    "/usr/lib/x86_64-linux-gnu/nvshmem/13",
-    "/usr/lib/aarch64-linux-gnu/nvshmem/12",
-    "/usr/lib/aarch64-linux-gnu/nvshmem/13",
-    "/usr/local/nvshmem",
-    "/opt/nvidia/nvshmem",
-];
+pub const SEARCH_PATH: &[&str] = tessera_ir::comm::NVSHMEM_SEARCH_PATH;
 
 /// The device library's file name for compute capability `sm`: NVSHMEM ships one
 /// bitcode per family (sm_70, sm_80, sm_89, sm_90, sm_100).
@@ -64,16 +57,7 @@ pub fn bitcode_name(sm: u32) -> Result<String, CodegenError> {
 
 /// The folders searched for the device library, in order.
 pub fn search_dirs() -> Vec<PathBuf> {
-    let mut dirs = Vec::new();
-    let roots: Vec<PathBuf> = match std::env::var_os(HOME_VAR) {
-        Some(h) if !h.is_empty() => vec![PathBuf::from(h)],
-        _ => SEARCH_PATH.iter().map(PathBuf::from).collect(),
-    };
-    for r in roots {
-        dirs.push(r.join("lib"));
-        dirs.push(r);
-    }
-    dirs
+    tessera_ir::comm::nvshmem_dirs()
 }
 
 /// The path of the device bitcode for `sm`, or an error naming where it was looked

@@ -93,6 +93,32 @@ const _: () = assert!(ERR_PROGRAM < ctrl::WORDS && ctrl::ABORT < ERR_SITE);
 /// ([`MAX_TAGGED_RANKS`]).
 pub const OFF_NODE_SHIFT: u32 = 56;
 
+/// The variable naming an NVSHMEM installation (its `lib/` holds the device bitcode
+/// and the host library): read by the compiler and the runtime.
+pub const NVSHMEM_HOME_VAR: &str = "TESSERA_NVSHMEM_HOME";
+
+/// Where NVSHMEM is looked for when [`NVSHMEM_HOME_VAR`] is not set: NVIDIA's Debian
+/// packages (CUDA 12 and 13) and the usual prefixes (each searched in `lib/`, then
+/// itself).
+pub const NVSHMEM_SEARCH_PATH: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/nvshmem/12",
+    "/usr/lib/x86_64-linux-gnu/nvshmem/13",
+    "/usr/lib/aarch64-linux-gnu/nvshmem/12",
+    "/usr/lib/aarch64-linux-gnu/nvshmem/13",
+    "/usr/local/nvshmem",
+    "/opt/nvidia/nvshmem",
+];
+
+/// The folders searched for NVSHMEM's files, in order: `$TESSERA_NVSHMEM_HOME/lib`
+/// and `$TESSERA_NVSHMEM_HOME` when it is set, else those of [`NVSHMEM_SEARCH_PATH`].
+pub fn nvshmem_dirs() -> Vec<std::path::PathBuf> {
+    let roots: Vec<std::path::PathBuf> = match std::env::var_os(NVSHMEM_HOME_VAR) {
+        Some(h) if !h.is_empty() => vec![h.into()],
+        _ => NVSHMEM_SEARCH_PATH.iter().map(Into::into).collect(),
+    };
+    roots.into_iter().flat_map(|r| [r.join("lib"), r]).collect()
+}
+
 /// The most ranks a table with off-node tags can name.
 pub const MAX_TAGGED_RANKS: usize = 255;
 

@@ -452,3 +452,62 @@ fn engines_a_target_lacks_fail_cleanly() {
     let with = compile_kernel::<Mm>(&(), amd, &opts(CommEngine::Rocshmem)).expect("no comm");
     assert_eq!(plain.asm, with.asm);
 }
+
+/// NVSHMEM's host library (installed with the device bitcode by `scripts/setup.sh`):
+/// it loads, rank 0 draws a unique id, and the TCP rendezvous hands it to every rank
+/// of a 4-rank job on loopback; initializing without a GPU is a clean error, before
+/// NVSHMEM is called; a folder without the library is named in the error.
+#[test]
+fn nvshmem_host_library_bootstraps_a_unique_id() {
+    use tessera::world::nvshmem::{self, NvshmemHost, UniqueId};
+    let host = NvshmemHost::load().unwrap_or_else(|e| panic!("{e} (run scripts/setup.sh)"));
+    assert!(host.path().ends_with(nvshmem::HOST_LIBRARY), "{host:?}");
+    let free = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let addr = free.local_addr().expect("its address").to_string();
+    drop(free);
+    let ids: Vec<UniqueId> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4u32)
+            .map(|r| {
+                let (host, addr) = (&host, &addr);
+                s.spawn(move || {
+                    nvshmem::bootstrap_unique_id(
+                        host,
+                        addr,
+                        r,
+                        4,
+                        b"job secret",
+                        Duration::from_secs(20),
+                    )
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join()
+                    .expect("no panic")
+                    .expect("the unique id's rendezvous")
+            })
+            .collect()
+    });
+    assert_eq!(ids[0].version(), UniqueId::VERSION, "{:?}", ids[0]);
+    assert!(ids[0].0[4..].iter().any(|&b| b != 0), "an empty unique id");
+    assert!(
+        ids.iter().all(|id| *id == ids[0]),
+        "the ranks got different ids"
+    );
+    // A second draw is another id (it names a fresh bootstrap endpoint).
+    let again = host.unique_id().expect("a second id");
+    assert_ne!(again, ids[0]);
+    // No GPU here: a clean error, NVSHMEM not called.
+    let cpu = Device::cpu();
+    let e = host.init(0, 1, &ids[0], &cpu).expect_err("no CUDA device");
+    assert!(e.to_string().contains("NVSHMEM"), "{e}");
+    // A folder without the library.
+    let empty = tempfile::tempdir().expect("a temporary folder");
+    let e = NvshmemHost::load_from(empty.path()).expect_err("no library there");
+    let msg = e.to_string();
+    assert!(
+        msg.contains(nvshmem::HOST_LIBRARY) && msg.contains(&empty.path().display().to_string()),
+        "{msg}"
+    );
+}

@@ -227,6 +227,12 @@ impl CudaDevice {
         self.ctx.cu_ctx()
     }
 
+    /// Makes the device's context current on this thread (for libraries that use the
+    /// current context, such as NVSHMEM's host library).
+    pub(crate) fn make_current(&self) -> Result<(), Error> {
+        self.bind("binding its context")
+    }
+
     /// Makes the context current on this thread (every entry point may be called
     /// from any thread: watchdogs, rank threads).
     fn bind(&self, what: &str) -> Result<(), Error> {

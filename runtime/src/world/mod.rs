@@ -86,6 +86,7 @@ mod gpu;
 mod heap;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod nvshmem;
 pub mod procs;
 mod rank;
 pub mod rendezvous;
