@@ -266,15 +266,16 @@ fn hier_calls(
     Ok(vec![bits(&b.download()?), bits(&g.download()?)])
 }
 
-#[test]
-fn hierarchical_collectives_cross_nodes_once_per_node() {
-    let _engine = engine_lock();
-    const N: usize = 2500;
+/// The hierarchical collectives against the flat ones on 2 emulated nodes of 2, at a
+/// ragged size (masks keep every access scalar: one `nvshmem_uintN_p`/`_g` per
+/// element) and a multiple of 16 (a thread's run of 4 contiguous f32 is one
+/// `nvshmem_putmem`/`_getmem`).
+fn hier_against_flat(n: usize) -> (u64, u64) {
     let emu = |ar, ag| {
         let before = tessera::codegen::emu::engine_ops_total();
         let out = emu_world(4, Some(2))
-            .run(|r| hier_calls(r, N, ar, ag))
-            .unwrap_or_else(|e| panic!("{ar:?} {ag:?}: {e}"));
+            .run(|r| hier_calls(r, n, ar, ag))
+            .unwrap_or_else(|e| panic!("n={n}, {ar:?} {ag:?}: {e}"));
         (out, tessera::codegen::emu::engine_ops_total() - before)
     };
     let (hier, hier_ops) = emu(AllReduceAlgo::Hierarchical, AllGatherAlgo::Hierarchical);
@@ -286,7 +287,7 @@ fn hierarchical_collectives_cross_nodes_once_per_node() {
         .run(|r| {
             hier_calls(
                 r,
-                N,
+                n,
                 AllReduceAlgo::Hierarchical,
                 AllGatherAlgo::Hierarchical,
             )
@@ -294,26 +295,43 @@ fn hierarchical_collectives_cross_nodes_once_per_node() {
         .expect("CPU ranks");
     assert_eq!(
         hier, cpu,
-        "the emulator's hierarchical collectives differ from the interpreter's"
+        "n={n}: the emulator's hierarchical collectives differ from the interpreter's"
     );
     for (r, (h, f)) in hier.iter().zip(&flat).enumerate() {
         assert_eq!(
             h[1], f[1],
-            "rank {r}: the hierarchical all-gather differs from the flat one"
+            "n={n}, rank {r}: the hierarchical all-gather differs from the flat one"
         );
         assert!(
             h[1].iter().all(|&x| !f32::from_bits(x).is_nan()),
-            "rank {r}: unwritten output"
+            "n={n}, rank {r}: unwritten output"
         );
     }
+    eprintln!("n={n}: engine calls: hierarchical {hier_ops}, flat {flat_ops}");
+    (hier_ops, flat_ops)
+}
+
+#[test]
+fn hierarchical_collectives_cross_nodes_once_per_node() {
+    let _engine = engine_lock();
     // Off-node element transfers per rank: the flat two-shot reads and pushes a
     // quarter of the buffer to each of 2 off-node ranks (N), the flat all-gather
     // pushes the input to both (2N); the hierarchical ones read one node's partial of
     // half the buffer (N/2) and push the input to one rank (N).
-    eprintln!("engine calls: hierarchical {hier_ops}, flat {flat_ops}");
+    let (hier, flat) = hier_against_flat(2500);
     assert!(
-        hier_ops * 10 < flat_ops * 6,
-        "hierarchical: {hier_ops} off-node engine calls, flat: {flat_ops}"
+        hier * 10 < flat * 6,
+        "n=2500: hierarchical: {hier} off-node engine calls, flat: {flat}"
+    );
+    let (hier_v, flat_v) = hier_against_flat(2560);
+    assert!(
+        hier_v * 10 < flat_v * 6,
+        "n=2560: hierarchical: {hier_v} off-node engine calls, flat: {flat_v}"
+    );
+    // Contiguous runs travel whole: a quarter of the calls, or nearly.
+    assert!(
+        hier_v * 3 < hier && flat_v * 3 < flat,
+        "contiguous runs did not travel as one call each: {hier_v} and {flat_v} calls for 2560 elements, {hier} and {flat} for 2500"
     );
 }
 
@@ -351,11 +369,31 @@ fn nvshmem_linked_kernels_assemble() {
     ) -> Result<tessera::aot::Artifact, Error> {
         compile_kernel::<K>(&(), t, o)
     }
-    let kernels: [(&str, F); 3] = [
+    // Specialized as a launch with aligned buffers and sizes that are multiples of
+    // 16: threads hold contiguous runs, which travel as `nvshmem_putmem`/`_getmem`.
+    fn c16<K: Kernel<Comptime = ()>>(
+        t: Target,
+        o: &CompileOptions,
+    ) -> Result<tessera::aot::Artifact, Error> {
+        let spec = tessera::aot::Specialization::AllDivisible;
+        tessera::aot::compile_kernel_specialized::<K>(&(), &spec, t, o)
+    }
+    let kernels: [(&str, F); 4] = [
         ("ping_pong", c::<ping_pong<64>>),
         (
             "ag_gemm_f16",
             c::<
+                tessera::fused::ag_gemm_kernel<
+                    f16,
+                    { tessera::fused::BM },
+                    { tessera::fused::BN },
+                    { tessera::fused::BK },
+                >,
+            >,
+        ),
+        (
+            "ag_gemm_f16 (aligned)",
+            c16::<
                 tessera::fused::ag_gemm_kernel<
                     f16,
                     { tessera::fused::BM },

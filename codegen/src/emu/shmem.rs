@@ -54,12 +54,24 @@ fn fail(c: &ThreadCtx<'_>, message: String) {
 /// The host address of the `bytes` at symmetric address `addr` of rank `pe`, checked;
 /// `None` after recording the error.
 fn target(c: &ThreadCtx<'_>, what: &str, addr: usize, bytes: usize, pe: i32) -> Option<usize> {
+    count(c);
+    resolve(c, what, addr, bytes, pe)
+}
+
+/// Counts one engine call that reaches a PE's memory.
+fn count(c: &ThreadCtx<'_>) {
+    if let Some(w) = c.launch.comm.as_ref() {
+        w.engine_ops.fetch_add(1, Ordering::Relaxed);
+        TOTAL.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// [`target`] without counting: one piece of a larger transfer.
+fn resolve(c: &ThreadCtx<'_>, what: &str, addr: usize, bytes: usize, pe: i32) -> Option<usize> {
     let Some(w) = c.launch.comm.as_ref() else {
         fail(c, format!("{what} in a kernel without a world"));
         return None;
     };
-    w.engine_ops.fetch_add(1, Ordering::Relaxed);
-    TOTAL.fetch_add(1, Ordering::Relaxed);
     let n = w.heap_bases.len();
     if pe < 0 || pe as usize >= n {
         fail(c, format!("{what} to PE {pe} of a world of {n}"));
@@ -156,6 +168,65 @@ put_get! {
     u16, 2, nvshmem_uint16_p, nvshmem_uint16_g;
     u32, 4, nvshmem_uint32_p, nvshmem_uint32_g;
     u64, 8, nvshmem_uint64_p, nvshmem_uint64_g;
+}
+
+/// The pieces of a contiguous transfer of `len` bytes at `addr`: each the largest
+/// power of two up to 8 bytes that the address and the rest allow, so that aligned
+/// elements of up to 8 bytes each land whole (as the per-element functions' do).
+fn pieces(addr: usize, len: usize) -> impl Iterator<Item = (usize, u8)> {
+    let mut at = 0usize;
+    std::iter::from_fn(move || {
+        if at >= len {
+            return None;
+        }
+        let mut n = 8usize;
+        while n > 1 && (!(addr + at).is_multiple_of(n) || len - at < n) {
+            n /= 2;
+        }
+        let piece = (at, n as u8);
+        at += n;
+        Some(piece)
+    })
+}
+
+/// `nvshmem_putmem`: `nelems` bytes from the calling thread's `source` to PE `pe`'s
+/// symmetric `dest`, delivered at the thread's next quiet (the source may be reused
+/// on return: it is copied now).
+extern "C" fn nvshmem_putmem(dest: *mut u8, source: *const u8, nelems: usize, pe: i32) {
+    with((), |c| {
+        count(c);
+        for (off, n) in pieces(dest as usize, nelems) {
+            let Some(a) = resolve(c, "nvshmem_putmem", dest as usize + off, n as usize, pe) else {
+                return;
+            };
+            let mut b = [0u8; 8];
+            // SAFETY: `source` is the thread's own `nelems` bytes (a stack slot of the
+            // lowering); `off + n <= nelems`.
+            unsafe { std::ptr::copy_nonoverlapping(source.add(off), b.as_mut_ptr(), n as usize) };
+            c.puts.borrow_mut().push(Put {
+                addr: a,
+                bits: u64::from_le_bytes(b),
+                bytes: n,
+            });
+        }
+    })
+}
+
+/// `nvshmem_getmem`: `nelems` bytes of PE `pe`'s symmetric `source` into the calling
+/// thread's `dest`, read now.
+extern "C" fn nvshmem_getmem(dest: *mut u8, source: *const u8, nelems: usize, pe: i32) {
+    with((), |c| {
+        count(c);
+        for (off, n) in pieces(source as usize, nelems) {
+            let Some(a) = resolve(c, "nvshmem_getmem", source as usize + off, n as usize, pe)
+            else {
+                return;
+            };
+            let b = read(a, n).to_le_bytes();
+            // SAFETY: `dest` is the thread's own `nelems` bytes; `off + n <= nelems`.
+            unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), dest.add(off), n as usize) };
+        }
+    })
 }
 
 macro_rules! amos {
@@ -265,11 +336,24 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         nvshmem_uint64_atomic_compare_swap,
         nvshmem_uint64_atomic_fetch,
         nvshmem_uint64_atomic_set,
+        nvshmem_putmem,
+        nvshmem_getmem,
     ]
 }
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn transfers_split_into_aligned_pieces() {
+        let p: Vec<(usize, u8)> = super::pieces(0x1000, 16).collect();
+        assert_eq!(p, [(0, 8), (8, 8)]);
+        let p: Vec<(usize, u8)> = super::pieces(0x1004, 12).collect();
+        assert_eq!(p, [(0, 4), (4, 8)]);
+        let p: Vec<(usize, u8)> = super::pieces(0x1002, 7).collect();
+        assert_eq!(p, [(0, 2), (2, 4), (6, 1)]);
+        assert_eq!(super::pieces(0x1000, 0).count(), 0);
+    }
+
     #[test]
     fn every_function_the_lowering_calls_is_implemented() {
         let have: Vec<&str> = super::symbols().iter().map(|(n, _)| *n).collect();

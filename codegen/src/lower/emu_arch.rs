@@ -56,7 +56,7 @@ use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
 use super::arch::{Amdgpu, Arch, MmaInfo, Nvptx, WgmmaA, pack_words};
-use super::{Cx, LResult, LowerError};
+use super::{Cx, LResult, LowerError, entry_alloca};
 use crate::Target;
 use crate::target::{AmdArch, EmuFlavor};
 
@@ -80,28 +80,6 @@ fn call<'ctx>(
 ) -> LResult<Option<BasicValueEnum<'ctx>>> {
     let f = declare(cx, name, ty);
     Ok(cx.b.build_call(f, args, "")?.try_as_basic_value().basic())
-}
-
-/// A stack slot of `ty` in the function's entry block (an alloca inside a loop would
-/// grow the stack every iteration).
-fn entry_alloca<'ctx>(
-    cx: &Cx<'ctx>,
-    ty: inkwell::types::BasicTypeEnum<'ctx>,
-    name: &str,
-) -> LResult<PointerValue<'ctx>> {
-    let fnv =
-        cx.b.get_insert_block()
-            .and_then(|bb| bb.get_parent())
-            .ok_or_else(|| LowerError::Llvm("alloca outside a function".into()))?;
-    let entry = fnv
-        .get_first_basic_block()
-        .ok_or_else(|| LowerError::Llvm("function without entry block".into()))?;
-    let tb = cx.ctx.create_builder();
-    match entry.get_first_instruction() {
-        Some(i) => tb.position_before(&i),
-        None => tb.position_at_end(entry),
-    }
-    Ok(tb.build_alloca(ty, name)?)
 }
 
 fn int_result<'ctx>(v: Option<BasicValueEnum<'ctx>>) -> LResult<IntValue<'ctx>> {

@@ -77,6 +77,8 @@ pub const NVSHMEM_FUNCTIONS: &[&str] = &[
     "nvshmem_uint64_atomic_compare_swap",
     "nvshmem_uint64_atomic_fetch",
     "nvshmem_uint64_atomic_set",
+    "nvshmem_putmem",
+    "nvshmem_getmem",
 ];
 
 /// Where rocSHMEM's device library would be named (see [`check`]).
@@ -223,93 +225,76 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
     }
 
-    /// `addr + off` bytes (generic pointers).
-    fn byte_offset(&self, addr: PointerValue<'ctx>, off: u64) -> LResult<PointerValue<'ctx>> {
-        if off == 0 {
-            return Ok(addr);
-        }
-        let i8t = self.cx.ctx.i8_type();
-        // SAFETY: a plain byte offset within one element run.
-        Ok(unsafe {
-            self.cx.b.build_gep(
-                i8t,
-                addr,
-                &[self.cx.ctx.i64_type().const_int(off, false)],
-                "",
-            )?
-        })
-    }
-
     /// Reads a value of memory type `ty` (a scalar or a vector of scalars) at the
-    /// symmetric address `addr` of rank `pe` through the engine, element by element.
+    /// symmetric address `addr` of rank `pe` through the engine: a scalar with
+    /// `nvshmem_uintN_g`, a vector (the thread's contiguous run) with one
+    /// `nvshmem_getmem` into a stack slot.
     pub(super) fn engine_get(
         &self,
         ty: BasicTypeEnum<'ctx>,
         addr: PointerValue<'ctx>,
         pe: IntValue<'ctx>,
     ) -> LResult<BasicValueEnum<'ctx>> {
-        let get = |elem: BasicTypeEnum<'ctx>, off: u64| -> LResult<BasicValueEnum<'ctx>> {
-            let width = self.bit_width(elem)?;
-            let it = self.int_of(width);
-            let name = format!("nvshmem_uint{width}_g");
-            let a = self.byte_offset(addr, off)?;
-            let v = self
-                .engine_call(&name, Some(it.into()), &[a.into(), pe.into()])?
-                .ok_or_else(|| LowerError::Llvm(format!("{name} returned nothing")))?;
-            Ok(self.cx.b.build_bit_cast(v, elem, "")?)
-        };
-        match ty {
-            BasicTypeEnum::VectorType(vt) => {
-                let elem = vt.get_element_type();
-                let step = self.bit_width(elem)? as u64 / 8;
-                let mut acc = vt.get_undef();
-                for i in 0..vt.get_size() {
-                    let x = get(elem, i as u64 * step)?;
-                    acc = self
-                        .cx
-                        .b
-                        .build_insert_element(acc, x, self.cx.i32(i as i64), "")?;
-                }
-                Ok(acc.into())
-            }
-            t => get(t, 0),
+        if let BasicTypeEnum::VectorType(vt) = ty {
+            let bytes = self.bit_width(vt.get_element_type())? as u64 / 8 * vt.get_size() as u64;
+            let slot = super::entry_alloca(&self.cx, ty, "engine.get")?;
+            self.engine_call(
+                "nvshmem_getmem",
+                None,
+                &[
+                    slot.into(),
+                    addr.into(),
+                    self.cx.ctx.i64_type().const_int(bytes, false).into(),
+                    pe.into(),
+                ],
+            )?;
+            return Ok(self.cx.b.build_load(ty, slot, "")?);
         }
+        let width = self.bit_width(ty)?;
+        let it = self.int_of(width);
+        let name = format!("nvshmem_uint{width}_g");
+        let v = self
+            .engine_call(&name, Some(it.into()), &[addr.into(), pe.into()])?
+            .ok_or_else(|| LowerError::Llvm(format!("{name} returned nothing")))?;
+        Ok(self.cx.b.build_bit_cast(v, ty, "")?)
     }
 
     /// Writes `v` (a scalar or a vector) at the symmetric address `addr` of rank `pe`
-    /// through the engine, element by element (delivered by the next quiet).
+    /// through the engine (delivered by the next quiet): a scalar with
+    /// `nvshmem_uintN_p`, a vector (the thread's contiguous run) with one
+    /// `nvshmem_putmem` from a stack slot (which may be reused once it returns).
     pub(super) fn engine_put(
         &self,
         v: BasicValueEnum<'ctx>,
         addr: PointerValue<'ctx>,
         pe: IntValue<'ctx>,
     ) -> LResult<()> {
-        let put = |x: BasicValueEnum<'ctx>, off: u64| -> LResult<()> {
-            let width = self.bit_width(x.get_type())?;
-            let it = self.int_of(width);
-            let bits = self.cx.b.build_bit_cast(x, it, "")?;
-            let a = self.byte_offset(addr, off)?;
+        if let BasicValueEnum::VectorValue(vv) = v {
+            let vt = vv.get_type();
+            let bytes = self.bit_width(vt.get_element_type())? as u64 / 8 * vt.get_size() as u64;
+            let slot = super::entry_alloca(&self.cx, vt.into(), "engine.put")?;
+            self.cx.b.build_store(slot, vv)?;
             self.engine_call(
-                &format!("nvshmem_uint{width}_p"),
+                "nvshmem_putmem",
                 None,
-                &[a.into(), bits.into(), pe.into()],
+                &[
+                    addr.into(),
+                    slot.into(),
+                    self.cx.ctx.i64_type().const_int(bytes, false).into(),
+                    pe.into(),
+                ],
             )?;
-            Ok(())
-        };
-        match v {
-            BasicValueEnum::VectorValue(vv) => {
-                let step = self.bit_width(vv.get_type().get_element_type())? as u64 / 8;
-                for i in 0..vv.get_type().get_size() {
-                    let x = self
-                        .cx
-                        .b
-                        .build_extract_element(vv, self.cx.i32(i as i64), "")?;
-                    put(x, i as u64 * step)?;
-                }
-                Ok(())
-            }
-            x => put(x, 0),
+            return Ok(());
         }
+        let width = self.bit_width(v.get_type())?;
+        let it = self.int_of(width);
+        let bits = self.cx.b.build_bit_cast(v, it, "")?;
+        self.engine_call(
+            &format!("nvshmem_uint{width}_p"),
+            None,
+            &[addr.into(), bits.into(), pe.into()],
+        )?;
+        Ok(())
     }
 
     /// The integer type of `width` bits (8, 16, 32 or 64).

@@ -133,6 +133,28 @@ impl From<BuilderError> for LowerError {
 /// Result of lowering steps.
 pub type LResult<T> = Result<T, LowerError>;
 
+/// A stack slot of `ty` in the function's entry block (an alloca inside a loop would
+/// grow the stack every iteration).
+pub(super) fn entry_alloca<'ctx>(
+    cx: &Cx<'ctx>,
+    ty: inkwell::types::BasicTypeEnum<'ctx>,
+    name: &str,
+) -> LResult<PointerValue<'ctx>> {
+    let fnv =
+        cx.b.get_insert_block()
+            .and_then(|bb| bb.get_parent())
+            .ok_or_else(|| LowerError::Llvm("alloca outside a function".into()))?;
+    let entry = fnv
+        .get_first_basic_block()
+        .ok_or_else(|| LowerError::Llvm("function without entry block".into()))?;
+    let tb = cx.ctx.create_builder();
+    match entry.get_first_instruction() {
+        Some(i) => tb.position_before(&i),
+        None => tb.position_at_end(entry),
+    }
+    Ok(tb.build_alloca(ty, name)?)
+}
+
 fn unsupported<T>(span: &Span, message: impl Into<String>) -> LResult<T> {
     Err(LowerError::Unsupported {
         span: span.clone(),
