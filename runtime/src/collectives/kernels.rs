@@ -340,6 +340,27 @@ pub(crate) fn a2a_data<T: Float>(
     handshake(sig, sig_base, 0, epoch);
 }
 
+/// A handshake on this rank's node (ranks `node0 .. node0 + lsize`): raises word
+/// `row + me` on each of them to `epoch`, then waits for each one's word
+/// (`row + node0 + k`).
+#[helper]
+#[allow(clippy::zero_prefixed_literal)]
+fn node_handshake(
+    hsig: &mut Symmetric<u64>,
+    node0: Scalar<i32>,
+    lsize: Scalar<i32>,
+    row: Scalar<i32>,
+    epoch: Scalar<u64>,
+) {
+    let me = rank();
+    for k in 0..lsize {
+        hsig.signal(node0 + k, row + me, epoch, SignalOp::Set);
+    }
+    for k in 0..lsize {
+        hsig.wait_until(row + node0 + k, CmpPred::Ge, epoch);
+    }
+}
+
 /// Hierarchical all-reduce (ranks on nodes of `lsize` consecutive ranks; see the
 /// [module docs](super)). Local rank `l` of a node owns segment `l` (`seg` elements)
 /// of the buffer. It handles its chunks in steps of `step` chunks, in one pipeline:
@@ -382,12 +403,7 @@ pub(crate) fn ar_hier<T: Float, const OP: usize>(
     let entered = pid * 3 * ws;
     let progress = entered + ws;
     let done = progress + ws;
-    for k in 0..lsize {
-        hsig.signal(node0 + k, entered + me, epoch, SignalOp::Set);
-    }
-    for k in 0..lsize {
-        hsig.wait_until(entered + node0 + k, CmpPred::Ge, epoch);
-    }
+    node_handshake(hsig, node0, lsize, entered, epoch);
     let steps = (mine + step - 1) / step;
     for s in 0..steps + 1 {
         if s.lt(steps) {
@@ -432,12 +448,7 @@ pub(crate) fn ar_hier<T: Float, const OP: usize>(
             }
         }
     }
-    for k in 0..lsize {
-        hsig.signal(node0 + k, done + me, epoch, SignalOp::Set);
-    }
-    for k in 0..lsize {
-        hsig.wait_until(done + node0 + k, CmpPred::Ge, epoch);
-    }
+    node_handshake(hsig, node0, lsize, done, epoch);
 }
 
 /// Hierarchical all-gather (ranks on nodes of `lsize` consecutive ranks). Rank
@@ -529,10 +540,5 @@ pub(crate) fn ag_hier<T: Float>(
             }
         }
     }
-    for k in 0..lsize {
-        hsig.signal(node0 + k, done + me, epoch, SignalOp::Set);
-    }
-    for k in 0..lsize {
-        hsig.wait_until(done + node0 + k, CmpPred::Ge, epoch);
-    }
+    node_handshake(hsig, node0, lsize, done, epoch);
 }
