@@ -1396,9 +1396,18 @@ impl Prog<'_, '_> {
         Ok((b, off as usize))
     }
 
-    /// For a uniform, contiguous pointer tile lying wholly inside its buffer: the buffer
-    /// and the first element index.
-    fn dense_range<T: Element>(&self, p: &PtrTile) -> Option<(&HostBuffer, usize)> {
+    /// For a uniform, contiguous pointer tile whose active lanes (all, without a mask)
+    /// lie inside its buffer: the buffer, the lanes `lo..hi` from the first active
+    /// lane to the last, and the element index of lane `lo`. `None` for a tile with
+    /// no active lane, or one that must go lane by lane (which also reports an
+    /// out-of-bounds lane). The range is what a transfer to another rank moves in
+    /// one piece: the ragged last tile of a buffer included, whose masked-off lanes
+    /// lie past its end.
+    fn dense_range<T: Element>(
+        &self,
+        p: &PtrTile,
+        mask: Option<&[bool]>,
+    ) -> Option<(&HostBuffer, usize, usize, usize)> {
         let Slots::Uniform(s) = p.slots else {
             return None;
         };
@@ -1406,9 +1415,17 @@ impl Prog<'_, '_> {
         if b.elem() != T::TY || !contiguous(&p.offs) {
             return None;
         }
-        let start = p.offs[0];
-        let end = (start as i128) + p.offs.len() as i128;
-        (start >= 0 && end <= b.len() as i128).then_some((b, start as usize))
+        let n = p.offs.len();
+        let (lo, hi) = match mask {
+            Some(m) => (
+                m.iter().position(|&x| x)?,
+                n - m.iter().rev().position(|&x| x)?,
+            ),
+            None => (0, n),
+        };
+        let start = p.offs[0] as i128 + lo as i128;
+        let end = p.offs[0] as i128 + hi as i128;
+        (start >= 0 && end <= b.len() as i128).then_some((b, lo, hi, start as usize))
     }
 
     fn load(&mut self, op: &Op, has_mask: bool, has_other: bool) -> R<Data> {
@@ -1440,12 +1457,15 @@ impl Prog<'_, '_> {
     ) -> R<Vec<T>> {
         let n = p.offs.len();
         let fill = |i: usize| other.map_or_else(T::default, |o| o[i]);
-        if let Some((b, start)) = self.dense_range::<T>(p) {
-            // Masked-off lanes of this in-bounds range are read but their values
-            // discarded.
-            let mut v = b
-                .load_range::<T>(start, n)
+        if let Some((b, lo, hi, start)) = self.dense_range::<T>(p, mask) {
+            // Masked-off lanes between the first and the last active one are read
+            // (they are in bounds) but their values discarded.
+            let got = b
+                .load_range::<T>(start, hi - lo)
                 .map_err(|e| self.transport(op, e))?;
+            let mut v: Vec<T> = (0..lo).map(fill).collect();
+            v.extend(got);
+            v.extend((hi..n).map(fill));
             if let Some(m) = mask.filter(|m| !all_true(m)) {
                 for (i, (x, &m)) in v.iter_mut().zip(m).enumerate() {
                     if !m {
@@ -1490,10 +1510,10 @@ impl Prog<'_, '_> {
         mask: Option<&[bool]>,
         shape: &[u32],
     ) -> R<()> {
-        if let Some((b, start)) = self.dense_range::<T>(p) {
-            let mask = mask.filter(|m| !all_true(m));
+        if let Some((b, lo, hi, start)) = self.dense_range::<T>(p, mask) {
+            let mask = mask.map(|m| &m[lo..hi]).filter(|m| !all_true(m));
             return b
-                .store_range(start, vals, mask)
+                .store_range(start, &vals[lo..hi], mask)
                 .map_err(|e| self.transport(op, e));
         }
         for (i, &v) in vals.iter().enumerate() {

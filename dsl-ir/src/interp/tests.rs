@@ -1347,3 +1347,90 @@ fn splats_in_every_position() {
     );
     assert_eq!(o2.to_vec::<i32>().unwrap(), vec![3; 8]);
 }
+
+/// Another rank's memory that applies puts at once and counts the engine's calls.
+struct Counted {
+    mem: std::sync::Mutex<Vec<u8>>,
+    gets: std::sync::atomic::AtomicUsize,
+    puts: std::sync::atomic::AtomicUsize,
+}
+
+impl RemoteMemory for Counted {
+    fn len(&self) -> usize {
+        self.mem.lock().unwrap().len()
+    }
+    fn get(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
+        self.gets.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        out.copy_from_slice(&self.mem.lock().unwrap()[offset..offset + out.len()]);
+        Ok(())
+    }
+    fn put(&self, offset: usize, data: &[u8]) -> Result<(), String> {
+        self.puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.mem.lock().unwrap()[offset..offset + data.len()].copy_from_slice(data);
+        Ok(())
+    }
+    fn compare_and_swap(&self, _: usize, _: usize, _: u64, _: u64) -> Result<u64, String> {
+        Err("no atomics here".into())
+    }
+    fn fetch_add_u64(&self, _: usize, _: u64) -> Result<u64, String> {
+        Err("no atomics here".into())
+    }
+    fn quiet(&self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_ragged_tile_reaches_another_rank_in_one_transfer() {
+    // The last tile of a 5-element buffer: 16 lanes, 11 masked off past the end. On
+    // another rank's memory the 5 lanes are one get and one put (not one per lane).
+    let mut k = K::new("ragged");
+    let x = k.ptr("x", S::I32);
+    let out = k.ptr("out", S::I32);
+    let ar = k.arange(16);
+    let five = k.i32(5);
+    let fives = k.splat(five, &[16]);
+    let mask = k.cmp(CmpPred::Lt, ar, fives);
+    let xp = k.addptr(x, ar);
+    let v = k.load(xp, Some(mask), None);
+    let one = k.i32(1);
+    let ones = k.splat(one, &[16]);
+    let w = k.add(v, ones);
+    let op = k.addptr(out, ar);
+    k.store(op, w, Some(mask));
+    let f = k.finish();
+    let remote = |vals: &[i32]| {
+        let mem = Arc::new(Counted {
+            // Whole 8-byte words of memory (views start and end on them).
+            mem: std::sync::Mutex::new(
+                vals.iter()
+                    .flat_map(|v| v.to_ne_bytes())
+                    .chain([0; 4])
+                    .collect(),
+            ),
+            gets: Default::default(),
+            puts: Default::default(),
+        });
+        let b = HostBuffer::remote(mem.clone(), 0, S::I32, vals.len()).unwrap();
+        (mem, Arc::new(b))
+    };
+    let (xm, xb) = remote(&[3, -1, 7, 40, 9]);
+    let (om, ob) = remote(&[0; 5]);
+    run(
+        &f,
+        [1, 1, 1],
+        &[KernelArg::Buffer(xb), KernelArg::Buffer(ob.clone())],
+    )
+    .unwrap();
+    assert_eq!(ob.to_vec::<i32>().unwrap(), [4, 0, 8, 41, 10]);
+    assert_eq!(
+        xm.gets.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "gets of the ragged tile"
+    );
+    assert_eq!(
+        om.puts.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "puts of the ragged tile"
+    );
+}

@@ -36,8 +36,8 @@
 //!   (4 KiB), two-shot above: crossovers measured on CPU ranks with 2, 4 and 8 ranks,
 //!   see those constants and BENCHMARKS.md "Collectives on CPU ranks". On ranks
 //!   split over nodes of several ranks it takes the hierarchical all-reduce from
-//!   [`HIER_AR_MIN_BYTES`] on ([`AllGatherAlgo::Auto`]: from [`HIER_AG_MIN_BYTES`],
-//!   never on CPU ranks), measured on the MPI transport.
+//!   [`HIER_AR_MIN_BYTES`] on ([`AllGatherAlgo::Auto`]: from [`HIER_AG_MIN_BYTES`]),
+//!   measured on the MPI transport.
 //! - **All-gather** pushes each rank's input into block `rank` of every output;
 //!   **reduce-scatter** and **broadcast** pull; **all-to-all-v** first exchanges the
 //!   per-destination counts (a one-program kernel gathers every rank's count row into
@@ -189,29 +189,22 @@ pub const ONE_SHOT_MAX_BYTES: usize = 4 * 1024;
 ///
 /// Measured on the MPI transport (`scripts/mpi-check.sh 4 --nodes 2`, run by CI in
 /// release: 2 emulated nodes of 2 CPU ranks, heaps mapped within a node, TCP between
-/// nodes; BENCHMARKS.md "Hierarchical collectives"): the hierarchical all-reduce
-/// took 0.3 to 0.9 times the flat one's time from 64 KiB to 1 MiB in every run,
-/// and lost or tied below (1.6 to 4.3 times at 16 KiB). It moves half the
-/// elements across nodes (the emulator's engine count), but does 1.75 times the
-/// flat two-shot's loads and stores on 2 x 2 ranks, which costs where those are
-/// slow (a debug build: never faster up to 1 MiB). On GPU nodes, to be measured.
-pub const HIER_AR_MIN_BYTES: usize = 64 * 1024;
+/// nodes; BENCHMARKS.md "Hierarchical collectives"), hierarchical time over flat
+/// time in four runs: 0.58 to 1.13 at 64 KiB (median 0.87), 0.60 to 1.05 at 256 KiB
+/// (three of four faster), 0.42 to 0.90 at 1 MiB, and 3.9 to 7.3 at 16 KiB. It
+/// moves half the elements across nodes (the emulator's engine count), but does
+/// 1.75 times the flat two-shot's loads and stores on 2 x 2 ranks, which costs
+/// where those are slow (a debug build: never faster up to 1 MiB). On GPU nodes, to
+/// be measured.
+pub const HIER_AR_MIN_BYTES: usize = 256 * 1024;
 
 /// [`AllGatherAlgo::Auto`] takes [`AllGatherAlgo::Hierarchical`] from this many
 /// bytes of input per rank on, for ranks on several nodes of several ranks each:
-/// **never** on CPU ranks (`usize::MAX`). Measured as [`HIER_AR_MIN_BYTES`]: no size
-/// from 4 KiB to 1 MiB where it won in every run (0.6 to 1.5 times the flat
-/// all-gather's time from 64 KiB on), although one copy of the input crosses to
-/// each other node instead of one to each off-node rank.
-pub const HIER_AG_MIN_BYTES: usize = usize::MAX;
-
-/// Whether [`AllGatherAlgo::Auto`] takes the hierarchical kernel for `bytes` of
-/// input per rank, on ranks split over nodes.
-// (Written so that it stays meaningful while the measured threshold is "never".)
-#[allow(clippy::absurd_extreme_comparisons)]
-fn auto_hier_gather(bytes: usize) -> bool {
-    bytes >= HIER_AG_MIN_BYTES
-}
+/// measured as [`HIER_AR_MIN_BYTES`], it was faster in every run only at 1 MiB
+/// (0.73 to 0.93 of the flat all-gather's time; 0.77 to 1.54 at 256 KiB), although
+/// one copy of the input crosses to each other node instead of one to each
+/// off-node rank.
+pub const HIER_AG_MIN_BYTES: usize = 1024 * 1024;
 
 /// Chunks of [`TILE`] elements per step of the hierarchical kernels' pipeline:
 /// a program raises its progress across nodes once per step (128 KiB of `f32`).
@@ -699,7 +692,7 @@ impl Rank {
             .ranks_per_node()
             .is_some_and(|l| l > 1 && l < self.size());
         let hier = match algo {
-            AllGatherAlgo::Auto => split && auto_hier_gather(bytes_of::<T>(n)),
+            AllGatherAlgo::Auto => split && bytes_of::<T>(n) >= HIER_AG_MIN_BYTES,
             AllGatherAlgo::Flat => false,
             AllGatherAlgo::Hierarchical => true,
         };
