@@ -77,7 +77,7 @@ use tessera::prelude::*;
 
 const USAGE: &str = "usage: aot --target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
                      --out <dir> [--num-warps <1|2|4|8|16>] [--num-stages <1..8>] \
-                     [--specialize <all|none>] [--store <dir>]";
+                     [--specialize <all|none>] [--store <dir>] [--off-node <dir>]";
 
 #[derive(Debug)]
 struct Args {
@@ -86,6 +86,11 @@ struct Args {
     opts: CompileOptions,
     store: Option<PathBuf>,
     spec: Specialization,
+    /// Also store into this artifact store, for NVIDIA targets, the kernels the GPU
+    /// check's NVSHMEM world runs (`ring_pass` and the all-reduce's sum kernels)
+    /// compiled for a world across nodes (NVSHMEM's device library linked: about
+    /// 0.6 MB of PTX each, so the GPU check packs them compressed).
+    off_node: Option<PathBuf>,
 }
 
 /// The value of the option just read, as a string.
@@ -103,6 +108,7 @@ fn parse_args(
     let (mut targets, mut out, mut opts) = (None, None, CompileOptions::default());
     let mut store = None;
     let mut spec = Specialization::AllDivisible;
+    let mut off_node = None;
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next().map_err(|e| format!("{e}\n{USAGE}"))? {
         match arg {
@@ -140,6 +146,7 @@ fn parse_args(
                     v => return Err(format!("--specialize: `{v}` is not `all` or `none`")),
                 }
             }
+            Long("off-node") => off_node = Some(PathBuf::from(value_of(&mut p)?)),
             Short('h') | Long("help") => return Err(USAGE.to_string()),
             other => return Err(format!("{}\n{USAGE}", other.unexpected())),
         }
@@ -150,6 +157,7 @@ fn parse_args(
         opts,
         store,
         spec,
+        off_node,
     })
 }
 
@@ -304,6 +312,29 @@ fn run(args: &Args) -> Result<(), String> {
                 file.display()
             );
         }
+        // The NVSHMEM world's kernels, compiled for a world across nodes.
+        if let (Some(s), Vendor::Nvidia) = (&args.off_node, target.vendor()) {
+            let t = Instant::now();
+            let nv = CompileOptions {
+                engine: tessera::aot::CommEngine::Nvshmem,
+                ..args.opts.clone()
+            };
+            let store = ArtifactStore::new(s);
+            let mut files =
+                tessera::collectives::precompile_all_reduce_sum::<f32>(target, &nv, &store)
+                    .map_err(|e| format!("{tname}: the all-reduce's kernels, off-node: {e}"))?;
+            for (name, _, _, precompile) in JOBS.iter().filter(|j| j.0 == "ring_pass") {
+                files.extend(
+                    precompile(target, &nv, &store)
+                        .map_err(|e| format!("{tname}: {name}, off-node: {e}"))?,
+                );
+            }
+            println!(
+                "{tname:>8} off-node (NVSHMEM linked): {} artifacts in {:.1} s",
+                files.len(),
+                t.elapsed().as_secs_f64()
+            );
+        }
         // The collectives' own kernels (f32), for a runtime without LLVM.
         if let Some(s) = &args.store {
             let t = Instant::now();
@@ -353,8 +384,10 @@ mod tests {
         );
         assert_eq!(a.opts.num_warps, 8);
         assert_eq!(a.store, None);
-        let a = parse("--target sm_90 --out x --store y").unwrap();
+        assert_eq!(a.off_node, None);
+        let a = parse("--target sm_90 --out x --store y --off-node z").unwrap();
         assert_eq!(a.store, Some(PathBuf::from("y")));
+        assert_eq!(a.off_node, Some(PathBuf::from("z")));
         assert_eq!(
             parse("--target all --out x").unwrap().targets.len(),
             ALL_TARGETS.len()

@@ -12,6 +12,8 @@
 //! gpu_check --device cpu --no-bench --comm-devices cpu,cpu,cpu  # 3 ranks, one per device
 //! gpu_check --kernels <dir> --target sm_90 --check-artifacts   # no GPU needed
 //! gpu_check --nvshmem 2        # NVSHMEM's host side: 2 processes, one PE each
+//! gpu_check --kernels k --nvshmem-world 2  # an NVSHMEM world of 2 processes, every
+//!                               # peer through NVSHMEM: ping-pong and all-reduces
 //! ```
 //!
 //! Exit status: 0 when every case passed, 1 on a mismatch or error, 2 when the device
@@ -87,7 +89,7 @@ use gpu_cases::{bf16_axpb, f64_poly, histogram_system, row_cumsum};
 const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
                      [--json <file>] [--no-bench] [--no-comm] [--case <name>]... \
                      [--comm-devices <d0,d1,...>] \
-                     [--target <t> --check-artifacts] [--nvshmem <ranks>]";
+                     [--target <t> --check-artifacts] [--nvshmem <ranks>] [--nvshmem-world <ranks>]";
 
 struct Args {
     kernels: Option<PathBuf>,
@@ -107,6 +109,10 @@ struct Args {
     nvshmem: Option<u32>,
     /// This process is rank `r` of `n` of the NVSHMEM check, meeting at `addr`.
     nvshmem_rank: Option<(u32, u32, String)>,
+    /// The NVSHMEM world check with this many processes ([`nvshmem_world_check`]).
+    nvshmem_world: Option<u32>,
+    /// This process is one rank of the NVSHMEM world check (with `comm_rank`).
+    comm_nvshmem: bool,
 }
 
 /// The value of the option just read, as a string.
@@ -133,6 +139,8 @@ fn parse_args(
         check_target: None,
         nvshmem: None,
         nvshmem_rank: None,
+        nvshmem_world: None,
+        comm_nvshmem: false,
     };
     let mut check = false;
     let mut target = None;
@@ -150,6 +158,14 @@ fn parse_args(
                 a.comm_devices = value_of(&mut p)?.split(',').map(str::to_string).collect();
             }
             Long("comm-rank") => a.comm_rank = true,
+            Long("nvshmem-world") => {
+                let v = value_of(&mut p)?;
+                a.nvshmem_world = Some(v.parse().map_err(|e| format!("--nvshmem-world {v}: {e}"))?);
+            }
+            Long("nvshmem-world-rank") => {
+                a.comm_rank = true;
+                a.comm_nvshmem = true;
+            }
             Long("check-artifacts") => check = true,
             Long("nvshmem") => {
                 let v = value_of(&mut p)?;
@@ -944,7 +960,7 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
     // Launched with 8 warps (`LaunchOptions::num_warps`): precompiled with 8.
     let eight = KernelOptions {
         num_warps: 8,
-        num_stages: None,
+        ..KernelOptions::default()
     };
     one(
         "matmul_f16_128x128x64_8warps",
@@ -1003,8 +1019,15 @@ fn add_ones(x: f32, k: usize) -> f32 {
 /// `put_signal` / `wait_until` (`examples/ping_pong.rs`) and checks every element it
 /// ends with, the masked-off ones untouched; then all-reduces with each algorithm of
 /// the stock collectives, and runs the fused all-gather + GEMM.
-fn comm_rank(dev: &Device) -> Result<Result<String, String>, Error> {
-    let r = World::launched()?
+fn comm_rank(dev: &Device, nvshmem_world: bool) -> Result<Result<String, String>, Error> {
+    let world = if nvshmem_world {
+        // Every peer on a node of its own: every access to a peer takes NVSHMEM's
+        // functions, on one machine too.
+        World::nvshmem()?.ranks_per_node(1)
+    } else {
+        World::launched()?
+    };
+    let r = world
         .on(dev)
         .heap_bytes(64 << 20)
         .signal_bytes(4096)
@@ -1080,6 +1103,11 @@ fn comm_rank(dev: &Device) -> Result<Result<String, String>, Error> {
             ", all_reduce {algo:?} of {n} exact ({:.2} ms)",
             elapsed.as_secs_f64() * 1e3
         );
+    }
+    if nvshmem_world {
+        // (The fused plans' kernels are not precompiled for a world across nodes.)
+        r.barrier()?;
+        return Ok(Ok(line + " (NVSHMEM world, every peer through NVSHMEM)"));
     }
     // Fused all-gather + GEMM (`tessera::fused::AgGemm`, f16 in and out, f32 sums):
     // C = gather(A) . B, each rank pushing its shard while the tiles are computed.
@@ -1251,12 +1279,7 @@ fn nvshmem_check(n: u32) -> Result<bool, Error> {
         .and_then(|l| l.local_addr())
         .map_err(|e| Error::Usage(format!("a free port for the rendezvous: {e}")))?;
     let addr = free.to_string();
-    let secret: String = {
-        let mut g = StdRng::from_entropy();
-        (0..32)
-            .map(|_| format!("{:02x}", g.r#gen::<u8>()))
-            .collect()
-    };
+    let secret = fresh_secret();
     let mut children = Vec::new();
     for r in 0..n {
         let child = Command::new(&exe)
@@ -1269,11 +1292,25 @@ fn nvshmem_check(n: u32) -> Result<bool, Error> {
             .map_err(|e| Error::Usage(format!("starting NVSHMEM rank {r}: {e}")))?;
         children.push(child);
     }
+    wait_ranks(children, "nvshmem")
+}
+
+/// A random hex secret for a check's rendezvous.
+fn fresh_secret() -> String {
+    let mut g = StdRng::from_entropy();
+    (0..32)
+        .map(|_| format!("{:02x}", g.r#gen::<u8>()))
+        .collect()
+}
+
+/// Waits for a check's rank processes, printing a `label PASS|FAIL` line with each
+/// one's output; answers whether all passed.
+fn wait_ranks(children: Vec<std::process::Child>, label: &str) -> Result<bool, Error> {
     let mut ok = true;
     for (r, c) in children.into_iter().enumerate() {
         let o = c
             .wait_with_output()
-            .map_err(|e| Error::Usage(format!("NVSHMEM rank {r}: {e}")))?;
+            .map_err(|e| Error::Usage(format!("{label} rank {r}: {e}")))?;
         let text = format!(
             "{}{}",
             String::from_utf8_lossy(&o.stdout),
@@ -1281,9 +1318,52 @@ fn nvshmem_check(n: u32) -> Result<bool, Error> {
         );
         ok &= o.status.success();
         let verdict = if o.status.success() { "PASS" } else { "FAIL" };
-        println!("nvshmem {verdict} ({}): {}", o.status, text.trim());
+        println!("{label} {verdict} ({}): {}", o.status, text.trim());
     }
     Ok(ok)
+}
+
+/// The NVSHMEM world check: `n` processes of this program, rank `r` on
+/// `cuda:(r % GPUs)`, started as `torchrun` would (its variables, a TCP rendezvous on
+/// loopback, `TESSERA_TRANSPORT=nvshmem`), each running [`comm_rank`] in an NVSHMEM
+/// world whose every peer is off-node. Answers whether all passed.
+fn nvshmem_world_check(n: u32, kernels: Option<&std::path::Path>) -> Result<bool, Error> {
+    let exe = std::env::current_exe().map_err(|e| Error::Usage(format!("this program: {e}")))?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map_err(|e| Error::Usage(format!("a free port for the rendezvous: {e}")))?
+        .port();
+    let secret = fresh_secret();
+    let gpus = Device::all()
+        .iter()
+        .filter(|d| d.kind() == DeviceKind::Cuda)
+        .count()
+        .max(1) as u32;
+    let mut children = Vec::new();
+    for r in 0..n {
+        let mut c = Command::new(&exe);
+        c.arg("--nvshmem-world-rank")
+            .arg("--device")
+            .arg(format!("cuda:{}", r % gpus));
+        if let Some(dir) = kernels {
+            c.arg("--kernels").arg(dir);
+        }
+        let child = c
+            .env("RANK", r.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", (r % gpus).to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env("TESSERA_RENDEZVOUS_PORT", port.to_string())
+            .env("TESSERA_BOOTSTRAP_SECRET", &secret)
+            .env("TESSERA_TRANSPORT", "nvshmem")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::Usage(format!("starting NVSHMEM world rank {r}: {e}")))?;
+        children.push(child);
+    }
+    wait_ranks(children, "nvshmem_world")
 }
 
 fn run(args: Args) -> Result<bool, (u8, String)> {
@@ -1302,6 +1382,9 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
     }
     if let Some(n) = args.nvshmem {
         return nvshmem_check(n).map_err(fail);
+    }
+    if let Some(n) = args.nvshmem_world {
+        return nvshmem_world_check(n, args.kernels.as_deref()).map_err(fail);
     }
     if let Some(target) = &args.check_target {
         let dir = args
@@ -1322,7 +1405,7 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
         None => dev,
     };
     if args.comm_rank {
-        return match comm_rank(&dev) {
+        return match comm_rank(&dev, args.comm_nvshmem) {
             Ok(Ok(line)) => {
                 println!("{line}");
                 Ok(true)

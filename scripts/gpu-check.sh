@@ -86,10 +86,19 @@ rm -rf "$pack"
 mkdir -p "$pack/kernels"
 cp "$bin" "$pack/gpu_check"
 
+# The NVSHMEM world's kernels (linked with NVSHMEM's device library) where the
+# library is here: scripts/setup.sh installs it.
+# They are large (NVSHMEM's transport code: about 0.6 MB of PTX each), so they are
+# packed compressed and run.sh unpacks them into the store.
+off_node=""
+if [ "$vendor" = nvidia ] && [ -e "${TESSERA_NVSHMEM_HOME:-/nonexistent}/lib/libnvshmem_device_sm_90.bc" ]; then
+  off_node="--off-node $pack/off_node"
+fi
 for target in $targets; do
   echo "== [$vendor] 2. precompile the example kernels for $target"
+  # shellcheck disable=SC2086  # $off_node is empty or two words
   if ! cargo run -q --release -p tessera-examples --example aot -- \
-      --target "$target" --out "$pack/aot-$target" --store "$pack/kernels" >"$aot_log" 2>&1; then
+      --target "$target" --out "$pack/aot-$target" --store "$pack/kernels" $off_node >"$aot_log" 2>&1; then
     sed 's/^/  /' "$aot_log" | tail -8
     echo "FAIL: precompiling the example kernels for $target" >&2
     exit 1
@@ -99,6 +108,11 @@ for target in $targets; do
 done
 
 echo "== [$vendor] 3. pack into $pack"
+if [ -d "$pack/off_node" ]; then
+  tar -C "$pack/off_node" -czf "$pack/off_node.tgz" .
+  rm -rf "$pack/off_node"
+  echo "off-node kernels: $(tar -tzf "$pack/off_node.tgz" | grep -c '\.tkb$') artifacts, $(($(stat -c %s "$pack/off_node.tgz") / 1024)) KiB compressed"
+fi
 strip "$pack/gpu_check" 2>/dev/null || true
 cp scripts/gpu_bench.py "$pack/"
 # What run.sh needs to know about its vendor (run.sh itself is the same for both).
@@ -149,6 +163,12 @@ if [ "${dev%%:*}" = cuda ]; then
   if [ -n "$nvhome" ] && [ -e "$nvhome/lib/libnvshmem_host.so.3" ]; then
     export TESSERA_NVSHMEM_HOME="$nvhome"
     step nvshmem 60 ./gpu_check --nvshmem 2
+    # A world on NVSHMEM (World::nvshmem): 2 ranks whose every peer is off-node, so
+    # every access to a peer is an NVSHMEM device call: ping-pong, all-reduces.
+    if [ -e off_node.tgz ]; then
+      tar -C kernels -xzf off_node.tgz
+      step nvshmem_world 90 ./gpu_check --kernels kernels --nvshmem-world 2
+    fi
   else
     echo "nvshmem: skipped (no NVSHMEM host library: pip install nvidia-nvshmem-cu12, or set TESSERA_NVSHMEM_HOME)" | tee -a "$out/steps.txt"
   fi
@@ -200,6 +220,15 @@ if [ ! -e /dev/nvidiactl ] && [ ! -e /dev/kfd ]; then
     echo "gpu_check --nvshmem 2 here: exit $rc: $msg"
     if [ "$rc" = 0 ] || [ "$(grep -c 'FAIL.*no CUDA driver' <<<"$msg")" != 2 ]; then
       echo "FAIL: expected both NVSHMEM ranks to stop cleanly at the missing CUDA driver" >&2
+      exit 1
+    fi
+    set +e
+    msg="$(timeout 120 "$pack/gpu_check" --kernels "$pack/kernels" --nvshmem-world 2 2>&1)"
+    rc=$?
+    set -e
+    echo "gpu_check --nvshmem-world 2 here: exit $rc: $msg"
+    if [ "$rc" = 0 ] || [ "$(grep -c 'nvshmem_world FAIL.*no CUDA driver' <<<"$msg")" != 2 ]; then
+      echo "FAIL: expected both NVSHMEM world ranks to stop cleanly at the missing CUDA driver" >&2
       exit 1
     fi
   fi

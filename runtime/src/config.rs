@@ -98,8 +98,8 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "TESSERA_TRANSPORT",
-        accepts: "`shm` or `mpi`",
-        meaning: "how a launched process reaches its peers: `shm`, shared memory on one node; `mpi`, MPI one-sided communication, any number of nodes (feature `mpi`; default: `mpi` under `mpirun`/`srun` without `WORLD_SIZE`, else `shm`); read by `World::launched`",
+        accepts: "`shm`, `mpi` or `nvshmem`",
+        meaning: "how a launched process reaches its peers: `shm`, shared memory on one node; `mpi`, MPI one-sided communication, any number of nodes (feature `mpi`; default: `mpi` under `mpirun`/`srun` without `WORLD_SIZE`, else `shm`); `nvshmem`, GPU ranks on NVSHMEM, any number of nodes (`World::nvshmem`); read by `World::launched`",
     },
     Variable {
         name: "TESSERA_MPI_SHARED",
@@ -114,7 +114,12 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "TESSERA_BOOTSTRAP_SECRET",
         accepts: "text",
-        meaning: "what every rank must present to join a launched world (set by `spawn_local`); read by `World::launched`",
+        meaning: "what every rank must present to join a launched world (set by `spawn_local`; required by an NVSHMEM world, whose rendezvous is over TCP); read by `World::launched` and `World::nvshmem`",
+    },
+    Variable {
+        name: "TESSERA_RENDEZVOUS_PORT",
+        accepts: "a TCP port",
+        meaning: "the port of an NVSHMEM world's TCP rendezvous on `MASTER_ADDR` (default `MASTER_PORT + 1`: torchrun's own store holds `MASTER_PORT`); read by `World::nvshmem`",
     },
     Variable {
         name: "TESSERA_NVSHMEM_HOME",

@@ -464,6 +464,7 @@ impl LaunchOptions {
         Ok(KernelOptions {
             num_warps,
             num_stages: self.num_stages,
+            off_node: false,
         })
     }
 }
@@ -632,8 +633,7 @@ pub fn launch_with<K: Kernel>(
                         // Ranks on several (emulated) nodes: off-node peers through the
                         // vendor's engine (the emulator implements its functions).
                         let nodes = device.comm.as_ref().and_then(|c| c.nodes());
-                        let split = nodes.as_ref().is_some_and(|n| n.iter().any(|&x| x != n[0]));
-                        let engine = match (split, flavor) {
+                        let engine = match (spans_nodes(device), flavor) {
                             (false, _) => tessera_codegen::CommEngine::Direct,
                             (true, tessera_codegen::target::EmuFlavor::Amd) => {
                                 tessera_codegen::CommEngine::Rocshmem
@@ -769,6 +769,11 @@ pub fn launch_with<K: Kernel>(
                     }
                 }
                 gargs.extend(gpu_comm_args(device, &compiled.func).map_err(invalid)?);
+                // A world across nodes: compiled for the vendor's engine (and keyed so).
+                let kopts = &KernelOptions {
+                    off_node: compiled.func.uses_comm() && spans_nodes(device),
+                    ..kopts.clone()
+                };
                 let (compiled, key) = gpu_specialization(device, &compiled, spec, kopts)?;
                 let k = g.load(&key.hex(), &mut || {
                     resolve_binary(device, &compiled, &key, kopts)
@@ -824,6 +829,14 @@ fn report_debug(
         Some(f) => Err(Error::DeviceAssert(Box::new(f))),
         None => Ok(()),
     }
+}
+
+/// Whether `device` is a rank of a world whose ranks span several nodes (real or
+/// emulated): its communicating kernels reach off-node peers through the vendor's
+/// engine.
+fn spans_nodes(device: &Device) -> bool {
+    let nodes = device.comm.as_ref().and_then(|c| c.nodes());
+    nodes.is_some_and(|n| n.iter().any(|&x| x != n[0]))
 }
 
 /// The hidden parameters of a communicating kernel on a GPU rank (none for other
@@ -953,10 +966,15 @@ fn resolve_binary(
                 kernel: name.clone(),
                 reason: format!("{e}"),
             })?;
+            let engine = match (kopts.off_node, t.vendor()) {
+                (false, _) => tessera_codegen::CommEngine::Direct,
+                (true, tessera_codegen::Vendor::Amd) => tessera_codegen::CommEngine::Rocshmem,
+                (true, _) => tessera_codegen::CommEngine::Nvshmem,
+            };
             let opts = tessera_codegen::CompileOptions {
                 num_warps: kopts.num_warps,
                 num_stages: kopts.num_stages,
-                ..Default::default()
+                engine,
             };
             let art = crate::aot::compile_ir(&compiled.func, t, &opts)?;
             Ok(crate::aot::kernel_binary(&art))

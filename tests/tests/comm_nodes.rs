@@ -443,12 +443,15 @@ fn nvshmem_linked_kernels_assemble() {
                 art.asm.len() / 1024,
                 direct.asm.len() / 1024
             );
-            if !art.asm.contains("nvshmemi_device_state_d") {
+            // What the CUDA backend tests to initialize the module for NVSHMEM.
+            if !tessera::world::nvshmem::links_device_library(&art.asm) {
                 failures.push(format!(
                     "{name} {t}: NVSHMEM's device state is not in the PTX"
                 ));
             }
-            if direct.asm.contains("nvshmem") {
+            if tessera::world::nvshmem::links_device_library(&direct.asm)
+                || direct.asm.contains("nvshmem")
+            {
                 failures.push(format!("{name} {t}: the direct kernel mentions NVSHMEM"));
             }
             if art
@@ -466,6 +469,37 @@ fn nvshmem_linked_kernels_assemble() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A kernel precompiled for NVSHMEM is stored under the key a launch on a world
+/// across nodes looks up (`KernelOptions::off_node`), and only there; the runtime
+/// recognizes its PTX as needing NVSHMEM's module initialization.
+#[test]
+fn off_node_artifacts_have_keys_of_their_own() {
+    use tessera::{ArtifactStore, KernelOptions, aot::Specialization};
+    let dir = tempfile::tempdir().unwrap();
+    let store = ArtifactStore::new(dir.path());
+    let nv = CompileOptions {
+        engine: CommEngine::Nvshmem,
+        ..CompileOptions::default()
+    };
+    let spec = Specialization::None;
+    tessera::aot::precompile::<ping_pong<64>>(&(), &spec, Target::nvptx(90), &nv, &store).unwrap();
+    let off = KernelOptions {
+        off_node: true,
+        ..KernelOptions::default()
+    };
+    let bin = store
+        .find::<ping_pong<64>>(&(), &spec, "sm_90", &off)
+        .expect("found under the off-node key");
+    let ptx = String::from_utf8(bin.binary).unwrap();
+    assert!(tessera::world::nvshmem::links_device_library(&ptx));
+    assert!(
+        store
+            .find::<ping_pong<64>>(&(), &spec, "sm_90", &KernelOptions::default())
+            .is_err(),
+        "a one-node launch must not find the NVSHMEM kernel"
+    );
 }
 
 #[test]

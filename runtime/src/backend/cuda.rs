@@ -58,6 +58,25 @@ fn describe(e: &DriverError) -> String {
     }
 }
 
+/// Whether PTX `ptx` was linked with NVSHMEM's device library: it defines NVSHMEM's
+/// device state (`nvshmemi_device_state_d` and the like), which the host must fill
+/// with `nvshmemx_cumodule_init` after loading the module and before its kernels run.
+pub(crate) fn links_nvshmem(ptx: &str) -> bool {
+    ptx.lines()
+        .any(|l| l.contains(".const") && l.contains(" nvshmemi_device_state_d"))
+}
+
+/// What initializes a module linked with NVSHMEM ([`links_nvshmem`]): set by the
+/// process's NVSHMEM session while it lives (`world::nvshmem`), `None` otherwise.
+pub(crate) type ModuleInit = Arc<dyn Fn(sys::CUmodule) -> Result<(), String> + Send + Sync>;
+
+static MODULE_INIT: Mutex<Option<ModuleInit>> = Mutex::new(None);
+
+/// Sets (or, with `None`, clears) the process's [`ModuleInit`].
+pub(crate) fn set_module_init(init: Option<ModuleInit>) {
+    *MODULE_INIT.lock().unwrap_or_else(|e| e.into_inner()) = init;
+}
+
 /// One loaded kernel.
 pub(crate) struct CudaKernel {
     func: CudaFunction,
@@ -305,6 +324,30 @@ impl CudaDevice {
         }
         let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
         (end > 0).then(|| String::from_utf8_lossy(&log[..end]).into_owned())
+    }
+
+    /// Initializes NVSHMEM's device state in the module of `func` (a kernel linked
+    /// with NVSHMEM's device library) through the process's NVSHMEM session.
+    fn init_nvshmem_module(&self, func: &CudaFunction, kernel: &str) -> Result<(), Error> {
+        let init = MODULE_INIT
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or_else(|| Error::Launch {
+                kernel: kernel.to_string(),
+                reason: "it is linked with NVSHMEM's device library (compiled for a world across nodes), but NVSHMEM is not initialized in this process: launch it on a rank of an NVSHMEM world (World::nvshmem)".into(),
+            })?;
+        let what = format!("finding the module of kernel `{kernel}`");
+        self.bind(&what)?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: `func` is a live function of a module loaded in the bound context;
+        // the driver writes the module's handle into `module`.
+        let r = unsafe { sys::cuFuncGetModule(&mut module, func.cu_function()) };
+        r.result().map_err(self.err(what))?;
+        init(module).map_err(|reason| Error::Launch {
+            kernel: kernel.to_string(),
+            reason: format!("initializing NVSHMEM in its module: {reason}"),
+        })
     }
 
     fn lock_kernels(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<CudaKernel>>> {
@@ -597,6 +640,9 @@ impl GpuBackend for CudaDevice {
         let func = module
             .load_function(&bin.name)
             .map_err(self.err(what.clone()))?;
+        if links_nvshmem(&src) {
+            self.init_nvshmem_module(&func, &bin.name)?;
+        }
         if bin.shared_bytes > DYNAMIC_SHARED_PAST {
             // Dynamic shared memory past 48 KiB needs the kernel's opt-in.
             func.set_attribute(

@@ -907,6 +907,24 @@ impl Rank {
     }
 }
 
+/// Precompiles the flat all-reduce's sum kernels (one-shot, two-shot, low-latency) on
+/// elements of type `T` for `target` into `store`: a small set for a world across
+/// nodes, whose kernels are compiled with `opts.engine` set to the vendor's engine
+/// (the GPU check's NVSHMEM world runs them). Returns the written files.
+#[cfg(feature = "jit")]
+pub fn precompile_all_reduce_sum<T: CollElem>(
+    target: crate::aot::Target,
+    opts: &crate::aot::CompileOptions,
+    store: &crate::ArtifactStore,
+) -> Result<Vec<std::path::PathBuf>, Error> {
+    use crate::aot::precompile_launches as all;
+    let (t, o, s) = (target, opts, store);
+    let mut out = all::<kernels::ar_one_shot<T, OP_SUM>>(&(), t, o, s)?;
+    out.extend(all::<kernels::ar_two_shot<T, OP_SUM>>(&(), t, o, s)?);
+    out.extend(all::<kernels::ar_ll<T, T::Bits, OP_SUM>>(&(), t, o, s)?);
+    Ok(out)
+}
+
 /// Precompiles every kernel the collectives launch on elements of type `T` (every
 /// algorithm and reduction: all-reduce one-shot, two-shot, low-latency and
 /// hierarchical, all-gather flat and hierarchical,

@@ -131,6 +131,7 @@ pub fn precompile<K: Kernel>(
         &KernelOptions {
             num_warps: opts.num_warps,
             num_stages: opts.num_stages,
+            off_node: opts.engine != CommEngine::Direct,
         },
     );
     store.put(&func.name, &key, &kernel_binary(&art))

@@ -42,6 +42,10 @@ pub struct KernelOptions {
     /// Loop iterations whose `dot` operand tiles are in flight at once (1 to 8;
     /// `None`: the target's default, 3 on NVIDIA and 2 on AMD).
     pub num_stages: Option<u32>,
+    /// Compiled for a world whose ranks span nodes: a communicating kernel reaches
+    /// off-node peers through the vendor's engine (NVSHMEM on NVIDIA, rocSHMEM on
+    /// AMD; `tessera::aot::CommEngine`). Launches on such a world set it.
+    pub off_node: bool,
 }
 
 impl Default for KernelOptions {
@@ -49,6 +53,7 @@ impl Default for KernelOptions {
         KernelOptions {
             num_warps: 4,
             num_stages: None,
+            off_node: false,
         }
     }
 }
@@ -56,10 +61,15 @@ impl Default for KernelOptions {
 impl KernelOptions {
     /// The stable text that goes into the key.
     pub fn describe(&self) -> String {
-        match self.num_stages {
+        let mut d = match self.num_stages {
             Some(s) => format!("num_warps={},num_stages={s}", self.num_warps),
             None => format!("num_warps={},num_stages=default", self.num_warps),
+        };
+        // (Appended only when set: the keys of one-node kernels stay what they were.)
+        if self.off_node {
+            d.push_str(",off_node");
         }
+        d
     }
 }
 

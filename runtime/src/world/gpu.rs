@@ -51,23 +51,38 @@ pub(crate) fn gpu_of(device: &Device) -> Option<GpuDev> {
     }
 }
 
-/// One rank's heap as this process reaches it: allocated here, or opened from another
-/// process's IPC handle. Freed (or closed) on drop.
+/// How a [`GpuHeap`] is held, and so released.
+enum Hold {
+    /// Allocated here ([`GpuBackend::alloc_exportable`]): freed on drop.
+    Alloc,
+    /// Opened from another process's IPC handle: closed on drop.
+    Ipc,
+    /// NVSHMEM's symmetric memory, this rank's or a peer's mapped by `nvshmem_ptr`:
+    /// released when NVSHMEM is finalized (the session it keeps alive).
+    Shmem(#[allow(dead_code)] Arc<dyn std::any::Any + Send + Sync>),
+    /// A peer on another node: no address here; reads, writes and the abort word go
+    /// through the engine.
+    Remote(Arc<dyn tessera_ir::interp::RemoteMemory>),
+}
+
+/// One rank's heap as this process reaches it: allocated here, opened from another
+/// process's IPC handle, or NVSHMEM's (see [`Hold`]).
 pub(crate) struct GpuHeap {
     dev: GpuDev,
-    /// Its address on `dev`.
+    /// Its address on `dev`, or for a heap on another node the heap-base table's
+    /// tagged entry ([`tessera_ir::comm::tagged_bases`]).
     pub(crate) ptr: u64,
     /// Its size in bytes.
     pub(crate) len: usize,
-    owned: bool,
+    hold: Hold,
 }
 
 impl Drop for GpuHeap {
     fn drop(&mut self) {
-        if self.owned {
-            self.dev.free_exportable(self.ptr)
-        } else {
-            self.dev.ipc_close(self.ptr)
+        match self.hold {
+            Hold::Alloc => self.dev.free_exportable(self.ptr),
+            Hold::Ipc => self.dev.ipc_close(self.ptr),
+            Hold::Shmem(_) | Hold::Remote(_) => {}
         }
     }
 }
@@ -80,7 +95,7 @@ impl GpuHeap {
             dev: dev.clone(),
             ptr,
             len,
-            owned: true,
+            hold: Hold::Alloc,
         })
     }
 
@@ -91,8 +106,39 @@ impl GpuHeap {
             dev: dev.clone(),
             ptr,
             len,
-            owned: false,
+            hold: Hold::Ipc,
         })
+    }
+
+    /// NVSHMEM's symmetric memory at `ptr` on `dev` (this rank's heap, or a peer's
+    /// mapped here), kept valid by `session`.
+    pub(crate) fn shmem(
+        dev: &GpuDev,
+        ptr: u64,
+        len: usize,
+        session: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> GpuHeap {
+        GpuHeap {
+            dev: dev.clone(),
+            ptr,
+            len,
+            hold: Hold::Shmem(session),
+        }
+    }
+
+    /// A peer's heap on another node, reached through `engine`; `tagged` is its
+    /// heap-base table entry.
+    pub(crate) fn remote(
+        dev: &GpuDev,
+        tagged: u64,
+        engine: Arc<dyn tessera_ir::interp::RemoteMemory>,
+    ) -> GpuHeap {
+        GpuHeap {
+            dev: dev.clone(),
+            ptr: tagged,
+            len: engine.len(),
+            hold: Hold::Remote(engine),
+        }
     }
 
     /// Its IPC handle (for a heap allocated here).
@@ -104,7 +150,7 @@ impl GpuHeap {
         offset
             .checked_add(bytes)
             .filter(|&e| e <= self.len)
-            .map(|_| self.ptr + offset as u64)
+            .map(|_| self.ptr.wrapping_add(offset as u64))
             .ok_or_else(|| {
                 Error::BufferSize(format!(
                     "bytes {offset}..{} are outside a heap of {} bytes",
@@ -118,22 +164,42 @@ impl GpuHeap {
     pub(crate) fn read(&self, offset: usize, bytes: usize) -> Result<Vec<u8>, Error> {
         let at = self.check(offset, bytes)?;
         let mut out = vec![0u8; bytes];
-        self.dev.dtoh(at, &mut out, RawStream::DEFAULT)?;
+        match &self.hold {
+            Hold::Remote(e) => e.get(offset, &mut out).map_err(Self::engine_err)?,
+            _ => self.dev.dtoh(at, &mut out, RawStream::DEFAULT)?,
+        }
         Ok(out)
     }
 
-    /// Writes `data` at `offset`.
+    /// Writes `data` at `offset` (delivered when this returns).
     pub(crate) fn write(&self, offset: usize, data: &[u8]) -> Result<(), Error> {
         let at = self.check(offset, data.len())?;
-        self.dev.htod(at, data, RawStream::DEFAULT)
+        match &self.hold {
+            Hold::Remote(e) => e
+                .put(offset, data)
+                .and_then(|()| e.quiet())
+                .map_err(Self::engine_err),
+            _ => self.dev.htod(at, data, RawStream::DEFAULT),
+        }
+    }
+
+    fn engine_err(message: String) -> Error {
+        Error::Comm { rank: 0, message }
     }
 
     /// Raises the abort word (`1 + failed rank`) without waiting for running kernels.
     pub(crate) fn raise_abort(&self, failed_rank: u32) -> Result<(), Error> {
+        let word = ctrl::ABORT * 8;
+        if let Hold::Remote(e) = &self.hold {
+            // An atomic through the engine; the first failure recorded stays.
+            return e
+                .compare_and_swap(word, 8, 0, u64::from(failed_rank) + 1)
+                .map(|_| ())
+                .map_err(Self::engine_err);
+        }
         // The word is a little-endian u64, zero until now: writing its low half is
         // enough (failed_rank + 1 <= 1024).
-        let at = self.ptr + (ctrl::ABORT * 8) as u64;
-        self.dev.poke_u32(at, failed_rank + 1)
+        self.dev.poke_u32(self.ptr + word as u64, failed_rank + 1)
     }
 
     /// The control words (after the work queued on the device's stream): read them
@@ -149,6 +215,11 @@ impl GpuHeap {
     /// A buffer storage viewing `bytes` bytes at `offset`, keeping the heap alive.
     pub(crate) fn view(self: &Arc<Self>, offset: usize, bytes: usize) -> Result<Storage, Error> {
         let at = self.check(offset, bytes)?;
+        if matches!(self.hold, Hold::Remote(_)) {
+            return Err(Self::engine_err(
+                "a heap on another node has no address here to view".into(),
+            ));
+        }
         let owner: Arc<dyn std::any::Any + Send + Sync> = self.clone();
         Ok(Storage::Device(DevMem::view(&self.dev, at, owner)))
     }

@@ -120,6 +120,9 @@ pub(super) struct Shared {
     /// Each rank's node, when the ranks are placed on several
     /// ([`super::World::ranks_per_node`]).
     pub(super) nodes: Option<Arc<[u32]>>,
+    /// The NVSHMEM session of an NVSHMEM world (abandoned when the world fails, see
+    /// [`super::nvshmem::Session::abandon`]).
+    pub(super) shmem: std::sync::OnceLock<Arc<super::nvshmem::Session>>,
 }
 
 impl Shared {
@@ -150,6 +153,7 @@ impl Shared {
             signal_bytes,
             heap_bytes,
             nodes: None,
+            shmem: std::sync::OnceLock::new(),
         })
     }
 
@@ -186,6 +190,9 @@ impl Shared {
 
     /// Raises every heap's abort word naming `rank`, releasing device waits.
     fn release(&self, rank: u32) {
+        if let Some(s) = self.shmem.get() {
+            s.abandon();
+        }
         match &self.heaps {
             Heaps::Host(_) => self.interp_world(rank).abort(),
             Heaps::Gpu(hs) => {

@@ -90,6 +90,7 @@ pub mod nvshmem;
 pub mod procs;
 mod rank;
 pub mod rendezvous;
+mod shmem_world;
 mod symmetric;
 mod team;
 
@@ -120,6 +121,8 @@ enum Layout {
     /// This process is one rank of an MPI job (one node or many).
     #[cfg(feature = "mpi")]
     Mpi(MpiLib),
+    /// This process is one GPU rank of an NVSHMEM world (one node or many).
+    Nvshmem(shmem_world::ShmemLaunch),
 }
 
 /// The process's MPI library, held by a world that will join through it.
@@ -181,8 +184,10 @@ impl World {
     /// makes it [`World::mpi`]; otherwise the ranks are processes of one node that
     /// share memory (`TESSERA_TRANSPORT=shm`).
     pub fn launched() -> Result<World, Error> {
-        if wants_mpi(|k| std::env::var(k).ok())? {
-            return World::mpi();
+        match transport(|k| std::env::var(k).ok())? {
+            Transport::Mpi => return World::mpi(),
+            Transport::Nvshmem => return World::nvshmem(),
+            Transport::Shm => {}
         }
         let env = LaunchEnv::from_env()?;
         Ok(World {
@@ -220,6 +225,36 @@ impl World {
         Err(Self::comm_err(
             "this process was asked to join an MPI world (TESSERA_TRANSPORT=mpi, or started by mpirun/srun) but Tessera was built without its `mpi` feature: rebuild with `--features mpi` (needs an MPI library, e.g. Debian's libopenmpi-dev)".into(),
         ))
+    }
+
+    /// The NVSHMEM world this process was launched into, one rank per GPU, on one
+    /// node or many (started by `torchrun`: `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+    /// `MASTER_ADDR`, `MASTER_PORT`, and `TESSERA_BOOTSTRAP_SECRET` set to the same
+    /// random value for every rank; the rendezvous listens on `MASTER_PORT + 1`, or
+    /// `TESSERA_RENDEZVOUS_PORT`), as a builder: give the rank its GPU
+    /// (`.on(&Device::cuda(local_rank)?)`, or [`World::on_each`] with the node's
+    /// GPUs, indexed by `LOCAL_RANK`), configure it like a local world, then
+    /// [`World::join`]. [`World::launched`] picks it with `TESSERA_TRANSPORT=nvshmem`.
+    ///
+    /// Ranks reach the peers of their node that NVSHMEM maps by loads and stores, and
+    /// every other peer through NVSHMEM: kernels launched on the rank's device are
+    /// compiled with NVSHMEM's device library linked
+    /// ([`CommEngine::Nvshmem`](tessera_codegen::CommEngine)) when the ranks span
+    /// nodes; the host reaches other nodes with NVSHMEM's host-side calls. NVSHMEM's
+    /// host library is loaded at run time (`TESSERA_NVSHMEM_HOME`, see
+    /// [`nvshmem`]); the rendezvous is Tessera's own, over TCP ([`rendezvous`]).
+    /// With [`World::ranks_per_node`] the nodes are blocks of ranks instead of host
+    /// names (`ranks_per_node(1)` sends every peer through NVSHMEM, on one machine
+    /// too). See `shmem_world.rs` for the steps of joining.
+    pub fn nvshmem() -> Result<World, Error> {
+        let launch = shmem_world::ShmemLaunch::from_vars(|k| {
+            std::env::var(k).ok().filter(|v| !v.trim().is_empty())
+        })?;
+        Ok(World {
+            size: launch.size as usize,
+            layout: Layout::Nvshmem(launch),
+            ..World::local(1)
+        })
     }
 
     /// Joins the launched world with the default configuration (CPU device, heap size
@@ -301,7 +336,7 @@ impl World {
         }
         if gpu && n < self.size {
             return Err(Self::comm_err(format!(
-                "ranks_per_node({n}) puts these GPU ranks on several nodes, which needs NVSHMEM's host runtime: Tessera compiles and links NVSHMEM's device library (CommEngine::Nvshmem) but does not bootstrap NVSHMEM on GPUs yet. Off-node ranks run on the emulator (Device::emu) today"
+                "ranks_per_node({n}) puts these GPU ranks, threads of one process, on several nodes: GPU ranks across nodes are processes of an NVSHMEM world (World::nvshmem, one process per GPU); threads on emulated nodes run on the emulator (Device::emu)"
             )));
         }
         Ok(Some((0..self.size).map(|r| (r / n) as u32).collect()))
@@ -493,6 +528,9 @@ impl World {
         #[cfg(feature = "mpi")]
         if let Layout::Mpi(lib) = &self.layout {
             return self.join_mpi(&lib.0);
+        }
+        if let Layout::Nvshmem(launch) = &self.layout {
+            return shmem_world::join(self, launch);
         }
         let Layout::Process(env) = &self.layout else {
             return Err(Self::comm_err(
@@ -753,15 +791,27 @@ impl World {
     }
 }
 
-/// Whether a launched process joins an MPI world (see [`World::launched`]), from the
-/// variables `get` reads.
-fn wants_mpi(get: impl Fn(&str) -> Option<String>) -> Result<bool, Error> {
+/// The transport a launched process joins its world through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Transport {
+    /// Processes of one node sharing memory.
+    Shm,
+    /// An MPI job.
+    Mpi,
+    /// GPU ranks on NVSHMEM.
+    Nvshmem,
+}
+
+/// The transport of a launched process (see [`World::launched`]), from the variables
+/// `get` reads.
+fn transport(get: impl Fn(&str) -> Option<String>) -> Result<Transport, Error> {
     let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
     match var("TESSERA_TRANSPORT").as_deref().map(str::trim) {
-        Some("mpi") => Ok(true),
-        Some("shm") => Ok(false),
+        Some("mpi") => Ok(Transport::Mpi),
+        Some("shm") => Ok(Transport::Shm),
+        Some("nvshmem") => Ok(Transport::Nvshmem),
         Some(other) => Err(Error::Config(format!(
-            "TESSERA_TRANSPORT=`{other}`: expected `shm` or `mpi`"
+            "TESSERA_TRANSPORT=`{other}`: expected `shm`, `mpi` or `nvshmem`"
         ))),
         None => {
             let launcher =
@@ -772,9 +822,23 @@ fn wants_mpi(get: impl Fn(&str) -> Option<String>) -> Result<bool, Error> {
                     "started by an MPI launcher but built without Tessera's `mpi` feature: this process is a world of one (rebuild with --features mpi to join the MPI job's world)"
                 );
             }
-            Ok(launcher && cfg!(feature = "mpi"))
+            Ok(if launcher && cfg!(feature = "mpi") {
+                Transport::Mpi
+            } else {
+                Transport::Shm
+            })
         }
     }
+}
+
+/// The variables `vars` as a lookup, as the launch-parsing functions take them (tests).
+#[cfg(test)]
+fn test_env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
 }
 
 /// Borrowing an owned descriptor (a tiny helper for readability).
@@ -918,13 +982,16 @@ mod tests {
 
     #[test]
     fn the_transport_follows_the_launcher_and_the_variable() {
-        fn with(vars: &[(&str, &str)]) -> Result<bool, Error> {
-            wants_mpi(|k| {
-                vars.iter()
-                    .find(|(n, _)| *n == k)
-                    .map(|(_, v)| v.to_string())
-            })
+        fn transport_of(vars: &[(&str, &str)]) -> Result<Transport, Error> {
+            transport(test_env(vars))
         }
+        fn with(vars: &[(&str, &str)]) -> Result<bool, Error> {
+            transport_of(vars).map(|t| t == Transport::Mpi)
+        }
+        assert_eq!(
+            transport_of(&[("WORLD_SIZE", "2"), ("TESSERA_TRANSPORT", "nvshmem")]).unwrap(),
+            Transport::Nvshmem
+        );
         assert!(!with(&[]).unwrap());
         assert!(!with(&[("WORLD_SIZE", "4"), ("RANK", "1")]).unwrap());
         for launcher in MPI_LAUNCHER_VARS {
@@ -943,7 +1010,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("TESSERA_TRANSPORT=`ib`") && e.contains("`shm` or `mpi`"),
+            e.contains("TESSERA_TRANSPORT=`ib`") && e.contains("`shm`, `mpi` or `nvshmem`"),
             "{e}"
         );
     }

@@ -880,13 +880,7 @@ unsafe impl HostMemory for Part {
 mod tests {
     use super::*;
 
-    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
-        let vars: Vec<(String, String)> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-    }
+    use super::super::test_env as env;
 
     #[test]
     fn shared_heaps_follow_the_variable_then_open_mpi_components() {

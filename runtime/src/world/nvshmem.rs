@@ -132,6 +132,12 @@ type Malloc = unsafe extern "C" fn(usize) -> *mut c_void;
 type Free = unsafe extern "C" fn(*mut c_void);
 type Ptr = unsafe extern "C" fn(*const c_void, c_int) -> *mut c_void;
 type Barrier = unsafe extern "C" fn();
+type ModuleInit = unsafe extern "C" fn(*mut c_void) -> c_int;
+type Rma = unsafe extern "C" fn(*mut c_void, *const c_void, usize, c_int);
+type Fetch64 = unsafe extern "C" fn(*const u64, c_int) -> u64;
+type Cas64 = unsafe extern "C" fn(*mut u64, u64, u64, c_int) -> u64;
+type Cas32 = unsafe extern "C" fn(*mut u32, u32, u32, c_int) -> u32;
+type FetchAdd64 = unsafe extern "C" fn(*mut u64, u64, c_int) -> u64;
 
 /// The host library's functions Tessera calls (each must be there).
 pub const HOST_FUNCTIONS: &[&str] = &[
@@ -146,6 +152,14 @@ pub const HOST_FUNCTIONS: &[&str] = &[
     "nvshmem_free",
     "nvshmem_ptr",
     "nvshmem_barrier_all",
+    "nvshmemx_cumodule_init",
+    "nvshmem_getmem",
+    "nvshmem_putmem",
+    "nvshmem_quiet",
+    "nvshmem_uint64_atomic_fetch",
+    "nvshmem_uint64_atomic_compare_swap",
+    "nvshmem_uint32_atomic_compare_swap",
+    "nvshmem_uint64_atomic_fetch_add",
 ];
 
 struct Fns {
@@ -160,6 +174,14 @@ struct Fns {
     free: Free,
     ptr: Ptr,
     barrier_all: Barrier,
+    cumodule_init: ModuleInit,
+    getmem: Rma,
+    putmem: Rma,
+    quiet: Barrier,
+    fetch64: Fetch64,
+    cas64: Cas64,
+    cas32: Cas32,
+    fetch_add64: FetchAdd64,
 }
 
 impl Fns {
@@ -188,6 +210,14 @@ impl Fns {
             free: get(lib, path, f[8])?,
             ptr: get(lib, path, f[9])?,
             barrier_all: get(lib, path, f[10])?,
+            cumodule_init: get(lib, path, f[11])?,
+            getmem: get(lib, path, f[12])?,
+            putmem: get(lib, path, f[13])?,
+            quiet: get(lib, path, f[14])?,
+            fetch64: get(lib, path, f[15])?,
+            cas64: get(lib, path, f[16])?,
+            cas32: get(lib, path, f[17])?,
+            fetch_add64: get(lib, path, f[18])?,
         })
     }
 }
@@ -361,7 +391,11 @@ impl NvshmemHost {
                 message: format!("NVSHMEM's initialization failed (status {rc})"),
             });
         }
-        Ok(Session { host: self.clone() })
+        Ok(Session {
+            host: self.clone(),
+            abandoned: AtomicBool::new(false),
+            calls: Mutex::new(()),
+        })
     }
 }
 
@@ -369,6 +403,11 @@ impl NvshmemHost {
 /// dropped. Symmetric allocations must be freed before.
 pub struct Session {
     host: Arc<NvshmemHost>,
+    /// Set when the world using the session failed: finalizing (collective) could
+    /// then wait for a PE that is gone, so the process leaves NVSHMEM to its exit.
+    abandoned: AtomicBool,
+    /// Host-side communication calls, one at a time.
+    calls: Mutex<()>,
 }
 
 impl std::fmt::Debug for Session {
@@ -434,17 +473,148 @@ impl Session {
 
     /// Every PE's host-side barrier, with its memory completed (`nvshmem_barrier_all`).
     pub fn barrier_all(&self) {
+        let _one = self.lock();
         // SAFETY: NVSHMEM is initialized.
         unsafe { (self.host.fns.barrier_all)() }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Initializes NVSHMEM's device state in a loaded CUDA module
+    /// (`nvshmemx_cumodule_init`): needed by every module linked with NVSHMEM's
+    /// device library before its kernels run.
+    ///
+    /// # Safety
+    /// `module` is a live `CUmodule` of the device NVSHMEM was initialized on.
+    pub unsafe fn cumodule_init(&self, module: *mut c_void) -> Result<(), String> {
+        let _one = self.lock();
+        // SAFETY: the caller's contract; NVSHMEM is initialized.
+        let rc = unsafe { (self.host.fns.cumodule_init)(module) };
+        match rc {
+            0 => Ok(()),
+            rc => Err(format!("nvshmemx_cumodule_init failed (status {rc})")),
+        }
+    }
+
+    /// Copies `bytes` bytes from PE `pe`'s copy of the symmetric address `src` to
+    /// `dst` (`nvshmem_getmem`, host-initiated; complete on return).
+    ///
+    /// # Safety
+    /// `src..src+bytes` lies in one symmetric allocation, `dst..dst+bytes` in
+    /// symmetric memory of this PE, and the calling thread has the session's CUDA
+    /// context current.
+    pub(crate) unsafe fn getmem(&self, dst: u64, src: u64, bytes: usize, pe: u32) {
+        let _one = self.lock();
+        // SAFETY: the caller's contract.
+        unsafe {
+            (self.host.fns.getmem)(dst as *mut c_void, src as *const c_void, bytes, pe as c_int)
+        }
+    }
+
+    /// Copies `bytes` bytes from `src` on this PE to PE `pe`'s copy of the symmetric
+    /// address `dst` (`nvshmem_putmem`: `src` is free again on return, the data is
+    /// delivered at the next [`Session::quiet`]).
+    ///
+    /// # Safety
+    /// As [`Session::getmem`], `dst` being the symmetric range and `src` this PE's.
+    pub(crate) unsafe fn putmem(&self, dst: u64, src: u64, bytes: usize, pe: u32) {
+        let _one = self.lock();
+        // SAFETY: the caller's contract.
+        unsafe {
+            (self.host.fns.putmem)(dst as *mut c_void, src as *const c_void, bytes, pe as c_int)
+        }
+    }
+
+    /// Completes this PE's puts (`nvshmem_quiet`).
+    pub(crate) fn quiet(&self) {
+        let _one = self.lock();
+        // SAFETY: NVSHMEM is initialized.
+        unsafe { (self.host.fns.quiet)() }
+    }
+
+    /// Atomic read of PE `pe`'s `u64` at symmetric address `addr`.
+    ///
+    /// # Safety
+    /// `addr` is an 8-byte aligned symmetric address.
+    pub(crate) unsafe fn fetch_u64(&self, addr: u64, pe: u32) -> u64 {
+        let _one = self.lock();
+        // SAFETY: the caller's contract.
+        unsafe { (self.host.fns.fetch64)(addr as *const u64, pe as c_int) }
+    }
+
+    /// Atomic compare-and-swap of PE `pe`'s `u64` at symmetric address `addr`:
+    /// returns the value found.
+    ///
+    /// # Safety
+    /// As [`Session::fetch_u64`].
+    pub(crate) unsafe fn cas_u64(&self, addr: u64, expected: u64, desired: u64, pe: u32) -> u64 {
+        let _one = self.lock();
+        // SAFETY: the caller's contract.
+        unsafe { (self.host.fns.cas64)(addr as *mut u64, expected, desired, pe as c_int) }
+    }
+
+    /// [`Session::cas_u64`] on a `u32` (4-byte aligned).
+    ///
+    /// # Safety
+    /// `addr` is a 4-byte aligned symmetric address.
+    pub(crate) unsafe fn cas_u32(&self, addr: u64, expected: u32, desired: u32, pe: u32) -> u32 {
+        let _one = self.lock();
+        // SAFETY: the caller's contract.
+        unsafe { (self.host.fns.cas32)(addr as *mut u32, expected, desired, pe as c_int) }
+    }
+
+    /// Atomic fetch-and-add on PE `pe`'s `u64` at symmetric address `addr`.
+    ///
+    /// # Safety
+    /// As [`Session::fetch_u64`].
+    pub(crate) unsafe fn fetch_add_u64(&self, addr: u64, v: u64, pe: u32) -> u64 {
+        let _one = self.lock();
+        // SAFETY: the caller's contract.
+        unsafe { (self.host.fns.fetch_add64)(addr as *mut u64, v, pe as c_int) }
+    }
+
+    /// Marks the session's world as failed: dropping the session then leaves NVSHMEM
+    /// unfinalized (the process's exit cleans up) instead of finalizing, which
+    /// waits for every PE.
+    pub fn abandon(&self) {
+        self.abandoned.store(true, Ordering::Release);
     }
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        // SAFETY: NVSHMEM was initialized by this session, and is finalized once.
-        unsafe { (self.host.fns.finalize)() };
+        crate::backend::cuda::set_module_init(None);
+        if !self.abandoned.load(Ordering::Acquire) {
+            // SAFETY: NVSHMEM was initialized by this session, and is finalized once.
+            unsafe { (self.host.fns.finalize)() };
+        }
         self.host.live.store(false, Ordering::Release);
     }
+}
+
+/// Whether PTX text was linked with NVSHMEM's device library: it defines NVSHMEM's
+/// device state (`nvshmemi_device_state_d`), which `nvshmemx_cumodule_init` fills
+/// after the module is loaded. The CUDA backend does that for every such module,
+/// through the process's NVSHMEM session (an NVSHMEM world's), and refuses to run
+/// one without a session.
+pub fn links_device_library(ptx: &str) -> bool {
+    crate::backend::cuda::links_nvshmem(ptx)
+}
+
+/// Makes `session` initialize every CUDA module linked with NVSHMEM that this process
+/// loads from now on, until the session is dropped.
+pub(crate) fn init_modules_with(session: &Arc<Session>) {
+    let weak = Arc::downgrade(session);
+    crate::backend::cuda::set_module_init(Some(Arc::new(move |module| {
+        let s = weak
+            .upgrade()
+            .ok_or_else(|| "the NVSHMEM session has ended".to_string())?;
+        // SAFETY: the CUDA backend passes the live module it has just loaded, on the
+        // device of the world whose session this is.
+        unsafe { s.cumodule_init(module.cast()) }
+    })));
 }
 
 /// Step 2: rank 0 draws NVSHMEM's unique id and every rank of `size` gets it through

@@ -474,6 +474,11 @@ impl Rank {
         })
     }
 
+    /// Keeps the NVSHMEM session of an NVSHMEM world with the world's shared state.
+    pub(super) fn set_shmem(&self, session: Arc<super::nvshmem::Session>) {
+        let _ = self.shared.shmem.set(session);
+    }
+
     /// Whether `buf` was allocated in this world's heaps (not another world's).
     pub(crate) fn owns<T: Element>(&self, buf: &SymBuffer<T>) -> bool {
         Arc::ptr_eq(&buf.shared, &self.shared)
