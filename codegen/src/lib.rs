@@ -18,6 +18,7 @@
 //! - [`tools`]: offline validators (ptxas, SASS and AMDGPU disassembly, resource usage).
 
 pub mod axis;
+pub mod cpu;
 /// The device-side ABI of communicating kernels (hidden parameters, control words,
 /// error records): [`tessera_ir::comm`], which needs no LLVM.
 pub use tessera_ir::comm;

@@ -71,7 +71,9 @@ impl Device {
     /// A zero-filled buffer of `len` elements.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Buffer<T>, Error> {
         let storage = match &self.backend {
-            Backend::Cpu | Backend::Emu(_) => Storage::Host(Arc::new(HostBuffer::new(T::TY, len))),
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => {
+                Storage::Host(Arc::new(HostBuffer::new(T::TY, len)))
+            }
             Backend::Gpu(g) => Storage::Device(DevMem::alloc(g, byte_len::<T>(len))?),
         };
         Ok(self.buffer(storage, len))
@@ -81,7 +83,7 @@ impl Device {
     pub fn upload<T: Element>(&self, data: &[T]) -> Result<Buffer<T>, Error> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let storage = match &self.backend {
-            Backend::Cpu | Backend::Emu(_) => {
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => {
                 Storage::Host(Arc::new(HostBuffer::from_bytes(T::TY, bytes)?))
             }
             Backend::Gpu(g) => {

@@ -38,8 +38,13 @@ pub struct Variable {
 pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "TESSERA_DEVICE",
-        accepts: "`cpu`, `emu-nv`, `emu-amd`, `emu-sm90a`, `cuda[:N]`, `hip[:N]`",
-        meaning: "the device of `Device::best()` (default: CUDA device 0, else HIP device 0, else the CPU)",
+        accepts: "`cpu`, `interp`, `emu-nv`, `emu-amd`, `emu-sm90a`, `cuda[:N]`, `hip[:N]`",
+        meaning: "the device of `Device::best()` (default: CUDA device 0, else HIP device 0, else the CPU; `interp` is the reference interpreter)",
+    },
+    Variable {
+        name: "TESSERA_SANITIZE",
+        accepts: "a switch",
+        meaning: "whether kernels compiled for the CPU check every memory access against its buffer (default: on in debug builds, off in release builds; the interpreter always checks)",
     },
     Variable {
         name: "TESSERA_LAUNCH_TIMEOUT",
@@ -212,6 +217,8 @@ pub struct Config {
     pub lld: Option<PathBuf>,
     /// `TESSERA_AUTOTUNE`.
     pub autotune: bool,
+    /// `TESSERA_SANITIZE`.
+    pub sanitize: bool,
 }
 
 impl Default for Config {
@@ -229,6 +236,7 @@ impl Default for Config {
             dump_dir: PathBuf::from("tessera-dump"),
             lld: None,
             autotune: true,
+            sanitize: cfg!(debug_assertions),
         }
     }
 }
@@ -356,6 +364,16 @@ impl Config {
                     )
                 })?,
                 None => d.autotune,
+            },
+            sanitize: match get("TESSERA_SANITIZE") {
+                Some(v) => parse_switch(&v).ok_or_else(|| {
+                    bad(
+                        "TESSERA_SANITIZE",
+                        &v,
+                        "a switch: 1, on, true, yes or 0, off, false, no",
+                    )
+                })?,
+                None => d.sanitize,
             },
         })
     }

@@ -99,7 +99,7 @@ impl Device {
             .checked_mul(std::mem::size_of::<T>())
             .ok_or_else(|| Error::BufferSize(format!("{len} elements overflow usize")))?;
         let storage = match &self.backend {
-            Backend::Cpu | Backend::Emu(_) => {
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => {
                 if !ptr.is_multiple_of(8) || !bytes.is_multiple_of(8) || ptr == 0 {
                     return Err(Error::Usage(format!(
                         "host memory at {ptr:#x} of {bytes} bytes: the CPU and the emulator need it 8-byte aligned and a multiple of 8 bytes long"

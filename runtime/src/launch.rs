@@ -597,7 +597,7 @@ pub fn launch_with<K: Kernel>(
     }
     let ran = (|| -> Result<(), Error> {
         match &device.backend {
-            Backend::Cpu | Backend::Emu(_) => {
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => {
                 let mut kargs = Vec::with_capacity(args.len());
                 for (i, a) in args.iter().enumerate() {
                     match &a.0 {
@@ -732,6 +732,30 @@ pub fn launch_with<K: Kernel>(
                         )
                         .map_err(|e| Error::Emu(Box::new(e)))?;
                         drop(maps);
+                    }
+                    #[cfg(feature = "jit")]
+                    Backend::Cpu => {
+                        use tessera_codegen::cpu::{self, CpuError};
+                        let sanitize = crate::config::get()?.sanitize;
+                        match cpu::launch_limited(&compiled.func, dims, &kargs, sanitize, watchdog)
+                        {
+                            Ok(()) => {}
+                            Err(CpuError::Unsupported { message, .. }) => {
+                                log::info!(
+                                    "kernel `{}` runs on the interpreter: {message}",
+                                    compiled.func.name
+                                );
+                                interp::run_limited(
+                                    &compiled.func,
+                                    dims,
+                                    &kargs,
+                                    world.as_ref(),
+                                    watchdog,
+                                )?
+                            }
+                            Err(CpuError::Exec(e)) => return Err(e.into()),
+                            Err(e) => return Err(Error::Codegen(Box::new(e))),
+                        }
                     }
                     _ => {
                         interp::run_limited(&compiled.func, dims, &kargs, world.as_ref(), watchdog)?

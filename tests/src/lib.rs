@@ -18,10 +18,11 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: impl Fn(usize) -
     }
 }
 
-/// The devices every op test runs on: the CPU interpreter and the SIMT emulator in
-/// both vendors' flavors (the real GPU lowering).
+/// The devices every op test runs on: the CPU (kernels compiled for the host), the
+/// reference interpreter, and the SIMT emulator in both vendors' flavors (the real
+/// GPU lowering).
 pub fn cpu_and_emulators() -> Vec<tessera::Device> {
-    let mut devs = vec![tessera::Device::cpu()];
+    let mut devs = vec![tessera::Device::cpu(), tessera::Device::interp()];
     for k in [tessera::EmuKind::Nv, tessera::EmuKind::Amd] {
         devs.push(tessera::Device::emu(k).expect("the emulator is built in"));
     }

@@ -183,30 +183,59 @@ fn check_with(
     } else {
         vec![("", f), (" (specialized)", &spec)]
     };
+    // The compiled CPU device, with accesses checked and without.
+    for sanitize in [true, false] {
+        let got = make(args);
+        tessera::codegen::cpu::launch(f, grid, &got, sanitize)
+            .unwrap_or_else(|e| panic!("{name} on the compiled CPU (sanitize {sanitize}): {e}"));
+        compare(
+            name,
+            &format!("the compiled CPU (sanitize {sanitize})"),
+            f,
+            args,
+            &reference,
+            &got,
+            extra_abs,
+        );
+    }
     for flavor in flavors_for(f) {
         for &(how, f) in &variants {
             let got = make(args);
             emu::launch(f, flavor, &opts, grid, &got)
                 .unwrap_or_else(|e| panic!("{name}{how} on {flavor:?}: {e}"));
-            for (i, a) in args.iter().enumerate() {
-                let (Arg::Out(t, _), KernelArg::Buffer(w), KernelArg::Buffer(g)) =
-                    (a, &reference[i], &got[i])
-                else {
-                    continue;
-                };
-                let (abs, rel) = tolerance(*t);
-                let (w, g) = (values(w), values(g));
-                for (j, (x, y)) in w.iter().zip(&g).enumerate() {
-                    let ok = (x.is_nan() && y.is_nan())
-                        || x == y
-                        || (x - y).abs() <= abs + extra_abs + rel * x.abs();
-                    assert!(
-                        ok,
-                        "{name}{how} on {flavor:?} (num_warps {num_warps}): output {} element {j}: emu {y}, interpreter {x}",
-                        f.params[i].name
-                    );
-                }
-            }
+            let on = format!("{how} on {flavor:?} (num_warps {num_warps})");
+            compare(name, &on, f, args, &reference, &got, extra_abs);
+        }
+    }
+}
+
+/// Compares every output of `got` with the interpreter's (`reference`).
+fn compare(
+    name: &str,
+    on: &str,
+    f: &Function,
+    args: &[Arg],
+    reference: &[KernelArg],
+    got: &[KernelArg],
+    extra_abs: f64,
+) {
+    for (i, a) in args.iter().enumerate() {
+        let (Arg::Out(t, _), KernelArg::Buffer(w), KernelArg::Buffer(g)) =
+            (a, &reference[i], &got[i])
+        else {
+            continue;
+        };
+        let (abs, rel) = tolerance(*t);
+        let (w, g) = (values(w), values(g));
+        for (j, (x, y)) in w.iter().zip(&g).enumerate() {
+            let ok = (x.is_nan() && y.is_nan())
+                || x == y
+                || (x - y).abs() <= abs + extra_abs + rel * x.abs();
+            assert!(
+                ok,
+                "{name} {on}: output {} element {j}: got {y}, interpreter {x}",
+                f.params[i].name
+            );
         }
     }
 }

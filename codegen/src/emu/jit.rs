@@ -59,7 +59,7 @@ pub fn compiled_kernels() -> Vec<(String, EmuFlavor, CompileOptions)> {
         .collect()
 }
 
-fn init() {
+pub(crate) fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         let _ = LlvmTarget::initialize_native(&InitializationConfig::default());

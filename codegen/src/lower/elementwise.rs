@@ -321,7 +321,7 @@ fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>
 /// the sign of `x` for odd integer `y` (so `pow(-0, -3) = -inf`), NaN for a finite
 /// negative `x` with a finite non-integer `y`. The rest (zeros, infinities, NaNs) falls
 /// out of `log2` and `exp2`: `log2(0) = -inf`, `exp2(-inf) = 0`, NaN propagates.
-fn pow<'ctx>(
+pub(super) fn pow<'ctx>(
     cx: &Cx<'ctx>,
     arch: &dyn super::arch::Arch,
     s: ScalarType,
@@ -523,7 +523,7 @@ pub(super) fn unary<'ctx>(
     narrow(cx, s, r)
 }
 
-fn fma<'ctx>(
+pub(super) fn fma<'ctx>(
     cx: &Cx<'ctx>,
     s: ScalarType,
     v: &[BasicValueEnum<'ctx>],
@@ -532,7 +532,7 @@ fn fma<'ctx>(
     intr(cx, "llvm.fma", &[v[0], v[1], v[2]])
 }
 
-fn cmp<'ctx>(
+pub(super) fn cmp<'ctx>(
     cx: &Cx<'ctx>,
     p: CmpPred,
     s: ScalarType,

@@ -82,6 +82,7 @@ mod elementwise;
 pub mod emu_arch;
 pub mod engine;
 mod fmod;
+pub(crate) mod host;
 mod memory;
 mod reduce;
 mod remat;

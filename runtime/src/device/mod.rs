@@ -2,7 +2,8 @@
 //!
 //! | device | backend | kernels |
 //! |---|---|---|
-//! | `cpu` | the reference interpreter, program instances on a thread pool | traced IR (no LLVM) |
+//! | `cpu` | kernels compiled for the host (feature `jit`: [`tessera_codegen::cpu`]), program instances on a thread pool; a kernel it does not compile (communication, atomics, tensor descriptors) runs on the interpreter | traced IR through LLVM (the interpreter without `jit`) |
+//! | `interp` | the reference interpreter (the same CPU memory: buffers are shared with `cpu`) | traced IR (no LLVM) |
 //! | `cuda:N` | the CUDA driver API through cudarc, `libcuda` loaded at run time | PTX: precompiled ([`crate::ArtifactStore`]) or JIT-compiled (feature `jit`) |
 //! | `hip:N` | the HIP runtime, `libamdhip64` loaded at run time (feature `hip`) | HSACO, likewise |
 //!
@@ -41,8 +42,11 @@ pub use stream::{Event, Stream};
 /// Where a device's kernels run.
 #[derive(Clone)]
 pub(crate) enum Backend {
-    /// The reference interpreter.
+    /// The CPU: kernels compiled for the host (feature `jit`), the interpreter for
+    /// the rest.
     Cpu,
+    /// The reference interpreter.
+    Interp,
     /// The SIMT emulator.
     Emu(EmuKind),
     /// A GPU, through its backend.
@@ -118,9 +122,18 @@ impl Device {
         }
     }
 
-    /// The CPU device (always available).
+    /// The CPU device (always available): kernels compiled for the host with the
+    /// `jit` feature, each kernel it does not compile on the interpreter (logged at
+    /// `info`); the interpreter alone without `jit`.
     pub fn cpu() -> Device {
         Device::from_backend(Backend::Cpu)
+    }
+
+    /// The reference interpreter (`TESSERA_DEVICE=interp`): the CPU device's memory,
+    /// every kernel interpreted, every access checked. It equals [`Device::cpu`]
+    /// (buffers move freely between the two handles).
+    pub fn interp() -> Device {
+        Device::from_backend(Backend::Interp)
     }
 
     /// The SIMT emulator (needs the `jit` feature, i.e. LLVM): kernels run the real GPU
@@ -179,8 +192,8 @@ impl Device {
         out
     }
 
-    /// The device called `name`: `cpu`, `emu-nv`, `emu-amd`, `cuda`, `cuda:N`, `hip`,
-    /// `hip:N`.
+    /// The device called `name`: `cpu`, `interp`, `emu-nv`, `emu-amd`, `emu-sm90a`,
+    /// `cuda`, `cuda:N`, `hip`, `hip:N`.
     pub fn by_name(name: &str) -> Result<Device, Error> {
         let (base, index) = match name.split_once(':') {
             Some((b, i)) => (
@@ -194,6 +207,7 @@ impl Device {
         };
         match (base, index) {
             ("cpu", None) => Ok(Device::cpu()),
+            ("interp", None) => Ok(Device::interp()),
             ("cuda", i) => Device::cuda(i.unwrap_or(0)),
             ("hip", i) => Device::hip(i.unwrap_or(0)),
             ("emu-nv", None) => Device::emu(EmuKind::Nv),
@@ -238,7 +252,7 @@ impl Device {
     /// Its kind.
     pub fn kind(&self) -> DeviceKind {
         match &self.backend {
-            Backend::Cpu => DeviceKind::Cpu,
+            Backend::Cpu | Backend::Interp => DeviceKind::Cpu,
             Backend::Emu(_) => DeviceKind::Emu,
             Backend::Gpu(g) => g.kind(),
         }
@@ -247,7 +261,7 @@ impl Device {
     /// Its index among the devices of its kind (0 for the CPU).
     pub fn ordinal(&self) -> usize {
         match &self.backend {
-            Backend::Cpu | Backend::Emu(EmuKind::Nv) => 0,
+            Backend::Cpu | Backend::Interp | Backend::Emu(EmuKind::Nv) => 0,
             Backend::Emu(EmuKind::Amd) => 1,
             Backend::Emu(EmuKind::Sm90a) => 2,
             Backend::Gpu(g) => g.ordinal(),
@@ -257,6 +271,7 @@ impl Device {
     /// Its short name, as `TESSERA_DEVICE` spells it: `cpu`, `cuda:0`, `hip:1`.
     pub fn id(&self) -> String {
         match self.kind() {
+            DeviceKind::Cpu if matches!(self.backend, Backend::Interp) => "interp".into(),
             DeviceKind::Cpu => "cpu".into(),
             DeviceKind::Emu => match self.ordinal() {
                 0 => EmuKind::Nv,
@@ -274,8 +289,13 @@ impl Device {
     /// `cuda:0 (NVIDIA H200, sm_90, 132 SMs)`.
     pub fn name(&self) -> String {
         match &self.backend {
-            Backend::Cpu => format!(
-                "cpu (reference interpreter, {} threads)",
+            Backend::Cpu if cfg!(feature = "jit") => format!(
+                "cpu (compiled for the host, {} threads)",
+                rayon::current_num_threads()
+            ),
+            Backend::Cpu | Backend::Interp => format!(
+                "{} (reference interpreter, {} threads)",
+                self.id(),
                 rayon::current_num_threads()
             ),
             Backend::Emu(k) => format!("{} (SIMT emulator, warp {})", self.id(), k.warp_size()),
@@ -295,8 +315,8 @@ impl Device {
     /// Its properties.
     pub fn properties(&self) -> DeviceProperties {
         match &self.backend {
-            Backend::Cpu => DeviceProperties {
-                name: "cpu".into(),
+            Backend::Cpu | Backend::Interp => DeviceProperties {
+                name: self.id(),
                 target: "host".into(),
                 compute_capability: None,
                 multiprocessors: rayon::current_num_threads() as u32,
@@ -322,7 +342,7 @@ impl Device {
     /// Waits until everything queued on the device, on every stream, has finished.
     pub fn synchronize(&self) -> Result<(), Error> {
         match &self.backend {
-            Backend::Cpu | Backend::Emu(_) => Ok(()),
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => Ok(()),
             Backend::Gpu(g) => g.synchronize_device(),
         }
     }
@@ -332,7 +352,7 @@ impl Device {
     /// the wall clock on the CPU.
     pub fn time<R>(&self, f: impl FnOnce() -> Result<R, Error>) -> Result<(R, Duration), Error> {
         match &self.backend {
-            Backend::Cpu | Backend::Emu(_) => {
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => {
                 let t = Instant::now();
                 let r = f()?;
                 Ok((r, t.elapsed()))
@@ -369,7 +389,7 @@ impl Device {
     /// The compilation target of a GPU (`sm_90`, `gfx942`).
     pub(crate) fn gpu_target(&self) -> Option<&str> {
         match &self.backend {
-            Backend::Cpu | Backend::Emu(_) => None,
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => None,
             Backend::Gpu(g) => Some(&g.props().target),
         }
     }

@@ -71,7 +71,7 @@ impl Device {
     pub fn stream(&self) -> Result<Stream, Error> {
         let raw = match &self.backend {
             Backend::Gpu(g) => g.stream_create()?,
-            Backend::Cpu | Backend::Emu(_) => RawStream::DEFAULT,
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => RawStream::DEFAULT,
         };
         Ok(self.wrap_stream(raw, false))
     }
@@ -123,7 +123,7 @@ impl Stream {
     pub fn synchronize(&self) -> Result<(), Error> {
         match &self.device().backend {
             Backend::Gpu(g) => g.synchronize(self.raw()),
-            Backend::Cpu | Backend::Emu(_) => Ok(()),
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => Ok(()),
         }
     }
 
@@ -164,7 +164,7 @@ impl Event {
     pub fn new(device: &Device) -> Result<Event, Error> {
         let raw = match &device.backend {
             Backend::Gpu(g) => Some(g.event_create()?),
-            Backend::Cpu | Backend::Emu(_) => None,
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => None,
         };
         let mut device = device.clone();
         device.comm = None;

@@ -643,7 +643,7 @@ impl World {
         // anything collective that could wait forever for a rank that gave up.
         let local = self.check().and_then(|()| {
             let device = self.device_of(me as usize)?;
-            if matches!(device.backend, crate::device::Backend::Cpu) {
+            if matches!(device.backend, crate::device::Backend::Cpu | crate::device::Backend::Interp) {
                 Ok(device)
             } else {
                 Err(err(format!(

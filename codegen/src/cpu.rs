@@ -1,0 +1,486 @@
+//! The compiled CPU device: tile IR lowered for the host (`lower/host.rs`: one
+//! function per program instance, each tile op a loop nest over its elements, tiles in
+//! a per-thread scratch area, offsets and pointers built from `arange` kept affine so
+//! that loads and stores are contiguous vector accesses), optimized by LLVM for this
+//! machine's CPU (`default<O3>`, its vector extensions), and run with one program
+//! instance per task on rayon's pool.
+//!
+//! [`launch`] compiles a kernel once per process (keyed by its printed IR and whether
+//! accesses are checked) and runs its grid. A kernel the compiled device does not
+//! lower comes back as [`CpuError::Unsupported`], naming the op, so that the caller
+//! runs it on the interpreter instead; nothing runs before that is known.
+//!
+//! **Results** are those of the interpreter, with the same errors: with `sanitize`
+//! every load and store is checked against the buffer its pointer came from
+//! ([`InterpError::OutOfBounds`] with the kernel, op, `file:line:col`, program id and
+//! tile element); integer division by zero and non-positive `for` steps are always
+//! reported. Elementwise math follows the SIMT lowering's helpers, which the emulator
+//! holds to the interpreter: bit-exact for integer, comparison, select and
+//! conversion ops and IEEE `+ - * / sqrt`; `exp`/`log`/`sin`/... within a few ulp;
+//! sums (`reduce`, `dot`) may be reassociated by the vectorizer, so they match
+//! within rounding. When program instances fail, the error of the lowest failing
+//! program id is returned, as on the interpreter.
+
+// Kernel errors are cold and carry the interpreter's whole diagnostic.
+#![allow(clippy::result_large_err)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use inkwell::OptimizationLevel;
+use inkwell::context::Context;
+use inkwell::passes::PassBuilderOptions;
+use inkwell::targets::{CodeModel, RelocMode, Target as LlvmTarget, TargetMachine};
+use rayon::prelude::*;
+use tessera_ir::interp::{InterpError, KernelArg, Scalar};
+use tessera_ir::{Elem, Function, Span};
+
+use crate::lower::LowerError;
+use crate::lower::host::{HOST_KERNEL, HostSite, POLL, SiteKind, lower_host};
+
+/// Why [`launch`] did not run a kernel, or how it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuError {
+    /// The kernel uses an op the compiled device does not lower (run it on the
+    /// interpreter).
+    #[error("{span}: kernel `{kernel}` is not compiled for the CPU: {message}")]
+    Unsupported {
+        /// Kernel name.
+        kernel: String,
+        /// The op's source location.
+        span: Span,
+        /// Which op, and why.
+        message: String,
+    },
+    /// A failure of the kernel or its arguments, as the interpreter reports it.
+    #[error(transparent)]
+    Exec(#[from] InterpError),
+    /// LLVM failed to compile the lowered kernel (a bug).
+    #[error("compiling kernel `{kernel}` for the CPU: {message}")]
+    Jit {
+        /// Kernel name.
+        kernel: String,
+        /// LLVM's message.
+        message: String,
+    },
+}
+
+type Entry = unsafe extern "C" fn(*const u64, *const u64, *const u32, *mut u8, *mut u64) -> i32;
+
+/// A kernel compiled for the host.
+pub struct CpuKernel {
+    entry: Entry,
+    sites: Vec<HostSite>,
+    scratch_bytes: u64,
+    /// Seconds LLVM took (lowering, optimization, machine code).
+    pub compile_secs: f64,
+}
+
+impl std::fmt::Debug for CpuKernel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuKernel")
+            .field("scratch_bytes", &self.scratch_bytes)
+            .field("compile_secs", &self.compile_secs)
+            .finish()
+    }
+}
+
+type Key = (String, bool);
+/// A compiled kernel, or where and why the kernel does not lower.
+type Cached = Result<Arc<CpuKernel>, (Span, String)>;
+/// A failed program: its linear id, error record and program id.
+type Failure = (u64, [u64; 5], [u32; 3]);
+
+/// Compiled kernels, and kernels known not to lower (with the reason).
+fn cache() -> &'static Mutex<HashMap<Key, Cached>> {
+    static CACHE: OnceLock<Mutex<HashMap<Key, Cached>>> = OnceLock::new();
+    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+/// Compiles `func` for the host (or fetches it from the process's cache); `sanitize`
+/// checks every memory access.
+pub fn compile(func: &Function, sanitize: bool) -> Result<Arc<CpuKernel>, CpuError> {
+    let key = (tessera_ir::printer::print_function(func), sanitize);
+    let lock = || cache().lock().unwrap_or_else(|p| p.into_inner());
+    let unsupported = |(span, message): (Span, String)| CpuError::Unsupported {
+        kernel: func.name.clone(),
+        span,
+        message,
+    };
+    if let Some(c) = lock().get(&key) {
+        return c.clone().map_err(unsupported);
+    }
+    let built = match build(func, sanitize) {
+        Ok(k) => Ok(Arc::new(k)),
+        Err(CpuError::Unsupported { span, message, .. }) => Err((span, message)),
+        Err(e) => return Err(e),
+    };
+    lock()
+        .entry(key)
+        .or_insert(built)
+        .clone()
+        .map_err(unsupported)
+}
+
+/// The process's clock origin for deadlines.
+fn epoch() -> std::time::Instant {
+    static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
+    *EPOCH.get_or_init(std::time::Instant::now)
+}
+
+/// The watchdog poll the compiled loops call once per iteration: `err[3]` holds the
+/// deadline (nanoseconds after [`epoch`], 0 for none), `err[4]` counts the polls;
+/// the clock is read every 1024th. Returns 1 once the deadline has passed.
+extern "C" fn tessera_cpu_poll(err: *mut u64) -> i32 {
+    // SAFETY: the compiled kernel passes its `err` record, five words that `launch`
+    // owns for the program's run (and nothing else touches meanwhile).
+    let rec = unsafe { std::slice::from_raw_parts_mut(err, 5) };
+    rec[4] = rec[4].wrapping_add(1);
+    if rec[3] == 0 || rec[4] & 1023 != 0 {
+        return 0;
+    }
+    (epoch().elapsed().as_nanos() as u64 >= rec[3]) as i32
+}
+
+fn init() {
+    static INIT: std::sync::Once = std::sync::Once::new();
+    crate::emu::jit::init();
+    INIT.call_once(|| {
+        let name = std::ffi::CString::new(POLL).unwrap_or_default();
+        // SAFETY: LLVM copies the name; the address is `tessera_cpu_poll`, whose
+        // signature is the one the lowering declares for `POLL`.
+        unsafe {
+            inkwell::llvm_sys::support::LLVMAddSymbol(
+                name.as_ptr(),
+                tessera_cpu_poll as *const () as *mut _,
+            )
+        };
+    });
+}
+
+fn build(func: &Function, sanitize: bool) -> Result<CpuKernel, CpuError> {
+    let t0 = std::time::Instant::now();
+    init();
+    let jit_err = |message: String| CpuError::Jit {
+        kernel: func.name.clone(),
+        message,
+    };
+    // The compiled code lives as long as the process: so do its context and engine.
+    let ctx: &'static Context = Box::leak(Box::new(Context::create()));
+    let lowered = lower_host(ctx, func, sanitize).map_err(|e| match e {
+        LowerError::Unsupported { span, message } => CpuError::Unsupported {
+            kernel: func.name.clone(),
+            span,
+            message,
+        },
+        LowerError::Llvm(m) => jit_err(m),
+    })?;
+    let module = lowered.module;
+    module
+        .verify()
+        .map_err(|m| jit_err(format!("invalid LLVM IR: {m}")))?;
+    let triple = TargetMachine::get_default_triple();
+    let target = LlvmTarget::from_triple(&triple).map_err(|m| jit_err(m.to_string()))?;
+    let machine = target
+        .create_target_machine(
+            &triple,
+            &TargetMachine::get_host_cpu_name().to_string(),
+            &TargetMachine::get_host_cpu_features().to_string(),
+            OptimizationLevel::Aggressive,
+            RelocMode::Default,
+            CodeModel::JITDefault,
+        )
+        .ok_or_else(|| jit_err("no target machine for the host".into()))?;
+    module.set_triple(&triple);
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    module
+        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
+        .map_err(|m| jit_err(m.to_string()))?;
+    if std::env::var_os("TESSERA_DUMP_CPU_LLVM").is_some() {
+        eprintln!("{}", module.print_to_string().to_string());
+    }
+    let ee = module
+        .create_jit_execution_engine(OptimizationLevel::Aggressive)
+        .map_err(|m| jit_err(m.to_string()))?;
+    let addr = ee
+        .get_function_address(HOST_KERNEL)
+        .map_err(|e| jit_err(e.to_string()))?;
+    // Keep the code alive for the life of the process (the cache hands out pointers).
+    std::mem::forget(ee);
+    // SAFETY: `addr` is the JIT-compiled `HOST_KERNEL`, whose LLVM signature is
+    // `i32 (ptr, ptr, ptr, ptr, ptr)` (see `lower::host`), and its code is never freed.
+    let entry: Entry = unsafe { std::mem::transmute::<usize, Entry>(addr) };
+    Ok(CpuKernel {
+        entry,
+        sites: lowered.sites,
+        scratch_bytes: lowered.scratch_bytes,
+        compile_secs: t0.elapsed().as_secs_f64(),
+    })
+}
+
+/// A scalar's bytes in a zero-padded 8-byte word (`i1` is one byte).
+fn scalar_word(s: Scalar) -> u64 {
+    match s {
+        Scalar::I1(x) => x as u64,
+        Scalar::I8(x) => x as u8 as u64,
+        Scalar::I16(x) => x as u16 as u64,
+        Scalar::I32(x) => x as u32 as u64,
+        Scalar::I64(x) => x as u64,
+        Scalar::U8(x) => x as u64,
+        Scalar::U16(x) => x as u64,
+        Scalar::U32(x) => x as u64,
+        Scalar::U64(x) => x,
+        Scalar::F16(x) => x.to_bits() as u64,
+        Scalar::BF16(x) => x.to_bits() as u64,
+        Scalar::F32(x) => x.to_bits() as u64,
+        Scalar::F64(x) => x.to_bits(),
+    }
+}
+
+/// Runs `func` on the compiled CPU device over `grid` (see the module docs).
+///
+/// Arguments are checked as the interpreter checks them; symmetric buffers (and
+/// every op the device does not lower) give [`CpuError::Unsupported`] before anything
+/// runs.
+pub fn launch(
+    func: &Function,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    sanitize: bool,
+) -> Result<(), CpuError> {
+    launch_limited(func, grid, args, sanitize, None)
+}
+
+/// [`launch`] with a watchdog: once the launch has run for `timeout`, every loop of
+/// every program instance stops at its next iteration, and the launch fails with
+/// [`InterpError::LaunchTimeout`] naming the loop (as on the interpreter).
+pub fn launch_limited(
+    func: &Function,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    sanitize: bool,
+    timeout: Option<std::time::Duration>,
+) -> Result<(), CpuError> {
+    let arg_err = |param: &str, message: String| {
+        CpuError::Exec(InterpError::ArgMismatch {
+            kernel: func.name.clone(),
+            span: func.span.clone(),
+            param: param.to_string(),
+            message,
+        })
+    };
+    if args.len() != func.params.len() {
+        return Err(arg_err(
+            "<count>",
+            format!(
+                "expected {} arguments, got {}",
+                func.params.len(),
+                args.len()
+            ),
+        ));
+    }
+    let mut words = vec![0u64; args.len()];
+    let mut lens = vec![0u64; args.len()];
+    // Kept alive (and their memory with them) until every program instance is done.
+    let mut held: Vec<Arc<tessera_ir::interp::HostBuffer>> = Vec::new();
+    for (k, (p, a)) in func.params.iter().zip(args).enumerate() {
+        match (func.ty(p.value).elem, a) {
+            (Elem::Ptr { pointee, .. }, KernelArg::Buffer(b)) => {
+                if b.elem() != pointee {
+                    return Err(arg_err(
+                        &p.name,
+                        format!("expected a buffer of {pointee}, got one of {}", b.elem()),
+                    ));
+                }
+                if b.is_remote() {
+                    return Err(CpuError::Unsupported {
+                        kernel: func.name.clone(),
+                        span: func.span.clone(),
+                        message: format!("buffer `{}` lives on another node", p.name),
+                    });
+                }
+                words[k] = b.as_mut_ptr() as u64;
+                lens[k] = b.size_bytes() as u64;
+                held.push(Arc::clone(b));
+            }
+            (Elem::Ptr { .. }, KernelArg::Symmetric(_)) => {
+                return Err(CpuError::Unsupported {
+                    kernel: func.name.clone(),
+                    span: func.span.clone(),
+                    message: format!(
+                        "symmetric buffer `{}` (communicating kernels run on the interpreter)",
+                        p.name
+                    ),
+                });
+            }
+            (Elem::Scalar(t), KernelArg::Scalar(s)) => {
+                if s.ty() != t {
+                    return Err(arg_err(
+                        &p.name,
+                        format!("expected a {t} scalar, got {}", s.ty()),
+                    ));
+                }
+                words[k] = scalar_word(*s);
+            }
+            (e, _) => {
+                return Err(arg_err(&p.name, format!("expected an argument for {e:?}")));
+            }
+        }
+    }
+    let kernel = compile(func, sanitize)?;
+    let total = grid.iter().map(|&g| g as u64).product::<u64>();
+    if total == 0 {
+        return Ok(());
+    }
+    let deadline = timeout.map_or(0, |t| {
+        (epoch().elapsed() + t)
+            .as_nanos()
+            .clamp(1, u64::MAX as u128) as u64
+    });
+    let first_fail = AtomicU64::new(u64::MAX);
+    let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
+    let scratch_words = (kernel.scratch_bytes as usize).div_ceil(8) + 8;
+    let (words, lens) = (&words[..], &lens[..]);
+    let run = |scratch: &mut Vec<u64>, lin: u64| {
+        if lin > first_fail.load(Ordering::Relaxed) {
+            return;
+        }
+        let (gx, gy) = (grid[0] as u64, grid[1] as u64);
+        let pid = [
+            (lin % gx) as u32,
+            ((lin / gx) % gy) as u32,
+            (lin / (gx * gy)) as u32,
+        ];
+        let pids = [pid[0], pid[1], pid[2], grid[0], grid[1], grid[2]];
+        let base = scratch.as_mut_ptr() as usize;
+        let aligned = base.next_multiple_of(64) as *mut u8;
+        let mut err = [0, 0, 0, deadline, 0u64];
+        // SAFETY: the entry has the signature `Entry`; `words`/`lens` hold one word
+        // per parameter; `pids` six `i32`s; the scratch area holds `scratch_bytes`
+        // from a 64-byte boundary (`scratch_words` leaves 64 bytes to align);
+        // `err` five words. The buffers' memory is held by `held` for the launch;
+        // with `sanitize` every access is checked to lie inside its buffer, and
+        // without it the caller vouches for the kernel's indices as on a GPU.
+        let rc = unsafe {
+            (kernel.entry)(
+                words.as_ptr(),
+                lens.as_ptr(),
+                pids.as_ptr(),
+                aligned,
+                err.as_mut_ptr(),
+            )
+        };
+        if rc != 0 {
+            first_fail.fetch_min(lin, Ordering::Relaxed);
+            failures
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((lin, err, pid));
+        }
+    };
+    (0..total).into_par_iter().for_each_init(
+        || vec![0u64; scratch_words],
+        |scratch, lin| run(scratch, lin),
+    );
+    drop(held);
+    let fails = failures.into_inner().unwrap_or_else(|p| p.into_inner());
+    let Some(&(_, err, pid)) = fails.iter().min_by_key(|f| f.0) else {
+        return Ok(());
+    };
+    let lin = fails.iter().map(|f| f.0).min().unwrap_or(0);
+    Err(CpuError::Exec(decode(
+        func,
+        &kernel.sites,
+        err,
+        (pid, lin),
+        args,
+        timeout,
+    )))
+}
+
+fn unravel(shape: &[u32], mut i: u64) -> Vec<u32> {
+    let mut out = vec![0u32; shape.len()];
+    for d in (0..shape.len()).rev() {
+        let n = shape[d].max(1) as u64;
+        out[d] = (i % n) as u32;
+        i /= n;
+    }
+    out
+}
+
+/// The interpreter's error for a failure record `[site, lane, index, ..]`.
+fn decode(
+    func: &Function,
+    sites: &[HostSite],
+    err: [u64; 5],
+    (pid, lin): ([u32; 3], u64),
+    args: &[KernelArg],
+    timeout: Option<std::time::Duration>,
+) -> InterpError {
+    let Some(site) = sites.get(err[0] as usize) else {
+        return InterpError::InvalidIr {
+            kernel: func.name.clone(),
+            op: "?",
+            span: func.span.clone(),
+            message: format!("the compiled kernel failed at unknown site {}", err[0]),
+        };
+    };
+    if err[1] == u64::MAX {
+        return InterpError::LaunchTimeout {
+            kernel: func.name.clone(),
+            op: site.op,
+            span: site.span.clone(),
+            program: lin,
+            timeout: timeout.unwrap_or_default(),
+        };
+    }
+    let lane = unravel(&site.shape, err[1]);
+    match &site.kind {
+        SiteKind::Access { param } => {
+            let (buffer, len) = match param {
+                Some(k) => {
+                    let len = match args.get(*k) {
+                        Some(KernelArg::Buffer(b)) => b.len(),
+                        _ => 0,
+                    };
+                    let name = func
+                        .params
+                        .get(*k)
+                        .map_or_else(|| "?".into(), |p| p.name.clone());
+                    (name, len)
+                }
+                None => ("<one of the kernel's buffers>".into(), 0),
+            };
+            InterpError::OutOfBounds {
+                kernel: func.name.clone(),
+                op: site.op,
+                span: site.span.clone(),
+                program_id: pid,
+                index: err[2] as i64,
+                lane,
+                buffer,
+                len,
+            }
+        }
+        SiteKind::DivZero => InterpError::DivisionByZero {
+            kernel: func.name.clone(),
+            op: site.op,
+            span: site.span.clone(),
+            program_id: pid,
+            lane,
+        },
+        SiteKind::Loop => InterpError::InvalidIr {
+            kernel: func.name.clone(),
+            op: site.op,
+            span: site.span.clone(),
+            message: "a loop site failed without its watchdog".into(),
+        },
+        SiteKind::Step => InterpError::Unsupported {
+            kernel: func.name.clone(),
+            op: site.op,
+            span: site.span.clone(),
+            message: format!("for step must be positive, got {}", err[2] as i64),
+        },
+    }
+}

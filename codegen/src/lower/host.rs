@@ -1,0 +1,1925 @@
+//! Tile IR to host code: the compiled CPU device's lowering ([`crate::cpu`]).
+//!
+//! One LLVM function runs one program instance. Where the SIMT lowering spreads a
+//! tile over the threads of a block, this one keeps it whole: a tile value lives in
+//! a slot of a per-thread *scratch* area (row-major, one slot per op result), and each
+//! tile op is a loop nest over its elements that LLVM's loop vectorizer turns into
+//! vector code for the host. Values that are equal in every element (constants,
+//! splats, program ids, and every 0-d value) stay scalars, used by every element.
+//! The element semantics are the SIMT lowering's own helpers
+//! ([`super::elementwise`]), which the emulator checks against the interpreter.
+//!
+//! The function is
+//! `i32 kernel(ptr params, ptr lens, ptr pids, ptr scratch, ptr err)`:
+//! `params[i]` is a 64-bit word holding buffer `i`'s base address or scalar `i`'s
+//! bytes (little-endian, low bytes first), `lens[i]` buffer `i`'s size in bytes,
+//! `pids` six `i32`s (the program id, then the grid), `scratch` the thread's scratch
+//! area (at least [`HostLowered::scratch_bytes`], 64-byte aligned), `err` five
+//! 64-bit words (`err[3..]` belong to the watchdog poll). It returns 0, or 1 after
+//! writing `[site, lane, index]` to `err`: a memory access outside its buffer (with
+//! the sanitizer on), an integer division by zero, a non-positive `for` step, or a
+//! loop stopped by the watchdog (lane `u64::MAX`). Sites are described by
+//! [`HostSite`].
+//!
+//! Communication, atomics, tensor descriptors and the debug ops are not lowered:
+//! [`LowerError::Unsupported`] names the first one, and the caller runs that kernel
+//! on the interpreter.
+
+use std::collections::HashMap;
+
+use inkwell::AddressSpace;
+use inkwell::IntPredicate;
+use inkwell::attributes::{Attribute, AttributeLoc};
+use inkwell::basic_block::BasicBlock;
+use inkwell::context::Context;
+use inkwell::types::BasicTypeEnum;
+use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
+use tessera_ir::ir::{BinaryOp, ConstValue, Op, OpKind, ReduceOp, Region, ValueId};
+use tessera_ir::{Elem, Function, ScalarType, Span};
+
+use super::elementwise;
+use super::emu_arch::Emu;
+use super::{Cx, LResult, LowerError};
+use crate::target::EmuFlavor;
+
+/// Rows of a `dot` register block ([`H::micro_kernel`]).
+const MR: u64 = 8;
+
+/// The name of the lowered function.
+pub(crate) const HOST_KERNEL: &str = "__tessera_cpu_kernel";
+
+/// The runtime's watchdog poll (`i32 (ptr err)`), see [`crate::cpu`].
+pub(crate) const POLL: &str = "__tessera_cpu_poll";
+
+/// What a failure site checks.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum SiteKind {
+    /// A load or store through a pointer derived from parameter `param` (`None`:
+    /// from one of several, checked against every buffer).
+    Access { param: Option<usize> },
+    /// An integer division or remainder.
+    DivZero,
+    /// A `for` loop's step (and its watchdog).
+    Step,
+    /// A `while` loop's watchdog.
+    Loop,
+}
+
+/// A place where the compiled kernel can fail.
+#[derive(Clone, Debug)]
+pub(crate) struct HostSite {
+    /// What is checked.
+    pub kind: SiteKind,
+    /// The op's mnemonic.
+    pub op: &'static str,
+    /// The op's source location.
+    pub span: Span,
+    /// The shape of the op's tile (lanes are reported as multi-indices of it).
+    pub shape: Vec<u32>,
+}
+
+/// A kernel lowered for the host.
+pub(crate) struct HostLowered<'ctx> {
+    /// The module holding [`HOST_KERNEL`].
+    pub module: inkwell::module::Module<'ctx>,
+    /// Failure sites, by id.
+    pub sites: Vec<HostSite>,
+    /// Scratch bytes one program instance needs.
+    pub scratch_bytes: u64,
+}
+
+/// Where a pointer value points: into parameter `k`'s buffer, into one of several,
+/// or not known yet.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Prov {
+    Unset,
+    Param(usize),
+    Mixed,
+}
+
+impl Prov {
+    fn merge(self, o: Prov) -> Prov {
+        match (self, o) {
+            (Prov::Unset, x) | (x, Prov::Unset) => x,
+            (a, b) if a == b => a,
+            _ => Prov::Mixed,
+        }
+    }
+}
+
+/// A lowered value.
+#[derive(Clone, Copy)]
+enum V<'ctx> {
+    /// The same scalar in every element (and every 0-d value).
+    U(BasicValueEnum<'ctx>),
+    /// A tile in scratch (or in a loop's slot), row-major.
+    T(PointerValue<'ctx>),
+    /// An affine tile, `H::aff[k]`: element `idx` is `base + Σ idx[d] * strides[d]`
+    /// (offsets and pointers built from `arange`, program ids and scalars): never
+    /// materialized where it is only read, so that a load through it is a
+    /// contiguous (vectorizable) access.
+    A(usize),
+}
+
+/// An affine tile (see [`V::A`]): an integer base with strides of its type, or a
+/// pointer base with `i64` strides in elements of its pointee.
+struct Affine<'ctx> {
+    base: BasicValueEnum<'ctx>,
+    strides: Vec<IntValue<'ctx>>,
+}
+
+struct H<'a, 'ctx> {
+    cx: Cx<'ctx>,
+    f: &'a Function,
+    func: FunctionValue<'ctx>,
+    arch: Emu,
+    vals: HashMap<ValueId, V<'ctx>>,
+    aff: Vec<Affine<'ctx>>,
+    prov: Vec<Prov>,
+    sites: Vec<HostSite>,
+    sanitize: bool,
+    scratch_bytes: u64,
+    params: PointerValue<'ctx>,
+    lens: PointerValue<'ctx>,
+    pids: PointerValue<'ctx>,
+    scratch: PointerValue<'ctx>,
+    err: PointerValue<'ctx>,
+}
+
+fn unsupported<T>(op: &Op, why: &str) -> LResult<T> {
+    Err(LowerError::Unsupported {
+        span: op.span.clone(),
+        message: format!("`{}` {why}", op.kind.mnemonic()),
+    })
+}
+
+/// Lowers `func` for the host; `sanitize` checks every memory access against its
+/// buffer.
+pub(crate) fn lower_host<'ctx>(
+    ctx: &'ctx Context,
+    func: &Function,
+    sanitize: bool,
+) -> LResult<HostLowered<'ctx>> {
+    let module = ctx.create_module(&func.name);
+    let ptr = ctx.ptr_type(AddressSpace::default());
+    let fty = ctx.i32_type().fn_type(&[ptr.into(); 5], false);
+    let fnv = module.add_function(HOST_KERNEL, fty, None);
+    let noalias = ctx.create_enum_attribute(Attribute::get_named_enum_kind_id("noalias"), 0);
+    for i in 0..5 {
+        fnv.add_attribute(AttributeLoc::Param(i), noalias);
+    }
+    let b = ctx.create_builder();
+    b.position_at_end(ctx.append_basic_block(fnv, "entry"));
+    let p = |i: u32| -> LResult<PointerValue<'ctx>> {
+        Ok(fnv
+            .get_nth_param(i)
+            .ok_or_else(|| LowerError::Llvm("missing parameter".into()))?
+            .into_pointer_value())
+    };
+    let mut h = H {
+        cx: Cx { ctx, module, b },
+        f: func,
+        func: fnv,
+        arch: Emu {
+            flavor: EmuFlavor::Nv,
+        },
+        vals: HashMap::new(),
+        aff: Vec::new(),
+        prov: provenance(func),
+        sites: Vec::new(),
+        sanitize,
+        scratch_bytes: 0,
+        params: p(0)?,
+        lens: p(1)?,
+        pids: p(2)?,
+        scratch: p(3)?,
+        err: p(4)?,
+    };
+    for (i, prm) in func.params.iter().enumerate() {
+        let ty = h.lty(func.ty(prm.value).elem);
+        let slot = h.gep(h.cx.ctx.i64_type().into(), h.params, h.i64(i as u64))?;
+        let v = h.cx.b.build_load(ty, slot, &prm.name)?;
+        h.vals.insert(prm.value, V::U(v));
+    }
+    h.region(&func.body)?;
+    h.cx.b
+        .build_return(Some(&h.cx.ctx.i32_type().const_zero()))?;
+    let H {
+        cx,
+        sites,
+        scratch_bytes,
+        ..
+    } = h;
+    Ok(HostLowered {
+        module: cx.module,
+        sites,
+        scratch_bytes,
+    })
+}
+
+/// Which parameter's buffer every pointer value points into (loop-carried pointers
+/// take a second pass).
+fn provenance(f: &Function) -> Vec<Prov> {
+    let mut p = vec![Prov::Unset; f.values.len()];
+    for (k, prm) in f.params.iter().enumerate() {
+        if matches!(f.ty(prm.value).elem, Elem::Ptr { .. }) {
+            p[prm.value.index()] = Prov::Param(k);
+        }
+    }
+    fn yields(r: &Region) -> &[ValueId] {
+        r.ops
+            .last()
+            .filter(|o| o.kind == OpKind::Yield)
+            .map_or(&[], |o| &o.operands[..])
+    }
+    fn walk(r: &Region, p: &mut Vec<Prov>) {
+        for op in &r.ops {
+            let get = |p: &Vec<Prov>, v: ValueId| p[v.index()];
+            match &op.kind {
+                OpKind::AddPtr
+                | OpKind::Splat
+                | OpKind::Broadcast
+                | OpKind::ExpandDims { .. }
+                | OpKind::Reshape
+                | OpKind::Permute { .. }
+                | OpKind::Hint { .. } => {
+                    let v = get(p, op.operands[0]);
+                    p[op.results[0].index()] = v;
+                }
+                OpKind::Select => {
+                    let v = get(p, op.operands[1]).merge(get(p, op.operands[2]));
+                    p[op.results[0].index()] = v;
+                }
+                OpKind::For => {
+                    let body = &op.regions[0];
+                    for (i, &a) in body.args.iter().skip(1).enumerate() {
+                        let v = get(p, a).merge(get(p, op.operands[3 + i]));
+                        p[a.index()] = v;
+                    }
+                    walk(body, p);
+                    for (i, &y) in yields(body).iter().enumerate() {
+                        if let (Some(&a), Some(&r)) = (body.args.get(1 + i), op.results.get(i)) {
+                            let v = get(p, a).merge(get(p, y));
+                            p[a.index()] = v;
+                            p[r.index()] = v;
+                        }
+                    }
+                }
+                OpKind::If => {
+                    for r in &op.regions {
+                        walk(r, p);
+                        for (i, &y) in yields(r).iter().enumerate() {
+                            if let Some(&res) = op.results.get(i) {
+                                let v = get(p, res).merge(get(p, y));
+                                p[res.index()] = v;
+                            }
+                        }
+                    }
+                }
+                _ => {
+                    for r in &op.regions {
+                        walk(r, p);
+                    }
+                }
+            }
+        }
+    }
+    walk(&f.body, &mut p);
+    walk(&f.body, &mut p);
+    p
+}
+
+fn elem_bytes(e: Elem) -> u64 {
+    match e {
+        Elem::Scalar(s) => (s.bits().max(8) / 8) as u64,
+        Elem::Ptr { .. } => 8,
+    }
+}
+
+impl<'a, 'ctx> H<'a, 'ctx> {
+    fn i64(&self, v: u64) -> IntValue<'ctx> {
+        self.cx.ctx.i64_type().const_int(v, false)
+    }
+
+    fn lty(&self, e: Elem) -> BasicTypeEnum<'ctx> {
+        let c = self.cx.ctx;
+        match e {
+            Elem::Ptr { .. } => c.ptr_type(AddressSpace::default()).into(),
+            Elem::Scalar(s) => match s {
+                ScalarType::F16 => c.f16_type().into(),
+                ScalarType::BF16 => c.bf16_type().into(),
+                ScalarType::F32 => c.f32_type().into(),
+                ScalarType::F64 => c.f64_type().into(),
+                s => self.cx.int_ty(s.bits()).into(),
+            },
+        }
+    }
+
+    /// The type of an element in a tile slot: `i1` is kept as a byte (0 or 1), so
+    /// that masks load and store as vectors.
+    fn mem_ty(&self, e: Elem) -> BasicTypeEnum<'ctx> {
+        if e == Elem::Scalar(ScalarType::I1) {
+            self.cx.ctx.i8_type().into()
+        } else {
+            self.lty(e)
+        }
+    }
+
+    fn elem(&self, v: ValueId) -> Elem {
+        self.f.ty(v).elem
+    }
+
+    fn shape(&self, v: ValueId) -> Vec<u64> {
+        self.f.ty(v).shape.iter().map(|&d| d as u64).collect()
+    }
+
+    fn numel(&self, v: ValueId) -> u64 {
+        self.shape(v).iter().product()
+    }
+
+    fn gep(
+        &self,
+        ty: BasicTypeEnum<'ctx>,
+        base: PointerValue<'ctx>,
+        i: IntValue<'ctx>,
+    ) -> LResult<PointerValue<'ctx>> {
+        // SAFETY (of the generated code, not of this call): indices stay inside
+        // the slot or buffer (checked where the sanitizer is on).
+        Ok(unsafe { self.cx.b.build_gep(ty, base, &[i], "") }?)
+    }
+
+    fn val(&self, v: ValueId) -> LResult<V<'ctx>> {
+        self.vals
+            .get(&v)
+            .copied()
+            .ok_or_else(|| LowerError::Llvm(format!("{v} used before it is defined")))
+    }
+
+    /// A fresh scratch slot for `n` elements of `e`.
+    fn slot(&mut self, e: Elem, n: u64) -> LResult<PointerValue<'ctx>> {
+        let off = self.scratch_bytes.next_multiple_of(64);
+        self.scratch_bytes = off + n * elem_bytes(e);
+        let i8t = self.cx.ctx.i8_type().into();
+        self.gep(i8t, self.scratch, self.i64(off))
+    }
+
+    /// Element `i` of `v` (of element type `e`; a uniform or materialized tile).
+    fn get(&self, v: V<'ctx>, e: Elem, i: IntValue<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
+        match v {
+            V::U(x) => Ok(x),
+            V::T(p) => {
+                let ty = self.mem_ty(e);
+                let a = self.gep(ty, p, i)?;
+                let x = self.cx.b.build_load(ty, a, "")?;
+                if e == Elem::Scalar(ScalarType::I1) {
+                    let t = self.cx.ctx.bool_type();
+                    return Ok(self
+                        .cx
+                        .b
+                        .build_int_truncate(x.into_int_value(), t, "")?
+                        .into());
+                }
+                Ok(x)
+            }
+            V::A(_) => Err(LowerError::Llvm(
+                "an affine tile read by linear index".into(),
+            )),
+        }
+    }
+
+    /// Element `idx` (row-major index `lin`) of `v`, of element type `e`.
+    fn get_at(
+        &self,
+        v: V<'ctx>,
+        e: Elem,
+        idx: &[IntValue<'ctx>],
+        lin: IntValue<'ctx>,
+    ) -> LResult<BasicValueEnum<'ctx>> {
+        let V::A(k) = v else {
+            return self.get(v, e, lin);
+        };
+        let a = &self.aff[k];
+        let b = &self.cx.b;
+        match e {
+            Elem::Ptr { pointee, .. } => {
+                let mut off = self.i64(0);
+                for (&i, &st) in idx.iter().zip(&a.strides) {
+                    if st.get_zero_extended_constant() == Some(0) {
+                        continue;
+                    }
+                    off = b.build_int_add(off, b.build_int_mul(i, st, "")?, "")?;
+                }
+                let ty = self.lty(Elem::Scalar(pointee));
+                // SAFETY (generated code): address arithmetic, checked at the access.
+                Ok(unsafe { b.build_gep(ty, a.base.into_pointer_value(), &[off], "") }?.into())
+            }
+            Elem::Scalar(_) => {
+                let mut acc = a.base.into_int_value();
+                let t = acc.get_type();
+                for (&i, &st) in idx.iter().zip(&a.strides) {
+                    if st.get_zero_extended_constant() == Some(0) {
+                        continue;
+                    }
+                    let i = b.build_int_truncate_or_bit_cast(i, t, "")?;
+                    acc = b.build_int_add(acc, b.build_int_mul(i, st, "")?, "")?;
+                }
+                Ok(acc.into())
+            }
+        }
+    }
+
+    fn affine(&mut self, base: BasicValueEnum<'ctx>, strides: Vec<IntValue<'ctx>>) -> V<'ctx> {
+        self.aff.push(Affine { base, strides });
+        V::A(self.aff.len() - 1)
+    }
+
+    /// `v` (typed like value `ty`) as a uniform or materialized tile.
+    fn mat_v(&mut self, v: V<'ctx>, ty: ValueId) -> LResult<V<'ctx>> {
+        if !matches!(v, V::A(_)) {
+            return Ok(v);
+        }
+        let e = self.elem(ty);
+        let shape = self.shape(ty);
+        let out = self.slot(e, shape.iter().product())?;
+        let rm = row_major(&shape);
+        self.nest(&shape, &mut |h, idx| {
+            let lin = h.linear(idx, &rm)?;
+            let x = h.get_at(v, e, idx, lin)?;
+            h.put(out, e, lin, x)
+        })?;
+        Ok(V::T(out))
+    }
+
+    /// Value `id` as a uniform or materialized tile.
+    fn mat(&mut self, id: ValueId) -> LResult<V<'ctx>> {
+        let v = self.val(id)?;
+        self.mat_v(v, id)
+    }
+
+    fn put(
+        &self,
+        p: PointerValue<'ctx>,
+        e: Elem,
+        i: IntValue<'ctx>,
+        x: BasicValueEnum<'ctx>,
+    ) -> LResult<()> {
+        let a = self.gep(self.mem_ty(e), p, i)?;
+        let x = if e == Elem::Scalar(ScalarType::I1) {
+            let t = self.cx.ctx.i8_type();
+            self.cx
+                .b
+                .build_int_z_extend(x.into_int_value(), t, "")?
+                .into()
+        } else {
+            x
+        };
+        self.cx.b.build_store(a, x)?;
+        Ok(())
+    }
+
+    fn block(&self, name: &str) -> BasicBlock<'ctx> {
+        self.cx.ctx.append_basic_block(self.func, name)
+    }
+
+    fn here(&self) -> LResult<BasicBlock<'ctx>> {
+        self.cx
+            .b
+            .get_insert_block()
+            .ok_or_else(|| LowerError::Llvm("builder without a block".into()))
+    }
+
+    /// `for i in 0..n { f(i) }` (an `i64` induction variable).
+    fn counted(
+        &mut self,
+        n: u64,
+        f: &mut dyn FnMut(&mut Self, IntValue<'ctx>) -> LResult<()>,
+    ) -> LResult<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        let pre = self.here()?;
+        let head = self.block("loop");
+        let exit = self.block("done");
+        self.cx.b.build_unconditional_branch(head)?;
+        self.cx.b.position_at_end(head);
+        let i64t = self.cx.ctx.i64_type();
+        let phi = self.cx.b.build_phi(i64t, "i")?;
+        phi.add_incoming(&[(&i64t.const_zero(), pre)]);
+        let i = phi.as_basic_value().into_int_value();
+        f(self, i)?;
+        let next = self.cx.b.build_int_add(i, self.i64(1), "")?;
+        let latch = self.here()?;
+        phi.add_incoming(&[(&next, latch)]);
+        let more = self
+            .cx
+            .b
+            .build_int_compare(IntPredicate::ULT, next, self.i64(n), "")?;
+        self.cx.b.build_conditional_branch(more, head, exit)?;
+        self.cx.b.position_at_end(exit);
+        Ok(())
+    }
+
+    /// Loop nest over `shape` (outermost first); `f` gets the multi-index.
+    fn nest(
+        &mut self,
+        shape: &[u64],
+        f: &mut dyn FnMut(&mut Self, &[IntValue<'ctx>]) -> LResult<()>,
+    ) -> LResult<()> {
+        fn go<'a, 'ctx>(
+            h: &mut H<'a, 'ctx>,
+            shape: &[u64],
+            idx: &mut Vec<IntValue<'ctx>>,
+            f: &mut dyn FnMut(&mut H<'a, 'ctx>, &[IntValue<'ctx>]) -> LResult<()>,
+        ) -> LResult<()> {
+            if idx.len() == shape.len() {
+                return f(h, idx);
+            }
+            let d = shape[idx.len()];
+            h.counted(d, &mut |h, i| {
+                idx.push(i);
+                let r = go(h, shape, idx, f);
+                idx.pop();
+                r
+            })
+        }
+        go(self, shape, &mut Vec::new(), f)
+    }
+
+    /// `Σ idx[d] * strides[d]`.
+    fn linear(&self, idx: &[IntValue<'ctx>], strides: &[u64]) -> LResult<IntValue<'ctx>> {
+        let mut acc = self.i64(0);
+        for (&i, &s) in idx.iter().zip(strides) {
+            if s == 0 {
+                continue;
+            }
+            let t = self.cx.b.build_int_mul(i, self.i64(s), "")?;
+            acc = self.cx.b.build_int_add(acc, t, "")?;
+        }
+        Ok(acc)
+    }
+
+    /// A failure branch: when `ok` is false, records `[site, lane, index]` and returns 1.
+    fn check(
+        &mut self,
+        ok: IntValue<'ctx>,
+        site: usize,
+        lane: IntValue<'ctx>,
+        index: IntValue<'ctx>,
+    ) -> LResult<()> {
+        let fail = self.block("fail");
+        let cont = self.block("ok");
+        self.cx.b.build_conditional_branch(ok, cont, fail)?;
+        self.cx.b.position_at_end(fail);
+        let i64t: BasicTypeEnum = self.cx.ctx.i64_type().into();
+        for (k, v) in [self.i64(site as u64), lane, index].into_iter().enumerate() {
+            let a = self.gep(i64t, self.err, self.i64(k as u64))?;
+            self.cx.b.build_store(a, v)?;
+        }
+        self.cx
+            .b
+            .build_return(Some(&self.cx.ctx.i32_type().const_int(1, false)))?;
+        self.cx.b.position_at_end(cont);
+        Ok(())
+    }
+
+    fn site(&mut self, op: &Op, kind: SiteKind, shape: Vec<u32>) -> usize {
+        self.sites.push(HostSite {
+            kind,
+            op: op.kind.mnemonic(),
+            span: op.span.clone(),
+            shape,
+        });
+        self.sites.len() - 1
+    }
+
+    fn region(&mut self, r: &Region) -> LResult<Vec<V<'ctx>>> {
+        for op in &r.ops {
+            match op.kind {
+                OpKind::Yield | OpKind::Condition => {
+                    return op.operands.iter().map(|&v| self.val(v)).collect();
+                }
+                _ => self.op(op)?,
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    fn set(&mut self, op: &Op, v: V<'ctx>) {
+        self.vals.insert(op.results[0], v);
+    }
+
+    fn op(&mut self, op: &Op) -> LResult<()> {
+        let b = &self.cx.b;
+        match &op.kind {
+            OpKind::ProgramId { axis } | OpKind::NumPrograms { axis } => {
+                if *axis > 2 {
+                    return unsupported(op, "on a grid axis above 2");
+                }
+                let k = *axis as u64
+                    + if matches!(op.kind, OpKind::NumPrograms { .. }) {
+                        3
+                    } else {
+                        0
+                    };
+                let i32t = self.cx.ctx.i32_type();
+                let a = self.gep(i32t.into(), self.pids, self.i64(k))?;
+                let v = b.build_load(i32t, a, "pid")?;
+                self.set(op, V::U(v));
+            }
+            OpKind::Const(c) => {
+                let e = self.elem(op.results[0]);
+                let Elem::Scalar(s) = e else {
+                    return unsupported(op, "of a pointer");
+                };
+                if s.is_fp8() {
+                    return unsupported(op, "of an 8-bit float");
+                }
+                let ty = self.lty(e);
+                let v: BasicValueEnum = match (*c, s.is_float()) {
+                    (ConstValue::Float(x), true) => ty.into_float_type().const_float(x).into(),
+                    (ConstValue::Int(x), true) => ty.into_float_type().const_float(x as f64).into(),
+                    (ConstValue::Bool(x), _) => {
+                        ty.into_int_type().const_int(x as u64, false).into()
+                    }
+                    (ConstValue::Int(x), false) => {
+                        ty.into_int_type().const_int(x as u64, true).into()
+                    }
+                    (ConstValue::Float(x), false) => {
+                        ty.into_int_type().const_int(x as i64 as u64, true).into()
+                    }
+                };
+                self.set(op, V::U(v));
+            }
+            OpKind::Arange { start, .. } => {
+                let ty = self.lty(self.elem(op.results[0])).into_int_type();
+                let v = self.affine(
+                    ty.const_int(*start as u64, true).into(),
+                    vec![ty.const_int(1, false)],
+                );
+                self.set(op, v);
+            }
+            OpKind::Splat => {
+                let src = self.mat(op.operands[0])?;
+                let e = self.elem(op.operands[0]);
+                let x = self.get(src, e, self.i64(0))?;
+                self.set(op, V::U(x));
+            }
+            OpKind::ExpandDims { .. } | OpKind::Reshape | OpKind::Hint { .. } => {
+                let v = self.val(op.operands[0])?;
+                let v = match v {
+                    V::A(k) => self.reshaped(k, op)?,
+                    v => v,
+                };
+                self.set(op, v);
+            }
+            OpKind::Broadcast | OpKind::Permute { .. } => {
+                let v = self.val(op.operands[0])?;
+                if let V::A(k) = v {
+                    let src = self.shape(op.operands[0]);
+                    let dst = self.shape(op.results[0]);
+                    let st = self.aff[k].strides.clone();
+                    let zero = st[0].get_type().const_zero();
+                    let strides = match &op.kind {
+                        OpKind::Permute { order } if order.len() == st.len() => {
+                            order.iter().map(|&o| st[o as usize]).collect()
+                        }
+                        OpKind::Permute { .. } => return unsupported(op, "with a bad order"),
+                        _ => (0..st.len())
+                            .map(|d| {
+                                if src[d] == 1 && dst[d] != 1 {
+                                    zero
+                                } else {
+                                    st[d]
+                                }
+                            })
+                            .collect(),
+                    };
+                    let base = self.aff[k].base;
+                    let v = self.affine(base, strides);
+                    self.set(op, v);
+                    return Ok(());
+                }
+                let n = self.numel(op.results[0]);
+                let src = self.shape(op.operands[0]);
+                let dst = self.shape(op.results[0]);
+                let (V::T(p), false) = (
+                    v,
+                    op.kind == OpKind::Broadcast && self.numel(op.operands[0]) == n,
+                ) else {
+                    // A uniform tile, or a broadcast that adds no element.
+                    self.set(op, v);
+                    return Ok(());
+                };
+                let mut st = vec![0u64; src.len()];
+                let mut acc = 1;
+                for d in (0..src.len()).rev() {
+                    st[d] = if src[d] == 1 { 0 } else { acc };
+                    acc *= src[d];
+                }
+                let sst: Vec<u64> = match &op.kind {
+                    OpKind::Permute { order } => {
+                        if order.len() != src.len() {
+                            return unsupported(op, "with a bad order");
+                        }
+                        order.iter().map(|&o| st[o as usize]).collect()
+                    }
+                    _ => st,
+                };
+                let e = self.elem(op.results[0]);
+                let out = self.slot(e, n)?;
+                let dst_st = row_major(&dst);
+                self.nest(&dst, &mut |h, idx| {
+                    let si = h.linear(idx, &sst)?;
+                    let di = h.linear(idx, &dst_st)?;
+                    let x = h.get(V::T(p), e, si)?;
+                    h.put(out, e, di, x)
+                })?;
+                self.set(op, V::T(out));
+            }
+            OpKind::Binary(_)
+            | OpKind::Unary(_)
+            | OpKind::Fma
+            | OpKind::Cmp(_)
+            | OpKind::Select
+            | OpKind::Cast
+            | OpKind::Bitcast
+            | OpKind::AddPtr => self.elementwise(op)?,
+            OpKind::Load {
+                has_mask,
+                has_other,
+            } => self.load(op, *has_mask, *has_other)?,
+            OpKind::Store { has_mask } => self.store(op, *has_mask)?,
+            OpKind::Dot => self.dot(op)?,
+            OpKind::Reduce { axis, op: rop } => self.reduce(op, *axis, *rop, None)?,
+            OpKind::Scan {
+                axis,
+                op: rop,
+                reverse,
+            } => self.reduce(op, *axis, *rop, Some(*reverse))?,
+            OpKind::For => self.for_op(op)?,
+            OpKind::If => self.if_op(op)?,
+            // One program instance runs as one thread: nothing to wait for.
+            OpKind::Barrier => {}
+            OpKind::While => self.while_op(op)?,
+            _ => return unsupported(op, "is not compiled for the CPU"),
+        }
+        Ok(())
+    }
+
+    /// An affine tile through `expand_dims`, `reshape` or `hint`: the same strides
+    /// for the dimensions that are not 1, zero for the others; materialized where a
+    /// reshape moves elements between dimensions.
+    fn reshaped(&mut self, k: usize, op: &Op) -> LResult<V<'ctx>> {
+        let src = self.shape(op.operands[0]);
+        let dst = self.shape(op.results[0]);
+        let big = |s: &[u64]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+        if big(&src) != big(&dst) {
+            return self.mat_v(V::A(k), op.operands[0]);
+        }
+        let st = self.aff[k].strides.clone();
+        let zero = st[0].get_type().const_zero();
+        let mut kept = src
+            .iter()
+            .zip(&st)
+            .filter(|(d, _)| **d != 1)
+            .map(|(_, s)| *s);
+        let strides = dst
+            .iter()
+            .map(|&d| {
+                if d == 1 {
+                    zero
+                } else {
+                    kept.next().unwrap_or(zero)
+                }
+            })
+            .collect();
+        let base = self.aff[k].base;
+        Ok(self.affine(base, strides))
+    }
+
+    /// `op` on affine and uniform operands, when the result is affine too: integer
+    /// `+`, `-`, `*` (by a uniform), and `addptr`.
+    fn affine_op(&mut self, op: &Op, ins: &[V<'ctx>]) -> LResult<Option<V<'ctx>>> {
+        if !ins.iter().any(|v| matches!(v, V::A(_)))
+            || !ins.iter().all(|v| matches!(v, V::A(_) | V::U(_)))
+        {
+            return Ok(None);
+        }
+        let rank = self.shape(op.results[0]).len();
+        let int = |e: Elem| {
+            e.scalar()
+                .is_some_and(|s| s.is_int() && s != ScalarType::I1)
+        };
+        // (base, strides) of an operand, uniform ones with zero strides.
+        let parts = |h: &Self, v: V<'ctx>, zero: IntValue<'ctx>| match v {
+            V::A(k) => (h.aff[k].base, h.aff[k].strides.clone()),
+            V::U(x) => (x, vec![zero; rank]),
+            V::T(_) => unreachable!("checked above"),
+        };
+        let b = &self.cx.b;
+        match op.kind {
+            OpKind::Binary(bop @ (BinaryOp::Add | BinaryOp::Sub | BinaryOp::Mul))
+                if int(self.elem(op.results[0])) =>
+            {
+                let t = self.lty(self.elem(op.results[0])).into_int_type();
+                let (x, xs) = parts(self, ins[0], t.const_zero());
+                let (y, ys) = parts(self, ins[1], t.const_zero());
+                let (x, y) = (x.into_int_value(), y.into_int_value());
+                let (base, strides) = match bop {
+                    BinaryOp::Add => (
+                        b.build_int_add(x, y, "")?,
+                        xs.iter()
+                            .zip(&ys)
+                            .map(|(&p, &q)| b.build_int_add(p, q, ""))
+                            .collect::<Result<_, _>>()?,
+                    ),
+                    BinaryOp::Sub => (
+                        b.build_int_sub(x, y, "")?,
+                        xs.iter()
+                            .zip(&ys)
+                            .map(|(&p, &q)| b.build_int_sub(p, q, ""))
+                            .collect::<Result<_, _>>()?,
+                    ),
+                    _ => match (ins[0], ins[1]) {
+                        (V::A(_), V::U(_)) => (
+                            b.build_int_mul(x, y, "")?,
+                            xs.iter()
+                                .map(|&p| b.build_int_mul(p, y, ""))
+                                .collect::<Result<_, _>>()?,
+                        ),
+                        (V::U(_), V::A(_)) => (
+                            b.build_int_mul(x, y, "")?,
+                            ys.iter()
+                                .map(|&q| b.build_int_mul(x, q, ""))
+                                .collect::<Result<_, _>>()?,
+                        ),
+                        _ => return Ok(None),
+                    },
+                };
+                Ok(Some(self.affine(base.into(), strides)))
+            }
+            OpKind::AddPtr => {
+                let (Elem::Ptr { pointee, .. }, Some(os)) = (
+                    self.elem(op.operands[0]),
+                    self.elem(op.operands[1]).scalar(),
+                ) else {
+                    return Ok(None);
+                };
+                let i64t = self.cx.ctx.i64_type();
+                let (p, ps) = parts(self, ins[0], i64t.const_zero());
+                let (o, ost) = parts(
+                    self,
+                    ins[1],
+                    self.lty(Elem::Scalar(os)).into_int_type().const_zero(),
+                );
+                let signed = os.is_signed_int();
+                let o = b.build_int_cast_sign_flag(o.into_int_value(), i64t, signed, "")?;
+                let ty = self.lty(Elem::Scalar(pointee));
+                // SAFETY (generated code): address arithmetic, checked at the access.
+                let base = unsafe { b.build_gep(ty, p.into_pointer_value(), &[o], "") }?;
+                let strides = ps
+                    .iter()
+                    .zip(&ost)
+                    .map(|(&p, &q)| {
+                        let q = b.build_int_cast_sign_flag(q, i64t, signed, "")?;
+                        b.build_int_add(p, q, "")
+                    })
+                    .collect::<Result<_, _>>()?;
+                Ok(Some(self.affine(base.into(), strides)))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    fn elementwise(&mut self, op: &Op) -> LResult<()> {
+        let ins: Vec<V<'ctx>> = op
+            .operands
+            .iter()
+            .map(|&v| self.val(v))
+            .collect::<LResult<_>>()?;
+        if let Some(v) = self.affine_op(op, &ins)? {
+            self.set(op, v);
+            return Ok(());
+        }
+        let res_e = self.elem(op.results[0]);
+        let in_e = self.elem(op.operands[if op.kind == OpKind::Select { 1 } else { 0 }]);
+        let in_es: Vec<Elem> = op.operands.iter().map(|&v| self.elem(v)).collect();
+        let s_in = in_e.scalar().unwrap_or(ScalarType::I64);
+        let s_out = res_e.scalar().unwrap_or(ScalarType::I64);
+        if matches!(
+            op.kind,
+            OpKind::Cmp(_)
+                | OpKind::Cast
+                | OpKind::Bitcast
+                | OpKind::Unary(_)
+                | OpKind::Binary(_)
+                | OpKind::Fma
+        ) && in_e.scalar().is_none()
+        {
+            return unsupported(op, "on pointers");
+        }
+        let div = matches!(op.kind, OpKind::Binary(BinaryOp::Div | BinaryOp::Rem)) && s_in.is_int();
+        let div_site = div.then(|| {
+            let shape = self.f.ty(op.results[0]).shape.clone();
+            self.site(op, SiteKind::DivZero, shape)
+        });
+        let pointee = match self.elem(op.operands[0]) {
+            Elem::Ptr { pointee, .. } => Some(pointee),
+            _ => None,
+        };
+        let one = |h: &mut Self,
+                   idx: &[IntValue<'ctx>],
+                   i: IntValue<'ctx>|
+         -> LResult<BasicValueEnum<'ctx>> {
+            let args: Vec<BasicValueEnum<'ctx>> = ins
+                .iter()
+                .zip(&in_es)
+                .map(|(&v, &e)| h.get_at(v, e, idx, i))
+                .collect::<LResult<_>>()?;
+            let cx = &h.cx;
+            if let Some(site) = div_site {
+                let y = args[1].into_int_value();
+                let ok =
+                    cx.b.build_int_compare(IntPredicate::NE, y, y.get_type().const_zero(), "")?;
+                h.check(ok, site, i, h.i64(0))?;
+            }
+            let cx = &h.cx;
+            Ok(match &op.kind {
+                OpKind::Binary(BinaryOp::Pow) => {
+                    elementwise::pow(cx, &h.arch, s_in, args[0], args[1], &op.span)?
+                }
+                OpKind::Binary(bop) => elementwise::binary(cx, *bop, s_in, args[0], args[1])?,
+                OpKind::Unary(u) => elementwise::unary(cx, &h.arch, *u, s_in, args[0], &op.span)?,
+                OpKind::Fma => elementwise::fma(cx, s_in, &args)?,
+                OpKind::Cmp(p) => elementwise::cmp(cx, *p, s_in, args[0], args[1])?,
+                OpKind::Select => {
+                    cx.b.build_select(args[0].into_int_value(), args[1], args[2], "")?
+                }
+                OpKind::Cast => elementwise::cast(cx, s_in, s_out, args[0])?,
+                OpKind::Bitcast => cx.b.build_bit_cast(args[0], h.lty(res_e), "")?,
+                OpKind::AddPtr => {
+                    let Some(pt) = pointee else {
+                        return unsupported(op, "on a non-pointer");
+                    };
+                    let off = args[1].into_int_value();
+                    let signed = in_es[1].scalar().is_none_or(|s| s.is_signed_int());
+                    let off =
+                        cx.b.build_int_cast_sign_flag(off, cx.ctx.i64_type(), signed, "")?;
+                    let ty = h.lty(Elem::Scalar(pt));
+                    // SAFETY (generated code): plain address arithmetic; accesses
+                    // are checked where they happen.
+                    unsafe { cx.b.build_gep(ty, args[0].into_pointer_value(), &[off], "") }?.into()
+                }
+                _ => return unsupported(op, "is not elementwise"),
+            })
+        };
+        if ins.iter().all(|v| matches!(v, V::U(_))) {
+            let v = one(self, &[], self.i64(0))?;
+            self.set(op, V::U(v));
+            return Ok(());
+        }
+        let shape = self.shape(op.results[0]);
+        let out = self.slot(res_e, shape.iter().product())?;
+        let rm = row_major(&shape);
+        self.nest(&shape, &mut |h, idx| {
+            let i = h.linear(idx, &rm)?;
+            let v = one(h, idx, i)?;
+            h.put(out, res_e, i, v)
+        })?;
+        self.set(op, V::T(out));
+        Ok(())
+    }
+
+    /// With the sanitizer on: `addr` must lie inside the buffer its pointer came from.
+    fn check_access(
+        &mut self,
+        site: usize,
+        prov: Prov,
+        addr: PointerValue<'ctx>,
+        esize: u64,
+        lane: IntValue<'ctx>,
+    ) -> LResult<()> {
+        let b = &self.cx.b;
+        let i64t = self.cx.ctx.i64_type();
+        let a = b.build_ptr_to_int(addr, i64t, "")?;
+        let params: Vec<usize> = match prov {
+            Prov::Param(k) => vec![k],
+            _ => (0..self.f.params.len())
+                .filter(|&k| matches!(self.f.ty(self.f.params[k].value).elem, Elem::Ptr { .. }))
+                .collect(),
+        };
+        let mut ok = self.cx.ctx.bool_type().const_zero();
+        let mut first_off = None;
+        for k in params {
+            let b = &self.cx.b;
+            let bs = self.gep(i64t.into(), self.params, self.i64(k as u64))?;
+            let base = b.build_load(i64t, bs, "")?.into_int_value();
+            let ls = self.gep(i64t.into(), self.lens, self.i64(k as u64))?;
+            let len = b.build_load(i64t, ls, "")?.into_int_value();
+            let off = b.build_int_sub(a, base, "")?;
+            let lim = b.build_int_sub(len, self.i64(esize), "")?;
+            let lo = b.build_int_compare(IntPredicate::SGE, off, self.i64(0), "")?;
+            let hi = b.build_int_compare(IntPredicate::SLE, off, lim, "")?;
+            let inb = b.build_and(lo, hi, "")?;
+            ok = b.build_or(ok, inb, "")?;
+            first_off.get_or_insert(off);
+        }
+        let index = match first_off {
+            Some(off) => self.cx.b.build_int_signed_div(off, self.i64(esize), "")?,
+            None => self.i64(0),
+        };
+        self.check(ok, site, lane, index)
+    }
+
+    fn load(&mut self, op: &Op, has_mask: bool, has_other: bool) -> LResult<()> {
+        let Elem::Ptr { pointee, .. } = self.elem(op.operands[0]) else {
+            return unsupported(op, "through a non-pointer");
+        };
+        let e = Elem::Scalar(pointee);
+        let ty = self.lty(e);
+        let ptrs = self.val(op.operands[0])?;
+        let pe = self.elem(op.operands[0]);
+        let mask = has_mask.then(|| self.val(op.operands[1])).transpose()?;
+        let other = if has_other {
+            Some(self.val(op.operands[2])?)
+        } else {
+            None
+        };
+        let n = self.numel(op.results[0]);
+        let prov = self.prov[op.operands[0].index()];
+        let site = self.sanitize.then(|| {
+            let shape = self.f.ty(op.results[0]).shape.clone();
+            self.site(
+                op,
+                SiteKind::Access {
+                    param: param_of(prov),
+                },
+                shape,
+            )
+        });
+        let bool_e = Elem::Scalar(ScalarType::I1);
+        let one = |h: &mut Self,
+                   idx: &[IntValue<'ctx>],
+                   i: IntValue<'ctx>|
+         -> LResult<BasicValueEnum<'ctx>> {
+            let fill = match other {
+                Some(o) => h.get_at(o, e, idx, i)?,
+                None => ty.const_zero(),
+            };
+            let pre = h.here()?;
+            let (on, join) = (h.block("ld"), h.block("ldj"));
+            match mask {
+                Some(m) => {
+                    let m = h.get_at(m, bool_e, idx, i)?.into_int_value();
+                    h.cx.b.build_conditional_branch(m, on, join)?;
+                }
+                None => {
+                    h.cx.b.build_unconditional_branch(on)?;
+                }
+            }
+            h.cx.b.position_at_end(on);
+            let addr = h.get_at(ptrs, pe, idx, i)?.into_pointer_value();
+            if let Some(s) = site {
+                h.check_access(s, prov, addr, elem_bytes(e), i)?;
+            }
+            let x = h.cx.b.build_load(ty, addr, "")?;
+            let on_end = h.here()?;
+            h.cx.b.build_unconditional_branch(join)?;
+            h.cx.b.position_at_end(join);
+            let phi = h.cx.b.build_phi(ty, "")?;
+            phi.add_incoming(&[(&x, on_end)]);
+            if mask.is_some() {
+                phi.add_incoming(&[(&fill, pre)]);
+            }
+            Ok(phi.as_basic_value())
+        };
+        if matches!(ptrs, V::U(_)) && mask.is_none_or(|m| matches!(m, V::U(_))) && n == 1 {
+            let v = one(self, &[], self.i64(0))?;
+            self.set(op, V::U(v));
+            return Ok(());
+        }
+        let out = self.slot(e, n)?;
+        let shape = self.shape(op.results[0]);
+        let vec_ok = !matches!(other, Some(V::A(_)));
+        let prov_site = site.map(|s| (s, prov));
+        self.chunked(
+            &shape,
+            (ptrs, pe, e),
+            mask.filter(|_| vec_ok),
+            prov_site,
+            &mut |h, idx, i| {
+                let v = one(h, idx, i)?;
+                h.put(out, e, i, v)
+            },
+            &mut |h, lin0, addr0, w| {
+                let vt = vec_of(ty, w)?;
+                let x = h.cx.b.build_load(vt, addr0, "")?;
+                set_align(x, elem_bytes(e));
+                let dst = h.gep(ty, out, lin0)?;
+                let st = h.cx.b.build_store(dst, x)?;
+                let _ = st.set_alignment(elem_bytes(e) as u32);
+                Ok(())
+            },
+        )?;
+        if self.f.ty(op.results[0]).shape.is_empty() {
+            let v = self.get(V::T(out), e, self.i64(0))?;
+            self.set(op, V::U(v));
+        } else {
+            self.set(op, V::T(out));
+        }
+        Ok(())
+    }
+
+    fn store(&mut self, op: &Op, has_mask: bool) -> LResult<()> {
+        let Elem::Ptr { pointee, .. } = self.elem(op.operands[0]) else {
+            return unsupported(op, "through a non-pointer");
+        };
+        let e = Elem::Scalar(pointee);
+        let ptrs = self.val(op.operands[0])?;
+        let pe = self.elem(op.operands[0]);
+        let vals = self.val(op.operands[1])?;
+        let mask = has_mask.then(|| self.val(op.operands[2])).transpose()?;
+        let shape = if self.numel(op.operands[0]) >= self.numel(op.operands[1]) {
+            self.shape(op.operands[0])
+        } else {
+            self.shape(op.operands[1])
+        };
+        let rm = row_major(&shape);
+        let prov = self.prov[op.operands[0].index()];
+        let site = self.sanitize.then(|| {
+            let shape = self.f.ty(op.operands[0]).shape.clone();
+            self.site(
+                op,
+                SiteKind::Access {
+                    param: param_of(prov),
+                },
+                shape,
+            )
+        });
+        let bool_e = Elem::Scalar(ScalarType::I1);
+        let ty = self.lty(e);
+        let vec_ok = !matches!(vals, V::A(_));
+        let prov_site = site.map(|s| (s, prov));
+        let _ = rm;
+        self.chunked(
+            &shape,
+            (ptrs, pe, e),
+            mask.filter(|_| vec_ok),
+            prov_site,
+            &mut |h, idx, i| {
+                let (on, join) = (h.block("st"), h.block("stj"));
+                match mask {
+                    Some(m) => {
+                        let m = h.get_at(m, bool_e, idx, i)?.into_int_value();
+                        h.cx.b.build_conditional_branch(m, on, join)?;
+                    }
+                    None => {
+                        h.cx.b.build_unconditional_branch(on)?;
+                    }
+                }
+                h.cx.b.position_at_end(on);
+                let addr = h.get_at(ptrs, pe, idx, i)?.into_pointer_value();
+                if let Some(s) = site {
+                    h.check_access(s, prov, addr, elem_bytes(e), i)?;
+                }
+                let x = h.get_at(vals, e, idx, i)?;
+                h.cx.b.build_store(addr, x)?;
+                h.cx.b.build_unconditional_branch(join)?;
+                h.cx.b.position_at_end(join);
+                Ok(())
+            },
+            &mut |h, lin0, addr0, w| {
+                let vt = vec_of(ty, w)?;
+                let x: BasicValueEnum = match vals {
+                    V::U(x) => h.splat(x, w)?.into(),
+                    _ => {
+                        let src = h.gep(
+                            ty,
+                            match vals {
+                                V::T(p) => p,
+                                _ => {
+                                    return Err(LowerError::Llvm(
+                                        "affine values stored by chunks".into(),
+                                    ));
+                                }
+                            },
+                            lin0,
+                        )?;
+                        let x = h.cx.b.build_load(vt, src, "")?;
+                        set_align(x, elem_bytes(e));
+                        x
+                    }
+                };
+                let st = h.cx.b.build_store(addr0, x)?;
+                let _ = st.set_alignment(elem_bytes(e) as u32);
+                Ok(())
+            },
+        )
+    }
+
+    /// `x` in every lane of a `w`-lane vector.
+    fn splat(
+        &self,
+        x: BasicValueEnum<'ctx>,
+        w: u32,
+    ) -> LResult<inkwell::values::VectorValue<'ctx>> {
+        let vt = vec_of(x.get_type(), w)?;
+        let mut v = vt.get_undef();
+        for k in 0..w {
+            let k = self.cx.ctx.i32_type().const_int(k as u64, false);
+            v = self.cx.b.build_insert_element(v, x, k, "")?;
+        }
+        Ok(v)
+    }
+
+    /// Runs `lane(idx, lin)` for every element of `shape`, except that where
+    /// `ptrs` (element type `pe`, pointing to `e`) is affine with a unit stride along
+    /// the last dimension (a multiple of 8), a run of `w` lanes along it whose
+    /// `mask` holds everywhere runs `chunk(lin0, addr0, w)` instead: one vector
+    /// access from the run's first address (whose run the sanitizer checks at both
+    /// ends, `check`).
+    #[allow(clippy::type_complexity)]
+    fn chunked(
+        &mut self,
+        shape: &[u64],
+        (ptrs, pe, e): (V<'ctx>, Elem, Elem),
+        mask: Option<V<'ctx>>,
+        check: Option<(usize, Prov)>,
+        lane: &mut dyn FnMut(&mut Self, &[IntValue<'ctx>], IntValue<'ctx>) -> LResult<()>,
+        chunk: &mut dyn FnMut(&mut Self, IntValue<'ctx>, PointerValue<'ctx>, u32) -> LResult<()>,
+    ) -> LResult<()> {
+        let rm = row_major(shape);
+        let r = shape.len();
+        let unit = match ptrs {
+            V::A(k) => {
+                self.aff[k]
+                    .strides
+                    .last()
+                    .and_then(|s| s.get_zero_extended_constant())
+                    == Some(1)
+            }
+            _ => false,
+        };
+        let last = shape.last().copied().unwrap_or(0);
+        let w: u32 = if last % 16 == 0 { 16 } else { 8 };
+        let vectorizable = unit
+            && last % w as u64 == 0
+            && e != Elem::Scalar(ScalarType::I1)
+            && !matches!(mask, Some(V::A(_)))
+            && (mask.is_some() || !matches!(ptrs, V::U(_)));
+        if !vectorizable {
+            return self.nest(shape, &mut |h, idx| {
+                let i = h.linear(idx, &rm)?;
+                lane(h, idx, i)
+            });
+        }
+        let mut outer = shape.to_vec();
+        outer[r - 1] = last / w as u64;
+        self.nest(&outer, &mut |h, idx| {
+            let b = &h.cx.b;
+            let mut full = idx.to_vec();
+            full[r - 1] = b.build_int_mul(idx[r - 1], h.i64(w as u64), "")?;
+            let lin0 = h.linear(&full, &rm)?;
+            let all = match mask {
+                None => h.cx.ctx.bool_type().const_all_ones(),
+                Some(V::U(m)) => m.into_int_value(),
+                Some(V::T(p)) => {
+                    let i8t = h.cx.ctx.i8_type();
+                    let src = h.gep(i8t.into(), p, lin0)?;
+                    let mv = b.build_load(i8t.vec_type(w), src, "")?.into_vector_value();
+                    let bits = b.build_int_compare(
+                        IntPredicate::NE,
+                        mv,
+                        i8t.vec_type(w).const_zero(),
+                        "",
+                    )?;
+                    let word = b
+                        .build_bit_cast(
+                            bits,
+                            h.cx.ctx
+                                .custom_width_int_type(
+                                    std::num::NonZero::new(w)
+                                        .unwrap_or(std::num::NonZero::<u32>::MIN),
+                                )
+                                .map_err(|m| LowerError::Llvm(m.into()))?,
+                            "",
+                        )?
+                        .into_int_value();
+                    b.build_int_compare(
+                        IntPredicate::EQ,
+                        word,
+                        word.get_type().const_all_ones(),
+                        "",
+                    )?
+                }
+                Some(V::A(_)) => unreachable!("not vectorizable"),
+            };
+            let (fast, slow, join) = (h.block("vec"), h.block("lanes"), h.block("vecj"));
+            h.cx.b.build_conditional_branch(all, fast, slow)?;
+            h.cx.b.position_at_end(fast);
+            let addr0 = h.get_at(ptrs, pe, &full, lin0)?.into_pointer_value();
+            if let Some((site, prov)) = check {
+                h.check_access(site, prov, addr0, elem_bytes(e), lin0)?;
+                let mut end = full.clone();
+                end[r - 1] = h.cx.b.build_int_add(full[r - 1], h.i64(w as u64 - 1), "")?;
+                let lin1 = h.cx.b.build_int_add(lin0, h.i64(w as u64 - 1), "")?;
+                let addr1 = h.get_at(ptrs, pe, &end, lin1)?.into_pointer_value();
+                h.check_access(site, prov, addr1, elem_bytes(e), lin1)?;
+            }
+            chunk(h, lin0, addr0, w)?;
+            h.cx.b.build_unconditional_branch(join)?;
+            h.cx.b.position_at_end(slow);
+            h.counted(w as u64, &mut |h, j| {
+                let mut at = full.clone();
+                at[r - 1] = h.cx.b.build_int_add(full[r - 1], j, "")?;
+                let lin = h.cx.b.build_int_add(lin0, j, "")?;
+                lane(h, &at, lin)
+            })?;
+            h.cx.b.build_unconditional_branch(join)?;
+            h.cx.b.position_at_end(join);
+            Ok(())
+        })
+    }
+
+    /// Materializes `v` (a tile of `n` elements of `from`) as a tile of `to` in a
+    /// fresh slot (once per tile: `dot` converts its operands before the products).
+    fn converted(
+        &mut self,
+        v: V<'ctx>,
+        from: ScalarType,
+        to: ScalarType,
+        n: u64,
+    ) -> LResult<PointerValue<'ctx>> {
+        if let (V::T(p), true) = (v, from == to) {
+            return Ok(p);
+        }
+        let out = self.slot(Elem::Scalar(to), n)?;
+        self.counted(n, &mut |h, i| {
+            let x = h.get(v, Elem::Scalar(from), i)?;
+            let y = elementwise::cast(&h.cx, from, to, x)?;
+            h.put(out, Elem::Scalar(to), i, y)
+        })?;
+        Ok(out)
+    }
+
+    fn dot(&mut self, op: &Op) -> LResult<()> {
+        let (sa, sb) = (self.shape(op.operands[0]), self.shape(op.operands[1]));
+        if sa.len() != 2 || sb.len() != 2 || op.operands.len() < 3 {
+            return unsupported(op, "of tiles that are not 2-D");
+        }
+        let (m, k, n) = (sa[0], sa[1], sb[1]);
+        let re = self.elem(op.results[0]);
+        let (Some(acc), Some(ta), Some(tb), Some(tc)) = (
+            re.scalar(),
+            self.elem(op.operands[0]).scalar(),
+            self.elem(op.operands[1]).scalar(),
+            self.elem(op.operands[2]).scalar(),
+        ) else {
+            return unsupported(op, "of pointers");
+        };
+        let (a, b, c) = (
+            self.mat(op.operands[0])?,
+            self.mat(op.operands[1])?,
+            self.mat(op.operands[2])?,
+        );
+        let pa = self.converted(a, ta, acc, m * k)?;
+        let pb = self.converted(b, tb, acc, k * n)?;
+        let out = self.slot(re, m * n)?;
+        self.counted(m * n, &mut |h, i| {
+            let x = h.get(c, Elem::Scalar(tc), i)?;
+            let x = elementwise::cast(&h.cx, tc, acc, x)?;
+            h.put(out, re, i, x)
+        })?;
+        let ea = Elem::Scalar(acc);
+        let vl: u64 = if acc == ScalarType::F64 { 8 } else { 16 };
+        if matches!(acc, ScalarType::F32 | ScalarType::F64) && m % MR == 0 && n % vl == 0 {
+            self.micro_kernel(out, pa, pb, acc, (m, n, k), vl)?;
+            self.set(op, V::T(out));
+            return Ok(());
+        }
+        self.nest(&[m, k], &mut |h, mk| {
+            let aik = h.get(V::T(pa), ea, h.linear(mk, &[k, 1])?)?;
+            h.counted(n, &mut |h, j| {
+                let bi =
+                    h.cx.b
+                        .build_int_add(h.cx.b.build_int_mul(mk[1], h.i64(n), "")?, j, "")?;
+                let oi =
+                    h.cx.b
+                        .build_int_add(h.cx.b.build_int_mul(mk[0], h.i64(n), "")?, j, "")?;
+                let bkj = h.get(V::T(pb), ea, bi)?;
+                let o = h.get(V::T(out), ea, oi)?;
+                let r: BasicValueEnum = if acc.is_float() {
+                    h.cx.call_intrinsic("llvm.fmuladd", &[h.lty(ea)], &[aik, bkj, o])?
+                } else {
+                    let p =
+                        h.cx.b
+                            .build_int_mul(aik.into_int_value(), bkj.into_int_value(), "")?;
+                    h.cx.b.build_int_add(p, o.into_int_value(), "")?.into()
+                };
+                h.put(out, ea, oi, r)
+            })
+        })?;
+        self.set(op, V::T(out));
+        Ok(())
+    }
+
+    /// `out += pa · pb` (row-major `m x k` by `k x n`, all of float type `acc`) by
+    /// register blocks: `MR` rows by one `vl`-lane vector of columns, whose `MR`
+    /// accumulators stay in registers over the whole `k` loop (one vector load of
+    /// `pb` and `MR` broadcasts of `pa` per step).
+    fn micro_kernel(
+        &mut self,
+        out: PointerValue<'ctx>,
+        pa: PointerValue<'ctx>,
+        pb: PointerValue<'ctx>,
+        acc: ScalarType,
+        (m, n, k): (u64, u64, u64),
+        vl: u64,
+    ) -> LResult<()> {
+        let ty = self.lty(Elem::Scalar(acc));
+        let vt = vec_of(ty, vl as u32)?;
+        let align = elem_bytes(Elem::Scalar(acc)) as u32;
+        self.nest(&[m / MR, n / vl], &mut |h, ij| {
+            let b = &h.cx.b;
+            let i0 = b.build_int_mul(ij[0], h.i64(MR), "")?;
+            let j0 = b.build_int_mul(ij[1], h.i64(vl), "")?;
+            let row = |h: &Self, r: u64, stride: u64| -> LResult<IntValue<'ctx>> {
+                let b = &h.cx.b;
+                let i = b.build_int_add(i0, h.i64(r), "")?;
+                Ok(b.build_int_mul(i, h.i64(stride), "")?)
+            };
+            let mut init = Vec::with_capacity(MR as usize);
+            let mut dsts = Vec::with_capacity(MR as usize);
+            for r in 0..MR {
+                let at = h.cx.b.build_int_add(row(h, r, n)?, j0, "")?;
+                let p = h.gep(ty, out, at)?;
+                let x = h.cx.b.build_load(vt, p, "")?;
+                set_align(x, align as u64);
+                init.push(x);
+                dsts.push(p);
+            }
+            let pre = h.here()?;
+            let (head, exit) = (h.block("mk"), h.block("mkdone"));
+            h.cx.b.build_unconditional_branch(head)?;
+            h.cx.b.position_at_end(head);
+            let i64t = h.cx.ctx.i64_type();
+            let kp = h.cx.b.build_phi(i64t, "k")?;
+            kp.add_incoming(&[(&i64t.const_zero(), pre)]);
+            let kv = kp.as_basic_value().into_int_value();
+            let mut phis = Vec::with_capacity(MR as usize);
+            for x in &init {
+                let p = h.cx.b.build_phi(vt, "acc")?;
+                p.add_incoming(&[(x, pre)]);
+                phis.push(p);
+            }
+            let bi =
+                h.cx.b
+                    .build_int_add(h.cx.b.build_int_mul(kv, h.i64(n), "")?, j0, "")?;
+            let bp = h.gep(ty, pb, bi)?;
+            let bv = h.cx.b.build_load(vt, bp, "")?;
+            set_align(bv, align as u64);
+            let mut next = Vec::with_capacity(MR as usize);
+            for (r, p) in phis.iter().enumerate() {
+                let ai = h.cx.b.build_int_add(row(h, r as u64, k)?, kv, "")?;
+                let a = h.get(V::T(pa), Elem::Scalar(acc), ai)?;
+                let av = h.splat(a, vl as u32)?;
+                let y = h.cx.call_intrinsic(
+                    "llvm.fmuladd",
+                    &[vt.into()],
+                    &[av.into(), bv, p.as_basic_value()],
+                )?;
+                next.push(y);
+            }
+            let k1 = h.cx.b.build_int_add(kv, h.i64(1), "")?;
+            let latch = h.here()?;
+            kp.add_incoming(&[(&k1, latch)]);
+            for (p, y) in phis.iter().zip(&next) {
+                p.add_incoming(&[(y, latch)]);
+            }
+            let more =
+                h.cx.b
+                    .build_int_compare(IntPredicate::ULT, k1, h.i64(k), "")?;
+            h.cx.b.build_conditional_branch(more, head, exit)?;
+            h.cx.b.position_at_end(exit);
+            for (p, y) in dsts.iter().zip(&next) {
+                let st = h.cx.b.build_store(*p, *y)?;
+                let _ = st.set_alignment(align);
+            }
+            Ok(())
+        })
+    }
+
+    /// `reduce` (`scan` = None) or `scan` (`Some(reverse)`) along `axis`.
+    fn reduce(&mut self, op: &Op, axis: u8, rop: ReduceOp, scan: Option<bool>) -> LResult<()> {
+        let shape = self.shape(op.operands[0]);
+        let a = axis as usize;
+        if a >= shape.len() {
+            return unsupported(op, "along a missing axis");
+        }
+        let e = self.elem(op.operands[0]);
+        let Some(s) = e.scalar() else {
+            return unsupported(op, "of pointers");
+        };
+        let bop = match rop {
+            ReduceOp::Sum => BinaryOp::Add,
+            ReduceOp::Prod => BinaryOp::Mul,
+            ReduceOp::Min => BinaryOp::Min,
+            ReduceOp::Max => BinaryOp::Max,
+            ReduceOp::And => BinaryOp::And,
+            ReduceOp::Or => BinaryOp::Or,
+            ReduceOp::Xor => BinaryOp::Xor,
+        };
+        let pre: u64 = shape[..a].iter().product();
+        let len = shape[a];
+        let post: u64 = shape[a + 1..].iter().product();
+        let src = self.mat(op.operands[0])?;
+        let re = self.elem(op.results[0]);
+        let n_out = self.numel(op.results[0]);
+        let out = self.slot(re, n_out)?;
+        let combine = |h: &Self, x: BasicValueEnum<'ctx>, y: BasicValueEnum<'ctx>| {
+            let r = elementwise::binary(&h.cx, bop, s, x, y)?;
+            if scan.is_none()
+                && matches!(s, ScalarType::F32 | ScalarType::F64)
+                && bop == BinaryOp::Add
+            {
+                // A sum may be reassociated (vectorized), as every backend's tree does.
+                elementwise::with_fast_math(r, inkwell::llvm_sys::LLVMFastMathAllowReassoc);
+            }
+            Ok::<_, LowerError>(r)
+        };
+        if len == 0 {
+            return unsupported(op, "along an empty axis");
+        }
+        match scan {
+            None => {
+                // out[p, q] = in[p, 0, q]; then in[p, r, q] folded in, q innermost.
+                self.nest(&[pre, post], &mut |h, pq| {
+                    let si = h.linear(pq, &[len * post, 1])?;
+                    let oi = h.linear(pq, &[post, 1])?;
+                    let x = h.get(src, e, si)?;
+                    h.put(out, re, oi, x)
+                })?;
+                if len > 1 {
+                    self.nest(&[pre, len - 1, post], &mut |h, prq| {
+                        let r = h.cx.b.build_int_add(prq[1], h.i64(1), "")?;
+                        let si = h.linear(&[prq[0], r, prq[2]], &[len * post, post, 1])?;
+                        let oi = h.linear(&[prq[0], prq[2]], &[post, 1])?;
+                        let x = h.get(src, e, si)?;
+                        let acc = h.get(V::T(out), re, oi)?;
+                        let y = combine(h, acc, x)?;
+                        h.put(out, re, oi, y)
+                    })?;
+                }
+            }
+            Some(reverse) => {
+                self.nest(&[pre, post], &mut |h, pq| {
+                    let first = if reverse { len - 1 } else { 0 };
+                    let at = |h: &Self, r: IntValue<'ctx>| {
+                        h.linear(&[pq[0], r, pq[1]], &[len * post, post, 1])
+                    };
+                    let i0 = at(h, h.i64(first))?;
+                    let x = h.get(src, e, i0)?;
+                    h.put(out, re, i0, x)?;
+                    h.counted(len - 1, &mut |h, r| {
+                        // Step r + 1 from the start (from the end when reversed).
+                        let (cur, prev) = if reverse {
+                            let c = h.cx.b.build_int_sub(h.i64(len - 2), r, "")?;
+                            (c, h.cx.b.build_int_add(c, h.i64(1), "")?)
+                        } else {
+                            (h.cx.b.build_int_add(r, h.i64(1), "")?, r)
+                        };
+                        let (ci, pi) = (at(h, cur)?, at(h, prev)?);
+                        let acc = h.get(V::T(out), re, pi)?;
+                        let x = h.get(src, e, ci)?;
+                        let y = combine(h, acc, x)?;
+                        h.put(out, re, ci, y)
+                    })
+                })?;
+            }
+        }
+        if self.f.ty(op.results[0]).shape.is_empty() {
+            let v = self.get(V::T(out), re, self.i64(0))?;
+            self.set(op, V::U(v));
+        } else {
+            self.set(op, V::T(out));
+        }
+        Ok(())
+    }
+
+    /// A slot holding a loop-carried or branch-merged value of `v`'s type: a scalar
+    /// slot (promoted to registers by LLVM) for 0-d values, a tile slot otherwise.
+    fn carrier(&mut self, v: ValueId) -> LResult<(PointerValue<'ctx>, bool)> {
+        let e = self.elem(v);
+        if self.f.ty(v).shape.is_empty() {
+            let p = super::entry_alloca(&self.cx, self.lty(e), "carried")?;
+            Ok((p, false))
+        } else {
+            let n = self.numel(v);
+            Ok((self.slot(e, n)?, true))
+        }
+    }
+
+    /// Writes `vals` (typed like `tys`) into the carriers, through temporaries where a
+    /// value is another carrier (a swap).
+    fn fill_carriers(
+        &mut self,
+        carriers: &[(PointerValue<'ctx>, bool)],
+        tys: &[ValueId],
+        vals: &[V<'ctx>],
+    ) -> LResult<()> {
+        let mut staged: Vec<V<'ctx>> = Vec::with_capacity(vals.len());
+        for (k, &v) in vals.iter().enumerate() {
+            let v = self.mat_v(v, tys[k])?;
+            let aliased = matches!(v, V::T(p) if carriers.iter().enumerate().any(|(j, c)| j != k && c.0 == p));
+            if aliased {
+                let e = self.elem(tys[k]);
+                let n = self.numel(tys[k]);
+                let tmp = self.slot(e, n)?;
+                self.copy_tile(tmp, v, e, n)?;
+                staged.push(V::T(tmp));
+            } else {
+                staged.push(v);
+            }
+        }
+        for (k, v) in staged.into_iter().enumerate() {
+            let (p, tile) = carriers[k];
+            let e = self.elem(tys[k]);
+            if tile {
+                if matches!(v, V::T(q) if q == p) {
+                    continue;
+                }
+                let n = self.numel(tys[k]);
+                self.copy_tile(p, v, e, n)?;
+            } else {
+                let x = self.get(v, e, self.i64(0))?;
+                self.cx.b.build_store(p, x)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn copy_tile(&mut self, dst: PointerValue<'ctx>, v: V<'ctx>, e: Elem, n: u64) -> LResult<()> {
+        self.counted(n, &mut |h, i| {
+            let x = h.get(v, e, i)?;
+            h.put(dst, e, i, x)
+        })
+    }
+
+    fn carried_value(&self, c: (PointerValue<'ctx>, bool), v: ValueId) -> LResult<V<'ctx>> {
+        if c.1 {
+            Ok(V::T(c.0))
+        } else {
+            Ok(V::U(self.cx.b.build_load(
+                self.lty(self.elem(v)),
+                c.0,
+                "",
+            )?))
+        }
+    }
+
+    fn for_op(&mut self, op: &Op) -> LResult<()> {
+        if op.operands.len() < 3 || op.regions.len() != 1 {
+            return unsupported(op, "without bounds and a body");
+        }
+        let body = &op.regions[0];
+        let Some((&iv_arg, iter_args)) = body.args.split_first() else {
+            return unsupported(op, "without an induction variable");
+        };
+        let ity = self.lty(self.elem(op.operands[0])).into_int_type();
+        let signed = self
+            .elem(op.operands[0])
+            .scalar()
+            .is_none_or(|s| s.is_signed_int());
+        let bound = |h: &mut Self, k: usize| -> LResult<IntValue<'ctx>> {
+            let v = h.val(op.operands[k])?;
+            let x = h.get(v, h.elem(op.operands[k]), h.i64(0))?.into_int_value();
+            Ok(h.cx.b.build_int_cast_sign_flag(x, ity, signed, "")?)
+        };
+        let (lb, ub, step) = (bound(self, 0)?, bound(self, 1)?, bound(self, 2)?);
+        let site = self.site(op, SiteKind::Step, Vec::new());
+        let pos = self
+            .cx
+            .b
+            .build_int_compare(IntPredicate::SGT, step, ity.const_zero(), "")?;
+        let step64 = self
+            .cx
+            .b
+            .build_int_s_extend_or_bit_cast(step, self.cx.ctx.i64_type(), "")?;
+        self.check(pos, site, self.i64(0), step64)?;
+        let carriers: Vec<_> = iter_args
+            .iter()
+            .map(|&a| self.carrier(a))
+            .collect::<LResult<_>>()?;
+        let inits: Vec<V<'ctx>> = op.operands[3..]
+            .iter()
+            .map(|&v| self.val(v))
+            .collect::<LResult<_>>()?;
+        self.fill_carriers(&carriers, iter_args, &inits)?;
+        let pre = self.here()?;
+        let head = self.block("for");
+        let body_bb = self.block("body");
+        let exit = self.block("endfor");
+        self.cx.b.build_unconditional_branch(head)?;
+        self.cx.b.position_at_end(head);
+        let phi = self.cx.b.build_phi(ity, "iv")?;
+        phi.add_incoming(&[(&lb, pre)]);
+        let iv = phi.as_basic_value().into_int_value();
+        let pred = if signed {
+            IntPredicate::SLT
+        } else {
+            IntPredicate::ULT
+        };
+        let go = self.cx.b.build_int_compare(pred, iv, ub, "")?;
+        self.cx.b.build_conditional_branch(go, body_bb, exit)?;
+        self.cx.b.position_at_end(body_bb);
+        self.poll(site)?;
+        self.vals.insert(iv_arg, V::U(iv.into()));
+        for (k, &a) in iter_args.iter().enumerate() {
+            let v = self.carried_value(carriers[k], a)?;
+            self.vals.insert(a, v);
+        }
+        let ys = self.region(body)?;
+        if ys.len() != iter_args.len() {
+            return unsupported(op, "whose body yields the wrong number of values");
+        }
+        self.fill_carriers(&carriers, iter_args, &ys)?;
+        let next = self.cx.b.build_int_add(iv, step, "")?;
+        // Past the type's end the loop is over (the interpreter counts in i64).
+        let no_wrap = self.cx.b.build_int_compare(pred, iv, next, "")?;
+        let latch = self.here()?;
+        phi.add_incoming(&[(&next, latch)]);
+        self.cx.b.build_conditional_branch(no_wrap, head, exit)?;
+        self.cx.b.position_at_end(exit);
+        for (k, &r) in op.results.iter().enumerate() {
+            let Some(&c) = carriers.get(k) else {
+                return unsupported(op, "with more results than carried values");
+            };
+            let v = self.carried_value(c, iter_args[k])?;
+            self.vals.insert(r, v);
+        }
+        Ok(())
+    }
+
+    /// The watchdog, once per iteration of a `for` or `while` loop: the runtime's
+    /// `__tessera_cpu_poll(err)` returns 1 once the launch's deadline has passed, and
+    /// the kernel fails at `site` (lane `u64::MAX` marks the timeout).
+    fn poll(&mut self, site: usize) -> LResult<()> {
+        let ctx = self.cx.ctx;
+        let ptr = ctx.ptr_type(AddressSpace::default());
+        let f = self.cx.module.get_function(POLL).unwrap_or_else(|| {
+            self.cx.module.add_function(
+                POLL,
+                ctx.i32_type().fn_type(&[ptr.into()], false),
+                Some(inkwell::module::Linkage::External),
+            )
+        });
+        let rc = self
+            .cx
+            .b
+            .build_call(f, &[self.err.into()], "")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LowerError::Llvm("poll returns nothing".into()))?
+            .into_int_value();
+        let ok =
+            self.cx
+                .b
+                .build_int_compare(IntPredicate::EQ, rc, ctx.i32_type().const_zero(), "")?;
+        self.check(ok, site, self.i64(u64::MAX), self.i64(0))
+    }
+
+    fn while_op(&mut self, op: &Op) -> LResult<()> {
+        if op.regions.len() != 2 {
+            return unsupported(op, "without two regions");
+        }
+        let (before, after) = (&op.regions[0], &op.regions[1]);
+        if before.args.len() != op.operands.len() || after.args.len() != op.results.len() {
+            return unsupported(op, "whose regions take the wrong number of values");
+        }
+        let site = self.site(op, SiteKind::Loop, Vec::new());
+        let carried: Vec<_> = before
+            .args
+            .iter()
+            .map(|&a| self.carrier(a))
+            .collect::<LResult<_>>()?;
+        let forwarded: Vec<_> = op
+            .results
+            .iter()
+            .map(|&r| self.carrier(r))
+            .collect::<LResult<_>>()?;
+        let inits: Vec<V<'ctx>> = op
+            .operands
+            .iter()
+            .map(|&v| self.val(v))
+            .collect::<LResult<_>>()?;
+        self.fill_carriers(&carried, &before.args, &inits)?;
+        let (head, body, exit) = (
+            self.block("while"),
+            self.block("do"),
+            self.block("endwhile"),
+        );
+        self.cx.b.build_unconditional_branch(head)?;
+        self.cx.b.position_at_end(head);
+        self.poll(site)?;
+        for (k, &a) in before.args.iter().enumerate() {
+            let v = self.carried_value(carried[k], a)?;
+            self.vals.insert(a, v);
+        }
+        let t = self.region(before)?;
+        let Some((&c, fwd)) = t.split_first() else {
+            return unsupported(op, "whose first region does not end in `condition`");
+        };
+        if fwd.len() != op.results.len() {
+            return unsupported(op, "that forwards the wrong number of values");
+        }
+        let c = self
+            .get(c, Elem::Scalar(ScalarType::I1), self.i64(0))?
+            .into_int_value();
+        self.fill_carriers(&forwarded, &op.results, fwd)?;
+        self.cx.b.build_conditional_branch(c, body, exit)?;
+        self.cx.b.position_at_end(body);
+        for (k, &a) in after.args.iter().enumerate() {
+            let v = self.carried_value(forwarded[k], a)?;
+            self.vals.insert(a, v);
+        }
+        let ys = self.region(after)?;
+        if ys.len() != before.args.len() {
+            return unsupported(op, "whose second region yields the wrong number of values");
+        }
+        self.fill_carriers(&carried, &before.args, &ys)?;
+        self.cx.b.build_unconditional_branch(head)?;
+        self.cx.b.position_at_end(exit);
+        for (k, &r) in op.results.iter().enumerate() {
+            let v = self.carried_value(forwarded[k], r)?;
+            self.vals.insert(r, v);
+        }
+        Ok(())
+    }
+
+    fn if_op(&mut self, op: &Op) -> LResult<()> {
+        if op.regions.len() != 2 {
+            return unsupported(op, "without two regions");
+        }
+        let c = self.val(op.operands[0])?;
+        let c = self
+            .get(c, Elem::Scalar(ScalarType::I1), self.i64(0))?
+            .into_int_value();
+        let carriers: Vec<_> = op
+            .results
+            .iter()
+            .map(|&r| self.carrier(r))
+            .collect::<LResult<_>>()?;
+        let (then_bb, else_bb, join) =
+            (self.block("then"), self.block("else"), self.block("endif"));
+        self.cx.b.build_conditional_branch(c, then_bb, else_bb)?;
+        for (r, bb) in op.regions.iter().zip([then_bb, else_bb]) {
+            self.cx.b.position_at_end(bb);
+            let ys = self.region(r)?;
+            if ys.len() != op.results.len() {
+                return unsupported(op, "whose regions yield the wrong number of values");
+            }
+            self.fill_carriers(&carriers, &op.results, &ys)?;
+            self.cx.b.build_unconditional_branch(join)?;
+        }
+        self.cx.b.position_at_end(join);
+        for (k, &r) in op.results.iter().enumerate() {
+            let v = self.carried_value(carriers[k], r)?;
+            self.vals.insert(r, v);
+        }
+        Ok(())
+    }
+}
+
+/// The vector of `w` elements of `t`.
+fn vec_of(t: BasicTypeEnum<'_>, w: u32) -> LResult<inkwell::types::VectorType<'_>> {
+    match t {
+        BasicTypeEnum::IntType(t) => Ok(t.vec_type(w)),
+        BasicTypeEnum::FloatType(t) => Ok(t.vec_type(w)),
+        BasicTypeEnum::PointerType(t) => Ok(t.vec_type(w)),
+        t => Err(LowerError::Llvm(format!("no vector of {t}"))),
+    }
+}
+
+/// Sets the alignment of a load.
+fn set_align(v: BasicValueEnum<'_>, bytes: u64) {
+    if let Some(i) = inkwell::values::BasicValue::as_instruction_value(&v) {
+        let _ = i.set_alignment(bytes as u32);
+    }
+}
+
+fn row_major(shape: &[u64]) -> Vec<u64> {
+    let mut st = vec![0u64; shape.len()];
+    let mut acc = 1;
+    for d in (0..shape.len()).rev() {
+        st[d] = acc;
+        acc *= shape[d];
+    }
+    st
+}
+
+fn param_of(p: Prov) -> Option<usize> {
+    match p {
+        Prov::Param(k) => Some(k),
+        _ => None,
+    }
+}
