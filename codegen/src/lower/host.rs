@@ -1158,13 +1158,14 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         });
         let bool_e = Elem::Scalar(ScalarType::I1);
         let ty = self.lty(e);
-        let vec_ok = !matches!(vals, V::A(_));
+        // An affine value is stored lane by lane (the chunks read tile slots).
+        let vals = self.mat_v(vals, op.operands[1])?;
         let prov_site = site.map(|s| (s, prov));
         let _ = rm;
         self.chunked(
             &shape,
             (ptrs, pe, e),
-            mask.filter(|_| vec_ok),
+            mask,
             prov_site,
             &mut |h, idx, i| {
                 let (on, join) = (h.block("st"), h.block("stj"));
