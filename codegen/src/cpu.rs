@@ -33,7 +33,7 @@ use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, RelocMode, Target as LlvmTarget, TargetMachine};
 use rayon::prelude::*;
-use tessera_ir::interp::{InterpError, KernelArg, Scalar};
+use tessera_ir::interp::{InterpError, KernelArg};
 use tessera_ir::{Elem, Function, Span};
 
 use crate::lower::LowerError;
@@ -219,25 +219,6 @@ fn build(func: &Function, sanitize: bool) -> Result<CpuKernel, CpuError> {
     })
 }
 
-/// A scalar's bytes in a zero-padded 8-byte word (`i1` is one byte).
-fn scalar_word(s: Scalar) -> u64 {
-    match s {
-        Scalar::I1(x) => x as u64,
-        Scalar::I8(x) => x as u8 as u64,
-        Scalar::I16(x) => x as u16 as u64,
-        Scalar::I32(x) => x as u32 as u64,
-        Scalar::I64(x) => x as u64,
-        Scalar::U8(x) => x as u64,
-        Scalar::U16(x) => x as u64,
-        Scalar::U32(x) => x as u64,
-        Scalar::U64(x) => x,
-        Scalar::F16(x) => x.to_bits() as u64,
-        Scalar::BF16(x) => x.to_bits() as u64,
-        Scalar::F32(x) => x.to_bits() as u64,
-        Scalar::F64(x) => x.to_bits(),
-    }
-}
-
 /// Runs `func` on the compiled CPU device over `grid` (see the module docs).
 ///
 /// Arguments are checked as the interpreter checks them; symmetric buffers (and
@@ -321,7 +302,7 @@ pub fn launch_limited(
                         format!("expected a {t} scalar, got {}", s.ty()),
                     ));
                 }
-                words[k] = scalar_word(*s);
+                words[k] = crate::emu::scalar_slot(*s);
             }
             (e, _) => {
                 return Err(arg_err(&p.name, format!("expected an argument for {e:?}")));

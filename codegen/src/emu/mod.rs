@@ -337,7 +337,7 @@ fn fmt3(b: &[u32; 3]) -> String {
 pub const DEFAULT_BARRIER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A scalar's bytes in a zero-padded 8-byte slot (`i1` is one byte).
-fn scalar_slot(s: Scalar) -> u64 {
+pub(crate) fn scalar_slot(s: Scalar) -> u64 {
     match s {
         Scalar::I1(x) => x as u64,
         Scalar::I8(x) => x as u8 as u64,
