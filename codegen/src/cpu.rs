@@ -8,7 +8,10 @@
 //! [`launch`] compiles a kernel once per process (keyed by its printed IR and whether
 //! accesses are checked) and runs its grid. A kernel the compiled device does not
 //! lower comes back as [`CpuError::Unsupported`], naming the op, so that the caller
-//! runs it on the interpreter instead; nothing runs before that is known.
+//! runs it on the interpreter instead; nothing runs before that is known. So does a
+//! launch whose buffers overlap where the compiled code reads one while it writes
+//! the other (a load fused into a store to another parameter, which reads memory
+//! as the store goes, not the whole tile first).
 //!
 //! **Results** are those of the interpreter, with the same errors: with `sanitize`
 //! every load and store is checked against the buffer its pointer came from
@@ -73,6 +76,8 @@ pub struct CpuKernel {
     entry: Entry,
     sites: Vec<HostSite>,
     scratch_bytes: u64,
+    /// Parameter pairs whose buffers must not overlap (see `HostLowered::disjoint`).
+    disjoint: Vec<(usize, usize)>,
     /// Seconds LLVM took (lowering, optimization, machine code).
     pub compile_secs: f64,
 }
@@ -215,6 +220,7 @@ fn build(func: &Function, sanitize: bool) -> Result<CpuKernel, CpuError> {
         entry,
         sites: lowered.sites,
         scratch_bytes: lowered.scratch_bytes,
+        disjoint: lowered.disjoint,
         compile_secs: t0.elapsed().as_secs_f64(),
     })
 }
@@ -310,6 +316,22 @@ pub fn launch_limited(
         }
     }
     let kernel = compile(func, sanitize)?;
+    // The compiled code reads some buffers while it writes others (a fused load):
+    // overlapping ones take the interpreter, which reads a whole tile first.
+    for &(r, w) in &kernel.disjoint {
+        let (a, b) = ((words[r], lens[r]), (words[w], lens[w]));
+        if a.0 < b.0.saturating_add(b.1) && b.0 < a.0.saturating_add(a.1) {
+            return Err(CpuError::Unsupported {
+                kernel: func.name.clone(),
+                span: func.span.clone(),
+                message: format!(
+                    "buffers `{}` and `{}` overlap, and the compiled kernel reads the first \
+                     while it writes the second",
+                    func.params[r].name, func.params[w].name
+                ),
+            });
+        }
+    }
     let total = grid.iter().map(|&g| g as u64).product::<u64>();
     if total == 0 {
         return Ok(());

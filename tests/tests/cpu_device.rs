@@ -171,3 +171,324 @@ fn the_interpreter_is_a_device_of_its_own_name() {
         Device::cpu().name()
     );
 }
+
+/// Two tiles carried through a runtime loop, each step's values fused elementwise
+/// expressions of both old ones (a rotation) or the old ones swapped: every carried
+/// value is read before either is written. The masked load's `other` is computed
+/// from the lane index.
+#[kernel]
+fn rotate<const B: usize>(x: &Global<f32>, out: &mut Global<f32>, n: i32, steps: i32) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    let mut a = x.load(offs, m);
+    let mut b = x.load_or(offs + 1, (offs + 1).lt(n), offs.cast::<f32>() * 0.5 - 3.0);
+    for _ in 0..steps {
+        let na = b * 0.75 + a * 0.25;
+        let nb = a - b * 0.5;
+        a = na;
+        b = nb;
+        let t = a;
+        a = b;
+        b = t;
+    }
+    out.store(offs, a, m);
+    out.store(offs + n, b, m);
+}
+
+#[test]
+fn carried_tiles_updated_from_each_other_match_the_interpreter() {
+    let mut rng = StdRng::seed_from_u64(11);
+    for (n, steps) in [(100usize, 0i32), (100, 1), (77, 6), (256, 5)] {
+        let xs: Vec<f32> = (0..n).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+        let mut got = Vec::new();
+        for dev in [Device::cpu(), Device::interp()] {
+            let x = dev.upload(&xs).unwrap();
+            let mut out = dev.upload(&vec![f32::NAN; 2 * n]).unwrap();
+            rotate::<32>::launch(&dev, n.div_ceil(32) as u32, (&x, &mut out, n as i32, steps))
+                .unwrap_or_else(|e| panic!("{dev}: {e}"));
+            got.push(out.download().unwrap());
+        }
+        // The reference, in f32 as the kernel computes it.
+        let mut want = vec![0.0f32; 2 * n];
+        for i in 0..n {
+            let mut a = xs[i];
+            let mut b = if i + 1 < n {
+                xs[i + 1]
+            } else {
+                i as f32 * 0.5 - 3.0
+            };
+            for _ in 0..steps {
+                let (na, nb) = (b * 0.75 + a * 0.25, a - b * 0.5);
+                (a, b) = (nb, na);
+            }
+            (want[i], want[n + i]) = (a, b);
+        }
+        for (i, w) in want.iter().enumerate() {
+            for (k, g) in got.iter().enumerate() {
+                let d = ["compiled", "interpreter"][k];
+                assert!(
+                    g[i].to_bits() == w.to_bits(),
+                    "n {n}, steps {steps}: element {i}: {d} {}, want {w}",
+                    g[i]
+                );
+            }
+        }
+    }
+}
+
+/// Shifts `x` right by one in place: the load must be read whole before the store
+/// writes (the compiled device may not fuse a load into a store to its own buffer).
+#[kernel]
+fn shift_in_place<const B: usize>(x: &mut Global<f32>, n: i32) {
+    let offs = arange::<B>();
+    let v = x.load(offs, offs.lt(n));
+    x.store(offs + 1, v * 2.0, (offs + 1).lt(n));
+}
+
+/// `out = x * 2 + y` where the loads of `x` and `y` are fused into the store.
+#[kernel]
+fn axpy<const B: usize>(x: &Global<f32>, y: &Global<f32>, out: &mut Global<f32>, n: i32) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    out.store(offs, x.load(offs, m) * 2.0 + y.load_or(offs, m, 1.0), m);
+}
+
+#[test]
+fn fused_loads_see_memory_as_a_whole_tile_load_would() {
+    let mut rng = StdRng::seed_from_u64(5);
+    // In place: the store lands where later lanes are loaded from.
+    let n = 200usize;
+    let xs: Vec<f32> = (0..n).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+    for sanitize in [true, false] {
+        let f = ir::<shift_in_place<256>>();
+        let buf = Arc::new(HostBuffer::from_slice(&xs));
+        let args = vec![
+            KernelArg::Buffer(Arc::clone(&buf)),
+            KernelArg::Scalar(Scalar::I32(n as i32)),
+        ];
+        cpu::launch(&f, [1, 1, 1], &args, sanitize).unwrap();
+        let got = buf.to_vec::<f32>().unwrap();
+        assert_eq!(got[0], xs[0]);
+        for i in 1..n {
+            assert_eq!(got[i], xs[i - 1] * 2.0, "sanitize {sanitize}: element {i}");
+        }
+    }
+    // Fused into the store, with and without the sanitizer; then with the output
+    // aliasing an input, which the compiled device leaves to the interpreter.
+    let n = 1000usize;
+    let xs: Vec<f32> = (0..n).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+    let ys: Vec<f32> = (0..n).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+    let f = ir::<axpy<64>>();
+    for sanitize in [true, false] {
+        let out = Arc::new(HostBuffer::from_slice(&vec![f32::NAN; n]));
+        let args = vec![
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xs))),
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&ys))),
+            KernelArg::Buffer(Arc::clone(&out)),
+            KernelArg::Scalar(Scalar::I32(n as i32)),
+        ];
+        cpu::launch(&f, [16, 1, 1], &args, sanitize).unwrap();
+        let got = out.to_vec::<f32>().unwrap();
+        for i in 0..n {
+            assert_eq!(
+                got[i],
+                xs[i] * 2.0 + ys[i],
+                "sanitize {sanitize}: element {i}"
+            );
+        }
+    }
+    let x = Arc::new(HostBuffer::from_slice(&xs));
+    let args = vec![
+        KernelArg::Buffer(Arc::clone(&x)),
+        KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&ys))),
+        KernelArg::Buffer(Arc::clone(&x)),
+        KernelArg::Scalar(Scalar::I32(n as i32)),
+    ];
+    let e = cpu::launch(&f, [16, 1, 1], &args, false).expect_err("x and out overlap");
+    assert!(
+        matches!(&e, CpuError::Unsupported { message, .. } if message.contains("overlap")),
+        "{e}"
+    );
+    assert_eq!(x.to_vec::<f32>().unwrap(), xs, "nothing ran");
+}
+
+/// `e^x` and `2^x` of every element.
+#[kernel]
+fn exps<const B: usize>(x: &Global<f32>, out: &mut Global<f32>, n: i32) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    let v = x.load(offs, m);
+    out.store(offs, v.exp(), m);
+    out.store(offs + n, v.exp2(), m);
+}
+
+/// Distance in representable f32 values between two results of the same sign.
+fn ulps(a: f32, b: f32) -> u64 {
+    if a.is_nan() || b.is_nan() {
+        return if a.is_nan() && b.is_nan() {
+            0
+        } else {
+            u64::MAX
+        };
+    }
+    (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs()
+}
+
+#[test]
+fn exp_is_within_two_ulp_of_libm() {
+    let mut rng = StdRng::seed_from_u64(3);
+    let mut xs: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        1e30,
+        -1e30,
+        f32::MIN_POSITIVE,
+        88.72,
+        88.73,
+        -87.33,
+        -103.97,
+        -104.0,
+        127.99,
+        128.0,
+        -126.0,
+        -149.0,
+        -149.5,
+        -150.0,
+    ];
+    // Random arguments over every range that matters: the whole finite result range
+    // of both functions (subnormal results included), and near zero.
+    for (lo, hi) in [
+        (-1.0f32, 1.0),
+        (-110.0, 90.0),
+        (-160.0, 130.0),
+        (-1e-3, 1e-3),
+    ] {
+        xs.extend((0..4096).map(|_| rng.gen_range(lo..hi)));
+    }
+    let n = xs.len();
+    let f = ir::<exps<256>>();
+    for sanitize in [true, false] {
+        let out = Arc::new(HostBuffer::from_slice(&vec![f32::NAN; 2 * n]));
+        let args = vec![
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xs))),
+            KernelArg::Buffer(Arc::clone(&out)),
+            KernelArg::Scalar(Scalar::I32(n as i32)),
+        ];
+        cpu::launch(&f, [n.div_ceil(256) as u32, 1, 1], &args, sanitize).unwrap();
+        let got = out.to_vec::<f32>().unwrap();
+        let mut worst = (0u64, 0u64);
+        for (i, &x) in xs.iter().enumerate() {
+            let (e, e2) = (got[i], got[n + i]);
+            let (d, d2) = (ulps(e, x.exp()), ulps(e2, x.exp2()));
+            assert!(d <= 2, "exp({x:e}) = {e:e}, libm {:e} ({d} ulp)", x.exp());
+            assert!(
+                d2 <= 2,
+                "exp2({x:e}) = {e2:e}, libm {:e} ({d2} ulp)",
+                x.exp2()
+            );
+            worst = (worst.0.max(d), worst.1.max(d2));
+        }
+        println!("worst: exp {} ulp, exp2 {} ulp", worst.0, worst.1);
+    }
+}
+
+/// Sums, maxima and minima of each row of `R x C` tiles of three element types.
+#[kernel]
+fn row_reduce<const R: usize, const C: usize>(
+    xf: &Global<f32>,
+    xi: &Global<i32>,
+    xu: &Global<u32>,
+    of: &mut Global<f32>,
+    oi: &mut Global<i32>,
+    ou: &mut Global<u32>,
+) {
+    let rows = arange::<R>();
+    let offs = rows.expand_dims::<1>() * C + arange::<C>().expand_dims::<0>();
+    let f = xf.load_unmasked(offs);
+    let i = xi.load_unmasked(offs);
+    let u = xu.load_unmasked(offs);
+    of.store_unmasked(rows, f.sum::<1>());
+    of.store_unmasked(rows + R, f.max::<1>());
+    of.store_unmasked(rows + 2 * R, f.min::<1>());
+    oi.store_unmasked(rows, i.sum::<1>());
+    oi.store_unmasked(rows + R, i.max::<1>());
+    oi.store_unmasked(rows + 2 * R, i.min::<1>());
+    ou.store_unmasked(rows, u.sum::<1>());
+    ou.store_unmasked(rows + R, u.max::<1>());
+    ou.store_unmasked(rows + 2 * R, u.min::<1>());
+}
+
+fn row_reduce_case<const C: usize>(seed: u64)
+where
+    row_reduce<8, C>: Kernel<Comptime = ()>,
+{
+    const R: usize = 8;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut xf: Vec<f32> = (0..R * C).map(|_| rng.gen_range(-8.0f32..8.0)).collect();
+    // Row 1 holds a NaN (max and min propagate it), row 2 only signed zeros (the
+    // maximum is +0, the minimum -0), row 3 infinities.
+    xf[C + C / 2] = f32::NAN;
+    for c in 0..C {
+        xf[2 * C + c] = if c % 3 == 0 { 0.0 } else { -0.0 };
+    }
+    xf[3 * C] = f32::INFINITY;
+    xf[3 * C + 1] = f32::NEG_INFINITY;
+    let xi: Vec<i32> = (0..R * C).map(|_| rng.r#gen::<i32>()).collect();
+    let xu: Vec<u32> = (0..R * C).map(|_| rng.r#gen::<u32>()).collect();
+    let f = ir::<row_reduce<8, C>>();
+    let run = |compiled: bool, sanitize: bool| {
+        let bufs = [
+            Arc::new(HostBuffer::from_slice(&[f32::NAN; 3 * R])),
+            Arc::new(HostBuffer::from_slice(&[0x5a5a5a5ai32; 3 * R])),
+            Arc::new(HostBuffer::from_slice(&[0x5a5a5a5au32; 3 * R])),
+        ];
+        let mut args = vec![
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xf))),
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xi))),
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xu))),
+        ];
+        args.extend(bufs.iter().map(|b| KernelArg::Buffer(Arc::clone(b))));
+        if compiled {
+            cpu::launch(&f, [1, 1, 1], &args, sanitize).unwrap();
+        } else {
+            tessera::ir::interp::run(&f, [1, 1, 1], &args).unwrap();
+        }
+        (
+            bufs[0].to_vec::<f32>().unwrap(),
+            bufs[1].to_vec::<i32>().unwrap(),
+            bufs[2].to_vec::<u32>().unwrap(),
+        )
+    };
+    let want = run(false, false);
+    for sanitize in [true, false] {
+        let got = run(true, sanitize);
+        assert_eq!(got.1, want.1, "C {C}: i32 sums, maxima, minima");
+        assert_eq!(got.2, want.2, "C {C}: u32 sums, maxima, minima");
+        for k in 0..3 * R {
+            let (g, w) = (got.0[k], want.0[k]);
+            let ok = if k < R && w.is_finite() {
+                (g - w).abs() <= 1e-5 * w.abs().max(1.0)
+            } else {
+                g.to_bits() == w.to_bits()
+            };
+            assert!(
+                ok,
+                "C {C}: f32 result {k}: compiled {g:e}, interpreter {w:e}"
+            );
+        }
+    }
+}
+
+#[test]
+fn row_reductions_by_vectors_match_the_interpreter() {
+    // 16-lane runs, one 8-lane run, the scalar path, a long row.
+    row_reduce_case::<64>(1);
+    row_reduce_case::<8>(2);
+    row_reduce_case::<4>(3);
+    row_reduce_case::<1024>(4);
+}

@@ -349,7 +349,12 @@ where
         .map(|v| T::from_f64(v.to_f64() + 1.5))
         .collect();
     let nan = T::from_f64(f64::NAN);
+    // On the reference interpreter: the claim checked below (the same bits) is about
+    // where the two kernel sequences round. On the compiled CPU device the plan's
+    // communicating kernel runs on the interpreter while the unfused RMSNorm kernel
+    // is compiled, and compiled sums may be reassociated (vectorized).
     let out = world(ranks)
+        .on(&Device::interp())
         .run(|r| {
             let me = r.rank() as usize;
             let mut plan = AllReduceRmsNorm::<T>::new(r, rows, hidden, eps)?;

@@ -309,6 +309,71 @@ pub(super) fn with_fast_math(v: BasicValueEnum<'_>, flags: inkwell::llvm_sys::LL
     }
 }
 
+/// `e^x` (`2^x` with `base2`) on a float of type `s` (half floats through f32) in
+/// plain arithmetic, for the host: no call, so LLVM vectorizes it with the code around
+/// it. The argument is reduced to `n + r` with `n` an integer and `|r| <= 1/2`
+/// (`e^x`: Cody-Waite, `x = n ln2 + r` with `ln2` in two parts so that `r` keeps
+/// its bits), `e^r` is a degree-7 Taylor polynomial (truncation below 2^-27
+/// relative), and `2^n` is built from exponent bits in two halves so that
+/// overflow, underflow and subnormal results round once. Within 2 ulp of the
+/// correctly rounded f32 result (tests/cpu_device.rs sweeps it against libm);
+/// infinities and NaN as in C.
+pub(super) fn exp_poly<'ctx>(
+    cx: &Cx<'ctx>,
+    s: ScalarType,
+    a: BasicValueEnum<'ctx>,
+    base2: bool,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let bd = &cx.b;
+    let x = widen(cx, s, a)?;
+    let t = x.get_type();
+    let c = |v: f64| t.const_float(v);
+    let i32t = cx.ctx.i32_type();
+    // Past these, the result is 0 or infinity anyway; NaN is put back at the end.
+    let (lo, hi) = if base2 {
+        (-160.0, 160.0)
+    } else {
+        (-110.0, 90.0)
+    };
+    let xc = intr(cx, "llvm.minnum", &[x.into(), c(hi).into()])?;
+    let xc = intr(cx, "llvm.maxnum", &[xc, c(lo).into()])?.into_float_value();
+    let (n, r) = if base2 {
+        let n = intr(cx, "llvm.roundeven", &[xc.into()])?.into_float_value();
+        (n, bd.build_float_sub(xc, n, "")?)
+    } else {
+        let y = bd.build_float_mul(xc, c(std::f64::consts::LOG2_E), "")?;
+        let n = intr(cx, "llvm.roundeven", &[y.into()])?.into_float_value();
+        // ln 2 = 0.693359375 (exact in 10 bits, so n * it is exact) - 2.121944400e-4.
+        let r = bd.build_float_sub(xc, bd.build_float_mul(n, c(0.693_359_375), "")?, "")?;
+        let r = bd.build_float_sub(
+            r,
+            bd.build_float_mul(n, c(-2.121_944_400_546_905_8e-4), "")?,
+            "",
+        )?;
+        (n, r)
+    };
+    // e^r, or 2^r = e^(r ln2): sum of (r k)^j / j!, j <= 7.
+    let k = if base2 { std::f64::consts::LN_2 } else { 1.0 };
+    let mut coeffs = [1.0f64; 8];
+    for j in 1..8 {
+        coeffs[j] = coeffs[j - 1] * k / j as f64;
+    }
+    let p = poly(cx, r, &coeffs)?;
+    // 2^n = 2^(n/2) * 2^(n - n/2), each a normal power of two.
+    let ni = bd.build_float_to_signed_int(n, i32t, "")?;
+    let n1 = bd.build_right_shift(ni, i32t.const_int(1, false), true, "")?;
+    let n2 = bd.build_int_sub(ni, n1, "")?;
+    let pow2 = |m: inkwell::values::IntValue<'ctx>| -> LResult<FloatValue<'ctx>> {
+        let e = bd.build_int_add(m, i32t.const_int(127, false), "")?;
+        let bits = bd.build_left_shift(e, i32t.const_int(23, false), "")?;
+        Ok(bd.build_bit_cast(bits, t, "")?.into_float_value())
+    };
+    let y = bd.build_float_mul(bd.build_float_mul(p, pow2(n1)?, "")?, pow2(n2)?, "")?;
+    let nan = bd.build_float_compare(FloatPredicate::UNO, x, x, "")?;
+    let y = bd.build_select(nan, x, y, "")?.into_float_value();
+    narrow(cx, s, y)
+}
+
 fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
     let t = x.get_type();
     let y =

@@ -5,7 +5,11 @@
 //! a slot of a per-thread *scratch* area (row-major, one slot per op result), and each
 //! tile op is a loop nest over its elements that LLVM's loop vectorizer turns into
 //! vector code for the host. Values that are equal in every element (constants,
-//! splats, program ids, and every 0-d value) stay scalars, used by every element.
+//! splats, program ids, and every 0-d value) stay scalars, used by every element;
+//! affine index tiles (`arange` and arithmetic on it) stay a base and strides; and an
+//! elementwise op whose only user is in its own region is *fused*: computed where
+//! its user reads an element, so that a chain of elementwise ops ending in a store,
+//! a reduction or a loop-carried value is one loop with no slot in between.
 //! The element semantics are the SIMT lowering's own helpers
 //! ([`super::elementwise`]), which the emulator checks against the interpreter.
 //!
@@ -32,9 +36,9 @@ use inkwell::IntPredicate;
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::basic_block::BasicBlock;
 use inkwell::context::Context;
-use inkwell::types::BasicTypeEnum;
+use inkwell::types::{BasicTypeEnum, VectorType};
 use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
-use tessera_ir::ir::{BinaryOp, ConstValue, Op, OpKind, ReduceOp, Region, ValueId};
+use tessera_ir::ir::{BinaryOp, ConstValue, Op, OpKind, ReduceOp, Region, UnaryOp, ValueId};
 use tessera_ir::{Elem, Function, ScalarType, Span};
 
 use super::elementwise;
@@ -86,6 +90,10 @@ pub(crate) struct HostLowered<'ctx> {
     pub sites: Vec<HostSite>,
     /// Scratch bytes one program instance needs.
     pub scratch_bytes: u64,
+    /// Parameter pairs whose buffers the code assumes do not overlap (a fused load
+    /// from the first reads while a store into the second runs): the launcher checks
+    /// them and runs an overlapping launch on the interpreter.
+    pub disjoint: Vec<(usize, usize)>,
 }
 
 /// Where a pointer value points: into parameter `k`'s buffer, into one of several,
@@ -119,7 +127,29 @@ enum V<'ctx> {
     /// materialized where it is only read, so that a load through it is a
     /// contiguous (vectorizable) access.
     A(usize),
+    /// A fused elementwise tile, `H::fused[k]`: an elementwise op over other values,
+    /// computed where an element is read instead of in a loop of its own (see
+    /// [`fusible`]), so that a chain of elementwise ops ending in a store, a
+    /// loop-carried value or another consumer is one loop with no slot in between.
+    F(usize),
 }
+
+/// A fused elementwise op (see [`V::F`]).
+struct Fused<'ctx> {
+    op: Op,
+    ins: Vec<V<'ctx>>,
+    /// Instructions per element, counting fused inputs as often as they are read
+    /// (bounded by [`FUSE_COST`], so that shared inputs cannot blow up).
+    cost: u32,
+    /// The slots it reads (its own inputs' and its fused inputs').
+    reads: Vec<PointerValue<'ctx>>,
+    /// A load: its sanitizer site, and the buffer it reads.
+    site: Option<usize>,
+    prov: Prov,
+}
+
+/// The most instructions per element a fused value may stand for.
+const FUSE_COST: u32 = 48;
 
 /// An affine tile (see [`V::A`]): an integer base with strides of its type, or a
 /// pointer base with `i64` strides in elements of its pointee.
@@ -135,6 +165,9 @@ struct H<'a, 'ctx> {
     arch: Emu,
     vals: HashMap<ValueId, V<'ctx>>,
     aff: Vec<Affine<'ctx>>,
+    fused: Vec<Fused<'ctx>>,
+    /// Per value: its elementwise op may be fused into its only user ([`fusible`]).
+    fusible: Vec<bool>,
     prov: Vec<Prov>,
     sites: Vec<HostSite>,
     sanitize: bool,
@@ -176,6 +209,8 @@ pub(crate) fn lower_host<'ctx>(
             .ok_or_else(|| LowerError::Llvm("missing parameter".into()))?
             .into_pointer_value())
     };
+    let prov = provenance(func);
+    let fusion = fusible(func, &prov);
     let mut h = H {
         cx: Cx { ctx, module, b },
         f: func,
@@ -185,7 +220,9 @@ pub(crate) fn lower_host<'ctx>(
         },
         vals: HashMap::new(),
         aff: Vec::new(),
-        prov: provenance(func),
+        fused: Vec::new(),
+        fusible: fusion.ok,
+        prov,
         sites: Vec::new(),
         sanitize,
         scratch_bytes: 0,
@@ -214,7 +251,179 @@ pub(crate) fn lower_host<'ctx>(
         module: cx.module,
         sites,
         scratch_bytes,
+        // (Loads are fused only without the sanitizer.)
+        disjoint: if sanitize {
+            Vec::new()
+        } else {
+            fusion.disjoint
+        },
     })
+}
+
+/// Which values may be computed where they are read ([`V::F`]) rather than
+/// materialized, and what that assumes of the buffers.
+struct Fusion {
+    /// Per value: fusible.
+    ok: Vec<bool>,
+    /// Parameter pairs `(read, written)` whose buffers must not overlap: a fused load
+    /// from the first is evaluated after (or while) a store to the second runs.
+    disjoint: Vec<(usize, usize)>,
+}
+
+/// Per value: whether it may be computed where it is read ([`V::F`]) rather than
+/// materialized. That is the result of an elementwise op (not an integer division,
+/// whose check must happen once, nor pointer arithmetic) or of a load from a
+/// parameter's buffer, whose every use is by one op in the region that defines it (so
+/// it is never recomputed per element by several consumers, nor per iteration of a
+/// loop nested in its region). A load is read where the chain of fused ops it feeds
+/// ends (its *sink*), so between it and that sink no op may write memory, except
+/// stores into other parameters' buffers (recorded in [`Fusion::disjoint`]).
+fn fusible(f: &Function, prov: &[Prov]) -> Fusion {
+    /// What an op does to memory.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Eff {
+        Pure,
+        /// A store through pointers into this buffer.
+        Store(Prov),
+        Other,
+    }
+    struct Walk<'f> {
+        f: &'f Function,
+        prov: &'f [Prov],
+        /// Per value: the region defining it (`usize::MAX`: a parameter or region
+        /// argument, never fused).
+        def: Vec<usize>,
+        /// Per value: the op defining it.
+        def_op: Vec<usize>,
+        /// Per value: its only user so far, `(region, op)`.
+        user: Vec<Option<(usize, usize)>>,
+        ok: Vec<bool>,
+        /// Per value: a load from parameter `k`'s buffer.
+        load: Vec<Option<usize>>,
+        /// Per op (in walk order): its effect and first result.
+        eff: Vec<Eff>,
+        result: Vec<Option<ValueId>>,
+        regions: usize,
+        ops: usize,
+    }
+    impl Walk<'_> {
+        fn region(&mut self, r: &Region) {
+            let me = self.regions;
+            for op in &r.ops {
+                self.ops += 1;
+                let user = (me, self.ops);
+                for &v in &op.operands {
+                    let i = v.index();
+                    match self.user[i] {
+                        _ if self.def[i] != me => self.ok[i] = false,
+                        None => self.user[i] = Some(user),
+                        Some(u) if u == user => {}
+                        Some(_) => self.ok[i] = false,
+                    }
+                }
+                let float = |v: ValueId| self.f.ty(v).elem.scalar().is_some_and(|s| s.is_float());
+                let elementwise = match &op.kind {
+                    OpKind::Binary(BinaryOp::Div | BinaryOp::Rem) => float(op.operands[0]),
+                    OpKind::Binary(_)
+                    | OpKind::Unary(_)
+                    | OpKind::Fma
+                    | OpKind::Cmp(_)
+                    | OpKind::Select
+                    | OpKind::Cast
+                    | OpKind::Bitcast => true,
+                    _ => false,
+                };
+                let load = match (&op.kind, op.operands.first(), op.results.first()) {
+                    (OpKind::Load { .. }, Some(&p), Some(&res))
+                        if !self.f.ty(res).shape.is_empty() =>
+                    {
+                        match self.prov[p.index()] {
+                            Prov::Param(k) => Some(k),
+                            _ => None,
+                        }
+                    }
+                    _ => None,
+                };
+                let eff = match &op.kind {
+                    OpKind::Store { .. } => Eff::Store(self.prov[op.operands[0].index()]),
+                    OpKind::DescStore { .. }
+                    | OpKind::AtomicRmw { .. }
+                    | OpKind::AtomicCas { .. }
+                    | OpKind::LocalAlloc { .. }
+                    | OpKind::Signal { .. }
+                    | OpKind::WaitUntil { .. }
+                    | OpKind::Fence { .. }
+                    | OpKind::BarrierAll
+                    | OpKind::Print { .. }
+                    | OpKind::Assert { .. } => Eff::Other,
+                    _ => Eff::Pure,
+                };
+                self.eff.push(eff);
+                self.result.push(op.results.first().copied());
+                for &res in &op.results {
+                    self.def[res.index()] = me;
+                    self.def_op[res.index()] = self.ops;
+                    self.ok[res.index()] = elementwise || load.is_some();
+                    self.load[res.index()] = load;
+                }
+                for sub in &op.regions {
+                    self.regions += 1;
+                    for &a in &sub.args {
+                        self.def[a.index()] = usize::MAX;
+                    }
+                    self.region(sub);
+                }
+            }
+        }
+    }
+    let n = f.values.len();
+    let mut w = Walk {
+        f,
+        prov,
+        def: vec![usize::MAX; n],
+        def_op: vec![0; n],
+        user: vec![None; n],
+        ok: vec![false; n],
+        load: vec![None; n],
+        // Op numbers start at 1.
+        eff: vec![Eff::Pure],
+        result: vec![None],
+        regions: 0,
+        ops: 0,
+    };
+    w.region(&f.body);
+    let mut ok: Vec<bool> = (0..n).map(|i| w.ok[i] && w.user[i].is_some()).collect();
+    let mut disjoint = Vec::new();
+    for v in 0..n {
+        let (Some(k), true) = (w.load[v], ok[v]) else {
+            continue;
+        };
+        // The sink: follow single users through fusible elementwise ops.
+        let mut sink = w.user[v].map_or(0, |u| u.1);
+        while let Some(r) = w.result[sink] {
+            match (ok[r.index()], w.user[r.index()]) {
+                (true, Some(u)) => sink = u.1,
+                _ => break,
+            }
+        }
+        let mut pairs = Vec::new();
+        let clear = (w.def_op[v] + 1..=sink).all(|i| match w.eff[i] {
+            Eff::Pure => true,
+            Eff::Store(Prov::Param(j)) if j != k => {
+                pairs.push((k, j));
+                true
+            }
+            _ => false,
+        });
+        if clear {
+            disjoint.extend(pairs);
+        } else {
+            ok[v] = false;
+        }
+    }
+    disjoint.sort_unstable();
+    disjoint.dedup();
+    Fusion { ok, disjoint }
 }
 
 /// Which parameter's buffer every pointer value points into (loop-carried pointers
@@ -363,7 +572,8 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         self.gep(i8t, self.scratch, self.i64(off))
     }
 
-    /// Element `i` of `v` (of element type `e`; a uniform or materialized tile).
+    /// Element `i` of `v` (of element type `e`; a uniform, materialized or fused
+    /// tile).
     fn get(&self, v: V<'ctx>, e: Elem, i: IntValue<'ctx>) -> LResult<BasicValueEnum<'ctx>> {
         match v {
             V::U(x) => Ok(x),
@@ -381,6 +591,21 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 }
                 Ok(x)
             }
+            // Elementwise over its inputs at the same linear index (an affine
+            // input has no linear form and is refused).
+            V::F(k) => {
+                let fu = &self.fused[k];
+                if matches!(fu.op.kind, OpKind::Load { .. }) {
+                    return self.load_elem(k, i, &|h, v, e| h.get(v, e, i));
+                }
+                let args: Vec<BasicValueEnum<'ctx>> = fu
+                    .ins
+                    .iter()
+                    .zip(&fu.op.operands)
+                    .map(|(&v, &id)| self.get(v, self.elem(id), i))
+                    .collect::<LResult<_>>()?;
+                self.apply(&fu.op, &args)
+            }
             V::A(_) => Err(LowerError::Llvm(
                 "an affine tile read by linear index".into(),
             )),
@@ -395,8 +620,22 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         idx: &[IntValue<'ctx>],
         lin: IntValue<'ctx>,
     ) -> LResult<BasicValueEnum<'ctx>> {
-        let V::A(k) = v else {
-            return self.get(v, e, lin);
+        let k = match v {
+            V::A(k) => k,
+            V::F(k) => {
+                let fu = &self.fused[k];
+                if matches!(fu.op.kind, OpKind::Load { .. }) {
+                    return self.load_elem(k, lin, &|h, v, e| h.get_at(v, e, idx, lin));
+                }
+                let args: Vec<BasicValueEnum<'ctx>> = fu
+                    .ins
+                    .iter()
+                    .zip(&fu.op.operands)
+                    .map(|(&v, &id)| self.get_at(v, self.elem(id), idx, lin))
+                    .collect::<LResult<_>>()?;
+                return self.apply(&fu.op, &args);
+            }
+            _ => return self.get(v, e, lin),
         };
         let a = &self.aff[k];
         let b = &self.cx.b;
@@ -435,18 +674,12 @@ impl<'a, 'ctx> H<'a, 'ctx> {
 
     /// `v` (typed like value `ty`) as a uniform or materialized tile.
     fn mat_v(&mut self, v: V<'ctx>, ty: ValueId) -> LResult<V<'ctx>> {
-        if !matches!(v, V::A(_)) {
+        if !matches!(v, V::A(_) | V::F(_)) {
             return Ok(v);
         }
         let e = self.elem(ty);
-        let shape = self.shape(ty);
-        let out = self.slot(e, shape.iter().product())?;
-        let rm = row_major(&shape);
-        self.nest(&shape, &mut |h, idx| {
-            let lin = h.linear(idx, &rm)?;
-            let x = h.get_at(v, e, idx, lin)?;
-            h.put(out, e, lin, x)
-        })?;
+        let out = self.slot(e, self.numel(ty))?;
+        self.copy_tile(out, v, ty)?;
         Ok(V::T(out))
     }
 
@@ -560,7 +793,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
 
     /// A failure branch: when `ok` is false, records `[site, lane, index]` and returns 1.
     fn check(
-        &mut self,
+        &self,
         ok: IntValue<'ctx>,
         site: usize,
         lane: IntValue<'ctx>,
@@ -666,39 +899,22 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             }
             OpKind::ExpandDims { .. } | OpKind::Reshape | OpKind::Hint { .. } => {
                 let v = self.val(op.operands[0])?;
-                let v = match v {
-                    V::A(k) => self.reshaped(k, op)?,
-                    v => v,
+                let v = match self.view(v, op)? {
+                    Some(v) => v,
+                    None => self.mat_v(v, op.operands[0])?,
                 };
                 self.set(op, v);
             }
             OpKind::Broadcast | OpKind::Permute { .. } => {
                 let v = self.val(op.operands[0])?;
-                if let V::A(k) = v {
-                    let src = self.shape(op.operands[0]);
-                    let dst = self.shape(op.results[0]);
-                    let st = self.aff[k].strides.clone();
-                    let zero = st[0].get_type().const_zero();
-                    let strides = match &op.kind {
-                        OpKind::Permute { order } if order.len() == st.len() => {
-                            order.iter().map(|&o| st[o as usize]).collect()
-                        }
-                        OpKind::Permute { .. } => return unsupported(op, "with a bad order"),
-                        _ => (0..st.len())
-                            .map(|d| {
-                                if src[d] == 1 && dst[d] != 1 {
-                                    zero
-                                } else {
-                                    st[d]
-                                }
-                            })
-                            .collect(),
-                    };
-                    let base = self.aff[k].base;
-                    let v = self.affine(base, strides);
-                    self.set(op, v);
-                    return Ok(());
-                }
+                let v = match self.view(v, op)? {
+                    Some(v @ (V::A(_) | V::F(_))) => {
+                        self.set(op, v);
+                        return Ok(());
+                    }
+                    Some(v) => v,
+                    None => self.mat_v(v, op.operands[0])?,
+                };
                 let n = self.numel(op.results[0]);
                 let src = self.shape(op.operands[0]);
                 let dst = self.shape(op.results[0]);
@@ -766,6 +982,88 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         Ok(())
     }
 
+    /// `v` seen through shape op `op` (`expand_dims`, `reshape`, `hint`, `broadcast`,
+    /// `permute`) without copying it, where that is possible: a uniform value as it
+    /// is, an affine tile with new strides, a fused elementwise tree with each input
+    /// seen the same way if it reads no memory (so a mask built from indices stays a
+    /// few instructions per element through broadcasts), and a materialized tile
+    /// through the ops that keep
+    /// its row-major order. `None`: it must be materialized first.
+    fn view(&mut self, v: V<'ctx>, op: &Op) -> LResult<Option<V<'ctx>>> {
+        let keeps_order = matches!(
+            op.kind,
+            OpKind::ExpandDims { .. } | OpKind::Reshape | OpKind::Hint { .. }
+        ) || (op.kind == OpKind::Broadcast
+            && self.numel(op.operands[0]) == self.numel(op.results[0]));
+        match v {
+            V::U(_) => Ok(Some(v)),
+            V::T(_) => Ok(keeps_order.then_some(v)),
+            V::A(k) => self.affine_view(k, op).map(Some),
+            // Only trees over indices and uniforms: those are cheap to recompute by
+            // every user (a view may have several), and read no memory.
+            V::F(k) if self.fused[k].reads.is_empty() && !self.has_load(k) => {
+                let mut ins = Vec::with_capacity(self.fused[k].ins.len());
+                for i in 0..self.fused[k].ins.len() {
+                    match self.view(self.fused[k].ins[i], op)? {
+                        Some(x) => ins.push(x),
+                        None => return Ok(None),
+                    }
+                }
+                let fu = &self.fused[k];
+                let f = Fused {
+                    op: fu.op.clone(),
+                    ins,
+                    cost: fu.cost,
+                    reads: fu.reads.clone(),
+                    site: None,
+                    prov: Prov::Unset,
+                };
+                self.fused.push(f);
+                Ok(Some(V::F(self.fused.len() - 1)))
+            }
+            V::F(_) => Ok(None),
+        }
+    }
+
+    /// Whether fused tree `fused[k]` holds a load.
+    fn has_load(&self, k: usize) -> bool {
+        matches!(self.fused[k].op.kind, OpKind::Load { .. })
+            || self.fused[k]
+                .ins
+                .iter()
+                .any(|v| matches!(*v, V::F(j) if self.has_load(j)))
+    }
+
+    /// Affine tile `aff[k]` through shape op `op`.
+    fn affine_view(&mut self, k: usize, op: &Op) -> LResult<V<'ctx>> {
+        match &op.kind {
+            OpKind::Broadcast | OpKind::Permute { .. } => {
+                let src = self.shape(op.operands[0]);
+                let dst = self.shape(op.results[0]);
+                let st = self.aff[k].strides.clone();
+                let zero = st[0].get_type().const_zero();
+                let strides = match &op.kind {
+                    OpKind::Permute { order } if order.len() == st.len() => {
+                        order.iter().map(|&o| st[o as usize]).collect()
+                    }
+                    OpKind::Permute { .. } => return unsupported(op, "with a bad order"),
+                    _ => (0..st.len())
+                        .map(|d| {
+                            if src[d] == 1 && dst[d] != 1 {
+                                zero
+                            } else {
+                                st[d]
+                            }
+                        })
+                        .collect(),
+                };
+                let base = self.aff[k].base;
+                Ok(self.affine(base, strides))
+            }
+            _ => self.reshaped(k, op),
+        }
+    }
+
     /// An affine tile through `expand_dims`, `reshape` or `hint`: the same strides
     /// for the dimensions that are not 1, zero for the others; materialized where a
     /// reshape moves elements between dimensions.
@@ -814,7 +1112,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let parts = |h: &Self, v: V<'ctx>, zero: IntValue<'ctx>| match v {
             V::A(k) => (h.aff[k].base, h.aff[k].strides.clone()),
             V::U(x) => (x, vec![zero; rank]),
-            V::T(_) => unreachable!("checked above"),
+            V::T(_) | V::F(_) => unreachable!("checked above"),
         };
         let b = &self.cx.b;
         match op.kind {
@@ -903,9 +1201,6 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         }
         let res_e = self.elem(op.results[0]);
         let in_e = self.elem(op.operands[if op.kind == OpKind::Select { 1 } else { 0 }]);
-        let in_es: Vec<Elem> = op.operands.iter().map(|&v| self.elem(v)).collect();
-        let s_in = in_e.scalar().unwrap_or(ScalarType::I64);
-        let s_out = res_e.scalar().unwrap_or(ScalarType::I64);
         if matches!(
             op.kind,
             OpKind::Cmp(_)
@@ -918,64 +1213,54 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         {
             return unsupported(op, "on pointers");
         }
+        let s_in = in_e.scalar().unwrap_or(ScalarType::I64);
         let div = matches!(op.kind, OpKind::Binary(BinaryOp::Div | BinaryOp::Rem)) && s_in.is_int();
         let div_site = div.then(|| {
             let shape = self.f.ty(op.results[0]).shape.clone();
             self.site(op, SiteKind::DivZero, shape)
         });
-        let pointee = match self.elem(op.operands[0]) {
-            Elem::Ptr { pointee, .. } => Some(pointee),
-            _ => None,
-        };
-        let one = |h: &mut Self,
-                   idx: &[IntValue<'ctx>],
-                   i: IntValue<'ctx>|
-         -> LResult<BasicValueEnum<'ctx>> {
-            let args: Vec<BasicValueEnum<'ctx>> = ins
-                .iter()
-                .zip(&in_es)
-                .map(|(&v, &e)| h.get_at(v, e, idx, i))
-                .collect::<LResult<_>>()?;
-            let cx = &h.cx;
-            if let Some(site) = div_site {
-                let y = args[1].into_int_value();
-                let ok =
-                    cx.b.build_int_compare(IntPredicate::NE, y, y.get_type().const_zero(), "")?;
-                h.check(ok, site, i, h.i64(0))?;
-            }
-            let cx = &h.cx;
-            Ok(match &op.kind {
-                OpKind::Binary(BinaryOp::Pow) => {
-                    elementwise::pow(cx, &h.arch, s_in, args[0], args[1], &op.span)?
-                }
-                OpKind::Binary(bop) => elementwise::binary(cx, *bop, s_in, args[0], args[1])?,
-                OpKind::Unary(u) => elementwise::unary(cx, &h.arch, *u, s_in, args[0], &op.span)?,
-                OpKind::Fma => elementwise::fma(cx, s_in, &args)?,
-                OpKind::Cmp(p) => elementwise::cmp(cx, *p, s_in, args[0], args[1])?,
-                OpKind::Select => {
-                    cx.b.build_select(args[0].into_int_value(), args[1], args[2], "")?
-                }
-                OpKind::Cast => elementwise::cast(cx, s_in, s_out, args[0])?,
-                OpKind::Bitcast => cx.b.build_bit_cast(args[0], h.lty(res_e), "")?,
-                OpKind::AddPtr => {
-                    let Some(pt) = pointee else {
-                        return unsupported(op, "on a non-pointer");
-                    };
-                    let off = args[1].into_int_value();
-                    let signed = in_es[1].scalar().is_none_or(|s| s.is_signed_int());
-                    let off =
-                        cx.b.build_int_cast_sign_flag(off, cx.ctx.i64_type(), signed, "")?;
-                    let ty = h.lty(Elem::Scalar(pt));
-                    // SAFETY (generated code): plain address arithmetic; accesses
-                    // are checked where they happen.
-                    unsafe { cx.b.build_gep(ty, args[0].into_pointer_value(), &[off], "") }?.into()
-                }
-                _ => return unsupported(op, "is not elementwise"),
-            })
-        };
         if ins.iter().all(|v| matches!(v, V::U(_))) {
-            let v = one(self, &[], self.i64(0))?;
+            let v = self.one(op, &ins, div_site, &[], self.i64(0))?;
             self.set(op, V::U(v));
+            return Ok(());
+        }
+        // Fused (computed where it is read): an op with one user in its region, or a
+        // comparison of affine and uniform values (a mask, one instruction to redo).
+        let index_only =
+            matches!(op.kind, OpKind::Cmp(_)) && ins.iter().all(|v| matches!(v, V::A(_) | V::U(_)));
+        if div_site.is_none() && op.kind != OpKind::AddPtr {
+            let mut cost = 1;
+            let mut reads = Vec::new();
+            for v in &ins {
+                match *v {
+                    V::T(p) => reads.push(p),
+                    V::F(k) => {
+                        cost += self.fused[k].cost;
+                        reads.extend_from_slice(&self.fused[k].reads);
+                    }
+                    _ => {}
+                }
+            }
+            self.fused.push(Fused {
+                op: Op {
+                    regions: Vec::new(),
+                    ..op.clone()
+                },
+                ins,
+                cost,
+                reads,
+                site: None,
+                prov: Prov::Unset,
+            });
+            let v = V::F(self.fused.len() - 1);
+            let fused = (index_only || self.fusible[op.results[0].index()]) && cost <= FUSE_COST;
+            // Otherwise materialized here, by vector runs where they fit ([`Self::lanes`]).
+            let v = if fused {
+                v
+            } else {
+                self.mat_v(v, op.results[0])?
+            };
+            self.set(op, v);
             return Ok(());
         }
         let shape = self.shape(op.results[0]);
@@ -983,16 +1268,89 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let rm = row_major(&shape);
         self.nest(&shape, &mut |h, idx| {
             let i = h.linear(idx, &rm)?;
-            let v = one(h, idx, i)?;
+            let v = h.one(op, &ins, div_site, idx, i)?;
             h.put(out, res_e, i, v)
         })?;
         self.set(op, V::T(out));
         Ok(())
     }
 
+    /// Element `idx` (row-major `i`) of elementwise `op` over `ins`, checking an
+    /// integer divisor against zero at `div_site`.
+    fn one(
+        &mut self,
+        op: &Op,
+        ins: &[V<'ctx>],
+        div_site: Option<usize>,
+        idx: &[IntValue<'ctx>],
+        i: IntValue<'ctx>,
+    ) -> LResult<BasicValueEnum<'ctx>> {
+        let args: Vec<BasicValueEnum<'ctx>> = ins
+            .iter()
+            .zip(&op.operands)
+            .map(|(&v, &id)| self.get_at(v, self.elem(id), idx, i))
+            .collect::<LResult<_>>()?;
+        if let Some(site) = div_site {
+            let y = args[1].into_int_value();
+            let ok =
+                self.cx
+                    .b
+                    .build_int_compare(IntPredicate::NE, y, y.get_type().const_zero(), "")?;
+            self.check(ok, site, i, self.i64(0))?;
+        }
+        self.apply(op, &args)
+    }
+
+    /// Elementwise `op` on one element of each operand, `args`.
+    fn apply(&self, op: &Op, args: &[BasicValueEnum<'ctx>]) -> LResult<BasicValueEnum<'ctx>> {
+        let res_e = self.elem(op.results[0]);
+        let in_e = self.elem(op.operands[if op.kind == OpKind::Select { 1 } else { 0 }]);
+        let s_in = in_e.scalar().unwrap_or(ScalarType::I64);
+        let s_out = res_e.scalar().unwrap_or(ScalarType::I64);
+        let cx = &self.cx;
+        Ok(match &op.kind {
+            OpKind::Binary(BinaryOp::Pow) => {
+                elementwise::pow(cx, &self.arch, s_in, args[0], args[1], &op.span)?
+            }
+            OpKind::Binary(bop) => elementwise::binary(cx, *bop, s_in, args[0], args[1])?,
+            // exp in plain arithmetic, which vectorizes (a libm call per element
+            // would not); the other functions as the SIMT lowering's.
+            OpKind::Unary(u @ (UnaryOp::Exp | UnaryOp::Exp2))
+                if matches!(s_in, ScalarType::F32 | ScalarType::F16 | ScalarType::BF16) =>
+            {
+                elementwise::exp_poly(cx, s_in, args[0], *u == UnaryOp::Exp2)?
+            }
+            OpKind::Unary(u) => elementwise::unary(cx, &self.arch, *u, s_in, args[0], &op.span)?,
+            OpKind::Fma => elementwise::fma(cx, s_in, args)?,
+            OpKind::Cmp(p) => elementwise::cmp(cx, *p, s_in, args[0], args[1])?,
+            OpKind::Select => {
+                cx.b.build_select(args[0].into_int_value(), args[1], args[2], "")?
+            }
+            OpKind::Cast => elementwise::cast(cx, s_in, s_out, args[0])?,
+            OpKind::Bitcast => cx.b.build_bit_cast(args[0], self.lty(res_e), "")?,
+            OpKind::AddPtr => {
+                let Elem::Ptr { pointee, .. } = self.elem(op.operands[0]) else {
+                    return unsupported(op, "on a non-pointer");
+                };
+                let off = args[1].into_int_value();
+                let signed = self
+                    .elem(op.operands[1])
+                    .scalar()
+                    .is_none_or(|s| s.is_signed_int());
+                let off =
+                    cx.b.build_int_cast_sign_flag(off, cx.ctx.i64_type(), signed, "")?;
+                let ty = self.lty(Elem::Scalar(pointee));
+                // SAFETY (generated code): plain address arithmetic; accesses
+                // are checked where they happen.
+                unsafe { cx.b.build_gep(ty, args[0].into_pointer_value(), &[off], "") }?.into()
+            }
+            _ => return unsupported(op, "is not elementwise"),
+        })
+    }
+
     /// With the sanitizer on: `addr` must lie inside the buffer its pointer came from.
     fn check_access(
-        &mut self,
+        &self,
         site: usize,
         prov: Prov,
         addr: PointerValue<'ctx>,
@@ -1040,11 +1398,6 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let ptrs = self.val(op.operands[0])?;
         let pe = self.elem(op.operands[0]);
         let mask = has_mask.then(|| self.val(op.operands[1])).transpose()?;
-        let other = if has_other {
-            Some(self.val(op.operands[2])?)
-        } else {
-            None
-        };
         let n = self.numel(op.results[0]);
         let prov = self.prov[op.operands[0].index()];
         let site = self.sanitize.then(|| {
@@ -1057,61 +1410,71 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 shape,
             )
         });
-        let bool_e = Elem::Scalar(ScalarType::I1);
-        let one = |h: &mut Self,
-                   idx: &[IntValue<'ctx>],
-                   i: IntValue<'ctx>|
-         -> LResult<BasicValueEnum<'ctx>> {
-            let fill = match other {
-                Some(o) => h.get_at(o, e, idx, i)?,
-                None => ty.const_zero(),
-            };
-            let pre = h.here()?;
-            let (on, join) = (h.block("ld"), h.block("ldj"));
-            match mask {
-                Some(m) => {
-                    let m = h.get_at(m, bool_e, idx, i)?.into_int_value();
-                    h.cx.b.build_conditional_branch(m, on, join)?;
-                }
-                None => {
-                    h.cx.b.build_unconditional_branch(on)?;
-                }
-            }
-            h.cx.b.position_at_end(on);
-            let addr = h.get_at(ptrs, pe, idx, i)?.into_pointer_value();
-            if let Some(s) = site {
-                h.check_access(s, prov, addr, elem_bytes(e), i)?;
-            }
-            let x = h.cx.b.build_load(ty, addr, "")?;
-            let on_end = h.here()?;
-            h.cx.b.build_unconditional_branch(join)?;
-            h.cx.b.position_at_end(join);
-            let phi = h.cx.b.build_phi(ty, "")?;
-            phi.add_incoming(&[(&x, on_end)]);
-            if mask.is_some() {
-                phi.add_incoming(&[(&fill, pre)]);
-            }
-            Ok(phi.as_basic_value())
+        // Fused: read where its user reads it ([`fusible`] checked that nothing
+        // writes that buffer in between).
+        // Not with the sanitizer: a fused load is read only where its consumer reads
+        // it (a masked store's live lanes), and every access the program makes must
+        // be checked, as the interpreter checks it.
+        let fused = self.fusible[op.results[0].index()]
+            && !self.sanitize
+            && !(matches!(ptrs, V::U(_)) && mask.is_none_or(|m| matches!(m, V::U(_))));
+        // Materialized, a computed `other` is materialized first: the vector path,
+        // which skips it, then stays open (and it is read once per masked-off lane,
+        // not recomputed).
+        let other = match (has_other, fused) {
+            (false, _) => None,
+            (true, true) => Some(self.val(op.operands[2])?),
+            (true, false) => Some(self.mat(op.operands[2])?),
         };
+        let mut ins = vec![ptrs];
+        ins.extend(mask);
+        ins.extend(other);
+        let mut reads = Vec::new();
+        let mut cost = 1;
+        for v in &ins {
+            match *v {
+                V::T(p) => reads.push(p),
+                V::F(k) => {
+                    cost += self.fused[k].cost;
+                    reads.extend_from_slice(&self.fused[k].reads);
+                }
+                _ => {}
+            }
+        }
+        self.fused.push(Fused {
+            op: Op {
+                regions: Vec::new(),
+                ..op.clone()
+            },
+            ins,
+            cost,
+            reads,
+            site,
+            prov,
+        });
+        let k = self.fused.len() - 1;
+        if fused {
+            self.set(op, V::F(k));
+            return Ok(());
+        }
         if matches!(ptrs, V::U(_)) && mask.is_none_or(|m| matches!(m, V::U(_))) && n == 1 {
-            let v = one(self, &[], self.i64(0))?;
+            let v = self.load_elem(k, self.i64(0), &|h, v, e| h.get_at(v, e, &[], h.i64(0)))?;
             self.set(op, V::U(v));
             return Ok(());
         }
         let out = self.slot(e, n)?;
         let shape = self.shape(op.results[0]);
-        let vec_ok = !matches!(other, Some(V::A(_)));
         let prov_site = site.map(|s| (s, prov));
         self.chunked(
             &shape,
             (ptrs, pe, e),
-            mask.filter(|_| vec_ok),
+            mask,
             prov_site,
             &mut |h, idx, i| {
-                let v = one(h, idx, i)?;
+                let v = h.load_elem(k, i, &|h, v, e| h.get_at(v, e, idx, i))?;
                 h.put(out, e, i, v)
             },
-            &mut |h, lin0, addr0, w| {
+            &mut |h, _, lin0, addr0, w| {
                 let vt = vec_of(ty, w)?;
                 let x = h.cx.b.build_load(vt, addr0, "")?;
                 set_align(x, elem_bytes(e));
@@ -1130,6 +1493,61 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         Ok(())
     }
 
+    /// One element (row-major index `lin`) of the load `fused[k]`, its operands' elements
+    /// read by `at`: the mask tested first, a masked-off lane taking `other` (or zero)
+    /// without touching memory, the address checked with the sanitizer on.
+    fn load_elem(
+        &self,
+        k: usize,
+        lin: IntValue<'ctx>,
+        at: &dyn Fn(&Self, V<'ctx>, Elem) -> LResult<BasicValueEnum<'ctx>>,
+    ) -> LResult<BasicValueEnum<'ctx>> {
+        let fu = &self.fused[k];
+        let (
+            OpKind::Load {
+                has_mask,
+                has_other,
+            },
+            Elem::Ptr { pointee, .. },
+        ) = (&fu.op.kind, self.elem(fu.op.operands[0]))
+        else {
+            return unsupported(&fu.op, "is not a load through pointers");
+        };
+        let pe = self.elem(fu.op.operands[0]);
+        let e = Elem::Scalar(pointee);
+        let ty = self.lty(e);
+        let fill = match (has_other, fu.ins.get(2)) {
+            (true, Some(&o)) => at(self, o, e)?,
+            _ => ty.const_zero(),
+        };
+        let m = match (has_mask, fu.ins.get(1)) {
+            (true, Some(&m)) => Some(at(self, m, Elem::Scalar(ScalarType::I1))?.into_int_value()),
+            _ => None,
+        };
+        // (After the operands, which may have branched.)
+        let pre = self.here()?;
+        let (on, join) = (self.block("ld"), self.block("ldj"));
+        match m {
+            Some(m) => self.cx.b.build_conditional_branch(m, on, join)?,
+            None => self.cx.b.build_unconditional_branch(on)?,
+        };
+        self.cx.b.position_at_end(on);
+        let addr = at(self, fu.ins[0], pe)?.into_pointer_value();
+        if let Some(s) = fu.site {
+            self.check_access(s, fu.prov, addr, elem_bytes(e), lin)?;
+        }
+        let x = self.cx.b.build_load(ty, addr, "")?;
+        let on_end = self.here()?;
+        self.cx.b.build_unconditional_branch(join)?;
+        self.cx.b.position_at_end(join);
+        let phi = self.cx.b.build_phi(ty, "")?;
+        phi.add_incoming(&[(&x, on_end)]);
+        if *has_mask {
+            phi.add_incoming(&[(&fill, pre)]);
+        }
+        Ok(phi.as_basic_value())
+    }
+
     fn store(&mut self, op: &Op, has_mask: bool) -> LResult<()> {
         let Elem::Ptr { pointee, .. } = self.elem(op.operands[0]) else {
             return unsupported(op, "through a non-pointer");
@@ -1144,7 +1562,6 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         } else {
             self.shape(op.operands[1])
         };
-        let rm = row_major(&shape);
         let prov = self.prov[op.operands[0].index()];
         let site = self.sanitize.then(|| {
             let shape = self.f.ty(op.operands[0]).shape.clone();
@@ -1158,10 +1575,13 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         });
         let bool_e = Elem::Scalar(ScalarType::I1);
         let ty = self.lty(e);
-        // An affine value is stored lane by lane (the chunks read tile slots).
-        let vals = self.mat_v(vals, op.operands[1])?;
+        // An affine value is materialized (the chunks read tile slots or compute a
+        // fused value lane by lane).
+        let vals = match vals {
+            V::A(_) => self.mat_v(vals, op.operands[1])?,
+            v => v,
+        };
         let prov_site = site.map(|s| (s, prov));
-        let _ = rm;
         self.chunked(
             &shape,
             (ptrs, pe, e),
@@ -1189,10 +1609,11 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 h.cx.b.position_at_end(join);
                 Ok(())
             },
-            &mut |h, lin0, addr0, w| {
+            &mut |h, full, lin0, addr0, w| {
                 let vt = vec_of(ty, w)?;
                 let x: BasicValueEnum = match vals {
                     V::U(x) => h.splat(x, w)?.into(),
+                    V::F(_) => h.lanes(vals, e, full, lin0, w)?.into(),
                     _ => {
                         let src = h.gep(
                             ty,
@@ -1218,6 +1639,192 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         )
     }
 
+    /// The `w` elements of `v` from multi-index `idx` (row-major index `lin0`) along
+    /// the last dimension, as a vector: a slot's run and a contiguous fused load
+    /// (without the sanitizer) as vector loads, a fused elementwise op lane by lane
+    /// over its operands' vectors, anything else lane by lane (straight-line code
+    /// that LLVM's SLP vectorizer turns into vector instructions).
+    fn lanes(
+        &self,
+        v: V<'ctx>,
+        e: Elem,
+        idx: &[IntValue<'ctx>],
+        lin0: IntValue<'ctx>,
+        w: u32,
+    ) -> LResult<inkwell::values::VectorValue<'ctx>> {
+        let b = &self.cx.b;
+        let i32t = self.cx.ctx.i32_type();
+        let bool_e = Elem::Scalar(ScalarType::I1);
+        match v {
+            V::U(x) => return self.splat(x, w),
+            V::T(p) if e != bool_e => {
+                let ty = self.lty(e);
+                let x = b.build_load(vec_of(ty, w)?, self.gep(ty, p, lin0)?, "")?;
+                set_align(x, elem_bytes(e));
+                return Ok(x.into_vector_value());
+            }
+            // An integer index tile: its first lane plus the last stride times 0..w.
+            V::A(k)
+                if matches!(e, Elem::Scalar(_))
+                    && !idx.is_empty()
+                    && self.aff[k].strides.len() == idx.len() =>
+            {
+                let x0 = self.get_at(v, e, idx, lin0)?.into_int_value();
+                let t = x0.get_type();
+                let st = self.aff[k].strides[idx.len() - 1];
+                let iota: Vec<IntValue<'ctx>> =
+                    (0..w).map(|j| t.const_int(j as u64, false)).collect();
+                let steps = b.build_int_mul(
+                    self.splat(st.into(), w)?,
+                    VectorType::const_vector(&iota),
+                    "",
+                )?;
+                return Ok(b.build_int_add(self.splat(x0.into(), w)?, steps, "")?);
+            }
+            V::F(k) => {
+                let fu = &self.fused[k];
+                let ops = &fu.op.operands;
+                match fu.op.kind {
+                    OpKind::Load {
+                        has_mask,
+                        has_other,
+                    } if fu.site.is_none() && self.unit_stride(fu.ins[0]) => {
+                        let pe = self.elem(ops[0]);
+                        let vt = vec_of(self.lty(e), w)?;
+                        let addr0 = self.get_at(fu.ins[0], pe, idx, lin0)?.into_pointer_value();
+                        if !has_mask {
+                            let x = b.build_load(vt, addr0, "")?;
+                            set_align(x, elem_bytes(e));
+                            return Ok(x.into_vector_value());
+                        }
+                        let m = self.lanes(fu.ins[1], bool_e, idx, lin0, w)?;
+                        let pass = if has_other {
+                            self.lanes(fu.ins[2], e, idx, lin0, w)?
+                        } else {
+                            vt.const_zero()
+                        };
+                        // A run whose mask holds everywhere (the common case) takes a
+                        // plain load: a masked one costs half again on AMD Zen 2
+                        // (layernorm's first pass, measured).
+                        let word = b
+                            .build_bit_cast(
+                                m,
+                                self.cx
+                                    .ctx
+                                    .custom_width_int_type(
+                                        std::num::NonZero::new(w)
+                                            .unwrap_or(std::num::NonZero::<u32>::MIN),
+                                    )
+                                    .map_err(|m| LowerError::Llvm(m.into()))?,
+                                "",
+                            )?
+                            .into_int_value();
+                        let all = b.build_int_compare(
+                            IntPredicate::EQ,
+                            word,
+                            word.get_type().const_all_ones(),
+                            "",
+                        )?;
+                        let (full, part, join) =
+                            (self.block("ldv"), self.block("ldm"), self.block("ldvj"));
+                        b.build_conditional_branch(all, full, part)?;
+                        b.position_at_end(full);
+                        let x = b.build_load(vt, addr0, "")?;
+                        set_align(x, elem_bytes(e));
+                        b.build_unconditional_branch(join)?;
+                        b.position_at_end(part);
+                        let y = self.masked_load(vt, addr0, m, pass, elem_bytes(e))?;
+                        let part_end = self.here()?;
+                        b.build_unconditional_branch(join)?;
+                        b.position_at_end(join);
+                        let phi = b.build_phi(vt, "")?;
+                        phi.add_incoming(&[(&x, full), (&y, part_end)]);
+                        return Ok(phi.as_basic_value().into_vector_value());
+                    }
+                    OpKind::Load { .. } => {}
+                    _ if ops.iter().all(|&o| matches!(self.elem(o), Elem::Scalar(_))) => {
+                        let vs: Vec<_> = fu
+                            .ins
+                            .iter()
+                            .zip(ops)
+                            .map(|(&v, &o)| self.lanes(v, self.elem(o), idx, lin0, w))
+                            .collect::<LResult<_>>()?;
+                        let mut out = vec_of(self.lty(e), w)?.get_undef();
+                        for j in 0..w {
+                            let jj = i32t.const_int(j as u64, false);
+                            let args: Vec<BasicValueEnum<'ctx>> = vs
+                                .iter()
+                                .map(|&x| b.build_extract_element(x, jj, ""))
+                                .collect::<Result<_, _>>()?;
+                            let x = self.apply(&fu.op, &args)?;
+                            out = b.build_insert_element(out, x, jj, "")?;
+                        }
+                        return Ok(out);
+                    }
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+        let r = idx.len();
+        let mut out = vec_of(self.lty(e), w)?.get_undef();
+        for j in 0..w {
+            let mut at = idx.to_vec();
+            if r > 0 {
+                at[r - 1] = b.build_int_add(idx[r - 1], self.i64(j as u64), "")?;
+            }
+            let lin = b.build_int_add(lin0, self.i64(j as u64), "")?;
+            let x = self.get_at(v, e, &at, lin)?;
+            let k = i32t.const_int(j as u64, false);
+            out = b.build_insert_element(out, x, k, "")?;
+        }
+        Ok(out)
+    }
+
+    /// `llvm.masked.load` of a `vt` from `addr` (aligned to `align` bytes): lanes
+    /// where `mask` is false are not read and take `pass`'s.
+    fn masked_load(
+        &self,
+        vt: inkwell::types::VectorType<'ctx>,
+        addr: PointerValue<'ctx>,
+        mask: inkwell::values::VectorValue<'ctx>,
+        pass: inkwell::values::VectorValue<'ctx>,
+        align: u64,
+    ) -> LResult<inkwell::values::VectorValue<'ctx>> {
+        let intr = inkwell::intrinsics::Intrinsic::find("llvm.masked.load")
+            .ok_or_else(|| LowerError::Llvm("no llvm.masked.load".into()))?;
+        let decl = intr
+            .get_declaration(&self.cx.module, &[vt.into(), addr.get_type().into()])
+            .ok_or_else(|| LowerError::Llvm(format!("no llvm.masked.load for {vt}")))?;
+        let call = self
+            .cx
+            .b
+            .build_call(decl, &[addr.into(), mask.into(), pass.into()], "")?;
+        let kind = Attribute::get_named_enum_kind_id("align");
+        call.add_attribute(
+            AttributeLoc::Param(0),
+            self.cx.ctx.create_enum_attribute(kind, align),
+        );
+        call.try_as_basic_value()
+            .basic()
+            .map(|x| x.into_vector_value())
+            .ok_or_else(|| LowerError::Llvm("llvm.masked.load returned nothing".into()))
+    }
+
+    /// Whether pointer tile `v` is affine with a unit stride along its last dimension.
+    fn unit_stride(&self, v: V<'ctx>) -> bool {
+        match v {
+            V::A(k) => {
+                self.aff[k]
+                    .strides
+                    .last()
+                    .and_then(|s| s.get_zero_extended_constant())
+                    == Some(1)
+            }
+            _ => false,
+        }
+    }
+
     /// `x` in every lane of a `w`-lane vector.
     fn splat(
         &self,
@@ -1236,7 +1843,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
     /// Runs `lane(idx, lin)` for every element of `shape`, except that where
     /// `ptrs` (element type `pe`, pointing to `e`) is affine with a unit stride along
     /// the last dimension (a multiple of 8), a run of `w` lanes along it whose
-    /// `mask` holds everywhere runs `chunk(lin0, addr0, w)` instead: one vector
+    /// `mask` holds everywhere runs `chunk(idx0, lin0, addr0, w)` instead: one vector
     /// access from the run's first address (whose run the sanitizer checks at both
     /// ends, `check`).
     #[allow(clippy::type_complexity)]
@@ -1247,20 +1854,17 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         mask: Option<V<'ctx>>,
         check: Option<(usize, Prov)>,
         lane: &mut dyn FnMut(&mut Self, &[IntValue<'ctx>], IntValue<'ctx>) -> LResult<()>,
-        chunk: &mut dyn FnMut(&mut Self, IntValue<'ctx>, PointerValue<'ctx>, u32) -> LResult<()>,
+        chunk: &mut dyn FnMut(
+            &mut Self,
+            &[IntValue<'ctx>],
+            IntValue<'ctx>,
+            PointerValue<'ctx>,
+            u32,
+        ) -> LResult<()>,
     ) -> LResult<()> {
         let rm = row_major(shape);
         let r = shape.len();
-        let unit = match ptrs {
-            V::A(k) => {
-                self.aff[k]
-                    .strides
-                    .last()
-                    .and_then(|s| s.get_zero_extended_constant())
-                    == Some(1)
-            }
-            _ => false,
-        };
+        let unit = self.unit_stride(ptrs);
         let last = shape.last().copied().unwrap_or(0);
         let w: u32 = if last % 16 == 0 { 16 } else { 8 };
         let vectorizable = unit
@@ -1313,6 +1917,27 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                         "",
                     )?
                 }
+                Some(m @ V::F(_)) => {
+                    let bits = h.lanes(m, Elem::Scalar(ScalarType::I1), &full, lin0, w)?;
+                    let word = b
+                        .build_bit_cast(
+                            bits,
+                            h.cx.ctx
+                                .custom_width_int_type(
+                                    std::num::NonZero::new(w)
+                                        .unwrap_or(std::num::NonZero::<u32>::MIN),
+                                )
+                                .map_err(|m| LowerError::Llvm(m.into()))?,
+                            "",
+                        )?
+                        .into_int_value();
+                    b.build_int_compare(
+                        IntPredicate::EQ,
+                        word,
+                        word.get_type().const_all_ones(),
+                        "",
+                    )?
+                }
                 Some(V::A(_)) => unreachable!("not vectorizable"),
             };
             let (fast, slow, join) = (h.block("vec"), h.block("lanes"), h.block("vecj"));
@@ -1327,7 +1952,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 let addr1 = h.get_at(ptrs, pe, &end, lin1)?.into_pointer_value();
                 h.check_access(site, prov, addr1, elem_bytes(e), lin1)?;
             }
-            chunk(h, lin0, addr0, w)?;
+            chunk(h, &full, lin0, addr0, w)?;
             h.cx.b.build_unconditional_branch(join)?;
             h.cx.b.position_at_end(slow);
             h.counted(w as u64, &mut |h, j| {
@@ -1551,7 +2176,106 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         if len == 0 {
             return unsupported(op, "along an empty axis");
         }
+        let w: u32 = if len.is_multiple_of(16) { 16 } else { 8 };
+        let by_vectors = scan.is_none()
+            && post == 1
+            && len.is_multiple_of(w as u64)
+            && matches!(src, V::T(_))
+            && match bop {
+                BinaryOp::Add => !s.is_float() || matches!(s, ScalarType::F32 | ScalarType::F64),
+                BinaryOp::Max | BinaryOp::Min => !matches!(s, ScalarType::F16 | ScalarType::BF16),
+                BinaryOp::And | BinaryOp::Or | BinaryOp::Xor => s.is_int(),
+                _ => false,
+            }
+            && s != ScalarType::I1
+            && !s.is_fp8();
         match scan {
+            None if by_vectors => {
+                // Along the contiguous last axis: `w` partial results in a vector,
+                // one vector of the row folded in per step, then the lanes folded
+                // pairwise (a reassociation only for float sums, as any vector sum).
+                let V::T(sp) = src else {
+                    return unsupported(op, "of an unmaterialized tile");
+                };
+                let ty = self.lty(e);
+                let vt = vec_of(ty, w)?;
+                let fold = |h: &Self,
+                            x: inkwell::values::VectorValue<'ctx>,
+                            y: inkwell::values::VectorValue<'ctx>|
+                 -> LResult<inkwell::values::VectorValue<'ctx>> {
+                    let b = &h.cx.b;
+                    let intr = |name: &str| -> LResult<inkwell::values::VectorValue<'ctx>> {
+                        Ok(h.cx
+                            .call_intrinsic(name, &[vt.into()], &[x.into(), y.into()])?
+                            .into_vector_value())
+                    };
+                    let signed = s.is_signed_int();
+                    Ok(match (bop, s.is_float()) {
+                        (BinaryOp::Add, true) => {
+                            let r = b.build_float_add(x, y, "")?;
+                            elementwise::with_fast_math(
+                                r.into(),
+                                inkwell::llvm_sys::LLVMFastMathAllowReassoc,
+                            );
+                            r
+                        }
+                        (BinaryOp::Add, false) => b.build_int_add(x, y, "")?,
+                        (BinaryOp::Max, true) => intr("llvm.maximum")?,
+                        (BinaryOp::Min, true) => intr("llvm.minimum")?,
+                        (BinaryOp::Max, false) => {
+                            intr(if signed { "llvm.smax" } else { "llvm.umax" })?
+                        }
+                        (BinaryOp::Min, false) => {
+                            intr(if signed { "llvm.smin" } else { "llvm.umin" })?
+                        }
+                        (BinaryOp::And, _) => b.build_and(x, y, "")?,
+                        (BinaryOp::Or, _) => b.build_or(x, y, "")?,
+                        _ => b.build_xor(x, y, "")?,
+                    })
+                };
+                let chunks = len / w as u64;
+                self.counted(pre, &mut |h, p| {
+                    let row = h.cx.b.build_int_mul(p, h.i64(len), "")?;
+                    let at = |h: &Self, c: IntValue<'ctx>| -> LResult<_> {
+                        let i = h.cx.b.build_int_add(
+                            row,
+                            h.cx.b.build_int_mul(c, h.i64(w as u64), "")?,
+                            "",
+                        )?;
+                        let x = h.cx.b.build_load(vt, h.gep(ty, sp, i)?, "")?;
+                        set_align(x, elem_bytes(e));
+                        Ok(x.into_vector_value())
+                    };
+                    let first = at(h, h.i64(0))?;
+                    let acc = h.slot(e, w as u64)?;
+                    let st = h.cx.b.build_store(acc, first)?;
+                    let _ = st.set_alignment(elem_bytes(e) as u32);
+                    h.counted(chunks - 1, &mut |h, c| {
+                        let c = h.cx.b.build_int_add(c, h.i64(1), "")?;
+                        let x = at(h, c)?;
+                        let a = h.cx.b.build_load(vt, acc, "")?.into_vector_value();
+                        let y = fold(h, a, x)?;
+                        h.cx.b.build_store(acc, y)?;
+                        Ok(())
+                    })?;
+                    let a = h.cx.b.build_load(vt, acc, "")?.into_vector_value();
+                    let mut lanes: Vec<BasicValueEnum<'ctx>> = (0..w)
+                        .map(|j| {
+                            let j = h.cx.ctx.i32_type().const_int(j as u64, false);
+                            h.cx.b.build_extract_element(a, j, "")
+                        })
+                        .collect::<Result<_, _>>()?;
+                    while lanes.len() > 1 {
+                        let half = lanes.len() / 2;
+                        let mut next = Vec::with_capacity(half);
+                        for j in 0..half {
+                            next.push(combine(h, lanes[j], lanes[j + half])?);
+                        }
+                        lanes = next;
+                    }
+                    h.put(out, re, p, lanes[0])
+                })?;
+            }
             None => {
                 // out[p, q] = in[p, 0, q]; then in[p, r, q] folded in, q innermost.
                 self.nest(&[pre, post], &mut |h, pq| {
@@ -1621,7 +2345,8 @@ impl<'a, 'ctx> H<'a, 'ctx> {
     }
 
     /// Writes `vals` (typed like `tys`) into the carriers, through temporaries where a
-    /// value is another carrier (a swap).
+    /// value reads another carrier (a swap): every value is read before any carrier
+    /// is written.
     fn fill_carriers(
         &mut self,
         carriers: &[(PointerValue<'ctx>, bool)],
@@ -1630,14 +2355,17 @@ impl<'a, 'ctx> H<'a, 'ctx> {
     ) -> LResult<()> {
         let mut staged: Vec<V<'ctx>> = Vec::with_capacity(vals.len());
         for (k, &v) in vals.iter().enumerate() {
-            let v = self.mat_v(v, tys[k])?;
-            let aliased = matches!(v, V::T(p) if carriers.iter().enumerate().any(|(j, c)| j != k && c.0 == p));
+            let reads: Vec<PointerValue<'ctx>> = match v {
+                V::T(p) => vec![p],
+                V::F(f) => self.fused[f].reads.clone(),
+                _ => Vec::new(),
+            };
+            let aliased = carriers
+                .iter()
+                .enumerate()
+                .any(|(j, c)| j != k && c.1 && reads.contains(&c.0));
             if aliased {
-                let e = self.elem(tys[k]);
-                let n = self.numel(tys[k]);
-                let tmp = self.slot(e, n)?;
-                self.copy_tile(tmp, v, e, n)?;
-                staged.push(V::T(tmp));
+                staged.push(self.staged(v, tys[k])?);
             } else {
                 staged.push(v);
             }
@@ -1649,8 +2377,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 if matches!(v, V::T(q) if q == p) {
                     continue;
                 }
-                let n = self.numel(tys[k]);
-                self.copy_tile(p, v, e, n)?;
+                self.copy_tile(p, v, tys[k])?;
             } else {
                 let x = self.get(v, e, self.i64(0))?;
                 self.cx.b.build_store(p, x)?;
@@ -1659,9 +2386,46 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         Ok(())
     }
 
-    fn copy_tile(&mut self, dst: PointerValue<'ctx>, v: V<'ctx>, e: Elem, n: u64) -> LResult<()> {
-        self.counted(n, &mut |h, i| {
-            let x = h.get(v, e, i)?;
+    /// `v` (typed like `ty`) copied into a fresh slot.
+    fn staged(&mut self, v: V<'ctx>, ty: ValueId) -> LResult<V<'ctx>> {
+        if matches!(v, V::U(_)) {
+            return Ok(v);
+        }
+        let tmp = self.slot(self.elem(ty), self.numel(ty))?;
+        self.copy_tile(tmp, v, ty)?;
+        Ok(V::T(tmp))
+    }
+
+    /// Writes every element of `v` (typed like `ty`) to slot `dst`: a fused value by
+    /// runs along the last dimension where it divides into them (see [`Self::lanes`]).
+    fn copy_tile(&mut self, dst: PointerValue<'ctx>, v: V<'ctx>, ty: ValueId) -> LResult<()> {
+        let e = self.elem(ty);
+        let shape = self.shape(ty);
+        let rm = row_major(&shape);
+        let last = shape.last().copied().unwrap_or(0);
+        let w: u32 = if last % 16 == 0 { 16 } else { 8 };
+        if matches!(v, V::F(_))
+            && matches!(e, Elem::Scalar(s) if s != ScalarType::I1)
+            && last > 0
+            && last % w as u64 == 0
+        {
+            let r = shape.len();
+            let mut outer = shape.clone();
+            outer[r - 1] = last / w as u64;
+            let lt = self.lty(e);
+            return self.nest(&outer, &mut |h, idx| {
+                let mut full = idx.to_vec();
+                full[r - 1] = h.cx.b.build_int_mul(idx[r - 1], h.i64(w as u64), "")?;
+                let lin0 = h.linear(&full, &rm)?;
+                let x = h.lanes(v, e, &full, lin0, w)?;
+                let st = h.cx.b.build_store(h.gep(lt, dst, lin0)?, x)?;
+                let _ = st.set_alignment(elem_bytes(e) as u32);
+                Ok(())
+            });
+        }
+        self.nest(&shape, &mut |h, idx| {
+            let i = h.linear(idx, &rm)?;
+            let x = h.get_at(v, e, idx, i)?;
             h.put(dst, e, i, x)
         })
     }
