@@ -22,8 +22,14 @@ use tessera::fused::{AgGemm, AllReduceRmsNorm, GemmElem, GemmReduceScatter, unfu
 use tessera::prelude::*;
 use unfused::{AgThenGemm, AllReduceThenRmsNorm, GemmThenReduceScatter};
 
+/// A world on the reference interpreter: the plans are checked to round where the
+/// unfused kernel sequences round (the same bits). On the compiled CPU device a
+/// plan's communicating kernels run on the interpreter while the unfused sequence's
+/// compute kernels are compiled, whose sums may be reassociated and whose `dot`
+/// contracts products into FMAs.
 fn world(n: usize) -> World {
     World::local(n)
+        .on(&Device::interp())
         .heap_bytes(64 << 20)
         .wait_timeout(Duration::from_secs(60))
 }
@@ -349,12 +355,7 @@ where
         .map(|v| T::from_f64(v.to_f64() + 1.5))
         .collect();
     let nan = T::from_f64(f64::NAN);
-    // On the reference interpreter: the claim checked below (the same bits) is about
-    // where the two kernel sequences round. On the compiled CPU device the plan's
-    // communicating kernel runs on the interpreter while the unfused RMSNorm kernel
-    // is compiled, and compiled sums may be reassociated (vectorized).
     let out = world(ranks)
-        .on(&Device::interp())
         .run(|r| {
             let me = r.rank() as usize;
             let mut plan = AllReduceRmsNorm::<T>::new(r, rows, hidden, eps)?;

@@ -59,6 +59,32 @@ pub fn compiled_kernels() -> Vec<(String, EmuFlavor, CompileOptions)> {
         .collect()
 }
 
+/// Stamps this machine's CPU and its features on every function `module` defines.
+///
+/// LLVM's MCJIT engine (`create_jit_execution_engine`) builds its own target machine
+/// for the generic CPU of the triple (x86-64: SSE2, no AVX, no FMA) and ignores the
+/// one the optimizer ran with, but each function's `target-cpu` and
+/// `target-features` attributes override it. Without them the compiled CPU
+/// device's `dot` micro-kernel ran at 18.6 GFLOP/s on one AMD Zen 2 core, with them
+/// at 85.9 (clang's build of the same loop: 100).
+pub(crate) fn for_this_cpu(module: &inkwell::module::Module<'_>) {
+    let ctx = module.get_context();
+    let cpu = TargetMachine::get_host_cpu_name().to_string();
+    let features = TargetMachine::get_host_cpu_features().to_string();
+    let mut f = module.get_first_function();
+    while let Some(func) = f {
+        if func.count_basic_blocks() > 0 {
+            for (k, v) in [("target-cpu", &cpu), ("target-features", &features)] {
+                func.add_attribute(
+                    inkwell::attributes::AttributeLoc::Function,
+                    ctx.create_string_attribute(k, v),
+                );
+            }
+        }
+        f = func.get_next_function();
+    }
+}
+
 pub(crate) fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
@@ -184,6 +210,7 @@ fn build(
         .ok_or_else(|| jit_err("no target machine for the host".into()))?;
     module.set_triple(&triple);
     module.set_data_layout(&machine.get_target_data().get_data_layout());
+    for_this_cpu(&module);
     module
         .run_passes("default<O2>", &machine, PassBuilderOptions::create())
         .map_err(|m| jit_err(m.to_string()))?;

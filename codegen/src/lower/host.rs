@@ -46,8 +46,23 @@ use super::emu_arch::Emu;
 use super::{Cx, LResult, LowerError};
 use crate::target::EmuFlavor;
 
-/// Rows of a `dot` register block ([`H::micro_kernel`]).
-const MR: u64 = 8;
+/// Rows of a `dot` register block ([`H::micro_kernel`]) for `vl`-lane rows of
+/// `acc`: as many as keep every accumulator, one row of `pb` and a broadcast in this
+/// machine's vector registers (16 of 256 bits with AVX2, 32 of 512 with AVX-512), at
+/// most 8. With AVX2 that is 6 rows of 16 f32 lanes (with 8 the inner loop spilled
+/// and reloaded accumulators every step).
+fn register_rows(acc: ScalarType, vl: u64) -> u64 {
+    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let wide = *WIDE.get_or_init(|| {
+        inkwell::targets::TargetMachine::get_host_cpu_features()
+            .to_string()
+            .split(',')
+            .any(|f| f == "+avx512f")
+    });
+    let (regs, bits) = if wide { (32, 512) } else { (16, 256) };
+    let per_row = (vl * acc.bits() as u64).div_ceil(bits);
+    ((regs - per_row - 1) / per_row).clamp(1, 8)
+}
 
 /// The name of the lowered function.
 pub(crate) const HOST_KERNEL: &str = "__tessera_cpu_kernel";
@@ -2011,15 +2026,29 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let pa = self.converted(a, ta, acc, m * k)?;
         let pb = self.converted(b, tb, acc, k * n)?;
         let out = self.slot(re, m * n)?;
-        self.counted(m * n, &mut |h, i| {
-            let x = h.get(c, Elem::Scalar(tc), i)?;
-            let x = elementwise::cast(&h.cx, tc, acc, x)?;
-            h.put(out, re, i, x)
-        })?;
         let ea = Elem::Scalar(acc);
         let vl: u64 = if acc == ScalarType::F64 { 8 } else { 16 };
-        if matches!(acc, ScalarType::F32 | ScalarType::F64) && m % MR == 0 && n % vl == 0 {
-            self.micro_kernel(out, pa, pb, acc, (m, n, k), vl)?;
+        let micro = matches!(acc, ScalarType::F32 | ScalarType::F64) && n % vl == 0;
+        // The accumulators start from `c` where it is a tile of `acc` already.
+        let init = match c {
+            V::T(p) if micro && tc == acc => p,
+            _ => {
+                self.counted(m * n, &mut |h, i| {
+                    let x = h.get(c, Elem::Scalar(tc), i)?;
+                    let x = elementwise::cast(&h.cx, tc, acc, x)?;
+                    h.put(out, re, i, x)
+                })?;
+                out
+            }
+        };
+        if micro {
+            let mr = register_rows(acc, vl);
+            let (blocks, rest) = (m / mr, m % mr);
+            let mk = (m, n, k);
+            self.micro_kernel(out, init, pa, pb, acc, mk, vl, (0, blocks, mr))?;
+            if rest > 0 {
+                self.micro_kernel(out, init, pa, pb, acc, mk, vl, (blocks * mr, 1, rest))?;
+            }
             self.set(op, V::T(out));
             return Ok(());
         }
@@ -2049,40 +2078,43 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         Ok(())
     }
 
-    /// `out += pa · pb` (row-major `m x k` by `k x n`, all of float type `acc`) by
-    /// register blocks: `MR` rows by one `vl`-lane vector of columns, whose `MR`
-    /// accumulators stay in registers over the whole `k` loop (one vector load of
-    /// `pb` and `MR` broadcasts of `pa` per step).
+    /// `out = init + pa · pb` (row-major `m x k` by `k x n`, all of float type `acc`;
+    /// `init` may be `out`) for `blocks` register blocks from row `row0`: `mr` rows by
+    /// one `vl`-lane vector of columns, whose `mr` accumulators stay in registers over
+    /// the whole `k` loop (one vector load of `pb` and `mr` broadcasts of `pa` per
+    /// step).
+    #[allow(clippy::too_many_arguments)]
     fn micro_kernel(
         &mut self,
         out: PointerValue<'ctx>,
+        init: PointerValue<'ctx>,
         pa: PointerValue<'ctx>,
         pb: PointerValue<'ctx>,
         acc: ScalarType,
-        (m, n, k): (u64, u64, u64),
+        (_m, n, k): (u64, u64, u64),
         vl: u64,
+        (row0, blocks, mr): (u64, u64, u64),
     ) -> LResult<()> {
         let ty = self.lty(Elem::Scalar(acc));
         let vt = vec_of(ty, vl as u32)?;
         let align = elem_bytes(Elem::Scalar(acc)) as u32;
-        self.nest(&[m / MR, n / vl], &mut |h, ij| {
+        self.nest(&[blocks, n / vl], &mut |h, ij| {
             let b = &h.cx.b;
-            let i0 = b.build_int_mul(ij[0], h.i64(MR), "")?;
+            let i0 = b.build_int_add(b.build_int_mul(ij[0], h.i64(mr), "")?, h.i64(row0), "")?;
             let j0 = b.build_int_mul(ij[1], h.i64(vl), "")?;
             let row = |h: &Self, r: u64, stride: u64| -> LResult<IntValue<'ctx>> {
                 let b = &h.cx.b;
                 let i = b.build_int_add(i0, h.i64(r), "")?;
                 Ok(b.build_int_mul(i, h.i64(stride), "")?)
             };
-            let mut init = Vec::with_capacity(MR as usize);
-            let mut dsts = Vec::with_capacity(MR as usize);
-            for r in 0..MR {
+            let mut starts = Vec::with_capacity(mr as usize);
+            let mut dsts = Vec::with_capacity(mr as usize);
+            for r in 0..mr {
                 let at = h.cx.b.build_int_add(row(h, r, n)?, j0, "")?;
-                let p = h.gep(ty, out, at)?;
-                let x = h.cx.b.build_load(vt, p, "")?;
+                let x = h.cx.b.build_load(vt, h.gep(ty, init, at)?, "")?;
                 set_align(x, align as u64);
-                init.push(x);
-                dsts.push(p);
+                starts.push(x);
+                dsts.push(h.gep(ty, out, at)?);
             }
             let pre = h.here()?;
             let (head, exit) = (h.block("mk"), h.block("mkdone"));
@@ -2092,8 +2124,8 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             let kp = h.cx.b.build_phi(i64t, "k")?;
             kp.add_incoming(&[(&i64t.const_zero(), pre)]);
             let kv = kp.as_basic_value().into_int_value();
-            let mut phis = Vec::with_capacity(MR as usize);
-            for x in &init {
+            let mut phis = Vec::with_capacity(mr as usize);
+            for x in &starts {
                 let p = h.cx.b.build_phi(vt, "acc")?;
                 p.add_incoming(&[(x, pre)]);
                 phis.push(p);
@@ -2104,7 +2136,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             let bp = h.gep(ty, pb, bi)?;
             let bv = h.cx.b.build_load(vt, bp, "")?;
             set_align(bv, align as u64);
-            let mut next = Vec::with_capacity(MR as usize);
+            let mut next = Vec::with_capacity(mr as usize);
             for (r, p) in phis.iter().enumerate() {
                 let ai = h.cx.b.build_int_add(row(h, r as u64, k)?, kv, "")?;
                 let a = h.get(V::T(pa), Elem::Scalar(acc), ai)?;
