@@ -1244,31 +1244,10 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let index_only =
             matches!(op.kind, OpKind::Cmp(_)) && ins.iter().all(|v| matches!(v, V::A(_) | V::U(_)));
         if div_site.is_none() && op.kind != OpKind::AddPtr {
-            let mut cost = 1;
-            let mut reads = Vec::new();
-            for v in &ins {
-                match *v {
-                    V::T(p) => reads.push(p),
-                    V::F(k) => {
-                        cost += self.fused[k].cost;
-                        reads.extend_from_slice(&self.fused[k].reads);
-                    }
-                    _ => {}
-                }
-            }
-            self.fused.push(Fused {
-                op: Op {
-                    regions: Vec::new(),
-                    ..op.clone()
-                },
-                ins,
-                cost,
-                reads,
-                site: None,
-                prov: Prov::Unset,
-            });
-            let v = V::F(self.fused.len() - 1);
-            let fused = (index_only || self.fusible[op.results[0].index()]) && cost <= FUSE_COST;
+            let k = self.push_fused(op, ins, None, Prov::Unset);
+            let v = V::F(k);
+            let fused = (index_only || self.fusible[op.results[0].index()])
+                && self.fused[k].cost <= FUSE_COST;
             // Otherwise materialized here, by vector runs where they fit ([`Self::lanes`]).
             let v = if fused {
                 v
@@ -1288,6 +1267,35 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         })?;
         self.set(op, V::T(out));
         Ok(())
+    }
+
+    /// Records `op` over `ins` as fused value `fused[k]` and returns `k` (a load: with
+    /// its sanitizer site and buffer).
+    fn push_fused(&mut self, op: &Op, ins: Vec<V<'ctx>>, site: Option<usize>, prov: Prov) -> usize {
+        let mut cost = 1;
+        let mut reads = Vec::new();
+        for v in &ins {
+            match *v {
+                V::T(p) => reads.push(p),
+                V::F(k) => {
+                    cost += self.fused[k].cost;
+                    reads.extend_from_slice(&self.fused[k].reads);
+                }
+                _ => {}
+            }
+        }
+        self.fused.push(Fused {
+            op: Op {
+                regions: Vec::new(),
+                ..op.clone()
+            },
+            ins,
+            cost,
+            reads,
+            site,
+            prov,
+        });
+        self.fused.len() - 1
     }
 
     /// Element `idx` (row-major `i`) of elementwise `op` over `ins`, checking an
@@ -1444,30 +1452,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let mut ins = vec![ptrs];
         ins.extend(mask);
         ins.extend(other);
-        let mut reads = Vec::new();
-        let mut cost = 1;
-        for v in &ins {
-            match *v {
-                V::T(p) => reads.push(p),
-                V::F(k) => {
-                    cost += self.fused[k].cost;
-                    reads.extend_from_slice(&self.fused[k].reads);
-                }
-                _ => {}
-            }
-        }
-        self.fused.push(Fused {
-            op: Op {
-                regions: Vec::new(),
-                ..op.clone()
-            },
-            ins,
-            cost,
-            reads,
-            site,
-            prov,
-        });
-        let k = self.fused.len() - 1;
+        let k = self.push_fused(op, ins, site, prov);
         if fused {
             self.set(op, V::F(k));
             return Ok(());
@@ -1721,25 +1706,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                         // A run whose mask holds everywhere (the common case) takes a
                         // plain load: a masked one costs half again on AMD Zen 2
                         // (layernorm's first pass, measured).
-                        let word = b
-                            .build_bit_cast(
-                                m,
-                                self.cx
-                                    .ctx
-                                    .custom_width_int_type(
-                                        std::num::NonZero::new(w)
-                                            .unwrap_or(std::num::NonZero::<u32>::MIN),
-                                    )
-                                    .map_err(|m| LowerError::Llvm(m.into()))?,
-                                "",
-                            )?
-                            .into_int_value();
-                        let all = b.build_int_compare(
-                            IntPredicate::EQ,
-                            word,
-                            word.get_type().const_all_ones(),
-                            "",
-                        )?;
+                        let all = self.all_set(m)?;
                         let (full, part, join) =
                             (self.block("ldv"), self.block("ldm"), self.block("ldvj"));
                         b.build_conditional_branch(all, full, part)?;
@@ -1840,6 +1807,21 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         }
     }
 
+    /// Whether every lane of the `i1` vector `bits` is set.
+    fn all_set(&self, bits: inkwell::values::VectorValue<'ctx>) -> LResult<IntValue<'ctx>> {
+        let w = bits.get_type().get_size();
+        let word_t = self
+            .cx
+            .ctx
+            .custom_width_int_type(
+                std::num::NonZero::new(w).unwrap_or(std::num::NonZero::<u32>::MIN),
+            )
+            .map_err(|m| LowerError::Llvm(m.into()))?;
+        let b = &self.cx.b;
+        let word = b.build_bit_cast(bits, word_t, "")?.into_int_value();
+        Ok(b.build_int_compare(IntPredicate::EQ, word, word_t.const_all_ones(), "")?)
+    }
+
     /// `x` in every lane of a `w`-lane vector.
     fn splat(
         &self,
@@ -1913,45 +1895,11 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                         i8t.vec_type(w).const_zero(),
                         "",
                     )?;
-                    let word = b
-                        .build_bit_cast(
-                            bits,
-                            h.cx.ctx
-                                .custom_width_int_type(
-                                    std::num::NonZero::new(w)
-                                        .unwrap_or(std::num::NonZero::<u32>::MIN),
-                                )
-                                .map_err(|m| LowerError::Llvm(m.into()))?,
-                            "",
-                        )?
-                        .into_int_value();
-                    b.build_int_compare(
-                        IntPredicate::EQ,
-                        word,
-                        word.get_type().const_all_ones(),
-                        "",
-                    )?
+                    h.all_set(bits)?
                 }
                 Some(m @ V::F(_)) => {
                     let bits = h.lanes(m, Elem::Scalar(ScalarType::I1), &full, lin0, w)?;
-                    let word = b
-                        .build_bit_cast(
-                            bits,
-                            h.cx.ctx
-                                .custom_width_int_type(
-                                    std::num::NonZero::new(w)
-                                        .unwrap_or(std::num::NonZero::<u32>::MIN),
-                                )
-                                .map_err(|m| LowerError::Llvm(m.into()))?,
-                            "",
-                        )?
-                        .into_int_value();
-                    b.build_int_compare(
-                        IntPredicate::EQ,
-                        word,
-                        word.get_type().const_all_ones(),
-                        "",
-                    )?
+                    h.all_set(bits)?
                 }
                 Some(V::A(_)) => unreachable!("not vectorizable"),
             };
