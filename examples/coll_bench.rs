@@ -3,6 +3,11 @@
 //!
 //! `cargo run --release --example coll_bench [-- MAX_MIB]` (sizes up to MAX_MIB MiB,
 //! default 16). Prints markdown tables (BENCHMARKS.md "Collectives on CPU ranks").
+//!
+//! `-- MAX_MIB mpi` compares with `MPI_Allreduce` in the same run: it builds
+//! `mpi_allreduce.c` with `mpicc` and runs it with `mpirun` (Open MPI or MPICH; the
+//! setup script installs Open MPI), then times Tessera's all_reduce at the same sizes
+//! the same way (BENCHMARKS.md, "The compiled CPU device: communicating kernels").
 
 use std::time::Duration;
 
@@ -65,6 +70,53 @@ fn memcpy_gbs(bytes: usize) -> f64 {
     bytes as f64 / best / 1e9
 }
 
+/// Seconds per `MPI_Allreduce` (f32, max) on `ws` processes at each of `sizes`
+/// (bytes), measured by `mpi_allreduce.c` as [`time_all_reduce`] measures Tessera.
+fn mpi_all_reduce(ws: usize, sizes: &[usize]) -> Result<Vec<f64>, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("a temporary folder: {e}"))?;
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("mpi_allreduce.c");
+    let exe = dir.path().join("mpi_allreduce");
+    let out = std::process::Command::new("mpicc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("mpicc: {e} (install Open MPI: scripts/setup.sh)"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "mpicc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let mut cmd = std::process::Command::new("mpirun");
+    // Open MPI refuses root without these; more ranks than cores need the second.
+    if std::env::var_os("OMPI_ALLOW_RUN_AS_ROOT").is_none() {
+        cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+            .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    }
+    let out = cmd
+        .args(["--oversubscribe", "-n", &ws.to_string()])
+        .arg(&exe)
+        .args(sizes.iter().map(|b| b.to_string()))
+        .output()
+        .map_err(|e| format!("mpirun: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "mpirun failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let times: Vec<f64> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .collect();
+    if times.len() != sizes.len() {
+        return Err(format!("unexpected output from mpi_allreduce: {text}"));
+    }
+    Ok(times)
+}
+
 fn iters_for(bytes: usize) -> u32 {
     ((4 << 20) / bytes.max(1)).clamp(2, 20) as u32
 }
@@ -84,7 +136,7 @@ fn main() {
     env_logger::Builder::from_env(env_logger::Env::new().filter_or("TESSERA_LOG", "warn")).init();
     // Positional arguments: the largest size in MiB (16), and optionally one section
     // (`busbw`, `crossover` or `ll`).
-    let usage = "usage: coll_bench [MAX_MIB [busbw|crossover|ll]]";
+    let usage = "usage: coll_bench [MAX_MIB [busbw|crossover|ll|mpi]]";
     let mut positional = Vec::new();
     let mut p = lexopt::Parser::from_env();
     loop {
@@ -115,6 +167,40 @@ fn main() {
     // The interpreter moves data slower with more ranks on 2 cores: cap 8 ranks lower.
     let cap = |ws: usize| max >> (ws / 4 * 2);
 
+    if only.as_deref() == Some("mpi") {
+        println!("## all_reduce (Auto, f32, max) vs MPI_Allreduce, same run\n");
+        println!(
+            "Ratio: Tessera's time over MPI's (the target: at most 3 up to 64 KiB); busbw = bytes/time * 2(n-1)/n.\n"
+        );
+        println!(
+            "| ranks | size | Tessera | MPI_Allreduce | Tessera/MPI | Tessera busbw GB/s | MPI busbw GB/s |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        for ws in [2usize, 4] {
+            let sizes: Vec<usize> = [4usize << 10, 16 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20]
+                .into_iter()
+                .filter(|&b| b <= max.max(64 << 10))
+                .collect();
+            let mpi = mpi_all_reduce(ws, &sizes).unwrap_or_else(|e| {
+                eprintln!("coll_bench: MPI baseline: {e}");
+                std::process::exit(1);
+            });
+            for (&bytes, &m) in sizes.iter().zip(&mpi) {
+                let t = time_all_reduce(ws, bytes, AllReduceAlgo::Auto, iters_for(bytes).max(10));
+                let bus = |t: f64| bytes as f64 / t / 1e9 * 2.0 * (ws as f64 - 1.0) / ws as f64;
+                println!(
+                    "| {ws} | {} | {:.4} ms | {:.4} ms | {:.2} | {:.3} | {:.3} |",
+                    human(bytes),
+                    t * 1e3,
+                    m * 1e3,
+                    t / m,
+                    bus(t),
+                    bus(m)
+                );
+            }
+        }
+        return;
+    }
     if run("busbw") {
         println!("## all_reduce bus bandwidth (Auto, f32, max)\n");
         println!("busbw = algbw * 2(n-1)/n; memcpy = host `copy_from_slice` of the same size.\n");

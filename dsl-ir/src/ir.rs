@@ -387,6 +387,18 @@ impl CmpPred {
         CmpPred::Ge,
     ];
 
+    /// Whether `a pred b` holds, unsigned (a `wait_until` on a signal word).
+    pub fn holds(self, a: u64, b: u64) -> bool {
+        match self {
+            CmpPred::Eq => a == b,
+            CmpPred::Ne => a != b,
+            CmpPred::Lt => a < b,
+            CmpPred::Le => a <= b,
+            CmpPred::Gt => a > b,
+            CmpPred::Ge => a >= b,
+        }
+    }
+
     /// The comparison as an operator: `==`, `!=`, `<`, `<=`, `>`, `>=`.
     pub fn symbol(self) -> &'static str {
         match self {

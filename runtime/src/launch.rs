@@ -737,8 +737,11 @@ pub fn launch_with<K: Kernel>(
                     Backend::Cpu => {
                         use tessera_codegen::cpu::{self, CpuError};
                         let sanitize = crate::config::get()?.sanitize;
-                        match cpu::launch_limited(&compiled.func, dims, &kargs, sanitize, watchdog)
-                        {
+                        let ran = match compiled.cpu_kernel(sanitize) {
+                            Ok(k) => cpu::launch_kernel(&k, dims, &kargs, world.as_ref(), watchdog),
+                            Err(e) => Err(e),
+                        };
+                        match ran {
                             Ok(()) => {}
                             Err(CpuError::Unsupported { message, .. }) => {
                                 log::info!(

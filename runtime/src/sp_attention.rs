@@ -357,7 +357,7 @@ impl<T: crate::fused::GemmElem, const HD: usize> SpAttention<T, HD> {
             kv_full,
             sig,
             epoch: 0,
-            programs: programs_for(work, MAX_PROGRAMS),
+            programs: programs_for(rank, work, MAX_PROGRAMS),
         })
     }
 
@@ -465,7 +465,7 @@ impl<T: crate::fused::GemmElem, const HD: usize> AllGatherThenAttention<T, HD> {
         let work = s.heads * s.sk.div_ceil(BN);
         gather_kv_kernel::<T, BN, HD>::launch(
             dev,
-            programs_for(work, MAX_PROGRAMS),
+            programs_for(rank, work, MAX_PROGRAMS),
             (
                 k,
                 v,

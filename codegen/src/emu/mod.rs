@@ -662,10 +662,7 @@ pub fn launch_limited(
             .sites
             .iter()
             .any(|s| matches!(s.what, "barrier" | "shuffle" | "mma"));
-    let workers = std::thread::available_parallelism()
-        .map(|n| n.get() as u64)
-        .unwrap_or(1)
-        .min(total);
+    let workers = (crate::cpu::cores() as u64).min(total);
     let live_blocks = if concurrent { total } else { workers };
     // The ranks of a world launch their kernels at the same time (one program, many
     // ranks): a waiting kernel's memory is checked for all of them at once.

@@ -122,6 +122,11 @@ impl StackArena {
         Ok(arena)
     }
 
+    /// Number of stacks.
+    pub(crate) fn count(&self) -> usize {
+        self.count
+    }
+
     /// Stack `i` (`i < count`).
     ///
     /// # Safety

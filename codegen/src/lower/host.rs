@@ -14,20 +14,28 @@
 //! ([`super::elementwise`]), which the emulator checks against the interpreter.
 //!
 //! The function is
-//! `i32 kernel(ptr params, ptr lens, ptr pids, ptr scratch, ptr err)`:
+//! `i32 kernel(ptr params, ptr lens, ptr pids, ptr scratch, ptr err, ptr comm)`:
 //! `params[i]` is a 64-bit word holding buffer `i`'s base address or scalar `i`'s
 //! bytes (little-endian, low bytes first), `lens[i]` buffer `i`'s size in bytes,
 //! `pids` six `i32`s (the program id, then the grid), `scratch` the thread's scratch
-//! area (at least [`HostLowered::scratch_bytes`], 64-byte aligned), `err` five
-//! 64-bit words (`err[3..]` belong to the watchdog poll). It returns 0, or 1 after
-//! writing `[site, lane, index]` to `err`: a memory access outside its buffer (with
-//! the sanitizer on), an integer division by zero, a non-positive `for` step, or a
-//! loop stopped by the watchdog (lane `u64::MAX`). Sites are described by
-//! [`HostSite`].
+//! area (at least [`HostLowered::scratch_bytes`], 64-byte aligned), `err`
+//! [`ERR_WORDS`] 64-bit words (`err[3..5]` belong to the watchdog poll, `err[5..]` to
+//! the waits), `comm` the world's words: this rank, the number of ranks, then for
+//! parameter `k` and rank `r` at `2 + k * size + r` the distance in bytes from this
+//! rank's copy of a symmetric buffer to rank `r`'s. It returns 0, or 1 after writing
+//! `[site, lane, index]` to `err`: a memory access outside its buffer (with the
+//! sanitizer on), an integer division by zero, a non-positive `for` step, a peer
+//! outside the world, a wait that failed (lane: the runtime's status), or a loop
+//! stopped by the watchdog (lane `u64::MAX`). Sites are described by [`HostSite`].
 //!
-//! Communication, atomics, tensor descriptors and the debug ops are not lowered:
-//! [`LowerError::Unsupported`] names the first one, and the caller runs that kernel
-//! on the interpreter.
+//! **Communication**: `rank` and `world_size` read `comm`; `remote_ptr` adds the
+//! distance to the peer's copy (so loads and stores through it are plain host
+//! accesses, the peers' heaps being mapped in this process); `signal` is one
+//! `atomicrmw` with the op's ordering; `fence` an LLVM `fence`; `wait_until` and
+//! `barrier_all` call the runtime ([`WAIT`], [`BARRIER`]), which polls, lets the other
+//! program instances run while it waits (they are coroutines) and times out. Atomics,
+//! tensor descriptors and the debug ops are not lowered: [`LowerError::Unsupported`]
+//! names the first one, and the caller runs that kernel on the interpreter.
 
 use std::collections::HashMap;
 
@@ -36,9 +44,15 @@ use inkwell::IntPredicate;
 use inkwell::attributes::{Attribute, AttributeLoc};
 use inkwell::basic_block::BasicBlock;
 use inkwell::context::Context;
-use inkwell::types::{BasicTypeEnum, VectorType};
-use inkwell::values::{BasicValueEnum, FunctionValue, IntValue, PointerValue};
-use tessera_ir::ir::{BinaryOp, ConstValue, Op, OpKind, ReduceOp, Region, UnaryOp, ValueId};
+use inkwell::types::{BasicMetadataTypeEnum, BasicType, BasicTypeEnum, VectorType};
+use inkwell::values::{
+    BasicMetadataValueEnum, BasicValueEnum, FunctionValue, IntValue, PointerValue,
+};
+use inkwell::{AtomicOrdering, AtomicRMWBinOp};
+use tessera_ir::ir::{
+    BinaryOp, CmpPred, ConstValue, MemOrder, Op, OpKind, ReduceOp, Region, SignalOp, UnaryOp,
+    ValueId,
+};
 use tessera_ir::{Elem, Function, ScalarType, Span};
 
 use super::elementwise;
@@ -70,12 +84,47 @@ pub(crate) const HOST_KERNEL: &str = "__tessera_cpu_kernel";
 /// The runtime's watchdog poll (`i32 (ptr err)`), see [`crate::cpu`].
 pub(crate) const POLL: &str = "__tessera_cpu_poll";
 
+/// The runtime's wait (`i32 (ptr word, i32 pred, i64 value, ptr err)`, `pred` the
+/// comparison's index in [`CmpPred::ALL`]): returns 0
+/// once `*word pred value` holds (the observed word in `err[5]`), or a [`WaitStatus`]
+/// code with `err[5..]` describing the failure.
+pub(crate) const WAIT: &str = "__tessera_cpu_wait";
+
+/// The runtime's `barrier_all` (`i32 (ptr err)`), with [`WAIT`]'s results.
+pub(crate) const BARRIER: &str = "__tessera_cpu_barrier";
+
+/// The runtime's sanitizer check of an access through a pointer that may point into
+/// a peer's copy (`i64 (i64 param, i64 addr, i64 bytes)`, param -1: any buffer):
+/// `i64::MIN` when `bytes` at `addr` lie inside the buffer, else the byte offset
+/// from the nearest copy.
+pub(crate) const CHECK: &str = "__tessera_cpu_check";
+
+/// Words of the kernel's failure record.
+pub(crate) const ERR_WORDS: usize = 8;
+
+/// Why a wait failed (the lane of its failure record).
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[repr(u64)]
+pub(crate) enum WaitStatus {
+    /// It ran out of time: `err[5]` holds the last value seen, `err[6]` the word's
+    /// address, `err[7]` the awaited value (for `barrier_all`: the arrivals, then the
+    /// participants twice).
+    Timeout = 1,
+    /// Another rank (or program) failed: `err[5]` holds the failed rank.
+    Aborted = 2,
+}
+
 /// What a failure site checks.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum SiteKind {
     /// A load or store through a pointer derived from parameter `param` (`None`:
-    /// from one of several, checked against every buffer).
-    Access { param: Option<usize> },
+    /// from one of several, checked against every buffer); `remote`: possibly into
+    /// a peer's copy of it.
+    Access { param: Option<usize>, remote: bool },
+    /// A `remote_ptr`'s peer (`index`: the peer).
+    Peer,
+    /// A `wait_until` (with its comparison) or `barrier_all` (`None`).
+    Wait(Option<CmpPred>),
     /// An integer division or remainder.
     DivZero,
     /// A `for` loop's step (and its watchdog).
@@ -109,14 +158,18 @@ pub(crate) struct HostLowered<'ctx> {
     /// from the first reads while a store into the second runs): the launcher checks
     /// them and runs an overlapping launch on the interpreter.
     pub disjoint: Vec<(usize, usize)>,
+    /// Parameters the code reaches peers' copies of (`remote_ptr`): they must be
+    /// symmetric buffers.
+    pub remote: Vec<usize>,
 }
 
-/// Where a pointer value points: into parameter `k`'s buffer, into one of several,
-/// or not known yet.
+/// Where a pointer value points: into parameter `k`'s buffer, into some rank's
+/// copy of it, into one of several buffers, or not known yet.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Prov {
     Unset,
     Param(usize),
+    Remote(usize),
     Mixed,
 }
 
@@ -125,6 +178,9 @@ impl Prov {
         match (self, o) {
             (Prov::Unset, x) | (x, Prov::Unset) => x,
             (a, b) if a == b => a,
+            (Prov::Param(a) | Prov::Remote(a), Prov::Param(b) | Prov::Remote(b)) if a == b => {
+                Prov::Remote(a)
+            }
             _ => Prov::Mixed,
         }
     }
@@ -192,6 +248,10 @@ struct H<'a, 'ctx> {
     pids: PointerValue<'ctx>,
     scratch: PointerValue<'ctx>,
     err: PointerValue<'ctx>,
+    comm: PointerValue<'ctx>,
+    /// The kernel reaches peers' memory (`remote_ptr`): accesses through pointers of
+    /// mixed provenance are checked against the peers' copies too.
+    remote: bool,
 }
 
 fn unsupported<T>(op: &Op, why: &str) -> LResult<T> {
@@ -210,10 +270,10 @@ pub(crate) fn lower_host<'ctx>(
 ) -> LResult<HostLowered<'ctx>> {
     let module = ctx.create_module(&func.name);
     let ptr = ctx.ptr_type(AddressSpace::default());
-    let fty = ctx.i32_type().fn_type(&[ptr.into(); 5], false);
+    let fty = ctx.i32_type().fn_type(&[ptr.into(); 6], false);
     let fnv = module.add_function(HOST_KERNEL, fty, None);
     let noalias = ctx.create_enum_attribute(Attribute::get_named_enum_kind_id("noalias"), 0);
-    for i in 0..5 {
+    for i in 0..6 {
         fnv.add_attribute(AttributeLoc::Param(i), noalias);
     }
     let b = ctx.create_builder();
@@ -226,6 +286,17 @@ pub(crate) fn lower_host<'ctx>(
     };
     let prov = provenance(func);
     let fusion = fusible(func, &prov);
+    let mut remote = Vec::new();
+    func.walk(&mut |op| {
+        if op.kind == OpKind::RemotePtr
+            && let Some(Prov::Param(k) | Prov::Remote(k)) =
+                op.operands.first().map(|v| prov[v.index()])
+        {
+            remote.push(k);
+        }
+    });
+    remote.sort_unstable();
+    remote.dedup();
     let mut h = H {
         cx: Cx { ctx, module, b },
         f: func,
@@ -246,6 +317,8 @@ pub(crate) fn lower_host<'ctx>(
         pids: p(2)?,
         scratch: p(3)?,
         err: p(4)?,
+        comm: p(5)?,
+        remote: !remote.is_empty(),
     };
     for (i, prm) in func.params.iter().enumerate() {
         let ty = h.lty(func.ty(prm.value).elem);
@@ -272,6 +345,7 @@ pub(crate) fn lower_host<'ctx>(
         } else {
             fusion.disjoint
         },
+        remote,
     })
 }
 
@@ -474,6 +548,12 @@ fn provenance(f: &Function) -> Vec<Prov> {
                     let v = get(p, op.operands[1]).merge(get(p, op.operands[2]));
                     p[op.results[0].index()] = v;
                 }
+                OpKind::RemotePtr => {
+                    p[op.results[0].index()] = match get(p, op.operands[0]) {
+                        Prov::Param(k) | Prov::Remote(k) => Prov::Remote(k),
+                        x => x,
+                    };
+                }
                 OpKind::For => {
                     let body = &op.regions[0];
                     for (i, &a) in body.args.iter().skip(1).enumerate() {
@@ -511,6 +591,15 @@ fn provenance(f: &Function) -> Vec<Prov> {
     walk(&f.body, &mut p);
     walk(&f.body, &mut p);
     p
+}
+
+fn llvm_order(o: MemOrder) -> AtomicOrdering {
+    match o {
+        MemOrder::Relaxed => AtomicOrdering::Monotonic,
+        MemOrder::Acquire => AtomicOrdering::Acquire,
+        MemOrder::Release => AtomicOrdering::Release,
+        MemOrder::AcqRel => AtomicOrdering::AcquireRelease,
+    }
 }
 
 fn elem_bytes(e: Elem) -> u64 {
@@ -992,6 +1081,13 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             // One program instance runs as one thread: nothing to wait for.
             OpKind::Barrier => {}
             OpKind::While => self.while_op(op)?,
+            OpKind::Rank
+            | OpKind::WorldSize
+            | OpKind::RemotePtr
+            | OpKind::Signal { .. }
+            | OpKind::WaitUntil { .. }
+            | OpKind::Fence { .. }
+            | OpKind::BarrierAll => self.comm_op(op)?,
             _ => return unsupported(op, "is not compiled for the CPU"),
         }
         Ok(())
@@ -1371,7 +1467,18 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         })
     }
 
-    /// With the sanitizer on: `addr` must lie inside the buffer its pointer came from.
+    /// Whether a pointer of provenance `prov` may point into a peer's memory.
+    fn reaches_peers(&self, prov: Prov) -> bool {
+        match prov {
+            Prov::Remote(_) => true,
+            Prov::Mixed | Prov::Unset => self.remote,
+            Prov::Param(_) => false,
+        }
+    }
+
+    /// With the sanitizer on: `addr` must lie inside the buffer its pointer came from
+    /// (for a pointer that may reach a peer: inside some rank's copy of it, which
+    /// the runtime's [`CHECK`] knows).
     fn check_access(
         &self,
         site: usize,
@@ -1383,6 +1490,23 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let b = &self.cx.b;
         let i64t = self.cx.ctx.i64_type();
         let a = b.build_ptr_to_int(addr, i64t, "")?;
+        if self.reaches_peers(prov) {
+            let k = param_of(prov).map_or(-1i64, |k| k as i64);
+            let f = self.runtime_fn(CHECK, i64t.into(), &[i64t.into(); 3])?;
+            let off = b
+                .build_call(
+                    f,
+                    &[self.i64(k as u64).into(), a.into(), self.i64(esize).into()],
+                    "",
+                )?
+                .try_as_basic_value()
+                .basic()
+                .ok_or_else(|| LowerError::Llvm("check returns nothing".into()))?
+                .into_int_value();
+            let ok = b.build_int_compare(IntPredicate::EQ, off, self.i64(i64::MIN as u64), "")?;
+            let index = b.build_int_signed_div(off, self.i64(esize), "")?;
+            return self.check(ok, site, lane, index);
+        }
         let params: Vec<usize> = match prov {
             Prov::Param(k) => vec![k],
             _ => (0..self.f.params.len())
@@ -1429,6 +1553,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 op,
                 SiteKind::Access {
                     param: param_of(prov),
+                    remote: self.reaches_peers(prov),
                 },
                 shape,
             )
@@ -1569,6 +1694,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 op,
                 SiteKind::Access {
                     param: param_of(prov),
+                    remote: self.reaches_peers(prov),
                 },
                 shape,
             )
@@ -2505,6 +2631,187 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         Ok(())
     }
 
+    /// The runtime function `name` (declared on first use).
+    fn runtime_fn(
+        &self,
+        name: &str,
+        ret: BasicTypeEnum<'ctx>,
+        params: &[BasicMetadataTypeEnum<'ctx>],
+    ) -> LResult<FunctionValue<'ctx>> {
+        Ok(self.cx.module.get_function(name).unwrap_or_else(|| {
+            self.cx.module.add_function(
+                name,
+                ret.fn_type(params, false),
+                Some(inkwell::module::Linkage::External),
+            )
+        }))
+    }
+
+    /// `comm[i]`.
+    fn comm_word(&self, i: IntValue<'ctx>) -> LResult<IntValue<'ctx>> {
+        let i64t = self.cx.ctx.i64_type();
+        let a = self.gep(i64t.into(), self.comm, i)?;
+        Ok(self.cx.b.build_load(i64t, a, "")?.into_int_value())
+    }
+
+    /// A scalar operand (a 0-d value, or a tile equal in every element).
+    fn scalar_operand(&mut self, op: &Op, k: usize) -> LResult<BasicValueEnum<'ctx>> {
+        match self.val(op.operands[k])? {
+            V::U(x) => Ok(x),
+            _ if self.numel(op.operands[k]) == 1 => {
+                let e = self.elem(op.operands[k]);
+                let t = self.mat(op.operands[k])?;
+                self.get(t, e, self.i64(0))
+            }
+            _ => unsupported(op, "with a tile where a scalar is expected"),
+        }
+    }
+
+    /// `rank`, `world_size`, `remote_ptr`, `signal`, `wait_until`, `fence`,
+    /// `barrier_all` (see the module docs).
+    fn comm_op(&mut self, op: &Op) -> LResult<()> {
+        let i64t = self.cx.ctx.i64_type();
+        let i32t = self.cx.ctx.i32_type();
+        let ptr = self.cx.ctx.ptr_type(AddressSpace::default());
+        match &op.kind {
+            OpKind::Rank | OpKind::WorldSize => {
+                let w = self.comm_word(self.i64((op.kind == OpKind::WorldSize) as u64))?;
+                let v = self.cx.b.build_int_truncate(w, i32t, "")?;
+                self.set(op, V::U(v.into()));
+            }
+            OpKind::RemotePtr => {
+                let Some(k) = param_of(self.prov[op.operands[0].index()]) else {
+                    return unsupported(op, "of pointers into several buffers");
+                };
+                let peer = self.scalar_operand(op, 1)?.into_int_value();
+                let peer = self.cx.b.build_int_s_extend(peer, i64t, "")?;
+                let size = self.comm_word(self.i64(1))?;
+                let site = self.site(op, SiteKind::Peer, Vec::new());
+                let ok = self
+                    .cx
+                    .b
+                    .build_int_compare(IntPredicate::ULT, peer, size, "")?;
+                self.check(ok, site, self.i64(0), peer)?;
+                let b = &self.cx.b;
+                let at = b.build_int_mul(self.i64(k as u64), size, "")?;
+                let at = b.build_int_add(at, peer, "")?;
+                let at = b.build_int_add(at, self.i64(2), "")?;
+                let delta = self.comm_word(at)?;
+                let i8t: BasicTypeEnum = self.cx.ctx.i8_type().into();
+                let pe = self.elem(op.operands[0]);
+                let v = match self.val(op.operands[0])? {
+                    V::U(p) => V::U(self.gep(i8t, p.into_pointer_value(), delta)?.into()),
+                    V::A(a) => {
+                        let base = self.gep(i8t, self.aff[a].base.into_pointer_value(), delta)?;
+                        let strides = self.aff[a].strides.clone();
+                        self.affine(base.into(), strides)
+                    }
+                    v => {
+                        let v = self.mat_v(v, op.operands[0])?;
+                        let n = self.numel(op.results[0]);
+                        let out = self.slot(pe, n)?;
+                        self.counted(n, &mut |h, i| {
+                            let p = h.get(v, pe, i)?.into_pointer_value();
+                            let q = h.gep(i8t, p, delta)?;
+                            h.put(out, pe, i, q.into())
+                        })?;
+                        V::T(out)
+                    }
+                };
+                self.set(op, v);
+            }
+            OpKind::Signal { op: sop, order, .. } => {
+                let p = self.scalar_operand(op, 0)?.into_pointer_value();
+                let v = self.scalar_operand(op, 1)?.into_int_value();
+                self.check_word(op, p)?;
+                let bop = match sop {
+                    SignalOp::Set => AtomicRMWBinOp::Xchg,
+                    SignalOp::Add => AtomicRMWBinOp::Add,
+                };
+                self.cx.b.build_atomicrmw(bop, p, v, llvm_order(*order))?;
+            }
+            OpKind::WaitUntil { pred, .. } => {
+                let p = self.scalar_operand(op, 0)?.into_pointer_value();
+                let v = self.scalar_operand(op, 1)?.into_int_value();
+                self.check_word(op, p)?;
+                // The runtime receives the comparison as its index in `CmpPred::ALL`.
+                let code = CmpPred::ALL.iter().position(|q| q == pred).unwrap_or(0);
+                let f = self.runtime_fn(
+                    WAIT,
+                    i32t.into(),
+                    &[ptr.into(), i32t.into(), i64t.into(), ptr.into()],
+                )?;
+                let args = [
+                    p.into(),
+                    i32t.const_int(code as u64, false).into(),
+                    v.into(),
+                    self.err.into(),
+                ];
+                let site = self.site(op, SiteKind::Wait(Some(*pred)), Vec::new());
+                self.wait_call(f, &args, site)?;
+                let seen = self.gep(i64t.into(), self.err, self.i64(5))?;
+                let x = self.cx.b.build_load(i64t, seen, "seen")?;
+                self.set(op, V::U(x));
+            }
+            OpKind::Fence { order, .. } => {
+                if *order != MemOrder::Relaxed {
+                    self.cx.b.build_fence(llvm_order(*order), false, "")?;
+                }
+            }
+            OpKind::BarrierAll => {
+                let f = self.runtime_fn(BARRIER, i32t.into(), &[ptr.into()])?;
+                let site = self.site(op, SiteKind::Wait(None), Vec::new());
+                self.wait_call(f, &[self.err.into()], site)?;
+            }
+            _ => return unsupported(op, "is not a communication op"),
+        }
+        Ok(())
+    }
+
+    /// With the sanitizer on: the signal word at `p` lies inside its buffer.
+    fn check_word(&mut self, op: &Op, p: PointerValue<'ctx>) -> LResult<()> {
+        if !self.sanitize {
+            return Ok(());
+        }
+        let prov = self.prov[op.operands[0].index()];
+        let site = self.site(
+            op,
+            SiteKind::Access {
+                param: param_of(prov),
+                remote: self.reaches_peers(prov),
+            },
+            Vec::new(),
+        );
+        self.check_access(site, prov, p, 8, self.i64(0))
+    }
+
+    /// Calls a runtime wait; a nonzero status fails the kernel at `site` (the
+    /// status as the lane).
+    fn wait_call(
+        &self,
+        f: FunctionValue<'ctx>,
+        args: &[BasicMetadataValueEnum<'ctx>],
+        site: usize,
+    ) -> LResult<()> {
+        let i64t = self.cx.ctx.i64_type();
+        let rc = self
+            .cx
+            .b
+            .build_call(f, args, "")?
+            .try_as_basic_value()
+            .basic()
+            .ok_or_else(|| LowerError::Llvm("wait returns nothing".into()))?
+            .into_int_value();
+        let ok = self.cx.b.build_int_compare(
+            IntPredicate::EQ,
+            rc,
+            self.cx.ctx.i32_type().const_zero(),
+            "",
+        )?;
+        let status = self.cx.b.build_int_z_extend(rc, i64t, "")?;
+        self.check(ok, site, status, self.i64(0))
+    }
+
     /// The watchdog, once per iteration of a `for` or `while` loop: the runtime's
     /// `__tessera_cpu_poll(err)` returns 1 once the launch's deadline has passed, and
     /// the kernel fails at `site` (lane `u64::MAX` marks the timeout).
@@ -2664,7 +2971,7 @@ fn row_major(shape: &[u64]) -> Vec<u64> {
 
 fn param_of(p: Prov) -> Option<usize> {
     match p {
-        Prov::Param(k) => Some(k),
+        Prov::Param(k) | Prov::Remote(k) => Some(k),
         _ => None,
     }
 }

@@ -131,17 +131,6 @@ impl Backoff {
     }
 }
 
-fn pred_holds(p: CmpPred, a: u64, b: u64) -> bool {
-    match p {
-        CmpPred::Eq => a == b,
-        CmpPred::Ne => a != b,
-        CmpPred::Lt => a < b,
-        CmpPred::Le => a <= b,
-        CmpPred::Gt => a > b,
-        CmpPred::Ge => a >= b,
-    }
-}
-
 impl Prog<'_, '_> {
     fn world(&self) -> &CommWorld {
         &self.ex.world
@@ -230,7 +219,7 @@ impl Prog<'_, '_> {
                 let mut backoff = Backoff(0);
                 loop {
                     let seen = b.load_word(idx).map_err(|e| self.transport(op, e))?;
-                    if pred_holds(pred, seen, v) {
+                    if pred.holds(seen, v) {
                         fence(Ordering::Acquire);
                         return Ok(Some(Data::U64(vec![seen])));
                     }

@@ -46,6 +46,10 @@ pub(crate) struct Compiled {
     /// GPU specializations of this IR on launch facts (which parameters are
     /// divisible by 16), built on first use.
     specs: Mutex<HashMap<Vec<ParamFacts>, Arc<Compiled>>>,
+    /// The kernel compiled for the CPU device (without and with the sanitizer), kept
+    /// once built: a launch then skips the CPU compiler's cache lookup.
+    #[cfg(feature = "jit")]
+    cpu: [std::sync::OnceLock<Arc<tessera_codegen::cpu::CpuKernel>>; 2],
 }
 
 impl Compiled {
@@ -55,7 +59,25 @@ impl Compiled {
             func: Arc::new(func),
             debug,
             specs: Mutex::new(HashMap::new()),
+            #[cfg(feature = "jit")]
+            cpu: Default::default(),
         }
+    }
+
+    /// This kernel compiled for the CPU device (`sanitize`: every access checked),
+    /// or why it is not.
+    #[cfg(feature = "jit")]
+    #[allow(clippy::result_large_err)] // (cold: the caller falls back or reports it)
+    pub(crate) fn cpu_kernel(
+        &self,
+        sanitize: bool,
+    ) -> Result<Arc<tessera_codegen::cpu::CpuKernel>, tessera_codegen::cpu::CpuError> {
+        let slot = &self.cpu[sanitize as usize];
+        if let Some(k) = slot.get() {
+            return Ok(Arc::clone(k));
+        }
+        let k = tessera_codegen::cpu::compile(&self.func, sanitize)?;
+        Ok(Arc::clone(slot.get_or_init(|| k)))
     }
 
     /// This kernel specialized like Triton does: parameters known to be 16-byte

@@ -2,7 +2,7 @@
 //!
 //! | device | backend | kernels |
 //! |---|---|---|
-//! | `cpu` | kernels compiled for the host (feature `jit`: [`tessera_codegen::cpu`]), program instances on a thread pool; a kernel it does not compile (communication, atomics, tensor descriptors) runs on the interpreter | traced IR through LLVM (the interpreter without `jit`) |
+//! | `cpu` | kernels compiled for the host (feature `jit`: [`tessera_codegen::cpu`]), program instances on a thread pool; communicating kernels too (remote accesses straight into the peers' heaps, waiting programs as coroutines); a kernel it does not compile (atomics, tensor descriptors, ranks on other nodes) runs on the interpreter | traced IR through LLVM (the interpreter without `jit`) |
 //! | `interp` | the reference interpreter (the same CPU memory: buffers are shared with `cpu`) | traced IR (no LLVM) |
 //! | `cuda:N` | the CUDA driver API through cudarc, `libcuda` loaded at run time | PTX: precompiled ([`crate::ArtifactStore`]) or JIT-compiled (feature `jit`) |
 //! | `hip:N` | the HIP runtime, `libamdhip64` loaded at run time (feature `hip`) | HSACO, likewise |
@@ -51,6 +51,12 @@ pub(crate) enum Backend {
     Emu(EmuKind),
     /// A GPU, through its backend.
     Gpu(Arc<dyn GpuBackend>),
+}
+
+/// The machine's cores, asked once (`available_parallelism` reads cgroup files).
+pub(crate) fn host_cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// What a launch needs from the rank a device handle belongs to: implemented by the

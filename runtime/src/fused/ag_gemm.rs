@@ -149,7 +149,7 @@ impl<T: GemmElem> AgGemm<T> {
             a_full,
             sig,
             epoch: 0,
-            programs: programs_for(tiles, MAX_PROGRAMS),
+            programs: programs_for(rank, tiles, MAX_PROGRAMS),
         })
     }
 

@@ -125,7 +125,7 @@ impl<T: Float + Element> AllReduceRmsNorm<T> {
             eps,
             sig,
             epoch: 0,
-            programs: programs_for(rows, MAX_PROGRAMS),
+            programs: programs_for(rank, rows, MAX_PROGRAMS),
             _t: std::marker::PhantomData,
         })
     }

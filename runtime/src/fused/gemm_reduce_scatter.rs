@@ -134,7 +134,7 @@ impl<T: GemmElem> GemmReduceScatter<T> {
             stage,
             sig,
             epoch: 0,
-            programs: programs_for(ws * tiles, MAX_PROGRAMS),
+            programs: programs_for(rank, ws * tiles, MAX_PROGRAMS),
             _t: std::marker::PhantomData,
         })
     }

@@ -124,7 +124,7 @@ impl<T: GemmElem> AgThenGemm<T> {
         check_len("AgThenGemm: C", c, m * n)?;
         let dev = rank.device();
         self.epoch += 1;
-        let programs = programs_for(ms.div_ceil(BM), MAX_PROGRAMS);
+        let programs = programs_for(rank, ms.div_ceil(BM), MAX_PROGRAMS);
         gather_rows_kernel::<T, BM, BK>::launch(
             dev,
             programs,
@@ -320,7 +320,7 @@ impl<T: GemmElem> GemmThenReduceScatter<T> {
         let grid = (m.div_ceil(BM), n.div_ceil(BN));
         let (m32, n32, k32) = (m as i32, n as i32, kr as i32);
         gemm_kernel::<T, BM, BN, BK>::launch(dev, grid, (a, b, &mut *self.part, m32, n32, k32))?;
-        let programs = programs_for((ms * n).div_ceil(EB), MAX_PROGRAMS);
+        let programs = programs_for(rank, (ms * n).div_ceil(EB), MAX_PROGRAMS);
         reduce_scatter_rows_kernel::<T, EB>::launch(
             dev,
             programs,
@@ -395,7 +395,7 @@ impl<T: Float + Element> AllReduceThenRmsNorm<T> {
         check_len("AllReduceThenRmsNorm: the output", out, len)?;
         let dev = rank.device();
         self.epoch += 1;
-        let programs = programs_for(len.div_ceil(EB), MAX_PROGRAMS);
+        let programs = programs_for(rank, len.div_ceil(EB), MAX_PROGRAMS);
         all_reduce_kernel::<T, EB>::launch(
             dev,
             programs,

@@ -26,6 +26,16 @@
 //! FMAs, so they match within rounding. When program instances fail, the error of
 //! the lowest failing program id is returned, as on the interpreter.
 //!
+//! **Communication.** Communicating kernels are compiled too: `remote_ptr` adds the
+//! distance from this rank's copy of a symmetric buffer to the peer's (every rank's
+//! heap is mapped in this process), so remote loads and stores are host accesses;
+//! `signal` is an atomic read-modify-write with the op's ordering; `wait_until` and
+//! `barrier_all` call the runtime, which polls with the interpreter's protocol and
+//! timeouts. The program instances of a kernel that waits are coroutines, all
+//! resident, run round robin by a few OS threads per rank (the world's ranks
+//! together get as many as the machine has cores), never an OS thread per program.
+//! Ranks behind a communication engine (other nodes) run on the interpreter.
+//!
 //! **Speed** comes from fusion (a chain of elementwise ops and the loads that feed it
 //! computed in the loop of the op that consumes it, with vector loads), row
 //! reductions by vectors, `dot` register blocks sized for the host's vector
@@ -44,11 +54,16 @@ use inkwell::context::Context;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{CodeModel, RelocMode, Target as LlvmTarget, TargetMachine};
 use rayon::prelude::*;
-use tessera_ir::interp::{InterpError, KernelArg};
+use tessera_ir::interp::{CommWorld, InterpError, KernelArg, MAX_RESIDENT};
+use tessera_ir::ir::CmpPred;
 use tessera_ir::{Elem, Function, Span};
 
 use crate::lower::LowerError;
-use crate::lower::host::{HOST_KERNEL, HostSite, POLL, SiteKind, lower_host};
+use crate::lower::host::{
+    BARRIER, CHECK, ERR_WORDS, HOST_KERNEL, HostSite, POLL, SiteKind, WAIT, WaitStatus, lower_host,
+};
+
+mod world;
 
 /// Why [`launch`] did not run a kernel, or how it failed.
 #[derive(Debug, thiserror::Error)]
@@ -77,15 +92,22 @@ pub enum CpuError {
     },
 }
 
-type Entry = unsafe extern "C" fn(*const u64, *const u64, *const u32, *mut u8, *mut u64) -> i32;
+type Entry =
+    unsafe extern "C" fn(*const u64, *const u64, *const u32, *mut u8, *mut u64, *const u64) -> i32;
 
-/// A kernel compiled for the host.
+/// A kernel compiled for the host ([`compile`]), launched by [`launch_kernel`].
 pub struct CpuKernel {
+    /// The kernel it was compiled from.
+    func: Arc<Function>,
     entry: Entry,
     sites: Vec<HostSite>,
     scratch_bytes: u64,
     /// Parameter pairs whose buffers must not overlap (see `HostLowered::disjoint`).
     disjoint: Vec<(usize, usize)>,
+    /// Parameters whose peers' copies the code reaches (see `HostLowered::remote`).
+    remote: Vec<usize>,
+    /// The kernel waits for other programs (`wait_until`, `barrier_all`).
+    blocking: bool,
     /// Seconds LLVM took (lowering, optimization, machine code).
     pub compile_secs: f64,
 }
@@ -103,7 +125,7 @@ type Key = (String, bool);
 /// A compiled kernel, or where and why the kernel does not lower.
 type Cached = Result<Arc<CpuKernel>, (Span, String)>;
 /// A failed program: its linear id, error record and program id.
-type Failure = (u64, [u64; 5], [u32; 3]);
+type Failure = (u64, [u64; ERR_WORDS], [u32; 3]);
 
 /// Compiled kernels, and kernels known not to lower (with the reason).
 fn cache() -> &'static Mutex<HashMap<Key, Cached>> {
@@ -136,6 +158,13 @@ pub fn compile(func: &Function, sanitize: bool) -> Result<Arc<CpuKernel>, CpuErr
         .map_err(unsupported)
 }
 
+/// The machine's cores, asked once (`available_parallelism` reads cgroup files: tens
+/// of microseconds, a small launch's whole cost).
+pub(crate) fn cores() -> usize {
+    static CORES: OnceLock<usize> = OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// The process's clock origin for deadlines.
 fn epoch() -> std::time::Instant {
     static EPOCH: OnceLock<std::time::Instant> = OnceLock::new();
@@ -150,25 +179,30 @@ extern "C" fn tessera_cpu_poll(err: *mut u64) -> i32 {
     // owns for the program's run (and nothing else touches meanwhile).
     let rec = unsafe { std::slice::from_raw_parts_mut(err, 5) };
     rec[4] = rec[4].wrapping_add(1);
-    if rec[3] == 0 || rec[4] & 1023 != 0 {
+    if rec[4] & 1023 != 0 {
         return 0;
     }
-    (epoch().elapsed().as_nanos() as u64 >= rec[3]) as i32
+    // A program of a waiting kernel gives the others on its thread a turn.
+    world::loop_turn();
+    (rec[3] != 0 && epoch().elapsed().as_nanos() as u64 >= rec[3]) as i32
 }
 
 fn init() {
     static INIT: std::sync::Once = std::sync::Once::new();
     crate::emu::jit::init();
     INIT.call_once(|| {
-        let name = std::ffi::CString::new(POLL).unwrap_or_default();
-        // SAFETY: LLVM copies the name; the address is `tessera_cpu_poll`, whose
-        // signature is the one the lowering declares for `POLL`.
-        unsafe {
-            inkwell::llvm_sys::support::LLVMAddSymbol(
-                name.as_ptr(),
-                tessera_cpu_poll as *const () as *mut _,
-            )
-        };
+        let symbols: [(&str, *const ()); 4] = [
+            (POLL, tessera_cpu_poll as *const ()),
+            (WAIT, world::tessera_cpu_wait as *const ()),
+            (BARRIER, world::tessera_cpu_barrier as *const ()),
+            (CHECK, world::tessera_cpu_check as *const ()),
+        ];
+        for (name, addr) in symbols {
+            let name = std::ffi::CString::new(name).unwrap_or_default();
+            // SAFETY: LLVM copies the name; each address is the runtime function
+            // whose signature the lowering declares for that name.
+            unsafe { inkwell::llvm_sys::support::LLVMAddSymbol(name.as_ptr(), addr as *mut _) };
+        }
     });
 }
 
@@ -223,22 +257,25 @@ fn build(func: &Function, sanitize: bool) -> Result<CpuKernel, CpuError> {
     // Keep the code alive for the life of the process (the cache hands out pointers).
     std::mem::forget(ee);
     // SAFETY: `addr` is the JIT-compiled `HOST_KERNEL`, whose LLVM signature is
-    // `i32 (ptr, ptr, ptr, ptr, ptr)` (see `lower::host`), and its code is never freed.
+    // `i32 (ptr, ptr, ptr, ptr, ptr, ptr)` (see `lower::host`), and its code is never
+    // freed.
     let entry: Entry = unsafe { std::mem::transmute::<usize, Entry>(addr) };
     Ok(CpuKernel {
+        func: Arc::new(func.clone()),
         entry,
         sites: lowered.sites,
         scratch_bytes: lowered.scratch_bytes,
         disjoint: lowered.disjoint,
+        remote: lowered.remote,
+        blocking: func.uses_blocking(),
         compile_secs: t0.elapsed().as_secs_f64(),
     })
 }
 
 /// Runs `func` on the compiled CPU device over `grid` (see the module docs).
 ///
-/// Arguments are checked as the interpreter checks them; symmetric buffers (and
-/// every op the device does not lower) give [`CpuError::Unsupported`] before anything
-/// runs.
+/// Arguments are checked as the interpreter checks them; every op the device does
+/// not lower gives [`CpuError::Unsupported`] before anything runs.
 pub fn launch(
     func: &Function,
     grid: [u32; 3],
@@ -258,6 +295,37 @@ pub fn launch_limited(
     sanitize: bool,
     timeout: Option<std::time::Duration>,
 ) -> Result<(), CpuError> {
+    launch_in_world(func, grid, args, sanitize, None, timeout)
+}
+
+/// [`launch_limited`] as one rank of `world` (`None`: rank 0 of a world of one), for
+/// communicating kernels (remote accesses, signals, waits, `barrier_all`: see the
+/// module docs, "Communication"): symmetric buffers
+/// must be host memory on every rank (a buffer behind a communication engine gives
+/// [`CpuError::Unsupported`]). When a program fails, every rank's waits are released
+/// (the world is aborted) before the error is returned.
+pub fn launch_in_world(
+    func: &Function,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    sanitize: bool,
+    world: Option<&CommWorld>,
+    timeout: Option<std::time::Duration>,
+) -> Result<(), CpuError> {
+    let kernel = compile(func, sanitize)?;
+    launch_kernel(&kernel, grid, args, world, timeout)
+}
+
+/// [`launch_in_world`] of a kernel [`compile`]d already: a caller that launches one
+/// kernel often keeps it, and skips the cache's lookup (which prints the IR).
+pub fn launch_kernel(
+    kernel: &CpuKernel,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    world: Option<&CommWorld>,
+    timeout: Option<std::time::Duration>,
+) -> Result<(), CpuError> {
+    let func = &*kernel.func;
     let arg_err = |param: &str, message: String| {
         CpuError::Exec(InterpError::ArgMismatch {
             kernel: func.name.clone(),
@@ -265,6 +333,11 @@ pub fn launch_limited(
             param: param.to_string(),
             message,
         })
+    };
+    let not_here = |message: String| CpuError::Unsupported {
+        kernel: func.name.clone(),
+        span: func.span.clone(),
+        message,
     };
     if args.len() != func.params.len() {
         return Err(arg_err(
@@ -276,8 +349,25 @@ pub fn launch_limited(
             ),
         ));
     }
+    let single;
+    let world = match world {
+        Some(w) => w,
+        None => {
+            single = CommWorld::single();
+            &single
+        }
+    };
+    let size = world.size as usize;
+    let me = world.rank as usize;
     let mut words = vec![0u64; args.len()];
     let mut lens = vec![0u64; args.len()];
+    // This rank, the number of ranks, then per parameter and rank the distance to
+    // that rank's copy (see `lower::host`).
+    let mut comm_words = vec![0u64; 2 + args.len() * size];
+    comm_words[0] = world.rank as u64;
+    comm_words[1] = world.size as u64;
+    let mut reach: Vec<Vec<(u64, u64)>> = vec![Vec::new(); args.len()];
+    let mut symmetric = vec![false; args.len()];
     // Kept alive (and their memory with them) until every program instance is done.
     let mut held: Vec<Arc<tessera_ir::interp::HostBuffer>> = Vec::new();
     for (k, (p, a)) in func.params.iter().zip(args).enumerate() {
@@ -290,25 +380,57 @@ pub fn launch_limited(
                     ));
                 }
                 if b.is_remote() {
-                    return Err(CpuError::Unsupported {
-                        kernel: func.name.clone(),
-                        span: func.span.clone(),
-                        message: format!("buffer `{}` lives on another node", p.name),
-                    });
+                    return Err(not_here(format!(
+                        "buffer `{}` lives on another node",
+                        p.name
+                    )));
                 }
                 words[k] = b.as_mut_ptr() as u64;
                 lens[k] = b.size_bytes() as u64;
+                reach[k].push((words[k], lens[k]));
                 held.push(Arc::clone(b));
             }
-            (Elem::Ptr { .. }, KernelArg::Symmetric(_)) => {
-                return Err(CpuError::Unsupported {
-                    kernel: func.name.clone(),
-                    span: func.span.clone(),
-                    message: format!(
-                        "symmetric buffer `{}` (communicating kernels run on the interpreter)",
+            (Elem::Ptr { pointee, .. }, KernelArg::Symmetric(copies)) => {
+                if copies.len() != size {
+                    return Err(arg_err(
+                        &p.name,
+                        format!(
+                            "a symmetric buffer with {} copies in a world of {size} rank(s)",
+                            copies.len()
+                        ),
+                    ));
+                }
+                if let Some(b) = copies.iter().find(|b| b.elem() != pointee) {
+                    return Err(arg_err(
+                        &p.name,
+                        format!("expected a buffer of {pointee}, got one of {}", b.elem()),
+                    ));
+                }
+                if copies.iter().any(|b| b.is_remote()) {
+                    return Err(not_here(format!(
+                        "symmetric buffer `{}` has copies behind a communication engine",
                         p.name
-                    ),
-                });
+                    )));
+                }
+                let local = &copies[me];
+                if copies.iter().any(|b| b.size_bytes() != local.size_bytes()) {
+                    return Err(not_here(format!(
+                        "the copies of symmetric buffer `{}` differ in size",
+                        p.name
+                    )));
+                }
+                words[k] = local.as_mut_ptr() as u64;
+                lens[k] = local.size_bytes() as u64;
+                reach[k].push((words[k], lens[k]));
+                for (r, c) in copies.iter().enumerate() {
+                    let at = c.as_mut_ptr() as u64;
+                    comm_words[2 + k * size + r] = at.wrapping_sub(words[k]);
+                    if r != me {
+                        reach[k].push((at, lens[k]));
+                    }
+                    held.push(Arc::clone(c));
+                }
+                symmetric[k] = true;
             }
             (Elem::Scalar(t), KernelArg::Scalar(s)) => {
                 if s.ty() != t {
@@ -324,37 +446,65 @@ pub fn launch_limited(
             }
         }
     }
-    let kernel = compile(func, sanitize)?;
+    // A pointer into a buffer that is not symmetric has no copy on a peer: the
+    // interpreter reports that (as `InvalidPointer`) where the kernel makes one.
+    if let Some(&k) = kernel.remote.iter().find(|&&k| !symmetric[k]) {
+        return Err(not_here(format!(
+            "`{}` is not a symmetric buffer, and the kernel reaches a peer's copy of it",
+            func.params[k].name
+        )));
+    }
+    if kernel.blocking
+        && !world.ctrl.first().is_some_and(|b| {
+            !b.is_remote() && b.size_bytes() >= tessera_ir::interp::ctrl::WORDS * 8
+        })
+    {
+        return Err(not_here(
+            "the world's control words are not host memory".into(),
+        ));
+    }
     // The compiled code reads some buffers while it writes others (a fused load):
     // overlapping ones take the interpreter, which reads a whole tile first.
     for &(r, w) in &kernel.disjoint {
         let (a, b) = ((words[r], lens[r]), (words[w], lens[w]));
         if a.0 < b.0.saturating_add(b.1) && b.0 < a.0.saturating_add(a.1) {
-            return Err(CpuError::Unsupported {
-                kernel: func.name.clone(),
-                span: func.span.clone(),
-                message: format!(
-                    "buffers `{}` and `{}` overlap, and the compiled kernel reads the first \
-                     while it writes the second",
-                    func.params[r].name, func.params[w].name
-                ),
-            });
+            return Err(not_here(format!(
+                "buffers `{}` and `{}` overlap, and the compiled kernel reads the first \
+                 while it writes the second",
+                func.params[r].name, func.params[w].name
+            )));
         }
     }
     let total = grid.iter().map(|&g| g as u64).product::<u64>();
     if total == 0 {
         return Ok(());
     }
+    if kernel.blocking && total > MAX_RESIDENT {
+        return Err(CpuError::Exec(InterpError::TooManyPrograms {
+            kernel: func.name.clone(),
+            span: func.span.clone(),
+            programs: total,
+            limit: MAX_RESIDENT,
+        }));
+    }
     let deadline = timeout.map_or(0, |t| {
         (epoch().elapsed() + t)
             .as_nanos()
             .clamp(1, u64::MAX as u128) as u64
     });
+    // The lowest failure so far (abandoned waits rank after every real failure, as
+    // on the interpreter).
     let first_fail = AtomicU64::new(u64::MAX);
     let failures: Mutex<Vec<Failure>> = Mutex::new(Vec::new());
     let scratch_words = (kernel.scratch_bytes as usize).div_ceil(8) + 8;
+    let comm = world::Comm {
+        world,
+        words: comm_words,
+        reach,
+        participants: total * size as u64,
+    };
     let (words, lens) = (&words[..], &lens[..]);
-    let run = |scratch: &mut Vec<u64>, lin: u64| {
+    let run = |scratch: &mut [u64], lin: u64| {
         if lin > first_fail.load(Ordering::Relaxed) {
             return;
         }
@@ -367,13 +517,16 @@ pub fn launch_limited(
         let pids = [pid[0], pid[1], pid[2], grid[0], grid[1], grid[2]];
         let base = scratch.as_mut_ptr() as usize;
         let aligned = base.next_multiple_of(64) as *mut u8;
-        let mut err = [0, 0, 0, deadline, 0u64];
+        let mut err = [0u64; ERR_WORDS];
+        err[3] = deadline;
         // SAFETY: the entry has the signature `Entry`; `words`/`lens` hold one word
         // per parameter; `pids` six `i32`s; the scratch area holds `scratch_bytes`
         // from a 64-byte boundary (`scratch_words` leaves 64 bytes to align);
-        // `err` five words. The buffers' memory is held by `held` for the launch;
-        // with `sanitize` every access is checked to lie inside its buffer, and
-        // without it the caller vouches for the kernel's indices as on a GPU.
+        // `err` `ERR_WORDS` words; `comm.words` two words and one per parameter and
+        // rank. The buffers' memory (every rank's copy of the symmetric ones) is
+        // held by `held` for the launch; with `sanitize` every access is checked to
+        // lie inside its buffer (or some rank's copy of it), and without it the
+        // caller vouches for the kernel's indices as on a GPU.
         let rc = unsafe {
             (kernel.entry)(
                 words.as_ptr(),
@@ -381,34 +534,79 @@ pub fn launch_limited(
                 pids.as_ptr(),
                 aligned,
                 err.as_mut_ptr(),
+                comm.words.as_ptr(),
             )
         };
         if rc != 0 {
-            first_fail.fetch_min(lin, Ordering::Relaxed);
+            let abandoned = kernel
+                .sites
+                .get(err[0] as usize)
+                .is_some_and(|s| matches!(s.kind, SiteKind::Wait(_)))
+                && err[1] == WaitStatus::Aborted as u64;
+            if !abandoned {
+                world.abort();
+            }
+            let key = lin | if abandoned { 1 << 63 } else { 0 };
+            first_fail.fetch_min(key, Ordering::Relaxed);
             failures
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .push((lin, err, pid));
+                .push((key, err, pid));
         }
     };
-    (0..total).into_par_iter().for_each_init(
-        || vec![0u64; scratch_words],
-        |scratch, lin| run(scratch, lin),
-    );
+    if kernel.blocking {
+        // The world's ranks share this machine (thread ranks, or processes on one
+        // node): together they use as many threads as it has cores.
+        let cores = cores();
+        let workers = cores.div_ceil(size.max(1));
+        world::run_resident(&comm, total, workers, scratch_words, &|lin, scratch| {
+            run(scratch, lin)
+        })
+        .map_err(|message| CpuError::Jit {
+            kernel: func.name.clone(),
+            message,
+        })?;
+    } else {
+        (0..total).into_par_iter().for_each_init(
+            || vec![0u64; scratch_words],
+            |scratch, lin| {
+                let _launch = world::enter(&comm);
+                run(scratch, lin)
+            },
+        );
+    }
     drop(held);
     let fails = failures.into_inner().unwrap_or_else(|p| p.into_inner());
-    let Some(&(_, err, pid)) = fails.iter().min_by_key(|f| f.0) else {
+    let Some(&(key, err, pid)) = fails.iter().min_by_key(|f| f.0) else {
         return Ok(());
     };
-    let lin = fails.iter().map(|f| f.0).min().unwrap_or(0);
+    let lin = key & !(1 << 63);
     Err(CpuError::Exec(decode(
         func,
         &kernel.sites,
         err,
         (pid, lin),
-        args,
+        (args, world),
         timeout,
     )))
+}
+
+/// ``signal `sig`[3]``: the signal word at `addr`, named after the buffer holding it.
+fn signal_name(func: &Function, args: &[KernelArg], addr: u64) -> String {
+    for (p, a) in func.params.iter().zip(args) {
+        let bufs: &[Arc<tessera_ir::interp::HostBuffer>] = match a {
+            KernelArg::Buffer(b) => std::slice::from_ref(b),
+            KernelArg::Symmetric(c) => c,
+            KernelArg::Scalar(_) => continue,
+        };
+        for b in bufs {
+            let base = b.as_mut_ptr() as u64;
+            if addr >= base && addr < base + b.size_bytes() as u64 {
+                return format!("signal `{}`[{}]", p.name, (addr - base) / 8);
+            }
+        }
+    }
+    format!("signal word at {addr:#x}")
 }
 
 fn unravel(shape: &[u32], mut i: u64) -> Vec<u32> {
@@ -425,9 +623,9 @@ fn unravel(shape: &[u32], mut i: u64) -> Vec<u32> {
 fn decode(
     func: &Function,
     sites: &[HostSite],
-    err: [u64; 5],
+    err: [u64; ERR_WORDS],
     (pid, lin): ([u32; 3], u64),
-    args: &[KernelArg],
+    (args, world): (&[KernelArg], &CommWorld),
     timeout: Option<std::time::Duration>,
 ) -> InterpError {
     let Some(site) = sites.get(err[0] as usize) else {
@@ -449,17 +647,23 @@ fn decode(
     }
     let lane = unravel(&site.shape, err[1]);
     match &site.kind {
-        SiteKind::Access { param } => {
+        SiteKind::Access { param, remote } => {
             let (buffer, len) = match param {
                 Some(k) => {
                     let len = match args.get(*k) {
                         Some(KernelArg::Buffer(b)) => b.len(),
+                        Some(KernelArg::Symmetric(c)) => c.first().map_or(0, |b| b.len()),
                         _ => 0,
                     };
                     let name = func
                         .params
                         .get(*k)
                         .map_or_else(|| "?".into(), |p| p.name.clone());
+                    let name = if *remote {
+                        format!("{name} (this rank's or a peer's copy)")
+                    } else {
+                        name
+                    };
                     (name, len)
                 }
                 None => ("<one of the kernel's buffers>".into(), 0),
@@ -473,6 +677,54 @@ fn decode(
                 lane,
                 buffer,
                 len,
+            }
+        }
+        SiteKind::Peer => InterpError::BadPeer {
+            kernel: func.name.clone(),
+            op: site.op,
+            span: site.span.clone(),
+            rank: world.rank,
+            program_id: pid,
+            peer: err[2] as i64,
+            world_size: world.size,
+        },
+        SiteKind::Wait(pred) => {
+            if err[1] == WaitStatus::Aborted as u64 {
+                return InterpError::Aborted {
+                    kernel: func.name.clone(),
+                    op: site.op,
+                    span: site.span.clone(),
+                    rank: world.rank,
+                    program_id: pid,
+                    failed_rank: err[5] as u32,
+                };
+            }
+            let (what, pred, expected, observed) = match pred {
+                Some(p) => (signal_name(func, args, err[6]), p.symbol(), err[7], err[5]),
+                None => (
+                    format!(
+                        "arrivals of all {} program instances ({} rank(s) x {}; {} arrived)",
+                        err[6],
+                        world.size,
+                        err[6] / world.size.max(1) as u64,
+                        err[5]
+                    ),
+                    CmpPred::Ge.symbol(),
+                    err[6],
+                    err[5],
+                ),
+            };
+            InterpError::WaitTimeout {
+                kernel: func.name.clone(),
+                op: site.op,
+                span: site.span.clone(),
+                rank: world.rank,
+                program_id: pid,
+                what,
+                pred,
+                expected,
+                observed,
+                timeout: world.timeout,
             }
         }
         SiteKind::DivZero => InterpError::DivisionByZero {
