@@ -397,6 +397,71 @@ fn exp_is_within_two_ulp_of_libm() {
     }
 }
 
+/// `ln x` and `log2 x` of every element.
+#[kernel]
+fn logs<const B: usize>(x: &Global<f32>, out: &mut Global<f32>, n: i32) {
+    let offs = program_id(0) * B + arange::<B>();
+    let m = offs.lt(n);
+    let v = x.load(offs, m);
+    out.store(offs, v.log(), m);
+    out.store(offs + n, v.log2(), m);
+}
+
+#[test]
+fn log_is_within_two_ulp_of_libm() {
+    let mut rng = StdRng::seed_from_u64(5);
+    let mut xs: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -1.0,
+        2.0,
+        0.5,
+        std::f32::consts::E,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        f32::MAX,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x007f_ffff),
+        1.0 + f32::EPSILON,
+        1.0 - f32::EPSILON / 2.0,
+        std::f32::consts::SQRT_2,
+        std::f32::consts::FRAC_1_SQRT_2,
+    ];
+    // Random bit patterns of positive floats (every exponent, subnormals included),
+    // and arguments near 1, where the result is small and its relative error counts.
+    xs.extend((0..8192).map(|_| f32::from_bits(rng.gen_range(1u32..0x7f80_0000))));
+    xs.extend((0..4096).map(|_| rng.gen_range(0.9f32..1.1)));
+    xs.extend((0..1024).map(|_| rng.gen_range(0.999_999f32..1.000_001)));
+    let n = xs.len();
+    let f = ir::<logs<256>>();
+    for sanitize in [true, false] {
+        let out = Arc::new(HostBuffer::from_slice(&vec![f32::NAN; 2 * n]));
+        let args = vec![
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xs))),
+            KernelArg::Buffer(Arc::clone(&out)),
+            KernelArg::Scalar(Scalar::I32(n as i32)),
+        ];
+        cpu::launch(&f, [n.div_ceil(256) as u32, 1, 1], &args, sanitize).unwrap();
+        let got = out.to_vec::<f32>().unwrap();
+        let mut worst = (0u64, 0u64);
+        for (i, &x) in xs.iter().enumerate() {
+            let (l, l2) = (got[i], got[n + i]);
+            let (d, d2) = (ulps(l, x.ln()), ulps(l2, x.log2()));
+            assert!(d <= 2, "ln({x:e}) = {l:e}, libm {:e} ({d} ulp)", x.ln());
+            assert!(
+                d2 <= 2,
+                "log2({x:e}) = {l2:e}, libm {:e} ({d2} ulp)",
+                x.log2()
+            );
+            worst = (worst.0.max(d), worst.1.max(d2));
+        }
+        println!("worst: ln {} ulp, log2 {} ulp", worst.0, worst.1);
+    }
+}
+
 /// Sums, maxima and minima of each row of `R x C` tiles of three element types.
 #[kernel]
 fn row_reduce<const R: usize, const C: usize>(

@@ -19,9 +19,10 @@
 //! tile element); integer division by zero and non-positive `for` steps are always
 //! reported. Elementwise math follows the SIMT lowering's helpers, which the emulator
 //! holds to the interpreter: bit-exact for integer, comparison, select and
-//! conversion ops and IEEE `+ - * / sqrt`; `log`/`sin`/... within a few ulp. `exp`
-//! and `exp2` are the host's own arithmetic (so that they vectorize): within 1 ulp
-//! of libm over the sweep in `tests/cpu_device.rs`, which asserts 2. Sums (`reduce`,
+//! conversion ops and IEEE `+ - * / sqrt`; `sin`/`cos`/`tanh`/... within a few ulp
+//! (libm calls, one per element). `exp`, `exp2`, `log` and `log2` are the host's own
+//! arithmetic (so that they vectorize): within 1 ulp of libm over the sweeps in
+//! `tests/cpu_device.rs`, which assert 2. Sums (`reduce`,
 //! `dot`) may be reassociated (vectorized) and `dot` contracts its products into
 //! FMAs, so they match within rounding. When program instances fail, the error of
 //! the lowest failing program id is returned, as on the interpreter.

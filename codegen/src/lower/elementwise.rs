@@ -374,6 +374,74 @@ pub(super) fn exp_poly<'ctx>(
     narrow(cx, s, y)
 }
 
+/// `ln x` (`log2 x` with `base2`) on a float of type `s` (half floats through f32) in
+/// plain arithmetic, for the host: no call, so LLVM vectorizes it with the code around
+/// it. Computed in f64, where every f32 argument (subnormals too) is normal: `x = 2^e m`
+/// with `m` in `[sqrt(1/2), sqrt(2))` from the bits, `ln m = 2 atanh(t)` with
+/// `t = (m-1)/(m+1)` (`|t| < 0.172`) as the odd Taylor series to `t^13` (truncation
+/// below 2^-39 relative), then `e ln2 + ln m` rounded once to f32: within 1 ulp of the
+/// correctly rounded result (tests/cpu_device.rs sweeps it against libm). As in C:
+/// `ln ±0 = -inf`, `ln inf = inf`, NaN for a negative argument, a NaN kept.
+pub(super) fn log_poly<'ctx>(
+    cx: &Cx<'ctx>,
+    s: ScalarType,
+    a: BasicValueEnum<'ctx>,
+    base2: bool,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let bd = &cx.b;
+    let x = widen(cx, s, a)?;
+    let t32 = x.get_type();
+    let f64t = cx.ctx.f64_type();
+    let i64t = cx.ctx.i64_type();
+    let c = |v: f64| f64t.const_float(v);
+    let k = |v: u64| i64t.const_int(v, false);
+    let d = bd.build_float_ext(x, f64t, "")?;
+    let bits = bd.build_bit_cast(d, i64t, "")?.into_int_value();
+    // Exponent and mantissa in [1, 2); above sqrt(2), half of it and one more.
+    let e = bd.build_right_shift(bits, k(52), false, "")?;
+    let e = bd.build_and(e, k(0x7ff), "")?;
+    let e = bd.build_int_sub(e, k(1023), "")?;
+    let mb = bd.build_and(bits, k((1u64 << 52) - 1), "")?;
+    let mb = bd.build_or(mb, k(0x3ff0_0000_0000_0000), "")?;
+    let m = bd.build_bit_cast(mb, f64t, "")?.into_float_value();
+    let big = bd.build_float_compare(FloatPredicate::OGT, m, c(std::f64::consts::SQRT_2), "")?;
+    let m = bd
+        .build_select(big, bd.build_float_mul(m, c(0.5), "")?, m, "")?
+        .into_float_value();
+    let e = bd
+        .build_select(big, bd.build_int_add(e, k(1), "")?, e, "")?
+        .into_int_value();
+    // ln m = t (2 + 2t^2/3 + 2t^4/5 + ... + 2t^12/13); `m - 1` is exact.
+    let f = bd.build_float_sub(m, c(1.0), "")?;
+    let tt = bd.build_float_div(f, bd.build_float_add(m, c(1.0), "")?, "")?;
+    let z = bd.build_float_mul(tt, tt, "")?;
+    let coeffs: Vec<f64> = (0..7).map(|j| 2.0 / (2 * j + 1) as f64).collect();
+    let lnm = bd.build_float_mul(tt, poly(cx, z, &coeffs)?, "")?;
+    let ef = bd.build_signed_int_to_float(e, f64t, "")?;
+    let r = if base2 {
+        let l = bd.build_float_mul(lnm, c(std::f64::consts::LOG2_E), "")?;
+        bd.build_float_add(ef, l, "")?
+    } else {
+        let l = bd.build_float_mul(ef, c(std::f64::consts::LN_2), "")?;
+        bd.build_float_add(l, lnm, "")?
+    };
+    let r = bd.build_float_trunc(r, t32, "")?;
+    let c32 = |v: f64| t32.const_float(v);
+    let zero = bd.build_float_compare(FloatPredicate::OEQ, x, c32(0.0), "")?;
+    let r = bd
+        .build_select(zero, c32(f64::NEG_INFINITY), r, "")?
+        .into_float_value();
+    let inf = bd.build_float_compare(FloatPredicate::OEQ, x, c32(f64::INFINITY), "")?;
+    let r = bd.build_select(inf, x, r, "")?.into_float_value();
+    let neg = bd.build_float_compare(FloatPredicate::OLT, x, c32(0.0), "")?;
+    let r = bd
+        .build_select(neg, c32(f64::NAN), r, "")?
+        .into_float_value();
+    let nan = bd.build_float_compare(FloatPredicate::UNO, x, x, "")?;
+    let r = bd.build_select(nan, x, r, "")?.into_float_value();
+    narrow(cx, s, r)
+}
+
 fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
     let t = x.get_type();
     let y =

@@ -1432,12 +1432,17 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 elementwise::pow(cx, &self.arch, s_in, args[0], args[1], &op.span)?
             }
             OpKind::Binary(bop) => elementwise::binary(cx, *bop, s_in, args[0], args[1])?,
-            // exp in plain arithmetic, which vectorizes (a libm call per element
-            // would not); the other functions as the SIMT lowering's.
+            // exp and log in plain arithmetic, which vectorizes (a libm call per
+            // element would not); the other functions as the SIMT lowering's.
             OpKind::Unary(u @ (UnaryOp::Exp | UnaryOp::Exp2))
                 if matches!(s_in, ScalarType::F32 | ScalarType::F16 | ScalarType::BF16) =>
             {
                 elementwise::exp_poly(cx, s_in, args[0], *u == UnaryOp::Exp2)?
+            }
+            OpKind::Unary(u @ (UnaryOp::Log | UnaryOp::Log2))
+                if matches!(s_in, ScalarType::F32 | ScalarType::F16 | ScalarType::BF16) =>
+            {
+                elementwise::log_poly(cx, s_in, args[0], *u == UnaryOp::Log2)?
             }
             OpKind::Unary(u) => elementwise::unary(cx, &self.arch, *u, s_in, args[0], &op.span)?,
             OpKind::Fma => elementwise::fma(cx, s_in, args)?,
