@@ -290,6 +290,14 @@ struct Pool {
 /// The most arenas (and scratch areas) kept.
 const POOLED: usize = 16;
 
+/// The most stacks the pooled arenas hold together (each guarded stack counts
+/// against the process's budget of guarded stacks, `stack::GUARDED_STACKS`, which
+/// the emulator shares).
+const POOLED_STACKS: usize = 4096;
+
+/// The largest scratch area kept (bytes).
+const POOLED_SCRATCH: usize = 64 << 20;
+
 fn pool() -> std::sync::MutexGuard<'static, Pool> {
     static POOL: std::sync::Mutex<Pool> = std::sync::Mutex::new(Pool {
         arenas: Vec::new(),
@@ -399,10 +407,11 @@ pub(super) fn run_resident(
         // Every coroutine has finished: the stacks and scratch are free again.
         drop(progs);
         let mut p = pool();
-        if p.arenas.len() < POOLED {
+        let stacks: usize = p.arenas.iter().map(StackArena::count).sum();
+        if p.arenas.len() < POOLED && stacks + arena.count() <= POOLED_STACKS {
             p.arenas.push(arena);
         }
-        if p.scratch.len() < POOLED {
+        if p.scratch.len() < POOLED && scratch.capacity() * 8 <= POOLED_SCRATCH {
             p.scratch.push(scratch);
         }
         Ok(())
