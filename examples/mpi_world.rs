@@ -12,7 +12,8 @@
 //! fused plans and their unfused baselines, device-side barriers and remote atomics,
 //! back-to-back all-reduces with a straggler. It then runs the same cases on a world
 //! of threads of its own (the shared-memory transport, in this process) and checks
-//! that its rank's outputs are bit-for-bit the same. Prints one line per case and
+//! that its rank's outputs are bit-for-bit the same (both worlds on the interpreter,
+//! the reference semantics). Prints one line per case and
 //! `N passed, N failed`; exits non-zero on any failure.
 //!
 //! `--ranks-per-node K` places the ranks on nodes of `K` consecutive ranks
@@ -404,6 +405,10 @@ fn main() {
     let result = (|| -> Result<(u32, u32, u32), Error> {
         let world = place(
             World::launched()?
+                // Both worlds on the interpreter: the comparison is bit-for-bit, and
+                // the compiled CPU device contracts `dot` into FMAs (and runs the
+                // ranks behind MPI calls on the interpreter anyway).
+                .on(&Device::interp())
                 .heap_bytes(16 << 20)
                 .wait_timeout(Duration::from_secs(60)),
         );
@@ -424,6 +429,7 @@ fn main() {
         let t = std::time::Instant::now();
         let want = place(
             World::local(ws as usize)
+                .on(&Device::interp())
                 .heap_bytes(16 << 20)
                 .wait_timeout(Duration::from_secs(60)),
         )
