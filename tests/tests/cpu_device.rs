@@ -370,30 +370,40 @@ fn exp_is_within_two_ulp_of_libm() {
     ] {
         xs.extend((0..4096).map(|_| rng.gen_range(lo..hi)));
     }
+    within_two_ulp(
+        &ir::<exps<256>>(),
+        &xs,
+        [("exp", f32::exp), ("exp2", f32::exp2)],
+    );
+}
+
+/// A function's name and the host's libm version of it.
+type Libm = (&'static str, fn(f32) -> f32);
+
+/// Runs `f` (a kernel writing two functions of each of `n` elements to `out[..n]` and
+/// `out[n..]`) on the compiled CPU device, with the sanitizer and without, and checks
+/// every result within 2 ulp of the host's libm (`want`).
+fn within_two_ulp(f: &tessera::ir::Function, xs: &[f32], want: [Libm; 2]) {
     let n = xs.len();
-    let f = ir::<exps<256>>();
     for sanitize in [true, false] {
         let out = Arc::new(HostBuffer::from_slice(&vec![f32::NAN; 2 * n]));
         let args = vec![
-            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xs))),
+            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(xs))),
             KernelArg::Buffer(Arc::clone(&out)),
             KernelArg::Scalar(Scalar::I32(n as i32)),
         ];
-        cpu::launch(&f, [n.div_ceil(256) as u32, 1, 1], &args, sanitize).unwrap();
+        cpu::launch(f, [n.div_ceil(256) as u32, 1, 1], &args, sanitize).unwrap();
         let got = out.to_vec::<f32>().unwrap();
-        let mut worst = (0u64, 0u64);
-        for (i, &x) in xs.iter().enumerate() {
-            let (e, e2) = (got[i], got[n + i]);
-            let (d, d2) = (ulps(e, x.exp()), ulps(e2, x.exp2()));
-            assert!(d <= 2, "exp({x:e}) = {e:e}, libm {:e} ({d} ulp)", x.exp());
-            assert!(
-                d2 <= 2,
-                "exp2({x:e}) = {e2:e}, libm {:e} ({d2} ulp)",
-                x.exp2()
-            );
-            worst = (worst.0.max(d), worst.1.max(d2));
+        for (k, (name, libm)) in want.into_iter().enumerate() {
+            let mut worst = 0;
+            for (i, &x) in xs.iter().enumerate() {
+                let (g, w) = (got[k * n + i], libm(x));
+                let d = ulps(g, w);
+                assert!(d <= 2, "{name}({x:e}) = {g:e}, libm {w:e} ({d} ulp)");
+                worst = worst.max(d);
+            }
+            println!("worst {name}: {worst} ulp (sanitize {sanitize})");
         }
-        println!("worst: exp {} ulp, exp2 {} ulp", worst.0, worst.1);
     }
 }
 
@@ -435,31 +445,11 @@ fn log_is_within_two_ulp_of_libm() {
     xs.extend((0..8192).map(|_| f32::from_bits(rng.gen_range(1u32..0x7f80_0000))));
     xs.extend((0..4096).map(|_| rng.gen_range(0.9f32..1.1)));
     xs.extend((0..1024).map(|_| rng.gen_range(0.999_999f32..1.000_001)));
-    let n = xs.len();
-    let f = ir::<logs<256>>();
-    for sanitize in [true, false] {
-        let out = Arc::new(HostBuffer::from_slice(&vec![f32::NAN; 2 * n]));
-        let args = vec![
-            KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xs))),
-            KernelArg::Buffer(Arc::clone(&out)),
-            KernelArg::Scalar(Scalar::I32(n as i32)),
-        ];
-        cpu::launch(&f, [n.div_ceil(256) as u32, 1, 1], &args, sanitize).unwrap();
-        let got = out.to_vec::<f32>().unwrap();
-        let mut worst = (0u64, 0u64);
-        for (i, &x) in xs.iter().enumerate() {
-            let (l, l2) = (got[i], got[n + i]);
-            let (d, d2) = (ulps(l, x.ln()), ulps(l2, x.log2()));
-            assert!(d <= 2, "ln({x:e}) = {l:e}, libm {:e} ({d} ulp)", x.ln());
-            assert!(
-                d2 <= 2,
-                "log2({x:e}) = {l2:e}, libm {:e} ({d2} ulp)",
-                x.log2()
-            );
-            worst = (worst.0.max(d), worst.1.max(d2));
-        }
-        println!("worst: ln {} ulp, log2 {} ulp", worst.0, worst.1);
-    }
+    within_two_ulp(
+        &ir::<logs<256>>(),
+        &xs,
+        [("ln", f32::ln), ("log2", f32::log2)],
+    );
 }
 
 /// Sums, maxima and minima of each row of `R x C` tiles of three element types.

@@ -52,8 +52,6 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use inkwell::OptimizationLevel;
 use inkwell::context::Context;
-use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{CodeModel, RelocMode, Target as LlvmTarget, TargetMachine};
 use rayon::prelude::*;
 use tessera_ir::interp::{CommWorld, InterpError, KernelArg, MAX_RESIDENT};
 use tessera_ir::ir::CmpPred;
@@ -161,7 +159,7 @@ pub fn compile(func: &Function, sanitize: bool) -> Result<Arc<CpuKernel>, CpuErr
 
 /// The machine's cores, asked once (`available_parallelism` reads cgroup files: tens
 /// of microseconds, a small launch's whole cost).
-pub(crate) fn cores() -> usize {
+pub fn cores() -> usize {
     static CORES: OnceLock<usize> = OnceLock::new();
     *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
@@ -224,39 +222,14 @@ fn build(func: &Function, sanitize: bool) -> Result<CpuKernel, CpuError> {
         },
         LowerError::Llvm(m) => jit_err(m),
     })?;
-    let module = lowered.module;
-    module
-        .verify()
-        .map_err(|m| jit_err(format!("invalid LLVM IR: {m}")))?;
-    let triple = TargetMachine::get_default_triple();
-    let target = LlvmTarget::from_triple(&triple).map_err(|m| jit_err(m.to_string()))?;
-    let machine = target
-        .create_target_machine(
-            &triple,
-            &TargetMachine::get_host_cpu_name().to_string(),
-            &TargetMachine::get_host_cpu_features().to_string(),
-            OptimizationLevel::Aggressive,
-            RelocMode::Default,
-            CodeModel::JITDefault,
-        )
-        .ok_or_else(|| jit_err("no target machine for the host".into()))?;
-    module.set_triple(&triple);
-    module.set_data_layout(&machine.get_target_data().get_data_layout());
-    crate::emu::jit::for_this_cpu(&module);
-    module
-        .run_passes("default<O3>", &machine, PassBuilderOptions::create())
-        .map_err(|m| jit_err(m.to_string()))?;
-    if std::env::var_os("TESSERA_DUMP_CPU_LLVM").is_some() {
-        eprintln!("{}", module.print_to_string().to_string());
-    }
-    let ee = module
-        .create_jit_execution_engine(OptimizationLevel::Aggressive)
-        .map_err(|m| jit_err(m.to_string()))?;
-    let addr = ee
-        .get_function_address(HOST_KERNEL)
-        .map_err(|e| jit_err(e.to_string()))?;
-    // Keep the code alive for the life of the process (the cache hands out pointers).
-    std::mem::forget(ee);
+    let addr = crate::emu::jit::jit_for_host(
+        lowered.module,
+        OptimizationLevel::Aggressive,
+        "default<O3>",
+        std::env::var_os("TESSERA_DUMP_CPU_LLVM").is_some(),
+        HOST_KERNEL,
+    )
+    .map_err(jit_err)?;
     // SAFETY: `addr` is the JIT-compiled `HOST_KERNEL`, whose LLVM signature is
     // `i32 (ptr, ptr, ptr, ptr, ptr, ptr)` (see `lower::host`), and its code is never
     // freed.

@@ -110,8 +110,8 @@ pub(super) fn loop_turn() {
 /// [`YIELD_FOR`], then sleeps 50 µs at a time. Sleeping early costs more than it
 /// saves: a sleep lasts at least the kernel's timer slack (50 µs), and a rank that
 /// sleeps through its peer's signal makes that peer wait for it in turn at the next
-/// step (measured: the 4 KiB all_reduce on 2 ranks took 22 µs a call when sleeping
-/// after ~60 µs of polling).
+/// step. (Timed alternately against a 60 µs window on the 4 KiB all_reduce on 2
+/// ranks, the two did not differ measurably: BENCHMARKS.md.)
 #[derive(Default)]
 struct Backoff {
     polls: u32,
@@ -149,34 +149,43 @@ fn wait_for(
     // SAFETY: the compiled kernel passes its failure record, `ERR_WORDS` words that
     // its launch owns for the program's run (no other program touches them).
     let rec = unsafe { std::slice::from_raw_parts_mut(err, crate::lower::host::ERR_WORDS) };
-    let Some((world, timeout)) = with_comm(|c| (c.world.clone(), c.world.timeout)) else {
-        rec[5..8].copy_from_slice(&stalled());
-        return WaitStatus::Timeout as i32;
+    let mut check = || {
+        let v = ready()?;
+        fence(Ordering::Acquire);
+        PROGRESS.with(|p| p.set(true));
+        Some(v)
     };
-    let mut start = None;
-    let mut backoff = Backoff::default();
-    for polls in 0u32.. {
-        if let Some(v) = ready() {
-            fence(Ordering::Acquire);
-            PROGRESS.with(|p| p.set(true));
-            rec[5] = v;
-            return 0;
-        }
-        if let Some(r) = world.failed_rank() {
-            rec[5] = r as u64;
-            return WaitStatus::Aborted as i32;
-        }
-        // The clock only now and then (reading it costs as much as a poll).
-        let start = *start.get_or_insert_with(Instant::now);
-        if polls % 64 == 63 && start.elapsed() >= timeout {
-            rec[5..8].copy_from_slice(&stalled());
-            return WaitStatus::Timeout as i32;
-        }
-        pause(&mut backoff);
+    // Most waits find their word set (nothing else to look up then).
+    if let Some(v) = check() {
+        rec[5] = v;
+        return 0;
     }
-    // (Four billion polls: past any timeout.)
-    rec[5..8].copy_from_slice(&stalled());
-    WaitStatus::Timeout as i32
+    let waited = with_comm(|c| {
+        let start = Instant::now();
+        let mut backoff = Backoff::default();
+        for polls in 0u32.. {
+            pause(&mut backoff);
+            if let Some(v) = check() {
+                rec[5] = v;
+                return 0;
+            }
+            if let Some(r) = c.world.failed_rank() {
+                rec[5] = r as u64;
+                return WaitStatus::Aborted as i32;
+            }
+            // The clock only now and then (reading it costs as much as a poll).
+            if polls % 64 == 63 && start.elapsed() >= c.world.timeout {
+                break;
+            }
+        }
+        // Out of time (or four billion polls: past any timeout).
+        rec[5..8].copy_from_slice(&stalled());
+        WaitStatus::Timeout as i32
+    });
+    waited.unwrap_or_else(|| {
+        rec[5..8].copy_from_slice(&stalled());
+        WaitStatus::Timeout as i32
+    })
 }
 
 /// `wait_until` (see `lower::host::WAIT`).

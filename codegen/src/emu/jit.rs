@@ -59,6 +59,51 @@ pub fn compiled_kernels() -> Vec<(String, EmuFlavor, CompileOptions)> {
         .collect()
 }
 
+/// Verifies `module`, optimizes it for this machine's CPU with the pass `pipeline`,
+/// prints it when `dump` is set, JIT-compiles it at `level` (MCJIT) and returns the
+/// address of function `entry`. The code is never freed: the engine and the module
+/// are kept for the rest of the process (the callers' caches hand out pointers into
+/// it). Shared by the emulator and the compiled CPU device.
+pub(crate) fn jit_for_host(
+    module: inkwell::module::Module<'_>,
+    level: OptimizationLevel,
+    pipeline: &str,
+    dump: bool,
+    entry: &str,
+) -> Result<usize, String> {
+    module
+        .verify()
+        .map_err(|m| format!("invalid LLVM IR: {m}"))?;
+    let triple = TargetMachine::get_default_triple();
+    let target = LlvmTarget::from_triple(&triple).map_err(|m| m.to_string())?;
+    let machine = target
+        .create_target_machine(
+            &triple,
+            &TargetMachine::get_host_cpu_name().to_string(),
+            &TargetMachine::get_host_cpu_features().to_string(),
+            level,
+            RelocMode::Default,
+            CodeModel::JITDefault,
+        )
+        .ok_or_else(|| "no target machine for the host".to_string())?;
+    module.set_triple(&triple);
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    for_this_cpu(&module);
+    module
+        .run_passes(pipeline, &machine, PassBuilderOptions::create())
+        .map_err(|m| m.to_string())?;
+    if dump {
+        eprintln!("{}", module.print_to_string().to_string());
+    }
+    let ee = module
+        .create_jit_execution_engine(level)
+        .map_err(|m| m.to_string())?;
+    let addr = ee.get_function_address(entry).map_err(|e| e.to_string())?;
+    std::mem::forget(ee);
+    std::mem::forget(module);
+    Ok(addr)
+}
+
 /// Stamps this machine's CPU and its features on every function `module` defines.
 ///
 /// LLVM's MCJIT engine (`create_jit_execution_engine`) builds its own target machine
@@ -193,40 +238,15 @@ fn build(
         f = func.get_next_function();
     }
     let frames = FrameSizes::install(ctx);
-    module
-        .verify()
-        .map_err(|m| jit_err(format!("invalid LLVM IR: {m}")))?;
-    let triple = TargetMachine::get_default_triple();
-    let target = LlvmTarget::from_triple(&triple).map_err(|m| jit_err(m.to_string()))?;
-    let machine = target
-        .create_target_machine(
-            &triple,
-            &TargetMachine::get_host_cpu_name().to_string(),
-            &TargetMachine::get_host_cpu_features().to_string(),
-            OptimizationLevel::Default,
-            RelocMode::Default,
-            CodeModel::JITDefault,
-        )
-        .ok_or_else(|| jit_err("no target machine for the host".into()))?;
-    module.set_triple(&triple);
-    module.set_data_layout(&machine.get_target_data().get_data_layout());
-    for_this_cpu(&module);
-    module
-        .run_passes("default<O2>", &machine, PassBuilderOptions::create())
-        .map_err(|m| jit_err(m.to_string()))?;
-    if dump_llvm {
-        eprintln!("{}", module.print_to_string().to_string());
-    }
-    let ee = module
-        .create_jit_execution_engine(OptimizationLevel::Default)
-        .map_err(|m| jit_err(m.to_string()))?;
-    let addr = ee
-        .get_function_address(ENTRY)
-        .map_err(|e| jit_err(e.to_string()))?;
+    let addr = jit_for_host(
+        module,
+        OptimizationLevel::Default,
+        "default<O2>",
+        dump_llvm,
+        ENTRY,
+    )
+    .map_err(jit_err)?;
     let frame_bytes = frames.largest();
-    // Keep the code alive for the life of the process (the cache hands out pointers).
-    std::mem::forget(ee);
-    std::mem::forget(module);
     // SAFETY: `addr` is the address of the JIT-compiled `void(ptr)` entry wrapper,
     // whose code is never freed.
     let entry: unsafe extern "C" fn(*const *const u8) = unsafe { std::mem::transmute(addr) };

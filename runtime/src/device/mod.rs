@@ -53,12 +53,6 @@ pub(crate) enum Backend {
     Gpu(Arc<dyn GpuBackend>),
 }
 
-/// The machine's cores, asked once (`available_parallelism` reads cgroup files).
-pub(crate) fn host_cores() -> usize {
-    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
 /// What a launch needs from the rank a device handle belongs to: implemented by the
 /// world, so that neither devices nor launches know the world's internals.
 pub(crate) trait RankLink: Send + Sync {

@@ -149,13 +149,15 @@ fn to_i32(rank: &Rank, what: &str, v: usize) -> Result<i32, Error> {
 /// on 4 ranks and 2 cores: 1.8 ms with the GPU's 60 programs per rank, 0.8 ms with 1),
 /// so that is the cap there, as the SM count is on a GPU.
 pub(crate) fn programs_for(rank: &Rank, work: usize, max: u32) -> u32 {
-    let max =
-        if cfg!(feature = "jit") && matches!(rank.device().backend, crate::device::Backend::Cpu) {
-            let sharing = rank.ranks_per_node().unwrap_or(rank.size()).max(1) as usize;
-            (crate::device::host_cores() / sharing).clamp(1, max as usize) as u32
-        } else {
-            max
-        };
+    #[cfg(feature = "jit")]
+    let max = if matches!(rank.device().backend, crate::device::Backend::Cpu) {
+        let sharing = rank.ranks_per_node().unwrap_or(rank.size()).max(1) as usize;
+        (tessera_codegen::cpu::cores() / sharing).clamp(1, max as usize) as u32
+    } else {
+        max
+    };
+    #[cfg(not(feature = "jit"))]
+    let _ = rank;
     (work.max(1) as u64).min(max as u64) as u32
 }
 
