@@ -3,7 +3,7 @@
 //!
 //! - `quantize` casts f32 to the 8-bit format (round to nearest even, saturating to
 //!   the largest finite value, NaN to NaN): the same bits on every device, checked
-//!   here against the `float8` crate's conversion.
+//!   here against the host conversion (`tessera::fp8`).
 //! - `matmul_fp8_bt` takes A (`m x k`) and Bᵀ (`n x k`), both row-major, so that both
 //!   operands are contiguous along k: on sm_90a that is `wgmma` `.e4m3`/`.e5m2`
 //!   (K-major operands from a `cp.async` ring); elsewhere the operands go to the f16

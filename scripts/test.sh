@@ -26,8 +26,24 @@ cargo package --workspace --no-verify --allow-dirty -q
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 cargo test --workspace 2>&1 | tee "$log"
-# The HIP backend (no device here: the clean "unavailable" path and the fallback).
-cargo test -p tessera -p tessera-examples --features hip 2>&1 | tee -a "$log"
+# The host's code at each x86-64 level this machine executes (the CPU device and the
+# emulators JIT-compile for the host): results must not depend on the host's vector
+# extensions, so the bit-exact and cross-backend suites run at each level, `native`
+# (AVX512-BF16/FP16 where the host has them) last.
+flags="$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || true)"
+has() { for f in "$@"; do grep -qw "$f" <<<"$flags" || return 1; done; }
+levels=()
+has sse4_2 popcnt ssse3 cx16 && levels+=(x86-64-v2)
+has avx2 bmi1 bmi2 fma f16c movbe abm && levels+=(x86-64-v3)
+has avx512f avx512bw avx512cd avx512dq avx512vl && levels+=(x86-64-v4)
+levels+=(native)
+echo "CPU levels: ${levels[*]} (host: $(grep -ow -e avx512_bf16 -e avx512_fp16 -e avx512f -e avx2 <<<"$flags" | sort -u | tr '\n' ' '))"
+for lvl in "${levels[@]}"; do
+  TESSERA_CPU_TARGET=$lvl cargo test -p tessera-tests --test bit_math --test cross_backend \
+    --test cpu_bounds 2>&1 | tee -a "$log"
+done
+# (The HIP backend is a default feature: the workspace run above covers its clean
+# "unavailable" path and the fallback; the run below, without it, the build without.)
 # Without `jit`: the runtime tests pass and a binary using it links no LLVM.
 cargo test -p tessera --no-default-features --lib --test devices 2>&1 | tee -a "$log"
 scripts/check-no-llvm.sh

@@ -206,11 +206,12 @@ pub fn target_machine_with(target: Target, features: &str) -> Result<TargetMachi
         LlvmTarget::initialize_native(&InitializationConfig::default())?;
         let triple = TargetMachine::get_default_triple();
         let t = LlvmTarget::from_triple(&triple).map_err(|e| e.to_string())?;
+        let cpu = crate::host_cpu::host_cpu();
         return t
             .create_target_machine(
                 &triple,
-                &TargetMachine::get_host_cpu_name().to_string(),
-                &TargetMachine::get_host_cpu_features().to_string(),
+                &cpu.name,
+                &cpu.features,
                 OptimizationLevel::Aggressive,
                 RelocMode::PIC,
                 CodeModel::Default,

@@ -215,7 +215,7 @@ impl Target {
         match self {
             Target::Nvptx { .. } => self.to_string(),
             Target::Amdgpu(a) => a.name().to_string(),
-            Target::Emu(_) => inkwell::targets::TargetMachine::get_host_cpu_name().to_string(),
+            Target::Emu(_) => crate::host_cpu::host_cpu().name.clone(),
         }
     }
 

@@ -546,8 +546,8 @@ fn fmt_value(s: ScalarType, bits: u64) -> String {
         S::BF16 => format!("{:?}", half::bf16::from_bits(bits as u16).to_f32()),
         S::F32 => format!("{:?}", f32::from_bits(bits as u32)),
         S::F64 => format!("{:?}", f64::from_bits(bits)),
-        S::F8E4M3 => format!("{:?}", float8::F8E4M3::from_bits(bits as u8).to_f32()),
-        S::F8E5M2 => format!("{:?}", float8::F8E5M2::from_bits(bits as u8).to_f32()),
+        S::F8E4M3 => format!("{:?}", crate::fp8::F8E4M3::from_bits(bits as u8).to_f32()),
+        S::F8E5M2 => format!("{:?}", crate::fp8::F8E5M2::from_bits(bits as u8).to_f32()),
     }
 }
 

@@ -11,7 +11,8 @@
 //!   printing and assertions lowered to stores into a hidden buffer;
 //! - [`interp`]: the reference interpreter (the semantics every backend must match),
 //!   with a sanitizer for out-of-bounds accesses;
-//! - [`dsl`]: the typed tracing front-end that `#[kernel]` code calls.
+//! - [`dsl`]: the typed tracing front-end that `#[kernel]` code calls;
+//! - [`fp8`]: the 8-bit float element types, [`fp8::F8E4M3`] and [`fp8::F8E5M2`].
 
 #![warn(missing_docs)]
 
@@ -19,6 +20,7 @@ pub mod builder;
 pub mod comm;
 pub mod debug;
 pub mod dsl;
+pub mod fp8;
 pub mod infer;
 pub mod interp;
 pub mod ir;

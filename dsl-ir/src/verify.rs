@@ -34,6 +34,10 @@ pub struct VerifyError {
     pub kernel: String,
     /// What is wrong.
     pub message: String,
+    /// The kernel's own mistake that the verifier is the first to see (a write
+    /// through a read-only parameter, say through a peer's copy of it), not a bug in
+    /// Tessera's tracing or passes.
+    pub user: bool,
 }
 
 /// Verifies `f`, returning the first error found (in program order).
@@ -116,6 +120,7 @@ impl<'a> Verifier<'a> {
             span: span.clone(),
             kernel: self.f.name.clone(),
             message: message.into(),
+            user: false,
         });
     }
 
@@ -253,6 +258,9 @@ impl<'a> Verifier<'a> {
         walk(&f.body, f, &mut origin, &mut found);
         for (span, message) in found {
             self.err(&span, message);
+            if let Some(e) = self.errors.last_mut() {
+                e.user = true;
+            }
         }
     }
 
@@ -867,6 +875,7 @@ mod tests {
             span: sp(3),
             kernel: "k".into(),
             message: "boom".into(),
+            user: false,
         };
         assert_eq!(e.to_string(), "k.rs:3:1: in kernel `k`: boom");
     }

@@ -21,6 +21,10 @@ enum ParamKind {
         elem: Type,
         shape: Box<Type>,
     },
+    /// `&X` or `&mut X` for another path `X`, such as a type alias of a buffer
+    /// (`type Buf = Global<f32>`): declared and passed through `RefParam`, which the
+    /// kernel-side buffer and descriptor types implement.
+    Aliased { mutable: bool, inner: Type },
     /// A runtime scalar.
     Scalar(Type),
     /// `#[comptime]`.
@@ -62,6 +66,176 @@ fn global_elem(ty: &Type) -> Option<(Type, bool)> {
         Some(syn::GenericArgument::Type(t)) if args.args.len() == 1 => Some((t.clone(), symmetric)),
         _ => None,
     }
+}
+
+/// Rust's primitive types and `String`: a reference to one is no kernel parameter
+/// (and no alias of a buffer).
+const PRIMITIVES: &[&str] = &[
+    "bool", "char", "str", "String", "i8", "i16", "i32", "i64", "i128", "isize", "u8", "u16",
+    "u32", "u64", "u128", "usize", "f16", "bf16", "f32", "f64",
+];
+
+/// `X` in `&X` names a type that may be an alias of a buffer or a descriptor: a path
+/// (`Buf`, `my::Buf<T>`) that is not a primitive type.
+fn maybe_alias(ty: &Type) -> bool {
+    let Type::Path(p) = ty else { return false };
+    p.qself.is_none()
+        && p.path
+            .segments
+            .last()
+            .is_some_and(|s| !PRIMITIVES.iter().any(|prim| s.ident == prim))
+}
+
+/// Whether `ty` mentions any of `names` (type parameters).
+fn mentions(ty: &Type, names: &[&Ident]) -> bool {
+    fn walk(ts: TokenStream, names: &[&Ident]) -> bool {
+        ts.into_iter().any(|t| match t {
+            proc_macro2::TokenTree::Ident(i) => names.iter().any(|n| **n == i),
+            proc_macro2::TokenTree::Group(g) => walk(g.stream(), names),
+            _ => false,
+        })
+    }
+    walk(quote!(#ty), names)
+}
+
+/// Rewrites each use of a const generic as a bare generic argument (`S1<D>`,
+/// `arange::<D>()`) into a braced one (`S1<{ D }>`), which Rust reads as the constant
+/// even when a type of that name is in scope: a kernel's `const D: usize` would
+/// otherwise be the prelude's dimension type `D` there ("type provided when a constant
+/// was expected").
+struct BraceConsts<'a> {
+    consts: &'a [Ident],
+}
+
+impl VisitMut for BraceConsts<'_> {
+    fn visit_generic_argument_mut(&mut self, a: &mut syn::GenericArgument) {
+        if let syn::GenericArgument::Type(Type::Path(tp)) = a
+            && tp.qself.is_none()
+            && tp.path.leading_colon.is_none()
+            && tp.path.segments.len() == 1
+            && matches!(tp.path.segments[0].arguments, syn::PathArguments::None)
+            && self.consts.contains(&tp.path.segments[0].ident)
+        {
+            let id = tp.path.segments[0].ident.clone();
+            *a = syn::GenericArgument::Const(syn::parse_quote_spanned!(id.span()=> { #id }));
+            return;
+        }
+        syn::visit_mut::visit_generic_argument_mut(self, a);
+    }
+}
+
+/// The names of `f`'s const generics.
+fn const_generics(f: &ItemFn) -> Vec<Ident> {
+    f.sig
+        .generics
+        .const_params()
+        .map(|c| c.ident.clone())
+        .collect()
+}
+
+/// Braces every use of `f`'s const generics as a generic argument, in its signature
+/// and body (see [`BraceConsts`]).
+fn brace_const_generics(f: &mut ItemFn) {
+    let consts = const_generics(f);
+    if consts.is_empty() {
+        return;
+    }
+    let mut v = BraceConsts { consts: &consts };
+    if let Some(w) = &mut f.sig.generics.where_clause {
+        v.visit_where_clause_mut(w);
+    }
+    for a in &mut f.sig.inputs {
+        v.visit_fn_arg_mut(a);
+    }
+    v.visit_return_type_mut(&mut f.sig.output);
+    v.visit_block_mut(&mut f.block);
+}
+
+/// `S2<N, 1>` and `S3<.., 1, ..>` in a helper's signature: the user means the size-1
+/// axis that `expand_dims` and the `*_keepdims` reductions make, which is `One`, while
+/// `S2<N, 1>` is `(D<N>, D<1>)`. Rejected with the right spelling, rather than a type
+/// mismatch against `(D<N>, One)` at the call and a shape mismatch inside.
+fn check_size1_shapes(f: &ItemFn, errors: &mut Vec<syn::Error>) {
+    struct Finder<'a> {
+        errors: &'a mut Vec<syn::Error>,
+    }
+    impl syn::visit::Visit<'_> for Finder<'_> {
+        fn visit_type_path(&mut self, tp: &syn::TypePath) {
+            if let Some(seg) = tp.path.segments.last()
+                && (seg.ident == "S2" || seg.ident == "S3")
+                && let syn::PathArguments::AngleBracketed(args) = &seg.arguments
+            {
+                let is_one = |a: &syn::GenericArgument| {
+                    matches!(a, syn::GenericArgument::Const(syn::Expr::Lit(syn::ExprLit {
+                        lit: syn::Lit::Int(i), ..
+                    })) if i.base10_digits() == "1")
+                };
+                if args.args.iter().any(is_one) {
+                    let dims: Vec<String> = args
+                        .args
+                        .iter()
+                        .map(|a| {
+                            if is_one(a) {
+                                "One".to_string()
+                            } else {
+                                format!("D<{}>", quote!(#a))
+                            }
+                        })
+                        .collect();
+                    let plain: Vec<String> = args
+                        .args
+                        .iter()
+                        .map(|a| format!("D<{}>", quote!(#a)))
+                        .collect();
+                    let args_written: Vec<String> =
+                        args.args.iter().map(|a| quote!(#a).to_string()).collect();
+                    let written = format!("{}<{}>", seg.ident, args_written.join(", "));
+                    self.errors.push(syn::Error::new_spanned(
+                        tp,
+                        format!(
+                            "a size-1 axis that broadcasts is `One`: write `({})` here. `{written}` is \
+                             `({})`, whose `D<1>` is a dimension of size 1 that does not \
+                             broadcast and is not what `expand_dims` and the `*_keepdims` \
+                             reductions make (write `({})` if you mean it)",
+                            dims.join(", "),
+                            plain.join(", "),
+                            plain.join(", "),
+                        ),
+                    ));
+                    return;
+                }
+            }
+            syn::visit::visit_type_path(self, tp);
+        }
+    }
+    let mut v = Finder { errors };
+    for a in &f.sig.inputs {
+        syn::visit::Visit::visit_fn_arg(&mut v, a);
+    }
+    syn::visit::Visit::visit_return_type(&mut v, &f.sig.output);
+}
+
+/// `<A, T, { N }>`: the generics of `f` as arguments, consts braced (see
+/// [`BraceConsts`]).
+fn type_args(generics: &syn::Generics) -> TokenStream {
+    if generics.params.is_empty() {
+        return TokenStream::new();
+    }
+    let args = generics.params.iter().map(|p| match p {
+        GenericParam::Lifetime(l) => {
+            let l = &l.lifetime;
+            quote!(#l)
+        }
+        GenericParam::Type(t) => {
+            let i = &t.ident;
+            quote!(#i)
+        }
+        GenericParam::Const(c) => {
+            let i = &c.ident;
+            quote_spanned!(i.span()=> { #i })
+        }
+    });
+    quote!(<#(#args),*>)
 }
 
 /// `TensorDesc<T, S>`: the element type and the block shape.
@@ -161,6 +335,18 @@ fn parse_params(f: &mut ItemFn, errors: &mut Vec<syn::Error>) -> Vec<Param> {
                         mutable: r.mutability.is_some(),
                         elem,
                         symmetric,
+                    }
+                }
+                None if maybe_alias(&r.elem) => {
+                    if r.lifetime.is_some() {
+                        errors.push(syn::Error::new(
+                            r.span(),
+                            "kernel buffer parameters take no lifetime",
+                        ));
+                    }
+                    ParamKind::Aliased {
+                        mutable: r.mutability.is_some(),
+                        inner: (*r.elem).clone(),
                     }
                 }
                 None => {
@@ -318,7 +504,7 @@ fn pow2_bounds(f: &ItemFn) -> Vec<TokenStream> {
     used.iter()
         .map(|n| {
             let decl = consts.iter().find(|c| *c == n).unwrap_or(n);
-            quote_spanned!(decl.span()=> ::tessera::__private::Const<#n>: ::tessera::__private::Pow2)
+            quote_spanned!(decl.span()=> ::tessera::__private::Const<{ #n }>: ::tessera::__private::Pow2)
         })
         .collect()
 }
@@ -394,12 +580,15 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
         errors.push(syn::Error::new(attr.span(), "#[kernel] takes no arguments"));
     }
     check_signature(&f, &mut errors, "kernel");
-    if let syn::ReturnType::Type(..) = &f.sig.output {
+    if let syn::ReturnType::Type(_, ty) = &f.sig.output
+        && !matches!(&**ty, Type::Tuple(t) if t.elems.is_empty())
+    {
         errors.push(syn::Error::new_spanned(
             &f.sig.output,
             "a kernel returns nothing; write results into a `&mut Global<T>` buffer",
         ));
     }
+    brace_const_generics(&mut f);
     for p in &f.sig.generics.params {
         let default = match p {
             GenericParam::Lifetime(l) => {
@@ -448,13 +637,18 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let args = proc_macro2::Ident::new("args", Span::mixed_site());
     let opts = proc_macro2::Ident::new("opts", Span::mixed_site());
     let generics = &f.sig.generics;
-    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let (impl_generics, _, where_clause) = generics.split_for_impl();
+    let ty_generics = type_args(generics);
     let mut where_preds: Vec<TokenStream> = where_clause
         .map(|w| w.predicates.iter().map(|p| quote!(#p)).collect())
         .unwrap_or_default();
     where_preds.extend(pow2);
     let type_params: Vec<&Ident> = generics.type_params().map(|t| &t.ident).collect();
     let body = &f.block;
+    // Bounds of `launch` on generic parameter types: a buffer element type `T` must
+    // be an `Element` (a kernel may bound it with just `DType`), an aliased parameter
+    // type a `RefParam`.
+    let mut launch_preds: Vec<TokenStream> = Vec::new();
 
     // Parameter declarations inside the trace, and launch plumbing.
     let mut declare = Vec::new();
@@ -502,6 +696,30 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                     arg_types.push(quote!(&::tessera::#host<#elem>));
                 }
                 launch_args.push(quote!(::tessera::LaunchArg::#ctor(#n)));
+                if mentions(elem, &type_params) {
+                    launch_preds.push(quote_spanned!(elem.span()=> #elem: ::tessera::Element));
+                }
+            }
+            ParamKind::Aliased { mutable, inner } => {
+                let inner_span = inner.span();
+                let rp = quote_spanned!(inner_span=> <#inner as ::tessera::__private::RefParam>);
+                if *mutable {
+                    declare.push(
+                        quote!(let #mt #n: #ty = &mut #rp::declare(#params_ident, #ns, false);),
+                    );
+                    arg_types.push(quote!(&mut #rp::Host<'_>));
+                    launch_args.push(quote!(#rp::arg_mut(#n)));
+                } else {
+                    declare
+                        .push(quote!(let #mt #n: #ty = &#rp::declare(#params_ident, #ns, true);));
+                    arg_types.push(quote!(&#rp::Host<'_>));
+                    launch_args.push(quote!(#rp::arg(#n)));
+                }
+                if mentions(inner, &type_params) {
+                    let pred = quote_spanned!(inner_span=> #inner: ::tessera::__private::RefParam);
+                    where_preds.push(pred.clone());
+                    launch_preds.push(pred);
+                }
             }
             ParamKind::Desc {
                 mutable,
@@ -509,6 +727,9 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
                 shape,
             } => {
                 let ro = !*mutable;
+                if mentions(elem, &type_params) {
+                    launch_preds.push(quote_spanned!(elem.span()=> #elem: ::tessera::Element));
+                }
                 let di = desc_shapes.len();
                 desc_shapes.push((**shape).clone());
                 let dims = quote!(&<Self as ::tessera::Kernel>::desc_blocks()[#di]);
@@ -571,6 +792,7 @@ pub fn expand_kernel(attr: TokenStream, item: TokenStream) -> TokenStream {
     let launch_bound = quote_spanned!(name.span()=>
         Self: ::tessera::Kernel<Comptime = (#(#ct_types,)*)>,
     );
+    let launch_bound = quote!(#launch_bound #(#launch_preds,)*);
 
     quote! {
         #(#attrs)*
@@ -663,6 +885,8 @@ pub fn expand_helper(attr: TokenStream, item: TokenStream) -> TokenStream {
         errors.push(syn::Error::new(attr.span(), "#[helper] takes no arguments"));
     }
     check_signature(&f, &mut errors, "helper");
+    check_size1_shapes(&f, &mut errors);
+    brace_const_generics(&mut f);
     let pow2 = pow2_bounds(&f);
     let mut rw = Rewriter::new();
     rw.visit_block_mut(&mut f.block);

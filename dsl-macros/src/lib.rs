@@ -20,7 +20,11 @@ mod kernel;
 /// (written buffer), `name: T` for a runtime scalar of element type `T`, and
 /// `#[comptime] name: T` for a comptime value (any `Clone + Debug` type), passed at
 /// launch and part of the kernel's cache key. Const generics and type parameters are
-/// comptime too.
+/// comptime too. Buffer and descriptor types may be spelled through type aliases
+/// (`type Buf = Global<f32>; fn k(x: &Buf)`); a generic element type needs only
+/// `T: DType` (the launch asks `T: Element`); a const generic is read as the constant
+/// in generic arguments even when named like a prelude type (`const D: usize`,
+/// `arange::<D>()`); `-> ()` is allowed, any other return type is not.
 ///
 /// GPU launches specialize the kernel on its arguments as Triton does: aligned
 /// buffers, integers that are multiples of 16, and integers equal to 1 (so a unit

@@ -1,5 +1,6 @@
-//! The compiled CPU device against the interpreter and against what a user would run
-//! instead, all measured in the same run: vector_add (f32, 4M), softmax and layernorm
+//! The compiled CPU device against the interpreter, against itself without its
+//! bounds checks (`Device::unchecked`: what the checks cost), and against what a
+//! user would run instead, all measured in the same run: vector_add (f32, 4M), softmax and layernorm
 //! (f32, 4096 x 1024), matmul (f32, 512³). Prints a table; run with
 //! `cargo bench -p tessera --bench cpu`.
 //!
@@ -76,6 +77,42 @@ fn peers() -> HashMap<(String, String), f64> {
         .collect()
 }
 
+/// Median seconds of `f` on each device, the devices taking turns run by run, in
+/// alternating order (so a machine that slows down or speeds up during the
+/// measurement, and the caches one leaves the other, affect them alike):
+/// the checked compiled device against its unchecked self.
+fn interleaved(
+    reps: usize,
+    devs: &[&Device],
+    mut f: impl FnMut(&Device) -> Result<(), tessera::Error>,
+) -> Res<Vec<f64>> {
+    for d in devs {
+        f(d)?;
+    }
+    let mut samples = vec![Vec::with_capacity(reps); devs.len()];
+    for r in 0..reps {
+        // Each order in turn: what runs first in a round meets its caches as the
+        // other left them.
+        let order: Vec<usize> = if r % 2 == 0 {
+            (0..devs.len()).collect()
+        } else {
+            (0..devs.len()).rev().collect()
+        };
+        for i in order {
+            let t0 = std::time::Instant::now();
+            f(devs[i])?;
+            samples[i].push(t0.elapsed().as_secs_f64());
+        }
+    }
+    Ok(samples
+        .into_iter()
+        .map(|mut v| {
+            v.sort_by(f64::total_cmp);
+            v[(v.len() - 1) / 2]
+        })
+        .collect())
+}
+
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter()
         .zip(b)
@@ -96,6 +133,11 @@ impl Table {
 fn main() -> Res<()> {
     let cpu = Device::cpu();
     let interp = Device::interp();
+    // What the compiled device's bounds checks cost: the same launches without them.
+    // SAFETY: every kernel below indexes inside its buffers (the same launches run
+    // checked on `cpu`, and every result is compared with a reference).
+    let unchecked = unsafe { cpu.unchecked() };
+    const UNCHECKED: &str = "tessera compiled CPU, unchecked (unsafe)";
     let time = |reps| Bench::new().warmup(1).reps(reps);
     let secs = |d: Duration| d.as_secs_f64();
     let mut tab = Table { rows: Vec::new() };
@@ -120,20 +162,23 @@ fn main() -> Res<()> {
     );
     let (x, y) = (cpu.upload(&xs)?, cpu.upload(&ys)?);
     let mut out = cpu.alloc::<f32>(n)?;
-    for (dev, name, reps) in [
-        (&cpu, "tessera compiled CPU", 21),
-        (&interp, "tessera interpreter", 5),
-    ] {
+    let add = |dev: &Device, out: &mut Buffer<f32>| {
+        vector_add::vector_add::<1024>::launch(dev, n.div_ceil(1024), (&x, &y, out, n as i32))
+    };
+    let ts = interleaved(41, &[&cpu, &unchecked], |d| add(d, &mut out))?;
+    tab.add("vector_add", "tessera compiled CPU", ts[0], 12.0 * n as f64);
+    tab.add("vector_add", UNCHECKED, ts[1], 12.0 * n as f64);
+    let t = time(5).run(&interp, || add(&interp, &mut out))?;
+    tab.add(
+        "vector_add",
+        "tessera interpreter",
+        secs(t.median()),
+        12.0 * n as f64,
+    );
+    for dev in [&cpu, &unchecked, &interp] {
         out.fill(f32::NAN)?;
-        let t = time(reps).run(dev, || {
-            vector_add::vector_add::<1024>::launch(
-                dev,
-                n.div_ceil(1024),
-                (&x, &y, &mut out, n as i32),
-            )
-        })?;
-        assert_eq!(out.download()?, plain, "vector_add on {name}");
-        tab.add("vector_add", name, secs(t.median()), 12.0 * n as f64);
+        add(dev, &mut out)?;
+        assert_eq!(out.download()?, plain, "vector_add on {dev:?}");
     }
 
     // softmax and layernorm, 4096 x 1024 f32: bytes read and written.
@@ -165,42 +210,42 @@ fn main() -> Res<()> {
                 ((row[c] as f64 - mu) * rstd * ws[c] as f64 + bs[c] as f64) as f32;
         }
     }
-    for (dev, name, reps) in [
-        (&cpu, "tessera compiled CPU", 7),
-        (&interp, "tessera interpreter", 3),
-    ] {
+    let sm = |dev: &Device, so: &mut Buffer<f32>| {
+        softmax::softmax::<f32, 4, 1024>::launch(
+            dev,
+            rows.div_ceil(4),
+            (&s, so, rows as i32, cols as i32),
+        )
+    };
+    let ts = interleaved(15, &[&cpu, &unchecked], |d| sm(d, &mut so))?;
+    let work = 8.0 * (rows * cols) as f64;
+    tab.add("softmax", "tessera compiled CPU", ts[0], work);
+    tab.add("softmax", UNCHECKED, ts[1], work);
+    let t = time(3).run(&interp, || sm(&interp, &mut so))?;
+    tab.add("softmax", "tessera interpreter", secs(t.median()), work);
+    for dev in [&cpu, &unchecked, &interp] {
         so.fill(f32::NAN)?;
-        let t = time(reps).run(dev, || {
-            softmax::softmax::<f32, 4, 1024>::launch(
-                dev,
-                rows.div_ceil(4),
-                (&s, &mut so, rows as i32, cols as i32),
-            )
-        })?;
+        sm(dev, &mut so)?;
         let d = max_diff(&so.download()?, &want_sm);
-        assert!(d < 1e-5, "softmax on {name} differs by {d}");
-        tab.add(
-            "softmax",
-            name,
-            secs(t.median()),
-            8.0 * (rows * cols) as f64,
-        );
+        assert!(d < 1e-5, "softmax on {dev:?} differs by {d}");
+    }
+    let mut ln = |dev: &Device, yo: &mut Buffer<f32>| {
+        layernorm::layernorm::<f32, 1024>::launch(
+            dev,
+            rows,
+            (&s, &w, &b, yo, &mut mo, &mut ro, cols as i32, 1e-5f32),
+        )
+    };
+    let ts = interleaved(15, &[&cpu, &unchecked], |d| ln(d, &mut yo))?;
+    tab.add("layernorm", "tessera compiled CPU", ts[0], work);
+    tab.add("layernorm", UNCHECKED, ts[1], work);
+    let t = time(3).run(&interp, || ln(&interp, &mut yo))?;
+    tab.add("layernorm", "tessera interpreter", secs(t.median()), work);
+    for dev in [&cpu, &unchecked, &interp] {
         yo.fill(f32::NAN)?;
-        let t = time(reps).run(dev, || {
-            layernorm::layernorm::<f32, 1024>::launch(
-                dev,
-                rows,
-                (&s, &w, &b, &mut yo, &mut mo, &mut ro, cols as i32, 1e-5f32),
-            )
-        })?;
+        ln(dev, &mut yo)?;
         let d = max_diff(&yo.download()?, &want_ln);
-        assert!(d < 1e-4, "layernorm on {name} differs by {d}");
-        tab.add(
-            "layernorm",
-            name,
-            secs(t.median()),
-            8.0 * (rows * cols) as f64,
-        );
+        assert!(d < 1e-4, "layernorm on {dev:?} differs by {d}");
     }
 
     // matmul 512³ f32: FLOPs.
@@ -239,21 +284,23 @@ fn main() -> Res<()> {
     );
     let (da, db) = (cpu.upload(&a)?, cpu.upload(&bm)?);
     let mut dc = cpu.alloc::<f32>(m * m)?;
-    for (dev, name, reps) in [
-        (&cpu, "tessera compiled CPU", 11),
-        (&interp, "tessera interpreter", 3),
-    ] {
+    let mm = |dev: &Device, dc: &mut Buffer<f32>| {
+        matmul::matmul::<f32, 64, 64, 32>::launch(
+            dev,
+            (m.div_ceil(64), m.div_ceil(64)),
+            (&da, &db, dc, m as i32, m as i32, m as i32),
+        )
+    };
+    let ts = interleaved(21, &[&cpu, &unchecked], |d| mm(d, &mut dc))?;
+    tab.add("matmul", "tessera compiled CPU", ts[0], flops);
+    tab.add("matmul", UNCHECKED, ts[1], flops);
+    let t = time(3).run(&interp, || mm(&interp, &mut dc))?;
+    tab.add("matmul", "tessera interpreter", secs(t.median()), flops);
+    for dev in [&cpu, &unchecked, &interp] {
         dc.fill(f32::NAN)?;
-        let t = time(reps).run(dev, || {
-            matmul::matmul::<f32, 64, 64, 32>::launch(
-                dev,
-                (m.div_ceil(64), m.div_ceil(64)),
-                (&da, &db, &mut dc, m as i32, m as i32, m as i32),
-            )
-        })?;
+        mm(dev, &mut dc)?;
         let d = max_diff(&dc.download()?, &c_mm);
-        assert!(d < 1e-3, "matmul on {name} differs by {d}");
-        tab.add("matmul", name, secs(t.median()), flops);
+        assert!(d < 1e-3, "matmul on {dev:?} differs by {d}");
     }
 
     for ((case, imp), t) in peers() {

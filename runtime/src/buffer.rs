@@ -4,13 +4,20 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use tessera_ir::dsl::DType;
-use tessera_ir::interp::HostBuffer;
+use tessera_ir::interp::{HostBuffer, InterpError, alloc_bytes};
 
 use crate::backend::{DevMem, RawStream};
 use crate::device::{Backend, Device, Stream};
 use crate::error::Error;
 
-/// Element types a buffer can hold: every Tessera element type but `bool`.
+/// Element types a buffer can hold: every Tessera element type but `bool`. Any
+/// [`Num`](tessera_ir::dsl::Num) type is one; `#[kernel]` requires it of a generic
+/// buffer element type at launch, so a kernel may bound that type with just `DType`.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be the element type of a buffer",
+    label = "buffers hold i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64, F8E4M3 or F8E5M2",
+    note = "`bool` has no memory layout in buffers: store masks as `u8` or `i32` (`mask.cast::<u8>()`)"
+)]
 pub trait Element: DType + bytemuck::Pod {}
 impl<T: DType + bytemuck::Pod> Element for T {}
 
@@ -54,8 +61,38 @@ impl<T: Element> std::fmt::Debug for Buffer<T> {
     }
 }
 
-fn byte_len<T>(len: usize) -> usize {
-    len * std::mem::size_of::<T>()
+/// The bytes of `len` elements of `T`, or [`Error::OutOfMemory`] on `device` when
+/// that overflows `usize` (no memory holds it).
+fn byte_len<T>(len: usize, device: &Device) -> Result<usize, Error> {
+    len.checked_mul(std::mem::size_of::<T>())
+        .ok_or_else(|| Error::OutOfMemory {
+            bytes: alloc_bytes(len, std::mem::size_of::<T>()),
+            device: device.id(),
+        })
+}
+
+/// `len` copies of `value` in a new vector, or [`Error::OutOfMemory`] on `device` when
+/// the host cannot allocate it (instead of aborting the process).
+fn try_vec<T: Clone>(value: T, len: usize, device: &Device) -> Result<Vec<T>, Error> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| Error::OutOfMemory {
+        bytes: alloc_bytes(len, std::mem::size_of::<T>()),
+        device: device.id(),
+    })?;
+    v.resize(len, value);
+    Ok(v)
+}
+
+/// An error of host memory (the CPU device's, the interpreter's, the emulators'):
+/// [`InterpError::OutOfMemory`] as [`Error::OutOfMemory`] on `device`.
+fn host_err(device: &Device) -> impl FnOnce(InterpError) -> Error + '_ {
+    move |e| match e {
+        InterpError::OutOfMemory { bytes } => Error::OutOfMemory {
+            bytes,
+            device: device.id(),
+        },
+        e => Error::from(e),
+    }
 }
 
 impl Device {
@@ -68,24 +105,26 @@ impl Device {
         }
     }
 
-    /// A zero-filled buffer of `len` elements.
+    /// A zero-filled buffer of `len` elements. Fails with [`Error::OutOfMemory`]
+    /// (naming the size and the device) when the memory cannot be allocated.
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Buffer<T>, Error> {
         let storage = match &self.backend {
-            Backend::Cpu | Backend::Interp | Backend::Emu(_) => {
-                Storage::Host(Arc::new(HostBuffer::new(T::TY, len)))
-            }
-            Backend::Gpu(g) => Storage::Device(DevMem::alloc(g, byte_len::<T>(len))?),
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => Storage::Host(Arc::new(
+                HostBuffer::try_new(T::TY, len).map_err(host_err(self))?,
+            )),
+            Backend::Gpu(g) => Storage::Device(DevMem::alloc(g, byte_len::<T>(len, self)?)?),
         };
         Ok(self.buffer(storage, len))
     }
 
-    /// A buffer holding a copy of `data`.
+    /// A buffer holding a copy of `data`. Fails with [`Error::OutOfMemory`] when the
+    /// memory cannot be allocated.
     pub fn upload<T: Element>(&self, data: &[T]) -> Result<Buffer<T>, Error> {
         let bytes: &[u8] = bytemuck::cast_slice(data);
         let storage = match &self.backend {
-            Backend::Cpu | Backend::Interp | Backend::Emu(_) => {
-                Storage::Host(Arc::new(HostBuffer::from_bytes(T::TY, bytes)?))
-            }
+            Backend::Cpu | Backend::Interp | Backend::Emu(_) => Storage::Host(Arc::new(
+                HostBuffer::from_bytes(T::TY, bytes).map_err(host_err(self))?,
+            )),
             Backend::Gpu(g) => {
                 let m = DevMem::alloc(g, bytes.len())?;
                 g.htod(m.ptr, bytes, RawStream::DEFAULT)?;
@@ -137,11 +176,11 @@ impl<T: Element> Buffer<T> {
     }
 
     fn download_raw(&self, stream: RawStream) -> Result<Vec<T>, Error> {
-        let mut out = vec![T::zeroed(); self.len()];
+        let mut out = try_vec(T::zeroed(), self.len(), &self.device)?;
         let dst = bytemuck::cast_slice_mut::<T, u8>(&mut out);
         match &self.storage {
             Storage::Host(h) => {
-                let bytes = h.read_bytes()?;
+                let bytes = h.read_bytes().map_err(host_err(&self.device))?;
                 if bytes.len() != dst.len() {
                     return Err(Error::BufferSize(format!(
                         "read {} bytes for {} elements",
@@ -185,7 +224,8 @@ impl<T: Element> Buffer<T> {
 
     /// Sets every element to `value`.
     pub fn fill(&mut self, value: T) -> Result<(), Error> {
-        self.copy_from(&vec![value; self.len()])
+        let data = try_vec(value, self.len(), &self.device)?;
+        self.copy_from(&data)
     }
 
     /// A copy of this buffer on `device`: a device-to-device copy on the same GPU, a
@@ -196,7 +236,7 @@ impl<T: Element> Buffer<T> {
     pub fn copy_to_device(&self, device: &Device) -> Result<Buffer<T>, Error> {
         match (&self.storage, &device.backend) {
             (Storage::Device(src), Backend::Gpu(g)) if src.gpu.kind() == g.kind() => {
-                let bytes = byte_len::<T>(self.len);
+                let bytes = byte_len::<T>(self.len, device)?;
                 let dst = DevMem::alloc(g, bytes)?;
                 g.copy(
                     dst.ptr,

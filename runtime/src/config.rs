@@ -44,7 +44,12 @@ pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "TESSERA_SANITIZE",
         accepts: "a switch",
-        meaning: "whether kernels compiled for the CPU check every memory access against its buffer (default: on in debug builds, off in release builds; the interpreter always checks)",
+        meaning: "the sanitizer for kernels compiled for the CPU: every access the program makes is reported as the interpreter reports it, including loads whose values a mask discards (loads are then not fused); without it every access that happens is still checked against its buffer (default: on in debug builds, off in release builds; the interpreter always checks)",
+    },
+    Variable {
+        name: "TESSERA_CPU_TARGET",
+        accepts: "`native`, `x86-64-v2`, `x86-64-v3` or `x86-64-v4`",
+        meaning: "the CPU that kernels compiled for the host (the CPU device, the emulators) are generated for: this machine's own, or an x86-64 feature level it can execute (a test run covers the code a machine with fewer extensions gets; results are the same at every level; default `native`)",
     },
     Variable {
         name: "TESSERA_LAUNCH_TIMEOUT",
@@ -219,6 +224,8 @@ pub struct Config {
     pub autotune: bool,
     /// `TESSERA_SANITIZE`.
     pub sanitize: bool,
+    /// `TESSERA_CPU_TARGET` (`None`: `native`).
+    pub cpu_target: Option<String>,
 }
 
 impl Default for Config {
@@ -237,6 +244,7 @@ impl Default for Config {
             lld: None,
             autotune: true,
             sanitize: cfg!(debug_assertions),
+            cpu_target: None,
         }
     }
 }
@@ -375,6 +383,21 @@ impl Config {
                 })?,
                 None => d.sanitize,
             },
+            cpu_target: match get("TESSERA_CPU_TARGET") {
+                Some(v) => {
+                    let v = v.trim().to_string();
+                    const LEVELS: [&str; 4] = ["native", "x86-64-v2", "x86-64-v3", "x86-64-v4"];
+                    if !LEVELS.contains(&v.as_str()) {
+                        return Err(bad(
+                            "TESSERA_CPU_TARGET",
+                            &v,
+                            "one of native, x86-64-v2, x86-64-v3, x86-64-v4",
+                        ));
+                    }
+                    Some(v)
+                }
+                None => None,
+            },
         })
     }
 }
@@ -508,6 +531,7 @@ mod tests {
             ("TESSERA_AUTOTUNE", "sometimes", "a switch"),
             ("TESSERA_DUMP", "ir,asm", "unknown dump stage `asm`"),
             ("TESSERA_EMU_TIMEOUT_MS", "500", "now TESSERA_EMU_TIMEOUT"),
+            ("TESSERA_CPU_TARGET", "avx9", "one of native, x86-64-v2"),
         ] {
             let e = Config::from_vars(vars(&[(k, v)])).unwrap_err();
             let s = e.to_string();

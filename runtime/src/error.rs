@@ -27,8 +27,10 @@ pub enum Error {
         #[source]
         source: BuildError,
     },
-    /// The traced IR is invalid: a bug in Tessera, reported with the op's span.
-    #[error("internal error: kernel `{kernel}` failed IR verification: {source}")]
+    /// The traced IR is invalid, reported with the op's span: a mistake of the
+    /// kernel's that only the verifier sees (`source.user`: a write through a
+    /// read-only parameter by way of a peer's copy), else a bug in Tessera.
+    #[error("{}", verify_message(kernel, source))]
     Verify {
         /// The kernel.
         kernel: String,
@@ -134,6 +136,21 @@ pub enum Error {
     /// A buffer operation with mismatched sizes.
     #[error("buffer size mismatch: {0}")]
     BufferSize(String),
+    /// Memory for a buffer, a copy of one or a symmetric heap could not be allocated:
+    /// more bytes than the address space holds (or than `usize` counts), than the
+    /// system grants (host memory of the CPU device, the interpreter and the
+    /// emulators), or than the GPU has free (the driver's out-of-memory error).
+    #[error(
+        "out of memory on {device}: cannot allocate {bytes} bytes{}",
+        if *.bytes == u64::MAX { " or more" } else { "" }
+    )]
+    OutOfMemory {
+        /// The size asked for, in bytes; `u64::MAX` stands for that many or more (an
+        /// element count whose size overflows 64 bits).
+        bytes: u64,
+        /// The device (`cpu`, `interp`, `emu-nv`, `cuda:0`, ...).
+        device: String,
+    },
     /// Compiling the kernel for a GPU failed: a `tessera::codegen::CodegenError`.
     #[error(transparent)]
     Codegen(CompilerError),
@@ -148,6 +165,23 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A call of the library's collectives or fused plans (`Rank::all_reduce`,
+    /// `AgGemm::run`, ...) failed: names the caller's file:line:col (the user's call
+    /// into the library) and the call, then the error inside the library (which
+    /// kernel, wait or argument, on which rank). Match on [`Error::inner`], which
+    /// looks through it. An error that only reports another rank's failure (a wait
+    /// released because another rank failed or left) is returned as it is, so that
+    /// `World::run` still reports the failing rank's own error first.
+    #[error("{}:{}:{}: `{call}` failed: {source}", at.file(), at.line(), at.column())]
+    Collective {
+        /// The call (`all_reduce`, `AgGemm::run`).
+        call: &'static str,
+        /// Where the user's code called it.
+        at: &'static std::panic::Location<'static>,
+        /// What failed inside it.
+        #[source]
+        source: Box<Error>,
+    },
 }
 
 impl From<InterpError> for Error {
@@ -156,10 +190,70 @@ impl From<InterpError> for Error {
     }
 }
 
+impl Error {
+    /// The error itself, or for an [`Error::Collective`] the library's error inside
+    /// it: what to match on.
+    pub fn inner(&self) -> &Error {
+        let mut e = self;
+        while let Error::Collective { source, .. } = e {
+            e = source;
+        }
+        e
+    }
+
+    /// [`Error::inner`], by value.
+    pub fn into_inner(self) -> Error {
+        let mut e = self;
+        while let Error::Collective { source, .. } = e {
+            e = *source;
+        }
+        e
+    }
+
+    /// Wraps an error of the library call `call` as an [`Error::Collective`] naming
+    /// the caller of the `#[track_caller]` function that calls this (the user's call
+    /// site, when every library function between has `#[track_caller]`).
+    #[track_caller]
+    pub(crate) fn in_call(call: &'static str) -> impl FnOnce(Error) -> Error {
+        let at = std::panic::Location::caller();
+        move |source| Error::Collective {
+            call,
+            at,
+            source: Box::new(source),
+        }
+    }
+
+    /// Whether the error only reports another rank's failure (what `World::run`
+    /// reports after every rank's own error).
+    pub(crate) fn reports_another_rank(&self) -> bool {
+        match self.inner() {
+            Error::Exec(ie) => matches!(**ie, InterpError::Aborted { .. }),
+            Error::Comm { message, .. } => message.starts_with("abandoned"),
+            #[cfg(feature = "jit")]
+            Error::Emu(ee) => matches!(
+                ee.downcast_ref::<tessera_codegen::emu::EmuError>(),
+                Some(tessera_codegen::emu::EmuError::Comm(f))
+                    if matches!(**f, tessera_ir::comm::CommFault::Aborted { .. })
+            ),
+            Error::CommFault(f) => matches!(**f, tessera_ir::comm::CommFault::Aborted { .. }),
+            _ => false,
+        }
+    }
+}
+
 #[cfg(feature = "jit")]
 impl From<tessera_codegen::CodegenError> for Error {
     fn from(e: tessera_codegen::CodegenError) -> Error {
         Error::Codegen(Box::new(e))
+    }
+}
+
+/// [`Error::Verify`]'s message.
+fn verify_message(kernel: &str, source: &tessera_ir::verify::VerifyError) -> String {
+    if source.user {
+        format!("cannot build kernel `{kernel}`: {source}")
+    } else {
+        format!("internal error: kernel `{kernel}` failed IR verification: {source}")
     }
 }
 

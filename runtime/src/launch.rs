@@ -249,8 +249,8 @@ fn scalar_value(ty: ScalarType, c: ConstValue) -> interp::Scalar {
         ScalarType::F32 => S::F32(f as f32),
         ScalarType::F64 => S::F64(f),
         // The verifier rejects 8-bit float scalar parameters; their bits stand in.
-        ScalarType::F8E4M3 => S::U8(float8::F8E4M3::from_f64(f).to_bits()),
-        ScalarType::F8E5M2 => S::U8(float8::F8E5M2::from_f64(f).to_bits()),
+        ScalarType::F8E4M3 => S::U8(crate::fp8::F8E4M3::from_f64(f).to_bits()),
+        ScalarType::F8E5M2 => S::U8(crate::fp8::F8E5M2::from_f64(f).to_bits()),
     }
 }
 
@@ -466,6 +466,17 @@ impl LaunchOptions {
             num_stages: self.num_stages,
             off_node: false,
         })
+    }
+}
+
+/// Chooses the CPU that host code is generated for (`TESSERA_CPU_TARGET`), before
+/// the first kernel is compiled for the CPU device or an emulator.
+#[cfg(feature = "jit")]
+fn host_cpu(config: &crate::config::Config) -> Result<(), Error> {
+    match &config.cpu_target {
+        Some(level) => tessera_codegen::host_cpu::set_host_cpu(level)
+            .map_err(|m| Error::Config(format!("TESSERA_CPU_TARGET=`{level}`: {m}"))),
+        None => Ok(()),
     }
 }
 
@@ -716,6 +727,7 @@ pub fn launch_with<K: Kernel>(
                             }
                         });
                         let config = crate::config::get()?;
+                        host_cpu(&config)?;
                         let limits = tessera_codegen::emu::EmuLimits {
                             timeout: watchdog,
                             barrier_timeout: Some(config.emu_barrier_timeout),
@@ -736,8 +748,16 @@ pub fn launch_with<K: Kernel>(
                     #[cfg(feature = "jit")]
                     Backend::Cpu => {
                         use tessera_codegen::cpu::{self, CpuError};
-                        let sanitize = crate::config::get()?.sanitize;
-                        let ran = match compiled.cpu_kernel(sanitize) {
+                        let config = crate::config::get()?;
+                        host_cpu(&config)?;
+                        let checks = if device.unchecked {
+                            // SAFETY: the handle comes from `Device::unchecked`, whose
+                            // (unsafe) caller vouches for every access.
+                            unsafe { cpu::Checks::unchecked() }
+                        } else {
+                            cpu::Checks::from(config.sanitize)
+                        };
+                        let ran = match compiled.cpu_kernel(checks) {
                             Ok(k) => cpu::launch_kernel(&k, dims, &kargs, world.as_ref(), watchdog),
                             Err(e) => Err(e),
                         };

@@ -344,7 +344,12 @@ impl<T: crate::fused::GemmElem, const HD: usize> SpAttention<T, HD> {
     /// Plans it for `shape` (collective: every rank calls it with the same shape, in
     /// the same order as its other symmetric allocations): allocates the gathered
     /// keys and values and the signal words.
+    #[track_caller]
     pub fn new(rank: &Rank, shape: SpShape) -> Result<SpAttention<T, HD>, Error> {
+        Self::new_impl(rank, shape).map_err(Error::in_call("SpAttention::new"))
+    }
+
+    fn new_impl(rank: &Rank, shape: SpShape) -> Result<SpAttention<T, HD>, Error> {
         check(rank, "SpAttention", &shape, HD)?;
         let ws = rank.size() as usize;
         let nchunk = shape.sk.div_ceil(BN);
@@ -364,7 +369,24 @@ impl<T: crate::fused::GemmElem, const HD: usize> SpAttention<T, HD> {
     /// Runs on every rank (collective): `q` and `o` are this rank's `[heads][sq][HD]`
     /// queries and output, `k` and `v` its `[heads][sk][HD]` keys and values; `scale`
     /// multiplies the scores (usually `1/sqrt(HD)`).
+    #[track_caller]
     pub fn run(
+        &mut self,
+        rank: &Rank,
+        q: &Buffer<T>,
+        k: &Buffer<T>,
+        v: &Buffer<T>,
+        o: &mut Buffer<T>,
+        scale: f32,
+    ) -> Result<(), Error>
+    where
+        sp_attention_kernel<T, BM, BN, HD>: Kernel<Comptime = ()>,
+    {
+        self.run_impl(rank, q, k, v, o, scale)
+            .map_err(Error::in_call("SpAttention::run"))
+    }
+
+    fn run_impl(
         &mut self,
         rank: &Rank,
         q: &Buffer<T>,
@@ -427,7 +449,12 @@ impl<T: crate::fused::GemmElem, const HD: usize> std::fmt::Debug for AllGatherTh
 
 impl<T: crate::fused::GemmElem, const HD: usize> AllGatherThenAttention<T, HD> {
     /// Plans it for `shape` (collective), like [`SpAttention::new`].
+    #[track_caller]
     pub fn new(rank: &Rank, shape: SpShape) -> Result<AllGatherThenAttention<T, HD>, Error> {
+        Self::new_impl(rank, shape).map_err(Error::in_call("AllGatherThenAttention::new"))
+    }
+
+    fn new_impl(rank: &Rank, shape: SpShape) -> Result<AllGatherThenAttention<T, HD>, Error> {
         check(rank, "AllGatherThenAttention", &shape, HD)?;
         let ws = rank.size() as usize;
         let kv_full = rank.alloc::<T>(2 * ws * shape.heads * shape.sk * HD)?;
@@ -442,7 +469,25 @@ impl<T: crate::fused::GemmElem, const HD: usize> AllGatherThenAttention<T, HD> {
     }
 
     /// Runs it on every rank (collective), like [`SpAttention::run`].
+    #[track_caller]
     pub fn run(
+        &mut self,
+        rank: &Rank,
+        q: &Buffer<T>,
+        k: &Buffer<T>,
+        v: &Buffer<T>,
+        o: &mut Buffer<T>,
+        scale: f32,
+    ) -> Result<(), Error>
+    where
+        gather_kv_kernel<T, BN, HD>: Kernel<Comptime = ()>,
+        gathered_attention_kernel<T, BM, BN, HD>: Kernel<Comptime = ()>,
+    {
+        self.run_impl(rank, q, k, v, o, scale)
+            .map_err(Error::in_call("AllGatherThenAttention::run"))
+    }
+
+    fn run_impl(
         &mut self,
         rank: &Rank,
         q: &Buffer<T>,

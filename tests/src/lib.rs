@@ -38,6 +38,29 @@ pub fn line_of(source: &str, marker: &str) -> u32 {
         .unwrap_or_else(|| panic!("marker {marker:?} not found"))
 }
 
+/// Asserts that error message `msg` starts with `file` (a test file's path, as
+/// `file!()` gives it) and the line of `mark` in `source` (the user's call into the
+/// library, not the library's kernel), then names the library call `call`, and still
+/// holds every part of `inner` (the library's own report).
+pub fn assert_names_call_site(
+    (source, file): (&str, &str),
+    msg: &str,
+    mark: &str,
+    call: &str,
+    inner: &[&str],
+) {
+    let line = line_of(source, mark);
+    let at = format!("{file}:{line}:");
+    assert!(msg.starts_with(&at), "{at:?} does not start: {msg}");
+    assert!(
+        msg.contains(&format!("`{call}` failed: ")),
+        "`{call}` missing from: {msg}"
+    );
+    for part in inner {
+        assert!(msg.contains(part), "{part:?} missing from: {msg}");
+    }
+}
+
 /// Kernels several communication test files use.
 pub mod kernels {
     use tessera::prelude::*;

@@ -716,3 +716,160 @@ fn hierarchical_collectives_need_regular_nodes() {
         assert!(ok, "rank {r}: the Auto all-reduce after it is wrong");
     }
 }
+
+const SOURCE: &str = include_str!("collectives.rs");
+
+/// [`tessera_tests::assert_names_call_site`] for this file.
+fn assert_names_call_site(msg: &str, mark: &str, call: &str, inner: &[&str]) {
+    tessera_tests::assert_names_call_site((SOURCE, file!()), msg, mark, call, inner);
+}
+
+/// A collective whose peer never comes (rank 1 skips the second all-reduce): rank 0's
+/// device-side wait in the library's kernel times out, and the error names the
+/// user's call first (this file's line), then the wait that timed out (its line in
+/// the library's kernels, the kernel, the rank).
+#[test]
+fn a_collective_that_times_out_names_the_callers_line() {
+    let errs = std::sync::Mutex::new(Vec::new());
+    let start = std::time::Instant::now();
+    let _ = world(2).wait_timeout(Duration::from_millis(500)).run(|r| {
+        let mut b = r.upload(&[1.0f32; 64])?;
+        r.all_reduce(&mut b, ReduceOp::Sum)?;
+        if r.rank() == 0 {
+            let e = r.all_reduce(&mut b, ReduceOp::Sum); // MARK: lonely all_reduce
+            errs.lock().unwrap().push(e);
+        }
+        Ok(())
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    let errs = errs.into_inner().unwrap();
+    assert_eq!(errs.len(), 1);
+    let e = errs
+        .into_iter()
+        .next()
+        .unwrap()
+        .expect_err("rank 0's lonely all_reduce succeeded");
+    assert_names_call_site(
+        &e.to_string(),
+        "MARK: lonely all_reduce",
+        "all_reduce",
+        &[
+            "runtime/src/collectives/kernels.rs:",
+            "`wait_until` timed out after 0.500 s",
+            "on rank 0",
+        ],
+    );
+    let line = tessera_tests::line_of(SOURCE, "MARK: lonely all_reduce");
+    match &e {
+        Error::Collective { call, at, source } => {
+            assert_eq!(
+                (*call, at.file(), at.line()),
+                ("all_reduce", "tests/tests/collectives.rs", line)
+            );
+            assert!(!matches!(**source, Error::Collective { .. }), "{e:?}");
+        }
+        other => panic!("not an Error::Collective: {other:?}"),
+    }
+    // The library's error, for matching: a wait that timed out on rank 0.
+    assert!(
+        e.inner()
+            .to_string()
+            .starts_with("runtime/src/collectives/kernels.rs:"),
+        "{e:?}"
+    );
+}
+
+/// Invalid arguments of every collective entry point: every rank's error names its
+/// own call's line first, then the call and the library's reason.
+#[test]
+fn invalid_collective_calls_name_the_callers_line_on_every_rank() {
+    let out = world(2)
+        .run(|r| {
+            let mut b = r.upload(&[1.0f32; 10])?;
+            let mut big = r.alloc::<f32>(70_000)?;
+            let mut out = r.alloc::<f32>(7)?;
+            let (sum, ll, flat) = (
+                ReduceOp::Sum,
+                AllReduceAlgo::LowLatency,
+                AllGatherAlgo::Flat,
+            );
+            let counts = if r.rank() == 1 {
+                vec![8, 8]
+            } else {
+                vec![1, 1]
+            };
+            let errs = [
+                r.all_reduce(&mut b, ReduceOp::Prod).err(), // MARK: call 1
+                r.all_reduce_with(&mut big, sum, ll).err(), // MARK: call 2
+                r.all_gather(&b, &mut out).err(),           // MARK: call 3
+                r.all_gather_with(&b, &mut out, flat).err(), // MARK: call 4
+                r.reduce_scatter(&b, &mut out, sum).err(),  // MARK: call 5
+                r.broadcast(&mut b, 5).err(),               // MARK: call 6
+                r.all_to_all_v(&b, &counts, &mut out).err(), // MARK: call 7
+            ];
+            Ok(errs.map(|e| e.map(|e| e.to_string())))
+        })
+        .unwrap();
+    for (rank, errs) in out.into_iter().enumerate() {
+        let cases = [
+            ("all_reduce", "Sum, Max or Min"),
+            ("all_reduce_with", "low-latency"),
+            ("all_gather", "expected input length 10"),
+            ("all_gather_with", "expected input length 10"),
+            ("reduce_scatter", "expected output length 7"),
+            ("broadcast", "root 5"),
+            (
+                "all_to_all_v",
+                if rank == 1 {
+                    "add up to more"
+                } else {
+                    "rank 1 passed invalid"
+                },
+            ),
+        ];
+        for (i, ((call, inner), e)) in cases.into_iter().zip(errs).enumerate() {
+            let msg = e.unwrap_or_else(|| panic!("rank {rank}: {call} succeeded"));
+            let on_rank = format!("on rank {rank}: ");
+            let mark = format!("MARK: call {}", i + 1);
+            assert_names_call_site(&msg, &mark, call, &[inner, &on_rank]);
+        }
+    }
+}
+
+/// A rank that fails while another waits in a collective is still the world's
+/// error: the waiting rank's collective, released by that failure, returns an error
+/// that only reports it (not wrapped with the call site), which `World::run` ranks
+/// after the failing rank's own error.
+#[test]
+fn a_rank_that_fails_during_a_collective_is_the_worlds_error() {
+    let start = std::time::Instant::now();
+    let released = std::sync::Mutex::new(None);
+    let err = world(2)
+        .run(|r| {
+            let mut b = r.upload(&[1.0f32; 64])?;
+            r.all_reduce(&mut b, ReduceOp::Sum)?;
+            if r.rank() == 1 {
+                std::thread::sleep(Duration::from_millis(100));
+                return Err(Error::Comm {
+                    rank: 1,
+                    message: "rank 1 gives up".into(),
+                });
+            }
+            let e = r.all_reduce(&mut b, ReduceOp::Sum);
+            *released.lock().unwrap() = e.as_ref().err().map(|e| e.to_string());
+            e
+        })
+        .unwrap_err();
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(err.to_string().contains("rank 1 gives up"), "{err}");
+    let released = released.into_inner().unwrap();
+    assert!(released.is_some(), "rank 0's all_reduce succeeded");
+}

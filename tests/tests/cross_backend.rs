@@ -525,7 +525,7 @@ fn fp8_decode<const B: usize>(
 }
 
 /// The 8-bit float conversions of the lowering (integer code on the bits, on every
-/// target) against the interpreter's (the `float8` crate's, CUDA's `satfinite`
+/// target) against the interpreter's (`tessera::fp8`'s, CUDA's `satfinite`
 /// conversion), bit for bit: every encoding of both formats decoded, and f32
 /// values at every boundary (zeros, subnormal ties, the smallest normals, the
 /// saturation thresholds and their neighbours, infinities, NaNs) and random ones over
@@ -596,7 +596,7 @@ fn fp8_casts_are_bit_exact() {
         Arg::Sc(S::I32(n as i32)),
     ];
     check("fp8 casts", &f, g1(n.div_ceil(256)), &args, 4, 0.0);
-    // The interpreter itself: the float8 crate's conversion.
+    // The interpreter itself: `tessera::fp8`'s conversion.
     let bits: Vec<u8> = (0..=255).collect();
     let e4: Vec<F8E4M3> = bits.iter().map(|&b| F8E4M3::from_bits(b)).collect();
     let e5: Vec<F8E5M2> = bits.iter().map(|&b| F8E5M2::from_bits(b)).collect();

@@ -505,3 +505,105 @@ fn fused_kernels_ir() {
         insta::assert_snapshot!(name, text);
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Errors name the user's call
+
+const SOURCE: &str = include_str!("fused.rs");
+
+/// [`tessera_tests::assert_names_call_site`] for this file.
+fn assert_names_call_site(msg: &str, mark: &str, call: &str, inner: &[&str]) {
+    tessera_tests::assert_names_call_site((SOURCE, file!()), msg, mark, call, inner);
+}
+
+/// A fused plan run whose peer never comes (rank 1 builds the plan but never runs
+/// it): rank 0's wait in the plan's kernel times out, and the error names the
+/// user's `run` first (this file's line), then the wait that timed out in the
+/// library's kernel.
+#[test]
+fn a_fused_plan_that_times_out_names_the_callers_line() {
+    let errs = std::sync::Mutex::new(Vec::new());
+    let start = std::time::Instant::now();
+    let _ = world(2).wait_timeout(Duration::from_millis(500)).run(|r| {
+        let mut plan = AgGemm::<f32>::new(r, 8, 8, 8)?;
+        if r.rank() == 0 {
+            let a = r.device().upload(&[1.0f32; 64])?;
+            let b = r.device().upload(&[1.0f32; 64])?;
+            let mut c = r.device().alloc::<f32>(128)?;
+            let e = plan.run(r, &a, &b, &mut c); // MARK: lonely AgGemm::run
+            errs.lock().unwrap().push(e);
+        }
+        Ok(())
+    });
+    assert!(
+        start.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        start.elapsed()
+    );
+    let errs = errs.into_inner().unwrap();
+    assert_eq!(errs.len(), 1);
+    let e = errs
+        .into_iter()
+        .next()
+        .unwrap()
+        .expect_err("rank 0's lonely AgGemm::run succeeded");
+    assert_names_call_site(
+        &e.to_string(),
+        "MARK: lonely AgGemm::run",
+        "AgGemm::run",
+        &[
+            "runtime/src/fused/",
+            "timed out after 0.500 s",
+            "`ag_gemm_kernel",
+            "on rank 0",
+        ],
+    );
+    assert!(matches!(e, Error::Collective { .. }), "{e:?}");
+    assert!(!matches!(e.inner(), Error::Collective { .. }), "{e:?}");
+}
+
+/// Invalid calls of the fused plans (and of an unfused sequence): every rank's error
+/// names its own call's line first, then the call and the library's reason; the
+/// library's error is reached with `Error::inner`.
+#[test]
+fn invalid_fused_calls_name_the_callers_line_on_every_rank() {
+    let out = world(2)
+        .run(|r| {
+            let a = r.device().upload(&[1.0f32; 63])?;
+            let b = r.device().upload(&[1.0f32; 64])?;
+            let mut c = r.device().alloc::<f32>(128)?;
+            let mut plan = AgGemm::<f32>::new(r, 8, 8, 8)?;
+            let mut plain = AgThenGemm::<f32>::new(r, 8, 8, 8)?;
+            let errs = [
+                plan.run(r, &a, &b, &mut c).err(), // MARK: plan call 1
+                AgGemm::<f32>::new(r, 8, 8, 8)?.with_programs(r, 2000).err(), // MARK: plan call 2
+                GemmReduceScatter::<f32>::new(r, 3, 8, 8).err(), // MARK: plan call 3
+                AllReduceRmsNorm::<f32>::new(r, 0, 8, 1e-5).err(), // MARK: plan call 4
+                plain.run(r, &a, &b, &mut c).err(), // MARK: plan call 5
+            ];
+            Ok(errs)
+        })
+        .unwrap();
+    for (rank, errs) in out.into_iter().enumerate() {
+        let cases = [
+            (
+                "AgGemm::run",
+                "the A shard holds 63 elements, the plan needs 64",
+            ),
+            ("AgGemm::with_programs", "1 to 1024 program instances"),
+            ("GemmReduceScatter::new", "m a multiple of the 2 ranks"),
+            ("AllReduceRmsNorm::new", "needs a nonempty shape"),
+            (
+                "AgThenGemm::run",
+                "the A shard holds 63 elements, the plan needs 64",
+            ),
+        ];
+        for (i, ((call, inner), e)) in cases.into_iter().zip(errs).enumerate() {
+            let e = e.unwrap_or_else(|| panic!("rank {rank}: {call} succeeded"));
+            let mark = format!("MARK: plan call {}", i + 1);
+            assert_names_call_site(&e.to_string(), &mark, call, &[inner]);
+            let buffer_size = matches!(e.inner(), Error::BufferSize(_));
+            assert_eq!(buffer_size, call.ends_with("::run"), "rank {rank}: {e:?}");
+        }
+    }
+}

@@ -124,3 +124,86 @@ fn buffers_round_trip_and_check_sizes() {
     let z = dev.alloc::<u16>(5).unwrap();
     assert_eq!(z.download().unwrap(), vec![0; 5]);
 }
+
+/// The devices whose buffers are host memory (the CPU device, the interpreter, the
+/// emulators), and every GPU present.
+fn every_device() -> Vec<Device> {
+    let mut devs = vec![Device::cpu(), Device::interp()];
+    for name in ["emu-nv", "emu-amd", "emu-sm90a"] {
+        devs.push(Device::by_name(name).expect("the emulators are built in"));
+    }
+    devs.extend(Device::all().into_iter().filter(|d| {
+        matches!(
+            d.kind(),
+            tessera::DeviceKind::Cuda | tessera::DeviceKind::Hip
+        )
+    }));
+    devs
+}
+
+/// Checks that `e` is [`Error::OutOfMemory`] for `bytes` on `dev`, and that its
+/// message names both (`u64::MAX` bytes: "or more").
+fn assert_out_of_memory(e: Error, bytes: u64, dev: &Device) {
+    let msg = e.to_string();
+    match e {
+        Error::OutOfMemory { bytes: b, device } => {
+            assert_eq!((b, device.as_str()), (bytes, dev.id().as_str()), "{msg}");
+        }
+        e => panic!(
+            "{}: expected OutOfMemory for {bytes} bytes, got {e:?}",
+            dev.id()
+        ),
+    }
+    let more = if bytes == u64::MAX { " or more" } else { "" };
+    let want = format!(
+        "out of memory on {}: cannot allocate {bytes} bytes{more}",
+        dev.id()
+    );
+    assert_eq!(msg, want);
+}
+
+/// Allocations that can never succeed, on any machine, are `Error::OutOfMemory`
+/// naming the size and the device instead of aborting the process: sizes beyond the
+/// address space (2^62 bytes and more: 57-bit virtual addresses reach 2^57; even
+/// under Linux's overcommit these are refused at once, so nothing is touched),
+/// beyond `isize::MAX`, and element counts whose byte size overflows 64 bits
+/// (`u64::MAX` bytes "or more"). The device stays usable afterwards.
+#[test]
+fn impossible_allocations_are_out_of_memory_errors() {
+    for dev in every_device() {
+        let big = usize::MAX / 8;
+        let e = dev.alloc::<f32>(big).expect_err("2^63 bytes");
+        assert_out_of_memory(e, big as u64 * 4, &dev);
+        let e = dev.alloc::<u8>(1 << 62).expect_err("2^62 bytes");
+        assert_out_of_memory(e, 1 << 62, &dev);
+        let e = dev.alloc::<u16>(1 << 62).expect_err("2^63 bytes");
+        assert_out_of_memory(e, 1 << 63, &dev);
+        let e = dev
+            .alloc::<F8E5M2>(usize::MAX - 1)
+            .expect_err("2^64 - 2 bytes");
+        assert_out_of_memory(e, u64::MAX - 1, &dev);
+        let e = dev.alloc::<u32>(1 << 62).expect_err("2^64 bytes");
+        assert_out_of_memory(e, u64::MAX, &dev);
+        let e = dev.alloc::<f64>(usize::MAX).expect_err("beyond 64 bits");
+        assert_out_of_memory(e, u64::MAX, &dev);
+        // Still usable: a small buffer, zeroed, filled and read back.
+        let mut b = dev.alloc::<i32>(1000).expect("small");
+        assert_eq!(b.download().expect("download"), vec![0; 1000]);
+        b.fill(-7).expect("fill");
+        assert!(b.download().expect("download").iter().all(|&v| v == -7));
+    }
+}
+
+/// A symmetric heap that can never be mapped is `Error::OutOfMemory` for the heap's
+/// size on the rank's device, from `World::run`, before any rank runs.
+#[test]
+fn an_impossible_symmetric_heap_is_out_of_memory() {
+    for dev in [Device::cpu(), Device::interp()] {
+        let e = World::local(2)
+            .on_each(std::slice::from_ref(&dev))
+            .heap_bytes(1 << 62)
+            .run(|_| -> Result<(), Error> { panic!("no rank should run") })
+            .expect_err("2^62-byte heaps");
+        assert_out_of_memory(e, 1 << 62, &dev);
+    }
+}

@@ -38,39 +38,60 @@ fn runaway_for<const B: usize>(out: &mut Global<f32>, n: i32) {
     out.store_unmasked(program_id(0) * B + lanes, acc);
 }
 
+/// Runs `body` on a thread of its own and waits at most `limit` for it: a watchdog
+/// that does not fire makes the test fail in bounded time, not hang.
+fn within(limit: Duration, what: String, body: impl FnOnce() + Send + 'static) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+        let _ = tx.send(r);
+    });
+    match rx.recv_timeout(limit) {
+        Ok(Ok(())) => {}
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        // (The launch's thread is left running; the test process ends with it.)
+        Err(_) => panic!("{what}: no result within {limit:?}: the launch watchdog did not stop it"),
+    }
+}
+
 #[test]
 fn a_runaway_loop_fails_naming_its_line_in_bounded_time() {
     let limit = Duration::from_millis(300);
     for dev in cpu_and_emulators() {
-        let d = dev.with_launch_timeout(limit);
-        let mut out = d.upload(&[0i32; 8]).unwrap();
-        let t = Instant::now();
-        let e = runaway_while::launch(&d, 4u32, (&mut out, 10)).expect_err("never ends");
-        let took = t.elapsed();
-        let msg = e.to_string();
-        let want = format!("{}:{}:", file!(), line_of(SOURCE, "RUNAWAY_WHILE") - 1);
-        assert!(
-            msg.starts_with(&want)
-                && msg.contains("kernel `runaway_while` ran past its 0.300 s launch timeout")
-                && msg.contains("`while` loop"),
-            "{dev}: {msg}"
-        );
-        assert!(took < Duration::from_secs(30), "{dev}: took {took:?}");
-
-        let mut out = d.upload(&[0f32; 2 * 64]).unwrap();
-        let e = runaway_for::<64>::launch(&d, 2u32, (&mut out, i32::MAX)).expect_err("too long");
-        let msg = e.to_string();
-        let want = format!("{}:{}:", file!(), line_of(SOURCE, "RUNAWAY_FOR") - 1);
-        assert!(
-            msg.starts_with(&want) && msg.contains("`for` loop"),
-            "{dev}: {msg}"
-        );
-        // The device is still usable, and loops that end are unaffected.
-        runaway_for::<64>::launch(&d, 2u32, (&mut out, 3)).unwrap_or_else(|e| panic!("{dev}: {e}"));
-        let got = out.download().unwrap();
-        // acc_k = reverse(acc_{k-1} + k): after 3 steps every lane holds 0 + 1 + 2.
-        assert!(got.iter().all(|&v| v == 3.0), "{dev}: {got:?}");
+        let name = dev.to_string();
+        within(Duration::from_secs(60), name, move || runaway(dev, limit));
     }
+}
+
+fn runaway(dev: Device, limit: Duration) {
+    let d = dev.with_launch_timeout(limit);
+    let mut out = d.upload(&[0i32; 8]).unwrap();
+    let t = Instant::now();
+    let e = runaway_while::launch(&d, 4u32, (&mut out, 10)).expect_err("never ends");
+    let took = t.elapsed();
+    let msg = e.to_string();
+    let want = format!("{}:{}:", file!(), line_of(SOURCE, "RUNAWAY_WHILE") - 1);
+    assert!(
+        msg.starts_with(&want)
+            && msg.contains("kernel `runaway_while` ran past its 0.300 s launch timeout")
+            && msg.contains("`while` loop"),
+        "{dev}: {msg}"
+    );
+    assert!(took < Duration::from_secs(30), "{dev}: took {took:?}");
+
+    let mut out = d.upload(&[0f32; 2 * 64]).unwrap();
+    let e = runaway_for::<64>::launch(&d, 2u32, (&mut out, i32::MAX)).expect_err("too long");
+    let msg = e.to_string();
+    let want = format!("{}:{}:", file!(), line_of(SOURCE, "RUNAWAY_FOR") - 1);
+    assert!(
+        msg.starts_with(&want) && msg.contains("`for` loop"),
+        "{dev}: {msg}"
+    );
+    // The device is still usable, and loops that end are unaffected.
+    runaway_for::<64>::launch(&d, 2u32, (&mut out, 3)).unwrap_or_else(|e| panic!("{dev}: {e}"));
+    let got = out.download().unwrap();
+    // acc_k = reverse(acc_{k-1} + k): after 3 steps every lane holds 0 + 1 + 2.
+    assert!(got.iter().all(|&v| v == 3.0), "{dev}: {got:?}");
 }
 
 #[test]

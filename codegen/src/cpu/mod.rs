@@ -13,11 +13,17 @@
 //! the other (a load fused into a store to another parameter, which reads memory
 //! as the store goes, not the whole tile first).
 //!
-//! **Results** are those of the interpreter, with the same errors: with `sanitize`
-//! every load and store is checked against the buffer its pointer came from
-//! ([`InterpError::OutOfBounds`] with the kernel, op, `file:line:col`, program id and
-//! tile element); integer division by zero and non-positive `for` steps are always
-//! reported. Elementwise math follows the SIMT lowering's helpers, which the emulator
+//! **Memory safety.** Every load and store that runs is checked against the buffer
+//! its pointer came from ([`Checks::BOUNDS`], the default in every build; a vector run
+//! at its first and last element), and an access outside it fails the launch with
+//! [`InterpError::OutOfBounds`] (the kernel, op, `file:line:col`, program id and tile
+//! element) before it touches memory. [`Checks::SANITIZE`] reports, as the
+//! interpreter does, also the loads whose values a mask discards later (they are
+//! not fused then). Only [`Checks::unchecked`], an `unsafe` constructor, drops the
+//! checks.
+//!
+//! **Results** are those of the interpreter, with the same errors: integer division
+//! by zero and non-positive `for` steps are always reported. Elementwise math follows the SIMT lowering's helpers, which the emulator
 //! holds to the interpreter: bit-exact for integer, comparison, select and
 //! conversion ops and IEEE `+ - * / sqrt`; `sin`/`cos`/`tanh`/... within a few ulp
 //! (libm calls, one per element). `exp`, `exp2`, `log` and `log2` are the host's own
@@ -120,7 +126,65 @@ impl std::fmt::Debug for CpuKernel {
     }
 }
 
-type Key = (String, bool);
+/// How compiled code checks its memory accesses. Every mode a safe caller can
+/// choose keeps every access inside the launch's buffers: [`Checks::BOUNDS`] (the
+/// default) checks each access that happens, a vector run at its two ends (so a
+/// contiguous tile costs two comparisons a run, not one an element);
+/// [`Checks::SANITIZE`] also reports what the interpreter reports and the compiled
+/// code would not touch (a load whose value a mask later discards), at the cost of
+/// load fusion. [`Checks::unchecked`] (`unsafe`) checks nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Checks(Mode);
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Mode {
+    Bounds,
+    Sanitize,
+    Unchecked,
+}
+
+impl Checks {
+    /// Every access that happens is checked against its buffer (the default).
+    pub const BOUNDS: Checks = Checks(Mode::Bounds);
+    /// Every access the program makes is checked and reported as the interpreter
+    /// reports it (`TESSERA_SANITIZE`); loads are not fused.
+    pub const SANITIZE: Checks = Checks(Mode::Sanitize);
+
+    /// No access is checked.
+    ///
+    /// # Safety
+    ///
+    /// Every load and store of every kernel compiled with it, in every launch, must
+    /// lie inside the buffer it goes through: an access outside it reads or writes
+    /// the host process's memory (undefined behaviour: corrupted heaps, crashes,
+    /// data leaked between buffers). Meant for measuring what the checks cost.
+    pub const unsafe fn unchecked() -> Checks {
+        Checks(Mode::Unchecked)
+    }
+
+    /// Whether accesses are checked at all.
+    pub fn checked(self) -> bool {
+        self.0 != Mode::Unchecked
+    }
+
+    /// Whether this is the sanitizer ([`Checks::SANITIZE`]).
+    pub fn sanitize(self) -> bool {
+        self.0 == Mode::Sanitize
+    }
+}
+
+impl From<bool> for Checks {
+    /// `true`: [`Checks::SANITIZE`]; `false`: [`Checks::BOUNDS`].
+    fn from(sanitize: bool) -> Checks {
+        if sanitize {
+            Checks::SANITIZE
+        } else {
+            Checks::BOUNDS
+        }
+    }
+}
+
+type Key = (String, Checks);
 /// A compiled kernel, or where and why the kernel does not lower.
 type Cached = Result<Arc<CpuKernel>, (Span, String)>;
 /// A failed program: its linear id, error record and program id.
@@ -132,10 +196,11 @@ fn cache() -> &'static Mutex<HashMap<Key, Cached>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
-/// Compiles `func` for the host (or fetches it from the process's cache); `sanitize`
-/// checks every memory access.
-pub fn compile(func: &Function, sanitize: bool) -> Result<Arc<CpuKernel>, CpuError> {
-    let key = (tessera_ir::printer::print_function(func), sanitize);
+/// Compiles `func` for the host (or fetches it from the process's cache), its memory
+/// accesses checked as `checks` says (`true`: the sanitizer, `false`: bounds).
+pub fn compile(func: &Function, checks: impl Into<Checks>) -> Result<Arc<CpuKernel>, CpuError> {
+    let checks = checks.into();
+    let key = (tessera_ir::printer::print_function(func), checks);
     let lock = || cache().lock().unwrap_or_else(|p| p.into_inner());
     let unsupported = |(span, message): (Span, String)| CpuError::Unsupported {
         kernel: func.name.clone(),
@@ -145,7 +210,7 @@ pub fn compile(func: &Function, sanitize: bool) -> Result<Arc<CpuKernel>, CpuErr
     if let Some(c) = lock().get(&key) {
         return c.clone().map_err(unsupported);
     }
-    let built = match build(func, sanitize) {
+    let built = match build(func, checks) {
         Ok(k) => Ok(Arc::new(k)),
         Err(CpuError::Unsupported { span, message, .. }) => Err((span, message)),
         Err(e) => return Err(e),
@@ -205,7 +270,7 @@ fn init() {
     });
 }
 
-fn build(func: &Function, sanitize: bool) -> Result<CpuKernel, CpuError> {
+fn build(func: &Function, checks: Checks) -> Result<CpuKernel, CpuError> {
     let t0 = std::time::Instant::now();
     init();
     let jit_err = |message: String| CpuError::Jit {
@@ -214,14 +279,15 @@ fn build(func: &Function, sanitize: bool) -> Result<CpuKernel, CpuError> {
     };
     // The compiled code lives as long as the process: so do its context and engine.
     let ctx: &'static Context = Box::leak(Box::new(Context::create()));
-    let lowered = lower_host(ctx, func, sanitize).map_err(|e| match e {
-        LowerError::Unsupported { span, message } => CpuError::Unsupported {
-            kernel: func.name.clone(),
-            span,
-            message,
-        },
-        LowerError::Llvm(m) => jit_err(m),
-    })?;
+    let lowered =
+        lower_host(ctx, func, checks.checked(), checks.sanitize()).map_err(|e| match e {
+            LowerError::Unsupported { span, message } => CpuError::Unsupported {
+                kernel: func.name.clone(),
+                span,
+                message,
+            },
+            LowerError::Llvm(m) => jit_err(m),
+        })?;
     let addr = crate::emu::jit::jit_for_host(
         lowered.module,
         OptimizationLevel::Aggressive,
@@ -254,9 +320,9 @@ pub fn launch(
     func: &Function,
     grid: [u32; 3],
     args: &[KernelArg],
-    sanitize: bool,
+    checks: impl Into<Checks>,
 ) -> Result<(), CpuError> {
-    launch_limited(func, grid, args, sanitize, None)
+    launch_limited(func, grid, args, checks, None)
 }
 
 /// [`launch`] with a watchdog: once the launch has run for `timeout`, every loop of
@@ -266,10 +332,10 @@ pub fn launch_limited(
     func: &Function,
     grid: [u32; 3],
     args: &[KernelArg],
-    sanitize: bool,
+    checks: impl Into<Checks>,
     timeout: Option<std::time::Duration>,
 ) -> Result<(), CpuError> {
-    launch_in_world(func, grid, args, sanitize, None, timeout)
+    launch_in_world(func, grid, args, checks, None, timeout)
 }
 
 /// [`launch_limited`] as one rank of `world` (`None`: rank 0 of a world of one), for
@@ -282,11 +348,11 @@ pub fn launch_in_world(
     func: &Function,
     grid: [u32; 3],
     args: &[KernelArg],
-    sanitize: bool,
+    checks: impl Into<Checks>,
     world: Option<&CommWorld>,
     timeout: Option<std::time::Duration>,
 ) -> Result<(), CpuError> {
-    let kernel = compile(func, sanitize)?;
+    let kernel = compile(func, checks)?;
     launch_kernel(&kernel, grid, args, world, timeout)
 }
 
@@ -498,9 +564,9 @@ pub fn launch_kernel(
         // from a 64-byte boundary (`scratch_words` leaves 64 bytes to align);
         // `err` `ERR_WORDS` words; `comm.words` two words and one per parameter and
         // rank. The buffers' memory (every rank's copy of the symmetric ones) is
-        // held by `held` for the launch; with `sanitize` every access is checked to
-        // lie inside its buffer (or some rank's copy of it), and without it the
-        // caller vouches for the kernel's indices as on a GPU.
+        // held by `held` for the launch; every access is checked to lie inside its
+        // buffer (or some rank's copy of it), unless the kernel was compiled with
+        // `Checks::unchecked`, whose (unsafe) caller vouches for every index.
         let rc = unsafe {
             (kernel.entry)(
                 words.as_ptr(),

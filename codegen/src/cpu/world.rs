@@ -200,8 +200,8 @@ pub(super) extern "C" fn tessera_cpu_wait(
         .copied()
         .unwrap_or(CmpPred::Eq);
     // SAFETY: `word` is the signal word the kernel computed: a `u64` element of one
-    // of the launch's buffers (checked by the sanitizer when it is on; otherwise the
-    // kernel vouches for its indices, as for every access), 8-byte aligned like every
+    // of the launch's buffers (checked before the call unless the kernel was compiled
+    // with `Checks::unchecked`, whose caller vouches for every index), 8-byte aligned like every
     // `u64` element of a host buffer, and other programs and ranks access it only
     // atomically while the launch runs.
     let w = unsafe { AtomicU64::from_ptr(word.cast_mut()) };

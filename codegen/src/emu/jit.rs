@@ -76,11 +76,12 @@ pub(crate) fn jit_for_host(
         .map_err(|m| format!("invalid LLVM IR: {m}"))?;
     let triple = TargetMachine::get_default_triple();
     let target = LlvmTarget::from_triple(&triple).map_err(|m| m.to_string())?;
+    let cpu = crate::host_cpu::host_cpu();
     let machine = target
         .create_target_machine(
             &triple,
-            &TargetMachine::get_host_cpu_name().to_string(),
-            &TargetMachine::get_host_cpu_features().to_string(),
+            &cpu.name,
+            &cpu.features,
             level,
             RelocMode::Default,
             CodeModel::JITDefault,
@@ -104,7 +105,8 @@ pub(crate) fn jit_for_host(
     Ok(addr)
 }
 
-/// Stamps this machine's CPU and its features on every function `module` defines.
+/// Stamps the host CPU ([`crate::host_cpu::host_cpu`]: this machine's, unless a lower
+/// level was chosen) and its features on every function `module` defines.
 ///
 /// LLVM's MCJIT engine (`create_jit_execution_engine`) builds its own target machine
 /// for the generic CPU of the triple (x86-64: SSE2, no AVX, no FMA) and ignores the
@@ -114,12 +116,17 @@ pub(crate) fn jit_for_host(
 /// at 85.9 (clang's build of the same loop: 100).
 pub(crate) fn for_this_cpu(module: &inkwell::module::Module<'_>) {
     let ctx = module.get_context();
-    let cpu = TargetMachine::get_host_cpu_name().to_string();
-    let features = TargetMachine::get_host_cpu_features().to_string();
+    let host = crate::host_cpu::host_cpu();
     let mut f = module.get_first_function();
     while let Some(func) = f {
         if func.count_basic_blocks() > 0 {
-            for (k, v) in [("target-cpu", &cpu), ("target-features", &features)] {
+            for (k, v) in [
+                ("target-cpu", &host.name),
+                ("target-features", &host.features),
+            ] {
+                if v.is_empty() {
+                    continue;
+                }
                 func.add_attribute(
                     inkwell::attributes::AttributeLoc::Function,
                     ctx.create_string_attribute(k, v),

@@ -243,8 +243,8 @@ pub enum Fp8 {
 impl Fp8 {
     fn to_f32(self, bits: u8) -> f32 {
         match self {
-            Fp8::E4M3 => float8::F8E4M3::from_bits(bits).to_f32(),
-            Fp8::E5M2 => float8::F8E5M2::from_bits(bits).to_f32(),
+            Fp8::E4M3 => tessera_ir::fp8::F8E4M3::from_bits(bits).to_f32(),
+            Fp8::E5M2 => tessera_ir::fp8::F8E5M2::from_bits(bits).to_f32(),
         }
     }
 }

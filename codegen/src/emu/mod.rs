@@ -41,12 +41,22 @@
 //!
 //! Communicating kernels take the hidden parameters of [`crate::comm`]; the heaps
 //! are host memory, so remote accesses are plain host accesses, checked against
-//! every rank's copy of the symmetric buffers.
+//! every rank's copy of the buffer they derive from.
 //!
-//! Checks: every global access is bounds-checked against the launch's buffers (an
-//! access outside all of them is reported with the op's `file:line:col`, block,
-//! thread and the element index relative to the nearest buffer, and redirected to a
-//! per-thread scratch area so it does no harm); shared-memory accesses are checked for
+//! Checks: every global access is bounds-checked against the buffer its pointer
+//! derives from, the kernel parameter the lowering traced it to
+//! ([`crate::lower::prov`], recorded in the access's [`crate::lower::Site`]): an
+//! address inside another buffer of the launch is out of bounds all the same. A
+//! pointer of mixed provenance (a `select` or loop-carried value over several
+//! parameters' pointers) is checked against each of those buffers; one traced
+//! through `remote_ptr` against every rank's copy of its buffer; one the lowering
+//! could not trace against every buffer of the launch. An access outside its
+//! buffer(s) is reported with the op's `file:line:col`, block, thread, the buffer's
+//! parameter name and the element index relative to it (the nearest candidate's),
+//! as the interpreter reports it, and redirected to a per-thread scratch area so it
+//! does no harm; masked-off lanes are neither checked nor accessed (the AMD flavor's
+//! buffer loads included: a masked-on lane out of range is reported, not read as
+//! zero). Shared-memory accesses are checked for
 //! races between barriers; barriers report divergence and time out
 //! (`$TESSERA_EMU_TIMEOUT_MS`, default 60 s).
 
@@ -130,7 +140,7 @@ pub enum EmuError {
         /// What is wrong.
         message: String,
     },
-    /// A memory access outside every buffer of the launch.
+    /// A memory access outside the buffer its pointer derives from.
     #[error(
         "{span}: out-of-bounds {op} in kernel `{kernel}`: index {index} of buffer `{buffer}` (len {len}) at block {b}, thread {thread}",
         b = fmt3(.block)
@@ -146,9 +156,10 @@ pub enum EmuError {
         block: [u32; 3],
         /// The thread in the block.
         thread: u32,
-        /// The buffer nearest to the address (its parameter name).
+        /// The buffer the pointer derives from (its parameter name; of several
+        /// candidates, the nearest to the address).
         buffer: String,
-        /// The element index relative to that buffer.
+        /// The element index relative to that buffer (negative below it).
         index: i64,
         /// That buffer's length in elements.
         len: usize,
@@ -426,7 +437,7 @@ pub fn engine_ops_total() -> u64 {
 /// [`tessera_ir::interp::run`]: one per parameter, in order).
 ///
 /// Blocks run in parallel on a pool of OS threads (see the module docs). Every
-/// global access is checked against the launch's buffers, every shared access is
+/// global access is checked against the buffer it derives from, every shared access is
 /// checked for races, and barriers report divergence; no block starts after one has
 /// failed, and the first error (lowest block, then thread) is returned. Buffers are
 /// written in place.
@@ -567,7 +578,14 @@ pub fn launch_limited(
     }
     let mut slots = vec![0u64; args.len()];
     let mut buffers = Vec::new();
-    for ((p, a), slot) in func.params.iter().zip(args).zip(slots.iter_mut()) {
+    for (k, ((p, a), slot)) in func
+        .params
+        .iter()
+        .zip(args)
+        .zip(slots.iter_mut())
+        .enumerate()
+    {
+        let param = k as u32;
         match (func.ty(p.value).elem, a) {
             (Elem::Ptr { pointee, .. }, KernelArg::Buffer(b)) => {
                 if b.elem() != pointee {
@@ -583,6 +601,8 @@ pub fn launch_limited(
                     len_bytes: b.size_bytes(),
                     elem_bytes: pointee.size_bytes(),
                     name: p.name.clone(),
+                    param,
+                    own: true,
                 });
             }
             (Elem::Ptr { pointee, .. }, KernelArg::Symmetric(copies)) => {
@@ -615,6 +635,8 @@ pub fn launch_limited(
                         } else {
                             format!("{} (rank {r}'s copy)", p.name)
                         },
+                        param,
+                        own: r == rank as usize,
                     });
                 }
             }

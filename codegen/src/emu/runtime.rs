@@ -33,12 +33,37 @@ use super::team::{Park, Team, TeamError};
 use super::wgmma::{self as wg, POISON, WgOp, WgState, WgType};
 use crate::lower::Site;
 
-/// A buffer argument of a launch.
+/// A buffer argument of a launch (or one rank's copy of a symmetric one).
 pub(crate) struct Buf {
     pub base: usize,
     pub len_bytes: usize,
     pub elem_bytes: usize,
     pub name: String,
+    /// The kernel parameter it is passed for.
+    pub param: u32,
+    /// This rank's buffer (a plain buffer, or this rank's copy of a symmetric one);
+    /// false for a peer's copy, reached only through `remote_ptr`.
+    pub own: bool,
+}
+
+impl Buf {
+    /// Whether the `n` bytes at `addr` lie in the buffer.
+    fn holds(&self, addr: usize, n: usize) -> bool {
+        addr >= self.base
+            && addr
+                .checked_add(n)
+                .is_some_and(|e| e <= self.base + self.len_bytes)
+    }
+
+    /// How far the `n` bytes at `addr` are from lying in the buffer.
+    fn distance(&self, addr: usize, n: usize) -> usize {
+        if addr < self.base {
+            self.base - addr
+        } else {
+            addr.saturating_add(n)
+                .saturating_sub(self.base + self.len_bytes)
+        }
+    }
 }
 
 /// The state of one running block: its team of threads, its shared memory and the
@@ -135,6 +160,21 @@ pub(crate) struct Launch<'a> {
 const MAX_ERRORS: usize = 64;
 
 impl Launch<'_> {
+    /// The buffers a global access at `site` may touch: those of the kernel
+    /// parameters its pointer derives from ([`Site::prov`]; any rank's copy after a
+    /// `remote_ptr`, else this rank's), or every buffer of the launch where the
+    /// lowering gave no provenance (or none of those parameters has a buffer).
+    pub(crate) fn access_buffers(&self, site: u32) -> impl Iterator<Item = &Buf> + Clone {
+        let prov = self
+            .sites
+            .get(site as usize)
+            .and_then(|s| s.prov.as_deref());
+        let of =
+            move |b: &Buf| prov.is_none_or(|p| p.params.contains(&b.param) && (b.own || p.remote));
+        let any = prov.is_none() || !self.buffers.iter().any(of);
+        self.buffers.iter().filter(move |b| any || of(b))
+    }
+
     pub(crate) fn site(&self, site: u32) -> (Span, &'static str) {
         match self.sites.get(site as usize) {
             Some(s) => (s.span.clone(), s.op),
@@ -381,10 +421,10 @@ pub(super) extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: 
     with(p, |c| {
         let addr = p as usize;
         let n = bytes.max(1) as usize;
-        let bufs = &c.launch.buffers;
-        let inside = bufs
-            .iter()
-            .find(|b| addr >= b.base && addr.wrapping_add(n) <= b.base + b.len_bytes);
+        // Only the buffers the access's pointer derives from: an address that lands
+        // in another buffer is out of bounds all the same.
+        let bufs = c.launch.access_buffers(site as u32);
+        let inside = bufs.clone().find(|b| b.holds(addr, n));
         // The lowering aligns every access to its size (a GPU faults otherwise).
         if inside.is_some() && addr.is_multiple_of(n) {
             return p;
@@ -403,14 +443,7 @@ pub(super) extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: 
             });
             return c.scratch.get() as *mut u8;
         }
-        let dist = |b: &Buf| {
-            if addr < b.base {
-                b.base - addr
-            } else {
-                (addr + n).saturating_sub(b.base + b.len_bytes)
-            }
-        };
-        let e = match bufs.iter().min_by_key(|b| dist(b)) {
+        let e = match bufs.min_by_key(|b| b.distance(addr, n)) {
             Some(b) => EmuError::OutOfBounds {
                 kernel: c.launch.kernel.to_string(),
                 op,
@@ -418,8 +451,9 @@ pub(super) extern "C" fn tessera_emu_check_global(p: *mut u8, bytes: i32, site: 
                 block: c.block.get(),
                 thread: c.tid,
                 buffer: b.name.clone(),
-                index: (addr as i128 - b.base as i128).div_euclid(b.elem_bytes as i128) as i64,
-                len: b.len_bytes / b.elem_bytes,
+                index: (addr as i128 - b.base as i128).div_euclid(b.elem_bytes.max(1) as i128)
+                    as i64,
+                len: b.len_bytes / b.elem_bytes.max(1),
             },
             None => EmuError::OutOfBounds {
                 kernel: c.launch.kernel.to_string(),
@@ -849,14 +883,13 @@ fn async_proxy_race(c: &ThreadCtx<'_>, other: u64, is_write: bool, site: i32) ->
 }
 
 /// `len` bytes of global memory at `addr` a TMA box row reads or writes: the run
-/// must lie in one launch buffer (TMA needs no alignment); else `None`, the error
-/// recorded.
+/// must lie in the buffer the descriptor's base pointer derives from (TMA needs no
+/// alignment); else `None`, the error recorded.
 fn box_row(c: &ThreadCtx<'_>, addr: u64, len: usize, site: i32) -> Option<*mut u8> {
     let a = addr as usize;
     if c.launch
-        .buffers
-        .iter()
-        .any(|b| a >= b.base && a + len <= b.base + b.len_bytes)
+        .access_buffers(site as u32)
+        .any(|b| b.holds(a, len))
     {
         return Some(a as *mut u8);
     }
@@ -866,7 +899,7 @@ fn box_row(c: &ThreadCtx<'_>, addr: u64, len: usize, site: i32) -> Option<*mut u
         wg_fail(
             c,
             site,
-            format!("a TMA box row of {len} bytes at {addr:#x} outside the launch's buffers"),
+            format!("a TMA box row of {len} bytes at {addr:#x} outside its buffer"),
         );
     }
     None

@@ -5,9 +5,9 @@
 //! [`super::EmuWorld::with_nodes`] choosing which peers are off-node).
 //!
 //! - An address argument is a symmetric address **on the calling rank**; the
-//!   function acts on the same offset of rank `pe`'s heap, bounds-checked against the
-//!   launch's buffers like every emulated access (errors name the op that made the
-//!   call).
+//!   function acts on the same offset of rank `pe`'s heap, bounds-checked like every
+//!   emulated access against the buffer the op's pointer derives from (every rank's
+//!   copy of it; errors name the op that made the call).
 //! - `nvshmem_<T>_p` is not visible at once: the put waits in the calling thread's
 //!   queue until that thread's next `nvshmem_quiet` (OpenSHMEM: a put is complete, and
 //!   visible to every PE, only after a quiet). A lowering that signals before

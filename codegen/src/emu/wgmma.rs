@@ -249,8 +249,8 @@ fn a_from_quad(q: &[u32; 16], row: u32, k: u32) -> u16 {
 fn to_f32(ty: WgType, bits: u16) -> f32 {
     match ty {
         WgType::Bf16 => half::bf16::from_bits(bits).to_f32(),
-        WgType::E4M3 => float8::F8E4M3::from_bits(bits as u8).to_f32(),
-        WgType::E5M2 => float8::F8E5M2::from_bits(bits as u8).to_f32(),
+        WgType::E4M3 => tessera_ir::fp8::F8E4M3::from_bits(bits as u8).to_f32(),
+        WgType::E5M2 => tessera_ir::fp8::F8E5M2::from_bits(bits as u8).to_f32(),
         WgType::F16 | WgType::S8 => half::f16::from_bits(bits).to_f32(),
     }
 }

@@ -318,6 +318,7 @@ fn the_emitted_swizzle_is_the_modelled_one() {
         ctx: &ctx,
         module: ctx.create_module("swizzle"),
         b: ctx.create_builder(),
+        host: false,
     };
     let f = cx
         .module

@@ -167,10 +167,82 @@ fn narrow<'ctx>(
     v: FloatValue<'ctx>,
 ) -> LResult<BasicValueEnum<'ctx>> {
     if is_half(s) {
-        Ok(cx.b.build_float_trunc(v, fty(cx, s), "")?.into())
+        Ok(trunc_float(cx, v, s)?.into())
     } else {
         Ok(v.into())
     }
+}
+
+/// `x` (f32 or f64) rounded to the narrower float `to` (nearest even, one rounding).
+///
+/// On the host ([`Cx::host`]) a conversion to bf16 is written out in integer
+/// arithmetic: LLVM selects AVX512-BF16's `vcvtneps2bf16` for `fptrunc` where the
+/// host has it, and that instruction flushes subnormal inputs and results to zero,
+/// so the same kernel gave other results on such a CPU. From f64 to either half
+/// float, the value is first rounded to f32 with round-to-odd, which keeps the
+/// second rounding exact (f32 carries more than two bits beyond a half float's), as
+/// the interpreter does: LLVM's host lowering of `fptrunc` f64 to f16 rounded twice
+/// (2^-25 plus a little became 0, not the smallest subnormal).
+pub(super) fn trunc_float<'ctx>(
+    cx: &Cx<'ctx>,
+    x: FloatValue<'ctx>,
+    to: ScalarType,
+) -> LResult<FloatValue<'ctx>> {
+    if !(cx.host && is_half(to)) {
+        return Ok(cx.b.build_float_trunc(x, fty(cx, to), "")?);
+    }
+    let bd = &cx.b;
+    let i32t = cx.ctx.i32_type();
+    let c = |v: u32| i32t.const_int(u64::from(v), false);
+    let x = if x.get_type() == cx.ctx.f64_type() {
+        f64_to_f32_odd(cx, x)?
+    } else {
+        x
+    };
+    if to == ScalarType::F16 {
+        // F16C's `vcvtps2ph` ignores the flush-to-zero mode and rounds subnormals
+        // right (without F16C, LLVM calls compiler-rt, which does too).
+        return Ok(bd.build_float_trunc(x, fty(cx, to), "")?);
+    }
+    let u = bd.build_bit_cast(x, i32t, "")?.into_int_value();
+    // Nearest even on the bits: add 0x7fff plus the kept part's lowest bit, keep the
+    // top half (a carry into the exponent rounds up to the next binade or to
+    // infinity, as it should; subnormals round the same way).
+    let lsb = bd.build_and(bd.build_right_shift(u, c(16), false, "")?, c(1), "")?;
+    let r = bd.build_int_add(u, bd.build_int_add(c(0x7fff), lsb, "")?, "")?;
+    let rounded = bd.build_right_shift(r, c(16), false, "")?;
+    // NaN: the top half with the quiet bit set.
+    let quiet = bd.build_or(bd.build_right_shift(u, c(16), false, "")?, c(0x40), "")?;
+    let mag = bd.build_and(u, c(0x7fff_ffff), "")?;
+    let nan = bd.build_int_compare(IntPredicate::UGT, mag, c(0x7f80_0000), "")?;
+    let bits = bd.build_select(nan, quiet, rounded, "")?.into_int_value();
+    let h = bd.build_int_truncate(bits, cx.ctx.i16_type(), "")?;
+    Ok(bd
+        .build_bit_cast(h, cx.ctx.bf16_type(), "")?
+        .into_float_value())
+}
+
+/// `x` (f64) rounded to f32 with round-to-odd: exact values as they are, inexact
+/// ones to the neighbour toward zero with its lowest mantissa bit set (a finite
+/// value beyond f32's range to ±`f32::MAX`). NaN stays NaN.
+fn f64_to_f32_odd<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+    let bd = &cx.b;
+    let (i32t, f32t, f64t) = (cx.ctx.i32_type(), cx.ctx.f32_type(), cx.ctx.f64_type());
+    let t = bd.build_float_trunc(x, f32t, "")?;
+    let back = bd.build_float_ext(t, f64t, "")?;
+    let inexact = bd.build_float_compare(FloatPredicate::ONE, back, x, "")?;
+    let fabs = |v: FloatValue<'ctx>| -> LResult<FloatValue<'ctx>> {
+        Ok(cx
+            .call_intrinsic("llvm.fabs", &[f64t.into()], &[v.into()])?
+            .into_float_value())
+    };
+    let away = bd.build_float_compare(FloatPredicate::OGT, fabs(back)?, fabs(x)?, "")?;
+    let tb = bd.build_bit_cast(t, i32t, "")?.into_int_value();
+    let toward = bd.build_int_sub(tb, i32t.const_int(1, false), "")?;
+    let toward = bd.build_select(away, toward, tb, "")?.into_int_value();
+    let odd = bd.build_or(toward, i32t.const_int(1, false), "")?;
+    let bits = bd.build_select(inexact, odd, tb, "")?;
+    Ok(bd.build_bit_cast(bits, f32t, "")?.into_float_value())
 }
 
 fn intr<'ctx>(
@@ -736,11 +808,11 @@ pub(super) fn cast<'ctx>(
             let (fb, tb) = (from.bits(), to.bits());
             if is_half(from) && is_half(to) {
                 let w = bd.build_float_ext(x, cx.ctx.f32_type(), "")?;
-                Ok(bd.build_float_trunc(w, fty(cx, to), "")?.into())
+                Ok(trunc_float(cx, w, to)?.into())
             } else if tb > fb {
                 Ok(bd.build_float_ext(x, fty(cx, to), "")?.into())
             } else {
-                Ok(bd.build_float_trunc(x, fty(cx, to), "")?.into())
+                Ok(trunc_float(cx, x, to)?.into())
             }
         }
         (true, false) => {
@@ -847,7 +919,7 @@ fn cast_fp8<'ctx>(
     Ok(match to {
         ScalarType::F32 => x.into(),
         // Exact: every 8-bit float value is an f16 and a bf16.
-        t if is_half(t) => cx.b.build_float_trunc(x, fty(cx, t), "")?.into(),
+        t if is_half(t) => trunc_float(cx, x, t)?.into(),
         t => return Err(super::LowerError::Llvm(format!("cast from {from} to {t}"))),
     })
 }

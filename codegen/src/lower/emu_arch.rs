@@ -12,7 +12,8 @@
 //! | barrier | `void tessera_emu_barrier(i32 site)` |
 //! | shuffle xor | `i32 tessera_emu_shuffle_xor(i32 v, i32 mask, i32 site)` |
 //! | shared memory | `ptr tessera_emu_shared_base()` (a per-block host buffer) |
-//! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` |
+//! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` (checked against the buffers of the site's [`super::Site::prov`]) |
+//! | buffer load (emu-amd) | the range rule on the offset, then a checked load at the lane's own pointer where its mask holds (see [`Emu::buffer_load`](Arch::buffer_load)) |
 //! | timer (ns) | `i64 tessera_emu_timer_ns()` (also parks the calling GPU thread: it is called in polling loops, and the thread waited for must get its turn) |
 //! | integer divisor | `void tessera_emu_check_divisor(i32 is_zero, i32 site)` (reports a division by zero) |
 //! | loop back edge | `void tessera_emu_yield()` (the other threads get a turn) |
@@ -530,21 +531,24 @@ impl Arch for Emu {
     }
 
     /// The ISA's range rule, checked here: in range when `offset + size <=
-    /// num_records` (as unsigned 64-bit), then an ordinary checked load at
-    /// `base + offset`; else zero, without touching memory.
+    /// num_records` (as unsigned 64-bit), then a load at `base + offset`; else zero,
+    /// without touching memory. A masked-on lane is checked at its own pointer
+    /// (`lane.ptr`) against its buffer, so one out of bounds (below the buffer
+    /// included, whose offset wraps out of range) is reported, not read as zero; a
+    /// masked-off lane is neither checked nor read.
     fn buffer_load<'ctx>(
         &self,
         cx: &Cx<'ctx>,
         base: PointerValue<'ctx>,
         num_records: u32,
-        offset: IntValue<'ctx>,
+        lane: super::arch::BufferLane<'ctx>,
         ty: BasicTypeEnum<'ctx>,
         site: u32,
     ) -> LResult<BasicValueEnum<'ctx>> {
         let b = &cx.b;
         let i64t = cx.ctx.i64_type();
         let bytes = super::type_size(ty);
-        let off = b.build_int_z_extend(offset, i64t, "")?;
+        let off = b.build_int_z_extend(lane.offset, i64t, "")?;
         let end = b.build_int_add(off, i64t.const_int(bytes as u64, false), "")?;
         let in_range = b.build_int_compare(
             inkwell::IntPredicate::ULE,
@@ -552,26 +556,34 @@ impl Arch for Emu {
             i64t.const_int(num_records as u64, false),
             "",
         )?;
+        let go = b.build_or(in_range, lane.mask, "")?;
         let f = b
             .get_insert_block()
             .and_then(|bb| bb.get_parent())
             .ok_or_else(|| LowerError::Llvm("builder outside a function".into()))?;
         let (load_bb, join) = (
-            cx.ctx.append_basic_block(f, "buffer.in_range"),
+            cx.ctx.append_basic_block(f, "buffer.access"),
             cx.ctx.append_basic_block(f, "buffer.join"),
         );
         let no_block = || LowerError::Llvm("builder outside a block".into());
         let from = b.get_insert_block().ok_or_else(no_block)?;
-        b.build_conditional_branch(in_range, load_bb, join)?;
+        b.build_conditional_branch(go, load_bb, join)?;
         b.position_at_end(load_bb);
-        // SAFETY: an in-bounds GEP over bytes of the buffer `base` points into; the
-        // checked access below validates the address before it is dereferenced.
-        let p = unsafe { b.build_gep(cx.ctx.i8_type(), base, &[off], "")? };
-        let p = self.check_global(cx, p, bytes, site)?;
+        // SAFETY: a GEP over bytes of the buffer `base` points into; the checked
+        // access below validates the address before it is dereferenced.
+        let at = unsafe { b.build_gep(cx.ctx.i8_type(), base, &[off], "")? };
+        // A masked-on lane: its own pointer, checked against its buffer (a masked-off
+        // lane in range would be a lowering bug: its offset is checked instead).
+        let at = b
+            .build_select(lane.mask, lane.ptr, at, "")?
+            .into_pointer_value();
+        let p = self.check_global(cx, at, bytes, site)?;
         let v = b.build_load(ty, p, "")?;
         if let Some(i) = v.as_instruction_value() {
             let _ = i.set_alignment(bytes.min(16));
         }
+        // Out of range reads zero (a masked-on lane there was reported above).
+        let v = b.build_select(in_range, v, ty.const_zero(), "")?;
         let load_end = b.get_insert_block().ok_or_else(no_block)?;
         b.build_unconditional_branch(join)?;
         b.position_at_end(join);

@@ -24,7 +24,7 @@
 //! parameter `k` and rank `r` at `2 + k * size + r` the distance in bytes from this
 //! rank's copy of a symmetric buffer to rank `r`'s. It returns 0, or 1 after writing
 //! `[site, lane, index]` to `err`: a memory access outside its buffer (with the
-//! sanitizer on), an integer division by zero, a non-positive `for` step, a peer
+//! checks on), an integer division by zero, a non-positive `for` step, a peer
 //! outside the world, a wait that failed (lane: the runtime's status), or a loop
 //! stopped by the watchdog (lane `u64::MAX`). Sites are described by [`HostSite`].
 //!
@@ -66,13 +66,7 @@ use crate::target::EmuFlavor;
 /// most 8. With AVX2 that is 6 rows of 16 f32 lanes (with 8 the inner loop spilled
 /// and reloaded accumulators every step).
 fn register_rows(acc: ScalarType, vl: u64) -> u64 {
-    static WIDE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let wide = *WIDE.get_or_init(|| {
-        inkwell::targets::TargetMachine::get_host_cpu_features()
-            .to_string()
-            .split(',')
-            .any(|f| f == "+avx512f")
-    });
+    let wide = crate::host_cpu::wide_vectors();
     let (regs, bits) = if wide { (32, 512) } else { (16, 256) };
     let per_row = (vl * acc.bits() as u64).div_ceil(bits);
     ((regs - per_row - 1) / per_row).clamp(1, 8)
@@ -93,7 +87,7 @@ pub(crate) const WAIT: &str = "__tessera_cpu_wait";
 /// The runtime's `barrier_all` (`i32 (ptr err)`), with [`WAIT`]'s results.
 pub(crate) const BARRIER: &str = "__tessera_cpu_barrier";
 
-/// The runtime's sanitizer check of an access through a pointer that may point into
+/// The runtime's check of an access through a pointer that may point into
 /// a peer's copy (`i64 (i64 param, i64 addr, i64 bytes)`, param -1: any buffer):
 /// `i64::MIN` when `bytes` at `addr` lie inside the buffer, else the byte offset
 /// from the nearest copy.
@@ -214,7 +208,7 @@ struct Fused<'ctx> {
     cost: u32,
     /// The slots it reads (its own inputs' and its fused inputs').
     reads: Vec<PointerValue<'ctx>>,
-    /// A load: its sanitizer site, and the buffer it reads.
+    /// A load: its check site, and the buffer it reads.
     site: Option<usize>,
     prov: Prov,
 }
@@ -241,6 +235,10 @@ struct H<'a, 'ctx> {
     fusible: Vec<bool>,
     prov: Vec<Prov>,
     sites: Vec<HostSite>,
+    /// Accesses are checked against their buffers (every access that happens).
+    checked: bool,
+    /// The sanitizer: every access the program makes is checked, as the interpreter
+    /// checks it (loads are not fused, so none is skipped).
     sanitize: bool,
     scratch_bytes: u64,
     params: PointerValue<'ctx>,
@@ -252,6 +250,11 @@ struct H<'a, 'ctx> {
     /// The kernel reaches peers' memory (`remote_ptr`): accesses through pointers of
     /// mixed provenance are checked against the peers' copies too.
     remote: bool,
+    /// Per parameter: a buffer's base address and length in bytes ([`H::extent`]).
+    extents: Vec<Option<(IntValue<'ctx>, IntValue<'ctx>)>>,
+    /// Fused loads whose whole tile was found inside its buffer by the code being
+    /// emitted now ([`H::chunked`]): read without checks there.
+    trusted: Vec<usize>,
 }
 
 fn unsupported<T>(op: &Op, why: &str) -> LResult<T> {
@@ -261,13 +264,16 @@ fn unsupported<T>(op: &Op, why: &str) -> LResult<T> {
     })
 }
 
-/// Lowers `func` for the host; `sanitize` checks every memory access against its
-/// buffer.
+/// Lowers `func` for the host; `checked`: every memory access that happens is
+/// checked against its buffer (a vector run at its ends); `sanitize`: every access
+/// the program makes, loads unfused.
 pub(crate) fn lower_host<'ctx>(
     ctx: &'ctx Context,
     func: &Function,
+    checked: bool,
     sanitize: bool,
 ) -> LResult<HostLowered<'ctx>> {
+    let checked = checked || sanitize;
     let module = ctx.create_module(&func.name);
     let ptr = ctx.ptr_type(AddressSpace::default());
     let fty = ctx.i32_type().fn_type(&[ptr.into(); 6], false);
@@ -298,7 +304,12 @@ pub(crate) fn lower_host<'ctx>(
     remote.sort_unstable();
     remote.dedup();
     let mut h = H {
-        cx: Cx { ctx, module, b },
+        cx: Cx {
+            ctx,
+            module,
+            b,
+            host: true,
+        },
         f: func,
         func: fnv,
         arch: Emu {
@@ -310,6 +321,7 @@ pub(crate) fn lower_host<'ctx>(
         fusible: fusion.ok,
         prov,
         sites: Vec::new(),
+        checked,
         sanitize,
         scratch_bytes: 0,
         params: p(0)?,
@@ -319,12 +331,24 @@ pub(crate) fn lower_host<'ctx>(
         err: p(4)?,
         comm: p(5)?,
         remote: !remote.is_empty(),
+        extents: Vec::new(),
+        trusted: Vec::new(),
     };
     for (i, prm) in func.params.iter().enumerate() {
         let ty = h.lty(func.ty(prm.value).elem);
-        let slot = h.gep(h.cx.ctx.i64_type().into(), h.params, h.i64(i as u64))?;
+        let i64t = h.cx.ctx.i64_type();
+        let slot = h.gep(i64t.into(), h.params, h.i64(i as u64))?;
         let v = h.cx.b.build_load(ty, slot, &prm.name)?;
         h.vals.insert(prm.value, V::U(v));
+        let extent = if matches!(func.ty(prm.value).elem, Elem::Ptr { .. }) {
+            let base = h.cx.b.build_load(i64t, slot, "")?.into_int_value();
+            let ls = h.gep(i64t.into(), h.lens, h.i64(i as u64))?;
+            let len = h.cx.b.build_load(i64t, ls, "")?.into_int_value();
+            Some((base, len))
+        } else {
+            None
+        };
+        h.extents.push(extent);
     }
     h.region(&func.body)?;
     h.cx.b
@@ -657,7 +681,8 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         i: IntValue<'ctx>,
     ) -> LResult<PointerValue<'ctx>> {
         // SAFETY (of the generated code, not of this call): indices stay inside
-        // the slot or buffer (checked where the sanitizer is on).
+        // the slot or buffer (buffer accesses are checked unless compiled
+        // unchecked).
         Ok(unsafe { self.cx.b.build_gep(ty, base, &[i], "") }?)
     }
 
@@ -905,6 +930,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
     ) -> LResult<()> {
         let fail = self.block("fail");
         let cont = self.block("ok");
+        let ok = self.likely(ok)?;
         self.cx.b.build_conditional_branch(ok, cont, fail)?;
         self.cx.b.position_at_end(fail);
         let i64t: BasicTypeEnum = self.cx.ctx.i64_type().into();
@@ -1366,7 +1392,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
     }
 
     /// Records `op` over `ins` as fused value `fused[k]` and returns `k` (a load: with
-    /// its sanitizer site and buffer).
+    /// its check site and buffer).
     fn push_fused(&mut self, op: &Op, ins: Vec<V<'ctx>>, site: Option<usize>, prov: Prov) -> usize {
         let mut cost = 1;
         let mut reads = Vec::new();
@@ -1481,7 +1507,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         }
     }
 
-    /// With the sanitizer on: `addr` must lie inside the buffer its pointer came from
+    /// With checks on: `addr` must lie inside the buffer its pointer came from
     /// (for a pointer that may reach a peer: inside some rank's copy of it, which
     /// the runtime's [`CHECK`] knows).
     fn check_access(
@@ -1492,6 +1518,19 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         esize: u64,
         lane: IntValue<'ctx>,
     ) -> LResult<()> {
+        let (ok, index) = self.in_bounds(prov, addr, esize)?;
+        self.check(ok, site, lane, index)
+    }
+
+    /// Whether the `esize` bytes at `addr` lie inside the buffer of provenance `prov`
+    /// (for a pointer that may reach a peer: inside some rank's copy of it, which the
+    /// runtime's [`CHECK`] knows), and the element index of `addr` in it.
+    fn in_bounds(
+        &self,
+        prov: Prov,
+        addr: PointerValue<'ctx>,
+        esize: u64,
+    ) -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
         let b = &self.cx.b;
         let i64t = self.cx.ctx.i64_type();
         let a = b.build_ptr_to_int(addr, i64t, "")?;
@@ -1510,7 +1549,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 .into_int_value();
             let ok = b.build_int_compare(IntPredicate::EQ, off, self.i64(i64::MIN as u64), "")?;
             let index = b.build_int_signed_div(off, self.i64(esize), "")?;
-            return self.check(ok, site, lane, index);
+            return Ok((ok, index));
         }
         let params: Vec<usize> = match prov {
             Prov::Param(k) => vec![k],
@@ -1522,10 +1561,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let mut first_off = None;
         for k in params {
             let b = &self.cx.b;
-            let bs = self.gep(i64t.into(), self.params, self.i64(k as u64))?;
-            let base = b.build_load(i64t, bs, "")?.into_int_value();
-            let ls = self.gep(i64t.into(), self.lens, self.i64(k as u64))?;
-            let len = b.build_load(i64t, ls, "")?.into_int_value();
+            let (base, len) = self.extent(k)?;
             let off = b.build_int_sub(a, base, "")?;
             let lim = b.build_int_sub(len, self.i64(esize), "")?;
             let lo = b.build_int_compare(IntPredicate::SGE, off, self.i64(0), "")?;
@@ -1538,7 +1574,127 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             Some(off) => self.cx.b.build_int_signed_div(off, self.i64(esize), "")?,
             None => self.i64(0),
         };
+        Ok((ok, index))
+    }
+
+    /// Whether the `w` elements of `esize` bytes from `addr` (one vector access) lie
+    /// inside the buffer of provenance `prov`: the bytes the access touches (not the
+    /// addresses the lanes' own offsets give, which an index overflow could leave
+    /// apart), tested as one range, so a run costs a subtraction and a comparison
+    /// (the buffer's base and bounds are loop-invariant), not `w` checks. The result
+    /// is marked likely: a run that fails takes the lane-by-lane path, whose checks
+    /// report the first element outside, as the interpreter does.
+    fn run_in_bounds(
+        &self,
+        prov: Prov,
+        addr: PointerValue<'ctx>,
+        esize: u64,
+        w: u32,
+    ) -> LResult<IntValue<'ctx>> {
+        let b = &self.cx.b;
+        let bytes = w as u64 * esize;
+        let ok = match prov {
+            Prov::Param(k) if !self.reaches_peers(prov) => {
+                let i64t = self.cx.ctx.i64_type();
+                let a = b.build_ptr_to_int(addr, i64t, "")?;
+                let (base, len) = self.extent(k)?;
+                // off in [0, len - bytes]: `lim >= 0` and `off <= lim` unsigned (a
+                // negative `off` is a huge unsigned one).
+                let off = b.build_int_sub(a, base, "")?;
+                let lim = b.build_int_sub(len, self.i64(bytes), "")?;
+                let fits = b.build_int_compare(IntPredicate::SGE, lim, self.i64(0), "")?;
+                let inside = b.build_int_compare(IntPredicate::ULE, off, lim, "")?;
+                b.build_and(fits, inside, "")?
+            }
+            _ => {
+                let (first, _) = self.in_bounds(prov, addr, esize)?;
+                let i8t = self.cx.ctx.i8_type().into();
+                let last = self.gep(i8t, addr, self.i64(bytes - esize))?;
+                let (last, _) = self.in_bounds(prov, last, esize)?;
+                b.build_and(first, last, "")?
+            }
+        };
+        self.likely(ok)
+    }
+
+    /// With checks on: the lanes of the run of `mask.len()` elements of `esize`
+    /// bytes from `addr` (row-major elements from `lin0`) where `mask` holds lie
+    /// inside parameter `param`'s buffer, tested by one vector comparison; the first
+    /// lane outside fails the kernel at `site` with its own index.
+    fn check_lanes(
+        &self,
+        site: usize,
+        param: usize,
+        addr: PointerValue<'ctx>,
+        esize: u64,
+        mask: inkwell::values::VectorValue<'ctx>,
+        lin0: IntValue<'ctx>,
+    ) -> LResult<()> {
+        let b = &self.cx.b;
+        let w = mask.get_type().get_size();
+        let i64t = self.cx.ctx.i64_type();
+        let a = b.build_ptr_to_int(addr, i64t, "")?;
+        let (base, len) = self.extent(param)?;
+        let off0 = b.build_int_sub(a, base, "")?;
+        let lim = b.build_int_sub(len, self.i64(esize), "")?;
+        let steps: Vec<IntValue<'ctx>> = (0..w).map(|j| self.i64(j as u64 * esize)).collect();
+        let offs = b.build_int_add(
+            self.splat(off0.into(), w)?,
+            VectorType::const_vector(&steps),
+            "",
+        )?;
+        let zero = i64t.vec_type(w).const_zero();
+        let lo = b.build_int_compare(IntPredicate::SGE, offs, zero, "")?;
+        let hi = b.build_int_compare(IntPredicate::SLE, offs, self.splat(lim.into(), w)?, "")?;
+        let inside = b.build_and(lo, hi, "")?;
+        let bad = b.build_and(mask, b.build_not(inside, "")?, "")?;
+        let word_t = self
+            .cx
+            .ctx
+            .custom_width_int_type(
+                std::num::NonZero::new(w).unwrap_or(std::num::NonZero::<u32>::MIN),
+            )
+            .map_err(|m| LowerError::Llvm(m.into()))?;
+        let word = b.build_bit_cast(bad, word_t, "")?.into_int_value();
+        let ok = b.build_int_compare(IntPredicate::EQ, word, word_t.const_zero(), "")?;
+        // The first bad lane (its bit's position; only read when there is one).
+        let j = self
+            .cx
+            .call_intrinsic(
+                "llvm.cttz",
+                &[word_t.into()],
+                &[word.into(), self.cx.ctx.bool_type().const_zero().into()],
+            )?
+            .into_int_value();
+        let j = b.build_int_z_extend_or_bit_cast(j, i64t, "")?;
+        let lane = b.build_int_add(lin0, j, "")?;
+        let index = b.build_int_add(b.build_int_signed_div(off0, self.i64(esize), "")?, j, "")?;
         self.check(ok, site, lane, index)
+    }
+
+    /// Parameter `k`'s base address and length in bytes, read once at the
+    /// function's entry (so that every check uses the same values, which LLVM need
+    /// not reload after the kernel's stores, nor speculate inside its branches).
+    fn extent(&self, k: usize) -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
+        self.extents
+            .get(k)
+            .copied()
+            .flatten()
+            .ok_or_else(|| LowerError::Llvm(format!("parameter {k} is not a buffer")))
+    }
+
+    /// `c`, marked as most likely true (`llvm.expect`): the checks' failure paths
+    /// are laid out of the way.
+    fn likely(&self, c: IntValue<'ctx>) -> LResult<IntValue<'ctx>> {
+        let t = self.cx.ctx.bool_type();
+        Ok(self
+            .cx
+            .call_intrinsic(
+                "llvm.expect",
+                &[t.into()],
+                &[c.into(), t.const_all_ones().into()],
+            )?
+            .into_int_value())
     }
 
     fn load(&mut self, op: &Op, has_mask: bool, has_other: bool) -> LResult<()> {
@@ -1552,7 +1708,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         let mask = has_mask.then(|| self.val(op.operands[1])).transpose()?;
         let n = self.numel(op.results[0]);
         let prov = self.prov[op.operands[0].index()];
-        let site = self.sanitize.then(|| {
+        let site = self.checked.then(|| {
             let shape = self.f.ty(op.results[0]).shape.clone();
             self.site(
                 op,
@@ -1600,6 +1756,8 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             (ptrs, pe, e),
             mask,
             prov_site,
+            // (The load itself: its lanes are trusted with its tile.)
+            Some(V::F(k)),
             &mut |h, idx, i| {
                 let v = h.load_elem(k, i, &|h, v, e| h.get_at(v, e, idx, i))?;
                 h.put(out, e, i, v)
@@ -1625,7 +1783,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
 
     /// One element (row-major index `lin`) of the load `fused[k]`, its operands' elements
     /// read by `at`: the mask tested first, a masked-off lane taking `other` (or zero)
-    /// without touching memory, the address checked with the sanitizer on.
+    /// without touching memory, the address checked with checks on.
     fn load_elem(
         &self,
         k: usize,
@@ -1663,7 +1821,9 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         };
         self.cx.b.position_at_end(on);
         let addr = at(self, fu.ins[0], pe)?.into_pointer_value();
-        if let Some(s) = fu.site {
+        if let Some(s) = fu.site
+            && !self.trusted.contains(&k)
+        {
             self.check_access(s, fu.prov, addr, elem_bytes(e), lin)?;
         }
         let x = self.cx.b.build_load(ty, addr, "")?;
@@ -1693,7 +1853,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             self.shape(op.operands[1])
         };
         let prov = self.prov[op.operands[0].index()];
-        let site = self.sanitize.then(|| {
+        let site = self.checked.then(|| {
             let shape = self.f.ty(op.operands[0]).shape.clone();
             self.site(
                 op,
@@ -1718,6 +1878,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             (ptrs, pe, e),
             mask,
             prov_site,
+            Some(vals),
             &mut |h, idx, i| {
                 let (on, join) = (h.block("st"), h.block("stj"));
                 match mask {
@@ -1772,7 +1933,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
 
     /// The `w` elements of `v` from multi-index `idx` (row-major index `lin0`) along
     /// the last dimension, as a vector: a slot's run and a contiguous fused load
-    /// (without the sanitizer) as vector loads, a fused elementwise op lane by lane
+    /// (checked at the run's ends) as vector loads, a fused elementwise op lane by lane
     /// over its operands' vectors, anything else lane by lane (straight-line code
     /// that LLVM's SLP vectorizer turns into vector instructions).
     fn lanes(
@@ -1819,16 +1980,22 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                     OpKind::Load {
                         has_mask,
                         has_other,
-                    } if fu.site.is_none() && self.unit_stride(fu.ins[0]) => {
+                    } if self.unit_stride(fu.ins[0]) => {
+                        let site = fu.site.filter(|_| !self.trusted.contains(&k));
+                        let prov = fu.prov;
                         let pe = self.elem(ops[0]);
                         let vt = vec_of(self.lty(e), w)?;
                         let addr0 = self.get_at(fu.ins[0], pe, idx, lin0)?.into_pointer_value();
-                        if !has_mask {
+                        if !has_mask && site.is_none() {
                             let x = b.build_load(vt, addr0, "")?;
                             set_align(x, elem_bytes(e));
                             return Ok(x.into_vector_value());
                         }
-                        let m = self.lanes(fu.ins[1], bool_e, idx, lin0, w)?;
+                        let m = if has_mask {
+                            Some(self.lanes(fu.ins[1], bool_e, idx, lin0, w)?)
+                        } else {
+                            None
+                        };
                         let pass = if has_other {
                             self.lanes(fu.ins[2], e, idx, lin0, w)?
                         } else {
@@ -1836,8 +2003,19 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                         };
                         // A run whose mask holds everywhere (the common case) takes a
                         // plain load: a masked one costs half again on AMD Zen 2
-                        // (layernorm's first pass, measured).
-                        let all = self.all_set(m)?;
+                        // (layernorm's first pass, measured). So does a run inside
+                        // its buffer, where accesses are checked.
+                        let all = match m {
+                            Some(m) => self.all_set(m)?,
+                            None => self.cx.ctx.bool_type().const_all_ones(),
+                        };
+                        let all = match site {
+                            Some(_) => {
+                                let inb = self.run_in_bounds(prov, addr0, elem_bytes(e), w)?;
+                                b.build_and(all, inb, "")?
+                            }
+                            None => all,
+                        };
                         let (full, part, join) =
                             (self.block("ldv"), self.block("ldm"), self.block("ldvj"));
                         b.build_conditional_branch(all, full, part)?;
@@ -1846,7 +2024,42 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                         set_align(x, elem_bytes(e));
                         b.build_unconditional_branch(join)?;
                         b.position_at_end(part);
-                        let y = self.masked_load(vt, addr0, m, pass, elem_bytes(e))?;
+                        // A partly masked run (a tile's edge), or one that leaves its
+                        // buffer: with checks, lane by lane, each lane loaded (and
+                        // checked) only where its mask holds.
+                        let y = match (site, m, prov) {
+                            (None, Some(m), _) => {
+                                self.masked_load(vt, addr0, m, pass, elem_bytes(e))?
+                            }
+                            // One buffer: every live lane checked at once (a vector
+                            // comparison), the first one outside reported.
+                            (Some(s), m, Prov::Param(p)) if !self.reaches_peers(prov) => {
+                                let m = match m {
+                                    Some(m) => m,
+                                    None => self.splat(
+                                        self.cx.ctx.bool_type().const_all_ones().into(),
+                                        w,
+                                    )?,
+                                };
+                                self.check_lanes(s, p, addr0, elem_bytes(e), m, lin0)?;
+                                self.masked_load(vt, addr0, m, pass, elem_bytes(e))?
+                            }
+                            _ => {
+                                let mut y = vt.get_undef();
+                                for j in 0..w {
+                                    let mut at = idx.to_vec();
+                                    let r = at.len();
+                                    at[r - 1] =
+                                        b.build_int_add(idx[r - 1], self.i64(j as u64), "")?;
+                                    let lin = b.build_int_add(lin0, self.i64(j as u64), "")?;
+                                    let x = self
+                                        .load_elem(k, lin, &|h, v, e| h.get_at(v, e, &at, lin))?;
+                                    let jj = i32t.const_int(j as u64, false);
+                                    y = b.build_insert_element(y, x, jj, "")?;
+                                }
+                                y
+                            }
+                        };
                         let part_end = self.here()?;
                         b.build_unconditional_branch(join)?;
                         b.position_at_end(join);
@@ -1968,14 +2181,160 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         Ok(v)
     }
 
+    /// [`Self::chunked_once`], in two versions where accesses are checked: when the
+    /// whole tile's addresses through `ptrs`, and those of the contiguous loads fused
+    /// into `reads` (what a store writes), lie inside their buffers (one test each,
+    /// from the affine pointers' extremes), loops without per-run checks; else the
+    /// loops with them (a tile at a buffer's edge, or an access outside one).
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
+    fn chunked(
+        &mut self,
+        shape: &[u64],
+        (ptrs, pe, e): (V<'ctx>, Elem, Elem),
+        mask: Option<V<'ctx>>,
+        check: Option<(usize, Prov)>,
+        reads: Option<V<'ctx>>,
+        lane: &mut dyn FnMut(&mut Self, &[IntValue<'ctx>], IntValue<'ctx>) -> LResult<()>,
+        chunk: &mut dyn FnMut(
+            &mut Self,
+            &[IntValue<'ctx>],
+            IntValue<'ctx>,
+            PointerValue<'ctx>,
+            u32,
+        ) -> LResult<()>,
+    ) -> LResult<()> {
+        let Some((_, prov)) = check else {
+            return self.chunked_once(shape, (ptrs, pe, e), mask, None, lane, chunk);
+        };
+        let own = self.tile_in_bounds(ptrs, prov, shape, elem_bytes(e))?;
+        self.versioned(shape, own, reads, &mut |h, fast| {
+            let check = if fast && own.is_some() { None } else { check };
+            h.chunked_once(shape, (ptrs, pe, e), mask, check, lane, chunk)
+        })
+    }
+
+    /// Emits `emit` in two versions where that saves checks: when `own` (a tile's
+    /// own pointer test, if any) and the tile tests of the contiguous loads fused into
+    /// `reads` all hold, `emit(true)` with those loads read unchecked ([`H::trusted`]);
+    /// else `emit(false)`, every access checked. Once, checked, when there is nothing
+    /// to test.
+    fn versioned(
+        &mut self,
+        shape: &[u64],
+        own: Option<IntValue<'ctx>>,
+        reads: Option<V<'ctx>>,
+        emit: &mut dyn FnMut(&mut Self, bool) -> LResult<()>,
+    ) -> LResult<()> {
+        let mut loads = Vec::new();
+        if let Some(v) = reads {
+            self.fused_loads(v, &mut loads);
+        }
+        let mut ok = own;
+        let mut trusted = Vec::new();
+        for k in loads {
+            let fu = &self.fused[k];
+            let (Some(&p), Elem::Ptr { pointee, .. }) =
+                (fu.ins.first(), self.elem(fu.op.operands[0]))
+            else {
+                continue;
+            };
+            if fu.site.is_none() || self.shape(fu.op.results[0]) != shape {
+                continue;
+            }
+            let prov = fu.prov;
+            let esize = elem_bytes(Elem::Scalar(pointee));
+            if let Some(t) = self.tile_in_bounds(p, prov, shape, esize)? {
+                ok = Some(match ok {
+                    Some(o) => self.cx.b.build_and(o, t, "")?,
+                    None => t,
+                });
+                trusted.push(k);
+            }
+        }
+        let Some(ok) = ok else {
+            return emit(self, false);
+        };
+        let ok = self.likely(ok)?;
+        let (fast, slow, join) = (self.block("tile"), self.block("edge"), self.block("tilej"));
+        self.cx.b.build_conditional_branch(ok, fast, slow)?;
+        self.cx.b.position_at_end(fast);
+        let saved = std::mem::replace(&mut self.trusted, trusted);
+        let r = emit(self, true);
+        self.trusted = saved;
+        r?;
+        self.cx.b.build_unconditional_branch(join)?;
+        self.cx.b.position_at_end(slow);
+        emit(self, false)?;
+        self.cx.b.build_unconditional_branch(join)?;
+        self.cx.b.position_at_end(join);
+        Ok(())
+    }
+
+    /// The fused loads `v` reads (through fused elementwise ops).
+    fn fused_loads(&self, v: V<'ctx>, out: &mut Vec<usize>) {
+        if let V::F(k) = v {
+            if matches!(self.fused[k].op.kind, OpKind::Load { .. }) {
+                out.push(k);
+            }
+            for &i in &self.fused[k].ins {
+                self.fused_loads(i, out);
+            }
+        }
+    }
+
+    /// Whether every address of the affine pointer tile `ptrs` over `shape` (its
+    /// extremes: the base plus each dimension's most negative and most positive
+    /// step) lies inside the one buffer of provenance `prov`; `None` for a pointer
+    /// that is not affine or may reach several buffers (checked access by access).
+    fn tile_in_bounds(
+        &self,
+        ptrs: V<'ctx>,
+        prov: Prov,
+        shape: &[u64],
+        esize: u64,
+    ) -> LResult<Option<IntValue<'ctx>>> {
+        let (V::A(k), Prov::Param(p)) = (ptrs, prov) else {
+            return Ok(None);
+        };
+        if self.reaches_peers(prov) || self.aff[k].strides.len() != shape.len() {
+            return Ok(None);
+        }
+        let b = &self.cx.b;
+        let i64t = self.cx.ctx.i64_type();
+        let (mut lo, mut hi) = (self.i64(0), self.i64(0));
+        for (&n, &st) in shape.iter().zip(&self.aff[k].strides) {
+            if n == 0 {
+                return Ok(None);
+            }
+            let st = b.build_int_s_extend_or_bit_cast(st, i64t, "")?;
+            let ext = b.build_int_mul(st, self.i64(n - 1), "")?;
+            let neg = b.build_int_compare(IntPredicate::SLT, ext, self.i64(0), "")?;
+            let down = b.build_select(neg, ext, self.i64(0), "")?.into_int_value();
+            let up = b.build_select(neg, self.i64(0), ext, "")?.into_int_value();
+            lo = b.build_int_add(lo, down, "")?;
+            hi = b.build_int_add(hi, up, "")?;
+        }
+        let base = self.aff[k].base.into_pointer_value();
+        let a = b.build_ptr_to_int(base, i64t, "")?;
+        let (start, len) = self.extent(p)?;
+        // Byte offsets of the lowest and highest element from the buffer's start.
+        let off = b.build_int_sub(a, start, "")?;
+        let lo_b = b.build_int_add(off, b.build_int_mul(lo, self.i64(esize), "")?, "")?;
+        let hi_b = b.build_int_add(off, b.build_int_mul(hi, self.i64(esize), "")?, "")?;
+        let lim = b.build_int_sub(len, self.i64(esize), "")?;
+        let above = b.build_int_compare(IntPredicate::SGE, lo_b, self.i64(0), "")?;
+        let below = b.build_int_compare(IntPredicate::SLE, hi_b, lim, "")?;
+        Ok(Some(b.build_and(above, below, "")?))
+    }
+
     /// Runs `lane(idx, lin)` for every element of `shape`, except that where
     /// `ptrs` (element type `pe`, pointing to `e`) is affine with a unit stride along
     /// the last dimension (a multiple of 8), a run of `w` lanes along it whose
     /// `mask` holds everywhere runs `chunk(idx0, lin0, addr0, w)` instead: one vector
-    /// access from the run's first address (whose run the sanitizer checks at both
+    /// access from the run's first address (whose run the checks cover at both
     /// ends, `check`).
     #[allow(clippy::type_complexity)]
-    fn chunked(
+    fn chunked_once(
         &mut self,
         shape: &[u64],
         (ptrs, pe, e): (V<'ctx>, Elem, Elem),
@@ -2034,18 +2393,17 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 }
                 Some(V::A(_)) => unreachable!("not vectorizable"),
             };
+            let addr0 = h.get_at(ptrs, pe, &full, lin0)?.into_pointer_value();
+            let all = match check {
+                Some((_, prov)) => {
+                    let inb = h.run_in_bounds(prov, addr0, elem_bytes(e), w)?;
+                    h.cx.b.build_and(all, inb, "")?
+                }
+                None => all,
+            };
             let (fast, slow, join) = (h.block("vec"), h.block("lanes"), h.block("vecj"));
             h.cx.b.build_conditional_branch(all, fast, slow)?;
             h.cx.b.position_at_end(fast);
-            let addr0 = h.get_at(ptrs, pe, &full, lin0)?.into_pointer_value();
-            if let Some((site, prov)) = check {
-                h.check_access(site, prov, addr0, elem_bytes(e), lin0)?;
-                let mut end = full.clone();
-                end[r - 1] = h.cx.b.build_int_add(full[r - 1], h.i64(w as u64 - 1), "")?;
-                let lin1 = h.cx.b.build_int_add(lin0, h.i64(w as u64 - 1), "")?;
-                let addr1 = h.get_at(ptrs, pe, &end, lin1)?.into_pointer_value();
-                h.check_access(site, prov, addr1, elem_bytes(e), lin1)?;
-            }
             chunk(h, &full, lin0, addr0, w)?;
             h.cx.b.build_unconditional_branch(join)?;
             h.cx.b.position_at_end(slow);
@@ -2524,14 +2882,16 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             let mut outer = shape.clone();
             outer[r - 1] = last / w as u64;
             let lt = self.lty(e);
-            return self.nest(&outer, &mut |h, idx| {
-                let mut full = idx.to_vec();
-                full[r - 1] = h.cx.b.build_int_mul(idx[r - 1], h.i64(w as u64), "")?;
-                let lin0 = h.linear(&full, &rm)?;
-                let x = h.lanes(v, e, &full, lin0, w)?;
-                let st = h.cx.b.build_store(h.gep(lt, dst, lin0)?, x)?;
-                let _ = st.set_alignment(elem_bytes(e) as u32);
-                Ok(())
+            return self.versioned(&shape, None, Some(v), &mut |h, _| {
+                h.nest(&outer, &mut |h, idx| {
+                    let mut full = idx.to_vec();
+                    full[r - 1] = h.cx.b.build_int_mul(idx[r - 1], h.i64(w as u64), "")?;
+                    let lin0 = h.linear(&full, &rm)?;
+                    let x = h.lanes(v, e, &full, lin0, w)?;
+                    let st = h.cx.b.build_store(h.gep(lt, dst, lin0)?, x)?;
+                    let _ = st.set_alignment(elem_bytes(e) as u32);
+                    Ok(())
+                })
             });
         }
         self.nest(&shape, &mut |h, idx| {
@@ -2773,9 +3133,9 @@ impl<'a, 'ctx> H<'a, 'ctx> {
         Ok(())
     }
 
-    /// With the sanitizer on: the signal word at `p` lies inside its buffer.
+    /// With checks on: the signal word at `p` lies inside its buffer.
     fn check_word(&mut self, op: &Op, p: PointerValue<'ctx>) -> LResult<()> {
-        if !self.sanitize {
+        if !self.checked {
             return Ok(());
         }
         let prov = self.prov[op.operands[0].index()];

@@ -621,7 +621,8 @@ fn buffer_base<'ctx>(
 }
 
 /// A `ty` load at `p` (a pointer into the buffer at `base`) through a buffer
-/// resource, or zero where `m` is false.
+/// resource, or zero where `m` is false (the target is given `p` and `m` too: the
+/// emulator checks a masked-on lane's `p` against its buffer).
 fn buffer_load<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     base: PointerValue<'ctx>,
@@ -643,8 +644,13 @@ fn buffer_load<'ctx>(
             .const_int(BUFFER_OUT_OF_RANGE as u64, false);
     let off = b.build_select(m, off, oob, "")?.into_int_value();
     let site = l.new_site("load");
+    let lane = super::arch::BufferLane {
+        offset: off,
+        ptr: p,
+        mask: m,
+    };
     l.arch
-        .buffer_load(&l.cx, base, BUFFER_RECORDS, off, ty, site)
+        .buffer_load(&l.cx, base, BUFFER_RECORDS, lane, ty, site)
 }
 
 /// Whether `v` is a zero constant.

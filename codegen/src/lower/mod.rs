@@ -84,6 +84,7 @@ pub mod engine;
 mod fmod;
 pub(crate) mod host;
 mod memory;
+pub mod prov;
 mod reduce;
 mod remat;
 mod tma;
@@ -171,6 +172,12 @@ pub struct Cx<'ctx> {
     pub module: Module<'ctx>,
     /// The builder, positioned where code goes.
     pub b: Builder<'ctx>,
+    /// The code runs on the host CPU (the compiled CPU device, the emulator): a
+    /// conversion that some of the host's vector extensions implement with an
+    /// instruction that flushes subnormals (AVX512-BF16's `vcvtneps2bf16` for
+    /// f32 to bf16) is written out in integer arithmetic instead, so results do not
+    /// depend on the host's extensions.
+    pub host: bool,
 }
 
 impl<'ctx> Cx<'ctx> {
@@ -267,6 +274,11 @@ pub struct Site {
     pub op: &'static str,
     /// What the hook does (`barrier`, `shuffle`, `mma`, `global load`, `shared store`, ...).
     pub what: &'static str,
+    /// For a hook emitted while lowering a memory access (`load`, `store`, atomics,
+    /// `signal`, `wait_until`, tensor-descriptor accesses): the buffers the accessed
+    /// pointer derives from ([`prov::analyze`]), which a checking target checks its
+    /// global accesses against; `None`: any buffer of the launch.
+    pub prov: Option<std::sync::Arc<prov::Provenance>>,
 }
 
 /// The result of [`lower_with_sites`].
@@ -485,6 +497,7 @@ fn lower_expanded<'ctx>(
         ctx,
         module,
         b: ctx.create_builder(),
+        host: matches!(target, crate::target::Target::Emu(_)),
     };
     let num_threads = opts.num_warps * arch.warp_size();
     let mut l = Lowerer::new(cx, arch, func, opts.num_warps).map_err(err)?;
@@ -587,6 +600,10 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     cur_op: RefCell<(Span, &'static str)>,
     /// The op being lowered, for [`Self::note`].
     cur_op_ptr: std::cell::Cell<*const Op>,
+    /// Per value ([`ValueId::index`]): the buffers a global pointer derives from.
+    prov: Vec<Option<std::sync::Arc<prov::Provenance>>>,
+    /// The provenance of the pointer the op being lowered accesses, for new sites.
+    cur_prov: RefCell<Option<std::sync::Arc<prov::Provenance>>>,
     /// With [`lower_with_layouts`]: notes per op.
     notes: Option<RefCell<HashMap<*const Op, Vec<String>>>>,
 }
@@ -691,6 +708,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             sites: RefCell::new(Vec::new()),
             cur_op: RefCell::new((f.span.clone(), "kernel")),
             cur_op_ptr: std::cell::Cell::new(std::ptr::null()),
+            prov: prov::analyze(f),
+            cur_prov: RefCell::new(None),
             notes: None,
             comm,
             comm_sites: 0,
@@ -1173,11 +1192,18 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(())
     }
 
-    /// A new site id for a hook emitted for the current op.
+    /// A new site id for a hook emitted for the current op (with the provenance of
+    /// the pointer it accesses, if it is a memory access: [`Site::prov`]).
     pub fn new_site(&self, what: &'static str) -> u32 {
         let (span, op) = self.cur_op.borrow().clone();
+        let prov = self.cur_prov.borrow().clone();
         let mut sites = self.sites.borrow_mut();
-        sites.push(Site { span, op, what });
+        sites.push(Site {
+            span,
+            op,
+            what,
+            prov,
+        });
         sites.len() as u32 - 1
     }
 
@@ -1618,6 +1644,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     fn restore_op(&self, op: &Op) {
         *self.cur_op.borrow_mut() = (op.span.clone(), op.kind.mnemonic());
         self.cur_op_ptr.set(op as *const Op);
+        *self.cur_prov.borrow_mut() =
+            prov::accessed_pointer(op).and_then(|p| self.prov.get(p.index()).cloned().flatten());
     }
 
     /// Records a layout note for the op being lowered (with [`lower_with_layouts`]).

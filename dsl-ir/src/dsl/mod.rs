@@ -81,11 +81,39 @@ pub trait DType: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static
 }
 
 /// Numeric element types (integers and floats): plain old data, so buffers of them
-/// can be viewed as bytes.
-pub trait Num: DType + bytemuck::Pod {}
+/// can be viewed as bytes. Tile arithmetic (`+ - * / %`, reductions) needs it; in a
+/// kernel generic over its element type, bound the type with it (`T: Num`), or with
+/// [`Float`] or [`Int`].
+#[diagnostic::on_unimplemented(
+    message = "tiles of `{Self}` have no arithmetic: `{Self}` is not a numeric element type",
+    label = "arithmetic needs integer or float (not 8-bit float) elements",
+    note = "the 8-bit floats F8E4M3 and F8E5M2 are storage and `dot` types: cast to f32 or f16 first (`.cast::<f32>()`), and back with `.cast::<F8E4M3>()`",
+    note = "in a kernel generic over its element type, bound it: `T: Num` (arithmetic), `T: Float` (also `exp`, `sqrt`, ...) or `T: Int` (also bit operations)"
+)]
+pub trait Num: DType + bytemuck::Pod + NumElem<Elem = Self> {}
+
+/// `Self`, for the [`Num`] types only (a supertrait of `Num`, implemented for each):
+/// the arithmetic operators ask for an operand of `<T as NumElem>::Elem`, so that for
+/// a `T` that is not `Num` (an 8-bit float) only that is reported, not also that a
+/// float literal is no operand of `T`.
+pub trait NumElem {
+    /// `Self`.
+    type Elem: DType;
+}
 /// Integer element types (not `bool`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an integer element type",
+    label = "expected one of i8, i16, i32, i64, u8, u16, u32, u64",
+    note = "in a kernel generic over its element type, bound it with `T: Int`"
+)]
 pub trait Int: Num {}
 /// Float element types.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a float element type with arithmetic",
+    label = "expected one of f16, bf16, f32, f64",
+    note = "the 8-bit floats F8E4M3 and F8E5M2 are storage and `dot` types: cast to f32 or f16 first (`.cast::<f32>()`), and back with `.cast::<F8E4M3>()`",
+    note = "in a kernel generic over its element type, bound it with `T: Float`"
+)]
 pub trait Float: Num {}
 
 macro_rules! dtype_int {
@@ -97,6 +125,7 @@ macro_rules! dtype_int {
         }
         impl Int for $t {}
         impl Num for $t {}
+        impl NumElem for $t { type Elem = $t; }
     )*};
 }
 dtype_int!(i8 => I8, i16 => I16, i32 => I32, i64 => I64, u8 => U8, u16 => U16, u32 => U32, u64 => U64);
@@ -110,11 +139,12 @@ macro_rules! dtype_float {
         }
         impl Float for $t {}
         impl Num for $t {}
+        impl NumElem for $t { type Elem = $t; }
     )*};
 }
 dtype_float!(f16 => F16, bf16 => BF16, f32 => F32, f64 => F64);
 
-/// The 8-bit floats ([`float8::F8E4M3`], [`float8::F8E5M2`]): element types of
+/// The 8-bit floats ([`crate::fp8::F8E4M3`], [`crate::fp8::F8E5M2`]): element types of
 /// buffers and tiles that are loaded, stored, cast to and from f16/bf16/f32 and
 /// multiplied by [`ops::dot`]; not [`Num`], so arithmetic on them does not compile.
 macro_rules! dtype_fp8 {
@@ -126,7 +156,7 @@ macro_rules! dtype_fp8 {
         }
     )*};
 }
-dtype_fp8!(float8::F8E4M3 => F8E4M3, float8::F8E5M2 => F8E5M2);
+dtype_fp8!(crate::fp8::F8E4M3 => F8E4M3, crate::fp8::F8E5M2 => F8E5M2);
 
 impl sealed::Sealed for bool {}
 impl DType for bool {
@@ -142,7 +172,17 @@ impl DType for bool {
 struct Ctx {
     b: FunctionBuilder,
     error: Option<BuildError>,
+    /// The kernel's name.
+    name: String,
 }
+
+/// The number of the next [`trace`] (process-wide, from 1): tiles and buffers carry the
+/// number of the trace that made them (0: made outside any trace).
+static NEXT_TRACE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+/// How many finished traces [`TRACE_NAMES`] remembers, to name the kernel a tile
+/// escaped from.
+const TRACE_NAMES_KEPT: usize = 64;
 
 thread_local! {
     static CTX: RefCell<Option<Ctx>> = const { RefCell::new(None) };
@@ -156,6 +196,73 @@ thread_local! {
     static COMPTIME_ITERATIONS: Cell<u64> = const { Cell::new(0) };
     /// `#[helper]` calls while tracing this kernel (see [`MAX_HELPER_CALLS`]).
     static HELPER_CALLS: Cell<u64> = const { Cell::new(0) };
+    /// The number of the trace in progress on this thread (0: none).
+    static CURRENT_TRACE: Cell<u64> = const { Cell::new(0) };
+    /// The kernels of the last [`TRACE_NAMES_KEPT`] traces on this thread, by number.
+    static TRACE_NAMES: RefCell<std::collections::VecDeque<(u64, String)>> =
+        const { RefCell::new(std::collections::VecDeque::new()) };
+}
+
+/// Which trace made a tile or buffer handle. Tiles and buffers are handles to values
+/// of the kernel being built, meaningless once it is built: using one made by another
+/// kernel's trace (kept in a thread-local) is a build error, and the raw-pointer marker
+/// makes the handles `!Send` and `!Sync`, so a `static` (a `Mutex` in one) cannot
+/// hold one at all.
+#[derive(Clone, Copy)]
+struct OnlyInsideItsKernel {
+    trace: u64,
+    _only_inside_its_kernel: PhantomData<*const ()>,
+}
+
+impl OnlyInsideItsKernel {
+    /// The trace in progress.
+    fn current() -> OnlyInsideItsKernel {
+        OnlyInsideItsKernel {
+            trace: CURRENT_TRACE.with(Cell::get),
+            _only_inside_its_kernel: PhantomData,
+        }
+    }
+
+    /// `id` if this handle was made by the trace in progress (or no trace is in
+    /// progress: the op then fails as any op outside a trace does); otherwise records
+    /// the build error (at the caller) and returns a placeholder of type `ty`, so
+    /// tracing goes on.
+    #[track_caller]
+    fn check(self, id: ValueId, what: &str, ty: impl FnOnce() -> Type) -> ValueId {
+        let current = CURRENT_TRACE.with(Cell::get);
+        if self.trace == current || current == 0 {
+            return id;
+        }
+        escaped(self.trace, what, Span::caller());
+        with_builder(|b| b.push_placeholder(ty()))
+    }
+}
+
+/// Records the error for a `what` (a tile, a buffer) made by trace `made_by` and used
+/// at `span` while building another kernel.
+#[cold]
+fn escaped(made_by: u64, what: &str, span: Span) {
+    let origin = TRACE_NAMES.with(|n| {
+        n.borrow()
+            .iter()
+            .find(|(t, _)| *t == made_by)
+            .map(|(_, name)| format!("kernel `{name}`"))
+    });
+    let origin = match origin {
+        Some(o) => o,
+        None if made_by == 0 => "no kernel (outside any kernel build)".to_string(),
+        None => "another kernel".to_string(),
+    };
+    let name = with(|c| c.name.clone());
+    record_error(BuildError::new(
+        span,
+        format!(
+            "{what} made while building {origin} is used while building kernel `{name}`: a \
+             {what} cannot outlive its kernel (it is a handle to a value of the kernel being \
+             built); do not keep tiles or buffers in statics, thread-locals or other state \
+             that outlives the kernel, pass them as arguments of #[helper] functions instead"
+        ),
+    ));
 }
 
 /// Counts one iteration of a comptime loop (`what`: "`for`", "`while`", at `span`)
@@ -372,13 +479,24 @@ pub fn trace(
         *c.borrow_mut() = Some(Ctx {
             b: FunctionBuilder::new(name, span.clone()),
             error: None,
+            name: name.to_string(),
         })
+    });
+    let number = NEXT_TRACE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    CURRENT_TRACE.with(|t| t.set(number));
+    TRACE_NAMES.with(|n| {
+        let mut n = n.borrow_mut();
+        if n.len() == TRACE_NAMES_KEPT {
+            n.pop_front();
+        }
+        n.push_back((number, name.to_string()));
     });
     // Clear the context even if the body panics, so the thread stays usable.
     struct Reset;
     impl Drop for Reset {
         fn drop(&mut self) {
             CTX.with(|c| *c.borrow_mut() = None);
+            CURRENT_TRACE.with(|t| t.set(0));
         }
     }
     let reset = Reset;
@@ -465,10 +583,7 @@ impl KernelParams {
                 },
             )
         });
-        Global {
-            ptr: id,
-            _t: PhantomData,
-        }
+        Global::from_ptr(id)
     }
 
     /// A symmetric buffer parameter (one copy per rank, see [`Symmetric`]).
@@ -500,9 +615,12 @@ impl KernelParams {
 // Tiles and buffers
 
 /// A runtime value: a tile of `T` with static shape `S` (a scalar when `S = ()`).
-/// Tiles are cheap `Copy` handles to IR values.
+/// Tiles are cheap `Copy` handles to IR values of the kernel being built: they cannot
+/// outlive it (they are neither `Send` nor `Sync`, so no `static` holds one, and one
+/// kept elsewhere, in a thread-local, fails the build of the kernel that uses it).
 pub struct Tile<T: DType, S: Shape> {
     id: ValueId,
+    origin: OnlyInsideItsKernel,
     _t: PhantomData<fn() -> (T, S)>,
 }
 
@@ -523,17 +641,20 @@ impl<T: DType, S: Shape> std::fmt::Debug for Tile<T, S> {
 pub type Scalar<T> = Tile<T, ()>;
 
 impl<T: DType, S: Shape> Tile<T, S> {
-    /// Wraps an IR value (the caller guarantees its type).
+    /// Wraps an IR value of the kernel being built (the caller guarantees its type).
     pub fn from_id(id: ValueId) -> Self {
         Tile {
             id,
+            origin: OnlyInsideItsKernel::current(),
             _t: PhantomData,
         }
     }
 
-    /// The IR value.
+    /// The IR value. A tile made while building another kernel records a build error
+    /// (a tile cannot outlive its kernel) and gives a placeholder.
+    #[track_caller]
     pub fn id(self) -> ValueId {
-        self.id
+        self.origin.check(self.id, "tile", Self::ir_type)
     }
 
     /// The IR type of tiles of this Rust type.
@@ -547,6 +668,7 @@ impl<T: DType, S: Shape> Tile<T, S> {
 /// atomics need `&mut`.
 pub struct Global<T: DType> {
     ptr: ValueId,
+    origin: OnlyInsideItsKernel,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -563,13 +685,17 @@ impl<T: DType> Global<T> {
     pub(crate) fn from_ptr(ptr: ValueId) -> Global<T> {
         Global {
             ptr,
+            origin: OnlyInsideItsKernel::current(),
             _t: PhantomData,
         }
     }
 
-    /// The pointer value.
+    /// The pointer value. A buffer of another kernel's build (a `Local` kept in a
+    /// thread-local) records a build error and gives a placeholder.
+    #[track_caller]
     pub fn id(&self) -> ValueId {
-        self.ptr
+        self.origin
+            .check(self.ptr, "buffer", || Type::global_ptr(T::TY))
     }
 }
 

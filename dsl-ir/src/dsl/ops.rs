@@ -4,16 +4,16 @@ use std::ops;
 
 use super::shape::*;
 use super::{
-    DType, Float, Global, Int, LitValue, Num, Scalar, Tile, constant, emit0, emit1, literal_tile,
-    type_of, with_builder,
+    DType, Float, Global, Int, LitValue, Num, NumElem, Scalar, Tile, constant, emit0, emit1,
+    literal_tile, type_of, with_builder,
 };
+use crate::fp8::{F8E4M3, F8E5M2};
 use crate::infer::dot_acc_type;
 use crate::ir::{
     AtomicOp, BinaryOp, CmpPred, ConstValue, MemOrder, MemScope, OpKind, ReduceOp, Span, UnaryOp,
     ValueId,
 };
 use crate::types::{ScalarType, Type};
-use float8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
 // ---------------------------------------------------------------------------------
@@ -115,39 +115,138 @@ fn binary_rev<T: DType, S: Shape>(op: BinaryOp, lhs: ValueId, rhs: Tile<T, S>) -
     Tile::from_id(emit1(OpKind::Binary(op), &[l, rhs.id()], None, ty, span))
 }
 
+/// An operand of arithmetic (`+ - * / %`) on tiles of `T`: an [`Operand`] of a
+/// [`Num`] type. The operators take any `Tile<T, S>` on the left and require this of
+/// the right operand, so that a tile of another element type (`F8E4M3`, a kernel's
+/// `T: DType`) is reported as [`Num`]'s error (cast first, or bound `T: Num`) rather
+/// than as "cannot add".
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an operand of element type `{T}`",
+    label = "expected a tile of `{T}` or a Rust literal convertible to `{T}`",
+    note = "element types never convert implicitly; use `.cast::<{T}>()`"
+)]
+pub trait NumOperand<T: DType> {
+    /// The operand's shape.
+    type Shape: Shape;
+    /// The IR value (emitting a constant for literals).
+    fn value(self, span: &Span) -> ValueId;
+}
+// An operand of `<T as NumElem>::Elem` (which is `T`): for a `T` that is not `Num`,
+// the projection does not normalize, so only `T: Num` is reported.
+impl<T: Num, R: Operand<<T as NumElem>::Elem>> NumOperand<T> for R {
+    type Shape = R::Shape;
+    fn value(self, span: &Span) -> ValueId {
+        Operand::value(self, span)
+    }
+}
+
+/// An operand of the bitwise operators on tiles of `T` (a [`Bits`] type).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an operand of element type `{T}`",
+    label = "expected a tile of `{T}` or a Rust literal convertible to `{T}`",
+    note = "element types never convert implicitly; use `.cast::<{T}>()`"
+)]
+pub trait BitsOperand<T: DType> {
+    /// The operand's shape.
+    type Shape: Shape;
+    /// The IR value (emitting a constant for literals).
+    fn value(self, span: &Span) -> ValueId;
+}
+impl<T: Bits, R: Operand<T>> BitsOperand<T> for R {
+    type Shape = R::Shape;
+    fn value(self, span: &Span) -> ValueId {
+        Operand::value(self, span)
+    }
+}
+
+/// An operand of the shifts on tiles of `T` (an [`Int`] type).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be used as an operand of element type `{T}`",
+    label = "expected a tile of `{T}` or a Rust literal convertible to `{T}`",
+    note = "element types never convert implicitly; use `.cast::<{T}>()`"
+)]
+pub trait IntOperand<T: DType> {
+    /// The operand's shape.
+    type Shape: Shape;
+    /// The IR value (emitting a constant for literals).
+    fn value(self, span: &Span) -> ValueId;
+}
+impl<T: Int, R: Operand<T>> IntOperand<T> for R {
+    type Shape = R::Shape;
+    fn value(self, span: &Span) -> ValueId {
+        Operand::value(self, span)
+    }
+}
+
+/// `lhs op rhs` for an operator operand `rhs` (already an IR value) of shape `R`.
+#[track_caller]
+fn binary_op<T: DType, S, R: Shape>(
+    op: BinaryOp,
+    lhs: Tile<T, S>,
+    rhs: ValueId,
+    span: Span,
+) -> Tile<T, <S as Broadcast<R>>::Out>
+where
+    S: Shape + Broadcast<R>,
+{
+    let dims = <S as Broadcast<R>>::Out::dims();
+    let l = broadcast_value(lhs.id(), &dims, &span);
+    let r = broadcast_value(rhs, &dims, &span);
+    let ty = Type::tile(T::TY, &dims);
+    Tile::from_id(emit1(OpKind::Binary(op), &[l, r], None, ty, span))
+}
+
 macro_rules! binop {
     ($Trait:ident, $method:ident, $Assign:ident, $amethod:ident, $op:ident, $bound:ident) => {
-        impl<T: $bound, S: Shape, R: Operand<T>> ops::$Trait<R> for Tile<T, S>
+        impl<T: DType, S: Shape, R: $bound<T>> ops::$Trait<R> for Tile<T, S>
         where
-            S: Broadcast<R::Shape>,
+            S: Broadcast<<R as $bound<T>>::Shape>,
         {
-            type Output = Tile<T, <S as Broadcast<R::Shape>>::Out>;
+            type Output = Tile<T, <S as Broadcast<<R as $bound<T>>::Shape>>::Out>;
             #[track_caller]
             fn $method(self, rhs: R) -> Self::Output {
-                binary(BinaryOp::$op, self, rhs)
+                let span = Span::caller();
+                let r = rhs.value(&span);
+                binary_op::<T, S, <R as $bound<T>>::Shape>(BinaryOp::$op, self, r, span)
             }
         }
-        impl<T: $bound, S: Shape, R: Operand<T>> ops::$Assign<R> for Tile<T, S>
+        impl<T: DType, S: Shape, R: $bound<T>> ops::$Assign<R> for Tile<T, S>
         where
-            S: Broadcast<R::Shape, Out = S>,
+            S: Broadcast<<R as $bound<T>>::Shape, Out = S>,
         {
             #[track_caller]
             fn $amethod(&mut self, rhs: R) {
-                *self = binary(BinaryOp::$op, *self, rhs);
+                let span = Span::caller();
+                let r = rhs.value(&span);
+                *self = binary_op::<T, S, <R as $bound<T>>::Shape>(BinaryOp::$op, *self, r, span);
             }
         }
     };
 }
-binop!(Add, add, AddAssign, add_assign, Add, Num);
-binop!(Sub, sub, SubAssign, sub_assign, Sub, Num);
-binop!(Mul, mul, MulAssign, mul_assign, Mul, Num);
-binop!(Div, div, DivAssign, div_assign, Div, Num);
-binop!(Rem, rem, RemAssign, rem_assign, Rem, Num);
-binop!(BitAnd, bitand, BitAndAssign, bitand_assign, And, Bits);
-binop!(BitOr, bitor, BitOrAssign, bitor_assign, Or, Bits);
-binop!(BitXor, bitxor, BitXorAssign, bitxor_assign, Xor, Bits);
-binop!(Shl, shl, ShlAssign, shl_assign, Shl, Int);
-binop!(Shr, shr, ShrAssign, shr_assign, Shr, Int);
+binop!(Add, add, AddAssign, add_assign, Add, NumOperand);
+binop!(Sub, sub, SubAssign, sub_assign, Sub, NumOperand);
+binop!(Mul, mul, MulAssign, mul_assign, Mul, NumOperand);
+binop!(Div, div, DivAssign, div_assign, Div, NumOperand);
+binop!(Rem, rem, RemAssign, rem_assign, Rem, NumOperand);
+binop!(
+    BitAnd,
+    bitand,
+    BitAndAssign,
+    bitand_assign,
+    And,
+    BitsOperand
+);
+binop!(BitOr, bitor, BitOrAssign, bitor_assign, Or, BitsOperand);
+binop!(
+    BitXor,
+    bitxor,
+    BitXorAssign,
+    bitxor_assign,
+    Xor,
+    BitsOperand
+);
+binop!(Shl, shl, ShlAssign, shl_assign, Shl, IntOperand);
+binop!(Shr, shr, ShrAssign, shr_assign, Shr, IntOperand);
 
 impl<T: Int, S: Shape> Tile<T, S> {
     /// Elementwise number of set bits, in the element type (`popc`; PTX `popc`,
@@ -737,10 +836,10 @@ impl DotInput for f64 {
 impl DotInput for i8 {
     type Acc = i32;
 }
-impl DotInput for float8::F8E4M3 {
+impl DotInput for F8E4M3 {
     type Acc = f32;
 }
-impl DotInput for float8::F8E5M2 {
+impl DotInput for F8E5M2 {
     type Acc = f32;
 }
 

@@ -13,10 +13,58 @@ pub struct Const<const N: usize>;
 )]
 pub trait Pow2 {}
 
+/// `Const<N>` for `N` a power of two (any, up to 2^63); [`Pow2`] also needs
+/// [`TileElements<N>`]`: `[`FitsInATile`], so that a power of two too large for a
+/// tile is reported as such, not as "not a power of two".
+#[diagnostic::on_unimplemented(
+    message = "tile dimension `{Self}` is not a power of two",
+    label = "tile dimensions must be powers of two between 1 and 2^20",
+    note = "GPU layouts map tile elements to lanes and registers by bits of the index"
+)]
+pub trait PowerOfTwo {
+    /// `TileElements<N>`.
+    type Elements;
+}
+
+/// The number of elements `N` of a tile dimension, for [`FitsInATile`].
+pub struct TileElements<const N: usize>;
+
+/// Implemented for `TileElements<N>` when a tile may have `N` elements (at most 2^20).
+#[diagnostic::on_unimplemented(
+    message = "tile too large: `{Self}` is more than the 2^20 = 1048576 elements a tile may have",
+    label = "a tile has at most 2^20 elements",
+    note = "a kernel works on large data in tiles: loop over it (`for off in (0..n).step_by(BLOCK)`) or launch more programs"
+)]
+pub trait FitsInATile {}
+
+impl<const N: usize> Pow2 for Const<N>
+where
+    Const<N>: PowerOfTwo,
+    <Const<N> as PowerOfTwo>::Elements: FitsInATile,
+{
+}
+
 macro_rules! pow2 {
-    ($($n:literal)*) => {$( impl Pow2 for Const<{ 1usize << $n }> {} )*};
+    ($($(#[$a:meta])* $n:literal)*) => {$(
+        $(#[$a])*
+        impl PowerOfTwo for Const<{ 1usize << $n }> {
+            type Elements = TileElements<{ 1usize << $n }>;
+        }
+    )*};
 }
 pow2!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20);
+// Too large for a tile: not listed among the sizes a tile may have.
+macro_rules! pow2_too_large {
+    ($($n:literal)*) => {$( pow2!(#[diagnostic::do_not_recommend] $n); )*};
+}
+pow2_too_large!(21 22 23 24 25 26 27 28 29 30 31);
+#[cfg(target_pointer_width = "64")]
+pow2_too_large!(32 33 34 35 36 37 38 39 40 41 42 43 44 45 46 47 48 49 50 51 52 53 54 55 56 57 58 59 60 61 62 63);
+
+macro_rules! fits {
+    ($($n:literal)*) => {$( impl FitsInATile for TileElements<{ 1usize << $n }> {} )*};
+}
+fits!(0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20);
 
 /// A tile dimension of static size `N` (a power of two).
 #[derive(Clone, Copy, Debug)]
@@ -118,7 +166,8 @@ impl DimBroadcast<One> for One {
 #[diagnostic::on_unimplemented(
     message = "shape mismatch: a tile of shape `{Self}` cannot be combined with one of shape `{R}`",
     label = "shapes must be equal, or broadcastable through size-1 (`One`) dimensions or scalars",
-    note = "use `expand_dims::<AXIS>()` to add a size-1 dimension, or `broadcast_to::<SHAPE>()`"
+    note = "the size-1 dimension that broadcasts is `One`, made by `expand_dims::<AXIS>()` and the `*_keepdims` reductions; in a type, a kept or inserted axis is `(D<N>, One)`, not `S2<N, 1>` (that is `(D<N>, D<1>)`, a dimension of size 1 that does not broadcast)",
+    note = "to broadcast explicitly, use `broadcast_to::<SHAPE>()`"
 )]
 pub trait Broadcast<R: Shape>: Shape {
     /// The shape of the result.

@@ -2,7 +2,7 @@
 //! `dot`. Every op dispatches on the element type once and then runs a tight loop over
 //! a `Vec<T>`.
 
-use float8::{F8E4M3, F8E5M2};
+use crate::fp8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
 use super::value::{Data, Elt, bf16_from_f64, f16_from_f64};

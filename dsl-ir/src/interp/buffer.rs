@@ -59,7 +59,7 @@ pub(crate) mod sealed {
 
 /// A Rust type that is the in-memory form of a [`ScalarType`]: `bool` (`i1`, one byte),
 /// `i8`..`i64`, `u8`..`u64`, [`half::f16`], [`half::bf16`], `f32`, `f64`,
-/// [`float8::F8E4M3`], [`float8::F8E5M2`].
+/// [`crate::fp8::F8E4M3`], [`crate::fp8::F8E5M2`].
 /// Sealed: implemented for exactly these types.
 pub trait Element: sealed::Mem + Copy + Send + Sync + 'static {
     /// The scalar type this Rust type represents.
@@ -245,8 +245,8 @@ macro_rules! fp8_elem {
     };
 }
 
-fp8_elem!(float8::F8E4M3, F8E4M3);
-fp8_elem!(float8::F8E5M2, F8E5M2);
+fp8_elem!(crate::fp8::F8E4M3, F8E4M3);
+fp8_elem!(crate::fp8::F8E5M2, F8E5M2);
 
 /// Device memory of the CPU device: `len` elements of type `elem`, zero-initialized.
 ///
@@ -377,14 +377,43 @@ impl std::fmt::Debug for HostBuffer {
 
 impl HostBuffer {
     /// A zeroed buffer of `len` elements of type `elem`.
+    ///
+    /// # Panics
+    /// When the memory cannot be allocated (as `Vec` does); [`HostBuffer::try_new`]
+    /// returns an error instead.
     pub fn new(elem: ScalarType, len: usize) -> HostBuffer {
-        let bytes = len * elem.size_bytes();
-        let words = (0..bytes.div_ceil(8)).map(|_| AtomicU64::new(0)).collect();
-        HostBuffer {
+        match HostBuffer::try_new(elem, len) {
+            Ok(b) => b,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A zeroed buffer of `len` elements of type `elem`, or
+    /// [`InterpError::OutOfMemory`] when its size does not fit in the address space
+    /// or the allocator refuses it (instead of aborting the process, as a failed
+    /// `Vec` allocation does).
+    ///
+    /// Under Linux's memory overcommit, an allocation the system grants may still
+    /// fail later, when its pages are touched (zeroing them here): only the requests
+    /// the allocator refuses outright are reported.
+    pub fn try_new(elem: ScalarType, len: usize) -> Result<HostBuffer, InterpError> {
+        let oom = || InterpError::OutOfMemory {
+            bytes: super::alloc_bytes(len, elem.size_bytes()),
+        };
+        let nwords = len
+            .checked_mul(elem.size_bytes())
+            .ok_or_else(oom)?
+            .div_ceil(8);
+        let mut words: Vec<AtomicU64> = Vec::new();
+        // Fails for more than `isize::MAX` bytes (the capacity check) and for what
+        // the allocator refuses.
+        words.try_reserve_exact(nwords).map_err(|_| oom())?;
+        words.resize_with(nwords, || AtomicU64::new(0));
+        Ok(HostBuffer {
             elem,
             len,
-            words: Words::Owned(words),
-        }
+            words: Words::Owned(words.into_boxed_slice()),
+        })
     }
 
     /// Checks that `len` elements of `elem` at `byte_offset` fit in `mem_len` bytes
@@ -464,7 +493,8 @@ impl HostBuffer {
     }
 
     /// A buffer holding the byte image `bytes` (native byte order); its length must be a
-    /// multiple of the element size.
+    /// multiple of the element size. Fails with [`InterpError::OutOfMemory`] when the
+    /// copy cannot be allocated.
     pub fn from_bytes(elem: ScalarType, bytes: &[u8]) -> Result<HostBuffer, InterpError> {
         let es = elem.size_bytes();
         if !bytes.len().is_multiple_of(es) {
@@ -475,12 +505,15 @@ impl HostBuffer {
                 ),
             });
         }
-        let b = HostBuffer::new(elem, bytes.len() / es);
+        let b = HostBuffer::try_new(elem, bytes.len() / es)?;
         b.write_bytes(0, bytes)?;
         Ok(b)
     }
 
     /// A buffer holding a copy of `data`.
+    ///
+    /// # Panics
+    /// When the copy cannot be allocated (see [`HostBuffer::try_new`]).
     pub fn from_slice<T: Element>(data: &[T]) -> HostBuffer {
         let b = HostBuffer::new(T::TY, data.len());
         if let Some(base) = b.local_base() {
@@ -556,12 +589,21 @@ impl HostBuffer {
     }
 
     /// A copy of the whole byte image (read through the engine for another rank's
-    /// memory, which can fail).
+    /// memory, which can fail; [`InterpError::OutOfMemory`] when the copy cannot be
+    /// allocated).
     pub fn read_bytes(&self) -> Result<Vec<u8>, InterpError> {
         let n = self.size_bytes();
+        let alloc = |bytes: usize| {
+            let mut v = Vec::new();
+            v.try_reserve_exact(bytes)
+                .map_err(|_| InterpError::OutOfMemory {
+                    bytes: super::alloc_bytes(bytes, 1),
+                })
+                .map(|()| v)
+        };
         match (&self.words, self.words.slice()) {
             (_, Some(words)) => {
-                let mut out = Vec::with_capacity(words.len() * 8);
+                let mut out = alloc(words.len() * 8)?;
                 for w in words {
                     out.extend_from_slice(&w.load(Ordering::Relaxed).to_ne_bytes());
                 }
@@ -569,7 +611,8 @@ impl HostBuffer {
                 Ok(out)
             }
             (Words::Remote { mem, offset }, None) => {
-                let mut out = vec![0u8; n];
+                let mut out = alloc(n)?;
+                out.resize(n, 0);
                 mem.get(*offset, &mut out)
                     .map_err(|message| InterpError::Host { message })?;
                 Ok(out)
@@ -877,6 +920,56 @@ use sealed::Mem as _;
 mod tests {
     use super::*;
     use std::sync::Mutex;
+
+    /// Sizes that can never be allocated are errors naming the size, not aborts:
+    /// beyond `isize::MAX` bytes, beyond the address space (2^62 bytes: more than
+    /// 57-bit virtual addresses reach), and counts whose byte size overflows 64 bits
+    /// (reported as `u64::MAX` bytes "or more").
+    #[test]
+    fn impossible_allocations_are_errors() {
+        let cases: [(ScalarType, usize, u64, &str); 6] = [
+            (
+                ScalarType::F32,
+                usize::MAX / 8,
+                (usize::MAX / 8) as u64 * 4,
+                " bytes",
+            ),
+            (ScalarType::U8, 1 << 62, 1 << 62, " bytes"),
+            (ScalarType::U16, 1 << 62, 1 << 63, " bytes"),
+            (ScalarType::F8E4M3, usize::MAX - 1, u64::MAX - 1, " bytes"),
+            (ScalarType::F64, usize::MAX, u64::MAX, " bytes or more"),
+            (ScalarType::U32, 1 << 62, u64::MAX, " bytes or more"),
+        ];
+        for (elem, len, bytes, tail) in cases {
+            let e = HostBuffer::try_new(elem, len).expect_err("cannot be allocated");
+            assert_eq!(e, InterpError::OutOfMemory { bytes }, "{len} {elem}");
+            let msg = e.to_string();
+            assert!(
+                msg.ends_with(&format!("cannot allocate {bytes}{tail}")),
+                "{msg}"
+            );
+        }
+    }
+
+    /// What fits is allocated and zeroed, every element of it (sizes that are not a
+    /// whole number of words included).
+    #[test]
+    fn try_new_gives_zeroed_buffers() {
+        for (elem, len) in [
+            (ScalarType::F32, 1001),
+            (ScalarType::U8, 13),
+            (ScalarType::F64, 0),
+        ] {
+            let b = HostBuffer::try_new(elem, len).expect("small");
+            assert_eq!((b.len(), b.elem()), (len, elem));
+            let bytes = b.read_bytes().expect("read");
+            assert_eq!(bytes.len(), len * elem.size_bytes());
+            assert!(bytes.iter().all(|&x| x == 0));
+        }
+        let data: Vec<u8> = (0..=255).collect();
+        let b = HostBuffer::from_bytes(ScalarType::U16, &data).expect("whole elements");
+        assert_eq!(b.read_bytes().expect("read"), data);
+    }
 
     /// An engine over bytes of this process: puts wait in a queue until the next
     /// get, atomic or quiet (the weakest completion the contract allows), and every

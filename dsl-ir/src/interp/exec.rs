@@ -603,11 +603,11 @@ macro_rules! with_type {
                 $body
             }
             ScalarType::F8E4M3 => {
-                type $T = float8::F8E4M3;
+                type $T = crate::fp8::F8E4M3;
                 $body
             }
             ScalarType::F8E5M2 => {
-                type $T = float8::F8E5M2;
+                type $T = crate::fp8::F8E5M2;
                 $body
             }
         }

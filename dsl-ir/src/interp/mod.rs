@@ -52,7 +52,7 @@
 //! rejects the rest): to them rounds to nearest even and saturates to the largest
 //! finite value (±448, ±57344; infinities too), NaN stays NaN (`0x7f` for E4M3; E5M2
 //! `0x7e` with the source's top two mantissa bits ORed in), bit for bit the
-//! `satfinite` conversion of CUDA (the `float8` crate's); from them is exact. They
+//! `satfinite` conversion of CUDA ([`crate::fp8`]'s); from them is exact. They
 //! have no arithmetic.
 //!
 //! **Memory.** `load`/`store`/atomics with a mask do not access masked-off lanes at all
@@ -221,6 +221,14 @@ pub enum InterpError {
         /// What is wrong.
         message: String,
     },
+    /// Host memory for a buffer could not be allocated ([`HostBuffer::try_new`]): more
+    /// bytes than the address space holds, or than the allocator grants.
+    #[error("out of host memory: cannot allocate {}", fmt_bytes(*.bytes))]
+    OutOfMemory {
+        /// The size asked for, in bytes; `u64::MAX` stands for that many or more (an
+        /// element count whose size overflows 64 bits), see [`alloc_bytes`].
+        bytes: u64,
+    },
     /// IR that the verifier should have rejected (a value used before definition,
     /// operands of the wrong type, a region without its terminator, ...).
     #[error("{span}: malformed IR at `{op}` in kernel `{kernel}`: {message}")]
@@ -367,6 +375,21 @@ pub enum InterpError {
         /// What is wrong.
         message: String,
     },
+}
+
+/// The bytes of `count` elements of `elem_bytes` bytes each, saturated at `u64::MAX`
+/// (the size [`InterpError::OutOfMemory`] reports).
+pub fn alloc_bytes(count: usize, elem_bytes: usize) -> u64 {
+    u64::try_from(count as u128 * elem_bytes as u128).unwrap_or(u64::MAX)
+}
+
+/// `bytes` as an out-of-memory message writes it (`u64::MAX`: that or more).
+fn fmt_bytes(bytes: u64) -> String {
+    if bytes == u64::MAX {
+        format!("{bytes} bytes or more")
+    } else {
+        format!("{bytes} bytes")
+    }
 }
 
 fn fmt_pid(p: &[u32; 3]) -> String {

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use float8::{F8E4M3, F8E5M2};
+use crate::fp8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
 use super::buffer::{Element, HostBuffer};
@@ -501,7 +501,7 @@ elt_half!(BF16, bf16, bf16_from_f64);
 
 /// The 8-bit floats: conversions from f32 (and exactly representable f64) round to
 /// nearest even and saturate to the largest finite value, NaN stays NaN (the
-/// `satfinite` conversions of CUDA and the PTX ISA, as the `float8` crate implements
+/// `satfinite` conversions of CUDA and the PTX ISA, as [`crate::fp8`] implements
 /// them); to f16, bf16, f32 and f64 they are exact. Integers convert through f64
 /// (the verifier admits only f16, bf16 and f32 casts).
 macro_rules! elt_fp8 {

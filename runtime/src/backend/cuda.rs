@@ -51,6 +51,21 @@ fn driver_err(device: usize, what: impl Into<String>) -> impl FnOnce(DriverError
     }
 }
 
+/// The error of allocating `bytes` bytes on device `device`: [`Error::OutOfMemory`] for
+/// `CUDA_ERROR_OUT_OF_MEMORY`, [`Error::Driver`] (doing `what`) for the others.
+fn alloc_err(device: usize, bytes: usize, what: String) -> impl FnOnce(DriverError) -> Error {
+    move |e| {
+        if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+            Error::OutOfMemory {
+                bytes: bytes as u64,
+                device: format!("cuda:{device}"),
+            }
+        } else {
+            driver_err(device, what)(e)
+        }
+    }
+}
+
 fn describe(e: &DriverError) -> String {
     match (e.error_name(), e.error_string()) {
         (Ok(n), Ok(s)) => format!("{} ({})", n.to_string_lossy(), s.to_string_lossy()),
@@ -405,7 +420,7 @@ impl GpuBackend for CudaDevice {
             } else {
                 result::malloc_sync(bytes)
             }
-            .map_err(self.err(what.clone()))?;
+            .map_err(alloc_err(self.ordinal, bytes, what.clone()))?;
             if let Err(e) = result::memset_d8_async(ptr, 0, bytes, stream) {
                 self.free(ptr);
                 return Err(self.err(what)(e));
@@ -435,7 +450,11 @@ impl GpuBackend for CudaDevice {
         let what = format!("allocating a symmetric heap of {bytes} bytes");
         self.bind(&what)?;
         // SAFETY: plain allocation in the bound context.
-        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(self.err(what.clone()))?;
+        let ptr = unsafe { result::malloc_sync(bytes.max(1)) }.map_err(alloc_err(
+            self.ordinal,
+            bytes.max(1),
+            what.clone(),
+        ))?;
         // SAFETY: `ptr` holds `bytes.max(1)` bytes.
         if let Err(e) = unsafe { result::memset_d8_sync(ptr, 0, bytes.max(1)) } {
             self.free_exportable(ptr);

@@ -36,6 +36,8 @@ mod h {
 
     impl hipError_t {
         pub const hipSuccess: hipError_t = hipError_t(0);
+        /// Also `hipErrorMemoryAllocation` (the same code).
+        pub const hipErrorOutOfMemory: hipError_t = hipError_t(2);
         pub const hipErrorNotInitialized: hipError_t = hipError_t(3);
         pub const hipErrorPeerAccessAlreadyEnabled: hipError_t = hipError_t(704);
     }
@@ -251,6 +253,18 @@ fn check(ordinal: usize, what: &str, e: h::hipError_t) -> Result<(), Error> {
             message: describe(e),
         })
     }
+}
+
+/// As [`check`] for an allocation of `bytes` bytes, with `hipErrorOutOfMemory` as
+/// [`Error::OutOfMemory`].
+fn check_alloc(ordinal: usize, what: &str, bytes: usize, e: h::hipError_t) -> Result<(), Error> {
+    if e == h::hipError_t::hipErrorOutOfMemory {
+        return Err(Error::OutOfMemory {
+            bytes: bytes as u64,
+            device: format!("hip:{ordinal}"),
+        });
+    }
+    check(ordinal, what, e)
 }
 
 /// The number of HIP devices (0 when the runtime reports an error, e.g.
@@ -470,7 +484,7 @@ impl GpuBackend for HipDevice {
         self.set(&what)?;
         let mut ptr = std::ptr::null_mut();
         // SAFETY: writes one pointer.
-        check(self.ordinal, &what, unsafe {
+        check_alloc(self.ordinal, &what, bytes, unsafe {
             h::hipMalloc(&mut ptr, bytes)
         })?;
         // SAFETY: `bytes` bytes were just allocated.
@@ -514,7 +528,7 @@ impl GpuBackend for HipDevice {
         self.set(&what)?;
         let mut ptr = std::ptr::null_mut();
         // SAFETY: writes one pointer.
-        check(self.ordinal, &what, unsafe {
+        check_alloc(self.ordinal, &what, bytes.max(1), unsafe {
             h::hipExtMallocWithFlags(&mut ptr, bytes.max(1), h::hipDeviceMallocUncached)
         })?;
         // SAFETY: `bytes.max(1)` bytes were just allocated.

@@ -94,6 +94,16 @@
 //! copy, so creating or growing the workspace ends with a host barrier (no rank
 //! signals or writes into a peer's region before the peer has zeroed it); calls that
 //! do not grow it need no host synchronization.
+//!
+//! # Errors
+//!
+//! A collective that fails names the caller's file:line:col first, then the call and
+//! what failed inside the library ([`Error::Collective`]): a wait of a library kernel
+//! that timed out (its line in `collectives/kernels.rs`, the rank, the values), an
+//! argument, a full heap. For example ``src/main.rs:12:7: `all_reduce` failed:
+//! runtime/src/collectives/kernels.rs:50:13: `wait_until` timed out ... on rank 0 ...``.
+//! Match on [`Error::inner`]. An error that only reports another rank's failure is
+//! returned unwrapped.
 
 mod kernels;
 
@@ -406,18 +416,32 @@ impl Rank {
 
     /// In place: every rank ends with the element-wise reduction (`Sum`, `Max` or
     /// `Min`, in `f32`, over the ranks in rank order) of every rank's `buf`. Picks the
-    /// algorithm by size ([`AllReduceAlgo::Auto`]).
+    /// algorithm by size ([`AllReduceAlgo::Auto`]). Errors name the caller's line
+    /// first (see [Errors](self#errors)).
+    #[track_caller]
     pub fn all_reduce<T: CollElem>(
         &self,
         buf: &mut SymBuffer<T>,
         op: ReduceOp,
     ) -> Result<(), Error> {
-        self.all_reduce_with(buf, op, AllReduceAlgo::Auto)
+        self.all_reduce_impl(buf, op, AllReduceAlgo::Auto)
+            .map_err(Error::in_call("all_reduce"))
     }
 
     /// [`Rank::all_reduce`] with a chosen algorithm. [`AllReduceAlgo::LowLatency`]
     /// fails for messages over [`LL_MAX_ELEMS`] elements.
+    #[track_caller]
     pub fn all_reduce_with<T: CollElem>(
+        &self,
+        buf: &mut SymBuffer<T>,
+        op: ReduceOp,
+        algo: AllReduceAlgo,
+    ) -> Result<(), Error> {
+        self.all_reduce_impl(buf, op, algo)
+            .map_err(Error::in_call("all_reduce_with"))
+    }
+
+    fn all_reduce_impl<T: CollElem>(
         &self,
         buf: &mut SymBuffer<T>,
         op: ReduceOp,
@@ -652,17 +676,30 @@ impl Rank {
     /// `output[r*n .. (r+1)*n]` = `input` of rank `r`, with `n = input.len()`;
     /// `output.len()` must be `n * size()`. Picks the algorithm by topology and size
     /// ([`AllGatherAlgo::Auto`]).
+    #[track_caller]
     pub fn all_gather<T: CollElem>(
         &self,
         input: &SymBuffer<T>,
         output: &mut SymBuffer<T>,
     ) -> Result<(), Error> {
-        self.all_gather_with(input, output, AllGatherAlgo::Auto)
+        self.all_gather_impl(input, output, AllGatherAlgo::Auto)
+            .map_err(Error::in_call("all_gather"))
     }
 
     /// [`Rank::all_gather`] with a chosen algorithm. [`AllGatherAlgo::Hierarchical`]
     /// fails for ranks whose nodes do not hold equally many consecutive ranks.
+    #[track_caller]
     pub fn all_gather_with<T: CollElem>(
+        &self,
+        input: &SymBuffer<T>,
+        output: &mut SymBuffer<T>,
+        algo: AllGatherAlgo,
+    ) -> Result<(), Error> {
+        self.all_gather_impl(input, output, algo)
+            .map_err(Error::in_call("all_gather_with"))
+    }
+
+    fn all_gather_impl<T: CollElem>(
         &self,
         input: &SymBuffer<T>,
         output: &mut SymBuffer<T>,
@@ -731,7 +768,18 @@ impl Rank {
 
     /// `input.len()` must be `n * size()`; `output` (length `n`) on rank `r` becomes the
     /// reduction over ranks (in `f32`, rank order) of `input[r*n .. (r+1)*n]`.
+    #[track_caller]
     pub fn reduce_scatter<T: CollElem>(
+        &self,
+        input: &SymBuffer<T>,
+        output: &mut SymBuffer<T>,
+        op: ReduceOp,
+    ) -> Result<(), Error> {
+        self.reduce_scatter_impl(input, output, op)
+            .map_err(Error::in_call("reduce_scatter"))
+    }
+
+    fn reduce_scatter_impl<T: CollElem>(
         &self,
         input: &SymBuffer<T>,
         output: &mut SymBuffer<T>,
@@ -770,7 +818,13 @@ impl Rank {
     }
 
     /// Every rank's `buf` becomes `root`'s.
+    #[track_caller]
     pub fn broadcast<T: CollElem>(&self, buf: &mut SymBuffer<T>, root: u32) -> Result<(), Error> {
+        self.broadcast_impl(buf, root)
+            .map_err(Error::in_call("broadcast"))
+    }
+
+    fn broadcast_impl<T: CollElem>(&self, buf: &mut SymBuffer<T>, root: u32) -> Result<(), Error> {
         self.check_owned(buf, "the broadcast buffer")?;
         if root >= self.size() {
             return Err(rank_err(
@@ -803,7 +857,18 @@ impl Rank {
     /// sent to this rank; returns those counts (per source). Fails on every rank
     /// (consistently) when some rank's counts are invalid or some rank's `recv` is too
     /// small.
+    #[track_caller]
     pub fn all_to_all_v<T: CollElem>(
+        &self,
+        send: &SymBuffer<T>,
+        send_counts: &[usize],
+        recv: &mut SymBuffer<T>,
+    ) -> Result<Vec<usize>, Error> {
+        self.all_to_all_v_impl(send, send_counts, recv)
+            .map_err(Error::in_call("all_to_all_v"))
+    }
+
+    fn all_to_all_v_impl<T: CollElem>(
         &self,
         send: &SymBuffer<T>,
         send_counts: &[usize],

@@ -46,10 +46,10 @@ pub(crate) struct Compiled {
     /// GPU specializations of this IR on launch facts (which parameters are
     /// divisible by 16), built on first use.
     specs: Mutex<HashMap<Vec<ParamFacts>, Arc<Compiled>>>,
-    /// The kernel compiled for the CPU device (without and with the sanitizer), kept
-    /// once built: a launch then skips the CPU compiler's cache lookup.
+    /// The kernel compiled for the CPU device (bounds checked, sanitized, unchecked),
+    /// kept once built: a launch then skips the CPU compiler's cache lookup.
     #[cfg(feature = "jit")]
-    cpu: [std::sync::OnceLock<Arc<tessera_codegen::cpu::CpuKernel>>; 2],
+    cpu: [std::sync::OnceLock<Arc<tessera_codegen::cpu::CpuKernel>>; 3],
 }
 
 impl Compiled {
@@ -64,19 +64,22 @@ impl Compiled {
         }
     }
 
-    /// This kernel compiled for the CPU device (`sanitize`: every access checked),
-    /// or why it is not.
+    /// This kernel compiled for the CPU device with `checks`, or why it is not.
     #[cfg(feature = "jit")]
     #[allow(clippy::result_large_err)] // (cold: the caller falls back or reports it)
     pub(crate) fn cpu_kernel(
         &self,
-        sanitize: bool,
+        checks: tessera_codegen::cpu::Checks,
     ) -> Result<Arc<tessera_codegen::cpu::CpuKernel>, tessera_codegen::cpu::CpuError> {
-        let slot = &self.cpu[sanitize as usize];
+        let slot = match (checks.checked(), checks.sanitize()) {
+            (_, true) => &self.cpu[1],
+            (true, false) => &self.cpu[0],
+            (false, _) => &self.cpu[2],
+        };
         if let Some(k) = slot.get() {
             return Ok(Arc::clone(k));
         }
-        let k = tessera_codegen::cpu::compile(&self.func, sanitize)?;
+        let k = tessera_codegen::cpu::compile(&self.func, checks)?;
         Ok(Arc::clone(slot.get_or_init(|| k)))
     }
 

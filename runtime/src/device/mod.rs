@@ -95,6 +95,9 @@ pub struct Device {
     pub(crate) comm: Option<Arc<dyn RankLink>>,
     /// The launch watchdog set by [`Device::with_launch_timeout`].
     launch_timeout: Option<Duration>,
+    /// [`Device::unchecked`]: the CPU device's compiled kernels check no access.
+    #[cfg_attr(not(feature = "jit"), allow(dead_code))]
+    pub(crate) unchecked: bool,
 }
 
 impl PartialEq for Device {
@@ -119,6 +122,7 @@ impl Device {
             artifacts: None,
             comm: None,
             launch_timeout: None,
+            unchecked: false,
         }
     }
 
@@ -235,6 +239,25 @@ impl Device {
     pub fn with_launch_timeout(&self, timeout: Duration) -> Device {
         Device {
             launch_timeout: Some(timeout),
+            ..self.clone()
+        }
+    }
+
+    /// This device without the CPU device's bounds checks: kernels compiled for the
+    /// host through the returned handle check no memory access (other devices, and
+    /// the interpreter, are unaffected). Every safe handle checks every access that
+    /// happens, at a cost measured in BENCHMARKS.md ("The compiled CPU device");
+    /// this exists to measure that cost.
+    ///
+    /// # Safety
+    ///
+    /// Every load and store of every kernel launched through the returned handle (and
+    /// its clones) must lie inside the buffer it goes through. An access outside it
+    /// reads or writes the host process's memory: undefined behaviour (a corrupted
+    /// heap, a crash later, one buffer's data leaking into another).
+    pub unsafe fn unchecked(&self) -> Device {
+        Device {
+            unchecked: true,
             ..self.clone()
         }
     }

@@ -124,7 +124,15 @@ impl<T: GemmElem> AgGemm<T> {
     /// (collective: every rank calls it with the same shape, in the same order as its
     /// other symmetric allocations). Allocates the `(size*shard_rows) x k` staging
     /// buffer and the signal words.
+    ///
+    /// Errors of the plan's calls name the caller's line first
+    /// ([`Error::Collective`]).
+    #[track_caller]
     pub fn new(rank: &Rank, shard_rows: usize, n: usize, k: usize) -> Result<AgGemm<T>, Error> {
+        Self::new_impl(rank, shard_rows, n, k).map_err(Error::in_call("AgGemm::new"))
+    }
+
+    fn new_impl(rank: &Rank, shard_rows: usize, n: usize, k: usize) -> Result<AgGemm<T>, Error> {
         let ws = rank.size() as usize;
         let m = shard_rows * ws;
         for (what, v) in [("m", m), ("n", n), ("k", k), ("m*k", m * k), ("m*n", m * n)] {
@@ -155,14 +163,31 @@ impl<T: GemmElem> AgGemm<T> {
 
     /// Sets the number of program instances per rank (1..=1024; the same on every
     /// rank).
+    #[track_caller]
     pub fn with_programs(mut self, rank: &Rank, programs: u32) -> Result<AgGemm<T>, Error> {
-        self.programs = check_programs(rank, programs)?;
+        self.programs =
+            check_programs(rank, programs).map_err(Error::in_call("AgGemm::with_programs"))?;
         Ok(self)
     }
 
     /// Runs on every rank (collective): `a` is this rank's `shard_rows x k` shard, `b`
     /// the `k x n` matrix, `c` receives the `(size*shard_rows) x n` product.
+    #[track_caller]
     pub fn run(
+        &mut self,
+        rank: &Rank,
+        a: &Buffer<T>,
+        b: &Buffer<T>,
+        c: &mut Buffer<T>,
+    ) -> Result<(), Error>
+    where
+        ag_gemm_kernel<T, BM, BN, BK>: Kernel<Comptime = ()>,
+    {
+        self.run_impl(rank, a, b, c)
+            .map_err(Error::in_call("AgGemm::run"))
+    }
+
+    fn run_impl(
         &mut self,
         rank: &Rank,
         a: &Buffer<T>,

@@ -103,8 +103,19 @@ impl<T: Float + Element> std::fmt::Debug for AllReduceRmsNorm<T> {
 }
 
 impl<T: Float + Element> AllReduceRmsNorm<T> {
-    /// Plans the operation on `rows x hidden` activations (collective).
+    /// Plans the operation on `rows x hidden` activations (collective). Errors of
+    /// the plan's calls name the caller's line first ([`Error::Collective`]).
+    #[track_caller]
     pub fn new(
+        rank: &Rank,
+        rows: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<AllReduceRmsNorm<T>, Error> {
+        Self::new_impl(rank, rows, hidden, eps).map_err(Error::in_call("AllReduceRmsNorm::new"))
+    }
+
+    fn new_impl(
         rank: &Rank,
         rows: usize,
         hidden: usize,
@@ -132,17 +143,35 @@ impl<T: Float + Element> AllReduceRmsNorm<T> {
 
     /// Sets the number of program instances per rank (1..=1024; the same on every
     /// rank).
+    #[track_caller]
     pub fn with_programs(
         mut self,
         rank: &Rank,
         programs: u32,
     ) -> Result<AllReduceRmsNorm<T>, Error> {
-        self.programs = check_programs(rank, programs)?;
+        self.programs = check_programs(rank, programs)
+            .map_err(Error::in_call("AllReduceRmsNorm::with_programs"))?;
         Ok(self)
     }
 
     /// Runs on every rank (collective).
+    #[track_caller]
     pub fn run(
+        &mut self,
+        rank: &Rank,
+        x: &SymBuffer<T>,
+        residual: &mut Buffer<T>,
+        weight: &Buffer<T>,
+        out: &mut Buffer<T>,
+    ) -> Result<(), Error>
+    where
+        allreduce_rmsnorm_kernel<T, NORM_BLOCK>: Kernel<Comptime = ()>,
+    {
+        self.run_impl(rank, x, residual, weight, out)
+            .map_err(Error::in_call("AllReduceRmsNorm::run"))
+    }
+
+    fn run_impl(
         &mut self,
         rank: &Rank,
         x: &SymBuffer<T>,

@@ -108,8 +108,14 @@ impl<T: GemmElem> std::fmt::Debug for GemmReduceScatter<T> {
 
 impl<T: GemmElem> GemmReduceScatter<T> {
     /// Plans the product of `m x kr` and `kr x n` K-slices, `m` a multiple of the
-    /// number of ranks (collective).
+    /// number of ranks (collective). Errors of the plan's calls name the caller's line
+    /// first ([`Error::Collective`]).
+    #[track_caller]
     pub fn new(rank: &Rank, m: usize, n: usize, kr: usize) -> Result<GemmReduceScatter<T>, Error> {
+        Self::new_impl(rank, m, n, kr).map_err(Error::in_call("GemmReduceScatter::new"))
+    }
+
+    fn new_impl(rank: &Rank, m: usize, n: usize, kr: usize) -> Result<GemmReduceScatter<T>, Error> {
         let ws = rank.size() as usize;
         if m == 0 || n == 0 || kr == 0 || !m.is_multiple_of(ws) {
             return Err(comm_err(
@@ -141,17 +147,34 @@ impl<T: GemmElem> GemmReduceScatter<T> {
 
     /// Sets the number of program instances per rank (1..=1024; the same on every
     /// rank).
+    #[track_caller]
     pub fn with_programs(
         mut self,
         rank: &Rank,
         programs: u32,
     ) -> Result<GemmReduceScatter<T>, Error> {
-        self.programs = check_programs(rank, programs)?;
+        self.programs = check_programs(rank, programs)
+            .map_err(Error::in_call("GemmReduceScatter::with_programs"))?;
         Ok(self)
     }
 
     /// Runs on every rank (collective): `out` (`ms x n`) receives this rank's block.
+    #[track_caller]
     pub fn run(
+        &mut self,
+        rank: &Rank,
+        a: &Buffer<T>,
+        b: &Buffer<T>,
+        out: &mut Buffer<T>,
+    ) -> Result<(), Error>
+    where
+        gemm_rs_kernel<T, BM, BN, BK>: Kernel<Comptime = ()>,
+    {
+        self.run_impl(rank, a, b, out)
+            .map_err(Error::in_call("GemmReduceScatter::run"))
+    }
+
+    fn run_impl(
         &mut self,
         rank: &Rank,
         a: &Buffer<T>,

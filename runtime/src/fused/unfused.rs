@@ -90,7 +90,17 @@ impl<T: GemmElem> std::fmt::Debug for AgThenGemm<T> {
 
 impl<T: GemmElem> AgThenGemm<T> {
     /// Plans it for `shard_rows x k` shards and a `k x n` `B` (collective).
+    #[track_caller]
     pub fn new(rank: &Rank, shard_rows: usize, n: usize, k: usize) -> Result<AgThenGemm<T>, Error> {
+        Self::new_impl(rank, shard_rows, n, k).map_err(Error::in_call("AgThenGemm::new"))
+    }
+
+    fn new_impl(
+        rank: &Rank,
+        shard_rows: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<AgThenGemm<T>, Error> {
         let m = shard_rows * rank.size() as usize;
         let gathered = rank.alloc::<T>(m * k)?;
         let sig = rank.alloc_signals(1)?;
@@ -106,7 +116,23 @@ impl<T: GemmElem> AgThenGemm<T> {
     }
 
     /// Runs it on every rank (collective), like [`super::AgGemm::run`].
+    #[track_caller]
     pub fn run(
+        &mut self,
+        rank: &Rank,
+        a: &Buffer<T>,
+        b: &Buffer<T>,
+        c: &mut Buffer<T>,
+    ) -> Result<(), Error>
+    where
+        gather_rows_kernel<T, BM, BK>: Kernel<Comptime = ()>,
+        gemm_kernel<T, BM, BN, BK>: Kernel<Comptime = ()>,
+    {
+        self.run_impl(rank, a, b, c)
+            .map_err(Error::in_call("AgThenGemm::run"))
+    }
+
+    fn run_impl(
         &mut self,
         rank: &Rank,
         a: &Buffer<T>,
@@ -270,7 +296,17 @@ impl<T: GemmElem> std::fmt::Debug for GemmThenReduceScatter<T> {
 
 impl<T: GemmElem> GemmThenReduceScatter<T> {
     /// Plans it like [`super::GemmReduceScatter::new`] (collective).
+    #[track_caller]
     pub fn new(
+        rank: &Rank,
+        m: usize,
+        n: usize,
+        kr: usize,
+    ) -> Result<GemmThenReduceScatter<T>, Error> {
+        Self::new_impl(rank, m, n, kr).map_err(Error::in_call("GemmThenReduceScatter::new"))
+    }
+
+    fn new_impl(
         rank: &Rank,
         m: usize,
         n: usize,
@@ -299,7 +335,23 @@ impl<T: GemmElem> GemmThenReduceScatter<T> {
     }
 
     /// Runs it on every rank (collective), like [`super::GemmReduceScatter::run`].
+    #[track_caller]
     pub fn run(
+        &mut self,
+        rank: &Rank,
+        a: &Buffer<T>,
+        b: &Buffer<T>,
+        out: &mut Buffer<T>,
+    ) -> Result<(), Error>
+    where
+        gemm_kernel<T, BM, BN, BK>: Kernel<Comptime = ()>,
+        reduce_scatter_rows_kernel<T, EB>: Kernel<Comptime = ()>,
+    {
+        self.run_impl(rank, a, b, out)
+            .map_err(Error::in_call("GemmThenReduceScatter::run"))
+    }
+
+    fn run_impl(
         &mut self,
         rank: &Rank,
         a: &Buffer<T>,
@@ -356,7 +408,17 @@ impl<T: Float + Element> std::fmt::Debug for AllReduceThenRmsNorm<T> {
 
 impl<T: Float + Element> AllReduceThenRmsNorm<T> {
     /// Plans it like [`super::AllReduceRmsNorm::new`] (collective).
+    #[track_caller]
     pub fn new(
+        rank: &Rank,
+        rows: usize,
+        hidden: usize,
+        eps: f32,
+    ) -> Result<AllReduceThenRmsNorm<T>, Error> {
+        Self::new_impl(rank, rows, hidden, eps).map_err(Error::in_call("AllReduceThenRmsNorm::new"))
+    }
+
+    fn new_impl(
         rank: &Rank,
         rows: usize,
         hidden: usize,
@@ -376,7 +438,24 @@ impl<T: Float + Element> AllReduceThenRmsNorm<T> {
     }
 
     /// Runs it on every rank (collective), like [`super::AllReduceRmsNorm::run`].
+    #[track_caller]
     pub fn run(
+        &mut self,
+        rank: &Rank,
+        x: &SymBuffer<T>,
+        residual: &mut Buffer<T>,
+        weight: &Buffer<T>,
+        out: &mut Buffer<T>,
+    ) -> Result<(), Error>
+    where
+        all_reduce_kernel<T, EB>: Kernel<Comptime = ()>,
+        residual_rmsnorm_kernel<T, NORM_BLOCK>: Kernel<Comptime = ()>,
+    {
+        self.run_impl(rank, x, residual, weight, out)
+            .map_err(Error::in_call("AllReduceThenRmsNorm::run"))
+    }
+
+    fn run_impl(
         &mut self,
         rank: &Rank,
         x: &SymBuffer<T>,

@@ -34,12 +34,28 @@ pub(super) struct HostHeap {
 }
 
 impl HostHeap {
-    pub(super) fn new(len: usize) -> Result<HostHeap, String> {
+    /// A heap of `len` bytes (at least the control words) for a rank on `device`:
+    /// [`Error::OutOfMemory`] naming `device` when the system refuses the memory,
+    /// `other(message)` for any other failure.
+    pub(super) fn new(
+        len: usize,
+        device: &str,
+        other: impl FnOnce(String) -> Error,
+    ) -> Result<HostHeap, Error> {
         let len = len.max(CTRL_BYTES);
-        let mut map = memmap2::MmapMut::map_anon(len)
-            .map_err(|e| format!("cannot map a heap of {len} bytes: {e}"))?;
-        let ptr = NonNull::new(map.as_mut_ptr())
-            .ok_or_else(|| format!("cannot map a heap of {len} bytes"))?;
+        let mut map = match memmap2::MmapMut::map_anon(len) {
+            Ok(map) => map,
+            Err(e) if e.kind() == std::io::ErrorKind::OutOfMemory => {
+                return Err(Error::OutOfMemory {
+                    bytes: len as u64,
+                    device: device.into(),
+                });
+            }
+            Err(e) => return Err(other(format!("cannot map a heap of {len} bytes: {e}"))),
+        };
+        let Some(ptr) = NonNull::new(map.as_mut_ptr()) else {
+            return Err(other(format!("cannot map a heap of {len} bytes")));
+        };
         Ok(HostHeap {
             ptr,
             len,
@@ -179,6 +195,12 @@ impl Shared {
     /// segment and every heap's abort word, releasing host barriers and device waits.
     pub(super) fn abort(&self, rank: u32, died: bool) {
         self.team.fail(rank, died);
+        self.release(rank);
+    }
+
+    /// Marks `rank` as failed because it timed out waiting for rank `missing`.
+    pub(super) fn abort_waiting_for(&self, rank: u32, missing: u32) {
+        self.team.fail_waiting_for(rank, missing);
         self.release(rank);
     }
 

@@ -102,7 +102,7 @@ pub use symmetric::SymBuffer;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera_ir::interp::{HostMemory, InterpError};
+use tessera_ir::interp::HostMemory;
 
 use crate::device::Device;
 use crate::error::Error;
@@ -379,7 +379,7 @@ impl World {
 
     fn team_segment() -> Result<Team, Error> {
         let mem: Arc<dyn HostMemory> =
-            Arc::new(HostHeap::new(team::TEAM_BYTES).map_err(Self::comm_err)?);
+            Arc::new(HostHeap::new(team::TEAM_BYTES, "cpu", Self::comm_err)?);
         Team::new(mem, true).map_err(Self::comm_err)
     }
 
@@ -391,10 +391,13 @@ impl World {
             .collect::<Result<_, _>>()?;
         if gpus.iter().all(Option::is_none) {
             let mut heaps = Vec::with_capacity(self.size);
-            for _ in 0..self.size {
-                heaps.push(HostHeapRef::Local(Arc::new(
-                    HostHeap::new(self.heap_bytes).map_err(Self::comm_err)?,
-                )));
+            for r in 0..self.size {
+                let device = self.device_of(r)?.id();
+                heaps.push(HostHeapRef::Local(Arc::new(HostHeap::new(
+                    self.heap_bytes,
+                    &device,
+                    Self::comm_err,
+                )?)));
             }
             return Ok(Heaps::Host(heaps.into()));
         }
@@ -551,7 +554,7 @@ impl World {
             // A world of one: nothing to exchange.
             let heaps = match &gpu {
                 None => Heaps::Host(Arc::from(vec![HostHeapRef::Local(Arc::new(
-                    HostHeap::new(self.heap_bytes).map_err(err)?,
+                    HostHeap::new(self.heap_bytes, &device.id(), err)?,
                 ))])),
                 Some(g) => Heaps::Gpu(Arc::from(vec![Arc::new(GpuHeap::alloc(
                     g,
@@ -860,21 +863,10 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
         .unwrap_or("(no message)")
 }
 
-/// True for errors that only report another rank's failure.
+/// True for errors that only report another rank's failure (also when a collective
+/// or fused plan wraps one with the user's call site).
 fn is_consequence(e: &Error) -> bool {
-    match e {
-        Error::Exec(ie) => matches!(**ie, InterpError::Aborted { .. }),
-        Error::Comm { message, .. } => message.starts_with("abandoned"),
-        #[cfg(feature = "jit")]
-        Error::Emu(ee) => match ee.downcast_ref::<tessera_codegen::emu::EmuError>() {
-            Some(tessera_codegen::emu::EmuError::Comm(f)) => {
-                matches!(**f, tessera_codegen::comm::CommFault::Aborted { .. })
-            }
-            _ => false,
-        },
-        Error::CommFault(f) => matches!(**f, tessera_ir::comm::CommFault::Aborted { .. }),
-        _ => false,
-    }
+    e.reports_another_rank()
 }
 
 #[cfg(test)]

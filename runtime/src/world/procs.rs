@@ -787,7 +787,9 @@ fn accept_all(
                     Ok((uid, pid)) => {
                         note(
                             &mut dropped,
-                            format!("pid {pid} (uid {uid}): another user's process"),
+                            format!(
+                                "pid {pid} (uid {uid}): another user's process, refused on connecting"
+                            ),
                         );
                         continue;
                     }
@@ -1611,6 +1613,84 @@ mod tests {
         // The world still forms with the real rank 1.
         join_rank1(&name, timeout);
         assert!(root.join().unwrap().is_ok());
+    }
+
+    /// Connects to abstract socket `name` as user `nobody` and sends a whole hello
+    /// with secret `right` (rank 1's), then waits for the socket to close; `None`
+    /// when this process cannot switch users.
+    fn nobody_says_hello(name: &str) -> Option<libc::pid_t> {
+        let (addr, len) = raw_addr(name);
+        let msg = hello_bytes(b"right");
+        as_nobody(|| {
+            // SAFETY: raw system calls on prepared buffers (see `as_nobody`).
+            unsafe {
+                let s = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let tv = libc::timeval {
+                    tv_sec: 20,
+                    tv_usec: 0,
+                };
+                libc::setsockopt(
+                    s,
+                    libc::SOL_SOCKET,
+                    libc::SO_RCVTIMEO,
+                    (&raw const tv).cast(),
+                    std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+                );
+                if libc::connect(s, (&raw const addr).cast(), len) != 0 {
+                    return 2;
+                }
+                libc::write(s, msg.as_ptr().cast(), msg.len());
+                let mut b = [0u8; 8];
+                libc::read(s, b.as_mut_ptr().cast(), 8);
+                0
+            }
+        })
+    }
+
+    /// The handshake's own check (each connection's thread), with the accepting
+    /// loop's first check out of the way: another user's hello, right secret and
+    /// all, is refused.
+    #[test]
+    fn the_handshake_refuses_another_users_process() {
+        let name = fresh_name();
+        let listener = UnixListener::bind_addr(&socket_addr(&name).unwrap()).unwrap();
+        let Some(pid) = nobody_says_hello(&name) else {
+            return;
+        };
+        let (s, _) = listener.accept().unwrap();
+        let got = handshake(s, b"right", Instant::now() + Duration::from_secs(5));
+        // SAFETY: kills and reaps our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        wait_child(pid);
+        match got {
+            Ok(a) => panic!("another user's process joined as rank {}", a.rank),
+            Err(e) => assert!(
+                e.contains("(uid 65534): another user's process") && !e.contains("connecting"),
+                "{e}"
+            ),
+        }
+    }
+
+    /// The accepting loop's check: another user's connection is dropped before it
+    /// gets a handshake thread, and rank 0's error says so.
+    #[test]
+    fn another_users_connection_is_refused_on_connecting() {
+        let name = fresh_name();
+        let root = start_rank0(&name, "right", Duration::from_secs(3));
+        drop(connect(&name)); // rank 0 listens (a closed connection is dropped)
+        let Some(pid) = nobody_says_hello(&name) else {
+            let _ = root.join();
+            return;
+        };
+        let e = root.join().unwrap().err().expect("no rank 1 joined");
+        // SAFETY: kills and reaps our own child.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+        wait_child(pid);
+        assert!(
+            e.contains("rank(s) 1 never joined")
+                && e.contains("(uid 65534): another user's process, refused on connecting"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -296,7 +296,12 @@ impl Rank {
                     "abandoned {what}: rank {rank} left the world (dropped its Rank) while others still needed it"
                 ))
             }
-            Stop::Failed { rank, .. } => self.err(format!("abandoned {what}: rank {rank} failed")),
+            Stop::Failed { rank, .. } => match self.shared.team.stalled_on(rank) {
+                Some(m) => self.err(format!(
+                    "abandoned {what}: rank {m} stopped answering (rank {rank} timed out waiting for it: stopped, hung or busy elsewhere?)"
+                )),
+                None => self.err(format!("abandoned {what}: rank {rank} failed")),
+            },
             Stop::Left { rank } => {
                 // The others' waits stop too, naming the rank that left.
                 self.shared.abort_by_leaving(rank);
@@ -305,7 +310,10 @@ impl Rank {
                 ))
             }
             Stop::Timeout { missing } => {
-                self.abort();
+                match missing.first() {
+                    Some(&m) => self.shared.abort_waiting_for(self.rank, m),
+                    None => self.abort(),
+                }
                 let who = match missing.as_slice() {
                     [] => String::new(),
                     [r] => format!(": rank {r} never arrived (stopped, hung or busy elsewhere?)"),

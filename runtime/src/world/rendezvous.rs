@@ -21,7 +21,9 @@
 //!    else it answers `HMAC-SHA256(secret, "server" | n1 | n0 | rank)`, which the rank
 //!    checks, so neither side gives its payload to a party without the secret;
 //! 4. the rank sends its payload; once every rank has, rank 0 sends each of them all
-//!    the payloads.
+//!    the payloads (their number, then each); if the world does not form in time,
+//!    it sends the ranks that joined `u32::MAX` and its reason instead, so every rank
+//!    fails with the same cause.
 //!
 //! Each connection's handshake has its own deadline (a silent connection cannot stall
 //! the others), and the whole exchange is bounded by the caller's timeout: a rank
@@ -41,6 +43,12 @@ use sha2::Sha256;
 use crate::Error;
 
 const MAGIC: &[u8; 8] = b"tessrdv1";
+
+/// How long past its own deadline a rank waits for rank 0's answer.
+const ANSWER_GRACE: Duration = Duration::from_secs(2);
+
+/// In place of the number of payloads: rank 0 failed, and a reason follows.
+const FAILED: u32 = u32::MAX;
 
 /// The largest payload a rank may contribute.
 pub const MAX_PAYLOAD: usize = 1 << 20;
@@ -69,13 +77,50 @@ fn nonce() -> Result<[u8; 32], String> {
     Ok(n)
 }
 
+/// Fills `buf` from `s` by `deadline`: each read waits only for what is left of it,
+/// so a peer that drips a byte at a time cannot stretch the wait (a socket timeout
+/// set once bounds each `read`, not the whole).
 fn read_exact(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> std::io::Result<()> {
-    let left = deadline.saturating_duration_since(Instant::now());
-    if left.is_zero() {
-        return Err(std::io::ErrorKind::TimedOut.into());
+    let mut got = 0;
+    while got < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_read_timeout(Some(left))?;
+        match s.read(&mut buf[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            Err(e) => return Err(e),
+        }
     }
-    s.set_read_timeout(Some(left))?;
-    s.read_exact(buf)
+    Ok(())
+}
+
+/// Writes `buf` to `s` by `deadline` (a peer that does not read cannot hold us).
+fn write_all(s: &mut TcpStream, buf: &[u8], deadline: Instant) -> std::io::Result<()> {
+    let mut sent = 0;
+    while sent < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(std::io::ErrorKind::TimedOut.into());
+        }
+        s.set_write_timeout(Some(left))?;
+        match s.write(&buf[sent..]) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                return Err(std::io::ErrorKind::TimedOut.into());
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 fn read_u32(s: &mut TcpStream, deadline: Instant) -> std::io::Result<u32> {
@@ -155,49 +200,59 @@ impl Server {
         self.listener
             .set_nonblocking(true)
             .map_err(|e| err(0, format!("the rendezvous listener: {e}")))?;
-        std::thread::scope(|scope| -> Result<(), Error> {
-            while have < size {
-                while let Ok((r, s, p)) = rx.try_recv() {
-                    if slots[r as usize].is_none() {
-                        slots[r as usize] = Some((s, p));
-                        have += 1;
-                    }
-                }
-                if have >= size {
-                    break;
-                }
-                if Instant::now() >= deadline {
-                    let missing: Vec<String> = (1..size)
-                        .filter(|&r| slots[r as usize].is_none())
-                        .map(|r| r.to_string())
-                        .collect();
-                    return Err(err(
-                        0,
-                        format!(
-                            "the rendezvous timed out after {timeout:?}: rank(s) {} never joined",
-                            missing.join(", ")
-                        ),
-                    ));
-                }
-                match self.listener.accept() {
-                    Ok((s, _)) => {
-                        let tx = tx.clone();
-                        let claimed: Vec<bool> = slots.iter().map(Option::is_some).collect();
-                        scope.spawn(move || {
-                            let limit = (Instant::now() + HANDSHAKE_LIMIT).min(deadline);
-                            if let Ok(Some((r, s, p))) = admit(s, size, secret, &claimed, limit) {
-                                let _ = tx.send((r, s, p));
-                            }
-                        });
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
-                    Err(e) => return Err(err(0, format!("the rendezvous accept failed: {e}"))),
+        let secret: std::sync::Arc<[u8]> = secret.into();
+        // Each connection is checked on a thread of its own, with its own deadline,
+        // while accepting goes on; the world forms as soon as its ranks have joined,
+        // without waiting for those threads (a slow stranger's ends by its deadline,
+        // and what it finds then goes nowhere).
+        while have < size {
+            while let Ok((r, s, p)) = rx.try_recv() {
+                if slots[r as usize].is_none() {
+                    slots[r as usize] = Some((s, p));
+                    have += 1;
                 }
             }
-            Ok(())
-        })?;
+            if have >= size {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let missing: Vec<String> = (1..size)
+                    .filter(|&r| slots[r as usize].is_none())
+                    .map(|r| r.to_string())
+                    .collect();
+                let why = format!(
+                    "the rendezvous timed out after {timeout:?}: rank(s) {} never joined",
+                    missing.join(", ")
+                );
+                // The ranks that joined hear the same cause (not a closed connection).
+                let mut out = FAILED.to_le_bytes().to_vec();
+                put_bytes(&mut out, why.as_bytes());
+                for (stream, _) in slots.iter_mut().flatten() {
+                    let _ = write_all(stream, &out, Instant::now() + Duration::from_secs(1));
+                }
+                return Err(err(0, why));
+            }
+            match self.listener.accept() {
+                Ok((s, _)) => {
+                    let tx = tx.clone();
+                    let secret = secret.clone();
+                    let claimed: Vec<bool> = slots.iter().map(Option::is_some).collect();
+                    let limit = (Instant::now() + HANDSHAKE_LIMIT).min(deadline);
+                    std::thread::Builder::new()
+                        .name("tessera-rendezvous".into())
+                        .spawn(move || {
+                            if let Ok(Some((r, s, p))) = admit(s, size, &secret, &claimed, limit) {
+                                let _ = tx.send((r, s, p));
+                            }
+                        })
+                        .map_err(|e| err(0, format!("the rendezvous's thread: {e}")))?;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(err(0, format!("the rendezvous accept failed: {e}"))),
+            }
+        }
         let mut all = Vec::with_capacity(size as usize);
         all.push(payload.to_vec());
         for s in slots.iter().skip(1) {
@@ -210,9 +265,12 @@ impl Server {
         }
         for (r, s) in slots.iter_mut().enumerate().skip(1) {
             if let Some((stream, _)) = s {
-                stream.write_all(&reply).map_err(|e| {
-                    err(0, format!("the rendezvous could not answer rank {r}: {e}"))
-                })?;
+                write_all(
+                    stream,
+                    &reply,
+                    deadline.max(Instant::now() + HANDSHAKE_LIMIT),
+                )
+                .map_err(|e| err(0, format!("the rendezvous could not answer rank {r}: {e}")))?;
             }
         }
         Ok(all)
@@ -231,7 +289,7 @@ fn admit(
     let n0 = nonce().map_err(std::io::Error::other)?;
     let mut hello = MAGIC.to_vec();
     hello.extend_from_slice(&n0);
-    s.write_all(&hello)?;
+    write_all(&mut s, &hello, deadline)?;
     let mut m = [0u8; 8];
     read_exact(&mut s, &mut m, deadline)?;
     if &m != MAGIC {
@@ -261,7 +319,7 @@ fn admit(
         |s: &mut TcpStream, why: String| -> std::io::Result<Option<(u32, TcpStream, Vec<u8>)>> {
             let mut out = vec![1u8];
             put_bytes(&mut out, why.as_bytes());
-            s.write_all(&out)?;
+            write_all(s, &out, deadline)?;
             Ok(None)
         };
     if their_size != size {
@@ -284,7 +342,7 @@ fn admit(
         .into_bytes();
     let mut out = vec![0u8];
     out.extend_from_slice(&proof);
-    s.write_all(&out)?;
+    write_all(&mut s, &out, deadline)?;
     let payload = read_bytes(&mut s, deadline)?;
     Ok(Some((rank, s, payload)))
 }
@@ -336,10 +394,32 @@ pub fn join(
         }
         std::thread::sleep(Duration::from_millis(50));
     };
-    let io = |x: std::io::Error| {
-        e(format!(
-            "the rendezvous at {addr} failed: {x} (rank 0 closes the connection of a rank with a different TESSERA_BOOTSTRAP_SECRET)"
-        ))
+    // Rank 0 closes the connection of a rank whose MAC fails, without a word: that
+    // (and only that) is what a closed connection right after our MAC means. A
+    // connection that stays silent is rank 0 still waiting (for other ranks) or gone.
+    let io = |x: std::io::Error| e(format!("the rendezvous at {addr} failed: {x}"));
+    let io_after_mac = |x: std::io::Error| {
+        use std::io::ErrorKind as K;
+        e(match x.kind() {
+            K::UnexpectedEof | K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => {
+                format!(
+                    "rank 0's rendezvous at {addr} closed the connection after this rank's proof: a different TESSERA_BOOTSTRAP_SECRET on this rank or rank 0 ({x})"
+                )
+            }
+            K::TimedOut | K::WouldBlock => format!(
+                "rank 0's rendezvous at {addr} did not answer within {timeout:?} (rank 0 busy or stopped)"
+            ),
+            _ => format!("the rendezvous at {addr} failed: {x}"),
+        })
+    };
+    let io_waiting = |x: std::io::Error| {
+        use std::io::ErrorKind as K;
+        e(match x.kind() {
+            K::TimedOut | K::WouldBlock => format!(
+                "rank 0's rendezvous at {addr} admitted this rank, but the world did not form within {timeout:?}: other ranks never joined (rank 0's error names them)"
+            ),
+            _ => format!("the rendezvous at {addr} failed while the world formed: {x}"),
+        })
     };
     let _ = s.set_nodelay(true);
     let mut hello = [0u8; 40];
@@ -362,9 +442,9 @@ pub fn join(
     out.extend_from_slice(&size.to_le_bytes());
     out.extend_from_slice(&n1);
     out.extend_from_slice(&tag);
-    s.write_all(&out).map_err(io)?;
+    write_all(&mut s, &out, deadline).map_err(io)?;
     let mut status = [0u8; 1];
-    read_exact(&mut s, &mut status, deadline).map_err(io)?;
+    read_exact(&mut s, &mut status, deadline).map_err(io_after_mac)?;
     if status[0] != 0 {
         let why = read_bytes(&mut s, deadline).map_err(io)?;
         return Err(e(format!(
@@ -373,7 +453,7 @@ pub fn join(
         )));
     }
     let mut proof = [0u8; 32];
-    read_exact(&mut s, &mut proof, deadline).map_err(io)?;
+    read_exact(&mut s, &mut proof, deadline).map_err(io_after_mac)?;
     if mac(secret, &[b"server", &n1, n0, &rank.to_le_bytes()])
         .verify_slice(&proof)
         .is_err()
@@ -384,15 +464,26 @@ pub fn join(
     }
     let mut msg = Vec::new();
     put_bytes(&mut msg, payload);
-    s.write_all(&msg).map_err(io)?;
-    let n = read_u32(&mut s, deadline).map_err(io)?;
+    write_all(&mut s, &msg, deadline).map_err(io)?;
+    // Rank 0 decides whether the world forms: its answer (the payloads, or why it
+    // gave up at its own deadline) gets a grace period past ours, so both sides of
+    // one timeout agree on its cause.
+    let answer_by = deadline + ANSWER_GRACE;
+    let n = read_u32(&mut s, answer_by).map_err(io_waiting)?;
+    if n == FAILED {
+        let why = read_bytes(&mut s, answer_by).map_err(io)?;
+        return Err(e(format!(
+            "rank 0's rendezvous at {addr} failed: {}",
+            String::from_utf8_lossy(&why)
+        )));
+    }
     if n != size {
         return Err(e(format!(
             "the rendezvous answered {n} payloads for {size} ranks"
         )));
     }
     (0..n)
-        .map(|_| read_bytes(&mut s, deadline).map_err(io))
+        .map(|_| read_bytes(&mut s, answer_by).map_err(io))
         .collect()
 }
 
@@ -466,6 +557,98 @@ mod tests {
         assert!(e0.contains("rank(s) 2 never joined"), "{e0}");
         let e2 = out[2].as_ref().expect_err("refused").to_string();
         assert!(e2.contains("TESSERA_BOOTSTRAP_SECRET"), "{e2}");
+        // Rank 1 (right secret) hears the real cause: the world did not form.
+        let e1 = out[1].as_ref().expect_err("no world").to_string();
+        assert!(
+            e1.contains("rank(s) 2 never joined") && !e1.contains("SECRET"),
+            "{e1}"
+        );
+    }
+
+    /// A stranger that connects and sends `bytes` one every `every`, for as long as
+    /// the connection takes them (at most 20 s).
+    fn dripper(addr: String, bytes: Vec<u8>, every: Duration) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            let Ok(mut s) = TcpStream::connect(&addr) else {
+                return;
+            };
+            let mut hello = [0u8; 40];
+            let _ = s.set_read_timeout(Some(Duration::from_secs(20)));
+            let t0 = Instant::now();
+            for b in bytes.iter().cycle() {
+                if t0.elapsed() > Duration::from_secs(20) || s.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(every);
+            }
+            let _ = s.read(&mut hello);
+        })
+    }
+
+    /// What a client sends after rank 0's hello, MAC garbage: rank 1 of 2.
+    fn plausible_start() -> Vec<u8> {
+        let mut v = MAGIC.to_vec();
+        v.extend_from_slice(&1u32.to_le_bytes());
+        v.extend_from_slice(&2u32.to_le_bytes());
+        v.extend_from_slice(&[7u8; 64]);
+        v
+    }
+
+    #[test]
+    fn a_handshake_ends_by_its_deadline_however_slowly_the_peer_drips() {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = format!("127.0.0.1:{}", l.local_addr().expect("addr").port());
+        let d = dripper(addr, plausible_start(), Duration::from_millis(100));
+        let (s, _) = l.accept().expect("accept");
+        let t0 = Instant::now();
+        // The deadline falls inside the 32-byte nonce (bytes 16..48: 1.6 s to 4.8 s).
+        let got = admit(s, 2, b"k", &[false, false], t0 + Duration::from_secs(2));
+        let took = t0.elapsed();
+        assert!(
+            matches!(&got, Err(e) if e.kind() == std::io::ErrorKind::TimedOut),
+            "{:?}",
+            got.map(|o| o.map(|(r, _, _)| r))
+        );
+        // (Each byte used to restart the wait inside one read: the nonce's 32 bytes
+        // ran to 4.8 s.)
+        assert!(took < Duration::from_millis(2600), "took {took:?}");
+        drop(l);
+        d.join().expect("dripper");
+    }
+
+    #[test]
+    fn a_dripping_stranger_neither_holds_rank_0_nor_fails_the_world() {
+        let server = Server::bind("127.0.0.1:0").expect("bind");
+        let addr = format!("127.0.0.1:{}", server.port().expect("port"));
+        // The stranger connects first (it waits in the backlog until rank 0
+        // serves) and drips for up to 20 s.
+        let d = dripper(addr.clone(), plausible_start(), Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(100));
+        let t0 = Instant::now();
+        let out = std::thread::scope(|sc| {
+            let hs: Vec<_> = (1..3u32)
+                .map(|r| {
+                    let addr = addr.clone();
+                    sc.spawn(move || join(&addr, r, 3, b"k", &[r as u8], Duration::from_secs(8)))
+                })
+                .collect();
+            let mine = server.serve(3, b"k", &[0], Duration::from_secs(8));
+            let mut out = vec![mine];
+            out.extend(hs.into_iter().map(|h| h.join().expect("no panic")));
+            out
+        });
+        let took = t0.elapsed();
+        for (r, o) in out.into_iter().enumerate() {
+            assert_eq!(
+                o.unwrap_or_else(|e| panic!("rank {r}: {e}")),
+                vec![vec![0u8], vec![1], vec![2]],
+                "rank {r}"
+            );
+        }
+        // The world formed once its ranks had joined, not when the stranger's
+        // handshake ended (it used to be joined first: 20 s).
+        assert!(took < Duration::from_secs(4), "took {took:?}");
+        d.join().expect("dripper");
     }
 
     #[test]

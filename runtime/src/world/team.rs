@@ -39,6 +39,9 @@ const W_DIED: usize = 2;
 const W_BARRIER: usize = 3;
 const W_LEFT: usize = 4;
 const W_LEFT_CAUSE: usize = 5;
+/// `(waiter + 1) << 32 | (missing + 1)`: the world failed because rank `waiter` timed
+/// out waiting for rank `missing`.
+const W_STALL_CAUSE: usize = 6;
 const HEADER_WORDS: usize = 8;
 /// The most ranks a world has.
 pub(crate) const MAX_RANKS: usize = 1024;
@@ -287,6 +290,26 @@ impl Team {
     pub(crate) fn failed_by_leaving(&self, rank: u32) -> bool {
         self.word(W_LEFT_CAUSE).load(Ordering::Acquire) == u64::from(rank) + 1
             && self.word(W_FAILED).load(Ordering::Acquire) == u64::from(rank) + 1
+    }
+
+    /// Records that `rank` failed the world because it timed out waiting for rank
+    /// `missing` (as [`Team::fail`], remembering why: the others then name
+    /// `missing`, the root cause, not the rank that gave up first).
+    pub(crate) fn fail_waiting_for(&self, rank: u32, missing: u32) {
+        let v = ((u64::from(rank) + 1) << 32) | (u64::from(missing) + 1);
+        let _ =
+            self.word(W_STALL_CAUSE)
+                .compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
+        self.fail(rank, false);
+    }
+
+    /// The rank that `rank` timed out waiting for, when that is how the world failed
+    /// (see [`Team::fail_waiting_for`]).
+    pub(crate) fn stalled_on(&self, rank: u32) -> Option<u32> {
+        let v = self.word(W_STALL_CAUSE).load(Ordering::Acquire);
+        let failed = self.word(W_FAILED).load(Ordering::Acquire);
+        (v != 0 && v >> 32 == u64::from(rank) + 1 && failed == u64::from(rank) + 1)
+            .then(|| ((v & 0xffff_ffff) - 1) as u32)
     }
 
     /// Records `rank` as failed (the first failure wins); `died`: its process exited.

@@ -58,10 +58,11 @@ impl Arch for Amdgpu {
         cx: &Cx<'ctx>,
         base: PointerValue<'ctx>,
         num_records: u32,
-        offset: IntValue<'ctx>,
+        lane: super::BufferLane<'ctx>,
         ty: BasicTypeEnum<'ctx>,
         _site: u32,
     ) -> LResult<BasicValueEnum<'ctx>> {
+        let offset = lane.offset;
         let p8 = cx.ctx.ptr_type(AddressSpace::from(8u16));
         let bytes = crate::lower::type_size(ty);
         let word = buffer_word_type(cx, bytes)?;

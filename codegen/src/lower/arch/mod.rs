@@ -120,6 +120,19 @@ pub enum WgmmaA<'a, 'ctx> {
     Regs(&'a [IntValue<'ctx>]),
 }
 
+/// One lane's access through [`Arch::buffer_load`].
+#[derive(Clone, Copy, Debug)]
+pub struct BufferLane<'ctx> {
+    /// The byte offset from the resource's base (an unsigned `i32`): the lane's own
+    /// where `mask` holds, an out-of-range one where it does not.
+    pub offset: IntValue<'ctx>,
+    /// The lane's own pointer (`base + offset` where `mask` holds and the access is
+    /// in bounds), for targets that check accesses (the emulator); GPUs ignore it.
+    pub ptr: PointerValue<'ctx>,
+    /// The lane's mask (`i1`): a lane whose mask is false is not accessed.
+    pub mask: IntValue<'ctx>,
+}
+
 /// Target-specific emission. Every method emits at the builder's position.
 pub trait Arch {
     /// The target.
@@ -468,15 +481,18 @@ pub trait Arch {
     }
     /// A raw buffer load (AMD CDNA3 ISA, `BUFFER_LOAD_DWORD*` through a buffer
     /// resource of stride 0 and `num_records` bytes at global pointer `base`, offset
-    /// enabled): the `ty` value (1, 2, 4, 8 or 16 bytes) at byte offset `offset` (an
-    /// unsigned `i32`), or zero when the access is out of range (`offset + size >
-    /// num_records`). Callers keep every access wholly in or wholly out of range.
+    /// enabled): the `ty` value (1, 2, 4, 8 or 16 bytes) at byte offset `lane.offset`
+    /// (an unsigned `i32`), or zero when the access is out of range (`offset + size >
+    /// num_records`). Callers keep every access wholly in or wholly out of range, and
+    /// masked-off lanes out of range. A checking target (the emulator) checks a
+    /// masked-on lane's own pointer `lane.ptr` against its buffer instead of reading
+    /// zero silently where it is out of bounds.
     fn buffer_load<'ctx>(
         &self,
         _cx: &Cx<'ctx>,
         _base: PointerValue<'ctx>,
         _num_records: u32,
-        _offset: IntValue<'ctx>,
+        _lane: BufferLane<'ctx>,
         _ty: BasicTypeEnum<'ctx>,
         _site: u32,
     ) -> LResult<BasicValueEnum<'ctx>> {
