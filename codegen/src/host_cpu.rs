@@ -151,6 +151,18 @@ mod tests {
     }
 
     #[test]
+    fn a_second_level_in_one_process_is_refused() {
+        // (This test binary generates host code for `native`, the default.)
+        set_host_cpu("native").expect("the default again");
+        assert_eq!(host_cpu().level, "native");
+        if resolve("x86-64-v2").is_ok() {
+            let e = set_host_cpu("x86-64-v2").unwrap_err();
+            assert!(e.contains("already generated for CPU level `native`"), "{e}");
+        }
+        assert_eq!(host_cpu().level, "native");
+    }
+
+    #[test]
     fn a_level_needs_its_features() {
         let have = host_features();
         for (level, needs) in LEVELS.iter().skip(1) {
