@@ -19,61 +19,20 @@
 //! which a runtime built without LLVM loads (`TESSERA_AOT_DIR=<dir>` or
 //! `Device::with_artifacts`): see `examples/gpu_check.rs` and `scripts/gpu-check.sh`.
 
-// The example kernels are included as modules; each also has its own `main`.
+// The example kernels are included as modules (by `aot_jobs.rs`); each also has its
+// own `main`.
 #![allow(clippy::duplicate_mod)]
 
-#[path = "argmax.rs"]
-#[allow(dead_code)]
-mod argmax;
-#[path = "checked_gather.rs"]
-#[allow(dead_code)]
-mod checked_gather;
-#[path = "dropout.rs"]
-#[allow(dead_code)]
-mod dropout;
-#[path = "gpu_cases.rs"]
-mod gpu_cases;
-#[path = "layernorm.rs"]
-#[allow(dead_code)]
-mod layernorm;
-#[path = "layernorm_backward.rs"]
-#[allow(dead_code)]
-mod layernorm_backward;
-#[path = "matmul.rs"]
-#[allow(dead_code)]
-mod matmul;
-#[path = "matmul_desc.rs"]
-#[allow(dead_code)]
-mod matmul_desc;
-#[path = "matmul_fp8.rs"]
-#[allow(dead_code)]
-mod matmul_fp8;
-#[path = "matmul_i8.rs"]
-#[allow(dead_code)]
-mod matmul_i8;
-#[path = "ping_pong.rs"]
-#[allow(dead_code)]
-mod ping_pong;
-#[path = "softmax.rs"]
-#[allow(dead_code)]
-mod softmax;
-#[path = "topk.rs"]
-#[allow(dead_code)]
-mod topk;
-#[path = "vector_add.rs"]
-#[allow(dead_code)]
-mod vector_add;
+#[path = "aot_jobs.rs"]
+mod aot_jobs;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
+use aot_jobs::JOBS;
 use tessera::ArtifactStore;
-use tessera::aot::{
-    ALL_TARGETS, Artifact, CompileOptions, Specialization, Target, Vendor,
-    compile_kernel_specialized, precompile_launches,
-};
-use tessera::prelude::*;
+use tessera::aot::{ALL_TARGETS, CompileOptions, Specialization, Target, Vendor};
 
 const USAGE: &str = "usage: aot --target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
                      --out <dir> [--num-warps <1|2|4|8|16>] [--num-stages <1..8>] \
@@ -160,108 +119,6 @@ fn parse_args(
         off_node,
     })
 }
-
-/// One example kernel: its file name, its number of warps (`None`: `--num-warps`),
-/// how to compile it, and how to precompile it into an artifact store.
-type Job = (
-    &'static str,
-    Option<u32>,
-    fn(&Specialization, Target, &CompileOptions) -> Result<Artifact, Error>,
-    fn(Target, &CompileOptions, &ArtifactStore) -> Result<Vec<PathBuf>, Error>,
-);
-
-macro_rules! job {
-    ($name:literal, warps = $w:literal, $k:ty) => {
-        job!(@ $name, Some($w), $k)
-    };
-    ($name:literal, $k:ty) => {
-        job!(@ $name, None, $k)
-    };
-    // A kernel with tensor descriptors: its files are the launch whose tensor maps
-    // were built (TMA on sm_90a), the all-divisible one with maps.
-    ($name:literal, warps = $w:literal, maps, $k:ty) => {
-        (
-            $name,
-            Some($w),
-            |sp, t, o| {
-                let sp = match sp {
-                    Specialization::AllDivisible => {
-                        let n = tessera::kernel_ir::<$k>(&())?.params.len();
-                        Specialization::TensorMaps(vec![true; n])
-                    }
-                    other => other.clone(),
-                };
-                compile_kernel_specialized::<$k>(&(), &sp, t, o)
-            },
-            |t, o, s| precompile_launches::<$k>(&(), t, o, s),
-        )
-    };
-    (@ $name:literal, $warps:expr, $k:ty) => {
-        (
-            $name,
-            $warps,
-            |sp, t, o| compile_kernel_specialized::<$k>(&(), sp, t, o),
-            // Every specialization a launch can look up.
-            |t, o, s| precompile_launches::<$k>(&(), t, o, s),
-        )
-    };
-}
-
-/// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
-/// instantiate them.
-const JOBS: [Job; 31] = [
-    job!("vector_add", vector_add::vector_add<1024>),
-    job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
-    job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
-    job!("matmul_f32", matmul::matmul<f32, 64, 64, 32>),
-    job!("matmul_f16", matmul::matmul<f16, 64, 64, 32>),
-    // The tile sizes of the Triton comparison (benches/vs_triton).
-    job!("matmul_f16_128x128x32", matmul::matmul<f16, 128, 128, 32>),
-    job!("matmul_f16_128x128x64", warps = 8, matmul::matmul<f16, 128, 128, 64>),
-    // ... and at the Triton baseline's own tile (scripts/gpu_bench.py: 128x256x64).
-    job!("matmul_f16_128x256x64", warps = 8, matmul::matmul<f16, 128, 256, 64>),
-    job!("layernorm", layernorm::layernorm<f32, 256>),
-    // The GPU check's wider layernorm tile (its benchmark compares both).
-    job!("layernorm_2048", layernorm::layernorm<f32, 2048>),
-    job!("dropout", dropout::seeded_dropout<1024>),
-    job!("argmax", argmax::row_argmax<1024>),
-    job!("topk", topk::route<16, 64, 4>),
-    job!("checked_gather", checked_gather::checked_gather<256>),
-    job!("layernorm_bwd_dx", layernorm_backward::layernorm_bwd_dx<1024, 32>),
-    job!("layernorm_bwd_dwdb", layernorm_backward::layernorm_bwd_dwdb<32, 128>),
-    // FlashAttention-2 forward, 128 query rows x 64 keys per step, head dim 64
-    // (examples/attention.rs launches 64x64 tiles).
-    job!("attention_fwd_128x64", tessera::attention::attention_fwd<f16, 128, 64, 64>),
-    // The 8-bit GEMMs (examples/matmul_i8.rs, examples/matmul_fp8.rs), and at the
-    // tile of the Triton comparison (128 bytes of k per step).
-    job!("matmul_i8", matmul_i8::matmul_i8<64, 64, 64>),
-    job!("matmul_i8_bt", matmul_i8::matmul_i8_bt<64, 64, 64>),
-    job!("quantize_e4m3", matmul_fp8::quantize<F8E4M3, 1024>),
-    job!("matmul_fp8_e4m3", matmul_fp8::matmul_fp8_bt<F8E4M3, 64, 64, 64>),
-    job!("matmul_i8_bt_128x128x128", warps = 8, matmul_i8::matmul_i8_bt<128, 128, 128>),
-    job!("matmul_fp8_bt_128x128x128", warps = 8, matmul_fp8::matmul_fp8_bt<F8E4M3, 128, 128, 128>),
-    // Device-side communication (examples/ping_pong.rs): the GPU check's ranks.
-    job!("ring_pass", ping_pong::ring_pass<1024>),
-    // The fused all-gather + GEMM's kernel (tessera::fused::AgGemm, f16), which the
-    // GPU check runs between processes.
-    job!(
-        "ag_gemm_f16",
-        tessera::fused::ag_gemm_kernel<
-            f16,
-            { tessera::fused::BM },
-            { tessera::fused::BN },
-            { tessera::fused::BK },
-        >
-    ),
-    // The GPU check's own cases (examples/gpu_cases.rs).
-    job!("bf16_axpb", gpu_cases::bf16_axpb<1024>),
-    job!("f64_poly", gpu_cases::f64_poly<256>),
-    job!("histogram_system", gpu_cases::histogram_system<1024>),
-    job!("row_cumsum_f32", gpu_cases::row_cumsum<f32, 1024>),
-    job!("row_cumsum_i32", gpu_cases::row_cumsum<i32, 1024>),
-    // Through tensor descriptors (examples/matmul_desc.rs): TMA + mbarriers on sm_90a.
-    job!("matmul_desc_128x128x64", warps = 8, maps, matmul_desc::matmul_desc<128, 128, 64>),
-];
 
 fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     std::fs::write(path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))

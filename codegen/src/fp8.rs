@@ -12,9 +12,13 @@
 //!   (the warpgroup instructions are Hopper's fast path, not `mma.sync`);
 //! - sm_89 takes `mma.sync` m16n8k32 `.e4m3`/`.e5m2` (`QMMA` in the SASS), for which
 //!   the kernel's PTX declares ISA 8.4 (CUDA 12.4 drivers or later; every other kernel
-//!   stays at 8.0). On sm_90 ptxas compiles that same instruction to conversions and
-//!   f16 `HMMA.16816`, what the f16 path gives without the newer driver, so sm_90
-//!   takes the f16 path, as sm_80 does;
+//!   stays at 8.0). sm_80, sm_86 and sm_90 lower the `dot` as it is too, with that
+//!   instruction's 8-bit fragments (8-bit arrays in shared memory, `cp.async` rings),
+//!   each converted to f16 in registers for two f16 `mma.sync` m16n8k16
+//!   (`lower::arch::fp8_mma_as_f16`; on sm_90 ptxas compiles the 8-bit instruction
+//!   to the same, but only from ISA 8.4). Casting whole operand tiles here instead
+//!   keeps two f16 tiles live in registers (a 128x128x128 tile spilled on sm_80 and
+//!   sm_90) and loads a B contiguous along `k` a byte at a time;
 //! - gfx942's MFMA 8-bit float instructions read the FNUZ formats (exponent bias 8
 //!   and 16, a single NaN `0x80`, no negative zero, no infinities), not the OCP
 //!   formats Tessera's types are: the f16 MFMA gives the exact product instead.

@@ -157,7 +157,10 @@ mod tests {
         assert_eq!(host_cpu().level, "native");
         if resolve("x86-64-v2").is_ok() {
             let e = set_host_cpu("x86-64-v2").unwrap_err();
-            assert!(e.contains("already generated for CPU level `native`"), "{e}");
+            assert!(
+                e.contains("already generated for CPU level `native`"),
+                "{e}"
+            );
         }
         assert_eq!(host_cpu().level, "native");
     }

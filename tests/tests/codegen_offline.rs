@@ -2,6 +2,8 @@
 //! tier 4), without a GPU:
 //!
 //! - the PTX for sm_80 and sm_90 assembles with `ptxas`, with no register spills;
+//!   so does that of every kernel the `aot` example compiles (`examples/aot_jobs.rs`),
+//!   for every NVIDIA target it takes (sm_80, sm_86, sm_89, sm_90, sm_90a);
 //! - the HSACO for gfx90a, gfx942 and gfx1100 links and disassembles (`llvm-objdump`);
 //! - the f16 matmul uses the matrix units (HMMA/HGMMA in the sm_90 SASS, `v_mfma` on
 //!   gfx942);
@@ -187,6 +189,67 @@ fn ptx_assembles_without_spills() {
             }
         }
     }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[path = "../../examples/aot_jobs.rs"]
+mod aot_jobs;
+
+/// Every kernel the `aot` example compiles (its job list, `examples/aot_jobs.rs`),
+/// as it compiles them by default (each job's warps, else the default; launches
+/// specialized as all-divisible), for every NVIDIA target it takes: the PTX
+/// assembles with no register spills (the fp8 128x128x128 GEMM included, whose f16
+/// operand tiles once spilled on sm_80, sm_86 and sm_90).
+#[test]
+fn every_aot_kernel_assembles_without_spills_on_every_nvidia_target() {
+    use tessera::aot::Specialization;
+    let targets: Vec<Target> = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
+        .iter()
+        .map(|t| t.parse().expect("a target"))
+        .collect();
+    // One thread per target: about 150 kernels, compiled and assembled.
+    let failures: Vec<String> = std::thread::scope(|s| {
+        let runs: Vec<_> = targets
+            .iter()
+            .map(|&target| {
+                s.spawn(move || {
+                    let mut failures = Vec::new();
+                    for (name, warps, compile, _) in aot_jobs::JOBS {
+                        let opts = CompileOptions {
+                            num_warps: warps.unwrap_or(CompileOptions::default().num_warps),
+                            ..CompileOptions::default()
+                        };
+                        let art = match compile(&Specialization::AllDivisible, target, &opts) {
+                            Ok(art) => art,
+                            Err(e) => {
+                                failures.push(format!("{name} {target}: {e}"));
+                                continue;
+                            }
+                        };
+                        match tools::ptxas(ptx(&art), &target.to_string()) {
+                            Ok(r) => {
+                                println!(
+                                    "{name} {target}: {} registers, {} B smem, spills {}/{} B",
+                                    r.registers,
+                                    r.shared_bytes,
+                                    r.spill_stores_bytes,
+                                    r.spill_loads_bytes
+                                );
+                                if r.spill_stores_bytes + r.spill_loads_bytes != 0 {
+                                    failures.push(format!("{name} {target} spills:\n{}", r.log));
+                                }
+                            }
+                            Err(e) => failures.push(format!("{name} {target}: {e}")),
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        runs.into_iter()
+            .flat_map(|r| r.join().expect("a target's thread"))
+            .collect()
+    });
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -1053,9 +1116,12 @@ fn matmul_i8_uses_the_integer_matrix_units() {
 /// fp8 GEMMs, specialized as launches are: on sm_90a with A and Bᵀ given (both
 /// contiguous along k) `wgmma` `m64nNk32.f32.e4m3.e4m3` / `.e5m2.e5m2` (QGMMA in the
 /// SASS) from a `cp.async` ring, no spills; on sm_89 `mma.sync` m16n8k32 on the
-/// 8-bit floats (QMMA, PTX ISA 8.4); with B `[k][n]` on sm_90a, and on sm_80, sm_90
-/// and gfx942 always, the operands cast to f16 for the f16 matrix instructions
-/// (HGMMA, HMMA, `v_mfma_f32_*_f16`), see `tessera::codegen::fp8`.
+/// 8-bit floats (QMMA, PTX ISA 8.4); on sm_80 and sm_90 the same 8-bit arrays and
+/// fragments (Bᵀ given: from a `cp.async` ring), each fragment converted to f16 for
+/// two HMMA (`cvt.rn.f16x2.e4m3x2` for E4M3 on sm_90); with B `[k][n]` on sm_90a, and
+/// on gfx942 always, the operands cast to f16 for the f16 matrix instructions (HGMMA,
+/// `v_mfma_f32_*_f16`), see `tessera::codegen::fp8`. No spills, at 128x128x128 on 8
+/// warps too.
 #[test]
 fn matmul_fp8_uses_the_8_bit_or_the_f16_matrix_units() {
     use tessera::ir::ParamFacts;
@@ -1106,17 +1172,16 @@ fn matmul_fp8_uses_the_8_bit_or_the_f16_matrix_units() {
         let sass = tools::sass(&r.cubin).expect("cuobjdump");
         assert_eq!(sass.contains("QGMMA"), native, "{name}:\n{sass}");
         assert!(sass.contains("GMMA"), "{name}:\n{sass}");
-        if warps > 4 {
-            continue; // the 128-wide k tile is the sm_90a one
-        }
-        // sm_80 and sm_90: the exact f16 path (HMMA). sm_89: `mma.sync` on the 8-bit
-        // floats themselves (QMMA), in a PTX of ISA 8.4 (every other kernel stays at
-        // 8.0). (On sm_90 ptxas turns that instruction into conversions and HMMA.)
+        // sm_80 and sm_90: the exact f16 path (HMMA), on fragments converted from
+        // the 8-bit arrays. sm_89: `mma.sync` on the 8-bit floats themselves (QMMA),
+        // in a PTX of ISA 8.4 (every other kernel stays at 8.0). (On sm_90 ptxas turns
+        // that instruction into conversions and HMMA.)
         let ty = if name.starts_with("e4m3") {
             "e4m3"
         } else {
             "e5m2"
         };
+        let bt = native;
         for t in [SM80, SM89, SM90] {
             let art = compile_ir(&func, t, &opts).expect("compiles");
             let native = t == SM89;
@@ -1126,6 +1191,17 @@ fn matmul_fp8_uses_the_8_bit_or_the_f16_matrix_units() {
                 "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32".to_string()
             };
             assert!(art.asm.contains(&want), "{name} {t}:\n{}", art.asm);
+            // Both operands contiguous along k: 8-bit copies into a ring.
+            assert_eq!(
+                art.asm.contains("cp.async.cg.shared.global"),
+                bt,
+                "{name} {t}"
+            );
+            assert_eq!(
+                art.asm.contains("cvt.rn.f16x2.e4m3x2"),
+                t == SM90 && ty == "e4m3",
+                "{name} {t}"
+            );
             let version = if native {
                 ".version 8.4"
             } else {

@@ -541,12 +541,13 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
             .scalar_type()
             .filter(|s| s.is_fp8() && l.arch.mma(*s).is_none())
     {
-        // Only `wgmma` multiplies 8-bit floats as they are; `crate::fp8` casts the
-        // operands of the others to f16 before lowering.
+        // Only `wgmma` and NVIDIA's `mma.sync` m16n8k32 fragments (`Arch::mma`)
+        // multiply 8-bit floats as they are; `crate::fp8` casts the operands of the
+        // others to f16 before lowering.
         return Err(super::LowerError::Unsupported {
             span: op.span.clone(),
             message: format!(
-                "`dot` on {s} takes wgmma (both operands K-major), mma.sync (sm_89) or f16 operands"
+                "`dot` on {s} takes wgmma (both operands K-major), mma.sync (sm_80 to sm_90) or f16 operands"
             ),
         });
     }

@@ -37,7 +37,7 @@
 //! | `cp.async.bulk.commit_group` + `wait_group.read 0` | `void tessera_emu_tma_store_wait(i32 site)` (the thread's stores read shared memory and write global memory now) |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
-//! | 8-bit matrix instructions (`mma.sync` m16n8k32 `.s8`, `.e4m3`, `.e5m2`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (kind: 0 `.s8`, 1 and 2 the MFMA, 3 `.e4m3`, 4 `.e5m2`; `[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out, f32 by their bits) |
+//! | 8-bit matrix instructions (`mma.sync` m16n8k32 `.s8`, `.e4m3`, `.e5m2`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (kind: 0 `.s8`, 1 and 2 the MFMA, 3 `.e4m3`, 4 `.e5m2` (sm_89's; emu-nv converts 8-bit float fragments to f16 as sm_80 does, `arch::fp8_mma_as_f16`); `[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out, f32 by their bits) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
 //! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::arch::pack_words`
@@ -289,6 +289,8 @@ impl Arch for Emu {
     fn mma_for(&self, input: ScalarType, m: u32, n: u32, k: u32, nw: u32) -> Option<MmaInfo> {
         match self.flavor {
             EmuFlavor::Nv if input.is_fp8() => self.mma(input),
+            // sm_90a's 8-bit floats take `wgmma` (else f16 `wgmma`), no `mma.sync`.
+            EmuFlavor::Sm90a if input.is_fp8() => None,
             EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma_for(input, m, n, k, nw),
             EmuFlavor::Amd => Amdgpu {
                 arch: AmdArch::Gfx942,
@@ -299,9 +301,11 @@ impl Arch for Emu {
 
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
         match self.flavor {
-            // emu-nv multiplies 8-bit floats as sm_89 does (`mma.sync` m16n8k32),
-            // emu-sm90a as sm_90a (`wgmma`, else f16).
+            // emu-nv multiplies 8-bit floats as sm_80 does (`mma.sync` m16n8k32
+            // fragments, each converted to f16 for two m16n8k16, see `emit_mma`; sm_89
+            // reads the same fragments), emu-sm90a as sm_90a (`wgmma`, else f16).
             EmuFlavor::Nv if input.is_fp8() => Some(super::arch::nv_m16n8k32_s8()),
+            EmuFlavor::Sm90a if input.is_fp8() => None,
             EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma(input),
             EmuFlavor::Amd => Amdgpu {
                 arch: AmdArch::Gfx942,
@@ -783,6 +787,12 @@ impl Arch for Emu {
     ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
         let i32t = cx.ctx.i32_type();
         let f32t = cx.ctx.f32_type();
+        if input.is_fp8() && self.flavor == EmuFlavor::Nv {
+            // As sm_80 and sm_90: the fragments converted to f16 (in the kernel's own
+            // code, which this runs) for two f16 instructions.
+            let cvt = |w: IntValue<'ctx>| super::arch::fp8x4_to_f16(cx, input, w);
+            return super::arch::fp8_mma_as_f16(self, cx, a, b, c, site, &cvt);
+        }
         if input == ScalarType::I8 || input.is_fp8() {
             return emit_mma_i8(cx, self.flavor, input, a, b, c, site);
         }

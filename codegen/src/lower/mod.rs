@@ -367,9 +367,10 @@ fn lower_impl<'ctx>(
     if func.uses_comm() {
         engine::check(arch.target(), opts.engine)?;
     }
-    // `dot`s of 8-bit floats: on `wgmma` or `mma.sync` (sm_89) as they are where they
-    // can be (else the whole kernel again with them on f16), elsewhere on f16
-    // (`crate::fp8`).
+    // `dot`s of 8-bit floats: on `wgmma` or `mma.sync` m16n8k32 (sm_89's instruction,
+    // or its fragments converted to f16 in registers on sm_80, sm_86 and sm_90) as they
+    // are where they can be (else the whole kernel again with them on f16), elsewhere
+    // on f16 (`crate::fp8`).
     if crate::fp8::has_fp8_dot(func) {
         if (arch.target().has_wgmma() || arch.mma(ScalarType::F8E4M3).is_some())
             && let Ok(l) = lower_as_is(ctx, func, arch, opts, with_layouts)
@@ -468,7 +469,8 @@ fn lower_expanded<'ctx>(
         let (Some(s), [m, k], [_, n]) = (a.scalar_type(), &a.shape[..], &b.shape[..]) else {
             return false;
         };
-        // (8-bit floats stay so only on `wgmma`, see `crate::fp8`.)
+        // (8-bit floats: on `wgmma`, and on `mma.sync` where `mma_for` has them, see
+        // `crate::fp8`.)
         (s.is_fp8() && target.has_wgmma())
             || arch
                 .mma_for(s, *m, *n, *k, nw)

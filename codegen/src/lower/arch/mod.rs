@@ -22,7 +22,7 @@
 //! | bad `remote_ptr` peer | `llvm.trap` | `llvm.trap` |
 //! | signal / counter atomics | inline `atom.{sem}.{cta,gpu,sys}.global.{exch.b64,add.u64}` (LLVM 22 drops the ordering and scope of NVPTX `atomicrmw`, emitting a relaxed `.gpu` atom) | `atomicrmw` with `syncscope` |
 //! | atomics scopes | `block` / `device` / system (`""`) | `workgroup` / `agent` / system (`""`) |
-//! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`, `...m16n8k32.row.col.s32.s8.s8.s32` (inline PTX; sm_80+); `wgmma.mma_async` (sm_90a, `lower::wgmma`) | `llvm.amdgcn.mfma.f32.{16x16x16,32x32x8}{f16,bf16.1k}` (gfx90a, gfx942), `...i32.{16x16x16,32x32x8}i8` (gfx90a), `...i32.{16x16x32,32x32x16}.i8` (gfx942) |
+//! | matrix unit | `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}`, `...m16n8k32.row.col.s32.s8.s8.s32` (inline PTX; sm_80+), `...m16n8k32.row.col.f32.{e4m3,e5m2}...` (sm_89; sm_80, sm_86 and sm_90 convert its fragments to f16 for two m16n8k16, `fp8_mma_as_f16`); `wgmma.mma_async` (sm_90a, `lower::wgmma`) | `llvm.amdgcn.mfma.f32.{16x16x16,32x32x8}{f16,bf16.1k}` (gfx90a, gfx942), `...i32.{16x16x16,32x32x8}i8` (gfx90a), `...i32.{16x16x32,32x32x16}.i8` (gfx942) |
 //!
 //! # Matrix fragment layouts
 //!
@@ -54,7 +54,7 @@
 //! trait, the fragment descriptions, [`for_target`] and what both share.
 
 use inkwell::AddressSpace;
-use inkwell::types::BasicTypeEnum;
+use inkwell::types::{BasicTypeEnum, VectorType};
 use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, PointerValue};
 use tessera_ir::ScalarType;
 use tessera_ir::ir::{AtomicOp, MemScope, SignalOp};
@@ -642,6 +642,108 @@ pub(crate) fn pack_words<'ctx>(
         .collect()
 }
 
+/// `mma.m16n8k32` on 8-bit floats (E4M3 or E5M2: A four `.b32` registers of four
+/// bytes, B two, C four f32, the fragments of `nv_m16n8k32_s8`) on an NVIDIA target
+/// without that instruction (sm_80, sm_86, sm_90; emu-nv as they): each register's
+/// bytes become f16 (`cvt`: a `.b32` of four 8-bit floats to the f16 pairs of its bytes
+/// 0, 1 and 2, 3, see [`fp8x4_to_f16`]), and `arch` multiplies them with two f16
+/// `mma.m16n8k16` (exact: every 8-bit float is an f16, and products of f16 are exact in
+/// f32), one per half of the 32 `k`. (A fragment that several instructions read is
+/// converted for each; LLVM keeps one of the identical conversions.)
+///
+/// A lane holds the same `k` of A and B: bytes `4t..4t+4` of `k` (and `16 + 4t..`)
+/// with `t = lane % 4`, where the f16 fragments hold `k = 2t, 2t + 1` and
+/// `8 + 2t, 8 + 2t + 1`. The conversion keeps every element in its lane and maps
+/// `k = 16s + 4t + j` to f16 slot `2t + j` (`j < 2`) or `8 + 2t + j - 2` of step `s`,
+/// in A and in B alike: step `s` sums the products of `k` in `16s..16s + 16`, as an f16
+/// `dot` stepping 16 at a time would, in another order within the instruction.
+/// So the operands stay 8-bit up to the registers (half the shared memory and
+/// its traffic of f16 arrays, loads by `cp.async`) and only one k-step's fragments are
+/// ever f16, instead of whole f16 tiles ([`crate::fp8`]'s cast).
+pub(crate) fn fp8_mma_as_f16<'ctx, A: Arch + ?Sized>(
+    arch: &A,
+    cx: &Cx<'ctx>,
+    a: &[BasicValueEnum<'ctx>],
+    b: &[BasicValueEnum<'ctx>],
+    c: &[BasicValueEnum<'ctx>],
+    site: u32,
+    cvt: &dyn Fn(IntValue<'ctx>) -> LResult<(IntValue<'ctx>, IntValue<'ctx>)>,
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let (pa, pb) = (pack_words(cx, a)?, pack_words(cx, b)?);
+    if pa.len() != 4 || pb.len() != 2 || c.len() != 4 {
+        return Err(LowerError::Llvm(
+            "mma.m16n8k32 takes 4 A, 2 B and 4 C registers".into(),
+        ));
+    }
+    let a16 = pa.iter().map(|&w| cvt(w)).collect::<LResult<Vec<_>>>()?;
+    let b16 = pb.iter().map(|&w| cvt(w)).collect::<LResult<Vec<_>>>()?;
+    let mut d = c.to_vec();
+    for s in 0..2 {
+        // A: rows g and g + 8 (registers 2s and 2s + 1), k pairs (2t..) then (8 + 2t..).
+        let (x, y) = (a16[2 * s], a16[2 * s + 1]);
+        let af: [BasicValueEnum<'ctx>; 4] = [x.0.into(), y.0.into(), x.1.into(), y.1.into()];
+        let bf: [BasicValueEnum<'ctx>; 2] = [b16[s].0.into(), b16[s].1.into()];
+        d = arch.emit_mma(cx, ScalarType::F16, &af, &bf, &d, site)?;
+    }
+    Ok(d)
+}
+
+/// The four 8-bit floats `input` (E4M3 or E5M2) of the `.b32` `w` (element `i` in
+/// byte `i`) as f16, exactly: `(f16x2 of bytes 0 and 1, f16x2 of bytes 2 and 3)`, the
+/// first of each pair in the low half. Integer and f16 arithmetic, on every target.
+///
+/// A byte shuffle (one `prmt` on NVIDIA) puts each byte at the top of a 16-bit half.
+/// An E5M2 there is its f16 (the same sign, exponent and bias, two fewer mantissa
+/// bits), infinities and NaNs included. An E4M3 `S.EEEE.MMM` with its magnitude moved
+/// down one bit is the f16 `S.0EEEE.MMM0000000`, its value times 2^-8 (bias 15 for
+/// 7; subnormals too, exponent field 0 in both), so an exact f16 multiplication by
+/// 256 gives its value. Its NaN (`S.1111.111`) comes out of that as ±480
+/// (`0x5f80`), which the exponent bit it lacks (`0x2000`) makes a NaN again.
+pub(crate) fn fp8x4_to_f16<'ctx>(
+    cx: &Cx<'ctx>,
+    input: ScalarType,
+    w: IntValue<'ctx>,
+) -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
+    let bd = &cx.b;
+    let (i8t, i32t) = (cx.ctx.i8_type(), cx.ctx.i32_type());
+    let c = |x: u32| i32t.const_int(u64::from(x), false);
+    let bytes = bd
+        .build_bit_cast(w, i8t.vec_type(4), "")?
+        .into_vector_value();
+    let zero = i8t.vec_type(4).const_zero();
+    // Lanes 4.. of the shuffle are `zero`'s: bytes `i` and `j` on top of the halves.
+    let spread = |i: u64, j: u64| -> LResult<IntValue<'ctx>> {
+        let mask = [4, i, 4, j].map(|x| i32t.const_int(x, false));
+        let v = bd.build_shuffle_vector(bytes, zero, VectorType::const_vector(&mask), "")?;
+        Ok(bd.build_bit_cast(v, i32t, "")?.into_int_value())
+    };
+    let (lo, hi) = (spread(0, 1)?, spread(2, 3)?);
+    if input == ScalarType::F8E5M2 {
+        return Ok((lo, hi));
+    }
+    let f16x2 = cx.ctx.f16_type().vec_type(2);
+    let k256 = cx.ctx.f16_type().const_float(256.0);
+    let scale = VectorType::const_vector(&[k256, k256]);
+    let e4m3 = |x: IntValue<'ctx>| -> LResult<IntValue<'ctx>> {
+        let sign = bd.build_and(x, c(0x8000_8000), "")?;
+        let mag = bd.build_and(x, c(0x7f00_7f00), "")?;
+        let y = bd.build_or(sign, bd.build_right_shift(mag, c(1), false, "")?, "")?;
+        let f = bd.build_bit_cast(y, f16x2, "")?.into_vector_value();
+        let v = bd.build_float_mul(f, scale, "")?;
+        let v = bd.build_bit_cast(v, i32t, "")?.into_int_value();
+        // A NaN's magnitude `0x7f00` sets bit 15 of `mag + 0x100` (no other does, and
+        // no carry leaves the half), moved to the exponent bit 13.
+        let nan = bd.build_and(
+            bd.build_int_add(mag, c(0x0100_0100), "")?,
+            c(0x8000_8000),
+            "",
+        )?;
+        let nan = bd.build_right_shift(nan, c(2), false, "")?;
+        Ok(bd.build_or(v, nan, "")?)
+    };
+    Ok((e4m3(lo)?, e4m3(hi)?))
+}
+
 /// The letter of grid axis `axis` in intrinsic names (`x`, `y`, `z`).
 fn axis_char(axis: u8) -> char {
     ['x', 'y', 'z'][axis.min(2) as usize]
@@ -650,4 +752,83 @@ fn axis_char(axis: u8) -> char {
 /// Address space of a shared-memory pointer.
 pub fn shared_space(t: Target) -> AddressSpace {
     AddressSpace::from(t.shared_addrspace())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inkwell::OptimizationLevel;
+    use inkwell::context::Context;
+    use tessera_ir::fp8::{F8E4M3, F8E5M2};
+
+    /// [`fp8x4_to_f16`], JIT-compiled for the host: `u64 f(u32 w)` returns the two
+    /// words, bytes 0 and 1's in the low half.
+    fn compiled(input: ScalarType) -> extern "C" fn(u32) -> u64 {
+        crate::emu::jit::init();
+        let ctx = Box::leak(Box::new(Context::create()));
+        let cx = Cx {
+            ctx,
+            module: ctx.create_module("fp8x4_to_f16"),
+            b: ctx.create_builder(),
+            host: true,
+        };
+        let (i32t, i64t) = (ctx.i32_type(), ctx.i64_type());
+        let f = cx
+            .module
+            .add_function("cvt", i64t.fn_type(&[i32t.into()], false), None);
+        cx.b.position_at_end(ctx.append_basic_block(f, "entry"));
+        let w = f.get_nth_param(0).expect("param").into_int_value();
+        let (lo, hi) = fp8x4_to_f16(&cx, input, w).expect("lowers");
+        let b = &cx.b;
+        let lo = b.build_int_z_extend(lo, i64t, "").expect("zext");
+        let hi = b.build_int_z_extend(hi, i64t, "").expect("zext");
+        let hi = b
+            .build_left_shift(hi, i64t.const_int(32, false), "")
+            .expect("shl");
+        let r = b.build_or(lo, hi, "").expect("or");
+        b.build_return(Some(&r)).expect("ret");
+        let addr = crate::emu::jit::jit_for_host(
+            cx.module,
+            OptimizationLevel::Default,
+            "default<O2>",
+            false,
+            "cvt",
+        )
+        .expect("jit");
+        // SAFETY: `cvt` has this signature, and its code is never freed.
+        unsafe { std::mem::transmute::<usize, extern "C" fn(u32) -> u64>(addr) }
+    }
+
+    /// Every 8-bit float of both formats, in each byte of the word, becomes its f16:
+    /// the same bits (subnormals, zeros and infinities included), or a NaN of the
+    /// same sign for a NaN.
+    #[test]
+    fn fp8_words_convert_to_their_f16_pairs() {
+        type Decode = fn(u8) -> f32;
+        let e4m3: Decode = |x| F8E4M3::from_bits(x).to_f32();
+        let e5m2: Decode = |x| F8E5M2::from_bits(x).to_f32();
+        for (input, value) in [(ScalarType::F8E4M3, e4m3), (ScalarType::F8E5M2, e5m2)] {
+            let cvt = compiled(input);
+            for v in 0..=255u8 {
+                let bytes = [v, v ^ 0x80, v.wrapping_add(0x5b), !v];
+                let got = cvt(u32::from_le_bytes(bytes));
+                for (i, &x) in bytes.iter().enumerate() {
+                    let h = half::f16::from_bits((got >> (16 * i)) as u16);
+                    let want = value(x);
+                    if want.is_nan() {
+                        assert!(
+                            h.is_nan() && h.is_sign_negative() == (x & 0x80 != 0),
+                            "{input:?} {x:#04x} (byte {i}): {h:?}"
+                        );
+                    } else {
+                        assert_eq!(
+                            h.to_bits(),
+                            half::f16::from_f32(want).to_bits(),
+                            "{input:?} {x:#04x} (byte {i}): {h:?}, want {want}"
+                        );
+                    }
+                }
+            }
+        }
+    }
 }

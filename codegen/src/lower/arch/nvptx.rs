@@ -178,6 +178,30 @@ fn ptx_with_accs<'ctx>(
         .collect()
 }
 
+impl Nvptx {
+    /// [`super::fp8x4_to_f16`], with sm_89's conversion instruction where the target
+    /// has it: `cvt.rn.f16x2.e4m3x2` (PTX ISA 7.8, sm_89+; one instruction per pair,
+    /// exact) for E4M3 on sm_90. (E5M2 needs only its bytes moved.)
+    fn fp8x4_to_f16<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        w: IntValue<'ctx>,
+    ) -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
+        if self.sm < 89 || input != ScalarType::F8E4M3 {
+            return super::fp8x4_to_f16(cx, input, w);
+        }
+        let (i16t, i32t) = (cx.ctx.i16_type(), cx.ctx.i32_type());
+        let pair = |x: IntValue<'ctx>| -> LResult<IntValue<'ctx>> {
+            let x = cx.b.build_int_truncate(x, i16t, "")?;
+            let h = cx.call_intrinsic("llvm.nvvm.e4m3x2.to.f16x2.rn", &[], &[x.into()])?;
+            Ok(cx.b.build_bit_cast(h, i32t, "")?.into_int_value())
+        };
+        let hi = cx.b.build_right_shift(w, cx.i32(16), false, "")?;
+        Ok((pair(w)?, pair(hi)?))
+    }
+}
+
 impl Arch for Nvptx {
     fn has_cp_async(&self) -> bool {
         self.sm >= 80
@@ -621,11 +645,15 @@ impl Arch for Nvptx {
         match input {
             ScalarType::F16 | ScalarType::BF16 => Some(nv_m16n8k16()),
             ScalarType::I8 => Some(nv_m16n8k32_s8()),
-            // `mma.sync` m16n8k32 on 8-bit floats (PTX ISA 8.4): the `.s8` fragments,
-            // `QMMA` in sm_89's SASS. Not on sm_90, where ptxas turns it into
-            // conversions and f16 `HMMA.16816` (what the f16 path gives, without the
-            // newer driver), nor sm_90a (`wgmma`, `crate::fp8`).
-            ScalarType::F8E4M3 | ScalarType::F8E5M2 if self.sm == 89 => Some(nv_m16n8k32_s8()),
+            // `mma.sync` m16n8k32 on 8-bit floats, the `.s8` fragments: on sm_89 the
+            // instruction (PTX ISA 8.4, `QMMA` in the SASS); elsewhere `emit_mma`
+            // converts each fragment to f16 for two `mma.m16n8k16`
+            // (`super::fp8_mma_as_f16`), what ptxas makes of the instruction on sm_90,
+            // without the newer driver. Not sm_90a, whose 8-bit floats take `wgmma`
+            // (else f16 `wgmma`, `crate::fp8`).
+            ScalarType::F8E4M3 | ScalarType::F8E5M2 if !self.arch_specific => {
+                Some(nv_m16n8k32_s8())
+            }
             _ => None,
         }
     }
@@ -637,8 +665,13 @@ impl Arch for Nvptx {
         a: &[BasicValueEnum<'ctx>],
         b: &[BasicValueEnum<'ctx>],
         c: &[BasicValueEnum<'ctx>],
-        _site: u32,
+        site: u32,
     ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+        if input.is_fp8() && self.sm != 89 {
+            // No 8-bit float `mma.sync` (see `Self::mma`): two f16 ones.
+            let cvt = |w: IntValue<'ctx>| self.fp8x4_to_f16(cx, input, w);
+            return super::fp8_mma_as_f16(self, cx, a, b, c, site, &cvt);
+        }
         let i32t = cx.ctx.i32_type();
         let (pa, pb) = (pack_words(cx, a)?, pack_words(cx, b)?);
         let (shape, types, acc_ty, rc): (&str, &str, BasicTypeEnum<'ctx>, &str) = match input {
