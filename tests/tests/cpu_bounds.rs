@@ -140,6 +140,16 @@ fn an_unmasked_tile_past_the_end_is_refused_on_load_and_store() {
         .expect_err("the store past the end must be refused")
         .to_string();
     assert_reported(&err, "unmasked_copy", "out", "MARK: unmasked", 64);
+    // A run that starts inside and ends outside (56 elements: the run of 16 from 48
+    // reaches 63): the first element outside is reported, nothing is read past it.
+    for len in [56usize, 63, 49] {
+        let x = dev.upload(&random_f32(len, 6)).unwrap();
+        let mut out = dev.alloc::<f32>(64).unwrap();
+        let err = unmasked_copy::<64>::launch(&dev, 1u32, (&x, &mut out))
+            .expect_err("the run past the end must be refused")
+            .to_string();
+        assert_reported(&err, "unmasked_copy", "x", "MARK: unmasked", len as i64);
+    }
     // A 0-length buffer: every load is outside it.
     let empty = dev.alloc::<f32>(0).unwrap();
     let mut out = dev.alloc::<f32>(64).unwrap();
