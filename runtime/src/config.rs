@@ -52,6 +52,11 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "the CPU that kernels compiled for the host (the CPU device, the emulators) are generated for: this machine's own, or an x86-64 feature level it can execute (a test run covers the code a machine with fewer extensions gets; results are the same at every level; default `native`)",
     },
     Variable {
+        name: "TESSERA_CPU_JIT",
+        accepts: "`background` or `wait`",
+        meaning: "how the CPU device launches a kernel whose compiled code is not ready (neither compiled in this process nor in the disk cache): `background` runs its programs on the interpreter while LLVM compiles it on another thread, and those left when the code is ready run compiled (a first launch takes about the shorter of the two; a kernel whose programs wait for each other, or a rank's launch in a world, waits instead); `wait` compiles first, so every program runs compiled code (the test suite tests the compiled code so; default `background`)",
+    },
+    Variable {
         name: "TESSERA_LAUNCH_TIMEOUT",
         accepts: "a duration",
         meaning: "how long a launch on the CPU or the emulator may run before every loop stops and it fails naming the loop (`Device::with_launch_timeout` in code; default: unbounded)",
@@ -184,6 +189,18 @@ impl DumpStages {
     }
 }
 
+/// How the CPU device launches a kernel whose compiled code is not ready
+/// (`TESSERA_CPU_JIT`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CpuJit {
+    /// The interpreter runs programs while LLVM compiles the kernel on another
+    /// thread; the programs left when the code is ready run compiled.
+    #[default]
+    Background,
+    /// The launch compiles first: every program runs compiled code.
+    Wait,
+}
+
 /// Where compiled kernels are cached on disk.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CacheDir {
@@ -226,6 +243,8 @@ pub struct Config {
     pub sanitize: bool,
     /// `TESSERA_CPU_TARGET` (`None`: `native`).
     pub cpu_target: Option<String>,
+    /// `TESSERA_CPU_JIT`.
+    pub cpu_jit: CpuJit,
 }
 
 impl Default for Config {
@@ -245,6 +264,7 @@ impl Default for Config {
             autotune: true,
             sanitize: cfg!(debug_assertions),
             cpu_target: None,
+            cpu_jit: CpuJit::Background,
         }
     }
 }
@@ -398,6 +418,12 @@ impl Config {
                 }
                 None => None,
             },
+            cpu_jit: match get("TESSERA_CPU_JIT").map(|v| v.trim().to_ascii_lowercase()) {
+                Some(v) if v == "background" => CpuJit::Background,
+                Some(v) if v == "wait" => CpuJit::Wait,
+                Some(v) => return Err(bad("TESSERA_CPU_JIT", &v, "`background` or `wait`")),
+                None => d.cpu_jit,
+            },
         })
     }
 }
@@ -504,8 +530,10 @@ mod tests {
             ("TESSERA_DUMP_DIR", "d"),
             ("TESSERA_LLD", "/bin/lld"),
             ("TESSERA_AUTOTUNE", "off"),
+            ("TESSERA_CPU_JIT", " Wait"),
         ]))
         .unwrap();
+        assert_eq!(c.cpu_jit, CpuJit::Wait);
         assert_eq!(c.device.as_deref(), Some("emu-nv"));
         assert_eq!(c.launch_timeout, Some(Duration::from_millis(1500)));
         assert_eq!(c.wait_timeout, Duration::from_millis(400));
@@ -532,6 +560,7 @@ mod tests {
             ("TESSERA_DUMP", "ir,asm", "unknown dump stage `asm`"),
             ("TESSERA_EMU_TIMEOUT_MS", "500", "now TESSERA_EMU_TIMEOUT"),
             ("TESSERA_CPU_TARGET", "avx9", "one of native, x86-64-v2"),
+            ("TESSERA_CPU_JIT", "lazy", "`background` or `wait`"),
         ] {
             let e = Config::from_vars(vars(&[(k, v)])).unwrap_err();
             let s = e.to_string();

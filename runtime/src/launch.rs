@@ -472,12 +472,87 @@ impl LaunchOptions {
 /// Chooses the CPU that host code is generated for (`TESSERA_CPU_TARGET`), before
 /// the first kernel is compiled for the CPU device or an emulator.
 #[cfg(feature = "jit")]
-fn host_cpu(config: &crate::config::Config) -> Result<(), Error> {
+pub(crate) fn choose_host_cpu(config: &crate::config::Config) -> Result<(), Error> {
     match &config.cpu_target {
         Some(level) => tessera_codegen::host_cpu::set_host_cpu(level)
             .map_err(|m| Error::Config(format!("TESSERA_CPU_TARGET=`{level}`: {m}"))),
         None => Ok(()),
     }
+}
+
+/// A launch on the CPU device of a kernel whose compiled code is not ready
+/// (`TESSERA_CPU_JIT=background`): the interpreter takes the programs in order while
+/// LLVM compiles the kernel on another thread, and once that has ended the programs
+/// left run compiled. Programs do not wait for each other (the caller checks), so
+/// any split runs each once with the results of either; an interpreter failure is
+/// returned as is (every later program id is higher). What is left to run comes back
+/// as the compiled launch's outcome, for the caller's usual handling (a kernel the
+/// CPU device does not compile: the interpreter runs the rest).
+#[cfg(feature = "jit")]
+#[allow(clippy::result_large_err)] // (the compiled launch's error, as `launch_kernel`'s)
+fn cpu_in_turns(
+    compiled: &Arc<crate::compile::Compiled>,
+    checks: tessera_codegen::cpu::Checks,
+    dims: [u32; 3],
+    kargs: &[tessera_ir::interp::KernelArg],
+    watchdog: Option<std::time::Duration>,
+) -> Result<Result<(), tessera_codegen::cpu::CpuError>, Error> {
+    let done = compiled.cpu_compiling(checks);
+    in_turns(
+        &compiled.func,
+        dims,
+        kargs,
+        watchdog,
+        &|| done.load(std::sync::atomic::Ordering::Acquire),
+        || compiled.cpu_kernel(checks),
+    )
+}
+
+/// [`cpu_in_turns`] with what it waits for made explicit: `ready()` says whether
+/// the compiler has ended (checked before the interpreter takes each program), and
+/// `kernel()` gives its outcome then.
+#[cfg(feature = "jit")]
+#[allow(clippy::result_large_err)] // (the compiled launch's error, as `launch_kernel`'s)
+fn in_turns(
+    func: &tessera_ir::Function,
+    dims: [u32; 3],
+    kargs: &[tessera_ir::interp::KernelArg],
+    watchdog: Option<std::time::Duration>,
+    ready: &(dyn Fn() -> bool + Sync),
+    kernel: impl FnOnce()
+        -> Result<Arc<tessera_codegen::cpu::CpuKernel>, tessera_codegen::cpu::CpuError>,
+) -> Result<Result<(), tessera_codegen::cpu::CpuError>, Error> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tessera_codegen::cpu::{self, CpuError};
+    let started = std::time::Instant::now();
+    let total = dims.iter().map(|&g| u64::from(g)).product::<u64>();
+    let next = AtomicU64::new(0);
+    let take = || {
+        let lin = next.fetch_add(1, Ordering::Relaxed);
+        (lin < total).then_some(lin)
+    };
+    interp::run_claimed(func, dims, kargs, watchdog, &|| {
+        if ready() { None } else { take() }
+    })?;
+    if next.load(Ordering::Relaxed) >= total {
+        return Ok(Ok(()));
+    }
+    let left = watchdog.map(|t| {
+        t.saturating_sub(started.elapsed())
+            .max(std::time::Duration::from_millis(1))
+    });
+    let rest_interpreted = |message: String| {
+        log::info!("kernel `{}` runs on the interpreter: {message}", func.name);
+        interp::run_claimed(func, dims, kargs, left, &take).map_err(CpuError::Exec)
+    };
+    Ok(match kernel() {
+        Ok(k) => match cpu::launch_kernel_claimed(&k, dims, kargs, left, &take) {
+            Err(CpuError::Unsupported { message, .. }) => rest_interpreted(message),
+            r => r,
+        },
+        Err(CpuError::Unsupported { message, .. }) => rest_interpreted(message),
+        Err(e) => Err(e),
+    })
 }
 
 /// The compilation options of a launch with these options: precompile with them
@@ -727,7 +802,7 @@ pub fn launch_with<K: Kernel>(
                             }
                         });
                         let config = crate::config::get()?;
-                        host_cpu(&config)?;
+                        choose_host_cpu(&config)?;
                         let limits = tessera_codegen::emu::EmuLimits {
                             timeout: watchdog,
                             barrier_timeout: Some(config.emu_barrier_timeout),
@@ -749,7 +824,7 @@ pub fn launch_with<K: Kernel>(
                     Backend::Cpu => {
                         use tessera_codegen::cpu::{self, CpuError};
                         let config = crate::config::get()?;
-                        host_cpu(&config)?;
+                        choose_host_cpu(&config)?;
                         let checks = if device.unchecked {
                             // SAFETY: the handle comes from `Device::unchecked`, whose
                             // (unsafe) caller vouches for every access.
@@ -757,9 +832,20 @@ pub fn launch_with<K: Kernel>(
                         } else {
                             cpu::Checks::from(config.sanitize)
                         };
-                        let ran = match compiled.cpu_kernel(checks) {
-                            Ok(k) => cpu::launch_kernel(&k, dims, &kargs, world.as_ref(), watchdog),
-                            Err(e) => Err(e),
+                        let in_turns = device.cpu_jit.unwrap_or(config.cpu_jit)
+                            == crate::config::CpuJit::Background
+                            && world.is_none()
+                            && !compiled.func.uses_blocking()
+                            && compiled.cpu_ready(checks).is_none();
+                        let ran = if in_turns {
+                            cpu_in_turns(&compiled, checks, dims, &kargs, watchdog)?
+                        } else {
+                            match compiled.cpu_kernel(checks) {
+                                Ok(k) => {
+                                    cpu::launch_kernel(&k, dims, &kargs, world.as_ref(), watchdog)
+                                }
+                                Err(e) => Err(e),
+                            }
                         };
                         match ran {
                             Ok(()) => {}
@@ -1061,5 +1147,77 @@ mod limit_tests {
         assert_eq!(f(S::I32(-1)), (false, false));
         assert_eq!(f(S::F32(1.0)), (false, false));
         assert_eq!(f(S::I1(true)), (false, false));
+    }
+}
+
+#[cfg(all(test, feature = "jit"))]
+mod in_turns_tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    use super::*;
+    use tessera_ir::interp::{HostBuffer, KernelArg, Scalar};
+
+    /// `out[i] += x[i]` over tiles of 64: a program run twice, or not at all, shows.
+    const ACCUMULATE: &str = r#"kernel @acc(%x: ptr<f32> {readonly}, %out: ptr<f32>, %n: i32) loc("t.rs":1:1) {
+  %0 = program_id 0 : i32 loc("t.rs":2:1)
+  %1 = const 64 : i32 loc("t.rs":2:1)
+  %2 = mul %0, %1 : i32 loc("t.rs":2:1)
+  %3 = arange 0, 64 : <64xi32> loc("t.rs":2:1)
+  %4 = splat %2 : <64xi32> loc("t.rs":2:1)
+  %5 = add %4, %3 : <64xi32> loc("t.rs":2:1)
+  %6 = splat %n : <64xi32> loc("t.rs":3:1)
+  %7 = cmp lt %5, %6 : <64xi1> loc("t.rs":3:1)
+  %8 = splat %x : <64xptr<f32>> loc("t.rs":4:1)
+  %9 = addptr %8, %5 : <64xptr<f32>> loc("t.rs":4:1)
+  %10 = load %9, %7 : <64xf32> loc("t.rs":4:1)
+  %11 = splat %out : <64xptr<f32>> loc("t.rs":5:1)
+  %12 = addptr %11, %5 : <64xptr<f32>> loc("t.rs":5:1)
+  %13 = load %12, %7 : <64xf32> loc("t.rs":5:1)
+  %14 = add %10, %13 : <64xf32> loc("t.rs":5:1)
+  store %12, %14, %7 loc("t.rs":5:1)
+}"#;
+
+    /// The compiler "ends" after the interpreter has asked `after` times; each
+    /// element of `out` must then hold its start plus `x` exactly once.
+    #[test]
+    #[allow(clippy::result_large_err)]
+    fn every_program_runs_once_whenever_the_compiler_ends() {
+        let f = tessera_ir::parser::parse_function(ACCUMULATE).expect("parses");
+        let n: usize = 64 * 37 + 5;
+        let xs: Vec<f32> = (0..n).map(|i| (i % 11) as f32 + 0.5).collect();
+        let start: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 100.0).collect();
+        for after in [0u64, 1, 2, 10, 37, 38, 1000] {
+            let out = Arc::new(HostBuffer::from_slice(&start));
+            let args = [
+                KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&xs))),
+                KernelArg::Buffer(Arc::clone(&out)),
+                KernelArg::Scalar(Scalar::I32(n as i32)),
+            ];
+            let asked = AtomicU64::new(0);
+            let compiled = AtomicU64::new(0);
+            let r = in_turns(
+                &f,
+                [n.div_ceil(64) as u32, 1, 1],
+                &args,
+                None,
+                &|| asked.fetch_add(1, Ordering::Relaxed) >= after,
+                || {
+                    compiled.fetch_add(1, Ordering::Relaxed);
+                    tessera_codegen::cpu::compile(&f, tessera_codegen::cpu::Checks::BOUNDS)
+                },
+            );
+            assert!(matches!(r, Ok(Ok(()))), "ready after {after}: {r:?}");
+            let got = out.to_vec::<f32>().unwrap();
+            for i in 0..n {
+                assert_eq!(got[i], start[i] + xs[i], "ready after {after}: [{i}]");
+            }
+            // The compiled code ran the rest whenever the interpreter left some.
+            let all_interpreted = after >= 38;
+            assert_eq!(
+                compiled.load(Ordering::Relaxed),
+                u64::from(!all_interpreted),
+                "ready after {after}"
+            );
+        }
     }
 }

@@ -18,15 +18,22 @@ pub fn assert_close(what: &str, got: &[f64], want: &[f64], tol: impl Fn(usize) -
     }
 }
 
-/// The devices every op test runs on: the CPU (kernels compiled for the host), the
+/// The devices every op test runs on: the CPU (kernels compiled for the host, every
+/// launch waiting for the compiler, so that the compiled code is what runs), the
 /// reference interpreter, and the SIMT emulator in both vendors' flavors (the real
 /// GPU lowering).
 pub fn cpu_and_emulators() -> Vec<tessera::Device> {
-    let mut devs = vec![tessera::Device::cpu(), tessera::Device::interp()];
+    let mut devs = vec![compiled_cpu(), tessera::Device::interp()];
     for k in [tessera::EmuKind::Nv, tessera::EmuKind::Amd] {
         devs.push(tessera::Device::emu(k).expect("the emulator is built in"));
     }
     devs
+}
+
+/// The CPU device with every launch running compiled code (`TESSERA_CPU_JIT=wait`;
+/// by default a kernel's first launch starts on the interpreter while it compiles).
+pub fn compiled_cpu() -> tessera::Device {
+    tessera::Device::cpu().with_cpu_jit(tessera::config::CpuJit::Wait)
 }
 
 /// The 1-based line of the first line of `source` containing `marker`.

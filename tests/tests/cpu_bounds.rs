@@ -20,7 +20,8 @@ fn release_like() -> Device {
     let mut c = tessera::config::Config::from_env().expect("configuration");
     c.sanitize = false;
     tessera::config::set(c);
-    Device::cpu()
+    // Every launch runs the compiled code (not the interpreter while it compiles).
+    tessera_tests::compiled_cpu()
 }
 
 /// The mask is off by one (`le` for `lt`): the last lane of the last program

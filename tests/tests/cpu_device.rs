@@ -68,7 +68,7 @@ fn ragged_2d_tiles_match_the_interpreter_on_every_path() {
             .collect();
         let grid = (rows.div_ceil(8) as u32, cols.div_ceil(32) as u32);
         let mut got = Vec::new();
-        for dev in [Device::cpu(), Device::interp()] {
+        for dev in [tessera_tests::compiled_cpu(), Device::interp()] {
             let x = dev.upload(&xs).unwrap();
             let mut out = dev.upload(&vec![f32::NAN; rows * stride]).unwrap();
             scale_rows::<8, 32>::launch(
@@ -201,7 +201,7 @@ fn carried_tiles_updated_from_each_other_match_the_interpreter() {
     for (n, steps) in [(100usize, 0i32), (100, 1), (77, 6), (256, 5)] {
         let xs: Vec<f32> = (0..n).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
         let mut got = Vec::new();
-        for dev in [Device::cpu(), Device::interp()] {
+        for dev in [tessera_tests::compiled_cpu(), Device::interp()] {
             let x = dev.upload(&xs).unwrap();
             let mut out = dev.upload(&vec![f32::NAN; 2 * n]).unwrap();
             rotate::<32>::launch(&dev, n.div_ceil(32) as u32, (&x, &mut out, n as i32, steps))

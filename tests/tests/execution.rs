@@ -24,7 +24,7 @@ use tessera::prelude::*;
 use tessera_tests::assert_close;
 
 fn dev() -> Device {
-    Device::cpu()
+    tessera_tests::compiled_cpu()
 }
 
 fn rand_vec(seed: u64, n: usize, lo: f32, hi: f32) -> Vec<f32> {

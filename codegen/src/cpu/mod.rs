@@ -6,7 +6,10 @@
 //! instance per task on rayon's pool.
 //!
 //! [`launch`] compiles a kernel once per process (keyed by its printed IR and whether
-//! accesses are checked) and runs its grid. A kernel the compiled device does not
+//! accesses are checked) and runs its grid. Compiled code is a relocatable object
+//! linked into the process by ORC's LLJIT (`object.rs`); [`compile_with`] keeps it,
+//! with what a launch needs, in an [`ObjectStore`] (the runtime's disk cache), so a
+//! later process links it without compiling. A kernel the compiled device does not
 //! lower comes back as [`CpuError::Unsupported`], naming the op, so that the caller
 //! runs it on the interpreter instead; nothing runs before that is known. So does a
 //! launch whose buffers overlap where the compiled code reads one while it writes
@@ -68,6 +71,7 @@ use crate::lower::host::{
     BARRIER, CHECK, ERR_WORDS, HOST_KERNEL, HostSite, POLL, SiteKind, WAIT, WaitStatus, lower_host,
 };
 
+mod object;
 mod world;
 
 /// Why [`launch`] did not run a kernel, or how it failed.
@@ -196,9 +200,76 @@ fn cache() -> &'static Mutex<HashMap<Key, Cached>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// Where compiled kernels are kept between processes (the runtime's disk cache):
+/// entries are named by a kernel's printed IR and its code identity
+/// ([`code_identity`]), and hold what [`compile_with`] wrote there.
+pub trait ObjectStore {
+    /// The bytes stored for (`ir_text`, `identity`), if any.
+    fn get(&self, ir_text: &str, identity: &str) -> Option<Vec<u8>>;
+    /// Stores `bytes` for (`ir_text`, `identity`); a failure only costs a later
+    /// recompilation.
+    fn put(&self, ir_text: &str, identity: &str, bytes: &[u8]);
+    /// Removes an entry [`compile_with`] could not use.
+    fn remove(&self, ir_text: &str, identity: &str);
+}
+
+/// What determines compiled CPU code besides the kernel's IR: the host CPU it was
+/// generated for ([`crate::host_cpu`]), the checks, LLVM's version and this build of
+/// the lowering (a fingerprint of tessera-codegen's and tessera-ir's sources).
+pub fn code_identity(checks: Checks) -> String {
+    static HOST: OnceLock<String> = OnceLock::new();
+    let host = HOST.get_or_init(|| {
+        let cpu = crate::host_cpu::host_cpu();
+        format!(
+            "cpu-object-v1 {} {} [{}] llvm{:?} {}",
+            inkwell::targets::TargetMachine::get_default_triple()
+                .as_str()
+                .to_string_lossy(),
+            cpu.name,
+            cpu.features,
+            inkwell::support::get_llvm_version(),
+            env!("TESSERA_CODEGEN_FINGERPRINT"),
+        )
+    });
+    format!("{host} {:?}", checks.0)
+}
+
+/// Readies what linking a compiled kernel needs (LLVM's host target, the JIT that
+/// links kernels into the process, the host's [`code_identity`]): about a
+/// millisecond a process that a launch soon after then does not spend; and rayon's
+/// threads, which the launch runs programs on. The CPU
+/// device calls it on a thread of its own when it is made; calling it again does
+/// nothing.
+pub fn prepare() {
+    init();
+    let _ = code_identity(Checks::BOUNDS);
+    object::prepare(runtime_symbols);
+    // Rayon's pool starts its threads on first use.
+    rayon::broadcast(|_| ());
+}
+
+/// How many kernels this process has compiled with LLVM for the CPU device (not
+/// counting those loaded from an [`ObjectStore`]).
+pub fn compilations() -> u64 {
+    COMPILATIONS.load(Ordering::Relaxed)
+}
+
+static COMPILATIONS: AtomicU64 = AtomicU64::new(0);
+
 /// Compiles `func` for the host (or fetches it from the process's cache), its memory
 /// accesses checked as `checks` says (`true`: the sanitizer, `false`: bounds).
 pub fn compile(func: &Function, checks: impl Into<Checks>) -> Result<Arc<CpuKernel>, CpuError> {
+    compile_with(func, checks, None)
+}
+
+/// [`compile`], looking in `store` before compiling and keeping what it compiles
+/// there. An entry that cannot be used (damaged, or written by a foreign writer) is
+/// removed and the kernel compiled again.
+pub fn compile_with(
+    func: &Function,
+    checks: impl Into<Checks>,
+    store: Option<&dyn ObjectStore>,
+) -> Result<Arc<CpuKernel>, CpuError> {
     let checks = checks.into();
     let key = (tessera_ir::printer::print_function(func), checks);
     let lock = || cache().lock().unwrap_or_else(|p| p.into_inner());
@@ -210,7 +281,7 @@ pub fn compile(func: &Function, checks: impl Into<Checks>) -> Result<Arc<CpuKern
     if let Some(c) = lock().get(&key) {
         return c.clone().map_err(unsupported);
     }
-    let built = match build(func, checks) {
+    let built = match stored_or_build(func, checks, &key.0, store) {
         Ok(k) => Ok(Arc::new(k)),
         Err(CpuError::Unsupported { span, message, .. }) => Err((span, message)),
         Err(e) => return Err(e),
@@ -220,6 +291,72 @@ pub fn compile(func: &Function, checks: impl Into<Checks>) -> Result<Arc<CpuKern
         .or_insert(built)
         .clone()
         .map_err(unsupported)
+}
+
+fn stored_or_build(
+    func: &Function,
+    checks: Checks,
+    ir_text: &str,
+    store: Option<&dyn ObjectStore>,
+) -> Result<CpuKernel, CpuError> {
+    let t0 = std::time::Instant::now();
+    let identity = code_identity(checks);
+    if let Some(store) = store
+        && let Some(bytes) = store.get(ir_text, &identity)
+    {
+        match object::Artifact::from_bytes(&bytes).and_then(|a| load(func, a, t0)) {
+            Ok(k) => return Ok(k),
+            // Not an error of the user's: the kernel is compiled again.
+            Err(_) => store.remove(ir_text, &identity),
+        }
+    }
+    let artifact = build(func, checks, ir_text, &identity)?;
+    if let Some(store) = store {
+        store.put(ir_text, &identity, &artifact.to_bytes());
+    }
+    load(func, artifact, t0).map_err(|message| CpuError::Jit {
+        kernel: func.name.clone(),
+        message,
+    })
+}
+
+/// The runtime functions compiled code calls, by the names the lowering declares.
+fn runtime_symbols() -> Vec<(&'static str, usize)> {
+    let mut v = crate::emu::runtime::symbols();
+    v.extend([
+        (POLL, tessera_cpu_poll as *const () as usize),
+        (WAIT, world::tessera_cpu_wait as *const () as usize),
+        (BARRIER, world::tessera_cpu_barrier as *const () as usize),
+        (CHECK, world::tessera_cpu_check as *const () as usize),
+    ]);
+    v
+}
+
+/// Links `artifact`'s object into the process and makes it a kernel (`t0`: when its
+/// compilation or loading began).
+fn load(
+    func: &Function,
+    artifact: object::Artifact,
+    t0: std::time::Instant,
+) -> Result<CpuKernel, String> {
+    init();
+    let addr = object::link(&artifact.object, &artifact.entry, runtime_symbols)?;
+    // SAFETY: `addr` is the artifact's entry: the lowered `HOST_KERNEL` (renamed),
+    // whose LLVM signature is `i32 (ptr, ptr, ptr, ptr, ptr, ptr)` (see
+    // `lower::host`); linked code is never freed. The artifact was compiled by this
+    // process or read from the caller's store, whose entries are trusted as compiled
+    // code (the disk cache's trust model: a private folder, checksummed entries).
+    let entry: Entry = unsafe { std::mem::transmute::<usize, Entry>(addr) };
+    Ok(CpuKernel {
+        func: Arc::new(func.clone()),
+        entry,
+        sites: artifact.sites,
+        scratch_bytes: artifact.scratch_bytes,
+        disjoint: artifact.disjoint,
+        remote: artifact.remote,
+        blocking: func.uses_blocking(),
+        compile_secs: t0.elapsed().as_secs_f64(),
+    })
 }
 
 /// The machine's cores, asked once (`available_parallelism` reads cgroup files: tens
@@ -252,35 +389,27 @@ extern "C" fn tessera_cpu_poll(err: *mut u64) -> i32 {
 }
 
 fn init() {
-    static INIT: std::sync::Once = std::sync::Once::new();
     crate::emu::jit::init();
-    INIT.call_once(|| {
-        let symbols: [(&str, *const ()); 4] = [
-            (POLL, tessera_cpu_poll as *const ()),
-            (WAIT, world::tessera_cpu_wait as *const ()),
-            (BARRIER, world::tessera_cpu_barrier as *const ()),
-            (CHECK, world::tessera_cpu_check as *const ()),
-        ];
-        for (name, addr) in symbols {
-            let name = std::ffi::CString::new(name).unwrap_or_default();
-            // SAFETY: LLVM copies the name; each address is the runtime function
-            // whose signature the lowering declares for that name.
-            unsafe { inkwell::llvm_sys::support::LLVMAddSymbol(name.as_ptr(), addr as *mut _) };
-        }
-    });
 }
 
-fn build(func: &Function, checks: Checks) -> Result<CpuKernel, CpuError> {
-    let t0 = std::time::Instant::now();
+/// Lowers `func`, optimizes it for the host and generates its object, the entry
+/// named after the IR and the code identity (so that any set of artifacts links
+/// into one process).
+fn build(
+    func: &Function,
+    checks: Checks,
+    ir_text: &str,
+    identity: &str,
+) -> Result<object::Artifact, CpuError> {
+    use sha2::Digest;
     init();
     let jit_err = |message: String| CpuError::Jit {
         kernel: func.name.clone(),
         message,
     };
-    // The compiled code lives as long as the process: so do its context and engine.
-    let ctx: &'static Context = Box::leak(Box::new(Context::create()));
+    let ctx = Context::create();
     let lowered =
-        lower_host(ctx, func, checks.checked(), checks.sanitize()).map_err(|e| match e {
+        lower_host(&ctx, func, checks.checked(), checks.sanitize()).map_err(|e| match e {
             LowerError::Unsupported { span, message } => CpuError::Unsupported {
                 kernel: func.name.clone(),
                 span,
@@ -288,27 +417,60 @@ fn build(func: &Function, checks: Checks) -> Result<CpuKernel, CpuError> {
             },
             LowerError::Llvm(m) => jit_err(m),
         })?;
-    let addr = crate::emu::jit::jit_for_host(
-        lowered.module,
+    COMPILATIONS.fetch_add(1, Ordering::Relaxed);
+    let mut h = sha2::Sha256::new();
+    for part in [ir_text, identity] {
+        h.update((part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    let digest: String = h.finalize()[..12]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let entry = format!("tessera_cpu_{digest}");
+    let module = &lowered.module;
+    // Only the entry is visible outside the object: every other definition is
+    // internal (no clash between kernels linked into one process).
+    let mut f = module.get_first_function();
+    while let Some(fv) = f {
+        if fv.count_basic_blocks() > 0 {
+            fv.set_linkage(inkwell::module::Linkage::Internal);
+        }
+        f = fv.get_next_function();
+    }
+    let mut g = module.get_first_global();
+    while let Some(gv) = g {
+        if gv.get_initializer().is_some() {
+            gv.set_linkage(inkwell::module::Linkage::Internal);
+        }
+        g = gv.get_next_global();
+    }
+    let kernel = module
+        .get_function(HOST_KERNEL)
+        .ok_or_else(|| jit_err(format!("the lowered module has no `{HOST_KERNEL}`")))?;
+    kernel.set_linkage(inkwell::module::Linkage::External);
+    kernel.as_global_value().set_name(&entry);
+    let machine = crate::emu::jit::optimize_for_host(
+        module,
         OptimizationLevel::Aggressive,
         "default<O3>",
         std::env::var_os("TESSERA_DUMP_CPU_LLVM").is_some(),
-        HOST_KERNEL,
+        inkwell::targets::RelocMode::PIC,
+        inkwell::targets::CodeModel::Small,
     )
     .map_err(jit_err)?;
-    // SAFETY: `addr` is the JIT-compiled `HOST_KERNEL`, whose LLVM signature is
-    // `i32 (ptr, ptr, ptr, ptr, ptr, ptr)` (see `lower::host`), and its code is never
-    // freed.
-    let entry: Entry = unsafe { std::mem::transmute::<usize, Entry>(addr) };
-    Ok(CpuKernel {
-        func: Arc::new(func.clone()),
+    let object = machine
+        .write_to_memory_buffer(module, inkwell::targets::FileType::Object)
+        .map_err(|m| jit_err(m.to_string()))?
+        .as_slice()
+        .to_vec();
+    Ok(object::Artifact {
         entry,
-        sites: lowered.sites,
         scratch_bytes: lowered.scratch_bytes,
         disjoint: lowered.disjoint,
         remote: lowered.remote,
-        blocking: func.uses_blocking(),
-        compile_secs: t0.elapsed().as_secs_f64(),
+        sites: lowered.sites,
+        object,
     })
 }
 
@@ -364,6 +526,39 @@ pub fn launch_kernel(
     args: &[KernelArg],
     world: Option<&CommWorld>,
     timeout: Option<std::time::Duration>,
+) -> Result<(), CpuError> {
+    drive(kernel, grid, args, world, timeout, None)
+}
+
+/// [`launch_kernel`] over the program instances `claim` hands out (linear ids, `x`
+/// fastest) until it returns `None`, as [`tessera_ir::interp::run_claimed`] does on
+/// the interpreter, so that the two can take turns at one launch (see the runtime's
+/// `TESSERA_CPU_JIT`). A rank of one; a kernel that waits is refused
+/// ([`CpuError::Unsupported`], before anything runs).
+pub fn launch_kernel_claimed(
+    kernel: &CpuKernel,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    timeout: Option<std::time::Duration>,
+    claim: &(dyn Fn() -> Option<u64> + Sync),
+) -> Result<(), CpuError> {
+    if kernel.blocking {
+        return Err(CpuError::Unsupported {
+            kernel: kernel.func.name.clone(),
+            span: kernel.func.span.clone(),
+            message: "the programs of a kernel that waits cannot be run in turns".into(),
+        });
+    }
+    drive(kernel, grid, args, None, timeout, Some(claim))
+}
+
+fn drive(
+    kernel: &CpuKernel,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    world: Option<&CommWorld>,
+    timeout: Option<std::time::Duration>,
+    claim: Option<&(dyn Fn() -> Option<u64> + Sync)>,
 ) -> Result<(), CpuError> {
     let func = &*kernel.func;
     let arg_err = |param: &str, message: String| {
@@ -606,6 +801,21 @@ pub fn launch_kernel(
             kernel: func.name.clone(),
             message,
         })?;
+    } else if let Some(claim) = claim {
+        // One loop a worker, each taking the next program as it finishes one.
+        (0..rayon::current_num_threads())
+            .into_par_iter()
+            .for_each_init(
+                || vec![0u64; scratch_words],
+                |scratch, _| {
+                    let _launch = world::enter(&comm);
+                    while let Some(lin) = claim() {
+                        if lin < total {
+                            run(scratch, lin)
+                        }
+                    }
+                },
+            );
     } else {
         (0..total).into_par_iter().for_each_init(
             || vec![0u64; scratch_words],

@@ -71,31 +71,14 @@ pub(crate) fn jit_for_host(
     dump: bool,
     entry: &str,
 ) -> Result<usize, String> {
-    module
-        .verify()
-        .map_err(|m| format!("invalid LLVM IR: {m}"))?;
-    let triple = TargetMachine::get_default_triple();
-    let target = LlvmTarget::from_triple(&triple).map_err(|m| m.to_string())?;
-    let cpu = crate::host_cpu::host_cpu();
-    let machine = target
-        .create_target_machine(
-            &triple,
-            &cpu.name,
-            &cpu.features,
-            level,
-            RelocMode::Default,
-            CodeModel::JITDefault,
-        )
-        .ok_or_else(|| "no target machine for the host".to_string())?;
-    module.set_triple(&triple);
-    module.set_data_layout(&machine.get_target_data().get_data_layout());
-    for_this_cpu(&module);
-    module
-        .run_passes(pipeline, &machine, PassBuilderOptions::create())
-        .map_err(|m| m.to_string())?;
-    if dump {
-        eprintln!("{}", module.print_to_string().to_string());
-    }
+    optimize_for_host(
+        &module,
+        level,
+        pipeline,
+        dump,
+        RelocMode::Default,
+        CodeModel::JITDefault,
+    )?;
     let ee = module
         .create_jit_execution_engine(level)
         .map_err(|m| m.to_string())?;
@@ -103,6 +86,38 @@ pub(crate) fn jit_for_host(
     std::mem::forget(ee);
     std::mem::forget(module);
     Ok(addr)
+}
+
+/// Verifies `module`, stamps it for the host CPU ([`for_this_cpu`]), runs the pass
+/// `pipeline` (printing the result when `dump` is set) and returns the target machine
+/// it was optimized for (`reloc` and `model` for the code it will generate).
+pub(crate) fn optimize_for_host(
+    module: &inkwell::module::Module<'_>,
+    level: OptimizationLevel,
+    pipeline: &str,
+    dump: bool,
+    reloc: RelocMode,
+    model: CodeModel,
+) -> Result<TargetMachine, String> {
+    module
+        .verify()
+        .map_err(|m| format!("invalid LLVM IR: {m}"))?;
+    let triple = TargetMachine::get_default_triple();
+    let target = LlvmTarget::from_triple(&triple).map_err(|m| m.to_string())?;
+    let cpu = crate::host_cpu::host_cpu();
+    let machine = target
+        .create_target_machine(&triple, &cpu.name, &cpu.features, level, reloc, model)
+        .ok_or_else(|| "no target machine for the host".to_string())?;
+    module.set_triple(&triple);
+    module.set_data_layout(&machine.get_target_data().get_data_layout());
+    for_this_cpu(module);
+    module
+        .run_passes(pipeline, &machine, PassBuilderOptions::create())
+        .map_err(|m| m.to_string())?;
+    if dump {
+        eprintln!("{}", module.print_to_string().to_string());
+    }
+    Ok(machine)
 }
 
 /// Stamps the host CPU ([`crate::host_cpu::host_cpu`]: this machine's, unless a lower

@@ -46,6 +46,42 @@ pub fn run_limited(
     world: Option<&CommWorld>,
     timeout: Option<std::time::Duration>,
 ) -> Result<(), InterpError> {
+    drive(f, grid, args, world, timeout, None)
+}
+
+/// [`run_limited`] over the program instances `claim` hands out (their linear ids,
+/// `x` fastest), until it returns `None`: the interpreter and compiled code can take
+/// turns at one launch's programs (the CPU device runs a kernel's first launch so
+/// while LLVM compiles it). Each id must be handed out once. A kernel whose programs
+/// wait for each other (`wait_until`, `barrier_all`) is refused: they must all be
+/// resident at once. On failure the error of the lowest failing id run here is
+/// returned.
+pub fn run_claimed(
+    f: &Function,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    timeout: Option<std::time::Duration>,
+    claim: &(dyn Fn() -> Option<u64> + Sync),
+) -> Result<(), InterpError> {
+    if f.uses_blocking() {
+        return Err(InterpError::Unsupported {
+            kernel: f.name.clone(),
+            op: "launch",
+            span: f.span.clone(),
+            message: "the programs of a kernel that waits cannot be run in turns".into(),
+        });
+    }
+    drive(f, grid, args, None, timeout, Some(claim))
+}
+
+fn drive(
+    f: &Function,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    world: Option<&CommWorld>,
+    timeout: Option<std::time::Duration>,
+    claim: Option<&(dyn Fn() -> Option<u64> + Sync)>,
+) -> Result<(), InterpError> {
     let world = world.cloned().unwrap_or_else(CommWorld::single);
     let bound = check_args(f, args, &world)?;
     let total = grid
@@ -81,7 +117,21 @@ pub fn run_limited(
         watchdog: timeout.map(|t| (std::time::Instant::now() + t, t)),
     };
     let nvalues = f.values.len();
-    if blocking {
+    if let Some(claim) = claim {
+        // One loop a worker, each taking the next program as it finishes one.
+        (0..rayon::current_num_threads())
+            .into_par_iter()
+            .for_each_init(
+                || vec![None; nvalues],
+                |env, _| {
+                    while let Some(lin) = claim() {
+                        if lin < total {
+                            ex.run_program(env, lin);
+                        }
+                    }
+                },
+            );
+    } else if blocking {
         // Every program instance on its own thread: they may wait for each other.
         std::thread::scope(|s| {
             for lin in 0..total {

@@ -125,7 +125,7 @@ use std::fmt::Write as _;
 
 pub use buffer::{Element, HostBuffer, HostMemory, RemoteMemory};
 pub use comm::{CommWorld, DEFAULT_WAIT_TIMEOUT, MAX_RESIDENT, ctrl};
-pub use exec::{run, run_in_world, run_limited};
+pub use exec::{run, run_claimed, run_in_world, run_limited};
 pub use value::{KernelArg, Scalar};
 
 use crate::ir::Span;

@@ -50,6 +50,10 @@ pub(crate) struct Compiled {
     /// kept once built: a launch then skips the CPU compiler's cache lookup.
     #[cfg(feature = "jit")]
     cpu: [std::sync::OnceLock<Arc<tessera_codegen::cpu::CpuKernel>>; 3],
+    /// Set once a compilation started by [`Compiled::cpu_compiling`] has ended (its
+    /// kernel, if any, is then in `cpu`), per slot of `cpu`.
+    #[cfg(feature = "jit")]
+    cpu_done: [std::sync::OnceLock<Arc<std::sync::atomic::AtomicBool>>; 3],
 }
 
 impl Compiled {
@@ -61,6 +65,8 @@ impl Compiled {
             specs: Mutex::new(HashMap::new()),
             #[cfg(feature = "jit")]
             cpu: Default::default(),
+            #[cfg(feature = "jit")]
+            cpu_done: Default::default(),
         }
     }
 
@@ -71,16 +77,62 @@ impl Compiled {
         &self,
         checks: tessera_codegen::cpu::Checks,
     ) -> Result<Arc<tessera_codegen::cpu::CpuKernel>, tessera_codegen::cpu::CpuError> {
-        let slot = match (checks.checked(), checks.sanitize()) {
-            (_, true) => &self.cpu[1],
-            (true, false) => &self.cpu[0],
-            (false, _) => &self.cpu[2],
-        };
+        let slot = &self.cpu[Self::cpu_slot(checks)];
         if let Some(k) = slot.get() {
             return Ok(Arc::clone(k));
         }
-        let k = tessera_codegen::cpu::compile(&self.func, checks)?;
+        let store = cpu_objects().map(|s| s as &dyn tessera_codegen::cpu::ObjectStore);
+        let k = tessera_codegen::cpu::compile_with(&self.func, checks, store)?;
         Ok(Arc::clone(slot.get_or_init(|| k)))
+    }
+
+    #[cfg(feature = "jit")]
+    fn cpu_slot(checks: tessera_codegen::cpu::Checks) -> usize {
+        match (checks.checked(), checks.sanitize()) {
+            (_, true) => 1,
+            (true, false) => 0,
+            (false, _) => 2,
+        }
+    }
+
+    /// This kernel compiled for the CPU device with `checks`, if that is done (in this
+    /// process, or found in the disk cache by an earlier launch).
+    #[cfg(feature = "jit")]
+    pub(crate) fn cpu_ready(
+        &self,
+        checks: tessera_codegen::cpu::Checks,
+    ) -> Option<Arc<tessera_codegen::cpu::CpuKernel>> {
+        self.cpu[Self::cpu_slot(checks)].get().cloned()
+    }
+
+    /// Compiles this kernel for the CPU device on a thread of its own (started by the
+    /// first call; later calls share it): the flag is set when it has ended, its
+    /// kernel then ready ([`Compiled::cpu_ready`]) unless compiling failed (which
+    /// [`Compiled::cpu_kernel`] then reports).
+    #[cfg(feature = "jit")]
+    pub(crate) fn cpu_compiling(
+        self: &Arc<Self>,
+        checks: tessera_codegen::cpu::Checks,
+    ) -> Arc<std::sync::atomic::AtomicBool> {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        Arc::clone(self.cpu_done[Self::cpu_slot(checks)].get_or_init(|| {
+            let done = Arc::new(AtomicBool::new(false));
+            let (this, flag) = (Arc::clone(self), Arc::clone(&done));
+            in_flight::begin();
+            let spawned = std::thread::Builder::new()
+                .name("tessera-cpu-compile".into())
+                .spawn(move || {
+                    let _ = this.cpu_kernel(checks);
+                    flag.store(true, Ordering::Release);
+                    in_flight::end();
+                });
+            if spawned.is_err() {
+                // No thread: the launch compiles when the interpreter stops.
+                in_flight::end();
+                done.store(true, Ordering::Release);
+            }
+            done
+        }))
     }
 
     /// This kernel specialized like Triton does: parameters known to be 16-byte
@@ -99,6 +151,110 @@ impl Compiled {
             })
             .clone()
     }
+}
+
+/// The CPU compilations running in the background ([`Compiled::cpu_compiling`]).
+///
+/// A thread that started one waits, when it ends, until none is running (at most
+/// [`in_flight::AT_EXIT`]): for the main thread that is the process's exit, so a
+/// kernel compiled in the background reaches the disk cache (the next process finds
+/// it there instead of compiling again), and LLVM is never compiling while the
+/// process runs its exit handlers, which destroy LLVM's static objects (a compile
+/// racing them dies in instruction selection). The wait is a thread-local's
+/// destructor: glibc's `exit` runs the exiting thread's thread-local destructors
+/// before any `atexit` handler, whereas a handler registered with `atexit` would
+/// run after the destructors of the statics LLVM creates while it compiles.
+#[cfg(feature = "jit")]
+mod in_flight {
+    use std::sync::{Condvar, Mutex};
+    use std::time::{Duration, Instant};
+
+    /// The longest a thread's end (the process's exit) waits for background
+    /// compilations.
+    pub(super) const AT_EXIT: Duration = Duration::from_secs(10);
+
+    static RUNNING: Mutex<usize> = Mutex::new(0);
+    static ENDED: Condvar = Condvar::new();
+
+    struct WaitAtEnd;
+
+    impl Drop for WaitAtEnd {
+        fn drop(&mut self) {
+            let deadline = Instant::now() + AT_EXIT;
+            let mut n = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+            while *n > 0 {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return;
+                }
+                n = ENDED
+                    .wait_timeout(n, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+    }
+
+    thread_local! {
+        static GUARD: WaitAtEnd = const { WaitAtEnd };
+    }
+
+    /// A background compilation starts (on behalf of this thread).
+    pub(super) fn begin() {
+        GUARD.with(|_| ());
+        *RUNNING.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+    }
+
+    /// A background compilation has ended.
+    pub(super) fn end() {
+        let mut n = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
+        *n = n.saturating_sub(1);
+        ENDED.notify_all();
+    }
+}
+
+/// Compiled CPU kernels kept in the disk cache ([`disk_cache`]), under the same key
+/// scheme and trust model as GPU kernels: a later process links them without
+/// compiling.
+#[cfg(feature = "jit")]
+struct CpuObjects(disk_cache::DiskCache);
+
+#[cfg(feature = "jit")]
+impl CpuObjects {
+    fn key(ir_text: &str, identity: &str) -> disk_cache::CacheKey {
+        disk_cache::CacheKey::new(ir_text, "host-cpu", artifact::COMPILER_VERSION, identity)
+    }
+}
+
+#[cfg(feature = "jit")]
+impl tessera_codegen::cpu::ObjectStore for CpuObjects {
+    fn get(&self, ir_text: &str, identity: &str) -> Option<Vec<u8>> {
+        self.0.get(&Self::key(ir_text, identity))
+    }
+    fn put(&self, ir_text: &str, identity: &str, bytes: &[u8]) {
+        if let Err(e) = self.0.put(&Self::key(ir_text, identity), bytes) {
+            log::warn!("not caching a compiled CPU kernel: {e}");
+        }
+    }
+    fn remove(&self, ir_text: &str, identity: &str) {
+        log::warn!("discarding an unusable compiled CPU kernel from the cache");
+        self.0.remove(&Self::key(ir_text, identity));
+    }
+}
+
+/// The process's store of compiled CPU kernels (`None`: `TESSERA_CACHE_DIR=off`, or
+/// no cache folder).
+#[cfg(feature = "jit")]
+fn cpu_objects() -> Option<&'static CpuObjects> {
+    static STORE: OnceLock<Option<CpuObjects>> = OnceLock::new();
+    STORE
+        .get_or_init(|| {
+            disk_cache::DiskCache::from_env()
+                .ok()
+                .flatten()
+                .map(CpuObjects)
+        })
+        .as_ref()
 }
 
 type IrKey = (TypeId, String);

@@ -98,6 +98,9 @@ pub struct Device {
     /// [`Device::unchecked`]: the CPU device's compiled kernels check no access.
     #[cfg_attr(not(feature = "jit"), allow(dead_code))]
     pub(crate) unchecked: bool,
+    /// [`Device::with_cpu_jit`] (`None`: `TESSERA_CPU_JIT`).
+    #[cfg_attr(not(feature = "jit"), allow(dead_code))]
+    pub(crate) cpu_jit: Option<crate::config::CpuJit>,
 }
 
 impl PartialEq for Device {
@@ -115,14 +118,42 @@ impl fmt::Debug for Device {
     }
 }
 
+/// Readies the compiled CPU device's linker on a thread of its own, once per
+/// process ([`tessera_codegen::cpu::prepare`]), so that a kernel whose compiled code
+/// is in the disk cache launches at once. The host CPU level is chosen first, as a
+/// launch would (an invalid `TESSERA_CPU_TARGET` is left for the launch to report).
+#[cfg(feature = "jit")]
+fn prepare_cpu() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let spawned = std::thread::Builder::new()
+            .name("tessera-cpu-prepare".into())
+            .spawn(|| {
+                if let Ok(config) = crate::config::get()
+                    && crate::launch::choose_host_cpu(&config).is_ok()
+                {
+                    tessera_codegen::cpu::prepare();
+                }
+            });
+        if let Err(e) = spawned {
+            log::debug!("not readying the CPU device ahead of its first launch: {e}");
+        }
+    });
+}
+
 impl Device {
     fn from_backend(backend: Backend) -> Device {
+        #[cfg(feature = "jit")]
+        if matches!(backend, Backend::Cpu) {
+            prepare_cpu();
+        }
         Device {
             backend,
             artifacts: None,
             comm: None,
             launch_timeout: None,
             unchecked: false,
+            cpu_jit: None,
         }
     }
 
@@ -239,6 +270,21 @@ impl Device {
     pub fn with_launch_timeout(&self, timeout: Duration) -> Device {
         Device {
             launch_timeout: Some(timeout),
+            ..self.clone()
+        }
+    }
+
+    /// This device launching kernels whose compiled CPU code is not ready as `jit`
+    /// says (the CPU device; other devices ignore it): [`CpuJit::Background`] starts
+    /// on the interpreter while LLVM compiles, [`CpuJit::Wait`] compiles first, so
+    /// that every program runs compiled code. Without it, `TESSERA_CPU_JIT` decides
+    /// (default: background).
+    ///
+    /// [`CpuJit::Background`]: crate::config::CpuJit::Background
+    /// [`CpuJit::Wait`]: crate::config::CpuJit::Wait
+    pub fn with_cpu_jit(&self, jit: crate::config::CpuJit) -> Device {
+        Device {
+            cpu_jit: Some(jit),
             ..self.clone()
         }
     }
