@@ -22,6 +22,18 @@
 //! is compared with is placed the same way). `--crossover` then times the flat and
 //! the hierarchical all-reduce and all-gather from 1 KiB to 1 MiB per rank and
 //! prints the table (`scripts/mpi-check.sh 4 --nodes 2` runs both).
+//!
+//! `--stop-rank R [--stop-op OP]` runs the stopped-rank scenario instead
+//! (`scripts/mpi-check.sh 2 --stopped` runs it): once the world formed (a 3 s wait
+//! timeout), rank R stops itself (`SIGSTOP`) and every other rank makes one
+//! operation that needs it, OP: a compare-and-swap on R's heap (`cas`, the
+//! default), a `get` from it, a `put` to it (completed by the launch's quiet), a
+//! `signal` (fetch-and-add) on it, or a host `barrier`. Each must fail within 20 s
+//! with an error naming rank R (`rank R stopped answering`, or for a barrier whose
+//! team segment is on a live rank `rank R never arrived`), then leave the world and
+//! MPI without waiting for R. Prints `stop-test ok ...` or `stop-test FAIL ...` per
+//! rank; the job itself then fails (R never finishes), so the script judges by
+//! those lines.
 
 use std::time::Duration;
 
@@ -85,6 +97,173 @@ pub fn atomics<const B: usize>(
     let right = (rank() + 1) % size;
     let got = acc.on(right).load(offs, all);
     seen.store(offs + pid * B, got, all);
+}
+
+/// Compare-and-swaps on `peer`'s `x` (the stopped-rank scenario).
+#[kernel]
+pub fn cas_on<const B: usize>(x: &mut Symmetric<i32>, peer: i32) {
+    let offs = arange::<B>();
+    let all = offs.lt(B as i32);
+    let mut p = x.on(peer);
+    p.atomic_cas(offs, offs, offs + 1, all);
+}
+
+/// Reads `peer`'s `x` into `out` (the stopped-rank scenario).
+#[kernel]
+pub fn get_from<const B: usize>(x: &mut Symmetric<i32>, out: &mut Global<i32>, peer: i32) {
+    let offs = arange::<B>();
+    let all = offs.lt(B as i32);
+    let v = x.on(peer).load(offs, all);
+    out.store(offs, v, all);
+}
+
+/// Writes `peer`'s `x` (completed at the launch's end: the stopped-rank scenario).
+#[kernel]
+pub fn put_to<const B: usize>(x: &mut Symmetric<i32>, peer: i32) {
+    let offs = arange::<B>();
+    let all = offs.lt(B as i32);
+    x.on(peer).store(offs, offs, all);
+}
+
+/// Adds 1 to `peer`'s signal word 0 (the stopped-rank scenario).
+#[kernel]
+pub fn signal_on(sig: &mut Symmetric<u64>, peer: i32) {
+    sig.signal(peer, 0, 1u64, SignalOp::Add);
+}
+
+/// Waits until this rank's signal word 0 reaches `n` (the stopped-rank scenario).
+#[kernel]
+pub fn wait_signals(sig: &mut Symmetric<u64>, n: i32) {
+    sig.wait_until(0, CmpPred::Ge, n.cast::<u64>());
+}
+
+/// What the live ranks may do in the stopped-rank scenario.
+const STOP_OPS: [&str; 5] = ["cas", "get", "put", "signal", "barrier"];
+
+/// The stopped-rank scenario (`--stop-rank`, `--stop-op`: see the module docs);
+/// never returns.
+fn stop_test(stopped: u32, op: Option<&str>) -> ! {
+    let timeout = Duration::from_secs(3);
+    let bound = Duration::from_secs(20);
+    let outcome = (|| -> Result<(u32, u32, String), Error> {
+        let world = World::launched()?
+            .on(&Device::interp())
+            .heap_bytes(4 << 20)
+            .wait_timeout(timeout);
+        let rank = world.join()?;
+        let (me, ws) = (rank.rank(), rank.size());
+        // (The script ends whatever is left of the job by these pids.)
+        println!("stop-test: rank {me} is pid {}", std::process::id());
+        if stopped >= ws || ws < 2 {
+            return Ok((
+                me,
+                ws,
+                format!("FAIL: --stop-rank {stopped} needs a rank of {ws} and one more"),
+            ));
+        }
+        let dev = rank.device().clone();
+        let mut x = rank.alloc::<i32>(B)?;
+        let mut sig = rank.alloc_signals(1)?;
+        let mut out = dev.alloc::<i32>(B)?;
+        rank.barrier()?;
+        // Every live rank tells rank `stopped` it passed the barrier (which may need
+        // rank `stopped`'s answers: it holds the team segment when it is rank 0);
+        // rank `stopped` answers each once it heard from all, then stops.
+        if me != stopped {
+            signal_on::launch(&dev, 1u32, (&mut sig, stopped as i32))?;
+            wait_signals::launch(&dev, 1u32, (&mut sig, 1))?;
+        } else {
+            wait_signals::launch(&dev, 1u32, (&mut sig, ws as i32 - 1))?;
+            for r in (0..ws).filter(|&r| r != me) {
+                signal_on::launch(&dev, 1u32, (&mut sig, r as i32))?;
+            }
+            println!("stop-test: rank {me} (pid {}) stops", std::process::id());
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            // The job ends it (mpirun, or the script by this pid).
+            let _ = std::process::Command::new("kill")
+                .args(["-STOP", &std::process::id().to_string()])
+                .status();
+            loop {
+                std::thread::sleep(Duration::from_secs(60));
+            }
+        }
+        // Rank `stopped` stops right after its answer.
+        std::thread::sleep(Duration::from_secs(1));
+        let op = op.unwrap_or("cas");
+        let peer = stopped as i32;
+        let t = std::time::Instant::now();
+        let res = match op {
+            "cas" => cas_on::<B>::launch(&dev, 1u32, (&mut x, peer)),
+            "get" => get_from::<B>::launch(&dev, 1u32, (&mut x, &mut out, peer)),
+            "put" => put_to::<B>::launch(&dev, 1u32, (&mut x, peer)),
+            "signal" => signal_on::launch(&dev, 1u32, (&mut sig, peer)),
+            "barrier" => rank.barrier(),
+            other => {
+                return Ok((
+                    me,
+                    ws,
+                    format!("FAIL: unknown --stop-op {other} (expected one of {STOP_OPS:?})"),
+                ));
+            }
+        };
+        let secs = t.elapsed().as_secs_f64();
+        let verdict = match res {
+            Ok(()) => format!("FAIL: the {op} needing stopped rank {stopped} succeeded"),
+            Err(e) => {
+                let e = e.to_string();
+                let named = e.contains(&format!("rank {stopped} stopped answering"))
+                    || (op == "barrier" && e.contains(&format!("rank {stopped} never arrived")));
+                if !named {
+                    format!(
+                        "FAIL: the {op} failed after {secs:.2} s without naming rank {stopped}: {e}"
+                    )
+                } else if secs > bound.as_secs_f64() {
+                    format!(
+                        "FAIL: the {op} failed after {secs:.2} s (over {} s): {e}",
+                        bound.as_secs()
+                    )
+                } else {
+                    format!("ok: the {op} failed after {secs:.2} s naming rank {stopped}: {e}")
+                }
+            }
+        };
+        println!("stop-test {verdict} (rank {me})");
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+        // Leaving the world and MPI must not wait for the stopped rank either.
+        let t = std::time::Instant::now();
+        drop((x, sig, out));
+        drop(rank);
+        drop(world);
+        let secs = t.elapsed().as_secs_f64();
+        Ok((
+            me,
+            ws,
+            if secs > bound.as_secs_f64() {
+                format!("FAIL: leaving took {secs:.2} s")
+            } else {
+                format!("ok: left the world in {secs:.2} s")
+            },
+        ))
+    })();
+    let (line, failed, others) = match outcome {
+        Ok((me, ws, v)) => (
+            format!("stop-test {v} (rank {me})"),
+            v.starts_with("FAIL"),
+            ws > 2,
+        ),
+        Err(e) => (format!("stop-test FAIL: {e}"), true, true),
+    };
+    println!("{line}");
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    // Other live ranks are a wait timeout or two behind at most (their waits began
+    // together): let them report before this exit ends the job.
+    if others {
+        std::thread::sleep(timeout * 2);
+    }
+    std::process::exit(if failed { 1 } else { 0 });
 }
 
 /// A case: a name and this rank's outputs (bytes, compared exactly).
@@ -398,6 +577,19 @@ fn main() {
         None => None,
     };
     let bench = args.iter().any(|a| a == "--crossover");
+    if let Some(i) = args.iter().position(|a| a == "--stop-rank") {
+        let op = args
+            .iter()
+            .position(|a| a == "--stop-op")
+            .and_then(|i| args.get(i + 1));
+        match args.get(i + 1).map(|v| v.parse::<u32>()) {
+            Some(Ok(r)) => stop_test(r, op.map(String::as_str)),
+            _ => {
+                eprintln!("error: --stop-rank needs a rank");
+                std::process::exit(2);
+            }
+        }
+    }
     let place = move |w: World| match per_node {
         Some(k) => w.ranks_per_node(k),
         None => w,

@@ -13,6 +13,16 @@
 #                                      the suite runs placed so (hierarchical
 #                                      collectives), then times the flat and the
 #                                      hierarchical collectives (the crossover)
+#   scripts/mpi-check.sh NP --stopped  a rank that stops (SIGSTOP) once the world
+#                                      formed: jobs of NP ranks (2 is enough) on the
+#                                      network path as above, in which the others'
+#                                      operations on it (compare-and-swap, get, put,
+#                                      signal, host barrier; the team's rank 0 stopped
+#                                      too) must fail within 20 s naming it and the
+#                                      processes end (a 3 s wait timeout); then two on
+#                                      MPI's shared-memory defaults, where Open MPI's
+#                                      osc/ucx completes atomics inside the call and
+#                                      the watchdog ends the waiting process naming it
 # Needs an MPI library (Debian: openmpi-bin libopenmpi-dev; scripts/setup.sh installs
 # them) and builds the example with `--features mpi`.
 set -euo pipefail
@@ -50,7 +60,8 @@ case "$MODE" in
     ARGS=(--ranks-per-node "$K" --crossover)
     # The crossover sets `Auto`'s threshold, which users meet in release builds.
     PROFILE=release ;;
-  *) echo "mpi-check: unknown mode $MODE (expected --shm or --nodes K)" >&2; exit 2 ;;
+  --stopped) MCA=(--mca pml ob1 --mca btl self,tcp --mca osc pt2pt) ;;
+  *) echo "mpi-check: unknown mode $MODE (expected --shm, --nodes K or --stopped)" >&2; exit 2 ;;
 esac
 if [ "$PROFILE" = release ]; then
   cargo build -q --release -p tessera-examples --features mpi --example mpi_world
@@ -59,10 +70,56 @@ else
 fi
 # --oversubscribe: more ranks than cores is fine here. Every socket on the loopback
 # interface: the job's own TCP traffic (the BTL's and the launcher's) never leaves
-# this machine. A hang is bounded: a clear message after 10 minutes.
+# this machine.
+LO=(--mca btl_tcp_if_include lo --mca oob_tcp_if_include lo)
+if [ "$MODE" = --stopped ]; then
+  # One job per case: "STOPPED OP [shm]". Each must end well within its 60 s bound
+  # (a hang is a failure, not a wait); what is left of it is killed by pid after.
+  failed=0
+  for case in "1 cas" "1 get" "1 put" "1 signal" "1 barrier" "0 cas" "0 barrier" \
+      "1 cas shm" "1 barrier shm"; do
+    read -r R OP SHM <<<"$case"
+    if [ -n "$SHM" ]; then MCA_CASE=(--mca osc ^rdma); else MCA_CASE=("${MCA[@]}"); fi
+    start=$(date +%s)
+    set +e
+    TESSERA_LOG=warn timeout --kill-after=10 60 mpirun -np "$NP" --oversubscribe \
+      "${LO[@]}" "${MCA_CASE[@]}" "target/$PROFILE/examples/mpi_world" \
+      --stop-rank "$R" --stop-op "$OP" < /dev/null > "$log" 2>&1
+    rc=$?
+    set -e
+    secs=$(( $(date +%s) - start ))
+    # What is left of the job (the stopped rank; every rank after a hang), by pid.
+    for pid in $(sed -n 's/^stop-test: rank [0-9]* is pid \([0-9]*\)$/\1/p' "$log"); do
+      if grep -qs mpi_world "/proc/$pid/cmdline"; then kill -KILL "$pid" 2>/dev/null || true; fi
+    done
+    # Every live rank reports; on shared memory the watchdog may end it first.
+    want=$(( NP - 1 ))
+    ok=$(grep -c "^stop-test ok: the $OP failed" "$log" || true)
+    left=$(grep -c "^stop-test ok: left the world" "$log" || true)
+    ended=$(grep -c "^error: rank $R stopped answering" "$log" || true)
+    if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+      verdict="FAIL (still running after 60 s: a hang)"
+    elif grep -q "^stop-test FAIL" "$log"; then
+      verdict="FAIL"
+    elif [ -z "$SHM" ] && { [ "$ok" != "$want" ] || [ "$left" != "$want" ]; }; then
+      verdict="FAIL ($ok of $want ranks failed naming rank $R, $left left)"
+    elif [ -n "$SHM" ] && [ $(( ok + ended )) -lt "$want" ]; then
+      verdict="FAIL ($ok of $want ranks failed naming rank $R, $ended ended by the watchdog)"
+    else
+      verdict="ok"
+    fi
+    echo "mpi-check --stopped: rank $R stopped, the others' $OP${SHM:+ (shared memory)}: $verdict in ${secs} s"
+    if [ "$verdict" != ok ]; then
+      failed=1
+      grep -v "^ok " "$log" | tail -n 40 >&2
+    fi
+  done
+  exit "$failed"
+fi
+# A hang is bounded: a clear message after 10 minutes.
 set +e
 TESSERA_LOG=info timeout --kill-after=10 600 mpirun -np "$NP" --oversubscribe \
-  --mca btl_tcp_if_include lo --mca oob_tcp_if_include lo "${MCA[@]}" \
+  "${LO[@]}" "${MCA[@]}" \
   "target/$PROFILE/examples/mpi_world" "${ARGS[@]}" < /dev/null 2>&1 | tee "$log"
 rc=${PIPESTATUS[0]}
 set -e

@@ -25,6 +25,11 @@ RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -q \
 cargo package --workspace --no-verify --allow-dirty -q
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
+# The test binaries test the CPU device's compiled code: a launch waits for LLVM
+# (`TESSERA_CPU_JIT=wait`) instead of starting on the interpreter while it compiles
+# (the default, which the examples below run with, and tests/cpu_first_launch.rs
+# tests).
+export TESSERA_CPU_JIT=wait
 cargo test --workspace 2>&1 | tee "$log"
 # The host's code at each x86-64 level this machine executes (the CPU device and the
 # emulators JIT-compile for the host): results must not depend on the host's vector
@@ -47,6 +52,7 @@ done
 # Without `jit`: the runtime tests pass and a binary using it links no LLVM.
 cargo test -p tessera --no-default-features --lib --test devices 2>&1 | tee -a "$log"
 scripts/check-no-llvm.sh
+unset TESSERA_CPU_JIT
 # A missing CUDA driver is a clean error, not a panic.
 if [ ! -e /dev/nvidiactl ]; then
   out="$(TESSERA_DEVICE=cuda cargo run -q -p tessera-examples --example vector_add 2>&1 || true)"
@@ -76,6 +82,9 @@ bash scripts/mpi-check.sh 3 --shm
 # with the hierarchical collectives, then the flat-against-hierarchical crossover
 # table (a release build: it is what sets `Auto`'s threshold).
 bash scripts/mpi-check.sh 4 --nodes 2
+# ... and with a rank that stops (SIGSTOP): the others' operations on it fail within
+# their wait timeout naming it, and their processes end.
+bash scripts/mpi-check.sh 2 --stopped
 # The same examples on the SIMT emulator (the real GPU lowering of the communication
 # ops, both vendors' flavours), at their default sizes on 4 ranks.
 for emu in emu-nv emu-amd; do

@@ -122,6 +122,14 @@ impl Compiled {
             let spawned = std::thread::Builder::new()
                 .name("tessera-cpu-compile".into())
                 .spawn(move || {
+                    // Below the launch's own threads, which the interpreter runs on
+                    // meanwhile (on Linux a thread's nice value is its own).
+                    #[cfg(target_os = "linux")]
+                    // SAFETY: `setpriority` reads no memory of ours; `who` 0 is this
+                    // thread. A failure only leaves the priority as it was.
+                    unsafe {
+                        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+                    }
                     let _ = this.cpu_kernel(checks);
                     flag.store(true, Ordering::Release);
                     in_flight::end();

@@ -139,6 +139,10 @@ pub(super) struct Shared {
     /// The NVSHMEM session of an NVSHMEM world (abandoned when the world fails, see
     /// [`super::nvshmem::Session::abandon`]).
     pub(super) shmem: std::sync::OnceLock<Arc<super::nvshmem::Session>>,
+    /// What the MPI windows of an MPI world share (marked when the world fails, see
+    /// [`super::mpi::Fate::abandon`]).
+    #[cfg(feature = "mpi")]
+    pub(super) mpi: std::sync::OnceLock<Arc<super::mpi::Fate>>,
 }
 
 impl Shared {
@@ -170,6 +174,8 @@ impl Shared {
             heap_bytes,
             nodes: None,
             shmem: std::sync::OnceLock::new(),
+            #[cfg(feature = "mpi")]
+            mpi: std::sync::OnceLock::new(),
         })
     }
 
@@ -214,6 +220,10 @@ impl Shared {
     fn release(&self, rank: u32) {
         if let Some(s) = self.shmem.get() {
             s.abandon();
+        }
+        #[cfg(feature = "mpi")]
+        if let Some(f) = self.mpi.get() {
+            f.abandon();
         }
         match &self.heaps {
             Heaps::Host(_) => self.interp_world(rank).abort(),

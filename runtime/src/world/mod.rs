@@ -655,12 +655,17 @@ impl World {
                 )))
             }
         });
+        // Every wait for a peer is bounded by the wait timeout (see `mpi`).
+        let fate = Arc::new(mpi::Fate::new(self.timeout));
         let all = lib
-            .allgather_u64(&[
-                u64::from(local.is_ok()),
-                self.heap_bytes as u64,
-                self.signal_bytes as u64,
-            ])
+            .allgather_u64(
+                &[
+                    u64::from(local.is_ok()),
+                    self.heap_bytes as u64,
+                    self.signal_bytes as u64,
+                ],
+                self.timeout,
+            )
             .map_err(err)?;
         let device = local?;
         if let Some(r) = all.iter().position(|c| c[0] == 0) {
@@ -680,15 +685,22 @@ impl World {
         // so that each rank maps its node's other heaps.
         let zero = CTRL_BYTES + self.signal_bytes;
         let heap = Arc::new(
-            match mpi::Window::allocate_node_shared(lib, self.heap_bytes, zero, self.ranks_per_node)
-                .map_err(err)?
+            match mpi::Window::allocate_node_shared(
+                lib,
+                self.heap_bytes,
+                zero,
+                self.ranks_per_node,
+                &fate,
+            )
+            .map_err(err)?
             {
                 Some(w) => w,
-                None => mpi::Window::allocate(lib, self.heap_bytes, zero).map_err(err)?,
+                None => mpi::Window::allocate(lib, self.heap_bytes, zero, &fate).map_err(err)?,
             },
         );
         let team_bytes = if me == 0 { team::TEAM_BYTES } else { 0 };
-        let team_win = Arc::new(mpi::Window::allocate(lib, team_bytes, team_bytes).map_err(err)?);
+        let team_win =
+            Arc::new(mpi::Window::allocate(lib, team_bytes, team_bytes, &fate).map_err(err)?);
         let team_mem = Arc::new(mpi::Peer {
             win: team_win,
             target: 0,
@@ -702,13 +714,18 @@ impl World {
             None
         };
         let problem = team.as_ref().and_then(|t| t.as_ref().err().cloned());
-        lib.agree(problem, "set up the team segment").map_err(err)?;
+        lib.agree(problem, "set up the team segment", self.timeout)
+            .map_err(err)?;
         let team = match team {
             Some(t) => t,
             None => Team::remote(team_mem, false),
         };
-        lib.agree(team.as_ref().err().cloned(), "open the team segment")
-            .map_err(err)?;
+        lib.agree(
+            team.as_ref().err().cloned(),
+            "open the team segment",
+            self.timeout,
+        )
+        .map_err(err)?;
         let team = team.map_err(err)?;
         let heaps: Vec<HostHeapRef> = (0..lib.size)
             .map(|r| match mpi::Part::mapped(&heap, r) {
@@ -727,7 +744,7 @@ impl World {
             .find(|&r| mpi::Part::mapped(&heap, r).is_some())
             .unwrap_or(me);
         let nodes: Arc<[u32]> = lib
-            .allgather_u64(&[u64::from(first)])
+            .allgather_u64(&[u64::from(first)], self.timeout)
             .map_err(err)?
             .iter()
             .map(|v| v.first().map_or(0, |&x| x as u32))
@@ -740,6 +757,8 @@ impl World {
             None,
             Some(nodes),
         )?;
+        // A failed world's windows are freed only if every rank comes to free them.
+        rank.set_mpi(fate);
         rank.barrier()?;
         Ok(rank)
     }

@@ -302,6 +302,10 @@ impl Rank {
                 )),
                 None => self.err(format!("abandoned {what}: rank {rank} failed")),
             },
+            Stop::Unreachable { message } => {
+                self.abort();
+                self.err(format!("abandoned {what}: {message}"))
+            }
             Stop::Left { rank } => {
                 // The others' waits stop too, naming the rank that left.
                 self.shared.abort_by_leaving(rank);
@@ -485,6 +489,22 @@ impl Rank {
     /// Keeps the NVSHMEM session of an NVSHMEM world with the world's shared state.
     pub(super) fn set_shmem(&self, session: Arc<super::nvshmem::Session>) {
         let _ = self.shared.shmem.set(session);
+    }
+
+    /// Ties the MPI windows of this rank's world to the world (see
+    /// [`super::mpi::Fate`]): they are abandoned when it fails, and a rank that
+    /// stops answering this one fails the world naming it, as a host barrier's
+    /// timeout does (the other ranks then name it too).
+    #[cfg(feature = "mpi")]
+    pub(super) fn set_mpi(&self, fate: Arc<super::mpi::Fate>) {
+        let shared = Arc::downgrade(&self.shared);
+        let me = self.rank;
+        fate.on_stall(Box::new(move |missing| {
+            if let Some(s) = shared.upgrade() {
+                s.abort_waiting_for(me, missing);
+            }
+        }));
+        let _ = self.shared.mpi.set(fate);
     }
 
     /// Whether `buf` was allocated in this world's heaps (not another world's).

@@ -98,6 +98,9 @@ impl AllocRecord {
 /// A team segment (see the module docs).
 pub(crate) struct Team {
     mem: TeamMem,
+    /// The first error of the team's engine, if any (then the segment is unreachable:
+    /// the waits stop with it).
+    engine_error: std::sync::OnceLock<String>,
 }
 
 /// Where a team segment lives.
@@ -111,7 +114,8 @@ enum TeamMem {
 
 /// One word of a team segment, with the part of `AtomicU64`'s interface the team
 /// protocol uses. Through an engine, a store completes before it returns and a read
-/// that the engine cannot carry out reads 0 (an engine's failure ends the job).
+/// that the engine cannot carry out reads 0 (the team's waits then stop with the
+/// engine's error).
 struct TeamWord<'a> {
     team: &'a Team,
     i: usize,
@@ -137,10 +141,13 @@ impl TeamWord<'_> {
         }
     }
 
-    /// Logs an engine's failure (MPI's own are fatal: only range errors get here).
+    /// Records an engine's failure (a peer that stopped answering, say); logs the
+    /// first.
     fn failed<T: Default>(&self, r: Result<T, String>) -> T {
         r.unwrap_or_else(|e| {
-            log::error!("team word {}: {e}", self.i);
+            if self.team.engine_error.set(e.clone()).is_ok() {
+                log::error!("team word {}: {e}", self.i);
+            }
             T::default()
         })
     }
@@ -214,6 +221,9 @@ pub(crate) enum Stop {
     Left { rank: u32 },
     /// The timeout passed; the ranks that had not arrived, where known.
     Timeout { missing: Vec<u32> },
+    /// The team segment's engine failed (its error names the rank that stopped
+    /// answering).
+    Unreachable { message: String },
 }
 
 impl Team {
@@ -243,10 +253,20 @@ impl Team {
     }
 
     fn init(mem: TeamMem, create: bool) -> Result<Team, String> {
-        let t = Team { mem };
-        if create {
+        let t = Team {
+            mem,
+            engine_error: std::sync::OnceLock::new(),
+        };
+        let magic = if create {
             t.word(W_MAGIC).store(MAGIC, Ordering::Release);
-        } else if t.word(W_MAGIC).load(Ordering::Acquire) != MAGIC {
+            MAGIC
+        } else {
+            t.word(W_MAGIC).load(Ordering::Acquire)
+        };
+        if let Some(e) = t.engine_error.get() {
+            return Err(e.clone());
+        }
+        if magic != MAGIC {
             return Err("the team segment is not a Tessera team (bad magic word)".into());
         }
         Ok(t)
@@ -339,6 +359,11 @@ impl Team {
             if done() {
                 return Ok(());
             }
+            if let Some(message) = self.engine_error.get() {
+                return Err(Stop::Unreachable {
+                    message: message.clone(),
+                });
+            }
             if let Some((rank, died)) = self.failed() {
                 return Err(Stop::Failed { rank, died });
             }
@@ -411,7 +436,10 @@ impl Team {
                 },
                 s => s,
             };
-            let arrived = w.load(Ordering::Acquire) - generation * u64::from(size);
+            // (An engine that cannot read reads 0.)
+            let arrived = w
+                .load(Ordering::Acquire)
+                .saturating_sub(generation * u64::from(size));
             (s, arrived.min(u64::from(size)))
         })
     }
