@@ -315,6 +315,17 @@ pub fn parse_switch(text: &str) -> Option<bool> {
 }
 
 impl Config {
+    /// Chooses the CPU that host code is generated for (`TESSERA_CPU_TARGET`), before
+    /// the first kernel is compiled for the CPU device or an emulator.
+    #[cfg(feature = "jit")]
+    pub(crate) fn choose_host_cpu(&self) -> Result<(), Error> {
+        match &self.cpu_target {
+            Some(level) => tessera_codegen::host_cpu::set_host_cpu(level)
+                .map_err(|m| Error::Config(format!("TESSERA_CPU_TARGET=`{level}`: {m}"))),
+            None => Ok(()),
+        }
+    }
+
     /// The configuration the environment gives (read now).
     pub fn from_env() -> Result<Config, Error> {
         Config::from_vars(|k| std::env::var(k).ok())

@@ -469,17 +469,6 @@ impl LaunchOptions {
     }
 }
 
-/// Chooses the CPU that host code is generated for (`TESSERA_CPU_TARGET`), before
-/// the first kernel is compiled for the CPU device or an emulator.
-#[cfg(feature = "jit")]
-pub(crate) fn choose_host_cpu(config: &crate::config::Config) -> Result<(), Error> {
-    match &config.cpu_target {
-        Some(level) => tessera_codegen::host_cpu::set_host_cpu(level)
-            .map_err(|m| Error::Config(format!("TESSERA_CPU_TARGET=`{level}`: {m}"))),
-        None => Ok(()),
-    }
-}
-
 /// A launch on the CPU device of a kernel whose compiled code is not ready
 /// (`TESSERA_CPU_JIT=background`): the interpreter takes the programs in order while
 /// LLVM compiles the kernel on another thread, and once that has ended the programs
@@ -508,6 +497,16 @@ fn cpu_in_turns(
     )
 }
 
+/// How long the interpreter keeps every core while a kernel compiles (see
+/// [`in_turns`]).
+#[cfg(feature = "jit")]
+const SHARE_AFTER: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// About what LLVM takes to compile a kernel for the CPU (40–140 ms for the kernels
+/// of BENCHMARKS.md's first-launch table on one core).
+#[cfg(feature = "jit")]
+const COMPILE_GUESS: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// [`cpu_in_turns`] with what it waits for made explicit: `ready()` says whether
 /// the compiler has ended (checked before the interpreter takes each program), and
 /// `kernel()` gives its outcome then.
@@ -531,8 +530,27 @@ fn in_turns(
         let lin = next.fetch_add(1, Ordering::Relaxed);
         (lin < total).then_some(lin)
     };
+    // Once the interpreter has had the machine for `SHARE_AFTER`, its last worker
+    // stops if the programs left look longer than a compilation (`COMPILE_GUESS`, at
+    // the rate so far), leaving a core to the compiler (which runs below the
+    // launch's threads): a short launch keeps every core, a long one gets its
+    // compiled code sooner.
+    let workers = rayon::current_num_threads();
+    let interpreting = |worker: Option<usize>| {
+        let elapsed = started.elapsed();
+        if workers < 2 || worker != Some(workers - 1) || elapsed < SHARE_AFTER {
+            return true;
+        }
+        let done = next.load(Ordering::Relaxed).clamp(1, total);
+        let left = elapsed.as_secs_f64() * (total - done) as f64 / done as f64;
+        left < COMPILE_GUESS.as_secs_f64()
+    };
     interp::run_claimed(func, dims, kargs, watchdog, &|| {
-        if ready() { None } else { take() }
+        if ready() || !interpreting(rayon::current_thread_index()) {
+            None
+        } else {
+            take()
+        }
     })?;
     if next.load(Ordering::Relaxed) >= total {
         return Ok(Ok(()));
@@ -802,7 +820,7 @@ pub fn launch_with<K: Kernel>(
                             }
                         });
                         let config = crate::config::get()?;
-                        choose_host_cpu(&config)?;
+                        config.choose_host_cpu()?;
                         let limits = tessera_codegen::emu::EmuLimits {
                             timeout: watchdog,
                             barrier_timeout: Some(config.emu_barrier_timeout),
@@ -824,7 +842,7 @@ pub fn launch_with<K: Kernel>(
                     Backend::Cpu => {
                         use tessera_codegen::cpu::{self, CpuError};
                         let config = crate::config::get()?;
-                        choose_host_cpu(&config)?;
+                        config.choose_host_cpu()?;
                         let checks = if device.unchecked {
                             // SAFETY: the handle comes from `Device::unchecked`, whose
                             // (unsafe) caller vouches for every access.

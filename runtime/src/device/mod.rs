@@ -130,7 +130,7 @@ fn prepare_cpu() {
             .name("tessera-cpu-prepare".into())
             .spawn(|| {
                 if let Ok(config) = crate::config::get()
-                    && crate::launch::choose_host_cpu(&config).is_ok()
+                    && config.choose_host_cpu().is_ok()
                 {
                     tessera_codegen::cpu::prepare();
                 }
