@@ -1084,7 +1084,7 @@ pub struct ParamAttrs {
     /// launch.
     pub tensor_map: bool,
     /// For integer parameters: the launch passes 1 (Triton's specialization of 1),
-    /// so the body reads the constant 1 instead ([`Function::specialized`] rewrites
+    /// so the body reads the constant 1 instead ([`passes::specialize`](crate::passes::specialize) rewrites
     /// its uses): a unit stride is a constant, and contiguity through it provable.
     /// The runtime sets it per launch.
     pub equal_to_one: bool,
@@ -1094,7 +1094,7 @@ pub struct ParamAttrs {
     pub no_specialize: bool,
 }
 
-/// What a launch knows about one argument: the facts [`Function::specialized`]
+/// What a launch knows about one argument: the facts [`passes::specialize`](crate::passes::specialize)
 /// records.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct ParamFacts {
@@ -1196,60 +1196,6 @@ impl Function {
             }
         }
         go(&self.body, f);
-    }
-
-    /// A copy specialized on launch facts, as Triton does: for each parameter whose
-    /// `divisible_by_16` is set, records that the pointer is 16-byte aligned or the
-    /// integer is a multiple of 16 ([`ParamAttrs::divisibility`]), which lets codegen
-    /// prove wide, unmasked-per-vector memory accesses; for each pointer whose
-    /// `within_2gib` is set, records [`ParamAttrs::within_2gib`]; for each integer
-    /// whose `equal_to_one` is set, records [`ParamAttrs::equal_to_one`], makes every
-    /// use of it read a constant 1 and folds the body again ([`crate::passes::optimize`]),
-    /// so `i * stride` becomes `i`. Parameters declared
-    /// [`ParamAttrs::no_specialize`] get neither value fact. Facts past the parameter
-    /// list are ignored; float parameters are left alone.
-    pub fn specialized(&self, facts: &[ParamFacts]) -> Function {
-        let mut f = self.clone();
-        let mut ones = Vec::new();
-        for (p, fact) in f.params.iter_mut().zip(facts) {
-            let ty = &self.values[p.value.index()].ty;
-            let int = ty.scalar_type().is_some_and(|s| s.is_int()) && ty.shape.is_empty();
-            let eligible = ty.elem.is_ptr() || int;
-            let value_facts = !p.attrs.no_specialize;
-            if fact.divisible_by_16 && eligible && value_facts {
-                p.attrs.divisibility = Some(16);
-            }
-            if fact.equal_to_one && int && value_facts {
-                p.attrs.equal_to_one = true;
-                ones.push((p.value, ty.clone()));
-            }
-            if fact.within_2gib && ty.elem.is_ptr() {
-                p.attrs.within_2gib = true;
-            }
-            if fact.tensor_map && *ty == crate::types::Type::scalar(crate::types::ScalarType::U64) {
-                p.attrs.tensor_map = true;
-            }
-        }
-        if ones.is_empty() {
-            return f;
-        }
-        let span = f.span.clone();
-        let mut defs = Vec::new();
-        for (param, ty) in ones {
-            let one = f.new_value(ty);
-            crate::passes::replace_all_uses(&mut f, param, one);
-            defs.push(Op {
-                kind: OpKind::Const(ConstValue::Int(1)),
-                operands: Vec::new(),
-                results: vec![one],
-                regions: Vec::new(),
-                span: span.clone(),
-            });
-        }
-        defs.append(&mut f.body.ops);
-        f.body.ops = defs;
-        crate::passes::optimize(&mut f);
-        f
     }
 
     /// True when the kernel uses communication ops ([`OpKind::is_comm`]).

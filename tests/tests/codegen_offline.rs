@@ -604,7 +604,12 @@ fn gfx942_masked_loads_are_buffer_loads() {
     };
     let disasm = |within_2gib: bool| {
         let facts = vec![ParamFacts::new(true, within_2gib); func.params.len()];
-        let art = compile_ir(&func.specialized(&facts), GFX942, &opts).expect("compiles");
+        let art = compile_ir(
+            &tessera::ir::passes::specialize(&func, &facts),
+            GFX942,
+            &opts,
+        )
+        .expect("compiles");
         tools::amdgpu_disasm(&art.binary, AmdArch::Gfx942).expect("llvm-objdump")
     };
     let count = |dis: &str, op: &str| {
@@ -736,7 +741,7 @@ fn sm80_matmuls_pipeline_through_cp_async_rings() {
     ];
     for (func, num_warps, ring) in cases {
         let facts = vec![ParamFacts::new(true, true); func.params.len()];
-        let spec = func.specialized(&facts);
+        let spec = tessera::ir::passes::specialize(&func, &facts);
         let art = compile_ir(&spec, SM80, &CompileOptions::warps(num_warps)).expect("compiles");
         let ptx = &art.asm;
         let count = |s: &str| ptx.matches(s).count();
@@ -786,7 +791,7 @@ fn sm90a_matmuls_use_wgmma_from_cp_async_rings() {
     ];
     for (func, num_warps, ring, wgmmas) in cases {
         let facts = vec![ParamFacts::new(true, true); func.params.len()];
-        let spec = func.specialized(&facts);
+        let spec = tessera::ir::passes::specialize(&func, &facts);
         let art = compile_ir(&spec, SM90A, &CompileOptions::warps(num_warps)).expect("compiles");
         let ptx = &art.asm;
         let count = |s: &str| ptx.matches(s).count();
@@ -834,7 +839,10 @@ fn sm90a_attention_takes_wgmma_without_conversions_or_spills() {
     use tessera::ir::ParamFacts;
     let func =
         kernel_ir::<tessera::attention::attention_fwd<f16, 128, 64, 64>>(&()).expect("builds");
-    let spec = func.specialized(&vec![ParamFacts::new(true, true); func.params.len()]);
+    let spec = tessera::ir::passes::specialize(
+        &func,
+        &vec![ParamFacts::new(true, true); func.params.len()],
+    );
     let opts = CompileOptions::warps(4);
     let art = compile_ir(&spec, SM90A, &opts).expect("compiles");
     let ptx = &art.asm;
@@ -876,7 +884,10 @@ fn gfx942_attention_keeps_rows_in_lanes() {
     use tessera::ir::ParamFacts;
     let func =
         kernel_ir::<tessera::attention::attention_fwd<f16, 128, 64, 64>>(&()).expect("builds");
-    let spec = func.specialized(&vec![ParamFacts::new(true, true); func.params.len()]);
+    let spec = tessera::ir::passes::specialize(
+        &func,
+        &vec![ParamFacts::new(true, true); func.params.len()],
+    );
     let opts = CompileOptions::warps(4);
     let text = lower_with_layouts(&spec, GFX942, &opts).expect("lowers");
     assert_eq!(text.matches("(transposed product)").count(), 2, "{text}");
@@ -952,7 +963,7 @@ fn no_kernel_converts_through_shared_memory() {
     for (name, f, warps) in kernels {
         let f = f();
         let facts = vec![ParamFacts::new(true, true); f.params.len()];
-        for func in [(*f).clone(), f.specialized(&facts)] {
+        for func in [(*f).clone(), tessera::ir::passes::specialize(&f, &facts)] {
             for target in [SM80, SM90, GFX942] {
                 let text = lower_with_layouts(&func, target, &CompileOptions::warps(warps))
                     .expect("lowers");
@@ -989,7 +1000,8 @@ fn elementwise_kernels_take_16_byte_accesses_without_replicas() {
     ];
     for (name, f, wide) in kernels {
         let f = f();
-        let spec = f.specialized(&vec![ParamFacts::new(true, true); f.params.len()]);
+        let spec =
+            tessera::ir::passes::specialize(&f, &vec![ParamFacts::new(true, true); f.params.len()]);
         let art = compile_ir(&spec, SM90, &CompileOptions::default()).expect("compiles");
         let v4 = art
             .asm
@@ -1055,7 +1067,7 @@ fn matmul_i8_uses_the_integer_matrix_units() {
     ];
     for (name, func, warps, bt) in cases {
         let facts = vec![ParamFacts::new(true, true); func.params.len()];
-        let spec = func.specialized(&facts);
+        let spec = tessera::ir::passes::specialize(&func, &facts);
         let opts = CompileOptions::warps(warps);
         for t in [SM80, SM90, SM90A] {
             let art = compile_ir(&spec, t, &opts).expect("compiles");
@@ -1127,7 +1139,7 @@ fn matmul_fp8_uses_the_8_bit_or_the_f16_matrix_units() {
     use tessera::ir::ParamFacts;
     let spec = |f: std::sync::Arc<tessera::ir::Function>| {
         let facts = vec![ParamFacts::new(true, true); f.params.len()];
-        f.specialized(&facts)
+        tessera::ir::passes::specialize(&f, &facts)
     };
     let cases = [
         (
@@ -1338,7 +1350,7 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
             })
             .collect()
     };
-    let tma = func.specialized(&facts(true));
+    let tma = tessera::ir::passes::specialize(&func, &facts(true));
     assert!(tessera::ir::printer::print_function(&tma).contains("tensor_map"));
     let art = compile_ir(&tma, SM90A, &CompileOptions::warps(8)).expect("compiles");
     let ptx = &art.asm;
@@ -1384,7 +1396,7 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
     assert!(sass.contains("UTMASTG.2D"), "{sass}");
     assert!(sass.contains("HGMMA.64x128x16.F32"), "{sass}");
     // Without tensor maps: the masked loads' cp.async ring, the same wgmma.
-    let plain = func.specialized(&facts(false));
+    let plain = tessera::ir::passes::specialize(&func, &facts(false));
     let art = compile_ir(&plain, SM90A, &CompileOptions::warps(8)).expect("compiles");
     assert_eq!(art.asm.matches("cp.async.bulk.tensor").count(), 0);
     assert!(
@@ -1445,7 +1457,7 @@ fn sm90a_descriptor_loads_outside_dots_are_tma() {
         (kernel_ir::<desc_shift_2d<16, 32>>(&()).expect("builds"), 1),
         (kernel_ir::<desc_shift_2d<8, 128>>(&()).expect("builds"), 4),
     ] {
-        let tma = func.specialized(&facts(&func, true));
+        let tma = tessera::ir::passes::specialize(&func, &facts(&func, true));
         let art = compile_ir(&tma, SM90A, &CompileOptions::warps(4)).expect("compiles");
         let ptx = &art.asm;
         let count = |s: &str| ptx.matches(s).count();
@@ -1477,14 +1489,20 @@ fn sm90a_descriptor_loads_outside_dots_are_tma() {
         let sass = tools::sass(&report.cubin).expect("cuobjdump");
         assert!(sass.contains("UTMALDG.2D"), "{sass}");
         // Without tensor maps (and on sm_80): the masked loads.
-        for (f, t) in [(func.specialized(&facts(&func, false)), SM90A), (tma, SM80)] {
+        for (f, t) in [
+            (
+                tessera::ir::passes::specialize(&func, &facts(&func, false)),
+                SM90A,
+            ),
+            (tma, SM80),
+        ] {
             let art = compile_ir(&f, t, &CompileOptions::warps(4)).expect("compiles");
             assert_eq!(art.asm.matches("cp.async.bulk").count(), 0, "{}", art.asm);
             assert_eq!(art.asm.matches("mbarrier").count(), 0, "{}", art.asm);
         }
     }
     let func = kernel_ir::<desc_sum_3d<64>>(&()).expect("builds");
-    let tma = func.specialized(&facts(&func, true));
+    let tma = tessera::ir::passes::specialize(&func, &facts(&func, true));
     let art = compile_ir(&tma, SM90A, &CompileOptions::warps(4)).expect("compiles");
     assert_eq!(
         art.asm

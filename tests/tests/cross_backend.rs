@@ -177,7 +177,7 @@ fn check_with(
     let opts = opts.clone();
     // As written, and specialized as a GPU launch with these arguments would be
     // (aligned buffers, integers that are multiples of 16: the 16-byte paths).
-    let spec = f.specialized(&launch_facts(args));
+    let spec = tessera::ir::passes::specialize(f, &launch_facts(args));
     let variants: Vec<(&str, &Function)> = if spec == *f {
         vec![("", f)]
     } else {

@@ -23,7 +23,7 @@
 //! - `canonicalize`, `cse`, `dce`, `optimize`: the kernel after that pass, verified,
 //!   with whether the pass changed anything.
 //! - `specialize <param>=<fact>,...` (facts `div16`, `one`, `small`): the kernel
-//!   specialized on those launch facts (`Function::specialized`).
+//!   specialized on those launch facts (`passes::specialize`).
 //! - `interp grid=X[,Y[,Z]]` with `// arg: ...` lines, one per parameter: `f32 [1, 2]`
 //!   (a buffer), `f32 poison 8` (a buffer of 8 NaNs; -7777 for integer types), `i32 7`
 //!   (a scalar): every buffer after the run, or the interpreter's error. Ops without a
@@ -310,7 +310,7 @@ fn run(text: &str, name: &str) -> Result<String, String> {
         }),
         "specialize" => {
             let f = parse(input)?;
-            let g = f.specialized(&facts(&f, &args)?);
+            let g = passes::specialize(&f, &facts(&f, &args)?);
             Ok(printer::print_function(&g))
         }
         "interp" => interp_run(&with_locs(input, name), &args, &header),

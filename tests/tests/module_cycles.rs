@@ -1,5 +1,6 @@
 //! The runtime's modules form no import cycle, and its bottom layers import nothing
-//! from above them.
+//! from above them; tessera-ir's files form no import cycle (a file-level check,
+//! `file_graph`, below).
 //!
 //! A module is a file or folder directly under `runtime/src` (`launch.rs`, `world/`);
 //! module A *uses* module B when A's code names `crate::B`, `crate::{.., B, ..}` or
@@ -367,4 +368,250 @@ fn the_check_finds_cycles() {
     // Without the back edge, no cycle.
     write("world/inner.rs", "use crate::Thing;\n");
     assert!(cycles(&graph(src)).is_empty());
+}
+
+/// A crate's files as modules: `src/a/b.rs` and `src/a/b/mod.rs` are `a::b`, `lib.rs`
+/// the root (empty path).
+fn file_modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
+    fn walk(dir: &Path, src: &Path, out: &mut BTreeMap<Vec<String>, PathBuf>) {
+        let mut entries: Vec<_> = std::fs::read_dir(dir)
+            .expect("readable folder")
+            .map(|e| e.expect("readable entry").path())
+            .collect();
+        entries.sort();
+        for p in entries {
+            if p.is_dir() {
+                walk(&p, src, out);
+            } else if p.extension().is_some_and(|e| e == "rs") {
+                let rel = p.strip_prefix(src).expect("under src");
+                let mut path: Vec<String> = rel
+                    .with_extension("")
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect();
+                if matches!(path.last().map(String::as_str), Some("mod" | "lib")) {
+                    path.pop();
+                }
+                out.insert(path, p);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(src, src, &mut out);
+    out
+}
+
+/// The paths `code` names after `crate::`, `super::` and `self::`, and after the name
+/// of one of `children` (a module's own submodules, named bare), groups expanded one
+/// level (`super::{a, b::c}` is `super::a` and `super::b::c`).
+fn named_paths(code: &str, children: &[String]) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let bytes: Vec<char> = code.chars().collect();
+    let text: String = bytes.iter().collect();
+    let mut i = 0;
+    while i < bytes.len() {
+        if !bytes[i].is_ascii_alphabetic()
+            || i > 0 && (is_ident(bytes[i - 1]) || bytes[i - 1] == ':')
+        {
+            i += 1;
+            continue;
+        }
+        let word: String = bytes[i..].iter().take_while(|&&c| is_ident(c)).collect();
+        let after = i + word.len();
+        i = after;
+        let starts =
+            matches!(word.as_str(), "crate" | "super" | "self") || children.contains(&word);
+        if !starts
+            || !text[text
+                .char_indices()
+                .nth(after)
+                .map_or(text.len(), |(b, _)| b)..]
+                .starts_with("::")
+        {
+            continue;
+        }
+        // The path: segments joined by `::`, then maybe a group.
+        let mut segs = vec![word];
+        let mut j = after;
+        loop {
+            let rest: String = bytes[j..].iter().take(2).collect();
+            if rest != "::" {
+                break;
+            }
+            j += 2;
+            if bytes.get(j) == Some(&'{') {
+                let mut depth = 0;
+                let mut k = j;
+                while k < bytes.len() {
+                    match bytes[k] {
+                        '{' => depth += 1,
+                        '}' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                break;
+                            }
+                        }
+                        _ => {}
+                    }
+                    k += 1;
+                }
+                let group: String = bytes[j + 1..k.min(bytes.len())].iter().collect();
+                for item in group.split(',') {
+                    let item: Vec<String> = item
+                        .trim()
+                        .split("::")
+                        .map(|s| s.chars().take_while(|&c| is_ident(c)).collect::<String>())
+                        .take_while(|s| !s.is_empty())
+                        .collect();
+                    let mut p = segs.clone();
+                    p.extend(item);
+                    out.push(p);
+                }
+                segs.clear();
+                break;
+            }
+            let seg: String = bytes[j..].iter().take_while(|&&c| is_ident(c)).collect();
+            if seg.is_empty() {
+                break;
+            }
+            j += seg.len();
+            segs.push(seg);
+        }
+        if !segs.is_empty() {
+            out.push(segs);
+        }
+        i = j;
+    }
+    out
+}
+
+/// File-level import graph of a crate: file A uses file B when A names a path that
+/// resolves to B's module (or an item in it), through `crate::`, `super::`, `self::`
+/// or a bare child module, test code (`#[cfg(test)]` onwards) left out. A module's
+/// uses of its own submodules (a `mod.rs` re-exporting or calling its children) are
+/// not edges: a parent owns its children, which may use their ancestors; what must
+/// not form a circle is everything else.
+fn file_graph(src: &Path) -> Graph {
+    let mods = file_modules(src);
+    let name = |m: &[String]| {
+        if m.is_empty() {
+            "lib".to_string()
+        } else {
+            m.join("/")
+        }
+    };
+    let mut g = Graph::new();
+    for (m, file) in &mods {
+        let src_text = std::fs::read_to_string(file).expect("readable source");
+        let code = code_of(&src_text);
+        let code = code.split("#[cfg(test)]").next().unwrap_or(&code);
+        // The module a `super::` in this file means, and this file's children.
+        let parent: Vec<String> = m[..m.len().saturating_sub(1)].to_vec();
+        let children: Vec<String> = mods
+            .keys()
+            .filter(|k| k.len() == m.len() + 1 && k.starts_with(m))
+            .map(|k| k[m.len()].clone())
+            .collect();
+        let uses = g.entry(name(m)).or_default();
+        for path in named_paths(code, &children) {
+            let mut base: Vec<String> = match path[0].as_str() {
+                "crate" => Vec::new(),
+                "super" => parent.clone(),
+                "self" => m.clone(),
+                _ => m.clone(),
+            };
+            let rest = if matches!(path[0].as_str(), "crate" | "super" | "self") {
+                &path[1..]
+            } else {
+                &path[..]
+            };
+            let mut segs = rest.iter().peekable();
+            // `super::super::..`
+            while segs.peek().is_some_and(|s| *s == "super") {
+                base.pop();
+                segs.next();
+            }
+            let mut target = base;
+            for s in segs {
+                let mut next = target.clone();
+                next.push(s.clone());
+                if mods.contains_key(&next) {
+                    target = next;
+                } else {
+                    break;
+                }
+            }
+            let own_descendant = target.len() > m.len() && target.starts_with(m);
+            if target != *m && !own_descendant && mods.contains_key(&target) {
+                uses.insert(name(&target));
+            }
+        }
+    }
+    g
+}
+
+fn ir_src() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../dsl-ir/src")
+}
+
+/// tessera-ir's files import each other in no circle.
+#[test]
+fn the_ir_crate_has_no_file_cycles() {
+    let g = file_graph(&ir_src());
+    // The graph is real: files that use each other are seen doing so.
+    assert!(g["interp/exec"].contains("interp/comm"), "{g:#?}");
+    assert!(g["interp/comm_ops"].contains("interp/exec"), "{g:#?}");
+    assert!(g["passes/specialize"].contains("ir"), "{g:#?}");
+    let found = cycles(&g);
+    assert!(
+        found.is_empty(),
+        "import cycles among tessera-ir's files: {found:?}\nthe graph: {g:#?}"
+    );
+}
+
+/// The file-level check finds circles: between siblings through `super::`, a group and
+/// `crate::` paths, and a child module named bare; a parent's use of its children
+/// is not one.
+#[test]
+fn the_file_check_finds_cycles() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let src = dir.path();
+    std::fs::create_dir(src.join("interp")).expect("a folder");
+    let write = |p: &str, s: &str| std::fs::write(src.join(p), s).expect("written");
+    write("lib.rs", "pub mod interp;\npub mod ir;\n");
+    write("ir.rs", "pub struct Op;\n");
+    write(
+        "interp/mod.rs",
+        "mod a;\nmod b;\npub use a::A;\npub struct Error;\nfn f() { b::g(); }\n",
+    );
+    write("interp/a.rs", "use super::{Error, b::B};\npub struct A;\n");
+    write(
+        "interp/b.rs",
+        "use crate::ir::Op;\npub struct B;\npub fn g() {}\n",
+    );
+    let g = file_graph(src);
+    assert!(cycles(&g).is_empty(), "{g:#?}");
+    assert!(g["interp/a"].contains("interp/b") && g["interp/a"].contains("interp"));
+    assert!(g["interp/b"].contains("ir") && !g["interp"].contains("interp/a"));
+    // b now uses a through `crate::`: a circle.
+    write(
+        "interp/b.rs",
+        "use crate::ir::Op;\nuse crate::interp::a::A;\npub struct B;\npub fn g() {}\n",
+    );
+    let found = cycles(&file_graph(src));
+    assert_eq!(
+        found,
+        vec![vec!["interp/a".to_string(), "interp/b".to_string()]]
+    );
+    // ... and through `super::` with a group, in a test module it is not.
+    write(
+        "interp/b.rs",
+        "use super::{a::A};\npub struct B;\n#[cfg(test)]\nmod tests { use super::super::a::A; }\n",
+    );
+    assert_eq!(cycles(&file_graph(src)).len(), 1);
+    write(
+        "interp/b.rs",
+        "pub struct B;\n#[cfg(test)]\nmod tests { use super::super::a::A; }\n",
+    );
+    assert!(cycles(&file_graph(src)).is_empty());
 }

@@ -150,7 +150,7 @@ fn unit_strides_and_hints_give_16_byte_accesses() {
     for target in [SM80, GFX942] {
         let amd = target == GFX942;
         let compile = |f: &Function, ones: bool| {
-            let spec = f.specialized(&launch_facts(f, &ints, ones));
+            let spec = tessera::ir::passes::specialize(f, &launch_facts(f, &ints, ones));
             compile_ir(&spec, target, &CompileOptions::default()).expect("compiles")
         };
         let art = compile(&hinted, true);
@@ -188,7 +188,7 @@ fn equal_to_one_is_a_constant_unless_opted_out() {
     use tessera::ir::printer::print_function;
     let spec = kernel_ir::<gather_strided<1024>>(&()).expect("builds");
     let facts = launch_facts(&spec, &[1024, 1], true);
-    let s = spec.specialized(&facts);
+    let s = tessera::ir::passes::specialize(&spec, &facts);
     let text = print_function(&s);
     assert!(text.contains("equal_to_1"), "{text}");
     let stride = s.params[3].value;
@@ -212,14 +212,14 @@ fn equal_to_one_is_a_constant_unless_opted_out() {
 
     let opted = kernel_ir::<gather_unspecialized<1024>>(&()).expect("builds");
     assert!(print_function(&opted).contains("no_specialize"));
-    let s = opted.specialized(&launch_facts(&opted, &[1024, 16], true));
+    let s = tessera::ir::passes::specialize(&opted, &launch_facts(&opted, &[1024, 16], true));
     let text = print_function(&s);
     assert!(!text.contains("equal_to_1"), "{text}");
     assert!(
         !text.contains("div=16, no_specialize") && text.contains("%n: i32 {div=16}"),
         "{text}"
     );
-    let s = opted.specialized(&launch_facts(&opted, &[1024, 1], true));
+    let s = tessera::ir::passes::specialize(&opted, &launch_facts(&opted, &[1024, 1], true));
     assert!(!print_function(&s).contains("equal_to_1"));
     let art = compile_ir(&s, SM80, &CompileOptions::default()).expect("compiles");
     assert!(!art.asm.contains("ld.global.v4"), "{}", art.asm);

@@ -296,7 +296,7 @@ fn the_emulator_refuses_tensor_maps_it_did_not_build() {
             f
         })
         .collect();
-    let spec = func.specialized(&facts);
+    let spec = tessera::ir::passes::specialize(&func, &facts);
     let buf = || KernelArg::Buffer(Arc::new(HostBuffer::from_slice(&vec![0.0f32; 32 * 32])));
     let sc = |v: i32| KernelArg::Scalar(Scalar::I32(v));
     let args = [

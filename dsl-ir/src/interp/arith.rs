@@ -5,6 +5,7 @@
 use crate::fp8::{F8E4M3, F8E5M2};
 use half::{bf16, f16};
 
+use super::minmax::{IeeeFloat, fmax, fmin};
 use super::value::{Data, Elt, bf16_from_f64, f16_from_f64};
 use crate::ir::{BinaryOp, CmpPred, ReduceOp, UnaryOp};
 use crate::types::ScalarType;
@@ -49,9 +50,7 @@ pub(crate) trait Int: Num {
 }
 
 /// Float-only ops.
-pub(crate) trait Float: Num {
-    fn is_nan_(self) -> bool;
-    fn is_neg_(self) -> bool;
+pub(crate) trait Float: Num + IeeeFloat {
     /// Applies a math function: f64 computes in f64; f32, f16 and bf16 compute in f32
     /// and round the result back.
     fn math(self, f32fn: fn(f32) -> f32, f64fn: fn(f64) -> f64) -> Self;
@@ -153,42 +152,6 @@ int_num!(u16, |x| x);
 int_num!(u32, |x| x);
 int_num!(u64, |x| x);
 
-/// Float minimum, NaN-propagating (IEEE 754-2019 `minimum`, PTX `min.NaN`): NaN if
-/// either operand is NaN (the first NaN operand), and `-0.0 < +0.0`.
-#[inline(always)]
-pub(crate) fn fmin<T: Float>(a: T, b: T) -> T {
-    if a.is_nan_() {
-        a
-    } else if b.is_nan_() {
-        b
-    } else if a < b {
-        a
-    } else if b < a {
-        b
-    } else if a.is_neg_() {
-        a
-    } else {
-        b
-    }
-}
-
-/// Float maximum, NaN-propagating (IEEE 754-2019 `maximum`): NaN if either operand is
-/// NaN, and `+0.0 > -0.0`.
-#[inline(always)]
-pub(crate) fn fmax<T: Float>(a: T, b: T) -> T {
-    if a.is_nan_() {
-        a
-    } else if b.is_nan_() {
-        b
-    } else if a > b {
-        a
-    } else if b > a || a.is_neg_() {
-        b
-    } else {
-        a
-    }
-}
-
 macro_rules! native_float {
     ($t:ty, $math:expr) => {
         impl Num for $t {
@@ -235,14 +198,6 @@ macro_rules! native_float {
             }
         }
         impl Float for $t {
-            #[inline(always)]
-            fn is_nan_(self) -> bool {
-                self.is_nan()
-            }
-            #[inline(always)]
-            fn is_neg_(self) -> bool {
-                self.is_sign_negative()
-            }
             #[inline(always)]
             fn math(self, f32fn: fn(f32) -> f32, f64fn: fn(f64) -> f64) -> $t {
                 let m: fn($t, fn(f32) -> f32, fn(f64) -> f64) -> $t = $math;
@@ -327,14 +282,6 @@ macro_rules! half_float {
             }
         }
         impl Float for $t {
-            #[inline(always)]
-            fn is_nan_(self) -> bool {
-                self.is_nan()
-            }
-            #[inline(always)]
-            fn is_neg_(self) -> bool {
-                self.is_sign_negative()
-            }
             #[inline(always)]
             fn math(self, f32fn: fn(f32) -> f32, _: fn(f64) -> f64) -> $t {
                 <$t>::from_f32(f32fn(self.to_f32()))

@@ -15,7 +15,7 @@ use std::sync::atomic::{
 use half::{bf16, f16};
 
 use super::InterpError;
-use super::arith::{fmax, fmin};
+use super::minmax::{fmax, fmin};
 use crate::ir::{AtomicOp, MemOrder};
 use crate::types::ScalarType;
 
@@ -188,7 +188,7 @@ macro_rules! float_elem {
                 // SAFETY: as for `load`.
                 let a = unsafe { <$at>::from_ptr((base as *mut $bits).add(i)) };
                 let f: fn($t, $t) -> $t = match op {
-                    AtomicOp::Add => |x, y| super::arith::Num::add(x, y),
+                    AtomicOp::Add => |x, y| x + y,
                     AtomicOp::Min => fmin,
                     AtomicOp::Max => fmax,
                     AtomicOp::Xchg => return Some(<$t>::from_bits(a.swap(v.to_bits(), o))),

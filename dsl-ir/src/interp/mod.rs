@@ -115,7 +115,9 @@
 mod arith;
 mod buffer;
 mod comm;
+mod comm_ops;
 mod exec;
+mod minmax;
 mod value;
 
 #[cfg(test)]

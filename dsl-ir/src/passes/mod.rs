@@ -28,12 +28,14 @@ mod canonicalize;
 mod cse;
 mod dce;
 mod fold;
+mod specialize;
 #[cfg(test)]
 mod tests;
 
 pub use canonicalize::canonicalize;
 pub use cse::cse;
 pub use dce::dce;
+pub use specialize::specialize;
 
 /// Most rounds of [`optimize`] before it stops even without a fixed point.
 pub const MAX_OPTIMIZE_ROUNDS: usize = 32;

@@ -75,7 +75,7 @@ impl KernelOptions {
 
 /// Which parameters a precompiled kernel may assume divisible by 16 (16-byte aligned
 /// pointers, integers that are multiples of 16), as the runtime specializes GPU
-/// launches (see [`tessera_ir::Function::specialized`]).
+/// launches (see [`tessera_ir::passes::specialize`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Specialization {
     /// Assume nothing: correct for every launch (but not what a launch looks up).
@@ -111,10 +111,14 @@ impl Specialization {
         match self {
             Specialization::None => func.clone(),
             Specialization::AllDivisible => {
-                func.specialized(&facts(&vec![true; func.params.len()], false))
+                tessera_ir::passes::specialize(func, &facts(&vec![true; func.params.len()], false))
             }
-            Specialization::Divisible(flags) => func.specialized(&facts(flags, false)),
-            Specialization::TensorMaps(flags) => func.specialized(&facts(flags, true)),
+            Specialization::Divisible(flags) => {
+                tessera_ir::passes::specialize(func, &facts(flags, false))
+            }
+            Specialization::TensorMaps(flags) => {
+                tessera_ir::passes::specialize(func, &facts(flags, true))
+            }
         }
     }
 

@@ -153,7 +153,7 @@ impl Compiled {
             .entry(facts)
             .or_insert_with_key(|spec| {
                 Arc::new(Compiled::new(
-                    self.func.specialized(spec),
+                    tessera_ir::passes::specialize(&self.func, spec),
                     self.debug.clone(),
                 ))
             })
