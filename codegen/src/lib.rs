@@ -25,6 +25,7 @@ pub use tessera_ir::comm;
 pub mod emit;
 pub mod emu;
 pub mod fp8;
+mod host;
 pub mod host_cpu;
 pub mod layout;
 pub mod lower;

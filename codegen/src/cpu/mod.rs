@@ -322,14 +322,12 @@ fn stored_or_build(
 
 /// The runtime functions compiled code calls, by the names the lowering declares.
 fn runtime_symbols() -> Vec<(&'static str, usize)> {
-    let mut v = crate::emu::runtime::symbols();
-    v.extend([
+    vec![
         (POLL, tessera_cpu_poll as *const () as usize),
         (WAIT, world::tessera_cpu_wait as *const () as usize),
         (BARRIER, world::tessera_cpu_barrier as *const () as usize),
         (CHECK, world::tessera_cpu_check as *const () as usize),
-    ]);
-    v
+    ]
 }
 
 /// Links `artifact`'s object into the process and makes it a kernel (`t0`: when its
@@ -359,12 +357,7 @@ fn load(
     })
 }
 
-/// The machine's cores, asked once (`available_parallelism` reads cgroup files: tens
-/// of microseconds, a small launch's whole cost).
-pub fn cores() -> usize {
-    static CORES: OnceLock<usize> = OnceLock::new();
-    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
+pub use crate::host::cores;
 
 /// The process's clock origin for deadlines.
 fn epoch() -> std::time::Instant {
@@ -389,7 +382,7 @@ extern "C" fn tessera_cpu_poll(err: *mut u64) -> i32 {
 }
 
 fn init() {
-    crate::emu::jit::init();
+    crate::host::init_target();
 }
 
 /// Lowers `func`, optimizes it for the host and generates its object, the entry
@@ -450,7 +443,7 @@ fn build(
         .ok_or_else(|| jit_err(format!("the lowered module has no `{HOST_KERNEL}`")))?;
     kernel.set_linkage(inkwell::module::Linkage::External);
     kernel.as_global_value().set_name(&entry);
-    let machine = crate::emu::jit::optimize_for_host(
+    let machine = crate::host::optimize_for_host(
         module,
         OptimizationLevel::Aggressive,
         "default<O3>",
@@ -674,7 +667,7 @@ fn drive(
                         format!("expected a {t} scalar, got {}", s.ty()),
                     ));
                 }
-                words[k] = crate::emu::scalar_slot(*s);
+                words[k] = crate::host::scalar_slot(*s);
             }
             (e, _) => {
                 return Err(arg_err(&p.name, format!("expected an argument for {e:?}")));

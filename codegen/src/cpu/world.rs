@@ -36,7 +36,7 @@ use corosensei::{Coroutine, CoroutineResult, Yielder};
 use tessera_ir::interp::{CommWorld, ctrl};
 use tessera_ir::ir::CmpPred;
 
-use crate::emu::stack::{ArenaStack, StackArena};
+use crate::host::stack::{ArenaStack, StackArena};
 use crate::lower::host::WaitStatus;
 
 /// What the runtime functions need of the launch.

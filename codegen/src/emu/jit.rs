@@ -13,10 +13,7 @@ use std::sync::{Arc, Mutex, Once, OnceLock};
 use inkwell::AddressSpace;
 use inkwell::OptimizationLevel;
 use inkwell::context::Context;
-use inkwell::passes::PassBuilderOptions;
-use inkwell::targets::{
-    CodeModel, InitializationConfig, RelocMode, Target as LlvmTarget, TargetMachine,
-};
+use inkwell::targets::{CodeModel, RelocMode};
 use inkwell::types::BasicMetadataTypeEnum;
 use inkwell::values::BasicMetadataValueEnum;
 use tessera_ir::Function;
@@ -63,7 +60,7 @@ pub fn compiled_kernels() -> Vec<(String, EmuFlavor, CompileOptions)> {
 /// prints it when `dump` is set, JIT-compiles it at `level` (MCJIT) and returns the
 /// address of function `entry`. The code is never freed: the engine and the module
 /// are kept for the rest of the process (the callers' caches hand out pointers into
-/// it). Shared by the emulator and the compiled CPU device.
+/// it). The emulator's (and unit tests' that run lowered helpers on the host).
 pub(crate) fn jit_for_host(
     module: inkwell::module::Module<'_>,
     level: OptimizationLevel,
@@ -71,7 +68,7 @@ pub(crate) fn jit_for_host(
     dump: bool,
     entry: &str,
 ) -> Result<usize, String> {
-    optimize_for_host(
+    crate::host::optimize_for_host(
         &module,
         level,
         pipeline,
@@ -88,74 +85,10 @@ pub(crate) fn jit_for_host(
     Ok(addr)
 }
 
-/// Verifies `module`, stamps it for the host CPU ([`for_this_cpu`]), runs the pass
-/// `pipeline` (printing the result when `dump` is set) and returns the target machine
-/// it was optimized for (`reloc` and `model` for the code it will generate).
-pub(crate) fn optimize_for_host(
-    module: &inkwell::module::Module<'_>,
-    level: OptimizationLevel,
-    pipeline: &str,
-    dump: bool,
-    reloc: RelocMode,
-    model: CodeModel,
-) -> Result<TargetMachine, String> {
-    module
-        .verify()
-        .map_err(|m| format!("invalid LLVM IR: {m}"))?;
-    let triple = TargetMachine::get_default_triple();
-    let target = LlvmTarget::from_triple(&triple).map_err(|m| m.to_string())?;
-    let cpu = crate::host_cpu::host_cpu();
-    let machine = target
-        .create_target_machine(&triple, &cpu.name, &cpu.features, level, reloc, model)
-        .ok_or_else(|| "no target machine for the host".to_string())?;
-    module.set_triple(&triple);
-    module.set_data_layout(&machine.get_target_data().get_data_layout());
-    for_this_cpu(module);
-    module
-        .run_passes(pipeline, &machine, PassBuilderOptions::create())
-        .map_err(|m| m.to_string())?;
-    if dump {
-        eprintln!("{}", module.print_to_string().to_string());
-    }
-    Ok(machine)
-}
-
-/// Stamps the host CPU ([`crate::host_cpu::host_cpu`]: this machine's, unless a lower
-/// level was chosen) and its features on every function `module` defines.
-///
-/// LLVM's MCJIT engine (`create_jit_execution_engine`) builds its own target machine
-/// for the generic CPU of the triple (x86-64: SSE2, no AVX, no FMA) and ignores the
-/// one the optimizer ran with, but each function's `target-cpu` and
-/// `target-features` attributes override it. Without them the compiled CPU
-/// device's `dot` micro-kernel ran at 18.6 GFLOP/s on one AMD Zen 2 core, with them
-/// at 85.9 (clang's build of the same loop: 100).
-pub(crate) fn for_this_cpu(module: &inkwell::module::Module<'_>) {
-    let ctx = module.get_context();
-    let host = crate::host_cpu::host_cpu();
-    let mut f = module.get_first_function();
-    while let Some(func) = f {
-        if func.count_basic_blocks() > 0 {
-            for (k, v) in [
-                ("target-cpu", &host.name),
-                ("target-features", &host.features),
-            ] {
-                if v.is_empty() {
-                    continue;
-                }
-                func.add_attribute(
-                    inkwell::attributes::AttributeLoc::Function,
-                    ctx.create_string_attribute(k, v),
-                );
-            }
-        }
-        f = func.get_next_function();
-    }
-}
-
 pub(crate) fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
-        let _ = LlvmTarget::initialize_native(&InitializationConfig::default());
+        crate::host::init_target();
         for (name, addr) in super::runtime::symbols() {
             let Ok(c) = std::ffi::CString::new(name) else {
                 continue;

@@ -16,7 +16,7 @@
 //! # Execution model
 //!
 //! A GPU thread is a stackful coroutine ([`corosensei`], stacks from
-//! `stack::StackArena`); a block's threads are driven by one OS thread
+//! `host::stack::StackArena`); a block's threads are driven by one OS thread
 //! ([`team::Team::step`]): each runs until it parks at a barrier, an unfinished warp
 //! collective, a polling loop or a loop's back edge, then the next runs. A launch
 //! uses a pool of OS threads the size of the machine (never more than there are
@@ -64,7 +64,6 @@ pub mod jit;
 pub mod mma;
 pub(crate) mod runtime;
 mod shmem;
-pub(crate) mod stack;
 pub mod team;
 pub mod tma;
 pub mod wgmma;
@@ -75,13 +74,14 @@ use std::time::{Duration, Instant};
 
 use corosensei::{Coroutine, CoroutineResult, Yielder};
 
-use tessera_ir::interp::{KernelArg, Scalar};
+use tessera_ir::interp::KernelArg;
 use tessera_ir::{Elem, Function, Span};
 
+use crate::host::scalar_slot;
+use crate::host::stack::{ArenaStack, StackArena};
 use crate::target::EmuFlavor;
 use crate::{CodegenError, CompileOptions};
 use runtime::{Block, Buf, CommCtx, Launch, ThreadCtx};
-use stack::{ArenaStack, StackArena};
 use team::{Park, Step, Team};
 
 /// Why an emulated launch failed. Errors in the kernel name the op's
@@ -346,25 +346,6 @@ fn fmt3(b: &[u32; 3]) -> String {
 /// How long a barrier may wait before the launch fails with [`EmuError::Timeout`],
 /// unless [`EmuLimits::barrier_timeout`] says otherwise.
 pub const DEFAULT_BARRIER_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// A scalar's bytes in a zero-padded 8-byte slot (`i1` is one byte).
-pub(crate) fn scalar_slot(s: Scalar) -> u64 {
-    match s {
-        Scalar::I1(x) => x as u64,
-        Scalar::I8(x) => x as u8 as u64,
-        Scalar::I16(x) => x as u16 as u64,
-        Scalar::I32(x) => x as u32 as u64,
-        Scalar::I64(x) => x as u64,
-        Scalar::U8(x) => x as u64,
-        Scalar::U16(x) => x as u64,
-        Scalar::U32(x) => x as u64,
-        Scalar::U64(x) => x,
-        Scalar::F16(x) => x.to_bits() as u64,
-        Scalar::BF16(x) => x.to_bits() as u64,
-        Scalar::F32(x) => x.to_bits() as u64,
-        Scalar::F64(x) => x.to_bits(),
-    }
-}
 
 /// The world a communicating kernel runs in on the emulator: this rank and every
 /// rank's symmetric heap (host memory of this process, laid out as described in
@@ -684,7 +665,7 @@ pub fn launch_limited(
             .sites
             .iter()
             .any(|s| matches!(s.what, "barrier" | "shuffle" | "mma"));
-    let workers = (crate::cpu::cores() as u64).min(total);
+    let workers = (crate::host::cores() as u64).min(total);
     let live_blocks = if concurrent { total } else { workers };
     // The ranks of a world launch their kernels at the same time (one program, many
     // ranks): a waiting kernel's memory is checked for all of them at once.
