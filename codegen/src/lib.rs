@@ -29,6 +29,7 @@ mod host;
 pub mod host_cpu;
 pub mod layout;
 pub mod lower;
+mod machine;
 pub mod nvshmem;
 pub mod pipeline;
 pub mod target;

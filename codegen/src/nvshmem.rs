@@ -112,7 +112,7 @@ fn pruned(path: &Path) -> Result<Pruned, CodegenError> {
             f.set_linkage(Linkage::Internal);
         }
     }
-    let machine = crate::emit::target_machine_with(crate::Target::nvptx(90), "+ptx86")
+    let machine = crate::machine::target_machine_with(crate::Target::nvptx(90), "+ptx86")
         .map_err(|e| err(format!("no NVPTX target machine: {e}")))?;
     lib.run_passes("globaldce", &machine, PassBuilderOptions::create())
         .map_err(|e| err(format!("pruning failed: {e}")))?;
