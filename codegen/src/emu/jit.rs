@@ -89,7 +89,7 @@ pub(crate) fn init() {
     static INIT: Once = Once::new();
     INIT.call_once(|| {
         crate::host::init_target();
-        for (name, addr) in super::runtime::symbols() {
+        for (name, addr) in super::symbols() {
             let Ok(c) = std::ffi::CString::new(name) else {
                 continue;
             };

@@ -62,6 +62,7 @@
 
 pub mod jit;
 pub mod mma;
+mod puts;
 pub(crate) mod runtime;
 mod shmem;
 pub mod team;
@@ -341,6 +342,14 @@ pub enum EmuError {
 
 fn fmt3(b: &[u32; 3]) -> String {
     format!("({}, {}, {})", b[0], b[1], b[2])
+}
+
+/// The symbols JIT-compiled kernels may call (the runtime's and the NVSHMEM calls'),
+/// with their addresses.
+pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
+    let mut v = runtime::symbols();
+    v.extend(shmem::symbols());
+    v
 }
 
 /// How long a barrier may wait before the launch fails with [`EmuError::Timeout`],

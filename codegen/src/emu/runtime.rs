@@ -268,7 +268,7 @@ pub(crate) struct ThreadCtx<'a> {
     /// The site of the off-node engine call being made ([`super::shmem`]).
     pub engine_site: Cell<u32>,
     /// This thread's off-node puts not yet delivered (at its next quiet).
-    pub puts: RefCell<Vec<super::shmem::Put>>,
+    pub puts: super::puts::PendingPuts,
 }
 
 /// A TMA store: it reads its box from shared memory and writes global memory when
@@ -302,8 +302,8 @@ impl Drop for ThreadCtx<'_> {
     fn drop(&mut self) {
         // Puts still queued when the thread ends are delivered (the lowering quiets
         // at the kernel's end; a program that gave up early may not have).
-        if !self.puts.get_mut().is_empty() {
-            super::shmem::deliver(self);
+        if !self.puts.is_empty() {
+            self.puts.deliver();
         }
     }
 }
@@ -325,7 +325,7 @@ impl<'a> ThreadCtx<'a> {
             wg_dirty: Cell::new(false),
             tma_stores: RefCell::new(Vec::new()),
             engine_site: Cell::new(u32::MAX),
-            puts: RefCell::new(Vec::new()),
+            puts: Default::default(),
         }
     }
 
@@ -1780,14 +1780,9 @@ extern "C" fn trunc_df_bf(x: f64) -> f32 {
     f32::from_bits(bf16::from_f64(x).to_bits() as u32)
 }
 
-/// The symbols JIT-compiled kernels may call, with their addresses.
+/// The emulator runtime's symbols (the NVSHMEM calls' are `shmem`'s), with their
+/// addresses.
 pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
-    let mut v = base_symbols();
-    v.extend(super::shmem::symbols());
-    v
-}
-
-fn base_symbols() -> Vec<(&'static str, usize)> {
     vec![
         ("tessera_emu_tid", tessera_emu_tid as *const () as usize),
         (

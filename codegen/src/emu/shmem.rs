@@ -22,17 +22,11 @@
 use std::sync::atomic::{AtomicU8, AtomicU16, AtomicU32, AtomicU64, Ordering};
 
 use super::EmuError;
+use super::puts::Put;
 use super::runtime::{ThreadCtx, tessera_emu_check_global, with};
 
 /// Every engine call of the process ([`super::engine_ops_total`]).
 pub(crate) static TOTAL: AtomicU64 = AtomicU64::new(0);
-
-/// A put waiting for its thread's next quiet.
-pub(crate) struct Put {
-    addr: usize,
-    bits: u64,
-    bytes: u8,
-}
 
 /// NVSHMEM's `NVSHMEM_SIGNAL_SET` and `NVSHMEM_SIGNAL_ADD` (`nvshmemx_signal_op_t`,
 /// in NVSHMEM's `nvshmem_common_transport.h`).
@@ -89,22 +83,10 @@ fn resolve(c: &ThreadCtx<'_>, what: &str, addr: usize, bytes: usize, pe: i32) ->
     (p as usize == real).then_some(real)
 }
 
-fn write(addr: usize, bits: u64, bytes: u8) {
-    // SAFETY: `target` checked that `addr..addr + bytes` lies in a buffer of the
-    // launch and is aligned to `bytes`; emulated threads access memory atomically or
-    // through such checked addresses.
-    unsafe {
-        match bytes {
-            1 => AtomicU8::from_ptr(addr as *mut u8).store(bits as u8, Ordering::Relaxed),
-            2 => AtomicU16::from_ptr(addr as *mut u16).store(bits as u16, Ordering::Relaxed),
-            4 => AtomicU32::from_ptr(addr as *mut u32).store(bits as u32, Ordering::Relaxed),
-            _ => AtomicU64::from_ptr(addr as *mut u64).store(bits, Ordering::Relaxed),
-        }
-    }
-}
-
 fn read(addr: usize, bytes: u8) -> u64 {
-    // SAFETY: as in `write`.
+    // SAFETY: `target` checked that `addr..addr + bytes` lies in a buffer of the
+    // launch (or a heap's control words) and is aligned to `bytes`; emulated threads
+    // access memory atomically or through such checked addresses.
     unsafe {
         match bytes {
             1 => AtomicU8::from_ptr(addr as *mut u8).load(Ordering::Acquire) as u64,
@@ -115,17 +97,8 @@ fn read(addr: usize, bytes: u8) -> u64 {
     }
 }
 
-/// Delivers the calling thread's queued puts.
-pub(crate) fn deliver(c: &ThreadCtx<'_>) {
-    let puts = std::mem::take(&mut *c.puts.borrow_mut());
-    for p in puts {
-        write(p.addr, p.bits, p.bytes);
-    }
-    std::sync::atomic::fence(Ordering::SeqCst);
-}
-
 extern "C" fn nvshmem_quiet() {
-    with((), deliver)
+    with((), |c| c.puts.deliver())
 }
 
 extern "C" fn nvshmemx_signal_op(addr: *mut u64, value: u64, op: i32, pe: i32) {
@@ -133,7 +106,8 @@ extern "C" fn nvshmemx_signal_op(addr: *mut u64, value: u64, op: i32, pe: i32) {
         let Some(a) = target(c, "nvshmemx_signal_op", addr as usize, 8, pe) else {
             return;
         };
-        // SAFETY: as in `write`.
+        // SAFETY: `target` checked that the 8 bytes at `a` lie in a buffer of the launch
+        // (or a heap's control words), aligned.
         let word = unsafe { AtomicU64::from_ptr(a as *mut u64) };
         match op {
             SIGNAL_SET => word.store(value, Ordering::SeqCst),
@@ -150,7 +124,9 @@ macro_rules! put_get {
         extern "C" fn $p(addr: *mut $t, value: $t, pe: i32) {
             with((), |c| {
                 if let Some(a) = target(c, stringify!($p), addr as usize, $bytes, pe) {
-                    c.puts.borrow_mut().push(Put { addr: a, bits: value as u64, bytes: $bytes });
+                    // SAFETY: `target` checked that `a..a + $bytes` lies in a buffer
+                    // of the launch and is aligned to `$bytes`.
+                    unsafe { c.puts.push(Put { addr: a, bits: value as u64, bytes: $bytes }) };
                 }
             })
         }
@@ -203,11 +179,15 @@ extern "C" fn nvshmem_putmem(dest: *mut u8, source: *const u8, nelems: usize, pe
             // SAFETY: `source` is the thread's own `nelems` bytes (a stack slot of the
             // lowering); `off + n <= nelems`.
             unsafe { std::ptr::copy_nonoverlapping(source.add(off), b.as_mut_ptr(), n as usize) };
-            c.puts.borrow_mut().push(Put {
-                addr: a,
-                bits: u64::from_le_bytes(b),
-                bytes: n,
-            });
+            // SAFETY: `resolve` checked that `a..a + n` lies in a buffer of the launch
+            // (`pieces` makes `n` 1, 2, 4 or 8 and `a` aligned to it).
+            unsafe {
+                c.puts.push(Put {
+                    addr: a,
+                    bits: u64::from_le_bytes(b),
+                    bytes: n,
+                })
+            };
         }
     })
 }
