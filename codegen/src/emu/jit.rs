@@ -19,7 +19,7 @@ use inkwell::values::BasicMetadataValueEnum;
 use tessera_ir::Function;
 
 use super::EmuError;
-use crate::lower::emu_arch::Emu;
+use crate::lower::arch::Emu;
 use crate::lower::{Site, lower_with_sites};
 use crate::target::EmuFlavor;
 use crate::{CompileOptions, KernelMeta};

@@ -6,7 +6,7 @@
 //!   that report divergence and timeouts instead of hanging;
 //! - [`mma`]: the matrix instructions with the vendors' fragment layouts, written
 //!   independently of the lowering so a wrong layout computes a wrong product;
-//! - [`jit`]: the lowering with the emulator's arch ([`crate::lower::emu_arch`]),
+//! - [`jit`]: the lowering with the emulator's arch ([`crate::lower::arch::emu`]),
 //!   compiled for the host by LLVM's MCJIT, cached in memory;
 //! - `stack`: the coroutines' stacks, many to a reserved (not committed) mapping;
 //! - `runtime`: the functions the compiled kernels call (thread and block ids,

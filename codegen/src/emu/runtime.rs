@@ -1,4 +1,4 @@
-//! The functions JIT-compiled kernels call (see [`crate::lower::emu_arch`]), and the
+//! The functions JIT-compiled kernels call (see [`crate::lower::arch::emu`]), and the
 //! per-launch and per-thread state they work on.
 //!
 //! The OS thread driving a block points a thread-local at the [`ThreadCtx`] of the
@@ -1642,7 +1642,7 @@ fn amd_mma32(ty: Half, ab: *const u32, cd: *mut f32, site: i32) {
 }
 
 /// `tessera_emu_mma_i8(kind, ab, a_words, cd, c_regs, site)`: see
-/// `lower::emu_arch::emit_mma_i8`. The instruction's shape follows from `kind`; a
+/// `lower::arch::emu::emit_mma_i8`. The instruction's shape follows from `kind`; a
 /// slot of another size is an emulator error, not a guess.
 extern "C" fn tessera_emu_mma_i8(
     kind: i32,

@@ -8,6 +8,7 @@ use inkwell::{FloatPredicate, IntPredicate};
 use tessera_ir::ir::{BinaryOp, CmpPred, Op, OpKind, UnaryOp};
 use tessera_ir::{Elem, ScalarType, Span};
 
+use super::arch::approx;
 use super::{Cx, LResult, Lowerer, Tile, unsupported};
 
 /// Lowers an elementwise op.
@@ -356,29 +357,6 @@ fn poly<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>, coeffs: &[f64]) -> LResult<Flo
         acc = cx.b.build_float_add(acc, t.const_float(c), "")?;
     }
     Ok(acc)
-}
-
-/// An approximate math intrinsic (`afn`: the backends' hardware approximations,
-/// `ex2.approx`, `lg2.approx`, `sin.approx`, `v_exp_f32`, ...).
-pub(super) fn approx<'ctx>(
-    cx: &Cx<'ctx>,
-    name: &str,
-    v: FloatValue<'ctx>,
-) -> LResult<FloatValue<'ctx>> {
-    let r = intr(cx, name, &[v.into()])?;
-    with_fast_math(r, inkwell::llvm_sys::LLVMFastMathApproxFunc);
-    Ok(r.into_float_value())
-}
-
-/// Sets the fast-math `flags` (`LLVMFastMath*`) of `v`, the floating-point call or
-/// instruction just built.
-pub(super) fn with_fast_math(v: BasicValueEnum<'_>, flags: inkwell::llvm_sys::LLVMFastMathFlags) {
-    // SAFETY: `v` is a live floating-point instruction of the module being built;
-    // its fast-math flags only change what LLVM may assume about its operands.
-    unsafe {
-        use inkwell::values::AsValueRef;
-        inkwell::llvm_sys::core::LLVMSetFastMathFlags(v.as_value_ref(), flags);
-    }
 }
 
 /// `e^x` (`2^x` with `base2`) on a float of type `s` (half floats through f32) in

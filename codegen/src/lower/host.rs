@@ -55,8 +55,8 @@ use tessera_ir::ir::{
 };
 use tessera_ir::{Elem, Function, ScalarType, Span};
 
+use super::arch::Emu;
 use super::elementwise;
-use super::emu_arch::Emu;
 use super::{Cx, LResult, LowerError};
 use crate::target::EmuFlavor;
 
@@ -2638,7 +2638,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                 && bop == BinaryOp::Add
             {
                 // A sum may be reassociated (vectorized), as every backend's tree does.
-                elementwise::with_fast_math(r, inkwell::llvm_sys::LLVMFastMathAllowReassoc);
+                super::arch::with_fast_math(r, inkwell::llvm_sys::LLVMFastMathAllowReassoc);
             }
             Ok::<_, LowerError>(r)
         };
@@ -2682,7 +2682,7 @@ impl<'a, 'ctx> H<'a, 'ctx> {
                     Ok(match (bop, s.is_float()) {
                         (BinaryOp::Add, true) => {
                             let r = b.build_float_add(x, y, "")?;
-                            elementwise::with_fast_math(
+                            super::arch::with_fast_math(
                                 r.into(),
                                 inkwell::llvm_sys::LLVMFastMathAllowReassoc,
                             );

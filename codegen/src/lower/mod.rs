@@ -79,7 +79,6 @@ mod comm;
 mod convert;
 mod dot;
 mod elementwise;
-pub mod emu_arch;
 pub mod engine;
 mod fmod;
 pub(crate) mod host;

@@ -241,7 +241,7 @@ fn float_extreme<'ctx>(
     let mut acc = vals[0].into_float_value();
     for v in &vals[1..] {
         let r = cx.call_intrinsic(name, &[f32t.into()], &[acc.into(), *v])?;
-        super::elementwise::with_fast_math(r, inkwell::llvm_sys::LLVMFastMathNoNaNs);
+        super::arch::with_fast_math(r, inkwell::llvm_sys::LLVMFastMathNoNaNs);
         acc = r.into_float_value();
     }
     let mut any_nan: Option<IntValue<'ctx>> = None;

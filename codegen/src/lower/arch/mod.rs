@@ -1,7 +1,7 @@
 //! Everything target-specific the lowering emits, behind one trait: [`Arch`].
 //!
 //! The lowering in [`super`] is written once against `dyn Arch`; [`Nvptx`] and
-//! [`Amdgpu`] implement it, and [`super::emu_arch::Emu`] (the host SIMT emulator)
+//! [`Amdgpu`] implement it, and [`Emu`] (the host SIMT emulator)
 //! turns every hook into a call into the emulator's runtime.
 //!
 //! Every barrier, shuffle, matrix instruction and memory access is emitted with a
@@ -63,9 +63,11 @@ use super::{Cx, LResult, LowerError};
 use crate::Target;
 
 mod amdgpu;
+pub mod emu;
 mod nvptx;
 
 pub use amdgpu::{Amdgpu, amd_mfma_16, amd_mfma_32};
+pub use emu::Emu;
 pub(crate) use nvptx::nv_m16n8k32_s8;
 pub use nvptx::{Nvptx, PTX_ISA_FLAG, PTX_ISA_FP8_MMA};
 
@@ -311,12 +313,12 @@ pub trait Arch {
     fn sync_scope(&self, scope: MemScope) -> &'static str;
     /// Approximate f32 `log2` (≤ 2 ulp).
     fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
-        super::elementwise::approx(cx, "llvm.log2", x)
+        approx(cx, "llvm.log2", x)
     }
     /// Approximate f32 `2^x` for `exp2` and `exp` (default: LLVM's `llvm.exp2` with
     /// `afn`: NVIDIA `ex2.approx.f32`, ≤ 2 ulp, subnormal results kept).
     fn exp2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
-        super::elementwise::approx(cx, "llvm.exp2", x)
+        approx(cx, "llvm.exp2", x)
     }
     /// Whether the target has a one-instruction NaN-propagating f32 `max`/`min`
     /// (NVIDIA `max.NaN.f32`, sm_80+); without it a reduction's `max` takes the split
@@ -600,7 +602,7 @@ pub fn for_target(t: Target) -> Box<dyn Arch> {
     match t {
         Target::Nvptx { sm, arch_specific } => Box::new(Nvptx { sm, arch_specific }),
         Target::Amdgpu(a) => Box::new(Amdgpu { arch: a }),
-        Target::Emu(flavor) => Box::new(super::emu_arch::Emu { flavor }),
+        Target::Emu(flavor) => Box::new(Emu { flavor }),
     }
 }
 
@@ -752,6 +754,29 @@ fn axis_char(axis: u8) -> char {
 /// Address space of a shared-memory pointer.
 pub fn shared_space(t: Target) -> AddressSpace {
     AddressSpace::from(t.shared_addrspace())
+}
+
+/// An approximate math intrinsic (`afn`: the backends' hardware approximations,
+/// `ex2.approx`, `lg2.approx`, `sin.approx`, `v_exp_f32`, ...).
+pub(crate) fn approx<'ctx>(
+    cx: &Cx<'ctx>,
+    name: &str,
+    v: FloatValue<'ctx>,
+) -> LResult<FloatValue<'ctx>> {
+    let r = cx.call_intrinsic(name, &[v.get_type().into()], &[v.into()])?;
+    with_fast_math(r, inkwell::llvm_sys::LLVMFastMathApproxFunc);
+    Ok(r.into_float_value())
+}
+
+/// Sets the fast-math `flags` (`LLVMFastMath*`) of `v`, the floating-point call or
+/// instruction just built.
+pub(crate) fn with_fast_math(v: BasicValueEnum<'_>, flags: inkwell::llvm_sys::LLVMFastMathFlags) {
+    // SAFETY: `v` is a live floating-point instruction of the module being built;
+    // its fast-math flags only change what LLVM may assume about its operands.
+    unsafe {
+        use inkwell::values::AsValueRef;
+        inkwell::llvm_sys::core::LLVMSetFastMathFlags(v.as_value_ref(), flags);
+    }
 }
 
 #[cfg(test)]

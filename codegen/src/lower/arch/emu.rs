@@ -12,7 +12,7 @@
 //! | barrier | `void tessera_emu_barrier(i32 site)` |
 //! | shuffle xor | `i32 tessera_emu_shuffle_xor(i32 v, i32 mask, i32 site)` |
 //! | shared memory | `ptr tessera_emu_shared_base()` (a per-block host buffer) |
-//! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` (checked against the buffers of the site's [`super::Site::prov`]) |
+//! | global access | `ptr tessera_emu_check_global(ptr p, i32 bytes, i32 site)` (checked against the buffers of the site's [`crate::lower::Site::prov`]) |
 //! | buffer load (emu-amd) | the range rule on the offset, then a checked load at the lane's own pointer where its mask holds (see [`Emu::buffer_load`](Arch::buffer_load)) |
 //! | timer (ns) | `i64 tessera_emu_timer_ns()` (also parks the calling GPU thread: it is called in polling loops, and the thread waited for must get its turn) |
 //! | integer divisor | `void tessera_emu_check_divisor(i32 is_zero, i32 site)` (reports a division by zero) |
@@ -40,7 +40,7 @@
 //! | 8-bit matrix instructions (`mma.sync` m16n8k32 `.s8`, `.e4m3`, `.e5m2`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (kind: 0 `.s8`, 1 and 2 the MFMA, 3 `.e4m3`, 4 `.e5m2` (sm_89's; emu-nv converts 8-bit float fragments to f16 as sm_80 does, `arch::fp8_mma_as_f16`); `[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out, f32 by their bits) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
-//! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::arch::pack_words`
+//! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::pack_words`
 //! packing), and the runtime multiplies them with its own, independent, reading of the
 //! vendors' layouts ([`crate::emu::mma`]). Atomics use the system scope `""` (host
 //! atomics); the kernel uses the C calling convention; pointers live in address
@@ -56,9 +56,9 @@ use inkwell::values::{
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
-use super::arch::{Amdgpu, Arch, MmaInfo, Nvptx, WgmmaA, pack_words};
-use super::{Cx, LResult, LowerError, entry_alloca};
+use super::{Amdgpu, Arch, MmaInfo, Nvptx, WgmmaA, pack_words};
 use crate::Target;
+use crate::lower::{Cx, LResult, LowerError, entry_alloca};
 use crate::target::{AmdArch, EmuFlavor};
 
 /// The host SIMT emulator.
@@ -304,7 +304,7 @@ impl Arch for Emu {
             // emu-nv multiplies 8-bit floats as sm_80 does (`mma.sync` m16n8k32
             // fragments, each converted to f16 for two m16n8k16, see `emit_mma`; sm_89
             // reads the same fragments), emu-sm90a as sm_90a (`wgmma`, else f16).
-            EmuFlavor::Nv if input.is_fp8() => Some(super::arch::nv_m16n8k32_s8()),
+            EmuFlavor::Nv if input.is_fp8() => Some(super::nv_m16n8k32_s8()),
             EmuFlavor::Sm90a if input.is_fp8() => None,
             EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma(input),
             EmuFlavor::Amd => Amdgpu {
@@ -545,13 +545,13 @@ impl Arch for Emu {
         cx: &Cx<'ctx>,
         base: PointerValue<'ctx>,
         num_records: u32,
-        lane: super::arch::BufferLane<'ctx>,
+        lane: super::BufferLane<'ctx>,
         ty: BasicTypeEnum<'ctx>,
         site: u32,
     ) -> LResult<BasicValueEnum<'ctx>> {
         let b = &cx.b;
         let i64t = cx.ctx.i64_type();
-        let bytes = super::type_size(ty);
+        let bytes = crate::lower::type_size(ty);
         let off = b.build_int_z_extend(lane.offset, i64t, "")?;
         let end = b.build_int_add(off, i64t.const_int(bytes as u64, false), "")?;
         let in_range = b.build_int_compare(
@@ -790,8 +790,8 @@ impl Arch for Emu {
         if input.is_fp8() && self.flavor == EmuFlavor::Nv {
             // As sm_80 and sm_90: the fragments converted to f16 (in the kernel's own
             // code, which this runs) for two f16 instructions.
-            let cvt = |w: IntValue<'ctx>| super::arch::fp8x4_to_f16(cx, input, w);
-            return super::arch::fp8_mma_as_f16(self, cx, a, b, c, site, &cvt);
+            let cvt = |w: IntValue<'ctx>| super::fp8x4_to_f16(cx, input, w);
+            return super::fp8_mma_as_f16(self, cx, a, b, c, site, &cvt);
         }
         if input == ScalarType::I8 || input.is_fp8() {
             return emit_mma_i8(cx, self.flavor, input, a, b, c, site);
