@@ -320,14 +320,17 @@ fn stored_or_build(
     })
 }
 
-/// The runtime functions compiled code calls, by the names the lowering declares.
+/// The runtime functions compiled code calls, by the names the lowering declares, and
+/// the half-precision conversions LLVM's back end may call.
 fn runtime_symbols() -> Vec<(&'static str, usize)> {
-    vec![
+    let mut v = vec![
         (POLL, tessera_cpu_poll as *const () as usize),
         (WAIT, world::tessera_cpu_wait as *const () as usize),
         (BARRIER, world::tessera_cpu_barrier as *const () as usize),
         (CHECK, world::tessera_cpu_check as *const () as usize),
-    ]
+    ];
+    v.extend(crate::host::builtins());
+    v
 }
 
 /// Links `artifact`'s object into the process and makes it a kernel (`t0`: when its

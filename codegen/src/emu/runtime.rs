@@ -24,7 +24,6 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use corosensei::Yielder;
 
-use half::{bf16, f16};
 use tessera_ir::Span;
 
 use super::EmuError;
@@ -1758,28 +1757,6 @@ nv_entry!(tessera_emu_mma_nv_bf16, Half::Bf16);
 amd_entry!(tessera_emu_mma_amd_f16, Half::F16);
 amd_entry!(tessera_emu_mma_amd_bf16, Half::Bf16);
 
-// Half-precision conversion routines LLVM's x86 back end calls when the CPU lacks
-// F16C/AVX512-BF16. The 16-bit values travel in the low bits of an XMM register (the
-// `_Float16`/`__bf16` ABI), which is where an `f32` argument or result lives too.
-extern "C" fn extend_hf_sf(x: f32) -> f32 {
-    f16::from_bits(x.to_bits() as u16).to_f32()
-}
-extern "C" fn trunc_sf_hf(x: f32) -> f32 {
-    f32::from_bits(f16::from_f32(x).to_bits() as u32)
-}
-extern "C" fn trunc_df_hf(x: f64) -> f32 {
-    f32::from_bits(f16::from_f64(x).to_bits() as u32)
-}
-extern "C" fn extend_bf_sf(x: f32) -> f32 {
-    bf16::from_bits(x.to_bits() as u16).to_f32()
-}
-extern "C" fn trunc_sf_bf(x: f32) -> f32 {
-    f32::from_bits(bf16::from_f32(x).to_bits() as u32)
-}
-extern "C" fn trunc_df_bf(x: f64) -> f32 {
-    f32::from_bits(bf16::from_f64(x).to_bits() as u32)
-}
-
 /// The emulator runtime's symbols (the NVSHMEM calls' are `shmem`'s), with their
 /// addresses.
 pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
@@ -1923,11 +1900,8 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
             "tessera_emu_mma_amd_bf16",
             tessera_emu_mma_amd_bf16 as *const () as usize,
         ),
-        ("__extendhfsf2", extend_hf_sf as *const () as usize),
-        ("__truncsfhf2", trunc_sf_hf as *const () as usize),
-        ("__truncdfhf2", trunc_df_hf as *const () as usize),
-        ("__extendbfsf2", extend_bf_sf as *const () as usize),
-        ("__truncsfbf2", trunc_sf_bf as *const () as usize),
-        ("__truncdfbf2", trunc_df_bf as *const () as usize),
     ]
+    .into_iter()
+    .chain(crate::host::builtins())
+    .collect()
 }

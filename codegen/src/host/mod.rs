@@ -1,11 +1,13 @@
 //! The host floor below both host executors, the compiled CPU device (`cpu`) and the
 //! SIMT emulator (`emu`): LLVM's host target and the pass pipeline for it, the
 //! program stacks that waiting programs and emulated threads run on (`stack`), the
-//! machine's core count, and launch arguments' scalar slots. Neither executor
+//! machine's core count, launch arguments' scalar slots, and the half-precision
+//! conversions LLVM's x86 back end calls ([`builtins`]). Neither executor
 //! reaches into the other.
 
 use std::sync::{Once, OnceLock};
 
+use half::{bf16, f16};
 use inkwell::OptimizationLevel;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::{
@@ -111,4 +113,40 @@ pub(crate) fn for_this_cpu(module: &inkwell::module::Module<'_>) {
         }
         f = func.get_next_function();
     }
+}
+
+// Half-precision conversion routines LLVM's x86 back end calls when the CPU lacks
+// F16C/AVX512-BF16. The 16-bit values travel in the low bits of an XMM register (the
+// `_Float16`/`__bf16` ABI), which is where an `f32` argument or result lives too.
+extern "C" fn extend_hf_sf(x: f32) -> f32 {
+    f16::from_bits(x.to_bits() as u16).to_f32()
+}
+extern "C" fn trunc_sf_hf(x: f32) -> f32 {
+    f32::from_bits(f16::from_f32(x).to_bits() as u32)
+}
+extern "C" fn trunc_df_hf(x: f64) -> f32 {
+    f32::from_bits(f16::from_f64(x).to_bits() as u32)
+}
+extern "C" fn extend_bf_sf(x: f32) -> f32 {
+    bf16::from_bits(x.to_bits() as u16).to_f32()
+}
+extern "C" fn trunc_sf_bf(x: f32) -> f32 {
+    f32::from_bits(bf16::from_f32(x).to_bits() as u32)
+}
+extern "C" fn trunc_df_bf(x: f64) -> f32 {
+    f32::from_bits(bf16::from_f64(x).to_bits() as u32)
+}
+
+/// The compiler-rt half-precision conversions above, by the names LLVM's x86 back end
+/// calls them (code for a CPU without F16C or AVX512-BF16 needs them; a Rust
+/// executable does not export its own): every JIT of host code defines them.
+pub(crate) fn builtins() -> [(&'static str, usize); 6] {
+    [
+        ("__extendhfsf2", extend_hf_sf as *const () as usize),
+        ("__truncsfhf2", trunc_sf_hf as *const () as usize),
+        ("__truncdfhf2", trunc_df_hf as *const () as usize),
+        ("__extendbfsf2", extend_bf_sf as *const () as usize),
+        ("__truncsfbf2", trunc_sf_bf as *const () as usize),
+        ("__truncdfbf2", trunc_df_bf as *const () as usize),
+    ]
 }
