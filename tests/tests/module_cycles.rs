@@ -1,6 +1,6 @@
 //! The runtime's modules form no import cycle, and its bottom layers import nothing
 //! from above them; tessera-ir's and tessera-codegen's files form no import cycle (a
-//! file-level check, `file_graph`, below; codegen's last circle is listed).
+//! file-level check, `file_graph`, below).
 //!
 //! A module is a file or folder directly under `runtime/src` (`launch.rs`, `world/`);
 //! module A *uses* module B when A's code names `crate::B`, `crate::{.., B, ..}` or
@@ -620,11 +620,10 @@ fn codegen_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../codegen/src")
 }
 
-/// tessera-codegen's files import each other in no circle but the one issue 42 has
-/// still to take apart (`dot` and `wgmma` sharing their shared-memory staging): a
-/// new circle fails, and so does the old one's end, which must then leave this list.
+/// tessera-codegen's files import each other in no circle (the CPU device and the
+/// emulator stand on the host floor, apart).
 #[test]
-fn the_codegen_crate_has_no_file_cycles_but_dot_and_wgmma() {
+fn the_codegen_crate_has_no_file_cycles() {
     let g = file_graph(&codegen_src());
     assert!(
         g["cpu"].contains("host") && g["emu"].contains("host"),
@@ -634,10 +633,10 @@ fn the_codegen_crate_has_no_file_cycles_but_dot_and_wgmma() {
         !g["cpu"].contains("emu") && !g["emu"].contains("cpu"),
         "{g:#?}"
     );
+    assert!(g["lower/dot/wgmma"].contains("lower/dot"), "{g:#?}");
     let found = cycles(&g);
-    let known = vec![vec!["lower/dot".to_string(), "lower/wgmma".to_string()]];
-    assert_eq!(
-        found, known,
-        "import cycles among tessera-codegen's files\nthe graph: {g:#?}"
+    assert!(
+        found.is_empty(),
+        "import cycles among tessera-codegen's files: {found:?}\nthe graph: {g:#?}"
     );
 }

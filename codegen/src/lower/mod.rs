@@ -87,7 +87,6 @@ pub mod prov;
 mod reduce;
 mod remat;
 mod tma;
-mod wgmma;
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};
@@ -804,7 +803,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// multiples of it, and so does the block's shared memory).
     pub(crate) fn smem_align(&self) -> u32 {
         if self.target().has_wgmma() {
-            wgmma::ARRAY_ALIGN
+            dot::wgmma::ARRAY_ALIGN
         } else {
             16
         }
@@ -2121,7 +2120,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 if let Some(j) = r.overlap
                     && let Some(t) = carried.get_mut(j - 1)
                 {
-                    *t = wgmma::finish_in_flight(self, d, t)?;
+                    *t = dot::wgmma::finish_in_flight(self, d, t)?;
                 }
             }
         }

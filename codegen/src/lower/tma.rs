@@ -28,7 +28,8 @@ use tessera_ir::ir::{DescOperands, Function, Op, OpKind};
 use tessera_ir::tensor_desc::TmaBox;
 use tessera_ir::{Elem, Type};
 
-use super::{AsyncSlot, LResult, LowerError, Lowerer, Tile, wgmma};
+use super::dot::wgmma;
+use super::{AsyncSlot, LResult, LowerError, Lowerer, Tile};
 use crate::Target;
 
 /// Bytes of one mbarrier.

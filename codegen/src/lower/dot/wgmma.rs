@@ -38,10 +38,10 @@ use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 use tessera_ir::ir::{Op, OpKind};
 use tessera_ir::{ScalarType, ValueId};
 
-use super::arch::WgmmaA;
-use super::dot::Swizzle;
-use super::{LResult, Lowerer, Tile};
+use super::Swizzle;
 use crate::layout::Layout;
+use crate::lower::arch::WgmmaA;
+use crate::lower::{LResult, Lowerer, Tile};
 
 /// Shared arrays of a `wgmma` dot start at multiples of this many bytes (the period
 /// of the 128-byte swizzle, so the descriptors' base offset is 0).
@@ -49,7 +49,7 @@ pub(crate) const ARRAY_ALIGN: u32 = 1024;
 
 /// How a `dot` maps onto warpgroups.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct WgPlan {
+pub(in crate::lower) struct WgPlan {
     /// Input element type (f16, bf16, f8e4m3, f8e5m2, or i8 with an i32 accumulator).
     pub input: ScalarType,
     /// Bytes of one input element (2, or 1 for i8).
@@ -75,7 +75,7 @@ pub(super) struct WgPlan {
 /// Whether every load that `v` (a `dot` operand `[k][n]`) comes from reads runs of at
 /// least 16 bytes along dimension 0 (`k`) and none along dimension 1: a transposed
 /// operand, which then loads and stages 16 bytes at a time along `k`.
-pub(super) fn k_contiguous(l: &Lowerer<'_, '_>, v: ValueId) -> bool {
+pub(in crate::lower) fn k_contiguous(l: &Lowerer<'_, '_>, v: ValueId) -> bool {
     let mut loads = l
         .defs
         .values()
@@ -87,7 +87,7 @@ pub(super) fn k_contiguous(l: &Lowerer<'_, '_>, v: ValueId) -> bool {
 
 /// Whether load `ld` (of a 2-D tile) reads runs of 16 bytes along dimension 0 and
 /// single elements along dimension 1.
-pub(super) fn dim0_contiguous(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
+pub(in crate::lower) fn dim0_contiguous(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
     let shape = &l.f.ty(ld.results[0]).shape;
     let Some(s) = l.f.ty(ld.results[0]).scalar_type() else {
         return false;
@@ -108,7 +108,7 @@ pub(super) fn dim0_contiguous(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
 /// operands K-major; an i8 B along `n` takes `mma.sync` instead), whole warpgroups,
 /// `M` a multiple of 64, `K` of the instruction's, every dimension a power of two,
 /// and a warpgroup's `N` between 16 and 256 and made of whole swizzle blocks.
-pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
+pub(in crate::lower) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
     if !l.target().has_wgmma() {
         return None;
     }
@@ -167,7 +167,7 @@ pub(super) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
 }
 
 /// The accumulator layout of the plan (see the module docs).
-pub(super) fn c_layout(p: &WgPlan, nw: u32) -> Layout {
+pub(in crate::lower) fn c_layout(p: &WgPlan, nw: u32) -> Layout {
     let mut reg: Vec<Vec<u32>> = vec![vec![0, 1], vec![8, 0]];
     for j in 0..(p.n_inst / 8).trailing_zeros() {
         reg.push(vec![0, 8 << j]);
@@ -192,7 +192,7 @@ pub(super) fn c_layout(p: &WgPlan, nw: u32) -> Layout {
 /// One operand array: `[rows][cols]` cut into column blocks of `block` elements
 /// (at most 128 bytes), each block `rows x block` consecutive and swizzled by `swz`.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Array {
+pub(in crate::lower) struct Array {
     pub rows: u32,
     pub block: u32,
     pub swz: Swizzle,
@@ -234,7 +234,7 @@ impl Array {
     /// [`Self::offset`] in LLVM IR.
     fn emit<'ctx>(
         &self,
-        cx: &super::Cx<'ctx>,
+        cx: &crate::lower::Cx<'ctx>,
         row: IntValue<'ctx>,
         col: IntValue<'ctx>,
     ) -> LResult<IntValue<'ctx>> {
@@ -251,7 +251,7 @@ impl Array {
 /// The two arrays of a plan: A `[m][k]` at element 0, B `[k][n]` (or `[n][k]` when
 /// [`WgPlan::b_k_major`]) after it.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Arrays {
+pub(in crate::lower) struct Arrays {
     pub a: Array,
     pub b: Array,
     pub a_elems: u32,
@@ -281,7 +281,7 @@ impl Arrays {
 
 /// Where operand `which`'s element `e` (flat index in the operand tile) goes, in
 /// elements from the arrays' base.
-pub(super) fn elem_offset<'ctx>(
+pub(in crate::lower) fn elem_offset<'ctx>(
     l: &Lowerer<'_, 'ctx>,
     p: &WgPlan,
     arr: &Arrays,
@@ -306,7 +306,7 @@ pub(super) fn elem_offset<'ctx>(
 /// The element steps (in the operand tile's flat index) of one 16-byte staging store
 /// of operand `which`: along a row of the array (`k` for A; for B `n`, or `k`, a
 /// column of the `[k][n]` tile, when K-major).
-pub(super) fn store_runs(p: &WgPlan, which: usize) -> Vec<u32> {
+pub(in crate::lower) fn store_runs(p: &WgPlan, which: usize) -> Vec<u32> {
     let step = if which == 1 && p.b_k_major { p.n } else { 1 };
     (0..(16 / p.elem_bytes).trailing_zeros())
         .map(|i| step << i)
@@ -352,7 +352,11 @@ fn step_descriptor<'ctx>(
     Ok(l.cx.b.build_int_add(desc, step, "desc")?)
 }
 
-pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LResult<Tile<'ctx>> {
+pub(in crate::lower) fn lower<'ctx>(
+    l: &mut Lowerer<'_, 'ctx>,
+    op: &Op,
+    p: WgPlan,
+) -> LResult<Tile<'ctx>> {
     let arr = Arrays::new(&p);
     let c = l.val(op.operands[2])?;
     // A zero accumulator (`zeros` or `full(0)`) is not materialized: the first
@@ -366,7 +370,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     let clay = c_layout(&p, l.nw);
     let c = l.convert(&c, &clay, &op.span)?;
     let ring = l.async_dot(op).is_some();
-    let base: PointerValue<'ctx> = super::dot::arrays_base(l, op, arr.bytes())?;
+    let base: PointerValue<'ctx> = super::arrays_base(l, op, arr.bytes())?;
     l.note(|| {
         format!(
             "dot on wgmma: m64n{}k{} instructions, warpgroups {}x{}, {} tiles per warpgroup\n\
@@ -391,12 +395,12 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
     // it holds the A register fragments: `wgmma` reads A from registers.
     // (16-bit types: the register fragment of 8-bit A is another layout.)
     let a_in_regs = if p.elem_bytes == 2 {
-        super::dot::a_from_registers(l, op, |lay| super::dot::wgmma_a_fragments(&p, lay))?
+        super::a_from_registers(l, op, |lay| super::wgmma_a_fragments(&p, lay))?
     } else {
         None
     };
-    super::dot::stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
-        super::dot::write_tile(l, t, base, &store_runs(&p, which), |e| {
+    super::stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
+        super::write_tile(l, t, base, &store_runs(&p, which), |e| {
             elem_offset(l, &p, &arr, which, e)
         })
     })?;
@@ -421,7 +425,9 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
                 .borrow()
                 .get(&(op as *const Op))
                 .map(|s| s.0)
-                .ok_or_else(|| super::LowerError::Llvm("a ring slot outside its loop".into()))?;
+                .ok_or_else(|| {
+                    crate::lower::LowerError::Llvm("a ring slot outside its loop".into())
+                })?;
             Some((l.smem_at(r.offset), rd))
         }
         None => None,
@@ -500,7 +506,7 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
             let a = match &a_in_regs {
                 Some((t, frags)) => {
                     let vals: Vec<_> = frags[r][ks as usize].iter().map(|&i| t.regs[i]).collect();
-                    a_regs = super::arch::pack_words(&l.cx, &vals)?;
+                    a_regs = crate::lower::arch::pack_words(&l.cx, &vals)?;
                     WgmmaA::Regs(&a_regs)
                 }
                 None => {
@@ -555,19 +561,19 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: WgPlan) -> LRes
 
 /// Waits for the in-flight wgmma group of `dot` `d` whose accumulators `t` holds
 /// (after a loop that overlapped it, see `AsyncDot::overlap`).
-pub(super) fn finish_in_flight<'ctx>(
+pub(in crate::lower) fn finish_in_flight<'ctx>(
     l: &mut Lowerer<'_, 'ctx>,
     d: &Op,
     t: &Tile<'ctx>,
 ) -> LResult<Tile<'ctx>> {
     let Some(p) = plan(l, d) else {
-        return Err(super::LowerError::Llvm(
+        return Err(crate::lower::LowerError::Llvm(
             "an overlapped dot off wgmma".into(),
         ));
     };
     let regs = (p.n_inst / 2) as usize;
     if t.regs.len() != regs * p.reps_m as usize {
-        return Err(super::LowerError::Llvm(
+        return Err(crate::lower::LowerError::Llvm(
             "overlapped accumulator of another size".into(),
         ));
     }

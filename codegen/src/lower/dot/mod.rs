@@ -29,10 +29,11 @@ use std::collections::HashMap;
 use tessera_ir::ir::{Op, OpKind};
 use tessera_ir::{Elem, ScalarType, ValueId};
 
-use super::arch::{Arch, FragInfo, MmaInfo};
-use super::wgmma;
-use super::{LResult, Lowerer, Tile};
 use crate::layout::Layout;
+use crate::lower::arch::{Arch, FragInfo, MmaInfo};
+use crate::lower::{LResult, Lowerer, Tile};
+
+pub(super) mod wgmma;
 
 /// An XOR-swizzled row-major shared-memory array `[rows][cols]` of one `dot` operand.
 ///
@@ -158,7 +159,7 @@ struct Plan {
 }
 
 /// The `mma.sync`/MFMA plan of `op` (`None` on the FMA path, and for a `dot` that
-/// takes the `wgmma` path, [`super::wgmma::plan`]).
+/// takes the `wgmma` path, [`wgmma::plan`]).
 fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     if wgmma::plan(l, op).is_some() {
         return None;
