@@ -66,6 +66,15 @@ TESSERA_DEVICE=emu-nv TESSERA_LAUNCH_TIMEOUT=600 cargo run -q -p tessera-example
 for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention ping_pong interop; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example "$ex"
 done
+# The first-launch benchmark's driver checks its results too (scripts/first-launch.sh
+# times it): each case on the CPU device and the interpreter, with a cache of its own.
+fl_cache="$(mktemp -d)"
+for c in rmsnorm argmax matmul; do
+  for d in cpu interp; do
+    TESSERA_CACHE_DIR="$fl_cache" cargo run -q -p tessera-examples --example first_launch -- --device "$d" --case "$c"
+  done
+done
+rm -rf "$fl_cache"
 # Communicating examples on CPU ranks (small sizes: debug build).
 TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example ping_pong -- --ranks 4 --laps 100
 TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example ag_gemm -- --ranks 3 --rows 40 --n 70 --k 50 --iters 1
