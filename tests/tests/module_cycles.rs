@@ -407,7 +407,7 @@ fn file_modules(src: &Path) -> BTreeMap<Vec<String>, PathBuf> {
 fn named_paths(code: &str, children: &[String]) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let bytes: Vec<char> = code.chars().collect();
-    let text: String = bytes.iter().collect();
+    let path_sep = |k: usize| bytes.get(k) == Some(&':') && bytes.get(k + 1) == Some(&':');
     let mut i = 0;
     while i < bytes.len() {
         if !bytes[i].is_ascii_alphabetic()
@@ -421,21 +421,14 @@ fn named_paths(code: &str, children: &[String]) -> Vec<Vec<String>> {
         i = after;
         let starts =
             matches!(word.as_str(), "crate" | "super" | "self") || children.contains(&word);
-        if !starts
-            || !text[text
-                .char_indices()
-                .nth(after)
-                .map_or(text.len(), |(b, _)| b)..]
-                .starts_with("::")
-        {
+        if !starts || !path_sep(after) {
             continue;
         }
         // The path: segments joined by `::`, then maybe a group.
         let mut segs = vec![word];
         let mut j = after;
         loop {
-            let rest: String = bytes[j..].iter().take(2).collect();
-            if rest != "::" {
+            if !path_sep(j) {
                 break;
             }
             j += 2;
