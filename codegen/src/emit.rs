@@ -1,7 +1,7 @@
 //! LLVM IR to PTX text or an HSACO code object.
 //!
-//! [`compile`] lowers a kernel into a fresh LLVM context ([`crate::lower`]) and hands
-//! the module to [`emit_module`], which does everything after the lowering:
+//! [`emit_module`] does everything after the lowering (the compile driver,
+//! `driver.rs`, lowers the kernel and hands its module here):
 //!
 //! 1. verify the module (a failure is a Tessera bug: [`CodegenError::Llvm`]);
 //! 2. create the target machine (triple, CPU and features from [`Target`]) and set the
@@ -15,50 +15,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use inkwell::context::Context;
 use inkwell::module::Module;
 use inkwell::passes::PassBuilderOptions;
 use inkwell::targets::FileType;
-use tessera_ir::Function;
 
 pub use crate::machine::{target_machine, target_machine_with};
-use crate::{Artifact, CodegenError, CompileOptions, Target, Vendor};
-
-/// Lowers, optimizes and emits `func` for `target`.
-pub fn compile(
-    func: &Function,
-    target: Target,
-    opts: &CompileOptions,
-) -> Result<Artifact, CodegenError> {
-    let ctx = Context::create();
-    let (module, meta) = crate::lower::lower_kernel(&ctx, func, target, opts)?;
-    if module.get_function(&meta.name).is_none() {
-        return Err(CodegenError::Llvm {
-            kernel: func.name.clone(),
-            target,
-            message: format!(
-                "the lowered module has no entry point `{}` (the lowering produced no kernel)",
-                meta.name
-            ),
-        });
-    }
-    let mut min_ptx = None;
-    if opts.engine == crate::CommEngine::Nvshmem
-        && func.uses_comm()
-        && let Target::Nvptx { sm, .. } = target
-    {
-        crate::nvshmem::link(&module, sm, &meta.name)?;
-        min_ptx = Some(crate::nvshmem::PTX_ISA);
-    }
-    let out = emit_module_with(&module, target, &func.name, min_ptx)?;
-    Ok(Artifact {
-        target,
-        meta,
-        binary: out.binary,
-        asm: out.asm,
-        llvm_ir: out.llvm_ir,
-    })
-}
+use crate::{CodegenError, Target, Vendor};
 
 /// The output of [`emit_module`].
 #[derive(Clone, Debug)]
@@ -82,7 +44,7 @@ pub fn emit_module(
 }
 
 /// [`emit_module`] with at least PTX ISA `min_ptx` (times 10) on NVIDIA targets.
-fn emit_module_with(
+pub(crate) fn emit_module_with(
     module: &Module<'_>,
     target: Target,
     kernel: &str,
@@ -299,6 +261,7 @@ impl TempDir {
 mod tests {
     use super::*;
     use crate::AmdArch;
+    use inkwell::context::Context;
     use inkwell::memory_buffer::MemoryBuffer;
 
     /// A hand-written kernel (`out[tid] = x[tid] + 1`) in the target's dialect, built

@@ -11,17 +11,23 @@
 //! - [`layout`]: how a tile's elements are spread over registers, lanes and warps;
 //! - [`axis`]: contiguity/divisibility analysis that licenses wide memory accesses;
 //! - [`lower`]: tile IR to SIMT LLVM IR, written once for every target;
-//! - [`emit`]: LLVM IR to PTX text or an HSACO code object;
+//! - the compile driver (`driver.rs`: lower, link, emit, in order) and [`emit`]: LLVM
+//!   IR to PTX text or an HSACO code object;
 //! - [`comm`]: the ABI of communicating kernels (hidden parameters, error records);
 //! - [`nvshmem`]: NVSHMEM's device library, linked into kernels that reach other
 //!   nodes ([`CommEngine`]);
-//! - [`tools`]: offline validators (ptxas, SASS and AMDGPU disassembly, resource usage).
+//! - [`tools`]: offline validators (ptxas, SASS and AMDGPU disassembly, resource usage);
+//! - [`emu`]: the SIMT emulator (the GPU lowering JIT-compiled for the host), one
+//!   launch entry [`emu::launch_with`];
+//! - [`cpu`]: the compiled CPU device (tile IR to vectorized host code), compiled by
+//!   [`cpu::compile`] and launched by [`cpu::launch_with`].
 
 pub mod axis;
 pub mod cpu;
 /// The device-side ABI of communicating kernels (hidden parameters, control words,
 /// error records): [`tessera_ir::comm`], which needs no LLVM.
 pub use tessera_ir::comm;
+mod driver;
 pub mod emit;
 pub mod emu;
 pub mod fp8;
@@ -177,5 +183,5 @@ pub fn compile(
             opts.num_warps
         )));
     }
-    emit::compile(func, target, opts)
+    driver::compile(func, target, opts)
 }

@@ -36,8 +36,11 @@ extern crate self as tessera;
 // The modules, bottom up (each imports only from those listed before it; checked by
 // `tests/module_cycles.rs`): configuration, errors and properties; the GPU backends; devices
 // (streams, events) and buffers; compilation (the IR cache, dumps, kernel keys,
-// artifacts, the disk cache, the JIT); launching; worlds; collectives, fused kernels,
-// timing and autotuning.
+// artifacts, the disk cache, the JIT); the executors (`executor/`: one per kind of
+// device, the interpreter, the compiled CPU, the emulator and the GPUs, behind one
+// trait, and the tensor-map builder); launching (`launch.rs`: arguments, options,
+// checks, then the device's executor); worlds; collectives, fused kernels, timing
+// and autotuning.
 pub mod config;
 mod error;
 mod properties;
@@ -58,6 +61,7 @@ pub use compile::aot;
 pub use compile::{artifact, disk_cache};
 pub mod debug;
 
+mod executor;
 mod launch;
 mod ref_param;
 
@@ -69,7 +73,7 @@ pub mod bench;
 pub mod attention;
 pub mod collectives;
 pub mod fused;
-pub mod sp_attention;
+pub use fused::sp_attention;
 
 pub use artifact::{ArtifactStore, KernelBinary, KernelOptions, Specialization};
 pub use buffer::{Buffer, Element};

@@ -128,15 +128,14 @@ pub fn ring_world(flavor: EmuFlavor, ranks: usize, blocks: usize) -> Result<Dura
                 ];
                 let (f, opts) = (&f, &opts);
                 s.spawn(move || {
-                    emu::launch_in_world(
-                        f,
-                        flavor,
-                        opts,
-                        [blocks as u32, 1, 1],
-                        &args,
-                        Some(&world),
-                    )
-                    .map_err(|e| e.to_string())
+                    let launch = emu::EmuLaunch {
+                        grid: [blocks as u32, 1, 1],
+                        args: &args,
+                        world: Some(&world),
+                        ..Default::default()
+                    };
+                    emu::launch_with(&emu::EmuKernel::new(f, flavor, opts), &launch)
+                        .map_err(|e| e.to_string())
                 })
             })
             .collect();

@@ -293,31 +293,6 @@ fn matmul_f16_uses_the_matrix_units() {
     assert!(dis.contains("v_mfma"), "no v_mfma on gfx942:\n{dis}");
 }
 
-/// With `n` declared a multiple of 16 (and the pointers 16-byte aligned), every
-/// thread's contiguous f32 elements move as 128-bit accesses.
-#[test]
-fn vector_add_uses_128_bit_accesses() {
-    let mut func = (*kernel_ir::<vector_add::vector_add<1024>>(&()).expect("builds")).clone();
-    for i in 0..func.params.len() {
-        let is_ptr = func.ty(func.params[i].value).elem.is_ptr();
-        let p = &mut func.params[i];
-        if is_ptr || p.name == "n" {
-            p.attrs.divisibility = Some(16);
-        }
-    }
-    assert!(func.params.iter().any(|p| p.name == "n"));
-    let art = compile_ir(&func, SM90, &CompileOptions::default()).expect("compiles");
-    let wide = |op: &str| {
-        art.asm.lines().any(|l| {
-            let l = l.trim();
-            l.starts_with(op) && l.contains(".v4.") && (l.contains("32") || l.contains("f32"))
-        })
-    };
-    assert!(wide("ld.global"), "no ld.global.v4 in:\n{}", art.asm);
-    assert!(wide("st.global"), "no st.global.v4 in:\n{}", art.asm);
-    tools::ptxas(&art.asm, "sm_90").expect("assembles");
-}
-
 /// The assembly without what changes from machine to machine or LLVM build to LLVM
 /// build: `.ident` and LLVM version comments, temp paths, and long hex hashes.
 fn stable(asm: &str) -> String {
@@ -714,54 +689,15 @@ fn layout_dump_names_layouts_conversions_and_arrays() {
     }
 }
 
-/// On sm_80, specialized as launches are, the matmuls' operand loads become
-/// `cp.async` rings of 3 copies of the dot's arrays: 16-byte copies, one commit group
-/// per iteration, a wait for all but the newest group and one barrier per
-/// iteration. The 128x128x64 ring (96 KiB) is dynamic shared memory; every PTX
-/// assembles with no spills. Without the launch facts (unknown alignment) the loads
-/// stay loads.
+/// The runtime asks for dynamic shared memory exactly where the compiler stops
+/// declaring it statically (the sm_80 ring filetests,
+/// `tests/filetests/asm/sm_80/matmul_128x128x*_ring.tir`, check both sides of it).
 #[test]
-fn sm80_matmuls_pipeline_through_cp_async_rings() {
-    use tessera::ir::ParamFacts;
+fn dynamic_shared_memory_starts_where_static_ends() {
     assert_eq!(
         tessera::artifact::DYNAMIC_SHARED_PAST,
         tessera::codegen::target::NVIDIA_STATIC_SHARED_BYTES
     );
-    let cases = [
-        (
-            kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds"),
-            4,
-            3 * 16384,
-        ),
-        (
-            kernel_ir::<matmul::matmul<f16, 128, 128, 64>>(&()).expect("builds"),
-            8,
-            3 * 32768,
-        ),
-    ];
-    for (func, num_warps, ring) in cases {
-        let facts = vec![ParamFacts::new(true, true); func.params.len()];
-        let spec = tessera::ir::passes::specialize(&func, &facts);
-        let art = compile_ir(&spec, SM80, &CompileOptions::warps(num_warps)).expect("compiles");
-        let ptx = &art.asm;
-        let count = |s: &str| ptx.matches(s).count();
-        // 8 per thread per iteration (4 of A, 4 of B): 2 in the prologue, 1 in the loop.
-        assert_eq!(count("cp.async.cg.shared.global"), 3 * 8, "{ptx}");
-        assert_eq!(count("cp.async.commit_group"), 3, "{ptx}");
-        assert_eq!(count("cp.async.wait_group \t1;"), 1, "{ptx}");
-        assert_eq!(count("bar.sync"), 1, "{ptx}");
-        assert_eq!(art.meta.shared_bytes as usize, ring);
-        assert_eq!(ptx.contains(".extern .shared"), ring > 48 * 1024, "{ptx}");
-        let report = tools::ptxas(ptx, "sm_80").expect("ptxas");
-        assert_eq!(
-            (report.spill_stores_bytes, report.spill_loads_bytes),
-            (0, 0),
-            "{} registers",
-            report.registers
-        );
-        let plain = compile_ir(&func, SM80, &CompileOptions::warps(num_warps)).expect("compiles");
-        assert_eq!(plain.asm.matches("cp.async").count(), 0);
-    }
 }
 
 /// On sm_90a the benchmarked matmul tiles take `wgmma` (m64n128k16, operands from

@@ -1,4 +1,4 @@
-//! Communicating kernels compiled for the CPU (`codegen::cpu::launch_in_world`): remote
+//! Communicating kernels compiled for the CPU (`codegen::cpu::launch_with` in a world): remote
 //! stores and loads straight into the peers' copies, signals and waits, `barrier_all`,
 //! and their failures (a wait that times out, a peer outside the world, an access past
 //! a peer's copy), each against the interpreter running the same ranks. The ranks are
@@ -133,11 +133,19 @@ fn run_ranks(
             .map(|(w, a)| {
                 s.spawn(move || match runner {
                     Runner::Compiled { sanitize } => {
-                        cpu::launch_in_world(f, grid, a, sanitize, Some(w), None).map_err(|e| {
-                            match e {
-                                CpuError::Exec(e) => e.to_string(),
-                                e => panic!("not compiled: {e}"),
-                            }
+                        let launch = cpu::CpuLaunch {
+                            grid,
+                            args: a,
+                            world: Some(w),
+                            ..Default::default()
+                        };
+                        let ran = match cpu::compile(f, sanitize) {
+                            Ok(k) => cpu::launch_with(&k, &launch),
+                            Err(e) => Err(e),
+                        };
+                        ran.map_err(|e| match e {
+                            CpuError::Exec(e) => e.to_string(),
+                            e => panic!("not compiled: {e}"),
                         })
                     }
                     Runner::Interpreter => {

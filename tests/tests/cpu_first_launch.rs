@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tessera::codegen::cpu::{self, Checks, CpuError, ObjectStore};
+use tessera::codegen::cpu::{self, Checks, CpuError, CpuLaunch, ObjectStore};
 use tessera::ir::interp::{self, HostBuffer, InterpError, KernelArg, Scalar};
 use tessera::prelude::*;
 
@@ -183,7 +183,16 @@ fn run_accumulate(k: &cpu::CpuKernel, n: usize, scale: f32) {
         KernelArg::Buffer(Arc::clone(&out)),
         KernelArg::Scalar(Scalar::I32(n as i32)),
     ];
-    cpu::launch_kernel(k, [n.div_ceil(64) as u32, 1, 1], &args, None, None).unwrap();
+    let grid = [n.div_ceil(64) as u32, 1, 1];
+    cpu::launch_with(
+        k,
+        &CpuLaunch {
+            grid,
+            args: &args,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let got = out.to_vec::<f32>().unwrap();
     for i in 0..n {
         assert_eq!(got[i], init[i] + (xs[i] * scale + i as f32), "[{i}]");
@@ -227,7 +236,7 @@ fn an_unusable_stored_kernel_is_removed_and_compiled_again() {
 
 /// Runs `accumulate<64, 7>` over `total` programs: the first `split` on the
 /// interpreter ([`interp::run_claimed`]), the rest compiled
-/// ([`cpu::launch_kernel_claimed`]), as a background-mode launch does.
+/// ([`cpu::launch_with`] with a [`CpuLaunch::claim`]), as a background-mode launch does.
 fn in_turns(
     n: usize,
     split: u64,
@@ -260,7 +269,14 @@ fn in_turns(
     let at = next.load(Ordering::Relaxed).min(split);
     next.store(at, Ordering::Relaxed);
     let r = first.and_then(|()| {
-        cpu::launch_kernel_claimed(&k, grid, &args, None, &take(total)).map_err(|e| e.to_string())
+        let claim = take(total);
+        let launch = CpuLaunch {
+            grid,
+            args: &args,
+            claim: Some(&claim),
+            ..Default::default()
+        };
+        cpu::launch_with(&k, &launch).map_err(|e| e.to_string())
     });
     (xs, init, out.to_vec::<f32>().unwrap(), r)
 }
@@ -320,6 +336,12 @@ fn a_kernel_that_waits_is_not_run_in_turns() {
     let e = interp::run_claimed(&f, [2, 1, 1], &args, None, &|| None).unwrap_err();
     assert!(e.to_string().contains("cannot be run in turns"), "{e}");
     let k = cpu::compile(&f, Checks::BOUNDS).expect("a kernel that waits compiles");
-    let e = cpu::launch_kernel_claimed(&k, [2, 1, 1], &args, None, &|| None).unwrap_err();
+    let launch = CpuLaunch {
+        grid: [2, 1, 1],
+        args: &args,
+        claim: Some(&|| None),
+        ..Default::default()
+    };
+    let e = cpu::launch_with(&k, &launch).unwrap_err();
     assert!(matches!(e, CpuError::Unsupported { .. }), "{e}");
 }

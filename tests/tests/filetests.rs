@@ -26,12 +26,14 @@
 //!   specialized on those launch facts (`passes::specialize`).
 //! - `interp grid=X[,Y[,Z]]` with `// arg: ...` lines, one per parameter: `f32 [1, 2]`
 //!   (a buffer), `f32 poison 8` (a buffer of 8 NaNs; -7777 for integer types), `i32 7`
-//!   (a scalar): every buffer after the run, or the interpreter's error. Ops without a
-//!   `loc(...)` are located at their line in the file (verify and interp tests).
+//!   (a scalar): every buffer after the run, or the interpreter's error. The kernel and ops
+//!   without a `loc(...)` are located at their line in the file (verify and interp
+//!   tests).
 //! - `layout <target> [warps=N]`: the lowered kernel annotated with layouts and
 //!   conversions (what `TESSERA_DUMP=layout` writes).
 //! - `asm <target> [warps=N]` with `// count: <text>` lines: how many lines of the
-//!   PTX or AMDGCN assembly contain each text.
+//!   PTX or AMDGCN assembly contain each text; on NVIDIA targets the PTX must assemble
+//!   with `ptxas`, and the bytes it spills are part of the output.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -241,8 +243,8 @@ fn facts(f: &Function, args: &[&str]) -> Result<Vec<ParamFacts>, String> {
     Ok(facts)
 }
 
-/// `src` with every op that has no `loc(...)` located at its own line and column in
-/// the test file `name`, so that errors name the place in the file.
+/// `src` with the kernel and every op that has no `loc(...)` located at its own line
+/// and column in the test file `name`, so that errors name the place in the file.
 fn with_locs(src: &str, name: &str) -> String {
     let mut out = String::new();
     for (k, line) in src.lines().enumerate() {
@@ -253,6 +255,9 @@ fn with_locs(src: &str, name: &str) -> String {
             && !line.contains("loc(")
             && (first.starts_with('%') && body.contains(" = ")
                 || !first.is_empty() && first.chars().all(|c| c.is_ascii_lowercase() || c == '_'));
+        // The kernel's own line locates it (and the errors about its parameters).
+        let is_kernel = line.starts_with("kernel @") && !line.contains("loc(");
+        let is_op = is_op || is_kernel;
         if !is_op {
             out.push_str(line);
         } else {
@@ -332,6 +337,14 @@ fn run(text: &str, name: &str) -> Result<String, String> {
             }
             if out.is_empty() {
                 return Err("an asm test needs `// count: <text>` lines".into());
+            }
+            // NVIDIA's assembler validates the PTX offline, and its spills are part of
+            // the expectation (AMD code objects are linked by `ld.lld` in `compile`).
+            if let Target::Nvptx { sm, .. } = target {
+                let r = tessera::codegen::tools::ptxas(&art.asm, &format!("sm_{sm}"))
+                    .map_err(|e| format!("ptxas refused the PTX: {e}"))?;
+                let spilled = r.spill_stores_bytes + r.spill_loads_bytes;
+                writeln!(out, "ptxas: assembles, {spilled} bytes spilled").unwrap();
             }
             Ok(out)
         }

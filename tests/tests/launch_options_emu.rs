@@ -3,7 +3,7 @@
 //! the emulator's process-wide compilation cache.)
 
 use tessera::LaunchOptions;
-use tessera::codegen::emu::jit::compiled_kernels;
+use tessera::codegen::emu::compiled_kernels;
 use tessera::codegen::target::EmuFlavor;
 use tessera::prelude::*;
 

@@ -553,7 +553,11 @@ fn the_ir_crate_has_no_file_cycles() {
     let g = file_graph(&ir_src());
     // The graph is real: files that use each other are seen doing so.
     assert!(g["interp/exec"].contains("interp/comm"), "{g:#?}");
-    assert!(g["interp/comm_ops"].contains("interp/exec"), "{g:#?}");
+    assert!(g["interp/comm_ops"].contains("interp/prog"), "{g:#?}");
+    assert!(
+        g["interp/memory"].contains("interp/prog") && g["interp/exec"].contains("interp/prog"),
+        "{g:#?}"
+    );
     assert!(g["passes/specialize"].contains("ir"), "{g:#?}");
     let found = cycles(&g);
     assert!(
@@ -618,15 +622,44 @@ fn codegen_src() -> PathBuf {
 #[test]
 fn the_codegen_crate_has_no_file_cycles() {
     let g = file_graph(&codegen_src());
+    // Whether a file of folder `dir` (its `mod.rs` or below) uses one of `other`.
+    let uses = |dir: &str, other: &str| {
+        let within = |f: &str, d: &str| f == d || f.starts_with(&format!("{d}/"));
+        g.iter()
+            .filter(|(f, _)| within(f, dir))
+            .any(|(_, used)| used.iter().any(|u| within(u, other)))
+    };
+    assert!(uses("cpu", "host") && uses("emu", "host"), "{g:#?}");
+    assert!(!uses("cpu", "emu") && !uses("emu", "cpu"), "{g:#?}");
+    // `dot`'s strategies stand on one shared-memory module, which uses none of them.
+    let strategies = ["lower/dot/fma", "lower/dot/mma", "lower/dot/wgmma"];
+    for s in strategies {
+        assert!(g[s].contains("lower/dot/smem"), "{s}: {g:#?}");
+        assert!(!uses("lower/dot/smem", s), "{g:#?}");
+    }
+    // The compile driver orders the leaf steps; emission knows nothing of the others.
     assert!(
-        g["cpu"].contains("host") && g["emu"].contains("host"),
+        g["driver"].contains("emit") && g["driver"].contains("nvshmem"),
         "{g:#?}"
     );
     assert!(
-        !g["cpu"].contains("emu") && !g["emu"].contains("cpu"),
+        !uses("emit", "nvshmem") && !uses("emit", "driver"),
         "{g:#?}"
     );
-    assert!(g["lower/dot/wgmma"].contains("lower/dot"), "{g:#?}");
+    // The emulator's device ABI is one table, below both its users.
+    assert!(g["lower/arch/emu"].contains("lower/arch/emu_abi"), "{g:#?}");
+    assert!(uses("emu/runtime", "lower/arch/emu_abi"), "{g:#?}");
+    // The host lowering has its own small arch, not the emulator's.
+    assert!(!uses("lower/host", "lower/arch/emu"), "{g:#?}");
+    // Plans are made before lowering: the planning files use no emitting file.
+    for emitter in [
+        "lower/control",
+        "lower/smem",
+        "lower/convert",
+        "lower/entry",
+    ] {
+        assert!(!uses("lower/plan", emitter), "{emitter}: {g:#?}");
+    }
     let found = cycles(&g);
     assert!(
         found.is_empty(),

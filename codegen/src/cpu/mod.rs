@@ -1,4 +1,4 @@
-//! The compiled CPU device: tile IR lowered for the host (`lower/host.rs`: one
+//! The compiled CPU device: tile IR lowered for the host (`lower/host/`: one
 //! function per program instance, each tile op a loop nest over its elements, tiles in
 //! a per-thread scratch area, offsets and pointers built from `arange` kept affine so
 //! that loads and stores are contiguous vector accesses), optimized by LLVM for this
@@ -104,7 +104,7 @@ pub enum CpuError {
 type Entry =
     unsafe extern "C" fn(*const u64, *const u64, *const u32, *mut u8, *mut u64, *const u64) -> i32;
 
-/// A kernel compiled for the host ([`compile`]), launched by [`launch_kernel`].
+/// A kernel compiled for the host ([`compile`]), launched by [`launch_with`].
 pub struct CpuKernel {
     /// The kernel it was compiled from.
     func: Arc<Function>,
@@ -470,82 +470,94 @@ fn build(
     })
 }
 
-/// Runs `func` on the compiled CPU device over `grid` (see the module docs).
+/// One launch of a [`CpuKernel`]: the grid, the arguments, the world, the watchdog,
+/// and who hands out the program instances. `CpuLaunch { grid, args,
+/// ..Default::default() }` runs every program as rank 0 of a world of one, without
+/// a watchdog.
+#[derive(Clone, Copy, Default)]
+pub struct CpuLaunch<'a> {
+    /// Program instances along x, y and z.
+    pub grid: [u32; 3],
+    /// One per kernel parameter, in order (as for [`tessera_ir::interp::run`]).
+    pub args: &'a [KernelArg],
+    /// The world a communicating kernel runs in (remote accesses, signals, waits,
+    /// `barrier_all`: see the module docs, "Communication"); `None`: rank 0 of a
+    /// world of one. Symmetric buffers must be host memory on every rank (a buffer
+    /// behind a communication engine gives [`CpuError::Unsupported`]). When a
+    /// program fails, every rank's waits are released (the world is aborted) before
+    /// the error is returned.
+    pub world: Option<&'a CommWorld>,
+    /// A watchdog: once the launch has run this long, every loop of every program
+    /// instance stops at its next iteration, and the launch fails with
+    /// [`InterpError::LaunchTimeout`] naming the loop (as on the interpreter).
+    pub timeout: Option<std::time::Duration>,
+    /// Run only the program instances this hands out (linear ids, `x` fastest) until
+    /// it returns `None`, as [`tessera_ir::interp::run_claimed`] does on the
+    /// interpreter, so that the two can take turns at one launch (see the runtime's
+    /// `TESSERA_CPU_JIT`); a kernel that waits is refused then
+    /// ([`CpuError::Unsupported`], before anything runs). `None`: every program.
+    pub claim: Option<&'a (dyn Fn() -> Option<u64> + Sync)>,
+}
+
+impl std::fmt::Debug for CpuLaunch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CpuLaunch")
+            .field("grid", &self.grid)
+            .field("args", &self.args.len())
+            .field("world", &self.world.map(|w| (w.rank, w.size)))
+            .field("timeout", &self.timeout)
+            .field("claimed", &self.claim.is_some())
+            .finish()
+    }
+}
+
+/// Runs `kernel` (from [`compile`]) on the compiled CPU device as `launch` says
+/// (see the module docs): the CPU device's one launch entry ([`launch`] is its
+/// shorthand). A caller that launches one kernel often keeps it, and skips the
+/// compile cache's lookup (which prints the IR).
 ///
-/// Arguments are checked as the interpreter checks them; every op the device does
-/// not lower gives [`CpuError::Unsupported`] before anything runs.
-pub fn launch(
-    func: &Function,
-    grid: [u32; 3],
-    args: &[KernelArg],
-    checks: impl Into<Checks>,
-) -> Result<(), CpuError> {
-    launch_limited(func, grid, args, checks, None)
-}
-
-/// [`launch`] with a watchdog: once the launch has run for `timeout`, every loop of
-/// every program instance stops at its next iteration, and the launch fails with
-/// [`InterpError::LaunchTimeout`] naming the loop (as on the interpreter).
-pub fn launch_limited(
-    func: &Function,
-    grid: [u32; 3],
-    args: &[KernelArg],
-    checks: impl Into<Checks>,
-    timeout: Option<std::time::Duration>,
-) -> Result<(), CpuError> {
-    launch_in_world(func, grid, args, checks, None, timeout)
-}
-
-/// [`launch_limited`] as one rank of `world` (`None`: rank 0 of a world of one), for
-/// communicating kernels (remote accesses, signals, waits, `barrier_all`: see the
-/// module docs, "Communication"): symmetric buffers
-/// must be host memory on every rank (a buffer behind a communication engine gives
-/// [`CpuError::Unsupported`]). When a program fails, every rank's waits are released
-/// (the world is aborted) before the error is returned.
-pub fn launch_in_world(
-    func: &Function,
-    grid: [u32; 3],
-    args: &[KernelArg],
-    checks: impl Into<Checks>,
-    world: Option<&CommWorld>,
-    timeout: Option<std::time::Duration>,
-) -> Result<(), CpuError> {
-    let kernel = compile(func, checks)?;
-    launch_kernel(&kernel, grid, args, world, timeout)
-}
-
-/// [`launch_in_world`] of a kernel [`compile`]d already: a caller that launches one
-/// kernel often keeps it, and skips the cache's lookup (which prints the IR).
-pub fn launch_kernel(
-    kernel: &CpuKernel,
-    grid: [u32; 3],
-    args: &[KernelArg],
-    world: Option<&CommWorld>,
-    timeout: Option<std::time::Duration>,
-) -> Result<(), CpuError> {
-    drive(kernel, grid, args, world, timeout, None)
-}
-
-/// [`launch_kernel`] over the program instances `claim` hands out (linear ids, `x`
-/// fastest) until it returns `None`, as [`tessera_ir::interp::run_claimed`] does on
-/// the interpreter, so that the two can take turns at one launch (see the runtime's
-/// `TESSERA_CPU_JIT`). A rank of one; a kernel that waits is refused
-/// ([`CpuError::Unsupported`], before anything runs).
-pub fn launch_kernel_claimed(
-    kernel: &CpuKernel,
-    grid: [u32; 3],
-    args: &[KernelArg],
-    timeout: Option<std::time::Duration>,
-    claim: &(dyn Fn() -> Option<u64> + Sync),
-) -> Result<(), CpuError> {
-    if kernel.blocking {
+/// Arguments are checked as the interpreter checks them; what the compiled code
+/// cannot run here (buffers behind a communication engine, overlapping buffers it
+/// reads while it writes, a waiting kernel in turns) gives
+/// [`CpuError::Unsupported`] before anything runs.
+pub fn launch_with(kernel: &CpuKernel, launch: &CpuLaunch<'_>) -> Result<(), CpuError> {
+    let CpuLaunch {
+        grid,
+        args,
+        world,
+        timeout,
+        claim,
+    } = *launch;
+    if claim.is_some() && kernel.blocking {
         return Err(CpuError::Unsupported {
             kernel: kernel.func.name.clone(),
             span: kernel.func.span.clone(),
             message: "the programs of a kernel that waits cannot be run in turns".into(),
         });
     }
-    drive(kernel, grid, args, None, timeout, Some(claim))
+    drive(kernel, grid, args, world, timeout, claim)
+}
+
+/// Compiles `func` ([`compile`], `checks`) and runs every program instance of `grid`
+/// on `args` ([`launch_with`]), as rank 0 of a world of one, without a watchdog.
+///
+/// Every op the device does not lower gives [`CpuError::Unsupported`] before
+/// anything runs.
+pub fn launch(
+    func: &Function,
+    grid: [u32; 3],
+    args: &[KernelArg],
+    checks: impl Into<Checks>,
+) -> Result<(), CpuError> {
+    let kernel = compile(func, checks)?;
+    launch_with(
+        &kernel,
+        &CpuLaunch {
+            grid,
+            args,
+            ..Default::default()
+        },
+    )
 }
 
 fn drive(

@@ -281,7 +281,7 @@ extern "C" fn nvshmem_uint64_atomic_set(addr: *mut u64, v: u64, pe: i32) {
     )
 }
 
-extern "C" fn tessera_emu_engine_site(site: i32) {
+pub(crate) extern "C" fn tessera_emu_engine_site(site: i32) {
     with((), |c| c.engine_site.set(site as u32))
 }
 
@@ -291,7 +291,6 @@ pub(crate) fn symbols() -> Vec<(&'static str, usize)> {
         ($($f:ident),* $(,)?) => { vec![$((stringify!($f), $f as *const () as usize)),*] };
     }
     syms![
-        tessera_emu_engine_site,
         nvshmem_quiet,
         nvshmemx_signal_op,
         nvshmem_uint8_p,

@@ -163,11 +163,6 @@ impl Team {
         self.threads
     }
 
-    /// Threads per warp.
-    pub fn warp_size(&self) -> u32 {
-        self.warp_size
-    }
-
     /// True once an error released the team: barriers and collectives return at once
     /// (with zeros), so every thread runs to its end.
     pub fn poisoned(&self) -> bool {
@@ -191,11 +186,6 @@ impl Team {
     /// ended by its driver (it would spin forever).
     pub fn cancelled(&self) -> bool {
         self.cancelled.get()
-    }
-
-    /// Poisons the team (an error was recorded elsewhere).
-    pub fn poison(&self) {
-        self.poison.set(true);
     }
 
     /// Prepares the team for the next block.

@@ -26,25 +26,28 @@
 //! thread waits for the phase they complete, so a kernel that reads a box without
 //! waiting (or waits for the wrong phase) reads stale shared memory.
 
-/// The emulator's tensor map (see the module docs), registered for a launch with
-/// [`EmuTensorMap::register`].
+/// The emulator's tensor map: what `cuTensorMapEncodeTiled` encodes for a CUDA
+/// launch (a tensor's address, extents and strides, the box a copy moves and its
+/// swizzle), checked as the driver checks it ([`EmuTensorMap::new`]). A launch
+/// reads it through an id: [`EmuTensorMap::register`] it and pass the handle's
+/// [`TensorMapHandle::id`] as the kernel's tensor-map argument.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EmuTensorMap {
     /// The tensor's global (host) address.
-    pub base: u64,
+    pub(crate) base: u64,
     /// Rank, 1 to 3.
-    pub rank: u32,
+    pub(crate) rank: u32,
     /// Bytes of one element: 1, 2 or 4.
-    pub elem_bytes: u32,
+    pub(crate) elem_bytes: u32,
     /// The swizzle span in bytes: 0 (none), 32, 64 or 128.
-    pub swizzle: u32,
+    pub(crate) swizzle: u32,
     /// Extents, innermost first.
-    pub dims: [u64; 3],
+    pub(crate) dims: [u64; 3],
     /// Byte strides of dimensions 1.. (index 0 unused: the innermost stride is the
     /// element).
-    pub strides: [u64; 3],
+    pub(crate) strides: [u64; 3],
     /// The box, innermost first.
-    pub box_dims: [u32; 3],
+    pub(crate) box_dims: [u32; 3],
 }
 
 impl EmuTensorMap {
@@ -111,14 +114,14 @@ impl EmuTensorMap {
     }
 
     /// Bytes of one box.
-    pub fn box_bytes(&self) -> usize {
+    pub(crate) fn box_bytes(&self) -> usize {
         self.box_dims.iter().map(|&b| b as usize).product::<usize>() * self.elem_bytes as usize
     }
 
     /// The shared-memory offset (from `dst`, the box's destination, whose own offset
     /// from the 1024-aligned shared base is `dst_off`) of the box's byte `linear`
     /// (row-major packing): the swizzle applies to the absolute offset's bits.
-    pub fn swizzled(&self, dst_off: usize, linear: usize) -> usize {
+    pub(crate) fn swizzled(&self, dst_off: usize, linear: usize) -> usize {
         let a = dst_off + linear;
         let bits = match self.swizzle {
             128 => 7,
@@ -132,7 +135,7 @@ impl EmuTensorMap {
     /// For each row of the box at `coords` (innermost first): its byte offset in the
     /// packed box, and the global address of its in-bounds run with the run's byte
     /// offset within the row and length (`None` when the row is entirely outside).
-    pub fn rows(&self, coords: [i32; 3]) -> Vec<(usize, Option<Run>)> {
+    pub(crate) fn rows(&self, coords: [i32; 3]) -> Vec<(usize, Option<Run>)> {
         let e = self.elem_bytes as i64;
         let bd = self.box_dims.map(|b| b as i64);
         let row_bytes = (bd[0] * e) as usize;
@@ -212,7 +215,7 @@ pub(crate) fn lookup(id: u64) -> Option<EmuTensorMap> {
 }
 
 /// The in-bounds part of one box row: global address, byte offset in the row, bytes.
-pub type Run = (u64, usize, usize);
+pub(crate) type Run = (u64, usize, usize);
 
 /// A box whose bytes land in shared memory when its mbarrier phase is waited for.
 pub(crate) struct Landing {

@@ -104,9 +104,6 @@ pub struct WgState {
     /// A `wgmma.fence` since the last wait (needed before the first `wgmma` on
     /// registers that other instructions wrote).
     pub fenced: bool,
-    /// Shared memory written by this thread (generic proxy) since its last
-    /// `fence.proxy.async`.
-    pub dirty: bool,
     /// The accumulators of in-flight slots (the registers' true contents, as bits).
     pub regs: HashMap<u32, Vec<u32>>,
     /// Issued since the last commit.

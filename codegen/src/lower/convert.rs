@@ -15,7 +15,12 @@
 
 use tessera_ir::Elem;
 
-use super::{LResult, Lowerer, Tile};
+use std::collections::HashMap;
+
+use inkwell::values::IntValue;
+use tessera_ir::Span;
+
+use super::{LResult, Lowerer, Tile, is_dup_reg, type_bytes};
 use crate::layout::Layout;
 
 /// The XOR swizzle of a conversion's scratch array: index bits `s .. s + w` are XORed
@@ -169,5 +174,100 @@ impl<'ctx> Lowerer<'_, 'ctx> {
             out[r1] = b.build_select(lb, regs[r1], recv, "")?;
         }
         Ok(out)
+    }
+}
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    /// `t` in layout `to` without moving data between threads (the same layout, a
+    /// uniform value, or a register renaming where every thread already holds what
+    /// it needs), if possible.
+    pub fn convert_cheap(&self, t: &Tile<'ctx>, to: &Layout) -> Option<Tile<'ctx>> {
+        if t.layout == *to {
+            return Some(t.clone());
+        }
+        if t.uniform {
+            return Some(self.uniform_tile(t.elem, to.clone(), t.regs[0]));
+        }
+        if t.layout.lane == to.lane && t.layout.warp == to.warp {
+            let mut by_off = HashMap::new();
+            for r in 0..t.layout.num_regs() as u32 {
+                by_off.entry(t.layout.reg_offset(r)).or_insert(r);
+            }
+            let regs: Option<Vec<_>> = (0..to.num_regs() as u32)
+                .map(|r| by_off.get(&to.reg_offset(r)).map(|&s| t.regs[s as usize]))
+                .collect();
+            if let Some(regs) = regs {
+                return Some(Tile {
+                    elem: t.elem,
+                    layout: to.clone(),
+                    regs,
+                    uniform: false,
+                });
+            }
+        }
+        None
+    }
+
+    /// `t` in layout `to` (same shape); through shared memory unless
+    /// [`Self::convert_cheap`] applies. Prefer [`Self::relayout`] where the value's id
+    /// is known: it recomputes cheap values instead.
+    pub fn convert(&mut self, t: &Tile<'ctx>, to: &Layout, span: &Span) -> LResult<Tile<'ctx>> {
+        if let Some(r) = self.convert_cheap(t, to) {
+            if r.layout != t.layout && !t.uniform {
+                self.note(|| format!("convert by register renaming: {} -> {}", t.layout, to));
+            }
+            return Ok(r);
+        }
+        if let Some(r) = self.convert_by_shuffles(t, to)? {
+            self.note(|| format!("convert by warp shuffles: {} -> {}", t.layout, to));
+            return Ok(r);
+        }
+        let mt = self.mem_ty(t.elem);
+        let size = type_bytes(t.elem);
+        let sw = conversion_swizzle(&t.layout, to, size, self.ws);
+        self.note(|| {
+            format!(
+                "convert through shared memory (swizzle {sw:?}): {} -> {}",
+                t.layout, to
+            )
+        });
+        let base = self.scratch(t.layout.numel() * size, span);
+        let place = |idx: IntValue<'ctx>| -> LResult<IntValue<'ctx>> {
+            let Some((s, v, w)) = sw else {
+                return Ok(idx);
+            };
+            let b = &self.cx.b;
+            let hi = b.build_and(
+                b.build_right_shift(idx, self.cx.i32(s as i64), false, "")?,
+                self.cx.i32((1 << w) - 1),
+                "",
+            )?;
+            let x = b.build_left_shift(hi, self.cx.i32(v as i64), "")?;
+            Ok(b.build_xor(idx, x, "")?)
+        };
+        let src_idx = self.elem_indices(&t.layout)?;
+        for (r, idx) in src_idx.iter().enumerate() {
+            if is_dup_reg(&t.layout, r) {
+                continue;
+            }
+            let p = self.smem_ptr(base, mt, place(*idx)?)?;
+            let v = self.store_to_mem(t.elem, t.regs[r])?;
+            self.smem_store(p, v)?;
+        }
+        self.barrier()?;
+        let dst_idx = self.elem_indices(to)?;
+        let mut regs = Vec::with_capacity(dst_idx.len());
+        for idx in dst_idx {
+            let p = self.smem_ptr(base, mt, place(idx)?)?;
+            let v = self.smem_load(mt, p)?;
+            regs.push(self.reg_from_mem(t.elem, v)?);
+        }
+        self.barrier()?;
+        Ok(Tile {
+            elem: t.elem,
+            layout: to.clone(),
+            regs,
+            uniform: false,
+        })
     }
 }

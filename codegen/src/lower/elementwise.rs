@@ -506,7 +506,7 @@ fn exp_f32<'ctx>(cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>
 /// out of `log2` and `exp2`: `log2(0) = -inf`, `exp2(-inf) = 0`, NaN propagates.
 pub(super) fn pow<'ctx>(
     cx: &Cx<'ctx>,
-    arch: &dyn super::arch::Arch,
+    arch: &dyn super::arch::Math,
     s: ScalarType,
     a: BasicValueEnum<'ctx>,
     b: BasicValueEnum<'ctx>,
@@ -555,7 +555,7 @@ pub(super) fn pow<'ctx>(
 /// A unary op with the interpreter's semantics.
 pub(super) fn unary<'ctx>(
     cx: &Cx<'ctx>,
-    arch: &dyn super::arch::Arch,
+    arch: &dyn super::arch::Math,
     op: UnaryOp,
     s: ScalarType,
     a: BasicValueEnum<'ctx>,

@@ -333,7 +333,7 @@ pub(super) fn lower_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Ti
             uniform: true,
         });
     }
-    if let Some(&(d, which, slot)) = l.async_loads.get(&op.results[0]) {
+    if let Some(&(d, which, slot)) = l.plan.async_loads.get(&op.results[0]) {
         return async_copy(l, &ptrs, mask.as_ref(), &lay, vec * size, (d, which, slot));
     }
     let n = if all_uniform { 1 } else { lay.num_regs() };

@@ -5,7 +5,7 @@
 //! A `desc_load` that [`tma_candidate`] keeps (the target has `wgmma`, the launch
 //! built the descriptor's tensor map, its blocks have a [`TmaBox`], and it feeds only
 //! `dot` operands) is pipelined like a `load` ([`crate::pipeline`]); the ring of its
-//! `dot` ([`super::Lowerer`]'s `plan_staging`) then takes it when [`ring_ok`] holds.
+//! `dot` (the plan's `staging.rs`) then takes it when [`ring_ok`] holds.
 //! Each ring slot has an mbarrier (initialized with one arrival per TMA operand,
 //! before the prologue, by thread 0):
 //!
@@ -213,7 +213,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
 /// value then living in the ring (the tile has no registers); or, for a load that
 /// feeds no `dot`, into a staging box read into registers ([`lower_standalone_load`]).
 pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
-    let Some(&(d, which, slot)) = l.async_loads.get(&op.results[0]) else {
+    let Some(&(d, which, slot)) = l.plan.async_loads.get(&op.results[0]) else {
         if uses_of(l.f, op.results[0]).1 == 0 {
             return lower_standalone_load(l, op);
         }

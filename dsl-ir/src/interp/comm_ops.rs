@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use super::InterpError;
 use super::buffer::{HostBuffer, std_order};
 use super::comm::{CommWorld, ctrl};
-use super::exec::{Prog, R};
+use super::prog::{Prog, R};
 use super::value::{Data, PtrTile, Slots};
 use crate::ir::{AtomicOp, CmpPred, MemOrder, Op, OpKind, SignalOp};
 

@@ -108,16 +108,94 @@
 //! **Errors and parallelism.** When program instances fail, [`run`] returns the error of
 //! the lowest failing program id (linear order `x + nx * (y + ny * z)`): instances with
 //! a higher id than a known failure are skipped or stopped early, lower ones still run.
+//!
+//! **Files.** `exec.rs` checks the arguments and drives the grid; `prog.rs` runs one
+//! program instance (values, per-op semantics, control flow) over the per-launch
+//! plan of its regions; `memory.rs` its loads, stores, atomics and descriptor
+//! accesses; `comm_ops.rs` its communication ops over `comm.rs`'s world; `tiles.rs`
+//! the operations on dense tile data; `arith.rs` and `minmax.rs` element
+//! arithmetic; `value.rs` and `buffer.rs` values, arguments and host memory.
 
 // Interpreter errors are cold and carry the whole diagnostic.
 #![allow(clippy::result_large_err)]
+
+/// Dispatches on a scalar type, binding the Rust element type to `$T`.
+macro_rules! with_type {
+    ($st:expr, $T:ident => $body:expr) => {
+        match $st {
+            crate::types::ScalarType::I1 => {
+                type $T = bool;
+                $body
+            }
+            crate::types::ScalarType::I8 => {
+                type $T = i8;
+                $body
+            }
+            crate::types::ScalarType::I16 => {
+                type $T = i16;
+                $body
+            }
+            crate::types::ScalarType::I32 => {
+                type $T = i32;
+                $body
+            }
+            crate::types::ScalarType::I64 => {
+                type $T = i64;
+                $body
+            }
+            crate::types::ScalarType::U8 => {
+                type $T = u8;
+                $body
+            }
+            crate::types::ScalarType::U16 => {
+                type $T = u16;
+                $body
+            }
+            crate::types::ScalarType::U32 => {
+                type $T = u32;
+                $body
+            }
+            crate::types::ScalarType::U64 => {
+                type $T = u64;
+                $body
+            }
+            crate::types::ScalarType::F16 => {
+                type $T = half::f16;
+                $body
+            }
+            crate::types::ScalarType::BF16 => {
+                type $T = half::bf16;
+                $body
+            }
+            crate::types::ScalarType::F32 => {
+                type $T = f32;
+                $body
+            }
+            crate::types::ScalarType::F64 => {
+                type $T = f64;
+                $body
+            }
+            crate::types::ScalarType::F8E4M3 => {
+                type $T = crate::fp8::F8E4M3;
+                $body
+            }
+            crate::types::ScalarType::F8E5M2 => {
+                type $T = crate::fp8::F8E5M2;
+                $body
+            }
+        }
+    };
+}
 
 mod arith;
 mod buffer;
 mod comm;
 mod comm_ops;
 mod exec;
+mod memory;
 mod minmax;
+mod prog;
+mod tiles;
 mod value;
 
 #[cfg(test)]

@@ -7,6 +7,12 @@
 //! feature `hip`, `libamdhip64` loaded at run time) implement it; the CPU and the
 //! emulator run kernels on the host and sit beside it in [`crate::Device`].
 //!
+//! Launching is not here: `crate::executor` (beside this folder, above devices and
+//! compilation) holds one executor per kind of device, `executor/gpu.rs` the one
+//! that runs a kernel through a [`GpuBackend`] (specialization, binaries, tensor
+//! maps, the communicating kernels' checks), `executor/{interp,cpu,emu}.rs` the host
+//! ones.
+//!
 //! Memory is named by device address (`u64`): [`DevMem`] is an allocation (or a view
 //! of one) together with the backend that frees it, so buffers, symmetric heaps and
 //! foreign memory are one type. Streams and events are the backend's raw handles

@@ -1,5 +1,6 @@
 //! Fused compute + communication kernels: all-gather + GEMM, GEMM + reduce-scatter,
-//! all-reduce + residual add + RMSNorm.
+//! all-reduce + residual add + RMSNorm, and sequence-parallel attention
+//! ([`sp_attention`]).
 //!
 //! Each operation is a *plan*: built once per rank (collectively, with the same shapes
 //! on every rank), it allocates its symmetric workspace (staging buffers and signal
@@ -30,10 +31,14 @@
 //! [`allreduce_rmsnorm_kernel`]). This file holds what they share: the tile sizes and
 //! program counts, the GEMM tile helper, [`team_barrier`], [`GemmElem`] and the shape
 //! checks. [`unfused`] (`unfused.rs`) holds the unfused sequences the plans replace.
+//! [`sp_attention`] (`sp_attention.rs`, also `tessera::sp_attention`) holds
+//! sequence-parallel attention: its plan, its kernel and the unfused sequence it is
+//! compared with.
 
 mod ag_gemm;
 mod allreduce_rmsnorm;
 mod gemm_reduce_scatter;
+pub mod sp_attention;
 pub mod unfused;
 
 pub use ag_gemm::{AgGemm, ag_gemm_kernel};

@@ -136,13 +136,19 @@ pub(super) struct Shared {
     /// Each rank's node, when the ranks are placed on several
     /// ([`super::World::ranks_per_node`]).
     pub(super) nodes: Option<Arc<[u32]>>,
-    /// The NVSHMEM session of an NVSHMEM world (abandoned when the world fails, see
-    /// [`super::nvshmem::Session::abandon`]).
-    pub(super) shmem: std::sync::OnceLock<Arc<super::nvshmem::Session>>,
-    /// What the MPI windows of an MPI world share (marked when the world fails, see
-    /// [`super::mpi::Fate::abandon`]).
-    #[cfg(feature = "mpi")]
-    pub(super) mpi: std::sync::OnceLock<Arc<super::mpi::Fate>>,
+    /// The transport's session of a world that has one (an NVSHMEM world's NVSHMEM
+    /// session, what the MPI windows of an MPI world share), abandoned when the world
+    /// fails.
+    pub(super) session: std::sync::OnceLock<Arc<dyn TransportSession>>,
+}
+
+/// What a transport keeps for a joined world while the world lives (held with its
+/// shared state, so it goes with the last of the world's ranks and buffers).
+pub(super) trait TransportSession: Send + Sync {
+    /// The world failed: ending the session must not wait for every rank (NVSHMEM is
+    /// not finalized; the MPI windows are freed only if every rank comes to free
+    /// them in time).
+    fn abandon(&self);
 }
 
 impl Shared {
@@ -173,9 +179,7 @@ impl Shared {
             signal_bytes,
             heap_bytes,
             nodes: None,
-            shmem: std::sync::OnceLock::new(),
-            #[cfg(feature = "mpi")]
-            mpi: std::sync::OnceLock::new(),
+            session: std::sync::OnceLock::new(),
         })
     }
 
@@ -218,12 +222,8 @@ impl Shared {
 
     /// Raises every heap's abort word naming `rank`, releasing device waits.
     fn release(&self, rank: u32) {
-        if let Some(s) = self.shmem.get() {
+        if let Some(s) = self.session.get() {
             s.abandon();
-        }
-        #[cfg(feature = "mpi")]
-        if let Some(f) = self.mpi.get() {
-            f.abandon();
         }
         match &self.heaps {
             Heaps::Host(_) => self.interp_world(rank).abort(),

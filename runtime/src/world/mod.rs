@@ -20,8 +20,9 @@
 //!   ranks are mapped by each of them where MPI can share memory, and every other
 //!   access to a peer (and every atomic) goes through MPI one-sided communication
 //!   (`MPI_Get`, `MPI_Put`, `MPI_Compare_and_swap`, `MPI_Fetch_and_op`; see
-//!   `mpi.rs`), as does the team segment. Results are bit-for-bit those of the other transports
-//!   (`scripts/mpi-check.sh` checks it, with shared memory disabled).
+//!   `transport/mpi/`), as does the team segment. Results are bit-for-bit those of
+//!   the other transports (`scripts/mpi-check.sh` checks it, with shared memory
+//!   disabled).
 //!
 //! Either way a [`Rank`] offers the same operations ([`Rank::alloc`],
 //! [`Rank::upload`], [`Rank::alloc_signals`], [`Rank::barrier`], [`Rank::device`]) and
@@ -74,30 +75,36 @@
 //! other, so a kernel that waits for another rank's kernel in the same round times
 //! out. Use one GPU per rank for such kernels.
 //!
-//! **Files.** This file holds [`World`]: its builder, [`World::run`] (ranks as
-//! threads) and [`World::join`] (ranks as processes). `rank.rs` holds [`Rank`] (host
-//! barriers, symmetric allocation, failure reporting) and the rank's link to its
-//! device, through which launches of communicating kernels find their world;
-//! `symmetric.rs` holds [`SymBuffer`]; `heap.rs` the host heaps, the state the ranks
-//! of a world share and the allocation cursors; `gpu.rs` the heaps in GPU memory;
-//! `team.rs` the team segment; [`procs`] the bootstrap of ranks as processes.
+//! **Files.** This folder holds the abstraction; the transports live under
+//! `transport/`. This file holds [`World`]: its builder, [`World::run`] (ranks as
+//! threads), and [`World::launched`] and [`World::join`] (ranks as processes), which
+//! pick the transport and hand the joining to it. `rank.rs` holds [`Rank`] (host
+//! barriers, symmetric allocation, failure reporting), the rank's link to its
+//! device, through which launches of communicating kernels find their world, and
+//! what a rank keeps of its transport; `symmetric.rs` holds [`SymBuffer`]; `heap.rs`
+//! the host heaps, the state the ranks of a world share and the allocation cursors;
+//! `gpu.rs` the heaps in GPU memory; `team.rs` the team segment.
+//!
+//! `transport/mod.rs` chooses a launched process's transport; each transport has a
+//! folder or file of its own there and its own `join`: [`procs`]
+//! (`transport/procs/`: processes of one node, shared memory; its bootstrap,
+//! watchdog and launcher), `transport/mpi/` (an MPI job, feature `mpi`), [`nvshmem`]
+//! (`transport/nvshmem/`: GPU ranks on NVSHMEM, with its host library) and
+//! [`rendezvous`] (`transport/rendezvous.rs`: the TCP rendezvous a world across nodes
+//! meets at).
 
 mod gpu;
 mod heap;
-#[cfg(feature = "mpi")]
-mod mpi;
-pub mod nvshmem;
-pub mod procs;
 mod rank;
-pub mod rendezvous;
-mod shmem_world;
 mod symmetric;
 mod team;
+mod transport;
 
 pub use heap::{CTRL_BYTES, SYM_ALIGN};
-pub use procs::{LaunchEnv, spawn_local, spawn_local_with};
 pub use rank::Rank;
 pub use symmetric::SymBuffer;
+pub use transport::procs::{LaunchEnv, spawn_local, spawn_local_with};
+pub use transport::{nvshmem, procs, rendezvous};
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -109,7 +116,11 @@ use crate::error::Error;
 
 use gpu::{GpuDev, GpuHeap, GpuRank, gpu_of};
 use heap::{Heaps, HostHeap, HostHeapRef, Shared};
+use rank::StartLink;
 use team::Team;
+use transport::Transport;
+#[cfg(feature = "mpi")]
+use transport::mpi;
 
 /// How the ranks of a world are laid out, and the transport between them.
 #[derive(Clone, Debug)]
@@ -120,26 +131,10 @@ enum Layout {
     Process(LaunchEnv),
     /// This process is one rank of an MPI job (one node or many).
     #[cfg(feature = "mpi")]
-    Mpi(MpiLib),
+    Mpi(mpi::MpiLib),
     /// This process is one GPU rank of an NVSHMEM world (one node or many).
-    Nvshmem(shmem_world::ShmemLaunch),
+    Nvshmem(nvshmem::ShmemLaunch),
 }
-
-/// The process's MPI library, held by a world that will join through it.
-#[cfg(feature = "mpi")]
-#[derive(Clone)]
-struct MpiLib(Arc<mpi::Mpi>);
-
-#[cfg(feature = "mpi")]
-impl std::fmt::Debug for MpiLib {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Mpi(rank {} of {})", self.0.rank, self.0.size)
-    }
-}
-
-/// Variables that MPI launchers (`mpirun` of Open MPI or MPICH, `srun`) set in the
-/// processes they start.
-const MPI_LAUNCHER_VARS: &[&str] = &["OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"];
 
 /// A world of ranks to run SPMD code on: build it, then [`World::run`] (ranks as
 /// threads) or [`World::join`] (this process as one rank).
@@ -184,7 +179,7 @@ impl World {
     /// makes it [`World::mpi`]; otherwise the ranks are processes of one node that
     /// share memory (`TESSERA_TRANSPORT=shm`).
     pub fn launched() -> Result<World, Error> {
-        match transport(|k| std::env::var(k).ok())? {
+        match transport::chosen(|k| std::env::var(k).ok())? {
             Transport::Mpi => return World::mpi(),
             Transport::Nvshmem => return World::nvshmem(),
             Transport::Shm => {}
@@ -206,18 +201,10 @@ impl World {
     pub fn mpi() -> Result<World, Error> {
         #[cfg(feature = "mpi")]
         {
-            if let Ok(v) = std::env::var(mpi::SHARED_VAR)
-                && !matches!(v.trim(), "0" | "1")
-            {
-                return Err(Self::comm_err(format!(
-                    "{}={v:?}: expected 0 (every peer through MPI calls) or 1 (share the heaps of a node's processes)",
-                    mpi::SHARED_VAR
-                )));
-            }
-            let lib = mpi::Mpi::get().map_err(Self::comm_err)?;
+            let lib = mpi::MpiLib::open()?;
             Ok(World {
-                size: lib.size as usize,
-                layout: Layout::Mpi(MpiLib(lib)),
+                size: lib.size(),
+                layout: Layout::Mpi(lib),
                 ..World::local(1)
             })
         }
@@ -245,9 +232,9 @@ impl World {
     /// [`nvshmem`]); the rendezvous is Tessera's own, over TCP ([`rendezvous`]).
     /// With [`World::ranks_per_node`] the nodes are blocks of ranks instead of host
     /// names (`ranks_per_node(1)` sends every peer through NVSHMEM, on one machine
-    /// too). See `shmem_world.rs` for the steps of joining.
+    /// too). See [`nvshmem`] for the steps of joining.
     pub fn nvshmem() -> Result<World, Error> {
-        let launch = shmem_world::ShmemLaunch::from_vars(|k| {
+        let launch = nvshmem::ShmemLaunch::from_vars(|k| {
             std::env::var(k).ok().filter(|v| !v.trim().is_empty())
         })?;
         Ok(World {
@@ -528,248 +515,28 @@ impl World {
     /// this process is done with the world: dropping it leaves the world, and a
     /// process that exits without leaving counts as dead (the others' waits fail).
     pub fn join(&self) -> Result<Rank, Error> {
-        #[cfg(feature = "mpi")]
-        if let Layout::Mpi(lib) = &self.layout {
-            return self.join_mpi(&lib.0);
-        }
-        if let Layout::Nvshmem(launch) = &self.layout {
-            return shmem_world::join(self, launch);
-        }
-        let Layout::Process(env) = &self.layout else {
-            return Err(Self::comm_err(
+        match &self.layout {
+            Layout::Threads => Err(Self::comm_err(
                 "World::join is for a launched world (World::launched / World::from_env); World::local runs its ranks with World::run".into(),
-            ));
-        };
-        if self.ranks_per_node.is_some() {
-            return Err(Self::comm_err(
-                "ranks_per_node places ranks as threads (World::run) on emulated nodes; a launched world's ranks are processes of one node".into(),
-            ));
+            )),
+            Layout::Process(env) => procs::join(self, env),
+            #[cfg(feature = "mpi")]
+            Layout::Mpi(lib) => mpi::join(self, lib),
+            Layout::Nvshmem(launch) => nvshmem::join(self, launch),
         }
-        self.check()?;
-        let me = env.rank;
-        let err = move |message: String| Error::Comm { rank: me, message };
-        let device = self.device_of(me as usize)?;
-        let gpu = gpu_of(device);
-        if env.size == 1 {
-            // A world of one: nothing to exchange.
-            let heaps = match &gpu {
-                None => Heaps::Host(Arc::from(vec![HostHeapRef::Local(Arc::new(
-                    HostHeap::new(self.heap_bytes, &device.id(), err)?,
-                ))])),
-                Some(g) => Heaps::Gpu(Arc::from(vec![Arc::new(GpuHeap::alloc(
-                    g,
-                    self.heap_bytes,
-                )?)])),
-            };
-            return self.make_rank(0, heaps, Self::team_segment()?, device, None, None);
-        }
-        let kind = match gpu.as_ref().map(|g| g.kind()) {
-            None => 0,
-            Some(crate::DeviceKind::Hip) => 2,
-            Some(_) => 1,
-        };
-        let config = [
-            u64::from(env.size),
-            self.heap_bytes as u64,
-            self.signal_bytes as u64,
-            kind,
-        ];
-        // This rank's contribution: a shared-memory heap, or an exported GPU heap.
-        let (mine, own_gpu) = match &gpu {
-            None => (
-                procs::Contribution {
-                    heap_fd: Some(
-                        procs::memfd(&format!("tessera-heap-rank{me}"), self.heap_bytes)
-                            .map_err(err)?,
-                    ),
-                    blob: Vec::new(),
-                },
-                None,
-            ),
-            Some(g) => {
-                let h = Arc::new(GpuHeap::alloc(g, self.heap_bytes)?);
-                (
-                    procs::Contribution {
-                        heap_fd: None,
-                        blob: h.handle()?,
-                    },
-                    Some(h),
-                )
-            }
-        };
-        let joined = procs::bootstrap(env, config, mine, self.timeout).map_err(err)?;
-        let team = Team::new(
-            Arc::new(procs::map(joined.team_fd.as_fd_ref(), team::TEAM_BYTES).map_err(err)?),
-            me == 0,
-        )
-        .map_err(err)?;
-        let heaps = match (&gpu, own_gpu) {
-            (None, _) => {
-                let mut hs = Vec::with_capacity(joined.all.len());
-                for (r, c) in joined.all.iter().enumerate() {
-                    let fd = c.heap_fd.as_ref().ok_or_else(|| {
-                        err(format!("rank {r} sent no heap (mixed host and GPU ranks?)"))
-                    })?;
-                    hs.push(HostHeapRef::Local(Arc::new(
-                        procs::map(fd.as_fd_ref(), self.heap_bytes).map_err(err)?,
-                    )));
-                }
-                Heaps::Host(hs.into())
-            }
-            (Some(g), Some(own)) => {
-                let mut hs = Vec::with_capacity(joined.all.len());
-                for (r, c) in joined.all.iter().enumerate() {
-                    if r == me as usize {
-                        hs.push(own.clone());
-                    } else {
-                        hs.push(Arc::new(GpuHeap::open(g, &c.blob, self.heap_bytes)?));
-                    }
-                }
-                Heaps::Gpu(hs.into())
-            }
-            (Some(_), None) => return Err(err("internal: no GPU heap".into())),
-        };
-        // Rank 0 created the team segment; make sure everybody mapped it (and every
-        // heap) before anyone fails or allocates through it.
-        let rank = self.make_rank(me, heaps, team, device, Some(joined.peers), None)?;
-        rank.barrier()?;
-        Ok(rank)
     }
 
-    /// [`World::join`] for an MPI world: the heaps and the team segment are MPI
-    /// windows (see `mpi`).
-    #[cfg(feature = "mpi")]
-    fn join_mpi(&self, lib: &Arc<mpi::Mpi>) -> Result<Rank, Error> {
-        let me = lib.rank;
-        let err = move |message: String| Error::Comm { rank: me, message };
-        // Every rank learns whether every rank can join and with which sizes before
-        // anything collective that could wait forever for a rank that gave up.
-        let local = self.check().and_then(|()| {
-            let device = self.device_of(me as usize)?;
-            if matches!(device.backend, crate::device::Backend::Cpu | crate::device::Backend::Interp) {
-                Ok(device)
-            } else {
-                Err(err(format!(
-                    "the MPI transport runs CPU ranks (the interpreter reaches peers through MPI); this rank's device is {}",
-                    device.id()
-                )))
-            }
-        });
-        // Every wait for a peer is bounded by the wait timeout (see `mpi`).
-        let fate = Arc::new(mpi::Fate::new(self.timeout));
-        let all = lib
-            .allgather_u64(
-                &[
-                    u64::from(local.is_ok()),
-                    self.heap_bytes as u64,
-                    self.signal_bytes as u64,
-                ],
-                self.timeout,
-            )
-            .map_err(err)?;
-        let device = local?;
-        if let Some(r) = all.iter().position(|c| c[0] == 0) {
-            return Err(err(format!(
-                "rank {r} could not join the MPI world (its own error says why)"
-            )));
-        }
-        let mine = &all[me as usize];
-        if let Some((r, c)) = all.iter().enumerate().find(|(_, c)| c[1..] != mine[1..]) {
-            return Err(err(format!(
-                "ranks configure the world differently: this rank has a heap of {} bytes with {} bytes of signals, rank {r} {} and {}; every rank must configure it the same",
-                self.heap_bytes, self.signal_bytes, c[1], c[2]
-            )));
-        }
-        // Windows are allocated collectively, in the same order on every rank. The
-        // heaps of a node's ranks are allocated together where MPI can share memory,
-        // so that each rank maps its node's other heaps.
-        let zero = CTRL_BYTES + self.signal_bytes;
-        let heap = Arc::new(
-            match mpi::Window::allocate_node_shared(
-                lib,
-                self.heap_bytes,
-                zero,
-                self.ranks_per_node,
-                &fate,
-            )
-            .map_err(err)?
-            {
-                Some(w) => w,
-                None => mpi::Window::allocate(lib, self.heap_bytes, zero, &fate).map_err(err)?,
-            },
-        );
-        let team_bytes = if me == 0 { team::TEAM_BYTES } else { 0 };
-        let team_win =
-            Arc::new(mpi::Window::allocate(lib, team_bytes, team_bytes, &fate).map_err(err)?);
-        let team_mem = Arc::new(mpi::Peer {
-            win: team_win,
-            target: 0,
-            len: team::TEAM_BYTES,
-        });
-        // Rank 0 writes the magic word before the others check it. Each step ends in
-        // an agreement, so that a failure on one rank is an error on all (not a hang).
-        let team = if me == 0 {
-            Some(Team::remote(team_mem.clone(), true))
-        } else {
-            None
-        };
-        let problem = team.as_ref().and_then(|t| t.as_ref().err().cloned());
-        lib.agree(problem, "set up the team segment", self.timeout)
-            .map_err(err)?;
-        let team = match team {
-            Some(t) => t,
-            None => Team::remote(team_mem, false),
-        };
-        lib.agree(
-            team.as_ref().err().cloned(),
-            "open the team segment",
-            self.timeout,
-        )
-        .map_err(err)?;
-        let team = team.map_err(err)?;
-        let heaps: Vec<HostHeapRef> = (0..lib.size)
-            .map(|r| match mpi::Part::mapped(&heap, r) {
-                // This rank's heap, and its node's others where mapped: direct loads
-                // and stores, atomics through the window.
-                Some(part) => HostHeapRef::Local(Arc::new(part)),
-                None => HostHeapRef::Remote(Arc::new(mpi::Peer {
-                    win: heap.clone(),
-                    target: r,
-                    len: self.heap_bytes,
-                })),
-            })
-            .collect();
-        // Each rank's node: the lowest rank whose heap it maps (its own included).
-        let first = (0..lib.size)
-            .find(|&r| mpi::Part::mapped(&heap, r).is_some())
-            .unwrap_or(me);
-        let nodes: Arc<[u32]> = lib
-            .allgather_u64(&[u64::from(first)], self.timeout)
-            .map_err(err)?
-            .iter()
-            .map(|v| v.first().map_or(0, |&x| x as u32))
-            .collect();
-        let rank = self.make_rank(
-            me,
-            Heaps::Host(heaps.into()),
-            team,
-            device,
-            None,
-            Some(nodes),
-        )?;
-        // A failed world's windows are freed only if every rank comes to free them.
-        rank.set_mpi(fate);
-        rank.barrier()?;
-        Ok(rank)
-    }
-
+    /// This process's rank `me` of the world, once its transport has every rank's
+    /// heap and the team segment. `link`: for ranks as processes, starts the
+    /// transport's watch over the connections to the other processes (a peer that
+    /// dies fails the world); `nodes`: each rank's node, when the transport knows.
     fn make_rank(
         &self,
         me: u32,
         heaps: Heaps,
         team: Team,
         device: &Device,
-        peers: Option<Vec<(u32, std::os::unix::net::UnixStream)>>,
+        link: Option<StartLink>,
         nodes: Option<Arc<[u32]>>,
     ) -> Result<Rank, Error> {
         let gpu = match (&heaps, gpu_of(device)) {
@@ -786,14 +553,11 @@ impl World {
         )?;
         shared.nodes = nodes;
         let shared = Arc::new(shared);
-        let link = match peers {
-            Some(p) => {
+        let link = match link {
+            Some(start) => {
                 let s = shared.clone();
-                let died: Arc<dyn Fn(u32) + Send + Sync> = Arc::new(move |r| s.abort(r, true));
-                Some(
-                    procs::Link::start(me, p, died)
-                        .map_err(|message| Error::Comm { rank: me, message })?,
-                )
+                let died: rank::PeerDied = Arc::new(move |r| s.abort(r, true));
+                Some(start(died).map_err(|message| Error::Comm { rank: me, message })?)
             }
             None => None,
         };
@@ -810,66 +574,6 @@ impl World {
             rank.abort();
         }
         out
-    }
-}
-
-/// The transport a launched process joins its world through.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Transport {
-    /// Processes of one node sharing memory.
-    Shm,
-    /// An MPI job.
-    Mpi,
-    /// GPU ranks on NVSHMEM.
-    Nvshmem,
-}
-
-/// The transport of a launched process (see [`World::launched`]), from the variables
-/// `get` reads.
-fn transport(get: impl Fn(&str) -> Option<String>) -> Result<Transport, Error> {
-    let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-    match var("TESSERA_TRANSPORT").as_deref().map(str::trim) {
-        Some("mpi") => Ok(Transport::Mpi),
-        Some("shm") => Ok(Transport::Shm),
-        Some("nvshmem") => Ok(Transport::Nvshmem),
-        Some(other) => Err(Error::Config(format!(
-            "TESSERA_TRANSPORT=`{other}`: expected `shm`, `mpi` or `nvshmem`"
-        ))),
-        None => {
-            let launcher =
-                var("WORLD_SIZE").is_none() && MPI_LAUNCHER_VARS.iter().any(|k| var(k).is_some());
-            if launcher && !cfg!(feature = "mpi") {
-                // A build without MPI under `srun` stays what it was: a world of one.
-                log::warn!(
-                    "started by an MPI launcher but built without Tessera's `mpi` feature: this process is a world of one (rebuild with --features mpi to join the MPI job's world)"
-                );
-            }
-            Ok(if launcher && cfg!(feature = "mpi") {
-                Transport::Mpi
-            } else {
-                Transport::Shm
-            })
-        }
-    }
-}
-
-/// The variables `vars` as a lookup, as the launch-parsing functions take them (tests).
-#[cfg(test)]
-fn test_env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> + use<> {
-    let vars: Vec<(String, String)> = vars
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect();
-    move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone())
-}
-
-/// Borrowing an owned descriptor (a tiny helper for readability).
-trait AsFdRef {
-    fn as_fd_ref(&self) -> std::os::fd::BorrowedFd<'_>;
-}
-impl AsFdRef for std::os::fd::OwnedFd {
-    fn as_fd_ref(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(self)
     }
 }
 
@@ -989,41 +693,6 @@ mod tests {
             })
             .unwrap();
         assert_eq!(got, vec![3.5, -1.0, 7.25]);
-    }
-
-    #[test]
-    fn the_transport_follows_the_launcher_and_the_variable() {
-        fn transport_of(vars: &[(&str, &str)]) -> Result<Transport, Error> {
-            transport(test_env(vars))
-        }
-        fn with(vars: &[(&str, &str)]) -> Result<bool, Error> {
-            transport_of(vars).map(|t| t == Transport::Mpi)
-        }
-        assert_eq!(
-            transport_of(&[("WORLD_SIZE", "2"), ("TESSERA_TRANSPORT", "nvshmem")]).unwrap(),
-            Transport::Nvshmem
-        );
-        assert!(!with(&[]).unwrap());
-        assert!(!with(&[("WORLD_SIZE", "4"), ("RANK", "1")]).unwrap());
-        for launcher in MPI_LAUNCHER_VARS {
-            // (Without the `mpi` feature a launched process stays a world of one.)
-            assert_eq!(
-                with(&[(launcher, "4")]).unwrap(),
-                cfg!(feature = "mpi"),
-                "{launcher}"
-            );
-        }
-        // torchrun's variables win over an MPI launcher's; the variable over both.
-        assert!(!with(&[("WORLD_SIZE", "2"), ("OMPI_COMM_WORLD_SIZE", "2")]).unwrap());
-        assert!(with(&[("WORLD_SIZE", "2"), ("TESSERA_TRANSPORT", " mpi ")]).unwrap());
-        assert!(!with(&[("PMI_SIZE", "2"), ("TESSERA_TRANSPORT", "shm")]).unwrap());
-        let e = with(&[("TESSERA_TRANSPORT", "ib")])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("TESSERA_TRANSPORT=`ib`") && e.contains("`shm`, `mpi` or `nvshmem`"),
-            "{e}"
-        );
     }
 
     #[cfg(not(feature = "mpi"))]

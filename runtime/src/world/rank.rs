@@ -1,7 +1,8 @@
 //! One rank of a world ([`Rank`]): its device, host barriers, symmetric allocation
 //! and failure reporting; and the rank's part attached to its device ([`RankComm`],
 //! the [`RankLink`] through which launches of communicating kernels find their rank,
-//! world and heaps).
+//! world and heaps). A transport hands the rank what it keeps of it: the connections
+//! to the other processes ([`PeerLink`]) and its session ([`TransportSession`]).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,10 +16,25 @@ use crate::device::{Device, RankLink};
 use crate::error::Error;
 
 use super::gpu::GpuRank;
-use super::heap::{CTRL_BYTES, Cursor, Heaps, SYM_ALIGN, Shared};
-use super::procs;
+use super::heap::{CTRL_BYTES, Cursor, Heaps, SYM_ALIGN, Shared, TransportSession};
 use super::symmetric::SymBuffer;
 use super::team::{AllocRecord, Stop};
+
+/// A transport's connections from this process to the other processes of its world
+/// (ranks as processes), kept by the rank until it leaves (dropped last).
+pub(super) trait PeerLink: Send + Sync {
+    /// Leaves the world: says goodbye and closes the connections. Rank 0 first waits,
+    /// up to `patience`, for every peer to leave or die; it answers the peers that had
+    /// not left by then.
+    fn leave(self: Box<Self>, patience: Duration) -> Vec<u32>;
+}
+
+/// What a transport's watch over its connections calls when a peer's process dies.
+pub(super) type PeerDied = Arc<dyn Fn(u32) + Send + Sync>;
+
+/// Starts a transport's [`PeerLink`] for a rank being made, given what to call when
+/// a peer dies (`Err`: why it could not).
+pub(super) type StartLink = Box<dyn FnOnce(PeerDied) -> Result<Box<dyn PeerLink>, String>>;
 
 /// A rank's part in a world, attached to its [`Device`] handle so that launches of
 /// communicating kernels know their rank, world and heaps.
@@ -131,7 +147,7 @@ pub struct Rank {
     /// (Type-erased: the collectives sit above the world and own its type.)
     pub(crate) coll: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
     /// Ranks as processes: the connections to the other ranks (dropped last).
-    link: Option<procs::Link>,
+    link: Option<Box<dyn PeerLink>>,
 }
 
 impl std::fmt::Debug for Rank {
@@ -185,7 +201,7 @@ impl Rank {
         shared: Arc<Shared>,
         base: &Device,
         gpu: Option<GpuRank>,
-        link: Option<procs::Link>,
+        link: Option<Box<dyn PeerLink>>,
     ) -> Rank {
         let mut device = base.clone();
         device.comm = Some(Arc::new(RankComm {
@@ -486,25 +502,25 @@ impl Rank {
         })
     }
 
-    /// Keeps the NVSHMEM session of an NVSHMEM world with the world's shared state.
-    pub(super) fn set_shmem(&self, session: Arc<super::nvshmem::Session>) {
-        let _ = self.shared.shmem.set(session);
+    /// Keeps a transport's session (an NVSHMEM session, what the MPI windows of an
+    /// MPI world share) with the world's shared state: it lives as long as the
+    /// world's ranks and buffers, and is abandoned when the world fails.
+    pub(super) fn keep_session(&self, session: Arc<dyn TransportSession>) {
+        let _ = self.shared.session.set(session);
     }
 
-    /// Ties the MPI windows of this rank's world to the world (see
-    /// [`super::mpi::Fate`]): they are abandoned when it fails, and a rank that
-    /// stops answering this one fails the world naming it, as a host barrier's
-    /// timeout does (the other ranks then name it too).
-    #[cfg(feature = "mpi")]
-    pub(super) fn set_mpi(&self, fate: Arc<super::mpi::Fate>) {
+    /// What a transport calls when a rank stops answering this one: it fails the
+    /// world naming that rank, as a host barrier's timeout does (the other ranks then
+    /// name it too). Holds the world weakly.
+    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    pub(super) fn stall_hook(&self) -> impl Fn(u32) + Send + Sync + 'static {
         let shared = Arc::downgrade(&self.shared);
         let me = self.rank;
-        fate.on_stall(Box::new(move |missing| {
+        move |missing| {
             if let Some(s) = shared.upgrade() {
                 s.abort_waiting_for(me, missing);
             }
-        }));
-        let _ = self.shared.mpi.set(fate);
+        }
     }
 
     /// Whether `buf` was allocated in this world's heaps (not another world's).

@@ -8,7 +8,7 @@ use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, Point
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
-use super::{Arch, FragInfo, MmaInfo, axis_char};
+use super::{Arch, FragInfo, Math, MmaInfo, axis_char};
 use crate::Target;
 use crate::lower::{Cx, LResult, LowerError};
 use crate::target::AmdArch;
@@ -33,16 +33,7 @@ fn buffer_word_type<'ctx>(cx: &Cx<'ctx>, bytes: u32) -> LResult<BasicTypeEnum<'c
     })
 }
 
-impl Arch for Amdgpu {
-    fn has_buffer_load(&self) -> bool {
-        matches!(self.arch, AmdArch::Gfx90a | AmdArch::Gfx942)
-    }
-
-    fn native_nan_max(&self) -> bool {
-        // `v_maximum_f32` comes with gfx950 and gfx12.
-        false
-    }
-
+impl Math for Amdgpu {
     /// `v_exp_f32` itself (`llvm.amdgcn.exp2`: 1 ulp; results below 2^-126 flush to
     /// zero, as with Triton's `exp2` on AMD). `llvm.exp2` would wrap each one in five
     /// more instructions (a range check, a scale by 2^64 and its undoing) to keep
@@ -51,6 +42,17 @@ impl Arch for Amdgpu {
         Ok(cx
             .call_intrinsic("llvm.amdgcn.exp2", &[x.get_type().into()], &[x.into()])?
             .into_float_value())
+    }
+}
+
+impl Arch for Amdgpu {
+    fn has_buffer_load(&self) -> bool {
+        matches!(self.arch, AmdArch::Gfx90a | AmdArch::Gfx942)
+    }
+
+    fn native_nan_max(&self) -> bool {
+        // `v_maximum_f32` comes with gfx950 and gfx12.
+        false
     }
 
     fn buffer_load<'ctx>(

@@ -2,7 +2,9 @@
 //!
 //! Every target hook becomes a call to an `extern "C"` function of the emulator's
 //! runtime (`crate::emu::runtime`), which knows the calling GPU thread's place in the
-//! emulated block:
+//! emulated block. Their signatures are declared once, in the ABI table
+//! (`lower/arch/emu_abi.rs`), which both this lowering and the emulator's symbol list read;
+//! what each does:
 //!
 //! | hook | runtime function |
 //! |---|---|
@@ -56,7 +58,7 @@ use inkwell::values::{
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
-use super::{Amdgpu, Arch, MmaInfo, Nvptx, WgmmaA, pack_words};
+use super::{Amdgpu, Arch, Math, MmaInfo, Nvptx, WgmmaA, pack_words};
 use crate::Target;
 use crate::lower::{Cx, LResult, LowerError, entry_alloca};
 use crate::target::{AmdArch, EmuFlavor};
@@ -73,12 +75,15 @@ fn declare<'ctx>(cx: &Cx<'ctx>, name: &str, ty: FunctionType<'ctx>) -> FunctionV
         .unwrap_or_else(|| cx.module.add_function(name, ty, Some(Linkage::External)))
 }
 
+/// Calls runtime function `name`, declared as its row of the ABI table
+/// ([`super::emu_abi`]) says.
 fn call<'ctx>(
     cx: &Cx<'ctx>,
     name: &str,
-    ty: FunctionType<'ctx>,
     args: &[BasicMetadataValueEnum<'ctx>],
 ) -> LResult<Option<BasicValueEnum<'ctx>>> {
+    let ty = super::emu_abi::signature(cx.ctx, name)
+        .ok_or_else(|| LowerError::Llvm(format!("`{name}` is not in the emulator's ABI table")))?;
     let f = declare(cx, name, ty);
     Ok(cx.b.build_call(f, args, "")?.try_as_basic_value().basic())
 }
@@ -110,42 +115,35 @@ impl Emu {
     }
 }
 
+impl Math for Emu {}
+
 impl Arch for Emu {
     fn target(&self) -> Target {
         Target::Emu(self.flavor)
     }
 
     fn thread_id<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
-        let ty = cx.ctx.i32_type().fn_type(&[], false);
-        int_result(call(cx, "tessera_emu_tid", ty, &[])?)
+        int_result(call(cx, "tessera_emu_tid", &[])?)
     }
 
     fn program_id<'ctx>(&self, cx: &Cx<'ctx>, axis: u8) -> LResult<IntValue<'ctx>> {
-        let i32t = cx.ctx.i32_type();
-        let ty = i32t.fn_type(&[i32t.into()], false);
         int_result(call(
             cx,
             "tessera_emu_program_id",
-            ty,
             &[cx.i32(axis.min(2) as i64).into()],
         )?)
     }
 
     fn num_programs<'ctx>(&self, cx: &Cx<'ctx>, axis: u8, _: u32) -> LResult<IntValue<'ctx>> {
-        let i32t = cx.ctx.i32_type();
-        let ty = i32t.fn_type(&[i32t.into()], false);
         int_result(call(
             cx,
             "tessera_emu_num_programs",
-            ty,
             &[cx.i32(axis.min(2) as i64).into()],
         )?)
     }
 
     fn barrier<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
-        let i32t = cx.ctx.i32_type();
-        let ty = cx.ctx.void_type().fn_type(&[i32t.into()], false);
-        call(cx, "tessera_emu_barrier", ty, &[Emu::site(cx, site)])?;
+        call(cx, "tessera_emu_barrier", &[Emu::site(cx, site)])?;
         Ok(())
     }
 
@@ -157,15 +155,12 @@ impl Arch for Emu {
         _lane: IntValue<'ctx>,
         site: u32,
     ) -> LResult<IntValue<'ctx>> {
-        let i32t = cx.ctx.i32_type();
-        let ty = i32t.fn_type(&[i32t.into(); 3], false);
         let args = [v.into(), cx.i32(mask as i64).into(), Emu::site(cx, site)];
-        int_result(call(cx, "tessera_emu_shuffle_xor", ty, &args)?)
+        int_result(call(cx, "tessera_emu_shuffle_xor", &args)?)
     }
 
     fn shared_base<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<Option<PointerValue<'ctx>>> {
-        let ty = Emu::ptr_ty(cx).fn_type(&[], false);
-        let v = call(cx, "tessera_emu_shared_base", ty, &[])?
+        let v = call(cx, "tessera_emu_shared_base", &[])?
             .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))?;
         Ok(Some(v.into_pointer_value()))
     }
@@ -177,10 +172,8 @@ impl Arch for Emu {
         bytes: u32,
         site: u32,
     ) -> LResult<PointerValue<'ctx>> {
-        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
-        let ty = pt.fn_type(&[pt.into(), i32t.into(), i32t.into()], false);
         let args = [ptr.into(), cx.i32(bytes as i64).into(), Emu::site(cx, site)];
-        let v = call(cx, "tessera_emu_check_global", ty, &args)?
+        let v = call(cx, "tessera_emu_check_global", &args)?
             .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))?;
         Ok(v.into_pointer_value())
     }
@@ -193,30 +186,22 @@ impl Arch for Emu {
         is_write: bool,
         site: u32,
     ) -> LResult<()> {
-        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[pt.into(), i32t.into(), i32t.into(), i32t.into()], false);
         let args = [
             ptr.into(),
             cx.i32(bytes as i64).into(),
             cx.i32(is_write as i64).into(),
             Emu::site(cx, site),
         ];
-        call(cx, "tessera_emu_note_shared", ty, &args)?;
+        call(cx, "tessera_emu_note_shared", &args)?;
         Ok(())
     }
 
     fn timer_ns<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
-        let ty = cx.ctx.i64_type().fn_type(&[], false);
-        int_result(call(cx, "tessera_emu_timer_ns", ty, &[])?)
+        int_result(call(cx, "tessera_emu_timer_ns", &[])?)
     }
 
     fn engine_site<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
-        let i32t = cx.ctx.i32_type();
-        let ty = cx.ctx.void_type().fn_type(&[i32t.into()], false);
-        call(cx, "tessera_emu_engine_site", ty, &[Emu::site(cx, site)])?;
+        call(cx, "tessera_emu_engine_site", &[Emu::site(cx, site)])?;
         Ok(())
     }
 
@@ -227,10 +212,8 @@ impl Arch for Emu {
         world: IntValue<'ctx>,
         site: u32,
     ) -> LResult<()> {
-        let i32t = cx.ctx.i32_type();
-        let ty = cx.ctx.void_type().fn_type(&[i32t.into(); 3], false);
         let args = [peer.into(), world.into(), Emu::site(cx, site)];
-        call(cx, "tessera_emu_bad_peer", ty, &args)?;
+        call(cx, "tessera_emu_bad_peer", &args)?;
         Ok(())
     }
 
@@ -244,23 +227,16 @@ impl Arch for Emu {
         let is0 =
             cx.b.build_int_compare(inkwell::IntPredicate::EQ, divisor, zero, "div0")?;
         let is0 = cx.b.build_int_z_extend(is0, cx.ctx.i32_type(), "")?;
-        let i32t = cx.ctx.i32_type();
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[i32t.into(), i32t.into()], false);
         call(
             cx,
             "tessera_emu_check_divisor",
-            ty,
             &[is0.into(), Emu::site(cx, site)],
         )?;
         Ok(())
     }
 
     fn loop_backedge<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
-        let ty = cx.ctx.void_type().fn_type(&[], false);
-        call(cx, "tessera_emu_yield", ty, &[])?;
+        call(cx, "tessera_emu_yield", &[])?;
         Ok(())
     }
 
@@ -270,9 +246,7 @@ impl Arch for Emu {
         cond: IntValue<'ctx>,
         site: u32,
     ) -> LResult<IntValue<'ctx>> {
-        let i32t = cx.ctx.i32_type();
-        let ty = i32t.fn_type(&[i32t.into()], false);
-        let ok = int_result(call(cx, "tessera_emu_loop_ok", ty, &[Emu::site(cx, site)])?)?;
+        let ok = int_result(call(cx, "tessera_emu_loop_ok", &[Emu::site(cx, site)])?)?;
         let ok =
             cx.b.build_int_compare(inkwell::IntPredicate::NE, ok, cx.i32(0), "")?;
         Ok(cx.b.build_and(cond, ok, "")?)
@@ -339,11 +313,6 @@ impl Arch for Emu {
         src_bytes: IntValue<'ctx>,
         site: u32,
     ) -> LResult<()> {
-        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
-        let ty = cx.ctx.void_type().fn_type(
-            &[pt.into(), pt.into(), i32t.into(), i32t.into(), i32t.into()],
-            false,
-        );
         let args = [
             dst.into(),
             src.into(),
@@ -351,7 +320,7 @@ impl Arch for Emu {
             src_bytes.into(),
             Emu::site(cx, site),
         ];
-        call(cx, "tessera_emu_cp_async", ty, &args)?;
+        call(cx, "tessera_emu_cp_async", &args)?;
         Ok(())
     }
 
@@ -362,13 +331,8 @@ impl Arch for Emu {
         count: u32,
         site: u32,
     ) -> LResult<()> {
-        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[pt.into(), i32t.into(), i32t.into()], false);
         let args = [bar.into(), cx.i32(count as i64).into(), Emu::site(cx, site)];
-        call(cx, "tessera_emu_mbar_init", ty, &args)?;
+        call(cx, "tessera_emu_mbar_init", &args)?;
         Ok(())
     }
 
@@ -383,12 +347,9 @@ impl Arch for Emu {
         bar: PointerValue<'ctx>,
         site: u32,
     ) -> LResult<()> {
-        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
-        let ty = cx.ctx.void_type().fn_type(&[pt.into(), i32t.into()], false);
         call(
             cx,
             "tessera_emu_mbar_inval",
-            ty,
             &[bar.into(), Emu::site(cx, site)],
         )?;
         Ok(())
@@ -401,13 +362,8 @@ impl Arch for Emu {
         bytes: u32,
         site: u32,
     ) -> LResult<()> {
-        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[pt.into(), i32t.into(), i32t.into()], false);
         let args = [bar.into(), cx.i32(bytes as i64).into(), Emu::site(cx, site)];
-        call(cx, "tessera_emu_mbar_expect_tx", ty, &args)?;
+        call(cx, "tessera_emu_mbar_expect_tx", &args)?;
         Ok(())
     }
 
@@ -418,13 +374,8 @@ impl Arch for Emu {
         parity: IntValue<'ctx>,
         site: u32,
     ) -> LResult<()> {
-        let (pt, i32t) = (Emu::ptr_ty(cx), cx.ctx.i32_type());
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[pt.into(), i32t.into(), i32t.into()], false);
         let args = [bar.into(), parity.into(), Emu::site(cx, site)];
-        call(cx, "tessera_emu_mbar_wait", ty, &args)?;
+        call(cx, "tessera_emu_mbar_wait", &args)?;
         Ok(())
     }
 
@@ -437,20 +388,6 @@ impl Arch for Emu {
         bar: PointerValue<'ctx>,
         site: u32,
     ) -> LResult<()> {
-        let (pt, i32t, i64t) = (Emu::ptr_ty(cx), cx.ctx.i32_type(), cx.ctx.i64_type());
-        let ty = cx.ctx.void_type().fn_type(
-            &[
-                pt.into(),
-                i64t.into(),
-                i32t.into(),
-                i32t.into(),
-                i32t.into(),
-                i32t.into(),
-                pt.into(),
-                i32t.into(),
-            ],
-            false,
-        );
         let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
             coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
         };
@@ -464,7 +401,7 @@ impl Arch for Emu {
             bar.into(),
             Emu::site(cx, site),
         ];
-        call(cx, "tessera_emu_tma_load", ty, &args)?;
+        call(cx, "tessera_emu_tma_load", &args)?;
         Ok(())
     }
 
@@ -476,19 +413,6 @@ impl Arch for Emu {
         coords: &[IntValue<'ctx>],
         site: u32,
     ) -> LResult<()> {
-        let (pt, i32t, i64t) = (Emu::ptr_ty(cx), cx.ctx.i32_type(), cx.ctx.i64_type());
-        let ty = cx.ctx.void_type().fn_type(
-            &[
-                pt.into(),
-                i64t.into(),
-                i32t.into(),
-                i32t.into(),
-                i32t.into(),
-                i32t.into(),
-                i32t.into(),
-            ],
-            false,
-        );
         let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
             coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
         };
@@ -501,36 +425,22 @@ impl Arch for Emu {
             c(2),
             Emu::site(cx, site),
         ];
-        call(cx, "tessera_emu_tma_store", ty, &args)?;
+        call(cx, "tessera_emu_tma_store", &args)?;
         Ok(())
     }
 
     fn tma_store_wait<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[cx.ctx.i32_type().into()], false);
-        call(cx, "tessera_emu_tma_store_wait", ty, &[Emu::site(cx, site)])?;
+        call(cx, "tessera_emu_tma_store_wait", &[Emu::site(cx, site)])?;
         Ok(())
     }
 
     fn cp_async_commit<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
-        let ty = cx.ctx.void_type().fn_type(&[], false);
-        call(cx, "tessera_emu_cp_async_commit", ty, &[])?;
+        call(cx, "tessera_emu_cp_async_commit", &[])?;
         Ok(())
     }
 
     fn cp_async_wait<'ctx>(&self, cx: &Cx<'ctx>, n: u32) -> LResult<()> {
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[cx.ctx.i32_type().into()], false);
-        call(
-            cx,
-            "tessera_emu_cp_async_wait",
-            ty,
-            &[cx.i32(n as i64).into()],
-        )?;
+        call(cx, "tessera_emu_cp_async_wait", &[cx.i32(n as i64).into()])?;
         Ok(())
     }
 
@@ -610,11 +520,6 @@ impl Arch for Emu {
         let i32t = cx.ctx.i32_type();
         let out_ty = i32t.array_type(4);
         let out = entry_alloca(cx, out_ty.into(), "ldm.out")?;
-        let pt = Emu::ptr_ty(cx);
-        let ty = cx.ctx.void_type().fn_type(
-            &[pt.into(), i32t.into(), i32t.into(), pt.into(), i32t.into()],
-            false,
-        );
         let args = [
             p.into(),
             cx.i32(num as i64).into(),
@@ -622,7 +527,7 @@ impl Arch for Emu {
             out.into(),
             Emu::site(cx, site),
         ];
-        call(cx, "tessera_emu_ldmatrix", ty, &args)?;
+        call(cx, "tessera_emu_ldmatrix", &args)?;
         (0..num)
             .map(|i| {
                 let q = unsafe {
@@ -639,8 +544,7 @@ impl Arch for Emu {
         cx: &Cx<'ctx>,
         p: PointerValue<'ctx>,
     ) -> LResult<IntValue<'ctx>> {
-        let pt = Emu::ptr_ty(cx);
-        let base = call(cx, "tessera_emu_shared_base", pt.fn_type(&[], false), &[])?
+        let base = call(cx, "tessera_emu_shared_base", &[])?
             .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))?
             .into_pointer_value();
         let i64t = cx.ctx.i64_type();
@@ -653,17 +557,12 @@ impl Arch for Emu {
     }
 
     fn fence_async_shared<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<()> {
-        let ty = cx.ctx.void_type().fn_type(&[], false);
-        call(cx, "tessera_emu_fence_proxy_async", ty, &[])?;
+        call(cx, "tessera_emu_fence_proxy_async", &[])?;
         Ok(())
     }
 
     fn wgmma_fence<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[cx.ctx.i32_type().into()], false);
-        call(cx, "tessera_emu_wgmma_fence", ty, &[Emu::site(cx, site)])?;
+        call(cx, "tessera_emu_wgmma_fence", &[Emu::site(cx, site)])?;
         Ok(())
     }
 
@@ -708,7 +607,6 @@ impl Arch for Emu {
             i32t.into(),
             i32t.into(),
         ]);
-        let ty = cx.ctx.void_type().fn_type(&params, false);
         let code = match input {
             ScalarType::F16 => 0,
             ScalarType::BF16 => 1,
@@ -728,16 +626,12 @@ impl Arch for Emu {
             cx.i32(slot as i64).into(),
             Emu::site(cx, site),
         ]);
-        call(cx, name, ty, &args)?;
+        call(cx, name, &args)?;
         load_words(cx, slot_ptr, acc)
     }
 
     fn wgmma_commit<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
-        let ty = cx
-            .ctx
-            .void_type()
-            .fn_type(&[cx.ctx.i32_type().into()], false);
-        call(cx, "tessera_emu_wgmma_commit", ty, &[Emu::site(cx, site)])?;
+        call(cx, "tessera_emu_wgmma_commit", &[Emu::site(cx, site)])?;
         Ok(())
     }
 
@@ -748,17 +642,6 @@ impl Arch for Emu {
         accs: &[Vec<BasicValueEnum<'ctx>>],
         site: u32,
     ) -> LResult<Vec<Vec<BasicValueEnum<'ctx>>>> {
-        let i32t = cx.ctx.i32_type();
-        let ty = cx.ctx.void_type().fn_type(
-            &[
-                i32t.into(),
-                Emu::ptr_ty(cx).into(),
-                i32t.into(),
-                i32t.into(),
-                i32t.into(),
-            ],
-            false,
-        );
         accs.iter()
             .enumerate()
             .map(|(slot, acc)| {
@@ -770,7 +653,7 @@ impl Arch for Emu {
                     cx.i32(slot as i64).into(),
                     Emu::site(cx, site),
                 ];
-                call(cx, "tessera_emu_wgmma_wait", ty, &args)?;
+                call(cx, "tessera_emu_wgmma_wait", &args)?;
                 load_words(cx, p, acc)
             })
             .collect()
@@ -837,12 +720,11 @@ impl Arch for Emu {
         params.extend([BasicMetadataTypeEnum::from(f32t); 4]);
         params.push(Emu::ptr_ty(cx).into());
         params.push(i32t.into());
-        let ty = cx.ctx.void_type().fn_type(&params, false);
         let mut args: Vec<BasicMetadataValueEnum> = ints.iter().map(|&v| v.into()).collect();
         args.extend(c.iter().map(|&v| BasicMetadataValueEnum::from(v)));
         args.push(d.into());
         args.push(Emu::site(cx, site));
-        call(cx, name, ty, &args)?;
+        call(cx, name, &args)?;
         (0..4)
             .map(|i| {
                 let p = unsafe {
@@ -909,22 +791,9 @@ fn emit_mma_i8<'ctx>(
     for (i, x) in c.iter().enumerate() {
         cx.b.build_store(slot(cdty, cd, i)?, *x)?;
     }
-    let pt = Emu::ptr_ty(cx);
-    let ty = cx.ctx.void_type().fn_type(
-        &[
-            i32t.into(),
-            pt.into(),
-            i32t.into(),
-            pt.into(),
-            i32t.into(),
-            i32t.into(),
-        ],
-        false,
-    );
     call(
         cx,
         "tessera_emu_mma_i8",
-        ty,
         &[
             cx.i32(kind).into(),
             ab.into(),
@@ -1020,17 +889,12 @@ fn emit_mfma_32x32x8<'ctx>(
         };
         cx.b.build_store(p, *x)?;
     }
-    let pt = Emu::ptr_ty(cx);
-    let ty = cx
-        .ctx
-        .void_type()
-        .fn_type(&[pt.into(), pt.into(), i32t.into()], false);
     let name = if input == ScalarType::BF16 {
         "tessera_emu_mma_amd32_bf16"
     } else {
         "tessera_emu_mma_amd32_f16"
     };
-    call(cx, name, ty, &[ab.into(), cd.into(), Emu::site(cx, site)])?;
+    call(cx, name, &[ab.into(), cd.into(), Emu::site(cx, site)])?;
     (0..16)
         .map(|i| {
             // SAFETY: as above.

@@ -64,6 +64,7 @@ use crate::Target;
 
 mod amdgpu;
 pub mod emu;
+pub(crate) mod emu_abi;
 mod nvptx;
 
 pub use amdgpu::{Amdgpu, amd_mfma_16, amd_mfma_32};
@@ -135,8 +136,23 @@ pub struct BufferLane<'ctx> {
     pub mask: IntValue<'ctx>,
 }
 
+/// The approximate f32 math that `exp`, `exp2`, `log`, `log2` and `pow` lower to,
+/// per target: every [`Arch`], and the host lowering (`super::host`, whose own small
+/// arch is just this).
+pub trait Math {
+    /// Approximate f32 `log2` (≤ 2 ulp).
+    fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+        approx(cx, "llvm.log2", x)
+    }
+    /// Approximate f32 `2^x` for `exp2` and `exp` (default: LLVM's `llvm.exp2` with
+    /// `afn`: NVIDIA `ex2.approx.f32`, ≤ 2 ulp, subnormal results kept).
+    fn exp2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+        approx(cx, "llvm.exp2", x)
+    }
+}
+
 /// Target-specific emission. Every method emits at the builder's position.
-pub trait Arch {
+pub trait Arch: Math {
     /// The target.
     fn target(&self) -> Target;
     /// Threads per warp.
@@ -311,15 +327,6 @@ pub trait Arch {
     fn set_kernel_abi<'ctx>(&self, cx: &Cx<'ctx>, f: FunctionValue<'ctx>, num_threads: u32);
     /// The LLVM `syncscope` name of a memory scope.
     fn sync_scope(&self, scope: MemScope) -> &'static str;
-    /// Approximate f32 `log2` (≤ 2 ulp).
-    fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
-        approx(cx, "llvm.log2", x)
-    }
-    /// Approximate f32 `2^x` for `exp2` and `exp` (default: LLVM's `llvm.exp2` with
-    /// `afn`: NVIDIA `ex2.approx.f32`, ≤ 2 ulp, subnormal results kept).
-    fn exp2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
-        approx(cx, "llvm.exp2", x)
-    }
     /// Whether the target has a one-instruction NaN-propagating f32 `max`/`min`
     /// (NVIDIA `max.NaN.f32`, sm_80+); without it a reduction's `max` takes the split
     /// of `reduce::float_extreme` rather than a chain of LLVM's expansions.

@@ -9,7 +9,7 @@ use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, Point
 use tessera_ir::ScalarType;
 use tessera_ir::ir::{AtomicOp, MemScope, SignalOp};
 
-use super::{Arch, FragInfo, MmaInfo, WgmmaA, axis_char, pack_words};
+use super::{Arch, FragInfo, Math, MmaInfo, WgmmaA, axis_char, pack_words};
 use crate::Target;
 use crate::lower::{Cx, LResult, LowerError};
 
@@ -199,6 +199,15 @@ impl Nvptx {
         };
         let hi = cx.b.build_right_shift(w, cx.i32(16), false, "")?;
         Ok((pair(w)?, pair(hi)?))
+    }
+}
+
+impl Math for Nvptx {
+    fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
+        // LLVM 22 NVPTX has no lowering of `llvm.log2.f32` (not even with `afn`).
+        Ok(cx
+            .call_intrinsic("llvm.nvvm.lg2.approx.f", &[], &[x.into()])?
+            .into_float_value())
     }
 }
 
@@ -606,13 +615,6 @@ impl Arch for Nvptx {
         };
         let instr = format!("{}.{sc}.global.{what}", ptx_sem(ord));
         Ok(ptx_atom(cx, &instr, "l", p, v.into())?.into_int_value())
-    }
-
-    fn log2_approx<'ctx>(&self, cx: &Cx<'ctx>, x: FloatValue<'ctx>) -> LResult<FloatValue<'ctx>> {
-        // LLVM 22 NVPTX has no lowering of `llvm.log2.f32` (not even with `afn`).
-        Ok(cx
-            .call_intrinsic("llvm.nvvm.lg2.approx.f", &[], &[x.into()])?
-            .into_float_value())
     }
 
     fn sync_scope(&self, scope: MemScope) -> &'static str {

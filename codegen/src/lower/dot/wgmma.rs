@@ -38,9 +38,11 @@ use inkwell::values::{BasicValueEnum, IntValue, PointerValue};
 use tessera_ir::ir::{Op, OpKind};
 use tessera_ir::{ScalarType, ValueId};
 
-use super::Swizzle;
+use super::Plan;
+use super::mma::{AFrags, a_fragments_in_registers};
+use super::smem::Swizzle;
 use crate::layout::Layout;
-use crate::lower::arch::WgmmaA;
+use crate::lower::arch::{Arch, WgmmaA};
 use crate::lower::{LResult, Lowerer, Tile};
 
 /// Shared arrays of a `wgmma` dot start at multiples of this many bytes (the period
@@ -370,7 +372,7 @@ pub(in crate::lower) fn lower<'ctx>(
     let clay = c_layout(&p, l.nw);
     let c = l.convert(&c, &clay, &op.span)?;
     let ring = l.async_dot(op).is_some();
-    let base: PointerValue<'ctx> = super::arrays_base(l, op, arr.bytes())?;
+    let base: PointerValue<'ctx> = super::smem::arrays_base(l, op, arr.bytes())?;
     l.note(|| {
         format!(
             "dot on wgmma: m64n{}k{} instructions, warpgroups {}x{}, {} tiles per warpgroup\n\
@@ -395,12 +397,12 @@ pub(in crate::lower) fn lower<'ctx>(
     // it holds the A register fragments: `wgmma` reads A from registers.
     // (16-bit types: the register fragment of 8-bit A is another layout.)
     let a_in_regs = if p.elem_bytes == 2 {
-        super::a_from_registers(l, op, |lay| super::wgmma_a_fragments(&p, lay))?
+        super::mma::a_from_registers(l, op, |lay| wgmma_a_fragments(&p, lay))?
     } else {
         None
     };
-    super::stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
-        super::write_tile(l, t, base, &store_runs(&p, which), |e| {
+    super::smem::stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
+        super::smem::write_tile(l, t, base, &store_runs(&p, which), |e| {
             elem_offset(l, &p, &arr, which, e)
         })
     })?;
@@ -584,6 +586,29 @@ pub(in crate::lower) fn finish_in_flight<'ctx>(
         regs: done.into_iter().flatten().collect(),
         ..t.clone()
     })
+}
+
+/// [`a_fragments_in_registers`] for a `wgmma` plan: per warp of a warpgroup, the A
+/// register fragment of `wgmma.m64nNk16` is the `mma.m16n8k16` one of the warp's 16
+/// rows; warps along M are the warpgroup's four then the warpgroups along M, and a
+/// 64-row tile repeats every `64 wg_m` rows.
+pub(in crate::lower) fn wgmma_a_fragments(p: &WgPlan, lay: &Layout) -> Option<AFrags> {
+    let info = crate::lower::arch::Nvptx {
+        sm: 80,
+        arch_specific: false,
+    }
+    .mma(p.input)?;
+    let plan = Plan {
+        info,
+        warps_m: 4 * p.wg_m,
+        warps_n: p.wg_n,
+        reps_m: p.reps_m,
+        reps_n: 1,
+        transposed: false,
+    };
+    // Rep `mr` starts at row `mr * warps_m * 16 = mr * 64 wg_m`, as the wgmma plan's;
+    // the k steps are 16 wide, as wgmma's.
+    a_fragments_in_registers(&plan, lay)
 }
 
 #[cfg(test)]

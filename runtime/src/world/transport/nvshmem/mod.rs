@@ -1,17 +1,24 @@
-//! Worlds of GPU ranks across nodes on NVSHMEM ([`super::World::nvshmem`]): one
-//! process per GPU, on any number of nodes, started by `torchrun` (or anything that
-//! sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `MASTER_ADDR` and `MASTER_PORT`).
+//! The NVSHMEM transport: worlds of GPU ranks across nodes on NVSHMEM
+//! ([`World::nvshmem`]), one process per GPU, on any number of nodes, started by
+//! `torchrun` (or anything that sets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+//! `MASTER_ADDR` and `MASTER_PORT`); and NVSHMEM's host library, loaded at run time
+//! (`libnvshmem_host.so.3`: NVSHMEM's `lib/`, or the `nvidia/nvshmem/lib` folder of
+//! the `nvidia-nvshmem-cu12` wheel), which this module's public items are:
+//! [`NvshmemHost::load`] finds and opens it, [`bootstrap_unique_id`] hands rank 0's
+//! unique id to every rank through the [`rendezvous`], and [`NvshmemHost::init`]
+//! initializes NVSHMEM on the rank's GPU, returning the [`Session`] that allocates
+//! symmetric memory and finalizes NVSHMEM when dropped.
 //!
-//! Joining ([`join`]), every rank:
+//! Joining (`join`), every rank:
 //!
 //! 1. checks its own configuration, and that its device is a CUDA GPU, before
 //!    NVSHMEM is called (NVSHMEM ends the process on some of its own failures);
-//! 2. meets the others at the TCP rendezvous ([`super::rendezvous`], authenticated
+//! 2. meets the others at the TCP rendezvous ([`rendezvous`], authenticated
 //!    by `TESSERA_BOOTSTRAP_SECRET`), handing out whether it can join, its heap and
 //!    signal sizes, its host name and (rank 0) NVSHMEM's unique id: a rank that
 //!    cannot join, or configured the world differently, makes every rank fail with
 //!    an error naming it, before anything collective;
-//! 3. initializes NVSHMEM on its GPU ([`super::nvshmem::NvshmemHost::init`]) and
+//! 3. initializes NVSHMEM on its GPU ([`NvshmemHost::init`]) and
 //!    allocates, collectively, its heap, the team segment and a staging area as
 //!    NVSHMEM symmetric memory (`nvshmem_malloc`; the control words and signal pads
 //!    zeroed);
@@ -24,51 +31,64 @@
 //! store holds `MASTER_PORT`) or `TESSERA_RENDEZVOUS_PORT`.
 //!
 //! A rank's node is the first rank with its host name, or with
-//! [`super::World::ranks_per_node`] rank `r`'s node is `r / n`: on one machine,
+//! [`World::ranks_per_node`] rank `r`'s node is `r / n`: on one machine,
 //! `ranks_per_node(1)` sends every peer through NVSHMEM's functions, which is how the
 //! GPU check exercises the off-node path on a single node.
 //!
 //! From the host, the team segment (host barriers, the failure record, the
 //! allocation checks; rank 0's copy) and the heaps of other nodes are reached with
-//! NVSHMEM's host-side calls ([`ShmemPeer`]), as the MPI transport reaches its
+//! NVSHMEM's host-side calls (`ShmemPeer`), as the MPI transport reaches its
 //! peers with MPI's. Every module linked with NVSHMEM's device library is
 //! initialized with `nvshmemx_cumodule_init` when the CUDA backend loads it.
 //!
 //! Leaving: NVSHMEM is finalized (collectively) when the last of the rank's buffers
-//! and its [`super::Rank`] are gone; after a failure it is left to the process's
+//! and its [`Rank`] are gone; after a failure it is left to the process's
 //! exit instead, since finalizing waits for every PE.
+//!
+//! **Files.** This file holds the launch (the variables [`World::nvshmem`] reads),
+//! what each rank hands out at the rendezvous, and `join`, this transport's part of
+//! [`World::join`]; `peer.rs` holds `ShmemPeer`, the host's reach into another
+//! node's memory; `host.rs` NVSHMEM's host library (its FFI, [`NvshmemHost`],
+//! [`Session`], the unique id).
+
+mod host;
+mod peer;
+
+pub use host::{
+    HOST_FUNCTIONS, HOST_LIBRARY, NVSHMEM_HOME_VAR, NvshmemHost, Session, UNIQUE_ID_BYTES,
+    UniqueId, bootstrap_unique_id, links_device_library,
+};
 
 use std::sync::Arc;
 
 use tessera_ir::interp::RemoteMemory;
 
-use super::gpu::{GpuDev, GpuHeap};
-use super::heap::{CTRL_BYTES, Heaps};
-use super::nvshmem::{NvshmemHost, Session, UNIQUE_ID_BYTES, UniqueId};
-use super::team::{TEAM_BYTES, Team};
-use super::{Rank, World};
+use super::procs::SECRET_VAR;
+use super::rendezvous;
 use crate::backend::RawStream;
 use crate::error::Error;
-
-/// Bytes of each rank's staging area: the host's reads and writes of another node's
-/// memory go through it (NVSHMEM's host-side calls take symmetric local buffers).
-const STAGE_BYTES: usize = 1 << 20;
+use crate::world::gpu::{GpuHeap, gpu_of};
+use crate::world::heap::{CTRL_BYTES, Heaps, TransportSession};
+use crate::world::team::{TEAM_BYTES, Team};
+use crate::world::{Rank, World};
+use host::init_modules_with;
+use peer::{STAGE_BYTES, ShmemPeer, Stage};
 
 /// The port of an NVSHMEM world's rendezvous on `MASTER_ADDR` (default:
 /// `MASTER_PORT + 1`).
-pub(super) const RENDEZVOUS_PORT_VAR: &str = "TESSERA_RENDEZVOUS_PORT";
+pub(in crate::world) const RENDEZVOUS_PORT_VAR: &str = "TESSERA_RENDEZVOUS_PORT";
 
 /// The variables of a rank of an NVSHMEM world (as `torchrun` sets them).
 #[derive(Clone)]
-pub(super) struct ShmemLaunch {
+pub(in crate::world) struct ShmemLaunch {
     /// `RANK`.
-    pub(super) rank: u32,
+    pub(in crate::world) rank: u32,
     /// `WORLD_SIZE`.
-    pub(super) size: u32,
+    pub(in crate::world) size: u32,
     /// `LOCAL_RANK` (defaults to `RANK`): which of the node's GPUs is this rank's.
-    pub(super) local_rank: u32,
+    pub(in crate::world) local_rank: u32,
     /// `MASTER_ADDR:MASTER_PORT`: rank 0's rendezvous.
-    pub(super) addr: String,
+    pub(in crate::world) addr: String,
     /// `TESSERA_BOOTSTRAP_SECRET`.
     secret: String,
 }
@@ -85,13 +105,15 @@ impl std::fmt::Debug for ShmemLaunch {
 
 impl ShmemLaunch {
     /// Reads the launch from the variables `get` returns (set and not blank).
-    pub(super) fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<ShmemLaunch, Error> {
+    pub(in crate::world) fn from_vars(
+        get: impl Fn(&str) -> Option<String>,
+    ) -> Result<ShmemLaunch, Error> {
         let bad = |message: String| Error::Comm { rank: 0, message };
         let need = |k: &str| {
             get(k).ok_or_else(|| {
                 bad(format!(
                     "an NVSHMEM world needs {k}: start the ranks with torchrun (or set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT and {} yourself)",
-                    super::procs::SECRET_VAR
+                    SECRET_VAR
                 ))
             })
         };
@@ -125,10 +147,10 @@ impl ShmemLaunch {
                 "the rendezvous port {port} is not a TCP port (MASTER_PORT + 1, or {RENDEZVOUS_PORT_VAR})"
             )));
         }
-        let secret = get(super::procs::SECRET_VAR).ok_or_else(|| {
+        let secret = get(SECRET_VAR).ok_or_else(|| {
             bad(format!(
                 "an NVSHMEM world meets over TCP and needs {0}: set it to the same random value for every rank (e.g. `export {0}=$(openssl rand -hex 16)` before torchrun, passed to every node)",
-                super::procs::SECRET_VAR
+                SECRET_VAR
             ))
         })?;
         let addr = if host.contains(':') && !host.starts_with('[') {
@@ -205,7 +227,7 @@ fn host_name() -> String {
 
 /// Each rank's node: by host name (the first rank with the same name), or in blocks
 /// of `per_node` consecutive ranks.
-pub(super) fn nodes_of(hosts: &[String], per_node: Option<usize>) -> Vec<u32> {
+pub(in crate::world) fn nodes_of(hosts: &[String], per_node: Option<usize>) -> Vec<u32> {
     match per_node {
         Some(n) => (0..hosts.len()).map(|r| (r / n.max(1)) as u32).collect(),
         None => hosts
@@ -216,7 +238,7 @@ pub(super) fn nodes_of(hosts: &[String], per_node: Option<usize>) -> Vec<u32> {
 }
 
 /// Joins the NVSHMEM world `launch` describes with `world`'s configuration.
-pub(super) fn join(world: &World, launch: &ShmemLaunch) -> Result<Rank, Error> {
+pub(in crate::world) fn join(world: &World, launch: &ShmemLaunch) -> Result<Rank, Error> {
     let me = launch.rank;
     let err = move |message: String| Error::Comm { rank: me, message };
     // 1. What this rank can check alone, NVSHMEM not called yet.
@@ -254,7 +276,7 @@ pub(super) fn join(world: &World, launch: &ShmemLaunch) -> Result<Rank, Error> {
         host: host_name(),
         uid: local.as_ref().ok().and_then(|l| l.2),
     };
-    let all = super::rendezvous::exchange(
+    let all = rendezvous::exchange(
         &launch.addr,
         me,
         launch.size,
@@ -292,8 +314,8 @@ pub(super) fn join(world: &World, launch: &ShmemLaunch) -> Result<Rank, Error> {
     let nodes = nodes_of(&hosts, world.ranks_per_node);
     // 3. NVSHMEM and the symmetric allocations (collective, same order everywhere).
     let session = Arc::new(host.init(me, launch.size, &uid, &device)?);
-    super::nvshmem::init_modules_with(&session);
-    let gpu = super::gpu::gpu_of(&device).ok_or_else(|| err("internal: no GPU".into()))?;
+    init_modules_with(&session);
+    let gpu = gpu_of(&device).ok_or_else(|| err("internal: no GPU".into()))?;
     let heap = session.malloc(world.heap_bytes)?;
     let team_at = session.malloc(TEAM_BYTES)?;
     let stage_at = session.malloc(STAGE_BYTES)?;
@@ -362,139 +384,14 @@ pub(super) fn join(world: &World, launch: &ShmemLaunch) -> Result<Rank, Error> {
         None,
         Some(nodes),
     )?;
-    rank.set_shmem(session);
+    rank.keep_session(session);
     rank.barrier()?;
     Ok(rank)
 }
 
-/// A rank's staging area (symmetric memory), one host transfer at a time.
-struct Stage {
-    at: u64,
-    lock: std::sync::Mutex<()>,
-}
-
-/// A PE's symmetric allocation reached from the host with NVSHMEM's host-side calls:
-/// reads and writes through the staging area (`nvshmem_getmem`/`_putmem`, then a
-/// copy between the host and the staging area), atomics as NVSHMEM's.
-pub(super) struct ShmemPeer {
-    session: Arc<Session>,
-    dev: GpuDev,
-    /// The allocation's symmetric address (this PE's copy).
-    sym: u64,
-    pe: u32,
-    len: usize,
-    stage: Arc<Stage>,
-}
-
-impl ShmemPeer {
-    fn at(&self, offset: usize, bytes: usize, align: usize) -> Result<u64, String> {
-        let end = offset.checked_add(bytes).filter(|&e| e <= self.len);
-        if end.is_none() || !offset.is_multiple_of(align) {
-            return Err(format!(
-                "bytes {offset}..{} of PE {}'s symmetric memory: outside its {} bytes or not {align}-byte aligned",
-                offset.saturating_add(bytes),
-                self.pe,
-                self.len
-            ));
-        }
-        Ok(self.sym + offset as u64)
-    }
-
-    /// Makes the rank's CUDA context current on this thread (NVSHMEM's host calls
-    /// act in it).
-    fn bind(&self) -> Result<(), String> {
-        match self
-            .dev
-            .as_any()
-            .downcast_ref::<crate::backend::cuda::CudaDevice>()
-        {
-            Some(d) => d.make_current().map_err(|e| e.to_string()),
-            None => Err("NVSHMEM's peers are reached from CUDA devices only".into()),
-        }
-    }
-}
-
-impl RemoteMemory for ShmemPeer {
-    fn len(&self) -> usize {
-        self.len
-    }
-
-    fn get(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
-        let at = self.at(offset, out.len(), 1)?;
-        self.bind()?;
-        let _one = self.stage.lock.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, chunk) in out.chunks_mut(STAGE_BYTES).enumerate() {
-            let from = at + (i * STAGE_BYTES) as u64;
-            // SAFETY: `from..` lies in the allocation (checked), the staging area is
-            // this PE's symmetric memory of STAGE_BYTES, the context is bound.
-            unsafe {
-                self.session
-                    .getmem(self.stage.at, from, chunk.len(), self.pe)
-            };
-            self.dev
-                .dtoh(self.stage.at, chunk, RawStream::DEFAULT)
-                .map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-
-    fn put(&self, offset: usize, data: &[u8]) -> Result<(), String> {
-        let at = self.at(offset, data.len(), 1)?;
-        self.bind()?;
-        let _one = self.stage.lock.lock().unwrap_or_else(|e| e.into_inner());
-        for (i, chunk) in data.chunks(STAGE_BYTES).enumerate() {
-            self.dev
-                .htod(self.stage.at, chunk, RawStream::DEFAULT)
-                .map_err(|e| e.to_string())?;
-            let to = at + (i * STAGE_BYTES) as u64;
-            // SAFETY: as in `get`; a blocking put, so the staging area is free
-            // again when it returns.
-            unsafe { self.session.putmem(to, self.stage.at, chunk.len(), self.pe) };
-        }
-        Ok(())
-    }
-
-    fn compare_and_swap(
-        &self,
-        offset: usize,
-        width: usize,
-        expected: u64,
-        desired: u64,
-    ) -> Result<u64, String> {
-        let at = self.at(offset, width, width.max(1))?;
-        self.bind()?;
-        match width {
-            // SAFETY: an aligned word of the allocation, the context bound.
-            8 => Ok(unsafe { self.session.cas_u64(at, expected, desired, self.pe) }),
-            // SAFETY: as above.
-            4 => Ok(u64::from(unsafe {
-                self.session
-                    .cas_u32(at, expected as u32, desired as u32, self.pe)
-            })),
-            w => Err(format!(
-                "NVSHMEM has no {w}-byte atomics (only 4 and 8 bytes)"
-            )),
-        }
-    }
-
-    fn fetch_add_u64(&self, offset: usize, v: u64) -> Result<u64, String> {
-        let at = self.at(offset, 8, 8)?;
-        self.bind()?;
-        // SAFETY: an aligned word of the allocation, the context bound.
-        Ok(unsafe { self.session.fetch_add_u64(at, v, self.pe) })
-    }
-
-    fn load_u64(&self, offset: usize) -> Result<u64, String> {
-        let at = self.at(offset, 8, 8)?;
-        self.bind()?;
-        // SAFETY: as above.
-        Ok(unsafe { self.session.fetch_u64(at, self.pe) })
-    }
-
-    fn quiet(&self) -> Result<(), String> {
-        self.bind()?;
-        self.session.quiet();
-        Ok(())
+impl TransportSession for Session {
+    fn abandon(&self) {
+        Session::abandon(self);
     }
 }
 
@@ -613,7 +510,7 @@ mod tests {
                         .unwrap();
                         let w = World {
                             size: 2,
-                            layout: super::super::Layout::Nvshmem(launch),
+                            layout: crate::world::Layout::Nvshmem(launch),
                             ..World::local(1)
                                 .heap_bytes(1 << 16)
                                 .signal_bytes(4096)
@@ -632,7 +529,7 @@ mod tests {
         // A world of threads cannot be an NVSHMEM world.
         let w = World {
             size: 1,
-            layout: super::super::Layout::Nvshmem(
+            layout: crate::world::Layout::Nvshmem(
                 ShmemLaunch::from_vars(vars(&[
                     ("RANK", "0"),
                     ("WORLD_SIZE", "1"),

@@ -1,7 +1,7 @@
 //! NVSHMEM's host library, for GPU ranks on several nodes (issue 19): loaded at run
 //! time (`libnvshmem_host.so.3`: NVSHMEM's `lib/`, or the `nvidia/nvshmem/lib` folder
 //! of the `nvidia-nvshmem-cu12` wheel, which PyTorch installs), and bootstrapped with
-//! a unique id that rank 0 draws and the TCP rendezvous ([`super::rendezvous`])
+//! a unique id that rank 0 draws and the TCP rendezvous ([`rendezvous`])
 //! hands to every rank, authenticated by the job's secret.
 //!
 //! The steps, for rank `r` of `n`, one process per GPU:
@@ -34,6 +34,7 @@ pub use tessera_ir::comm::NVSHMEM_HOME_VAR;
 
 use crate::device::{Backend, Device};
 use crate::error::Error;
+use crate::world::transport::rendezvous;
 
 /// The host library's file name (NVSHMEM 3).
 pub const HOST_LIBRARY: &str = "libnvshmem_host.so.3";
@@ -619,7 +620,7 @@ pub(crate) fn init_modules_with(session: &Arc<Session>) {
 
 /// Step 2: rank 0 draws NVSHMEM's unique id and every rank of `size` gets it through
 /// the TCP rendezvous at `addr` (`MASTER_ADDR:MASTER_PORT`), authenticated with
-/// `secret` ([`super::rendezvous::exchange`]); errors are bounded by `timeout`.
+/// `secret` ([`rendezvous::exchange`]); errors are bounded by `timeout`.
 pub fn bootstrap_unique_id(
     host: &NvshmemHost,
     addr: &str,
@@ -633,7 +634,7 @@ pub fn bootstrap_unique_id(
     } else {
         Vec::new()
     };
-    let all = super::rendezvous::exchange(addr, rank, size, secret, &mine, timeout)?;
+    let all = rendezvous::exchange(addr, rank, size, secret, &mine, timeout)?;
     let first = all.first().map(Vec::as_slice).unwrap_or_default();
     let bytes: [u8; UNIQUE_ID_BYTES] = first.try_into().map_err(|_| Error::Comm {
         rank,

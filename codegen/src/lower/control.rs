@@ -1,0 +1,425 @@
+//! Control flow: `for`, `if` and `while` as LLVM blocks and phis.
+//!
+//! A region's values cross its back edge or join as phis, one per register of the
+//! tile, in the layout the value has when it enters (a loop-carried value with a
+//! [`plan`](super::plan) hint is converted to it first). Loops planned to keep a
+//! `dot`'s operands in shared memory or in a ring of asynchronous copies (see
+//! `plan/`) write the initial operands before the loop, wait for each iteration's
+//! copies at its top and hold nothing for those operands in registers.
+
+use inkwell::values::{BasicValue, IntValue};
+use tessera_ir::ValueId;
+use tessera_ir::ir::{Op, OpKind};
+
+use super::{AsyncDot, LResult, LowerError, Lowerer, Tile, dot, unsupported};
+
+impl<'a, 'ctx> Lowerer<'a, 'ctx> {
+    pub(super) fn phis(&self, t: &Tile<'ctx>) -> LResult<Vec<inkwell::values::PhiValue<'ctx>>> {
+        let ty = self.ty(t.elem);
+        t.regs
+            .iter()
+            .map(|_| Ok(self.cx.b.build_phi(ty, "")?))
+            .collect()
+    }
+
+    pub(super) fn phi_tile(
+        &self,
+        t: &Tile<'ctx>,
+        phis: &[inkwell::values::PhiValue<'ctx>],
+    ) -> Tile<'ctx> {
+        Tile {
+            elem: t.elem,
+            layout: t.layout.clone(),
+            regs: phis.iter().map(|p| p.as_basic_value()).collect(),
+            uniform: false,
+        }
+    }
+
+    pub(super) fn lower_for(&mut self, op: &Op) -> LResult<()> {
+        let span = &op.span;
+        let body = &op.regions[0];
+        let lb = self.val(op.operands[0])?.regs[0].into_int_value();
+        let ub = self.val(op.operands[1])?.regs[0].into_int_value();
+        let step = self.val(op.operands[2])?.regs[0].into_int_value();
+        let mut inits = Vec::new();
+        let mut staged_any = false;
+        // The `dot`s of this loop fed by asynchronous copies (the plan's `ring.rs`).
+        let mut rings: Vec<(&Op, AsyncDot)> = Vec::new();
+        for a in &body.args {
+            if let Some(&(d, _)) = self.plan.staged.get(a)
+                && self.plan.async_args.contains(a)
+                && let Some(r) = self.async_dot(d)
+                && !rings.iter().any(|(x, _)| std::ptr::eq(*x, d))
+            {
+                rings.push((d, r));
+            }
+        }
+        for (i, &v) in op.operands[3..].iter().enumerate() {
+            let t = self.val(v)?;
+            if body
+                .args
+                .get(i + 1)
+                .is_some_and(|a| self.plan.async_args.contains(a))
+            {
+                // In the ring already (the prologue's copies).
+                inits.push(t);
+                continue;
+            }
+            if let Some(t) =
+                self.stage_carried(body.args.get(i + 1), &t, "the first iteration's")?
+            {
+                staged_any = true;
+                inits.push(t);
+                continue;
+            }
+            let t = match body
+                .args
+                .get(i + 1)
+                .and_then(|a| self.plan.hints.get(a))
+                .cloned()
+            {
+                Some(h) if h.shape == t.layout.shape => self.convert(&t, &h, span)?,
+                _ => t,
+            };
+            inits.push(t);
+        }
+        for d in body.ops.iter().filter(|o| o.kind == OpKind::Dot) {
+            for which in 0..2 {
+                if !self.plan.invariant.contains(&(d as *const Op, which)) {
+                    continue;
+                }
+                let base = self.pipe_base(d).ok_or_else(|| {
+                    LowerError::Llvm("an invariant operand without arrays".into())
+                })?;
+                let t = self.val(d.operands[which])?;
+                self.note(|| {
+                    format!(
+                        "the loop-invariant operand {} of the loop's dot written into the dot's shared arrays",
+                        ["A", "B"][which]
+                    )
+                });
+                dot::stage_operand(self, d, which, &t, base)?;
+                staged_any = true;
+            }
+        }
+        if staged_any {
+            self.barrier()?;
+        }
+        let pre = self.cx.cur_block();
+        let header = self.cx.ctx.append_basic_block(self.kernel, "for.header");
+        let bb_body = self.cx.ctx.append_basic_block(self.kernel, "for.body");
+        let exit = self.cx.ctx.append_basic_block(self.kernel, "for.exit");
+        self.cx.b.build_unconditional_branch(header)?;
+        self.cx.b.position_at_end(header);
+        let iv = self.cx.b.build_phi(lb.get_type(), "iv")?;
+        iv.add_incoming(&[(&lb, pre)]);
+        let mut phis = Vec::new();
+        for t in &inits {
+            let ps = self.phis(t)?;
+            for (p, r) in ps.iter().zip(&t.regs) {
+                p.add_incoming(&[(r as &dyn BasicValue, pre)]);
+            }
+            phis.push(ps);
+        }
+        // Per ring: the byte offsets of the slot read this iteration and of the slot
+        // its copies for iteration `i + ahead` fill.
+        let i32t = self.cx.ctx.i32_type();
+        let mut ring_phis = Vec::new();
+        for (d, r) in &rings {
+            let (rd, wr, ph) = (
+                self.cx.b.build_phi(i32t, "ring.read")?,
+                self.cx.b.build_phi(i32t, "ring.fill")?,
+                // The mbarrier phase parity of the slot read (TMA rings).
+                self.cx.b.build_phi(i32t, "ring.phase")?,
+            );
+            rd.add_incoming(&[(&self.cx.i32(0), pre)]);
+            wr.add_incoming(&[(&self.cx.i32((r.ahead * r.slot_bytes) as i64), pre)]);
+            ph.add_incoming(&[(&self.cx.i32(0), pre)]);
+            self.async_slots.borrow_mut().insert(
+                *d as *const Op,
+                (
+                    rd.as_basic_value().into_int_value(),
+                    wr.as_basic_value().into_int_value(),
+                ),
+            );
+            ring_phis.push((rd, wr, ph, *r));
+        }
+        let ivv = iv.as_basic_value().into_int_value();
+        let c = self
+            .cx
+            .b
+            .build_int_compare(inkwell::IntPredicate::SLT, ivv, ub, "")?;
+        self.restore_op(op);
+        let site = self.new_site("for");
+        let c = self.arch.loop_continue(&self.cx, c, site)?;
+        self.cx.b.build_conditional_branch(c, bb_body, exit)?;
+        self.cx.b.position_at_end(bb_body);
+        if let Some(ahead) = rings.iter().map(|(_, r)| r.ahead).min() {
+            // This iteration's copies have landed (at most the `ahead - 1` newer groups
+            // are pending, and the TMA copies' mbarrier phase is complete) and are
+            // visible to the block; every thread is done with the slot the loop's
+            // copies refill next (read in the previous iteration).
+            if rings.iter().any(|(_, r)| r.tma < 2) {
+                self.note(|| {
+                    format!(
+                        "cp.async.wait_group {} and a barrier at the top of each iteration",
+                        ahead - 1
+                    )
+                });
+                self.arch.cp_async_wait(&self.cx, ahead - 1)?;
+            }
+            for (d, rd, _, ph, r) in ring_phis
+                .iter()
+                .zip(&rings)
+                .map(|((rd, wr, ph, r), (d, _))| (d, rd, wr, ph, r))
+            {
+                if r.tma == 0 {
+                    continue;
+                }
+                self.note(|| {
+                    "TMA ring: a wait for the read slot's mbarrier phase and a barrier at the top of each iteration".to_string()
+                });
+                let bar = self.bar_at(r, rd.as_basic_value().into_int_value())?;
+                let site = self.new_site("mbarrier.try_wait");
+                let _ = d;
+                self.arch.mbarrier_wait(
+                    &self.cx,
+                    bar,
+                    ph.as_basic_value().into_int_value(),
+                    site,
+                )?;
+            }
+            self.barrier()?;
+        }
+        let ive = self.f.ty(op.operands[0]).elem;
+        if let Some(&a) = body.args.first() {
+            let t = self.scalar_tile(ive, ivv.into());
+            self.set(a, t);
+        }
+        let carried: Vec<Tile> = inits
+            .iter()
+            .zip(&phis)
+            .map(|(t, p)| self.phi_tile(t, p))
+            .collect();
+        for (a, t) in body.args.iter().skip(1).zip(&carried) {
+            self.set(*a, t.clone());
+        }
+        let ys = self.lower_region(body)?;
+        self.restore_op(op);
+        let mut ys_conv = Vec::new();
+        for (j, (y, t)) in ys.iter().zip(&inits).enumerate() {
+            if body
+                .args
+                .get(j + 1)
+                .is_some_and(|a| self.plan.async_args.contains(a))
+            {
+                ys_conv.push(y.clone());
+                continue;
+            }
+            // The `dot` that read the staged tile ended at a barrier: overwrite it.
+            if let Some(s) = self.stage_carried(body.args.get(j + 1), y, "the next iteration's")? {
+                ys_conv.push(s);
+                continue;
+            }
+            ys_conv.push(self.convert(y, &t.layout, span)?);
+        }
+        if staged_any {
+            self.barrier()?;
+        }
+        let next = self.cx.b.build_int_add(ivv, step, "iv.next")?;
+        let mut ring_next = Vec::new();
+        for (rd, wr, ph, r) in &ring_phis {
+            let size = self.cx.i32((r.slots * r.slot_bytes) as i64);
+            let adv =
+                |p: &inkwell::values::PhiValue<'ctx>| -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
+                    let b = &self.cx.b;
+                    let n = b.build_int_add(
+                        p.as_basic_value().into_int_value(),
+                        self.cx.i32(r.slot_bytes as i64),
+                        "",
+                    )?;
+                    let wrap = b.build_int_compare(inkwell::IntPredicate::EQ, n, size, "")?;
+                    Ok((
+                        b.build_select(wrap, self.cx.i32(0), n, "")?
+                            .into_int_value(),
+                        wrap,
+                    ))
+                };
+            let ((nr, wrap), (nw, _)) = (adv(rd)?, adv(wr)?);
+            // The read slot's parity flips each time the ring wraps around.
+            let b = &self.cx.b;
+            let flip = b.build_xor(ph.as_basic_value().into_int_value(), self.cx.i32(1), "")?;
+            let np = b
+                .build_select(wrap, flip, ph.as_basic_value().into_int_value(), "")?
+                .into_int_value();
+            ring_next.push((nr, nw, np));
+        }
+        self.arch.loop_backedge(&self.cx)?;
+        let latch = self.cx.cur_block();
+        iv.add_incoming(&[(&next, latch)]);
+        for ((rd, wr, ph, _), (nr, nw, np)) in ring_phis.iter().zip(&ring_next) {
+            rd.add_incoming(&[(nr, latch)]);
+            wr.add_incoming(&[(nw, latch)]);
+            ph.add_incoming(&[(np, latch)]);
+        }
+        for (ps, y) in phis.iter().zip(&ys_conv) {
+            for (p, r) in ps.iter().zip(&y.regs) {
+                p.add_incoming(&[(r as &dyn BasicValue, latch)]);
+            }
+        }
+        self.cx.b.build_unconditional_branch(header)?;
+        self.cx.b.position_at_end(exit);
+        let mut carried = carried;
+        if !rings.is_empty() {
+            // The copies for iterations past the end land before anything else (TMA
+            // copies past the end are never issued).
+            if rings.iter().any(|(_, r)| r.tma < 2) {
+                self.arch.cp_async_wait(&self.cx, 0)?;
+            }
+            for (d, r) in &rings {
+                self.async_slots.borrow_mut().remove(&(*d as *const Op));
+                self.tma_inited.borrow_mut().remove(&(*d as *const Op));
+                // The last iteration's wgmma group, left in flight, completes.
+                if let Some(j) = r.overlap
+                    && let Some(t) = carried.get_mut(j - 1)
+                {
+                    *t = dot::wgmma::finish_in_flight(self, d, t)?;
+                }
+            }
+        }
+        for (i, (r, t)) in op.results.iter().zip(carried).enumerate() {
+            // A carried statistic keeps its parent after the loop (see
+            // `reduce_hint`) when it kept the layout.
+            if let Some(p) = body.args.get(i + 1).and_then(|a| self.parents.get(a))
+                && self.plan.hints.get(&body.args[i + 1]) == Some(&t.layout)
+            {
+                self.parents.insert(*r, p.clone());
+            }
+            self.set(*r, t);
+        }
+        Ok(())
+    }
+
+    /// When region argument `arg` is staged (the plan's `staging.rs`), writes `t` into
+    /// its `dot`'s shared array (the caller adds the barrier) and returns the
+    /// register-less tile that stands for it.
+    pub(super) fn stage_carried(
+        &mut self,
+        arg: Option<&ValueId>,
+        t: &Tile<'ctx>,
+        which_tile: &str,
+    ) -> LResult<Option<Tile<'ctx>>> {
+        let Some(&(d, which)) = arg.and_then(|a| self.plan.staged.get(a)) else {
+            return Ok(None);
+        };
+        let base = self
+            .pipe_base(d)
+            .ok_or_else(|| LowerError::Llvm("a staged dot without arrays".into()))?;
+        self.note(|| {
+            format!(
+                "{which_tile} operand {} of the loop's dot written into the dot's shared arrays",
+                ["A", "B"][which]
+            )
+        });
+        dot::stage_operand(self, d, which, t, base)?;
+        Ok(Some(Tile {
+            elem: t.elem,
+            layout: t.layout.clone(),
+            regs: Vec::new(),
+            uniform: false,
+        }))
+    }
+
+    pub(super) fn lower_if(&mut self, op: &Op) -> LResult<()> {
+        let span = &op.span;
+        let cond = self.val(op.operands[0])?.regs[0].into_int_value();
+        let bt = self.cx.ctx.append_basic_block(self.kernel, "if.then");
+        let be = self.cx.ctx.append_basic_block(self.kernel, "if.else");
+        let bm = self.cx.ctx.append_basic_block(self.kernel, "if.end");
+        self.cx.b.build_conditional_branch(cond, bt, be)?;
+        self.cx.b.position_at_end(bt);
+        let yt = self.lower_region(&op.regions[0])?;
+        self.restore_op(op);
+        let end_t = self.cx.cur_block();
+        self.cx.b.build_unconditional_branch(bm)?;
+        self.cx.b.position_at_end(be);
+        let ye = self.lower_region(&op.regions[1])?;
+        self.restore_op(op);
+        let mut ye_conv = Vec::new();
+        for (y, t) in ye.iter().zip(&yt) {
+            ye_conv.push(self.convert(y, &t.layout, span)?);
+        }
+        let end_e = self.cx.cur_block();
+        self.cx.b.build_unconditional_branch(bm)?;
+        self.cx.b.position_at_end(bm);
+        for ((r, t), e) in op.results.iter().zip(&yt).zip(&ye_conv) {
+            let ps = self.phis(t)?;
+            for ((p, a), b) in ps.iter().zip(&t.regs).zip(&e.regs) {
+                p.add_incoming(&[(a as &dyn BasicValue, end_t), (b as &dyn BasicValue, end_e)]);
+            }
+            let tile = self.phi_tile(t, &ps);
+            self.set(*r, tile);
+        }
+        Ok(())
+    }
+
+    pub(super) fn lower_while(&mut self, op: &Op) -> LResult<()> {
+        let span = &op.span;
+        let inits: Vec<Tile> = op
+            .operands
+            .iter()
+            .map(|&v| self.val(v))
+            .collect::<LResult<_>>()?;
+        let pre = self.cx.cur_block();
+        let header = self.cx.ctx.append_basic_block(self.kernel, "while.before");
+        let after = self.cx.ctx.append_basic_block(self.kernel, "while.after");
+        let exit = self.cx.ctx.append_basic_block(self.kernel, "while.exit");
+        self.cx.b.build_unconditional_branch(header)?;
+        self.cx.b.position_at_end(header);
+        let mut phis = Vec::new();
+        for t in &inits {
+            let ps = self.phis(t)?;
+            for (p, r) in ps.iter().zip(&t.regs) {
+                p.add_incoming(&[(r as &dyn BasicValue, pre)]);
+            }
+            phis.push(ps);
+        }
+        for ((a, t), ps) in op.regions[0].args.iter().zip(&inits).zip(&phis) {
+            let tile = self.phi_tile(t, ps);
+            self.set(*a, tile);
+        }
+        let cv = self.lower_region(&op.regions[0])?;
+        self.restore_op(op);
+        let Some((cond, fwd)) = cv.split_first() else {
+            return unsupported(span, "a `while` whose before-region lacks a condition");
+        };
+        let site = self.new_site("while");
+        let c = self
+            .arch
+            .loop_continue(&self.cx, cond.regs[0].into_int_value(), site)?;
+        self.cx.b.build_conditional_branch(c, after, exit)?;
+        self.cx.b.position_at_end(after);
+        for (a, t) in op.regions[1].args.iter().zip(fwd) {
+            self.set(*a, t.clone());
+        }
+        let ys = self.lower_region(&op.regions[1])?;
+        self.restore_op(op);
+        let mut ys_conv = Vec::new();
+        for (y, t) in ys.iter().zip(&inits) {
+            ys_conv.push(self.convert(y, &t.layout, span)?);
+        }
+        self.arch.loop_backedge(&self.cx)?;
+        let latch = self.cx.cur_block();
+        for (ps, y) in phis.iter().zip(&ys_conv) {
+            for (p, r) in ps.iter().zip(&y.regs) {
+                p.add_incoming(&[(r as &dyn BasicValue, latch)]);
+            }
+        }
+        self.cx.b.build_unconditional_branch(header)?;
+        self.cx.b.position_at_end(exit);
+        for (r, t) in op.results.iter().zip(fwd) {
+            self.set(*r, t.clone());
+        }
+        Ok(())
+    }
+}

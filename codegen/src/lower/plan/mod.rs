@@ -1,0 +1,181 @@
+//! Plans: what the SIMT lowering decides about a kernel before it emits anything,
+//! kept as data.
+//!
+//! [`build`] runs the planning steps in order over the kernel (after
+//! [`crate::pipeline`]) and returns a [`Plan`], which the lowering reads and never
+//! changes:
+//!
+//! 1. `hints.rs`: layouts for loop-carried values, so they cross the back edge in the
+//!    layout their producer makes: a `dot`'s accumulator layout, or the sliced layout
+//!    of a running row statistic of one ([`Plan::hints`], [`Plan::parents`]);
+//! 2. `staging.rs`: shared memory for the `local_alloc` arrays ([`Plan::locals`]) and
+//!    for the `dot`s whose operands a loop keeps in the `dot`'s own arrays: carried
+//!    operands ([`Plan::staged`]) and loop-invariant ones ([`Plan::invariant`]);
+//! 3. `ring.rs` (called by staging for each loop, on targets with asynchronous
+//!    copies): the rings of arrays that `cp.async` or TMA copies fill ahead of a
+//!    loop's `dot` ([`Plan::async_dots`], [`Plan::async_loads`], [`Plan::async_args`]).
+//!
+//! Shared memory is laid out in the order planned: the local arrays, then each
+//! `dot`'s arrays or ring ([`Plan::pipe_dots`], [`Plan::pipe_bytes`] in all), then
+//! the scratch of conversions and reductions, which the lowering sizes as it goes
+//! (`smem.rs`). [`Plan::notes`] states each decision at its op; `TESSERA_DUMP=layout`
+//! ([`super::lower_with_layouts`]) prints them with the layouts, and the layout
+//! filetests (`tests/filetests/layout/`) check them.
+
+use std::collections::{HashMap, HashSet};
+
+use tessera_ir::ir::{Op, OpKind};
+use tessera_ir::{Function, Span, ValueId};
+
+use super::Lowerer;
+use crate::layout::Layout;
+
+mod hints;
+mod ring;
+mod staging;
+
+pub(crate) use ring::{AsyncDot, AsyncSlot};
+
+/// The lowering's decisions about one kernel, made before it emits code.
+///
+/// Ops are keyed by address: a plan belongs to the [`Function`] it was built from.
+#[derive(Default)]
+pub(crate) struct Plan<'a> {
+    /// Layouts for loop-carried values (region arguments of `for` bodies).
+    pub hints: HashMap<ValueId, Layout>,
+    /// For hinted values that are slices of a `dot`'s accumulator: that accumulator
+    /// layout (broadcasting back to it is a register renaming).
+    pub parents: HashMap<ValueId, Layout>,
+    /// Where each `local_alloc` array starts, past the start of shared memory.
+    pub locals: HashMap<*const Op, u32>,
+    /// Loop-carried `dot` operands kept in the `dot`'s shared arrays instead of
+    /// registers: the region argument, the `dot` and the operand index.
+    pub staged: HashMap<ValueId, (&'a Op, usize)>,
+    /// Operands of matrix-path `dot`s in a loop that are defined before the loop:
+    /// written into the `dot`'s own arrays once, before the loop (`(dot, which)`).
+    pub invariant: HashSet<(*const Op, usize)>,
+    /// Where each of those `dot`s' arrays (or ring) start, past the start of shared
+    /// memory.
+    pub pipe_dots: HashMap<*const Op, u32>,
+    /// Shared memory the planned arrays take (scratch comes after).
+    pub pipe_bytes: u32,
+    /// `dot`s whose operands arrive by asynchronous copies into a ring of arrays.
+    pub async_dots: HashMap<*const Op, AsyncDot>,
+    /// The loads that become asynchronous copies: their `dot`, operand, and slot.
+    pub async_loads: HashMap<ValueId, (&'a Op, usize, AsyncSlot)>,
+    /// Region arguments of those pipelines (they hold nothing in registers).
+    pub async_args: HashSet<ValueId>,
+    /// The first planned array's op, blamed when shared memory runs out.
+    pub first_array: Option<Span>,
+}
+
+/// Builds the plan of `l`'s kernel (see the module docs for the steps).
+pub(super) fn build<'a>(l: &Lowerer<'a, '_>) -> Plan<'a> {
+    let mut p = Planner {
+        l,
+        plan: Plan::default(),
+    };
+    let f = l.f;
+    p.compute_hints(&f.body);
+    p.plan_locals();
+    p.plan_staging(&f.body);
+    p.plan
+}
+
+/// A plan being built: the lowerer is read for the target's facts (matrix
+/// instructions, staging sizes, what an asynchronous copy can do), never changed.
+struct Planner<'p, 'a, 'ctx> {
+    l: &'p Lowerer<'a, 'ctx>,
+    plan: Plan<'a>,
+}
+
+const OPERAND: [&str; 2] = ["A", "B"];
+
+impl Plan<'_> {
+    /// One line per decision, at the op it concerns, in program order: arrays in
+    /// shared memory, operands kept there, rings and the loads that fill them, and
+    /// the layouts of loop-carried values.
+    pub(super) fn notes(&self, f: &Function) -> HashMap<*const Op, Vec<String>> {
+        let mut notes: HashMap<*const Op, Vec<String>> = HashMap::new();
+        let mut first = true;
+        f.walk(&mut |op| {
+            let key = op as *const Op;
+            let mut out = Vec::new();
+            if std::mem::take(&mut first) && self.pipe_bytes > 0 {
+                out.push(format!(
+                    "plan: {} bytes of shared arrays before the scratch",
+                    self.pipe_bytes
+                ));
+            }
+            if let Some(off) = self.locals.get(&key) {
+                out.push(format!("plan: this array at shared byte {off}"));
+            }
+            if op.kind == OpKind::For {
+                let body = &op.regions[0];
+                for (j, a) in body.args.iter().enumerate().skip(1) {
+                    let which = j - 1;
+                    if let Some(l) = self.hints.get(a) {
+                        out.push(format!("plan: carried value {which} in layout {l}"));
+                    }
+                    if let Some((_, w)) = self.staged.get(a) {
+                        out.push(format!(
+                            "plan: carried value {which} kept in its dot's shared arrays (operand {})",
+                            OPERAND[*w]
+                        ));
+                    } else if self.async_args.contains(a) {
+                        out.push(format!(
+                            "plan: carried value {which} stays in its ring (nothing in registers)"
+                        ));
+                    }
+                }
+            }
+            if op.kind == OpKind::Dot {
+                if let Some(off) = self.pipe_dots.get(&key) {
+                    out.push(format!("plan: this dot's shared arrays at byte {off}"));
+                }
+                for (w, name) in OPERAND.iter().enumerate() {
+                    if self.invariant.contains(&(key, w)) {
+                        out.push(format!(
+                            "plan: operand {name} written into them once, before the loop"
+                        ));
+                    }
+                }
+                if let Some(r) = self.async_dots.get(&key) {
+                    let mut s = format!(
+                        "plan: a ring of {} slots of {} bytes, {} iteration(s) ahead",
+                        r.slots, r.slot_bytes, r.ahead
+                    );
+                    if r.tma > 0 {
+                        s += &format!(
+                            ", {} operand(s) by TMA with mbarriers at byte {}",
+                            r.tma, r.bars
+                        );
+                    }
+                    if let Some(j) = r.overlap {
+                        s += &format!(
+                            ", the accumulator (carried value {}) left in flight",
+                            j - 1
+                        );
+                    }
+                    out.push(s);
+                }
+            }
+            if let Some(&v) = op.results.first()
+                && let Some((_, w, slot)) = self.async_loads.get(&v)
+            {
+                let slot = match slot {
+                    AsyncSlot::Fixed(s) => format!("slot {s}"),
+                    AsyncSlot::Next => "the slot being filled".to_string(),
+                };
+                out.push(format!(
+                    "plan: copied asynchronously into {slot} of its dot's ring (operand {})",
+                    OPERAND[*w]
+                ));
+            }
+            if !out.is_empty() {
+                notes.entry(key).or_default().extend(out);
+            }
+        });
+        notes
+    }
+}

@@ -1,0 +1,277 @@
+//! The GPU executor: a kernel on a GPU through its backend ([`GpuBackend`]: CUDA,
+//! HIP), whichever vendor it is.
+//!
+//! Contract: every buffer argument is device memory of the launching GPU (its
+//! address is the parameter). The kernel is specialized on the launch's facts
+//! (aligned addresses, integers that are multiples of 16 or equal to 1, buffers
+//! under 2 GiB, tensor maps) and its binary found in the device's artifact folder,
+//! else (feature `jit`) the disk cache or the compiler; the backend loads it once
+//! per key. On `sm_90a` the descriptors get the driver's tensor maps
+//! ([`super::tensor_map::build`]). A communicating kernel gets the rank's hidden
+//! arguments, is compiled for the vendor's off-node engine when the world spans
+//! nodes, and is synchronized after the launch so that a trap or a failed wait is
+//! reported as its own error; other kernels are only queued on the job's stream.
+
+use std::sync::Arc;
+
+use tessera_ir::interp;
+use tessera_ir::{Function, ParamFacts};
+
+use super::{Executor, FlatArg, Job, arg_facts, spans_nodes, tensor_map};
+#[cfg(not(feature = "jit"))]
+use crate::artifact::ArtifactStore;
+use crate::artifact::{KernelBinary, KernelOptions, kernel_key};
+use crate::backend::{GpuArg, GpuBackend, RawStream};
+use crate::compile::Compiled;
+use crate::device::Device;
+use crate::disk_cache::CacheKey;
+use crate::error::Error;
+
+/// A GPU, through its backend.
+pub(crate) struct Gpu<'g>(pub(crate) &'g dyn GpuBackend);
+
+impl Executor for Gpu<'_> {
+    fn launch(&self, job: &Job<'_>) -> Result<(), Error> {
+        let (g, device, stream) = (self.0, job.device, job.stream);
+        let invalid = |reason| job.invalid(reason);
+        let (mut gargs, mut spec) = gpu_args(job.args).map_err(invalid)?;
+        // TMA: the driver's tensor maps; a descriptor without one (unaligned, a block
+        // TMA cannot copy, an encoding the driver refuses, a backend without TMA)
+        // reads through masked loads, with the same results. The maps stay alive
+        // until the launch is queued.
+        let maps = if device.gpu_target() == Some("sm_90a") {
+            tensor_map::build(
+                job.args,
+                job.tensor_maps,
+                device_address,
+                &mut spec,
+                |m| Ok(g.tensor_map(m)?.map(|map| (map.addr, map))),
+                |arg, addr| gargs[arg] = GpuArg::U64(addr),
+            )?
+        } else {
+            Vec::new()
+        };
+        gargs.extend(gpu_comm_args(device, &job.compiled.func).map_err(invalid)?);
+        // A world across nodes: compiled for the vendor's engine (and keyed so).
+        let kopts = &KernelOptions {
+            off_node: job.compiled.func.uses_comm() && spans_nodes(device),
+            ..job.kopts.clone()
+        };
+        let (compiled, key) = gpu_specialization(device, job.compiled, spec, kopts)?;
+        let k = g.load(&key.hex(), &mut || {
+            resolve_binary(device, &compiled, &key, kopts)
+        })?;
+        g.launch(
+            k.as_ref(),
+            job.grid,
+            &gargs,
+            compiled.func.uses_blocking(),
+            stream,
+        )?;
+        drop(maps);
+        check_trap(g, stream, &compiled.func)?;
+        check_comm_record(device, g, stream, &compiled.func)
+    }
+}
+
+/// The device address of a buffer argument (`None` for a scalar, or a buffer that
+/// is not device memory).
+fn device_address(a: &FlatArg<'_>) -> Option<u64> {
+    match a {
+        FlatArg::Buffer { storage, .. } | FlatArg::Symmetric { storage, .. } => {
+            storage.device_address()
+        }
+        FlatArg::Scalar(_) => None,
+    }
+}
+
+fn gpu_scalar(s: interp::Scalar) -> GpuArg {
+    use interp::Scalar as S;
+    match s {
+        S::I1(b) => GpuArg::U8(b as u8),
+        S::I8(v) => GpuArg::U8(v as u8),
+        S::U8(v) => GpuArg::U8(v),
+        S::I16(v) => GpuArg::U16(v as u16),
+        S::U16(v) => GpuArg::U16(v),
+        S::F16(v) => GpuArg::U16(v.to_bits()),
+        S::BF16(v) => GpuArg::U16(v.to_bits()),
+        S::I32(v) => GpuArg::U32(v as u32),
+        S::U32(v) => GpuArg::U32(v),
+        S::F32(v) => GpuArg::U32(v.to_bits()),
+        S::I64(v) => GpuArg::U64(v as u64),
+        S::U64(v) => GpuArg::U64(v),
+        S::F64(v) => GpuArg::U64(v.to_bits()),
+    }
+}
+
+/// A GPU launch's arguments (buffers by device address) and its specialization: which
+/// arguments are divisible by 16 (aligned addresses, integer multiples of 16), which
+/// integers equal 1, and which buffers are smaller than 2 GiB.
+fn gpu_args(args: &[FlatArg<'_>]) -> Result<(Vec<GpuArg>, Vec<ParamFacts>), String> {
+    args.iter()
+        .map(|a| match a {
+            FlatArg::Buffer { .. } | FlatArg::Symmetric { .. } => {
+                let addr = device_address(a).ok_or("buffer storage mismatch")?;
+                Ok((GpuArg::U64(addr), arg_facts(a, Some(addr))))
+            }
+            FlatArg::Scalar(s) => Ok((gpu_scalar(*s), arg_facts(a, None))),
+        })
+        .collect::<Result<Vec<_>, &str>>()
+        .map(|v| v.into_iter().unzip())
+        .map_err(str::to_string)
+}
+
+/// The hidden parameters of a communicating kernel on a GPU rank (none for other
+/// kernels): `rank, world_size, heap_bases, timeout_ns` (the codegen's comm ABI).
+fn gpu_comm_args(device: &Device, func: &Function) -> Result<Vec<GpuArg>, String> {
+    if !func.uses_comm() {
+        return Ok(Vec::new());
+    }
+    let c = device.comm.as_ref().ok_or(
+        "the kernel communicates: launch it on a rank's device (`rank.device()` of a World)",
+    )?;
+    let hidden = c.gpu_hidden_args().ok_or(
+        "the kernel communicates, but this rank's world has no heaps on this GPU (build it with `World::local(n).on(&gpu)` or `World::on_each`)",
+    )?;
+    Ok(hidden.to_vec())
+}
+
+/// After a GPU launch of a kernel that waits: synchronizes, and turns a device-side
+/// error record (a wait that timed out, or was released by another rank's failure)
+/// into an error naming the wait's file:line:col. Other kernels are not synchronized.
+/// A communicating kernel can trap on the device (`remote_ptr` of a peer out of
+/// range): wait for it here, so the fault is reported as this kernel's, not as a
+/// sticky error of whatever call comes next.
+fn check_trap(gpu: &dyn GpuBackend, stream: RawStream, func: &Function) -> Result<(), Error> {
+    if !func.uses_comm() {
+        return Ok(());
+    }
+    gpu.synchronize(stream).map_err(|e| Error::Launch {
+        kernel: func.name.clone(),
+        reason: format!(
+            "the kernel faulted on the device (a trap: e.g. a peer rank out of range in `remote_ptr`); the device is unusable until the process restarts: {e}"
+        ),
+    })
+}
+
+fn check_comm_record(
+    device: &Device,
+    gpu: &dyn GpuBackend,
+    stream: RawStream,
+    func: &Function,
+) -> Result<(), Error> {
+    let Some(c) = device.comm.as_ref().filter(|_| func.uses_blocking()) else {
+        return Ok(());
+    };
+    gpu.synchronize(stream)?;
+    let words = c.ctrl_words()?;
+    match tessera_ir::comm::decode_record(func, c.rank(), &words, c.timeout()) {
+        Some(fault) => {
+            c.abort();
+            Err(Error::CommFault(Box::new(fault)))
+        }
+        None => Ok(()),
+    }
+}
+
+/// The key of `compiled` for the GPU `device` with options `kopts`.
+fn gpu_key(device: &Device, compiled: &Compiled, kopts: &KernelOptions) -> Result<CacheKey, Error> {
+    let target = device.gpu_target().ok_or_else(|| Error::Launch {
+        kernel: compiled.func.name.clone(),
+        reason: "not a GPU device".into(),
+    })?;
+    Ok(kernel_key(&compiled.ir_text, target, kopts))
+}
+
+/// The specialization of `compiled` a GPU launch with facts `spec` runs, and its key.
+/// Without the `jit` feature only precompiled artifacts can run, and those cover
+/// divisibility but not the specialization of 1 ([`Specialization::for_launches`]):
+/// when the artifact folder has no binary specialized on the integers equal to 1,
+/// the launch runs the one without those facts (correct for every value).
+///
+/// [`Specialization::for_launches`]: crate::artifact::Specialization::for_launches
+fn gpu_specialization(
+    device: &Device,
+    compiled: &Compiled,
+    spec: Vec<ParamFacts>,
+    kopts: &KernelOptions,
+) -> Result<(Arc<Compiled>, CacheKey), Error> {
+    let ones = spec.iter().any(|f| f.equal_to_one);
+    let general: Vec<ParamFacts> = spec
+        .iter()
+        .map(|f| ParamFacts {
+            equal_to_one: false,
+            ..*f
+        })
+        .collect();
+    let exact = compiled.specialized(spec);
+    let key = gpu_key(device, &exact, kopts)?;
+    if cfg!(feature = "jit") || !ones {
+        return Ok((exact, key));
+    }
+    let precompiled = device
+        .artifact_store()?
+        .is_some_and(|s| s.path(&exact.func.name, &key).is_file());
+    if precompiled {
+        return Ok((exact, key));
+    }
+    let general = compiled.specialized(general);
+    let key = gpu_key(device, &general, kopts)?;
+    Ok((general, key))
+}
+
+/// Finds the binary of `compiled` for `device`: in the device's artifact folder
+/// ([`Device::with_artifacts`] or `TESSERA_AOT_DIR`) first, then (feature `jit`) in
+/// the disk cache, else by compiling it now.
+fn resolve_binary(
+    device: &Device,
+    compiled: &Compiled,
+    key: &CacheKey,
+    kopts: &KernelOptions,
+) -> Result<KernelBinary, Error> {
+    let name = &compiled.func.name;
+    let target = device.gpu_target().unwrap_or_default();
+    let store = device.artifact_store()?;
+    if let Some(store) = &store {
+        match store.get(name, target, key) {
+            Ok(bin) => return Ok(bin),
+            Err(Error::MissingArtifact { .. }) if cfg!(feature = "jit") => {}
+            Err(e) => return Err(e),
+        }
+    }
+    #[cfg(feature = "jit")]
+    {
+        let _ = store;
+        let cache = crate::disk_cache::DiskCache::from_env()?;
+        let compile = || {
+            let t: tessera_codegen::Target = target.parse().map_err(|e| Error::Launch {
+                kernel: name.clone(),
+                reason: format!("{e}"),
+            })?;
+            let engine = match (kopts.off_node, t.vendor()) {
+                (false, _) => tessera_codegen::CommEngine::Direct,
+                (true, tessera_codegen::Vendor::Amd) => tessera_codegen::CommEngine::Rocshmem,
+                (true, _) => tessera_codegen::CommEngine::Nvshmem,
+            };
+            let opts = tessera_codegen::CompileOptions {
+                num_warps: kopts.num_warps,
+                num_stages: kopts.num_stages,
+                engine,
+            };
+            let art = crate::aot::compile_ir(&compiled.func, t, &opts)?;
+            Ok(crate::aot::kernel_binary(&art))
+        };
+        crate::artifact::cached_or_compile(cache.as_ref(), key, compile).map(|(b, _)| b)
+    }
+    #[cfg(not(feature = "jit"))]
+    {
+        let _ = (store, kopts);
+        Err(Error::MissingArtifact {
+            kernel: name.clone(),
+            target: target.to_string(),
+            dir: "<no folder>".into(),
+            file: ArtifactStore::new("").path(name, key).display().to_string(),
+            hint: "set TESSERA_AOT_DIR or use Device::with_artifacts".into(),
+        })
+    }
+}
