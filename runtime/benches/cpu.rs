@@ -131,7 +131,12 @@ impl Table {
 }
 
 fn main() -> Res<()> {
-    let cpu = Device::cpu();
+    // Compiled code in its steady state: with a cold kernel cache, the default
+    // (`CpuJit::Background`) starts each kernel on the interpreter while LLVM compiles,
+    // and the first timed launches measured that (matmul 24.8 ms instead of 0.93 ms
+    // with a stale cache); first launches have their own benchmark
+    // (`scripts/first-launch.sh`).
+    let cpu = Device::cpu().with_cpu_jit(tessera::config::CpuJit::Wait);
     let interp = Device::interp();
     // What the compiled device's bounds checks cost: the same launches without them.
     // SAFETY: every kernel below indexes inside its buffers (the same launches run
