@@ -278,21 +278,6 @@ fn hsaco_links_and_disassembles() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-#[test]
-fn matmul_f16_uses_the_matrix_units() {
-    let f = compile::<matmul::matmul<f16, 64, 64, 32>>;
-    let art = build("matmul_f16", f, SM90);
-    let report = tools::ptxas(ptx(&art), "sm_90").expect("ptxas");
-    let sass = tools::sass(&report.cubin).expect("cuobjdump");
-    assert!(
-        sass.contains("HMMA") || sass.contains("HGMMA"),
-        "no HMMA/HGMMA in the sm_90 SASS:\n{sass}"
-    );
-    let art = build("matmul_f16", f, GFX942);
-    let dis = tools::amdgpu_disasm(&art.binary, AmdArch::Gfx942).expect("llvm-objdump");
-    assert!(dis.contains("v_mfma"), "no v_mfma on gfx942:\n{dis}");
-}
-
 /// The assembly without what changes from machine to machine or LLVM build to LLVM
 /// build: `.ident` and LLVM version comments, temp paths, and long hex hashes.
 fn stable(asm: &str) -> String {
@@ -563,48 +548,6 @@ fn every_hsaco_is_code_object_v5() {
     );
 }
 
-/// Specialized as a launch with buffers smaller than 2 GiB (and sizes that are
-/// multiples of 16), the gfx942 matmul reads its masked operand tiles with raw
-/// buffer loads: no `global_load` left, and no exec-mask branch around any load
-/// (the masked stores after the loop still branch).
-#[test]
-fn gfx942_masked_loads_are_buffer_loads() {
-    use tessera::ir::ParamFacts;
-    let func = kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds");
-    // One stage: the loop's loads only (pipelining adds a prologue copy of each).
-    let opts = CompileOptions {
-        num_warps: 4,
-        num_stages: Some(1),
-        ..CompileOptions::default()
-    };
-    let disasm = |within_2gib: bool| {
-        let facts = vec![ParamFacts::new(true, within_2gib); func.params.len()];
-        let art = compile_ir(
-            &tessera::ir::passes::specialize(&func, &facts),
-            GFX942,
-            &opts,
-        )
-        .expect("compiles");
-        tools::amdgpu_disasm(&art.binary, AmdArch::Gfx942).expect("llvm-objdump")
-    };
-    let count = |dis: &str, op: &str| {
-        dis.lines()
-            .filter(|l| l.trim_start().starts_with(op))
-            .count()
-    };
-    let (buf, plain) = (disasm(true), disasm(false));
-    assert_eq!(count(&buf, "buffer_load_dwordx4"), 4, "{buf}");
-    assert_eq!(count(&buf, "global_load"), 0, "{buf}");
-    assert_eq!(count(&plain, "buffer_load"), 0, "{plain}");
-    assert_eq!(count(&plain, "global_load_dwordx4"), 4, "{plain}");
-    // The plain build branches around each of its 4 loads; the buffer build does not.
-    assert_eq!(
-        count(&plain, "s_cbranch_execz"),
-        count(&buf, "s_cbranch_execz") + 4,
-        "{buf}\n{plain}"
-    );
-}
-
 /// The matmul's operand loads are issued `num_stages - 1` iterations ahead: with 3
 /// stages, 2 prologue loads per operand and 1 in the loop, the loop carrying 2 tiles
 /// per operand; the pipelined IR verifies and computes what the plain one does.
@@ -663,32 +606,6 @@ fn matmul_operand_loads_are_pipelined() {
     assert_eq!(run(&f), run(&p));
 }
 
-/// `TESSERA_DUMP=layout`'s text for the 128x128x32 matmul on sm_80 and gfx942: each
-/// op's result layouts, the recomputed operand offsets and masks, the staged loop
-/// operands and the dot's instruction and swizzled arrays; it parses as IR.
-#[test]
-fn layout_dump_names_layouts_conversions_and_arrays() {
-    use tessera::codegen::lower::lower_with_layouts;
-    let f = kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds");
-    for (target, inst) in [(SM80, "16x8x16"), (GFX942, "32x32x8")] {
-        let text = lower_with_layouts(&f, target, &CompileOptions::default()).expect("lowers");
-        for want in [
-            "// layout [128x32] reg (0,1) (0,2) (0,4)",
-            "// recompute an operand in [128x32]",
-            "operand A of the loop's dot written into the dot's shared arrays",
-            &format!("// dot on the matrix units: {inst} instructions"),
-            "// A array Swizzle {",
-        ] {
-            assert!(text.contains(want), "{target}: no `{want}` in\n{text}");
-        }
-        assert!(
-            !text.contains("through shared memory"),
-            "{target}: a conversion in\n{text}"
-        );
-        tessera::ir::parser::parse_function(&text).expect("the dump parses");
-    }
-}
-
 /// The runtime asks for dynamic shared memory exactly where the compiler stops
 /// declaring it statically (the sm_80 ring filetests,
 /// `tests/filetests/asm/sm_80/matmul_128x128x*_ring.tir`, check both sides of it).
@@ -698,69 +615,6 @@ fn dynamic_shared_memory_starts_where_static_ends() {
         tessera::artifact::DYNAMIC_SHARED_PAST,
         tessera::codegen::target::NVIDIA_STATIC_SHARED_BYTES
     );
-}
-
-/// On sm_90a the benchmarked matmul tiles take `wgmma` (m64n128k16, operands from
-/// the `cp.async` ring through 128B-swizzle descriptors): per loop iteration the
-/// same copies as sm_80, then one proxy fence, `wgmma.fence`, the tile's
-/// instructions, one commit and a `wait_group 1` that leaves the group in flight into
-/// the next iteration (the ring has a fourth slot for it), `wait_group 0` after the
-/// loop; HGMMA in the SASS, no HMMA, no spills, no wait injected by ptxas.
-#[test]
-fn sm90a_matmuls_use_wgmma_from_cp_async_rings() {
-    use tessera::ir::ParamFacts;
-    let cases = [
-        (
-            kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds"),
-            4,
-            4 * 16384,
-            // 2 row tiles of 64 per warpgroup x 2 k-steps.
-            4,
-        ),
-        (
-            kernel_ir::<matmul::matmul<f16, 128, 128, 64>>(&()).expect("builds"),
-            8,
-            4 * 32768,
-            // One row tile per warpgroup x 4 k-steps.
-            4,
-        ),
-    ];
-    for (func, num_warps, ring, wgmmas) in cases {
-        let facts = vec![ParamFacts::new(true, true); func.params.len()];
-        let spec = tessera::ir::passes::specialize(&func, &facts);
-        let art = compile_ir(&spec, SM90A, &CompileOptions::warps(num_warps)).expect("compiles");
-        let ptx = &art.asm;
-        let count = |s: &str| ptx.matches(s).count();
-        assert!(ptx.contains(".target sm_90a"), "{ptx}");
-        assert_eq!(count("cp.async.cg.shared.global"), 3 * 8, "{ptx}");
-        assert_eq!(
-            count("wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16"),
-            wgmmas,
-            "{ptx}"
-        );
-        for one in [
-            "fence.proxy.async.shared::cta",
-            "wgmma.fence.sync.aligned",
-            "wgmma.commit_group.sync.aligned",
-            "wgmma.wait_group.sync.aligned 1",
-            "wgmma.wait_group.sync.aligned 0",
-        ] {
-            assert_eq!(count(one), 1, "{one}: {ptx}");
-        }
-        assert_eq!(count("mma.sync"), 0, "{ptx}");
-        assert_eq!(art.meta.shared_bytes as usize, ring);
-        let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
-        assert_eq!(
-            (report.spill_stores_bytes, report.spill_loads_bytes),
-            (0, 0),
-            "{} registers",
-            report.registers
-        );
-        assert!(!report.log.contains("C7517"), "{}", report.log);
-        let sass = tools::sass(&report.cubin).expect("cuobjdump");
-        assert!(sass.contains("HGMMA.64x128x16.F32"), "{sass}");
-        assert!(!sass.contains("HMMA"), "{sass}");
-    }
 }
 
 /// FlashAttention-2 forward on sm_90a at the benchmarked tile (128 x 64, head dim

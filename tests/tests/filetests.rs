@@ -29,11 +29,12 @@
 //!   (a scalar): every buffer after the run, or the interpreter's error. The kernel and ops
 //!   without a `loc(...)` are located at their line in the file (verify and interp
 //!   tests).
-//! - `layout <target> [warps=N]`: the lowered kernel annotated with layouts and
+//! - `layout <target> [warps=N]`: the lowered kernel annotated with the plan, layouts and
 //!   conversions (what `TESSERA_DUMP=layout` writes).
 //! - `asm <target> [warps=N]` with `// count: <text>` lines: how many lines of the
 //!   PTX or AMDGCN assembly contain each text; on NVIDIA targets the PTX must assemble
-//!   with `ptxas`, and the bytes it spills are part of the output.
+//!   with `ptxas`, the bytes it spills are part of the output, and `// sass: <text>`
+//!   lines count lines of the SASS (`cuobjdump`). `stages=N` sets `num_stages`.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -89,6 +90,9 @@ fn target_args(args: &[&str]) -> Result<(Target, CompileOptions), String> {
         match a.split_once('=') {
             Some(("warps", n)) => {
                 opts.num_warps = n.parse().map_err(|_| format!("bad warps `{n}`"))?
+            }
+            Some(("stages", n)) => {
+                opts.num_stages = Some(n.parse().map_err(|_| format!("bad stages `{n}`"))?)
             }
             _ => return Err(format!("unknown argument `{a}`")),
         }
@@ -322,8 +326,12 @@ fn run(text: &str, name: &str) -> Result<String, String> {
         "layout" => {
             let (target, opts) = target_args(&args)?;
             let f = parse(input)?;
-            tessera::codegen::lower::lower_with_layouts(&f, target, &opts)
-                .map_err(|e| e.to_string())
+            let dump = tessera::codegen::lower::lower_with_layouts(&f, target, &opts)
+                .map_err(|e| e.to_string())?;
+            // The dump is IR text a developer can feed back in.
+            tessera::ir::parser::parse_function(&dump)
+                .map_err(|e| format!("the layout dump does not parse: {e}"))?;
+            Ok(dump)
         }
         "asm" => {
             let (target, opts) = target_args(&args)?;
@@ -340,11 +348,30 @@ fn run(text: &str, name: &str) -> Result<String, String> {
             }
             // NVIDIA's assembler validates the PTX offline, and its spills are part of
             // the expectation (AMD code objects are linked by `ld.lld` in `compile`).
+            let sass_pats: Vec<&str> = header
+                .iter()
+                .filter_map(|l| l.strip_prefix("// sass:"))
+                .map(str::trim)
+                .collect();
             if let Target::Nvptx { sm, .. } = target {
                 let r = tessera::codegen::tools::ptxas(&art.asm, &format!("sm_{sm}"))
                     .map_err(|e| format!("ptxas refused the PTX: {e}"))?;
                 let spilled = r.spill_stores_bytes + r.spill_loads_bytes;
                 writeln!(out, "ptxas: assembles, {spilled} bytes spilled").unwrap();
+                // C7517: ptxas serialized the wgmma pipeline.
+                if r.log.contains("C7517") {
+                    writeln!(out, "ptxas: wgmma serialized (C7517)").unwrap();
+                }
+                if !sass_pats.is_empty() {
+                    let sass = tessera::codegen::tools::sass(&r.cubin)
+                        .map_err(|e| format!("cuobjdump: {e}"))?;
+                    for pat in &sass_pats {
+                        let n = sass.lines().filter(|l| l.contains(pat)).count();
+                        writeln!(out, "sass {pat}: {n}").unwrap();
+                    }
+                }
+            } else if !sass_pats.is_empty() {
+                return Err("`// sass:` lines are for NVIDIA targets".into());
             }
             Ok(out)
         }
