@@ -93,9 +93,11 @@ fi
 # Unsuffixed names are the CUDA 13 wheels (the -cu13 names are placeholders).
 CUDA_PY_VERSION="${CUDA_PY_VERSION:-13.5.37}"
 PY_REQS=("nvidia-cuda-nvcc==$CUDA_PY_VERSION" "nvidia-cuda-nvdisasm==$CUDA_PY_VERSION"
-         "nvidia-cuda-cuobjdump==$CUDA_PY_VERSION")
+         "nvidia-cuda-cuobjdump==$CUDA_PY_VERSION"
+         "nvidia-cuda-tileiras==$CUDA_PY_VERSION")
 PY_STAMP="$TOOLS/py.stamp"
-CUDA_BINS=(ptxas nvdisasm cuobjdump)
+# tileiras and tileirdisasm: NVIDIA's Tile IR compiler and reader (the Tile IR backend).
+CUDA_BINS=(ptxas nvdisasm cuobjdump tileiras tileirdisasm)
 
 py_ok() {
   [ -f "$PY_STAMP" ] && [ "$(cat "$PY_STAMP")" = "${PY_REQS[*]}" ] || return 1

@@ -16,6 +16,8 @@
 //! - [`comm`]: the ABI of communicating kernels (hidden parameters, error records);
 //! - [`nvshmem`]: NVSHMEM's device library, linked into kernels that reach other
 //!   nodes ([`CommEngine`]);
+//! - [`tileir`]: the second NVIDIA backend, Tile IR bytecode for NVIDIA's `tileiras`
+//!   (Blackwell included);
 //! - [`tools`]: offline validators (ptxas, SASS and AMDGPU disassembly, resource usage);
 //! - [`emu`]: the SIMT emulator (the GPU lowering JIT-compiled for the host), one
 //!   launch entry [`emu::launch_with`];
@@ -39,6 +41,7 @@ mod machine;
 pub mod nvshmem;
 pub mod pipeline;
 pub mod target;
+pub mod tileir;
 pub mod tools;
 
 pub use target::{AmdArch, EmuFlavor, Target, Vendor};
@@ -159,6 +162,16 @@ pub enum CodegenError {
         /// The target.
         target: Target,
         /// LLVM's message.
+        message: String,
+    },
+    /// The kernel uses something the Tile IR backend ([`tileir`]) does not lower.
+    #[error("{span}: kernel `{kernel}`: {message} (Tile IR backend)")]
+    TileIr {
+        /// The kernel.
+        kernel: String,
+        /// Where.
+        span: Span,
+        /// What.
         message: String,
     },
     /// An external tool (ld.lld) failed or is missing.

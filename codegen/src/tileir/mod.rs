@@ -1,0 +1,581 @@
+//! Tile IR: a second NVIDIA backend, through NVIDIA's own tile compiler.
+//!
+//! Tessera's tile IR is lowered to NVIDIA's CUDA Tile IR (the `cuda_tile` dialect),
+//! written as its versioned bytecode (through the `cutile-ir` crate) and compiled by
+//! `tileiras` into a cubin for sm_80 to sm_121, Blackwell included, where NVIDIA's
+//! compiler chooses the tensor cores, TMA and the pipelining. No GPU is needed to
+//! compile; `tileirdisasm` reads the bytecode back ([`crate::tools::tileirdisasm`]).
+//!
+//! **What is lowered (this first slice):** program ids and counts, constants,
+//! `arange`, `splat`, `expand_dims`, `reshape`, `broadcast`, integer and float
+//! `add`/`sub`/`mul`, float `div`, bitwise `and`/`or`/`xor`, `min`/`max`, comparisons,
+//! `select`, `addptr`, and loads and stores through pointer tiles with their masks
+//! and `other` values. Every other op is a [`CodegenError::TileIr`] naming the op and
+//! its place in the user's source: nothing is dropped or approximated.
+//!
+//! **Semantics kept:** float arithmetic rounds to nearest even (as IEEE and the
+//! interpreter do); integer arithmetic wraps (no overflow assumption); unsigned types
+//! compare unsigned; a float comparison is ordered except `ne`, which is true when an
+//! operand is NaN, as in Rust.
+//!
+//! **Memory order.** Tile IR orders memory operations by tokens, not by program order:
+//! an access whose token nothing uses may be reordered or even deleted. Every access
+//! here is ordered against every earlier access it could conflict with, with no alias
+//! analysis: a load waits for the last store's token, and a store for the join of the
+//! last store's and every load's since (`join_tokens`). So reads after writes, writes
+//! after reads and writes after writes keep program order; loads are free among
+//! themselves. (Atomics, waits and signals are not lowered yet; they will need
+//! acquire/release tokens of their own.)
+//!
+//! **Launch convention:** one tile block per program (the grid is the tile-block
+//! grid), a block of (1, 1, 1); the kernel's parameters in order, pointers as
+//! `tile<ptr<T>>` and scalars as 0-d tiles.
+
+use std::collections::HashMap;
+
+use cutile_ir::builder::{OpBuilder, append_op, build_single_block_region};
+use cutile_ir::bytecode::{BytecodeVersion, Opcode, write_bytecode_version};
+use cutile_ir::ir::{
+    Attribute, BlockId, DenseElements, FuncType, Location, Module, PointerType,
+    ScalarType as TScalar, TileElementType, TileType, Type, Value,
+};
+use tessera_ir::ir::{BinaryOp, CmpPred, ConstValue, Op, OpKind};
+use tessera_ir::{AddrSpace, Elem, Function, ScalarType, ValueId};
+
+use crate::CodegenError;
+
+/// A kernel in Tile IR bytecode.
+#[derive(Clone, Debug)]
+pub struct TileIrKernel {
+    /// The kernel's entry name (as in the bytecode and the cubin).
+    pub name: String,
+    /// The bytecode, as `tileiras` reads it.
+    pub bytecode: Vec<u8>,
+    /// The bytecode version it was written in.
+    pub version: String,
+}
+
+/// The bytecode version this backend writes by default: the newest that `cutile-ir`
+/// writes and `tileiras` 13.5 reads.
+pub const DEFAULT_VERSION: BytecodeVersion = BytecodeVersion::V13_3;
+
+/// Lowers `func` to Tile IR bytecode of `version` ([`DEFAULT_VERSION`] is what
+/// `tileiras` 13.5 takes).
+pub fn lower(func: &Function, version: BytecodeVersion) -> Result<TileIrKernel, CodegenError> {
+    let mut l = Lowerer::new(func);
+    l.run()?;
+    let name = crate::lower::kernel_symbol(&func.name);
+    let module = l.finish(&name);
+    let bytecode = write_bytecode_version(&module, version).map_err(|e| CodegenError::TileIr {
+        kernel: func.name.clone(),
+        span: func.span.clone(),
+        message: format!("the Tile IR bytecode writer refused the kernel: {e}"),
+    })?;
+    Ok(TileIrKernel {
+        name,
+        bytecode,
+        version: version.to_string(),
+    })
+}
+
+/// A cubin compiled from Tile IR by `tileiras`.
+#[derive(Clone, Debug)]
+pub struct TileIrArtifact {
+    /// The kernel's bytecode.
+    pub kernel: TileIrKernel,
+    /// The GPU it was compiled for (`sm_100`, ...).
+    pub gpu: String,
+    /// The cubin.
+    pub cubin: Vec<u8>,
+}
+
+/// Lowers `func` and compiles it with `tileiras` for `gpu` (`sm_80` .. `sm_121`).
+pub fn compile(func: &Function, gpu: &str) -> Result<TileIrArtifact, CodegenError> {
+    let kernel = lower(func, DEFAULT_VERSION)?;
+    let cubin = crate::tools::tileiras(&kernel.bytecode, gpu).map_err(|e| match e {
+        CodegenError::Tool { tool, message } => CodegenError::Tool {
+            tool,
+            message: format!("kernel `{}` for {gpu}: {message}", func.name),
+        },
+        e => e,
+    })?;
+    Ok(TileIrArtifact {
+        kernel,
+        gpu: gpu.to_string(),
+        cubin,
+    })
+}
+
+struct Lowerer<'a> {
+    f: &'a Function,
+    m: Module,
+    blk: BlockId,
+    region: cutile_ir::ir::RegionId,
+    params: Vec<Type>,
+    vals: HashMap<ValueId, Value>,
+    /// `get_tile_block_id`'s three results, made on first use.
+    block_ids: Option<[Value; 3]>,
+    num_blocks: Option<[Value; 3]>,
+    /// The token of the last store (see the module docs on memory order).
+    last_write: Option<Value>,
+    /// The tokens of the loads since the last store.
+    reads: Vec<Value>,
+}
+
+fn scalar(s: ScalarType) -> TScalar {
+    match s {
+        ScalarType::I1 => TScalar::I1,
+        ScalarType::I8 | ScalarType::U8 => TScalar::I8,
+        ScalarType::I16 | ScalarType::U16 => TScalar::I16,
+        ScalarType::I32 | ScalarType::U32 => TScalar::I32,
+        ScalarType::I64 | ScalarType::U64 => TScalar::I64,
+        ScalarType::F16 => TScalar::F16,
+        ScalarType::BF16 => TScalar::BF16,
+        ScalarType::F32 => TScalar::F32,
+        ScalarType::F64 => TScalar::F64,
+        ScalarType::F8E4M3 => TScalar::F8E4M3FN,
+        ScalarType::F8E5M2 => TScalar::F8E5M2,
+    }
+}
+
+fn tile(shape: &[u32], e: TileElementType) -> Type {
+    Type::Tile(TileType {
+        shape: shape.iter().map(|&d| d as i64).collect(),
+        element_type: e,
+    })
+}
+
+impl<'a> Lowerer<'a> {
+    fn new(f: &'a Function) -> Self {
+        let mut m = Module::new(&f.name);
+        let params: Vec<Type> = f
+            .params
+            .iter()
+            .map(|p| {
+                let t = f.ty(p.value);
+                match t.elem {
+                    Elem::Scalar(s) => tile(&[], TileElementType::Scalar(scalar(s))),
+                    Elem::Ptr { pointee, .. } => tile(
+                        &[],
+                        TileElementType::Pointer(Box::new(PointerType {
+                            pointee: scalar(pointee),
+                        })),
+                    ),
+                }
+            })
+            .collect();
+        let (region, blk, args) = build_single_block_region(&mut m, &params);
+        let vals = f
+            .params
+            .iter()
+            .zip(args)
+            .map(|(p, a)| (p.value, a))
+            .collect();
+        Lowerer {
+            f,
+            m,
+            blk,
+            region,
+            params,
+            vals,
+            block_ids: None,
+            num_blocks: None,
+            last_write: None,
+            reads: Vec::new(),
+        }
+    }
+
+    fn finish(mut self, name: &str) -> Module {
+        let (op, _) = OpBuilder::new(Opcode::Return, Location::Unknown).build(&mut self.m);
+        append_op(&mut self.m, self.blk, op);
+        let (entry, _) = OpBuilder::new(Opcode::Entry, Location::Unknown)
+            .attr("sym_name", Attribute::String(name.to_string()))
+            .attr(
+                "function_type",
+                Attribute::Type(Type::Func(FuncType {
+                    inputs: self.params.clone(),
+                    results: vec![],
+                })),
+            )
+            .region(self.region)
+            .build(&mut self.m);
+        self.m.functions.push(entry);
+        self.m
+    }
+
+    fn unsupported(&self, op: &Op, what: &str) -> CodegenError {
+        CodegenError::TileIr {
+            kernel: self.f.name.clone(),
+            span: op.span.clone(),
+            message: format!("`{}` {what}", op.kind.mnemonic()),
+        }
+    }
+
+    /// The Tile IR type of value `v`.
+    fn ty(&self, v: ValueId) -> Type {
+        let t = self.f.ty(v);
+        let e = match t.elem {
+            Elem::Scalar(s) => TileElementType::Scalar(scalar(s)),
+            Elem::Ptr { pointee, .. } => TileElementType::Pointer(Box::new(PointerType {
+                pointee: scalar(pointee),
+            })),
+        };
+        tile(&t.shape, e)
+    }
+
+    fn val(&self, v: ValueId) -> Value {
+        self.vals[&v]
+    }
+
+    fn emit(&mut self, b: OpBuilder) -> Vec<Value> {
+        let (op, r) = b.build(&mut self.m);
+        append_op(&mut self.m, self.blk, op);
+        r
+    }
+
+    /// One op with `operands` and one result of type `ty`, plus `attrs`.
+    fn op1(
+        &mut self,
+        code: Opcode,
+        operands: &[Value],
+        ty: Type,
+        attrs: &[(&str, Attribute)],
+    ) -> Value {
+        let mut b = OpBuilder::new(code, Location::Unknown)
+            .operands(operands.iter().copied())
+            .result(ty);
+        for (n, a) in attrs {
+            b = b.attr(*n, a.clone());
+        }
+        self.emit(b)[0]
+    }
+
+    /// The token a load waits for: the last store's (loads are not ordered among
+    /// themselves).
+    fn read_token(&mut self) -> Value {
+        if let Some(t) = self.last_write {
+            return t;
+        }
+        let t = self.emit(OpBuilder::new(Opcode::MakeToken, Location::Unknown).result(Type::Token))[0];
+        self.last_write = Some(t);
+        t
+    }
+
+    /// The token a store waits for: the last store's and every load's since.
+    fn write_token(&mut self) -> Value {
+        let mut all: Vec<Value> = self.last_write.into_iter().collect();
+        all.append(&mut self.reads);
+        match all[..] {
+            [] => self.read_token(),
+            [t] => t,
+            _ => self.op1(Opcode::JoinTokens, &all, Type::Token, &[]),
+        }
+    }
+
+    fn block_id(&mut self, axis: u32, count: bool) -> Value {
+        let i32t = tile(&[], TileElementType::Scalar(TScalar::I32));
+        let slot = if count {
+            &mut self.num_blocks
+        } else {
+            &mut self.block_ids
+        };
+        if let Some(v) = slot {
+            return v[axis as usize];
+        }
+        let code = if count {
+            Opcode::GetNumTileBlocks
+        } else {
+            Opcode::GetTileBlockId
+        };
+        let r = self.emit(
+            OpBuilder::new(code, Location::Unknown)
+                .result(i32t.clone())
+                .result(i32t.clone())
+                .result(i32t),
+        );
+        let v = [r[0], r[1], r[2]];
+        if count {
+            self.num_blocks = Some(v);
+        } else {
+            self.block_ids = Some(v);
+        }
+        v[axis as usize]
+    }
+
+    /// A 0-d constant of scalar type `s`.
+    fn scalar_const(&mut self, s: ScalarType, c: ConstValue) -> Option<Value> {
+        let data = match (s, c) {
+            (ScalarType::I1, ConstValue::Bool(b)) => vec![b as u8],
+            (s, ConstValue::Int(i)) if s.is_int() => {
+                let bytes = (s.bits() as usize).div_ceil(8);
+                i.to_le_bytes()[..bytes].to_vec()
+            }
+            (ScalarType::F32, ConstValue::Float(x)) => (x as f32).to_le_bytes().to_vec(),
+            (ScalarType::F64, ConstValue::Float(x)) => x.to_le_bytes().to_vec(),
+            (ScalarType::F16, ConstValue::Float(x)) => {
+                half::f16::from_f64(x).to_bits().to_le_bytes().to_vec()
+            }
+            (ScalarType::BF16, ConstValue::Float(x)) => {
+                half::bf16::from_f64(x).to_bits().to_le_bytes().to_vec()
+            }
+            _ => return None,
+        };
+        let ty = tile(&[], TileElementType::Scalar(scalar(s)));
+        Some(self.op1(
+            Opcode::Constant,
+            &[],
+            ty.clone(),
+            &[(
+                "value",
+                Attribute::DenseElements(DenseElements {
+                    element_type: ty,
+                    shape: vec![],
+                    data,
+                }),
+            )],
+        ))
+    }
+
+    /// `v` (a 0-d tile of element `e`) broadcast to `shape`.
+    fn splat(&mut self, v: Value, e: TileElementType, shape: &[u32]) -> Value {
+        if shape.is_empty() {
+            return v;
+        }
+        let ones = vec![1; shape.len()];
+        let r = self.op1(Opcode::Reshape, &[v], tile(&ones, e.clone()), &[]);
+        self.op1(Opcode::Broadcast, &[r], tile(shape, e), &[])
+    }
+
+    fn element(&self, v: ValueId) -> TileElementType {
+        match &self.ty(v) {
+            Type::Tile(t) => t.element_type.clone(),
+            _ => unreachable!("values are tiles"),
+        }
+    }
+
+    fn run(&mut self) -> Result<(), CodegenError> {
+        let f = self.f;
+        for op in &f.body.ops {
+            self.op(op)?;
+        }
+        Ok(())
+    }
+
+    fn op(&mut self, op: &Op) -> Result<(), CodegenError> {
+        let res = op.results.first().copied();
+        let v = match &op.kind {
+            OpKind::ProgramId { axis } => self.block_id(u32::from(*axis), false),
+            OpKind::NumPrograms { axis } => self.block_id(u32::from(*axis), true),
+            OpKind::Const(c) => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let t = self.f.ty(r);
+                let Elem::Scalar(s) = t.elem else {
+                    return Err(self.unsupported(op, "of a pointer"));
+                };
+                let c0 = self
+                    .scalar_const(s, *c)
+                    .ok_or_else(|| self.unsupported(op, &format!("of {s} value {c:?}")))?;
+                let shape = t.shape.clone();
+                self.splat(c0, TileElementType::Scalar(scalar(s)), &shape)
+            }
+            OpKind::Arange { start, end } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let n = end - start;
+                let ty = self.ty(r);
+                let iota = self.op1(Opcode::Iota, &[], ty.clone(), &[]);
+                if *start == 0 {
+                    iota
+                } else {
+                    let s = self
+                        .scalar_const(ScalarType::I32, ConstValue::Int(*start))
+                        .ok_or_else(|| self.unsupported(op, "with this start"))?;
+                    let s = self.splat(s, TileElementType::Scalar(TScalar::I32), &[n as u32]);
+                    self.op1(Opcode::AddI, &[iota, s], ty, &[("overflow", Attribute::i32(0))])
+                }
+            }
+            OpKind::Splat => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let e = self.element(r);
+                let shape = self.f.ty(r).shape.clone();
+                let x = self.val(op.operands[0]);
+                self.splat(x, e, &shape)
+            }
+            OpKind::ExpandDims { .. } | OpKind::Reshape => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let x = self.val(op.operands[0]);
+                self.op1(Opcode::Reshape, &[x], ty, &[])
+            }
+            OpKind::Broadcast => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let x = self.val(op.operands[0]);
+                if self.f.ty(op.operands[0]).shape == self.f.ty(r).shape {
+                    x
+                } else {
+                    self.op1(Opcode::Broadcast, &[x], ty, &[])
+                }
+            }
+            OpKind::Binary(b) => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let s = self
+                    .f
+                    .ty(op.operands[0])
+                    .scalar_type()
+                    .ok_or_else(|| self.unsupported(op, "on pointers"))?;
+                let (a, c) = (self.val(op.operands[0]), self.val(op.operands[1]));
+                let wrap = ("overflow", Attribute::i32(0));
+                let nearest = ("rounding_mode", Attribute::i32(0));
+                let sign = ("signedness", Attribute::i32(i64::from(s.is_signed_int())));
+                let (code, attrs): (Opcode, Vec<(&str, Attribute)>) = match (b, s.is_float()) {
+                    (BinaryOp::Add, false) => (Opcode::AddI, vec![wrap]),
+                    (BinaryOp::Sub, false) => (Opcode::SubI, vec![wrap]),
+                    (BinaryOp::Mul, false) => (Opcode::MulI, vec![wrap]),
+                    (BinaryOp::Add, true) => (Opcode::AddF, vec![nearest]),
+                    (BinaryOp::Sub, true) => (Opcode::SubF, vec![nearest]),
+                    (BinaryOp::Mul, true) => (Opcode::MulF, vec![nearest]),
+                    (BinaryOp::Div, true) => (Opcode::DivF, vec![nearest]),
+                    (BinaryOp::And, false) => (Opcode::AndI, vec![]),
+                    (BinaryOp::Or, false) => (Opcode::OrI, vec![]),
+                    (BinaryOp::Xor, false) => (Opcode::XOrI, vec![]),
+                    (BinaryOp::Max, false) => (Opcode::MaxI, vec![sign]),
+                    (BinaryOp::Min, false) => (Opcode::MinI, vec![sign]),
+                    _ => {
+                        return Err(self.unsupported(
+                            op,
+                            &format!("on {s} is not lowered to Tile IR yet"),
+                        ));
+                    }
+                };
+                self.op1(code, &[a, c], ty, &attrs)
+            }
+            OpKind::Cmp(p) => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let s = self
+                    .f
+                    .ty(op.operands[0])
+                    .scalar_type()
+                    .ok_or_else(|| self.unsupported(op, "of pointers"))?;
+                let pred = match p {
+                    CmpPred::Eq => 0,
+                    CmpPred::Ne => 1,
+                    CmpPred::Lt => 2,
+                    CmpPred::Le => 3,
+                    CmpPred::Gt => 4,
+                    CmpPred::Ge => 5,
+                };
+                let (a, c) = (self.val(op.operands[0]), self.val(op.operands[1]));
+                let pred = ("comparison_predicate", Attribute::i32(pred));
+                if s.is_float() {
+                    // Ordered except `ne`: NaN compares unequal to everything.
+                    let ordering = i64::from(*p != CmpPred::Ne);
+                    self.op1(
+                        Opcode::CmpF,
+                        &[a, c],
+                        ty,
+                        &[pred, ("comparison_ordering", Attribute::i32(ordering))],
+                    )
+                } else {
+                    // i1 compares as unsigned (true > false).
+                    let signed = s.is_signed_int() && s != ScalarType::I1;
+                    self.op1(
+                        Opcode::CmpI,
+                        &[a, c],
+                        ty,
+                        &[pred, ("signedness", Attribute::i32(i64::from(signed)))],
+                    )
+                }
+            }
+            OpKind::Select => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let ops: Vec<Value> = op.operands.iter().map(|&o| self.val(o)).collect();
+                self.op1(Opcode::Select, &ops, ty, &[])
+            }
+            OpKind::AddPtr => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let (p, o) = (self.val(op.operands[0]), self.val(op.operands[1]));
+                self.op1(Opcode::Offset, &[p, o], ty, &[])
+            }
+            OpKind::Load {
+                has_mask,
+                has_other,
+                ..
+            } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                if let Elem::Ptr {
+                    space: AddrSpace::Shared,
+                    ..
+                } = self.f.ty(op.operands[0]).elem
+                {
+                    return Err(self.unsupported(op, "from block-local memory"));
+                }
+                let ty = self.ty(r);
+                let ptr = self.val(op.operands[0]);
+                let mask = has_mask.then(|| self.val(op.operands[1]));
+                let other = has_other.then(|| self.val(op.operands[2]));
+                let tok = self.read_token();
+                let mut b = OpBuilder::new(Opcode::LoadPtrTko, Location::Unknown).operand(ptr);
+                let mut seg = vec![Attribute::i32(1)];
+                for x in [mask, other] {
+                    seg.push(Attribute::i32(i64::from(x.is_some())));
+                    if let Some(x) = x {
+                        b = b.operand(x);
+                    }
+                }
+                seg.push(Attribute::i32(1));
+                let out = self.emit(
+                    b.operand(tok)
+                        .result(ty)
+                        .result(Type::Token)
+                        .attr("memory_ordering_semantics", Attribute::i32(0))
+                        .attr("operandSegmentSizes", Attribute::Array(seg)),
+                );
+                self.reads.push(out[1]);
+                out[0]
+            }
+            OpKind::Store { has_mask, .. } => {
+                if let Elem::Ptr {
+                    space: AddrSpace::Shared,
+                    ..
+                } = self.f.ty(op.operands[0]).elem
+                {
+                    return Err(self.unsupported(op, "to block-local memory"));
+                }
+                let ptr = self.val(op.operands[0]);
+                let value = self.val(op.operands[1]);
+                let mask = has_mask.then(|| self.val(op.operands[2]));
+                let tok = self.write_token();
+                let mut b = OpBuilder::new(Opcode::StorePtrTko, Location::Unknown)
+                    .operand(ptr)
+                    .operand(value);
+                if let Some(m) = mask {
+                    b = b.operand(m);
+                }
+                let seg = vec![
+                    Attribute::i32(1),
+                    Attribute::i32(1),
+                    Attribute::i32(i64::from(mask.is_some())),
+                    Attribute::i32(1),
+                ];
+                let out = self.emit(
+                    b.operand(tok)
+                        .result(Type::Token)
+                        .attr("memory_ordering_semantics", Attribute::i32(0))
+                        .attr("operandSegmentSizes", Attribute::Array(seg)),
+                );
+                self.last_write = Some(out[0]);
+                return Ok(());
+            }
+            _ => return Err(self.unsupported(op, "is not lowered to Tile IR yet")),
+        };
+        if let Some(r) = res {
+            self.vals.insert(r, v);
+        }
+        Ok(())
+    }
+}
+
