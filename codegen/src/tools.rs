@@ -344,6 +344,36 @@ pub fn parse_amdgpu_notes(notes: &str) -> Vec<AmdgpuResources> {
     kernels
 }
 
+/// Compiles Tile IR `bytecode` with `tileiras --gpu-name <gpu>` (`sm_80` .. `sm_121`)
+/// into a cubin.
+pub fn tileiras(bytecode: &[u8], gpu: &str) -> Result<Vec<u8>, CodegenError> {
+    let tool = find_tool(&["tileiras"])?;
+    let dir = TempDir::new("tileiras")?;
+    let input = dir.path().join("kernel.tilebc");
+    let output = dir.path().join("kernel.cubin");
+    std::fs::write(&input, bytecode).map_err(|e| tool_io("tileiras", &input, e))?;
+    run(
+        &tool,
+        &[
+            OsStr::new("--gpu-name"),
+            OsStr::new(gpu),
+            OsStr::new("-o"),
+            output.as_os_str(),
+            input.as_os_str(),
+        ],
+    )?;
+    std::fs::read(&output).map_err(|e| tool_io("tileiras", &output, e))
+}
+
+/// Tile IR `bytecode` read back as text by `tileirdisasm` (which verifies it).
+pub fn tileirdisasm(bytecode: &[u8]) -> Result<String, CodegenError> {
+    let tool = find_tool(&["tileirdisasm"])?;
+    let dir = TempDir::new("tileirdisasm")?;
+    let input = dir.path().join("kernel.tilebc");
+    std::fs::write(&input, bytecode).map_err(|e| tool_io("tileirdisasm", &input, e))?;
+    Ok(run(&tool, &[input.as_os_str()])?.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -471,34 +501,4 @@ declare void @llvm.amdgcn.s.barrier()
         let err = find_tool(&["tessera-no-such-tool"]).unwrap_err();
         assert!(err.to_string().contains("bash scripts/setup.sh"), "{err}");
     }
-}
-
-/// Compiles Tile IR `bytecode` with `tileiras --gpu-name <gpu>` (`sm_80` .. `sm_121`)
-/// into a cubin.
-pub fn tileiras(bytecode: &[u8], gpu: &str) -> Result<Vec<u8>, CodegenError> {
-    let tool = find_tool(&["tileiras"])?;
-    let dir = TempDir::new("tileiras")?;
-    let input = dir.path().join("kernel.tilebc");
-    let output = dir.path().join("kernel.cubin");
-    std::fs::write(&input, bytecode).map_err(|e| tool_io("tileiras", &input, e))?;
-    run(
-        &tool,
-        &[
-            OsStr::new("--gpu-name"),
-            OsStr::new(gpu),
-            OsStr::new("-o"),
-            output.as_os_str(),
-            input.as_os_str(),
-        ],
-    )?;
-    std::fs::read(&output).map_err(|e| tool_io("tileiras", &output, e))
-}
-
-/// Tile IR `bytecode` read back as text by `tileirdisasm` (which verifies it).
-pub fn tileirdisasm(bytecode: &[u8]) -> Result<String, CodegenError> {
-    let tool = find_tool(&["tileirdisasm"])?;
-    let dir = TempDir::new("tileirdisasm")?;
-    let input = dir.path().join("kernel.tilebc");
-    std::fs::write(&input, bytecode).map_err(|e| tool_io("tileirdisasm", &input, e))?;
-    Ok(run(&tool, &[input.as_os_str()])?.0)
 }

@@ -4,6 +4,9 @@
 
 #![allow(clippy::duplicate_mod)]
 
+#[path = "../../examples/matmul.rs"]
+#[allow(dead_code)]
+mod matmul;
 #[path = "../../examples/softmax.rs"]
 #[allow(dead_code)]
 mod softmax;
@@ -22,9 +25,18 @@ use tessera::kernel_ir;
 fn vector_add_compiles_for_blackwell_and_hopper() {
     let f = kernel_ir::<vector_add::vector_add<1024>>(&()).expect("builds");
     let k = tileir::lower(&f, DEFAULT_VERSION).expect("lowers");
-    assert!(k.bytecode.starts_with(b"\x7fTileIR\0"), "the bytecode's magic");
+    assert!(
+        k.bytecode.starts_with(b"\x7fTileIR\0"),
+        "the bytecode's magic"
+    );
     let text = tools::tileirdisasm(&k.bytecode).expect("tileirdisasm reads it back");
-    for want in ["entry @vector_add", "load_ptr_tko", "store_ptr_tko", "addf", "cmpi"] {
+    for want in [
+        "entry @vector_add",
+        "load_ptr_tko",
+        "store_ptr_tko",
+        "addf",
+        "cmpi",
+    ] {
         assert!(text.contains(want), "no `{want}` in\n{text}");
     }
     for gpu in ["sm_100", "sm_120", "sm_90"] {
@@ -44,7 +56,10 @@ fn an_op_not_lowered_is_an_error_at_its_line() {
     let CodegenError::TileIr { span, message, .. } = &e else {
         panic!("{e}");
     };
-    assert!(span.file.ends_with("examples/softmax.rs") && span.line > 0, "{e}");
+    assert!(
+        span.file.ends_with("examples/softmax.rs") && span.line > 0,
+        "{e}"
+    );
     assert!(message.contains('`'), "the op is named: {e}");
     assert!(e.to_string().contains("Tile IR backend"), "{e}");
 }
@@ -110,7 +125,11 @@ fn accesses_that_may_conflict_are_ordered_by_tokens() {
     // The last store waits for the second load.
     let last = token_of(store1);
     let second_load_token = result(load1).split(", ").nth(1).unwrap_or("").to_string();
-    let join = lines.iter().find(|l| result(l) == last).copied().unwrap_or("");
+    let join = lines
+        .iter()
+        .find(|l| result(l) == last)
+        .copied()
+        .unwrap_or("");
     assert!(
         last == second_load_token || join.contains(&second_load_token),
         "the last store does not wait for the second load:\n{text}"
@@ -118,4 +137,51 @@ fn accesses_that_may_conflict_are_ordered_by_tokens() {
     for gpu in ["sm_100", "sm_90"] {
         tileir::compile(&f, gpu).expect("tileiras compiles it");
     }
+}
+
+/// The f16 matmul (a `for` over K carrying the accumulator, `dot`, the cast to f16):
+/// on Blackwell, NVIDIA's compiler takes the 5th-generation tensor cores (`UTCHMMA`,
+/// tcgen05) with the accumulator in tensor memory; on Hopper, `HGMMA`; on Ampere
+/// `HMMA`.
+#[test]
+fn matmul_takes_each_generation_s_tensor_cores() {
+    use half::f16;
+    let f = kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds");
+    for (gpu, mma) in [("sm_100", "UTCHMMA"), ("sm_90", "HGMMA"), ("sm_80", "HMMA")] {
+        let art = tileir::compile(&f, gpu).expect("tileiras compiles it");
+        let sass = tools::sass(&art.cubin).expect("cuobjdump reads the cubin");
+        let n = sass.lines().filter(|l| l.contains(mma)).count();
+        assert!(n > 0, "{gpu}: no {mma} in\n{sass}");
+    }
+}
+
+/// With the launch's facts (16-byte aligned pointers, sizes that are multiples of 16)
+/// as Tile IR assumptions, Blackwell's operand loads become 16-byte asynchronous
+/// copies into shared memory (`LDGSTS.E.BYPASS.LTC128B.128`) and its stores 16-byte
+/// stores; without them, element loads and stores. (TMA, `UTMALDG`, needs the
+/// operands as tensor views: tensor descriptors, not pointer tiles.)
+#[test]
+fn facts_let_blackwell_take_wide_copies() {
+    use half::f16;
+    use tessera::ir::ParamFacts;
+    let f = kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds");
+    let facts = vec![ParamFacts::new(true, true); f.params.len()];
+    let spec = tessera::ir::passes::specialize(&f, &facts);
+    let sass = |f: &tessera::ir::Function| {
+        let art = tileir::compile(f, "sm_100").expect("tileiras compiles it");
+        tools::sass(&art.cubin).expect("cuobjdump reads the cubin")
+    };
+    let count = |s: &str, p: &str| s.lines().filter(|l| l.contains(p)).count();
+    let (with, without) = (sass(&spec), sass(&f));
+    let wide = with
+        .lines()
+        .filter(|l| l.contains("LDGSTS") && l.contains(".128"))
+        .count();
+    assert!(wide > 0, "{with}");
+    assert_eq!(count(&without, "LDGSTS"), 0, "{without}");
+    assert!(
+        count(&with, "STG") < count(&without, "STG"),
+        "{with}\n{without}"
+    );
+    assert!(count(&with, "UTCHMMA") > 0, "{with}");
 }

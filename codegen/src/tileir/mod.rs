@@ -9,9 +9,15 @@
 //! **What is lowered (this first slice):** program ids and counts, constants,
 //! `arange`, `splat`, `expand_dims`, `reshape`, `broadcast`, integer and float
 //! `add`/`sub`/`mul`, float `div`, bitwise `and`/`or`/`xor`, `min`/`max`, comparisons,
-//! `select`, `addptr`, and loads and stores through pointer tiles with their masks
-//! and `other` values. Every other op is a [`CodegenError::TileIr`] naming the op and
+//! `select`, `addptr`, loads and stores through pointer tiles with their masks and
+//! `other` values, `for` loops with carried values, `dot` (f16, bf16 and the 8-bit
+//! floats into f32; i8 into i32) and casts between floats, between integers and from
+//! integers to floats. Every other op is a [`CodegenError::TileIr`] naming the op and
 //! its place in the user's source: nothing is dropped or approximated.
+//!
+//! **Facts.** A parameter's divisibility (16-byte aligned pointers and integers that
+//! are multiples of 16, what a launch's specialization finds) becomes an `assume
+//! div_by<16>`, which is what lets `tileiras` take vector loads and TMA.
 //!
 //! **Semantics kept:** float arithmetic rounds to nearest even (as IEEE and the
 //! interpreter do); integer arithmetic wraps (no overflow assumption); unsigned types
@@ -39,7 +45,7 @@ use cutile_ir::ir::{
     Attribute, BlockId, DenseElements, FuncType, Location, Module, PointerType,
     ScalarType as TScalar, TileElementType, TileType, Type, Value,
 };
-use tessera_ir::ir::{BinaryOp, CmpPred, ConstValue, Op, OpKind};
+use tessera_ir::ir::{BinaryOp, CmpPred, ConstValue, Op, OpKind, Region};
 use tessera_ir::{AddrSpace, Elem, Function, ScalarType, ValueId};
 
 use crate::CodegenError;
@@ -109,7 +115,10 @@ pub fn compile(func: &Function, gpu: &str) -> Result<TileIrArtifact, CodegenErro
 struct Lowerer<'a> {
     f: &'a Function,
     m: Module,
+    /// The block being filled.
     blk: BlockId,
+    /// The kernel's own block (the grid's ids are made there, before any loop).
+    entry: BlockId,
     region: cutile_ir::ir::RegionId,
     params: Vec<Type>,
     vals: HashMap<ValueId, Value>,
@@ -175,6 +184,7 @@ impl<'a> Lowerer<'a> {
             f,
             m,
             blk,
+            entry: blk,
             region,
             params,
             vals,
@@ -256,20 +266,18 @@ impl<'a> Lowerer<'a> {
         if let Some(t) = self.last_write {
             return t;
         }
-        let t = self.emit(OpBuilder::new(Opcode::MakeToken, Location::Unknown).result(Type::Token))[0];
+        let t =
+            self.emit(OpBuilder::new(Opcode::MakeToken, Location::Unknown).result(Type::Token))[0];
         self.last_write = Some(t);
         t
     }
 
     /// The token a store waits for: the last store's and every load's since.
     fn write_token(&mut self) -> Value {
-        let mut all: Vec<Value> = self.last_write.into_iter().collect();
+        let w = self.read_token();
+        let mut all = vec![w];
         all.append(&mut self.reads);
-        match all[..] {
-            [] => self.read_token(),
-            [t] => t,
-            _ => self.op1(Opcode::JoinTokens, &all, Type::Token, &[]),
-        }
+        self.join(all, w)
     }
 
     fn block_id(&mut self, axis: u32, count: bool) -> Value {
@@ -287,12 +295,13 @@ impl<'a> Lowerer<'a> {
         } else {
             Opcode::GetTileBlockId
         };
-        let r = self.emit(
-            OpBuilder::new(code, Location::Unknown)
-                .result(i32t.clone())
-                .result(i32t.clone())
-                .result(i32t),
-        );
+        // In the kernel's block, so that every later use, in a loop or not, sees it.
+        let (op, r) = OpBuilder::new(code, Location::Unknown)
+            .result(i32t.clone())
+            .result(i32t.clone())
+            .result(i32t)
+            .build(&mut self.m);
+        append_op(&mut self.m, self.entry, op);
         let v = [r[0], r[1], r[2]];
         if count {
             self.num_blocks = Some(v);
@@ -355,10 +364,142 @@ impl<'a> Lowerer<'a> {
 
     fn run(&mut self) -> Result<(), CodegenError> {
         let f = self.f;
-        for op in &f.body.ops {
+        self.assume_facts();
+        self.region_ops(&f.body)?;
+        Ok(())
+    }
+
+    /// The launch's facts about the parameters (what specialization found: a pointer
+    /// aligned to 16 bytes, an integer that is a multiple of 16) become Tile IR
+    /// assumptions, which let `tileiras` take vector accesses and TMA. They hold by
+    /// construction: a specialized kernel only runs on arguments that have them.
+    fn assume_facts(&mut self) {
+        let f = self.f;
+        for p in &f.params {
+            let Some(d) = p
+                .attrs
+                .divisibility
+                .filter(|d| d.is_power_of_two() && *d > 1)
+            else {
+                continue;
+            };
+            let v = self.val(p.value);
+            let ty = self.ty(p.value);
+            let assumed = self.op1(
+                Opcode::Assume,
+                &[v],
+                ty,
+                &[(
+                    "predicate",
+                    Attribute::DivBy(cutile_ir::ir::DivBy {
+                        divisor: u64::from(d),
+                        every: None,
+                        along: None,
+                    }),
+                )],
+            );
+            self.vals.insert(p.value, assumed);
+        }
+    }
+
+    /// Lowers the ops of `r` into the current block; returns the values its
+    /// terminator (`yield`) passes on.
+    fn region_ops(&mut self, r: &Region) -> Result<Vec<Value>, CodegenError> {
+        for op in &r.ops {
+            if op.kind == OpKind::Yield {
+                return Ok(op.operands.iter().map(|&v| self.val(v)).collect());
+            }
             self.op(op)?;
         }
+        Ok(Vec::new())
+    }
+
+    /// Whether `r` (or a region nested in it) accesses memory.
+    fn touches_memory(r: &Region) -> bool {
+        r.ops.iter().any(|o| {
+            matches!(o.kind, OpKind::Load { .. } | OpKind::Store { .. })
+                || o.regions.iter().any(Self::touches_memory)
+        })
+    }
+
+    /// `for lb, ub, step iter(inits)`: Tile IR's `for`, its body ending in `continue`.
+    /// When the body accesses memory, two tokens are carried too (the last store's
+    /// and the join of the loads since), so that accesses keep their order across
+    /// iterations and with what surrounds the loop (see the module docs); loads wait
+    /// only for stores, so a loop that only loads is not serialized.
+    fn for_op(&mut self, op: &Op) -> Result<(), CodegenError> {
+        let body = &op.regions[0];
+        let s = self
+            .f
+            .ty(op.operands[0])
+            .scalar_type()
+            .ok_or_else(|| self.unsupported(op, "with pointer bounds"))?;
+        if s != ScalarType::I32 && s != ScalarType::I64 {
+            return Err(self.unsupported(op, &format!("with {s} bounds")));
+        }
+        let memory = Self::touches_memory(body);
+        let mut operands: Vec<Value> = op.operands.iter().map(|&v| self.val(v)).collect();
+        let mut arg_tys: Vec<Type> = body.args.iter().map(|&a| self.ty(a)).collect();
+        let mut result_tys: Vec<Type> = op.results.iter().map(|&r| self.ty(r)).collect();
+        if memory {
+            let w = self.read_token();
+            let r = self.write_token_of_reads(w);
+            operands.extend([w, r]);
+            arg_tys.extend([Type::Token, Type::Token]);
+            result_tys.extend([Type::Token, Type::Token]);
+        }
+        let (region, blk, args) = build_single_block_region(&mut self.m, &arg_tys);
+        for (&a, &v) in body.args.iter().zip(&args) {
+            self.vals.insert(a, v);
+        }
+        let outer = std::mem::replace(&mut self.blk, blk);
+        let saved = (self.last_write, std::mem::take(&mut self.reads));
+        if memory {
+            let n = body.args.len();
+            self.last_write = Some(args[n]);
+            self.reads = vec![args[n + 1]];
+        }
+        let mut yielded = self.region_ops(body)?;
+        if memory {
+            let w = self.read_token();
+            let reads = std::mem::take(&mut self.reads);
+            let r = self.join(reads, w);
+            yielded.extend([w, r]);
+        }
+        self.emit(OpBuilder::new(Opcode::Continue, Location::Unknown).operands(yielded));
+        self.blk = outer;
+        (self.last_write, self.reads) = saved;
+        let results = self.emit(
+            OpBuilder::new(Opcode::For, Location::Unknown)
+                .operands(operands)
+                .results(result_tys)
+                .region(region),
+        );
+        for (&r, &v) in op.results.iter().zip(&results) {
+            self.vals.insert(r, v);
+        }
+        if memory {
+            let n = op.results.len();
+            self.last_write = Some(results[n]);
+            self.reads = vec![results[n + 1]];
+        }
         Ok(())
+    }
+
+    /// One token standing for `tokens` (`w` when there are none).
+    fn join(&mut self, tokens: Vec<Value>, w: Value) -> Value {
+        match tokens[..] {
+            [] => w,
+            [t] => t,
+            _ => self.op1(Opcode::JoinTokens, &tokens, Type::Token, &[]),
+        }
+    }
+
+    /// The join of the loads since the last store (`w`, that store's token, when
+    /// there are none).
+    fn write_token_of_reads(&mut self, w: Value) -> Value {
+        let reads = std::mem::take(&mut self.reads);
+        self.join(reads, w)
     }
 
     fn op(&mut self, op: &Op) -> Result<(), CodegenError> {
@@ -390,7 +531,12 @@ impl<'a> Lowerer<'a> {
                         .scalar_const(ScalarType::I32, ConstValue::Int(*start))
                         .ok_or_else(|| self.unsupported(op, "with this start"))?;
                     let s = self.splat(s, TileElementType::Scalar(TScalar::I32), &[n as u32]);
-                    self.op1(Opcode::AddI, &[iota, s], ty, &[("overflow", Attribute::i32(0))])
+                    self.op1(
+                        Opcode::AddI,
+                        &[iota, s],
+                        ty,
+                        &[("overflow", Attribute::i32(0))],
+                    )
                 }
             }
             OpKind::Splat => {
@@ -442,10 +588,9 @@ impl<'a> Lowerer<'a> {
                     (BinaryOp::Max, false) => (Opcode::MaxI, vec![sign]),
                     (BinaryOp::Min, false) => (Opcode::MinI, vec![sign]),
                     _ => {
-                        return Err(self.unsupported(
-                            op,
-                            &format!("on {s} is not lowered to Tile IR yet"),
-                        ));
+                        return Err(
+                            self.unsupported(op, &format!("on {s} is not lowered to Tile IR yet"))
+                        );
                     }
                 };
                 self.op1(code, &[a, c], ty, &attrs)
@@ -570,6 +715,82 @@ impl<'a> Lowerer<'a> {
                 self.last_write = Some(out[0]);
                 return Ok(());
             }
+            OpKind::For => return self.for_op(op),
+            OpKind::Dot => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let (a, b, c) = (
+                    self.val(op.operands[0]),
+                    self.val(op.operands[1]),
+                    self.val(op.operands[2]),
+                );
+                let input = self.f.ty(op.operands[0]).scalar_type();
+                let acc = self.f.ty(r).scalar_type();
+                match (input, acc) {
+                    (
+                        Some(
+                            ScalarType::F16
+                            | ScalarType::BF16
+                            | ScalarType::F8E4M3
+                            | ScalarType::F8E5M2,
+                        ),
+                        Some(ScalarType::F32),
+                    ) => self.op1(Opcode::MmaF, &[a, b, c], ty, &[]),
+                    (Some(i @ (ScalarType::I8 | ScalarType::U8)), Some(ScalarType::I32)) => {
+                        let sign = Attribute::i32(i64::from(i == ScalarType::I8));
+                        self.op1(
+                            Opcode::MmaI,
+                            &[a, b, c],
+                            ty,
+                            &[("signedness_lhs", sign.clone()), ("signedness_rhs", sign)],
+                        )
+                    }
+                    (i, a) => {
+                        return Err(self.unsupported(
+                            op,
+                            &format!("of {i:?} into {a:?} is not lowered to Tile IR yet"),
+                        ));
+                    }
+                }
+            }
+            OpKind::Cast => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let x = self.val(op.operands[0]);
+                let (Some(from), Some(to)) = (
+                    self.f.ty(op.operands[0]).scalar_type(),
+                    self.f.ty(r).scalar_type(),
+                ) else {
+                    return Err(self.unsupported(op, "of pointers"));
+                };
+                let nearest = ("rounding_mode", Attribute::i32(0));
+                let signed = (
+                    "signedness",
+                    Attribute::i32(i64::from(from.is_signed_int())),
+                );
+                if from == to {
+                    x
+                } else if from.is_float() && to.is_float() {
+                    self.op1(Opcode::FToF, &[x], ty, &[nearest])
+                } else if from.is_int() && to.is_float() {
+                    self.op1(Opcode::IToF, &[x], ty, &[signed, nearest])
+                } else if from.is_int() && to.is_int() && from != ScalarType::I1 {
+                    if to.bits() > from.bits() {
+                        self.op1(Opcode::ExtI, &[x], ty, &[signed])
+                    } else if to.bits() < from.bits() {
+                        self.op1(Opcode::TruncI, &[x], ty, &[("overflow", Attribute::i32(0))])
+                    } else {
+                        x
+                    }
+                } else {
+                    // Float to int saturates (NaN to 0) and `i1` casts compare with 0
+                    // in the interpreter: not lowered until Tile IR's forms match.
+                    return Err(self.unsupported(
+                        op,
+                        &format!("from {from} to {to} is not lowered to Tile IR yet"),
+                    ));
+                }
+            }
             _ => return Err(self.unsupported(op, "is not lowered to Tile IR yet")),
         };
         if let Some(r) = res {
@@ -578,4 +799,3 @@ impl<'a> Lowerer<'a> {
         Ok(())
     }
 }
-
