@@ -11,8 +11,9 @@
 //! `add`/`sub`/`mul`, float `div`, bitwise `and`/`or`/`xor`, `min`/`max`, comparisons,
 //! `select`, `addptr`, loads and stores through pointer tiles with their masks and
 //! `other` values, `for` loops with carried values, `dot` (f16, bf16 and the 8-bit
-//! floats into f32; i8 into i32) and casts between floats, between integers and from
-//! integers to floats. Every other op is a [`CodegenError::TileIr`] naming the op and
+//! floats into f32; i8 into i32), casts between floats, between integers and from
+//! integers to floats, the float math functions but `erf` (f16 and bf16 computed in
+//! f32), and reductions of 32- and 64-bit elements. Every other op is a [`CodegenError::TileIr`] naming the op and
 //! its place in the user's source: nothing is dropped or approximated.
 //!
 //! **Facts.** A parameter's divisibility (16-byte aligned pointers and integers that
@@ -45,7 +46,7 @@ use cutile_ir::ir::{
     Attribute, BlockId, DenseElements, FuncType, Location, Module, PointerType,
     ScalarType as TScalar, TileElementType, TileType, Type, Value,
 };
-use tessera_ir::ir::{BinaryOp, CmpPred, ConstValue, Op, OpKind, Region};
+use tessera_ir::ir::{BinaryOp, CmpPred, ConstValue, Op, OpKind, ReduceOp, Region, UnaryOp};
 use tessera_ir::{AddrSpace, Elem, Function, ScalarType, ValueId};
 
 use crate::CodegenError;
@@ -486,6 +487,150 @@ impl<'a> Lowerer<'a> {
         Ok(())
     }
 
+    /// `u` of `x`; f16 and bf16 math runs in f32 and rounds once, as the interpreter's.
+    fn unary(
+        &mut self,
+        op: &Op,
+        u: UnaryOp,
+        s: ScalarType,
+        x: Value,
+        r: ValueId,
+    ) -> Result<Value, CodegenError> {
+        let shape = self.f.ty(r).shape.clone();
+        let ty = self.ty(r);
+        let nearest = ("rounding_mode", Attribute::i32(0));
+        if s.is_int() {
+            let wrap = ("overflow", Attribute::i32(0));
+            return Ok(match u {
+                UnaryOp::Neg => self.op1(Opcode::NegI, &[x], ty, &[wrap]),
+                UnaryOp::Abs => self.op1(Opcode::AbsI, &[x], ty, &[]),
+                _ => {
+                    return Err(self.unsupported(
+                        op,
+                        &format!("`{u:?}` on {s} is not lowered to Tile IR yet"),
+                    ));
+                }
+            });
+        }
+        let half = matches!(s, ScalarType::F16 | ScalarType::BF16);
+        let work = if half { ScalarType::F32 } else { s };
+        let wty = tile(&shape, TileElementType::Scalar(scalar(work)));
+        let x = if half {
+            self.op1(Opcode::FToF, &[x], wty.clone(), &[nearest.clone()])
+        } else {
+            x
+        };
+        let (code, attrs): (Opcode, Vec<(&str, Attribute)>) = match u {
+            UnaryOp::Neg => (Opcode::NegF, vec![]),
+            UnaryOp::Abs => (Opcode::AbsF, vec![]),
+            UnaryOp::Exp => (Opcode::Exp, vec![]),
+            UnaryOp::Exp2 => (Opcode::Exp2, vec![]),
+            UnaryOp::Log => (Opcode::Log, vec![]),
+            UnaryOp::Log2 => (Opcode::Log2, vec![]),
+            UnaryOp::Sqrt => (Opcode::Sqrt, vec![nearest.clone()]),
+            UnaryOp::Rsqrt => (Opcode::Rsqrt, vec![]),
+            UnaryOp::Sin => (Opcode::Sin, vec![]),
+            UnaryOp::Cos => (Opcode::Cos, vec![]),
+            UnaryOp::Tanh => (Opcode::TanH, vec![]),
+            UnaryOp::Floor => (Opcode::Floor, vec![]),
+            UnaryOp::Ceil => (Opcode::Ceil, vec![]),
+            _ => {
+                return Err(
+                    self.unsupported(op, &format!("`{u:?}` on {s} is not lowered to Tile IR yet"))
+                );
+            }
+        };
+        let y = self.op1(code, &[x], wty, &attrs);
+        Ok(if half {
+            self.op1(Opcode::FToF, &[y], ty, &[nearest])
+        } else {
+            y
+        })
+    }
+
+    /// `reduce` along `axis`: Tile IR's `reduce` with the combining op in its region
+    /// and the op's identity. Tile IR fixes no combining order (as on the SIMT path,
+    /// float sums may round differently from the interpreter's sequential order).
+    fn reduce(
+        &mut self,
+        op: &Op,
+        axis: u32,
+        rop: ReduceOp,
+        r: ValueId,
+    ) -> Result<Value, CodegenError> {
+        let s = self
+            .f
+            .ty(r)
+            .scalar_type()
+            .ok_or_else(|| self.unsupported(op, "of pointers"))?;
+        if matches!(
+            s,
+            ScalarType::F16 | ScalarType::BF16 | ScalarType::F8E4M3 | ScalarType::F8E5M2
+        ) || s == ScalarType::I1
+        {
+            return Err(self.unsupported(op, &format!("of {s} is not lowered to Tile IR yet")));
+        }
+        let ts = scalar(s);
+        let bits = s.bits();
+        let identity = if s.is_float() {
+            let v = match rop {
+                ReduceOp::Sum => 0.0,
+                ReduceOp::Prod => 1.0,
+                ReduceOp::Max => f64::NEG_INFINITY,
+                ReduceOp::Min => f64::INFINITY,
+                _ => return Err(self.unsupported(op, &format!("`{rop:?}` on {s}"))),
+            };
+            Attribute::float(v, ts)
+        } else {
+            let signed = s.is_signed_int();
+            let v: i64 = match rop {
+                ReduceOp::Sum | ReduceOp::Or | ReduceOp::Xor => 0,
+                ReduceOp::Prod => 1,
+                ReduceOp::And => -1,
+                ReduceOp::Max if signed => -(1i64 << (bits - 1).min(63)),
+                ReduceOp::Max => 0,
+                ReduceOp::Min if signed => ((1u64 << (bits - 1).min(63)) - 1) as i64,
+                ReduceOp::Min => -1,
+            };
+            Attribute::int(v, ts)
+        };
+        let elem = tile(&[], TileElementType::Scalar(ts));
+        let (region, blk, args) =
+            build_single_block_region(&mut self.m, &[elem.clone(), elem.clone()]);
+        let outer = std::mem::replace(&mut self.blk, blk);
+        let sign = ("signedness", Attribute::i32(i64::from(s.is_signed_int())));
+        let nan = ("propagate_nan", Attribute::Bool(true));
+        let wrap = ("overflow", Attribute::i32(0));
+        let nearest = ("rounding_mode", Attribute::i32(0));
+        let (code, attrs): (Opcode, Vec<(&str, Attribute)>) = match (rop, s.is_float()) {
+            (ReduceOp::Sum, true) => (Opcode::AddF, vec![nearest]),
+            (ReduceOp::Prod, true) => (Opcode::MulF, vec![nearest]),
+            (ReduceOp::Max, true) => (Opcode::MaxF, vec![nan]),
+            (ReduceOp::Min, true) => (Opcode::MinF, vec![nan]),
+            (ReduceOp::Sum, false) => (Opcode::AddI, vec![wrap]),
+            (ReduceOp::Prod, false) => (Opcode::MulI, vec![wrap]),
+            (ReduceOp::Max, false) => (Opcode::MaxI, vec![sign]),
+            (ReduceOp::Min, false) => (Opcode::MinI, vec![sign]),
+            (ReduceOp::And, false) => (Opcode::AndI, vec![]),
+            (ReduceOp::Or, false) => (Opcode::OrI, vec![]),
+            (ReduceOp::Xor, false) => (Opcode::XOrI, vec![]),
+            _ => unreachable!("float bitwise reductions were refused above"),
+        };
+        let c = self.op1(code, &[args[0], args[1]], elem, &attrs);
+        self.emit(OpBuilder::new(Opcode::Yield, Location::Unknown).operand(c));
+        self.blk = outer;
+        let x = self.val(op.operands[0]);
+        let ty = self.ty(r);
+        Ok(self.emit(
+            OpBuilder::new(Opcode::Reduce, Location::Unknown)
+                .operand(x)
+                .result(ty)
+                .attr("dim", Attribute::i32(i64::from(axis)))
+                .attr("identities", Attribute::Array(vec![identity]))
+                .region(region),
+        )[0])
+    }
+
     /// One token standing for `tokens` (`w` when there are none).
     fn join(&mut self, tokens: Vec<Value>, w: Value) -> Value {
         match tokens[..] {
@@ -587,6 +732,13 @@ impl<'a> Lowerer<'a> {
                     (BinaryOp::Xor, false) => (Opcode::XOrI, vec![]),
                     (BinaryOp::Max, false) => (Opcode::MaxI, vec![sign]),
                     (BinaryOp::Min, false) => (Opcode::MinI, vec![sign]),
+                    // NaN-propagating, as the interpreter's.
+                    (BinaryOp::Max, true) => {
+                        (Opcode::MaxF, vec![("propagate_nan", Attribute::Bool(true))])
+                    }
+                    (BinaryOp::Min, true) => {
+                        (Opcode::MinF, vec![("propagate_nan", Attribute::Bool(true))])
+                    }
                     _ => {
                         return Err(
                             self.unsupported(op, &format!("on {s} is not lowered to Tile IR yet"))
@@ -716,6 +868,20 @@ impl<'a> Lowerer<'a> {
                 return Ok(());
             }
             OpKind::For => return self.for_op(op),
+            OpKind::Unary(u) => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let s = self
+                    .f
+                    .ty(r)
+                    .scalar_type()
+                    .ok_or_else(|| self.unsupported(op, "on pointers"))?;
+                let x = self.val(op.operands[0]);
+                self.unary(op, *u, s, x, r)?
+            }
+            OpKind::Reduce { axis, op: rop } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                self.reduce(op, u32::from(*axis), *rop, r)?
+            }
             OpKind::Dot => {
                 let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
                 let ty = self.ty(r);
