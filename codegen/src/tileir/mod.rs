@@ -516,7 +516,12 @@ impl<'a> Lowerer<'a> {
         let work = if half { ScalarType::F32 } else { s };
         let wty = tile(&shape, TileElementType::Scalar(scalar(work)));
         let x = if half {
-            self.op1(Opcode::FToF, &[x], wty.clone(), &[nearest.clone()])
+            self.op1(
+                Opcode::FToF,
+                &[x],
+                wty.clone(),
+                std::slice::from_ref(&nearest),
+            )
         } else {
             x
         };
