@@ -13,7 +13,8 @@
 //! `other` values, `for` loops with carried values, `dot` (f16, bf16 and the 8-bit
 //! floats into f32; i8 into i32), casts between floats, between integers and from
 //! integers to floats, the float math functions but `erf` (f16 and bf16 computed in
-//! f32), and reductions of 32- and 64-bit elements. Every other op is a [`CodegenError::TileIr`] naming the op and
+//! f32), reductions and scans of 32- and 64-bit elements, bitcasts, atomics
+//! (`atomic_rmw` with its ordering and scope) and `if`. Every other op is a [`CodegenError::TileIr`] naming the op and
 //! its place in the user's source: nothing is dropped or approximated.
 //!
 //! **Facts.** A parameter's divisibility (16-byte aligned pointers and integers that
@@ -46,7 +47,10 @@ use cutile_ir::ir::{
     Attribute, BlockId, DenseElements, FuncType, Location, Module, PointerType,
     ScalarType as TScalar, TileElementType, TileType, Type, Value,
 };
-use tessera_ir::ir::{BinaryOp, CmpPred, ConstValue, Op, OpKind, ReduceOp, Region, UnaryOp};
+use tessera_ir::ir::{
+    AtomicOp, BinaryOp, CmpPred, ConstValue, MemOrder, MemScope, Op, OpKind, ReduceOp, Region,
+    UnaryOp,
+};
 use tessera_ir::{AddrSpace, Elem, Function, ScalarType, ValueId};
 
 use crate::CodegenError;
@@ -145,6 +149,27 @@ fn scalar(s: ScalarType) -> TScalar {
         ScalarType::F64 => TScalar::F64,
         ScalarType::F8E4M3 => TScalar::F8E4M3FN,
         ScalarType::F8E5M2 => TScalar::F8E5M2,
+    }
+}
+
+/// Tile IR's memory ordering semantics (`relaxed` 1, `acquire` 2, `release` 3,
+/// `acq_rel` 4; `weak`, 0, is for plain accesses).
+fn ordering(o: MemOrder) -> i64 {
+    match o {
+        MemOrder::Relaxed => 1,
+        MemOrder::Acquire => 2,
+        MemOrder::Release => 3,
+        MemOrder::AcqRel => 4,
+    }
+}
+
+/// Tile IR's memory scope: a program instance is a tile block (`tl_blk` 0), then
+/// `device` 1 and `sys` 2.
+fn memory_scope(s: MemScope) -> i64 {
+    match s {
+        MemScope::Block => 0,
+        MemScope::Device => 1,
+        MemScope::System => 2,
     }
 }
 
@@ -418,8 +443,10 @@ impl<'a> Lowerer<'a> {
     /// Whether `r` (or a region nested in it) accesses memory.
     fn touches_memory(r: &Region) -> bool {
         r.ops.iter().any(|o| {
-            matches!(o.kind, OpKind::Load { .. } | OpKind::Store { .. })
-                || o.regions.iter().any(Self::touches_memory)
+            matches!(
+                o.kind,
+                OpKind::Load { .. } | OpKind::Store { .. } | OpKind::AtomicRmw { .. }
+            ) || o.regions.iter().any(Self::touches_memory)
         })
     }
 
@@ -503,12 +530,20 @@ impl<'a> Lowerer<'a> {
             let wrap = ("overflow", Attribute::i32(0));
             return Ok(match u {
                 UnaryOp::Neg => self.op1(Opcode::NegI, &[x], ty, &[wrap]),
+                UnaryOp::Not => {
+                    let ones = if s == ScalarType::I1 {
+                        ConstValue::Bool(true)
+                    } else {
+                        ConstValue::Int(-1)
+                    };
+                    let m = self.const_splat(s, ones, &shape);
+                    self.op1(Opcode::XOrI, &[x, m], ty, &[])
+                }
                 UnaryOp::Abs => self.op1(Opcode::AbsI, &[x], ty, &[]),
                 _ => {
-                    return Err(self.unsupported(
-                        op,
-                        &format!("`{u:?}` on {s} is not lowered to Tile IR yet"),
-                    ));
+                    return Err(
+                        self.unsupported(op, &format!("on {s} is not lowered to Tile IR yet"))
+                    );
                 }
             });
         }
@@ -553,14 +588,16 @@ impl<'a> Lowerer<'a> {
         })
     }
 
-    /// `reduce` along `axis`: Tile IR's `reduce` with the combining op in its region
-    /// and the op's identity. Tile IR fixes no combining order (as on the SIMT path,
-    /// float sums may round differently from the interpreter's sequential order).
-    fn reduce(
+    /// `reduce` (`scan: None`) or `scan` (`Some(reverse)`) along `axis`: Tile IR's
+    /// op with the combining op in its region and the op's identity. Tile IR fixes no
+    /// combining order (as on the SIMT path, float sums may round differently from
+    /// the interpreter's sequential order; integer results are exact).
+    fn combine(
         &mut self,
         op: &Op,
         axis: u32,
         rop: ReduceOp,
+        scan: Option<bool>,
         r: ValueId,
     ) -> Result<Value, CodegenError> {
         let s = self
@@ -597,7 +634,13 @@ impl<'a> Lowerer<'a> {
                 ReduceOp::Min if signed => ((1u64 << (bits - 1).min(63)) - 1) as i64,
                 ReduceOp::Min => -1,
             };
-            Attribute::int(v, ts)
+            // Integer attributes are the value's bits at the element's width.
+            let bits = if bits >= 64 {
+                v
+            } else {
+                ((v as u64) & ((1u64 << bits) - 1)) as i64
+            };
+            Attribute::int(bits, ts)
         };
         let elem = tile(&[], TileElementType::Scalar(ts));
         let (region, blk, args) =
@@ -626,14 +669,150 @@ impl<'a> Lowerer<'a> {
         self.blk = outer;
         let x = self.val(op.operands[0]);
         let ty = self.ty(r);
+        let mut b = OpBuilder::new(
+            if scan.is_some() {
+                Opcode::Scan
+            } else {
+                Opcode::Reduce
+            },
+            Location::Unknown,
+        )
+        .operand(x)
+        .result(ty)
+        .attr("dim", Attribute::i32(i64::from(axis)));
+        if let Some(reverse) = scan {
+            b = b.attr("reverse", Attribute::Bool(reverse));
+        }
         Ok(self.emit(
-            OpBuilder::new(Opcode::Reduce, Location::Unknown)
-                .operand(x)
-                .result(ty)
-                .attr("dim", Attribute::i32(i64::from(axis)))
-                .attr("identities", Attribute::Array(vec![identity]))
+            b.attr("identities", Attribute::Array(vec![identity]))
                 .region(region),
         )[0])
+    }
+
+    /// A constant of scalar type `s` splat to `shape`.
+    fn const_splat(&mut self, s: ScalarType, c: ConstValue, shape: &[u32]) -> Value {
+        let v = self
+            .scalar_const(s, c)
+            .expect("integer constants of integer types are representable");
+        self.splat(v, TileElementType::Scalar(scalar(s)), shape)
+    }
+
+    /// Integer `a / c` or `a % c` as the SIMT lowering computes them: division by zero
+    /// gives 0 (the interpreter reports it; GPUs cannot), `MIN / -1` wraps and
+    /// `MIN % -1` is 0, so Tile IR never sees a divisor it leaves undefined.
+    fn int_div(
+        &mut self,
+        b: BinaryOp,
+        s: ScalarType,
+        a: Value,
+        c: Value,
+        shape: &[u32],
+        ty: Type,
+    ) -> Value {
+        let signed = s.is_signed_int();
+        let bty = tile(shape, TileElementType::Scalar(TScalar::I1));
+        let zero = self.const_splat(s, ConstValue::Int(0), shape);
+        let one = self.const_splat(s, ConstValue::Int(1), shape);
+        let cmp = |l: &mut Self, x: Value, y: Value| {
+            l.op1(
+                Opcode::CmpI,
+                &[x, y],
+                bty.clone(),
+                &[
+                    ("comparison_predicate", Attribute::i32(0)),
+                    ("signedness", Attribute::i32(i64::from(signed))),
+                ],
+            )
+        };
+        let is0 = cmp(self, c, zero);
+        let m1 = if signed {
+            let all = self.const_splat(s, ConstValue::Int(-1), shape);
+            Some(cmp(self, c, all))
+        } else {
+            None
+        };
+        let bad = match m1 {
+            Some(m1) => self.op1(Opcode::OrI, &[is0, m1], bty.clone(), &[]),
+            None => is0,
+        };
+        let safe = self.op1(Opcode::Select, &[bad, one, c], ty.clone(), &[]);
+        let sign = ("signedness", Attribute::i32(i64::from(signed)));
+        let q = if b == BinaryOp::Div {
+            // Rounding towards zero, as Rust's and the hardware's.
+            self.op1(
+                Opcode::DivI,
+                &[a, safe],
+                ty.clone(),
+                &[sign, ("rounding", Attribute::i32(1))],
+            )
+        } else {
+            self.op1(Opcode::RemI, &[a, safe], ty.clone(), &[sign])
+        };
+        let q = match m1 {
+            Some(m1) => {
+                let alt = if b == BinaryOp::Div {
+                    self.op1(
+                        Opcode::SubI,
+                        &[zero, a],
+                        ty.clone(),
+                        &[("overflow", Attribute::i32(0))],
+                    )
+                } else {
+                    zero
+                };
+                self.op1(Opcode::Select, &[m1, alt, q], ty.clone(), &[])
+            }
+            None => q,
+        };
+        self.op1(Opcode::Select, &[is0, zero, q], ty, &[])
+    }
+
+    /// `if cond`: Tile IR's `if`, each region ending in `yield`. When a region accesses
+    /// memory, both yield the two tokens too (each starting from the state before
+    /// the `if`), so accesses after the `if` wait for the branch that ran.
+    fn if_op(&mut self, op: &Op) -> Result<(), CodegenError> {
+        let memory = op.regions.iter().any(Self::touches_memory);
+        let mut result_tys: Vec<Type> = op.results.iter().map(|&r| self.ty(r)).collect();
+        let before = if memory {
+            let w = self.read_token();
+            result_tys.extend([Type::Token, Type::Token]);
+            Some((w, self.reads.clone()))
+        } else {
+            None
+        };
+        let cond = self.val(op.operands[0]);
+        let mut regions = Vec::new();
+        for r in &op.regions {
+            let (region, blk, _) = build_single_block_region(&mut self.m, &[]);
+            let outer = std::mem::replace(&mut self.blk, blk);
+            let saved = (self.last_write, self.reads.clone());
+            let mut yielded = self.region_ops(r)?;
+            if before.is_some() {
+                let w = self.read_token();
+                let reads = std::mem::take(&mut self.reads);
+                let r = self.join(reads, w);
+                yielded.extend([w, r]);
+            }
+            self.emit(OpBuilder::new(Opcode::Yield, Location::Unknown).operands(yielded));
+            self.blk = outer;
+            (self.last_write, self.reads) = saved;
+            regions.push(region);
+        }
+        let results = self.emit(
+            OpBuilder::new(Opcode::If, Location::Unknown)
+                .operand(cond)
+                .results(result_tys)
+                .regions(regions),
+        );
+        for (&r, &v) in op.results.iter().zip(&results) {
+            self.vals.insert(r, v);
+        }
+        if before.is_some() {
+            let n = op.results.len();
+            self.last_write = Some(results[n]);
+            self.reads = vec![results[n + 1]];
+        }
+        Ok(())
     }
 
     /// One token standing for `tokens` (`w` when there are none).
@@ -724,6 +903,25 @@ impl<'a> Lowerer<'a> {
                 let wrap = ("overflow", Attribute::i32(0));
                 let nearest = ("rounding_mode", Attribute::i32(0));
                 let sign = ("signedness", Attribute::i32(i64::from(s.is_signed_int())));
+                let shape = self.f.ty(r).shape.clone();
+                if !s.is_float() && matches!(b, BinaryOp::Div | BinaryOp::Rem) {
+                    let v = self.int_div(*b, s, a, c, &shape, ty);
+                    self.vals.insert(r, v);
+                    return Ok(());
+                }
+                if !s.is_float() && matches!(b, BinaryOp::Shl | BinaryOp::Shr) {
+                    // The amount wraps at the width, as Rust's `wrapping_shl` does.
+                    let mask =
+                        self.const_splat(s, ConstValue::Int(i64::from(s.bits()) - 1), &shape);
+                    let amt = self.op1(Opcode::AndI, &[c, mask], ty.clone(), &[]);
+                    let v = if *b == BinaryOp::Shl {
+                        self.op1(Opcode::ShLI, &[a, amt], ty, &[wrap])
+                    } else {
+                        self.op1(Opcode::ShRI, &[a, amt], ty, &[sign])
+                    };
+                    self.vals.insert(r, v);
+                    return Ok(());
+                }
                 let (code, attrs): (Opcode, Vec<(&str, Attribute)>) = match (b, s.is_float()) {
                     (BinaryOp::Add, false) => (Opcode::AddI, vec![wrap]),
                     (BinaryOp::Sub, false) => (Opcode::SubI, vec![wrap]),
@@ -872,7 +1070,71 @@ impl<'a> Lowerer<'a> {
                 self.last_write = Some(out[0]);
                 return Ok(());
             }
+            OpKind::AtomicRmw {
+                op: aop,
+                order,
+                scope,
+                has_mask,
+            } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let s = self
+                    .f
+                    .ty(r)
+                    .scalar_type()
+                    .ok_or_else(|| self.unsupported(op, "of pointers"))?;
+                let mode = match (aop, s.is_float(), s.is_signed_int()) {
+                    (AtomicOp::And, false, _) => 0,
+                    (AtomicOp::Or, false, _) => 1,
+                    (AtomicOp::Xor, false, _) => 2,
+                    (AtomicOp::Add, false, _) => 3,
+                    (AtomicOp::Add, true, _) if s == ScalarType::F32 || s == ScalarType::F64 => 4,
+                    (AtomicOp::Max, false, true) => 5,
+                    (AtomicOp::Min, false, true) => 6,
+                    (AtomicOp::Max, false, false) => 7,
+                    (AtomicOp::Min, false, false) => 8,
+                    (AtomicOp::Xchg, _, _) => 9,
+                    _ => {
+                        return Err(self.unsupported(
+                            op,
+                            &format!("`{}` on {s} is not lowered to Tile IR yet", aop.name()),
+                        ));
+                    }
+                };
+                let ty = self.ty(r);
+                let ptr = self.val(op.operands[0]);
+                let value = self.val(op.operands[1]);
+                let mask = has_mask.then(|| self.val(op.operands[2]));
+                // An atomic reads and writes: it waits for every earlier access.
+                let tok = self.write_token();
+                let mut b = OpBuilder::new(Opcode::AtomicRMW, Location::Unknown)
+                    .operand(ptr)
+                    .operand(value);
+                if let Some(m) = mask {
+                    b = b.operand(m);
+                }
+                let seg = vec![
+                    Attribute::i32(1),
+                    Attribute::i32(1),
+                    Attribute::i32(i64::from(mask.is_some())),
+                    Attribute::i32(1),
+                ];
+                let out = self.emit(
+                    b.operand(tok)
+                        .result(ty)
+                        .result(Type::Token)
+                        .attr(
+                            "memory_ordering_semantics",
+                            Attribute::i32(ordering(*order)),
+                        )
+                        .attr("memory_scope", Attribute::i32(memory_scope(*scope)))
+                        .attr("mode", Attribute::i32(mode))
+                        .attr("operandSegmentSizes", Attribute::Array(seg)),
+                );
+                self.last_write = Some(out[1]);
+                out[0]
+            }
             OpKind::For => return self.for_op(op),
+            OpKind::If => return self.if_op(op),
             OpKind::Unary(u) => {
                 let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
                 let s = self
@@ -885,7 +1147,21 @@ impl<'a> Lowerer<'a> {
             }
             OpKind::Reduce { axis, op: rop } => {
                 let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
-                self.reduce(op, u32::from(*axis), *rop, r)?
+                self.combine(op, u32::from(*axis), *rop, None, r)?
+            }
+            OpKind::Scan {
+                axis,
+                op: rop,
+                reverse,
+            } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                self.combine(op, u32::from(*axis), *rop, Some(*reverse), r)?
+            }
+            OpKind::Bitcast => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let x = self.val(op.operands[0]);
+                self.op1(Opcode::Bitcast, &[x], ty, &[])
             }
             OpKind::Dot => {
                 let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
@@ -907,6 +1183,13 @@ impl<'a> Lowerer<'a> {
                         ),
                         Some(ScalarType::F32),
                     ) => self.op1(Opcode::MmaF, &[a, b, c], ty, &[]),
+                    // f32 and f64 products are full precision (Tile IR's `tf32` is a type
+                    // of its own); like the SIMT matrix path, the accumulation order
+                    // is the hardware's, not the interpreter's increasing `k`.
+                    (Some(ScalarType::F32), Some(ScalarType::F32))
+                    | (Some(ScalarType::F64), Some(ScalarType::F64)) => {
+                        self.op1(Opcode::MmaF, &[a, b, c], ty, &[])
+                    }
                     (Some(i @ (ScalarType::I8 | ScalarType::U8)), Some(ScalarType::I32)) => {
                         let sign = Attribute::i32(i64::from(i == ScalarType::I8));
                         self.op1(
@@ -917,9 +1200,15 @@ impl<'a> Lowerer<'a> {
                         )
                     }
                     (i, a) => {
+                        let name =
+                            |t: Option<ScalarType>| t.map_or("pointers".into(), |t| t.to_string());
                         return Err(self.unsupported(
                             op,
-                            &format!("of {i:?} into {a:?} is not lowered to Tile IR yet"),
+                            &format!(
+                                "of {} into {} is not lowered to Tile IR yet",
+                                name(i),
+                                name(a)
+                            ),
                         ));
                     }
                 }
