@@ -14,6 +14,12 @@
 //! picks for such launches, as Triton does): this is what allows 128-bit accesses.
 //! `--specialize none` assumes nothing.
 //!
+//! `--tileir <gpu>` (`sm_100`, `sm_103`, `sm_120`, ... and `sm_80` to `sm_90`) compiles
+//! every kernel through the Tile IR backend instead (`tessera::codegen::tileir`:
+//! Tile IR bytecode, then NVIDIA's `tileiras`), writing `<name>.tilebc` and
+//! `<name>.cubin`; a kernel with an op that backend does not lower yet is listed
+//! with the op and its place, and does not fail the run.
+//!
 //! With `--store <dir>` it also writes every kernel into an artifact store
 //! (`tessera::ArtifactStore`: `<dir>/<kernel>-<key>.tkb`, one folder for all targets),
 //! which a runtime built without LLVM loads (`TESSERA_AOT_DIR=<dir>` or
@@ -34,7 +40,8 @@ use aot_jobs::JOBS;
 use tessera::ArtifactStore;
 use tessera::aot::{ALL_TARGETS, CompileOptions, Specialization, Target, Vendor};
 
-const USAGE: &str = "usage: aot --target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
+const USAGE: &str = "usage: aot (--target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
+                     | --tileir <sm_80..sm_121>) \
                      --out <dir> [--num-warps <1|2|4|8|16>] [--num-stages <1..8>] \
                      [--specialize <all|none>] [--store <dir>] [--off-node <dir>]";
 
@@ -50,6 +57,8 @@ struct Args {
     /// compiled for a world across nodes (NVSHMEM's device library linked: about
     /// 0.6 MB of PTX each, so the GPU check packs them compressed).
     off_node: Option<PathBuf>,
+    /// Compile through the Tile IR backend for this GPU (`sm_100`, ...).
+    tileir: Option<String>,
 }
 
 /// The value of the option just read, as a string.
@@ -68,6 +77,7 @@ fn parse_args(
     let mut store = None;
     let mut spec = Specialization::AllDivisible;
     let mut off_node = None;
+    let mut tileir = None;
     let mut p = lexopt::Parser::from_args(args);
     while let Some(arg) = p.next().map_err(|e| format!("{e}\n{USAGE}"))? {
         match arg {
@@ -106,12 +116,29 @@ fn parse_args(
                 }
             }
             Long("off-node") => off_node = Some(PathBuf::from(value_of(&mut p)?)),
+            Long("tileir") => {
+                let v = value_of(&mut p)?;
+                let ok = v
+                    .strip_prefix("sm_")
+                    .and_then(|n| n.parse::<u32>().ok())
+                    .is_some_and(|n| (80..=121).contains(&n));
+                if !ok {
+                    return Err(format!("--tileir: `{v}` is not sm_80 to sm_121\n{USAGE}"));
+                }
+                tileir = Some(v);
+            }
             Short('h') | Long("help") => return Err(USAGE.to_string()),
             other => return Err(format!("{}\n{USAGE}", other.unexpected())),
         }
     }
+    let targets = match (targets, &tileir) {
+        (Some(t), _) => t,
+        (None, Some(_)) => Vec::new(),
+        (None, None) => return Err(format!("--target or --tileir is required\n{USAGE}")),
+    };
     Ok(Args {
-        targets: targets.ok_or_else(|| format!("--target is required\n{USAGE}"))?,
+        targets,
+        tileir,
         out: out.ok_or_else(|| format!("--out is required\n{USAGE}"))?,
         opts,
         store,
@@ -124,8 +151,65 @@ fn write(path: &Path, bytes: &[u8]) -> Result<(), String> {
     std::fs::write(path, bytes).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
+/// Every job through the Tile IR backend for `gpu` (see the module docs).
+fn run_tileir(args: &Args, gpu: &str) -> Result<usize, String> {
+    use tessera::codegen::CodegenError;
+    use tessera::codegen::tileir;
+    std::fs::create_dir_all(&args.out)
+        .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
+    let (mut failed, mut missing): (usize, Vec<&str>) = (0, Vec::new());
+    for (name, _, _, _, ir) in JOBS {
+        let f = ir().map_err(|e| format!("{name}: {e}"))?;
+        let f = match args.spec {
+            Specialization::AllDivisible => {
+                let facts = vec![tessera::ir::ParamFacts::new(true, true); f.params.len()];
+                tessera::ir::passes::specialize(&f, &facts)
+            }
+            _ => (*f).clone(),
+        };
+        let t = Instant::now();
+        match tileir::compile(&f, gpu) {
+            Ok(art) => {
+                let file = args.out.join(format!("{name}.cubin"));
+                write(
+                    &args.out.join(format!("{name}.tilebc")),
+                    &art.kernel.bytecode,
+                )?;
+                write(&file, &art.cubin)?;
+                println!(
+                    "{gpu:>8} {name:<12} {:>9} bytes {:>9.1} ms  {} (Tile IR {})",
+                    art.cubin.len(),
+                    t.elapsed().as_secs_f64() * 1e3,
+                    file.display(),
+                    art.kernel.version
+                );
+            }
+            Err(e @ CodegenError::TileIr { .. }) => {
+                println!("{gpu:>8} {name:<12} not lowered to Tile IR yet: {e}");
+                missing.push(name);
+            }
+            Err(e) => {
+                eprintln!("{gpu:>8} {name:<12} FAILED: {e}");
+                failed += 1;
+            }
+        }
+    }
+    if !missing.is_empty() {
+        println!(
+            "{gpu:>8} {} of {} kernels not lowered to Tile IR yet: {}",
+            missing.len(),
+            JOBS.len(),
+            missing.join(", ")
+        );
+    }
+    Ok(failed)
+}
+
 fn run(args: &Args) -> Result<(), String> {
     let mut failed = 0usize;
+    if let Some(gpu) = &args.tileir {
+        failed += run_tileir(args, gpu)?;
+    }
     for &target in &args.targets {
         let dir = if args.targets.len() > 1 {
             args.out.join(target.to_string())
@@ -135,7 +219,7 @@ fn run(args: &Args) -> Result<(), String> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tname = target.to_string();
-        for (name, warps, compile, store) in JOBS {
+        for (name, warps, compile, store, _) in JOBS {
             let opts = CompileOptions {
                 num_warps: warps.unwrap_or(args.opts.num_warps),
                 num_stages: args.opts.num_stages,
@@ -180,7 +264,7 @@ fn run(args: &Args) -> Result<(), String> {
             let mut files =
                 tessera::collectives::precompile_all_reduce_sum::<f32>(target, &nv, &store)
                     .map_err(|e| format!("{tname}: the all-reduce's kernels, off-node: {e}"))?;
-            for (name, _, _, precompile) in JOBS.iter().filter(|j| j.0 == "ring_pass") {
+            for (name, _, _, precompile, _) in JOBS.iter().filter(|j| j.0 == "ring_pass") {
                 files.extend(
                     precompile(target, &nv, &store)
                         .map_err(|e| format!("{tname}: {name}, off-node: {e}"))?,

@@ -57,12 +57,14 @@ use tessera::aot::{
 use tessera::prelude::*;
 
 /// One example kernel: its file name, its number of warps (`None`: `--num-warps`),
-/// how to compile it, and how to precompile it into an artifact store.
+/// how to compile it, how to precompile it into an artifact store, and its tile IR
+/// (for the Tile IR backend, `--tileir`).
 pub type Job = (
     &'static str,
     Option<u32>,
     fn(&Specialization, Target, &CompileOptions) -> Result<Artifact, Error>,
     fn(Target, &CompileOptions, &ArtifactStore) -> Result<Vec<PathBuf>, Error>,
+    fn() -> Result<std::sync::Arc<tessera::ir::Function>, Error>,
 );
 
 macro_rules! job {
@@ -89,6 +91,7 @@ macro_rules! job {
                 compile_kernel_specialized::<$k>(&(), &sp, t, o)
             },
             |t, o, s| precompile_launches::<$k>(&(), t, o, s),
+            || tessera::kernel_ir::<$k>(&()),
         )
     };
     (@ $name:literal, $warps:expr, $k:ty) => {
@@ -98,6 +101,7 @@ macro_rules! job {
             |sp, t, o| compile_kernel_specialized::<$k>(&(), sp, t, o),
             // Every specialization a launch can look up.
             |t, o, s| precompile_launches::<$k>(&(), t, o, s),
+            || tessera::kernel_ir::<$k>(&()),
         )
     };
 }

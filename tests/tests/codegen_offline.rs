@@ -214,7 +214,7 @@ fn every_aot_kernel_assembles_without_spills_on_every_nvidia_target() {
             .map(|&target| {
                 s.spawn(move || {
                     let mut failures = Vec::new();
-                    for (name, warps, compile, _) in aot_jobs::JOBS {
+                    for (name, warps, compile, _, _) in aot_jobs::JOBS {
                         let opts = CompileOptions {
                             num_warps: warps.unwrap_or(CompileOptions::default().num_warps),
                             ..CompileOptions::default()
