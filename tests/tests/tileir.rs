@@ -302,3 +302,26 @@ fn descriptor_matmul_takes_tma_on_blackwell() {
         "{e}"
     );
 }
+
+/// The Tile IR of two example kernels as `tileirdisasm` reads the bytecode back,
+/// reviewed like the PTX snapshots: the elementwise kernel (pointer tiles, masks,
+/// tokens) and the descriptor GEMM (views, the guarded loads, the loop carrying the
+/// accumulator and the tokens, `mmaf`).
+#[test]
+fn tile_ir_snapshots() {
+    let kernels = [
+        (
+            "vector_add",
+            kernel_ir::<vector_add::vector_add<1024>>(&()).expect("builds"),
+        ),
+        (
+            "matmul_desc",
+            kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds"),
+        ),
+    ];
+    for (name, f) in kernels {
+        let k = tileir::lower(&f, DEFAULT_VERSION).expect("lowers");
+        let text = tools::tileirdisasm(&k.bytecode).expect("tileirdisasm reads it back");
+        insta::assert_snapshot!(format!("tileir_{name}"), text);
+    }
+}
