@@ -225,6 +225,7 @@ log "llvm-config: $(llvm-config-22 --version 2>/dev/null || echo n/a)"
 log "ld.lld:      $(ld.lld-22 --version 2>/dev/null | head -n1 || echo n/a)"
 if [ -x "$TOOLS/bin/ptxas" ]; then
   log "ptxas:       $("$TOOLS/bin/ptxas" --version 2>&1 | grep -m1 -i release || true)"
+  log "tileiras:    $("$TOOLS/bin/tileiras" --version 2>&1 | grep -m1 -i release || echo n/a)"
 else
   log "ptxas:       n/a"
 fi

@@ -700,7 +700,7 @@ impl<'a> Lowerer<'a> {
     fn const_splat(&mut self, s: ScalarType, c: ConstValue, shape: &[u32]) -> Value {
         let v = self
             .scalar_const(s, c)
-            .expect("integer constants of integer types are representable");
+            .expect("constants of integer and float element types are representable");
         self.splat(v, TileElementType::Scalar(scalar(s)), shape)
     }
 
@@ -1442,9 +1442,32 @@ impl<'a> Lowerer<'a> {
                     "signedness",
                     Attribute::i32(i64::from(from.is_signed_int())),
                 );
+                let fp8 = |t: ScalarType| matches!(t, ScalarType::F8E4M3 | ScalarType::F8E5M2);
                 if from == to {
                     x
-                } else if from.is_float() && to.is_float() {
+                } else if fp8(to) && from.is_float() && !fp8(from) {
+                    // Round to nearest even, saturating to the largest finite value
+                    // and NaN to NaN (`satfinite`, the interpreter's conversion): the
+                    // clamp first (NaN-propagating), so the conversion never overflows.
+                    let max = if to == ScalarType::F8E4M3 {
+                        448.0
+                    } else {
+                        57344.0
+                    };
+                    let shape = self.f.ty(r).shape.clone();
+                    let src = self.ty(op.operands[0]);
+                    let hi = self.const_splat(from, ConstValue::Float(max), &shape);
+                    let lo = self.const_splat(from, ConstValue::Float(-max), &shape);
+                    let nan = ("propagate_nan", Attribute::Bool(true));
+                    let c = self.op1(
+                        Opcode::MinF,
+                        &[x, hi],
+                        src.clone(),
+                        std::slice::from_ref(&nan),
+                    );
+                    let c = self.op1(Opcode::MaxF, &[c, lo], src, &[nan]);
+                    self.op1(Opcode::FToF, &[c], ty, &[nearest])
+                } else if (from.is_float() || fp8(from)) && (to.is_float() || fp8(to)) {
                     self.op1(Opcode::FToF, &[x], ty, &[nearest])
                 } else if from.is_int() && to.is_float() {
                     self.op1(Opcode::IToF, &[x], ty, &[signed, nearest])
