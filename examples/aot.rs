@@ -341,7 +341,14 @@ mod tests {
         assert!(
             parse("--out x")
                 .unwrap_err()
-                .contains("--target is required")
+                .contains("--target or --tileir is required")
+        );
+        let a = parse("--tileir sm_100 --out x").unwrap();
+        assert_eq!((a.tileir.as_deref(), a.targets.len()), (Some("sm_100"), 0));
+        assert!(
+            parse("--tileir sm_70 --out x")
+                .unwrap_err()
+                .contains("not sm_80 to sm_121")
         );
         assert!(
             parse("--target sm_90")
