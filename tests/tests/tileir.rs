@@ -324,3 +324,51 @@ fn tile_ir_snapshots() {
         insta::assert_snapshot!(format!("tileir_{name}"), text);
     }
 }
+
+/// Conversions with the interpreter's semantics spelled out in Tile IR: float to
+/// integer saturating with NaN to 0 (its `ftoi` only sees values in range), to `i1`
+/// as "nonzero" (NaN included), and `fma` with one rounding; all compile for Blackwell.
+#[test]
+fn conversions_keep_the_interpreter_s_semantics() {
+    let src = "kernel @k(%x: ptr<f32> {readonly}, %i: ptr<i32>, %u: ptr<u8>, %b: ptr<i1>, %n: ptr<i1>, %y: ptr<f32>) {
+  %0 = arange 0, 64 : <64xi32>
+  %1 = splat %x : <64xptr<f32>>
+  %2 = addptr %1, %0 : <64xptr<f32>>
+  %3 = load %2 : <64xf32>
+  %4 = cast %3 : <64xi32>
+  %5 = cast %3 : <64xu8>
+  %6 = cast %3 : <64xi1>
+  %7 = cast %0 : <64xi1>
+  %8 = fma %3, %3, %3 : <64xf32>
+  %9 = splat %i : <64xptr<i32>>
+  %10 = addptr %9, %0 : <64xptr<i32>>
+  store %10, %4
+  %11 = splat %u : <64xptr<u8>>
+  %12 = addptr %11, %0 : <64xptr<u8>>
+  store %12, %5
+  %13 = splat %b : <64xptr<i1>>
+  %14 = addptr %13, %0 : <64xptr<i1>>
+  store %14, %6
+  %15 = splat %n : <64xptr<i1>>
+  %16 = addptr %15, %0 : <64xptr<i1>>
+  store %16, %7
+  %17 = splat %y : <64xptr<f32>>
+  %18 = addptr %17, %0 : <64xptr<f32>>
+  store %18, %8
+}";
+    let f = tessera::ir::parser::parse_function(src).expect("parses");
+    tessera::ir::verify::verify(&f).expect("verifies");
+    let k = tileir::lower(&f, DEFAULT_VERSION).expect("lowers");
+    let text = tools::tileirdisasm(&k.bytecode).expect("tileirdisasm reads it back");
+    let count = |p: &str| text.lines().filter(|l| l.contains(p)).count();
+    // Two float-to-int casts, each: two range tests, a NaN test, one `ftoi` of a
+    // value made safe, three selects of the result.
+    assert_eq!(count("ftoi"), 2, "{text}");
+    assert!(count("cmpf") >= 7, "{text}");
+    assert_eq!(count(" fma "), 1, "{text}");
+    assert!(
+        text.contains("not_equal"),
+        "`i1` casts test against zero:\n{text}"
+    );
+    tileir::compile(&f, "sm_100").expect("tileiras compiles it");
+}

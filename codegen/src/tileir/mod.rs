@@ -11,10 +11,11 @@
 //! `add`/`sub`/`mul`, float `div`, bitwise `and`/`or`/`xor`, `min`/`max`, comparisons,
 //! `select`, `addptr`, loads and stores through pointer tiles with their masks and
 //! `other` values, `for` loops with carried values, `dot` (f16, bf16 and the 8-bit
-//! floats into f32; i8 into i32), casts between floats, between integers and from
-//! integers to floats, the float math functions but `erf` (f16 and bf16 computed in
-//! f32), reductions and scans of 32- and 64-bit elements, bitcasts, atomics
-//! (`atomic_rmw` with its ordering and scope) and `if`. Every other op is a [`CodegenError::TileIr`] naming the op and
+//! floats into f32, f32 and f64; i8 into i32), `fma`, casts (float to integer
+//! saturating with NaN to 0, to `i1` as "nonzero", to the 8-bit floats saturating),
+//! the float math functions but `erf` (f16 and bf16 computed in f32), reductions and
+//! scans of 32- and 64-bit elements, bitcasts, atomics (`atomic_rmw` with its ordering
+//! and scope), `if`, and tensor descriptors (as partition views of tensor views). Every other op is a [`CodegenError::TileIr`] naming the op and
 //! its place in the user's source: nothing is dropped or approximated.
 //!
 //! **Facts.** A parameter's divisibility (16-byte aligned pointers and integers that
@@ -25,6 +26,8 @@
 //! interpreter do); integer arithmetic wraps (no overflow assumption); unsigned types
 //! compare unsigned; a float comparison is ordered except `ne`, which is true when an
 //! operand is NaN, as in Rust.
+//! A NaN converted to `f8e5m2` keeps its NaN-ness but not necessarily the
+//! interpreter's sign and payload bits (the saturating clamp makes it canonical).
 //!
 //! **Memory order.** Tile IR orders memory operations by tokens, not by program order:
 //! an access whose token nothing uses may be reordered or even deleted. Every access
@@ -696,6 +699,82 @@ impl<'a> Lowerer<'a> {
         )[0])
     }
 
+    /// Float `x` to integer type `to` as Rust's `as` (the interpreter's cast):
+    /// truncation towards zero, saturating at the type's bounds, NaN to 0. Tile IR's
+    /// `ftoi` only ever sees values in range.
+    fn float_to_int(
+        &mut self,
+        x: Value,
+        from: ScalarType,
+        to: ScalarType,
+        shape: &[u32],
+        ty: Type,
+    ) -> Value {
+        let bits = to.bits();
+        let signed = to.is_signed_int();
+        // Powers of two: exact in every float type (or infinite, which still orders).
+        let (lo, hi) = if signed {
+            (-(2f64.powi(bits as i32 - 1)), 2f64.powi(bits as i32 - 1))
+        } else {
+            (0.0, 2f64.powi(bits as i32))
+        };
+        let (min, max): (i64, i64) = if signed {
+            (i64::MIN >> (64 - bits), i64::MAX >> (64 - bits))
+        } else {
+            (
+                0,
+                if bits >= 64 {
+                    -1
+                } else {
+                    ((1u64 << bits) - 1) as i64
+                },
+            )
+        };
+        let bty = tile(shape, TileElementType::Scalar(TScalar::I1));
+        let fty = self.ty_of(from, shape);
+        let cmp = |l: &mut Self, a: Value, b: Value, pred: i64, ordered: i64| {
+            l.op1(
+                Opcode::CmpF,
+                &[a, b],
+                bty.clone(),
+                &[
+                    ("comparison_predicate", Attribute::i32(pred)),
+                    ("comparison_ordering", Attribute::i32(ordered)),
+                ],
+            )
+        };
+        let hi_v = self.const_splat(from, ConstValue::Float(hi), shape);
+        let lo_v = self.const_splat(from, ConstValue::Float(lo), shape);
+        let zero_f = self.const_splat(from, ConstValue::Float(0.0), shape);
+        let too_big = cmp(self, x, hi_v, 5, 1);
+        let too_small = cmp(self, x, lo_v, 3, 1);
+        let nan = cmp(self, x, x, 1, 0);
+        let out = self.op1(Opcode::OrI, &[too_big, too_small], bty.clone(), &[]);
+        let out = self.op1(Opcode::OrI, &[out, nan], bty, &[]);
+        let safe = self.op1(Opcode::Select, &[out, zero_f, x], fty, &[]);
+        let t = self.op1(
+            Opcode::FToI,
+            &[safe],
+            ty.clone(),
+            &[
+                ("signedness", Attribute::i32(i64::from(signed))),
+                // `nearest_int_to_zero`, the only mode `ftoi` has: truncation.
+                ("rounding_mode", Attribute::i32(6)),
+            ],
+        );
+        let min_v = self.const_splat(to, ConstValue::Int(min), shape);
+        let max_v = self.const_splat(to, ConstValue::Int(max), shape);
+        let zero = self.const_splat(to, ConstValue::Int(0), shape);
+        let v = self.op1(Opcode::Select, &[too_small, min_v, t], ty.clone(), &[]);
+        let v = self.op1(Opcode::Select, &[too_big, max_v, v], ty.clone(), &[]);
+        self.op1(Opcode::Select, &[nan, zero, v], ty, &[])
+    }
+
+    /// The Tile IR type of a tile of `s` with `shape`.
+    fn ty_of(&self, s: ScalarType, shape: &[u32]) -> Type {
+        tile(shape, TileElementType::Scalar(scalar(s)))
+    }
+
     /// A constant of scalar type `s` splat to `shape`.
     fn const_splat(&mut self, s: ScalarType, c: ConstValue, shape: &[u32]) -> Value {
         let v = self
@@ -1347,6 +1426,28 @@ impl<'a> Lowerer<'a> {
             OpKind::DescStore { rank } => {
                 return self.desc_access(op, usize::from(*rank), None);
             }
+            OpKind::Fma => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let s = self
+                    .f
+                    .ty(r)
+                    .scalar_type()
+                    .ok_or_else(|| self.unsupported(op, "on pointers"))?;
+                if !s.is_float() {
+                    return Err(
+                        self.unsupported(op, &format!("on {s} is not lowered to Tile IR yet"))
+                    );
+                }
+                let ty = self.ty(r);
+                let ops: Vec<Value> = op.operands.iter().map(|&o| self.val(o)).collect();
+                // One rounding, to nearest even: a fused multiply-add.
+                self.op1(
+                    Opcode::Fma,
+                    &ops,
+                    ty,
+                    &[("rounding_mode", Attribute::i32(0))],
+                )
+            }
             OpKind::For => return self.for_op(op),
             OpKind::If => return self.if_op(op),
             OpKind::Unary(u) => {
@@ -1467,11 +1568,41 @@ impl<'a> Lowerer<'a> {
                     );
                     let c = self.op1(Opcode::MaxF, &[c, lo], src, &[nan]);
                     self.op1(Opcode::FToF, &[c], ty, &[nearest])
+                } else if to == ScalarType::I1 && (from.is_int() || from.is_float()) {
+                    // Nonzero (NaN included) is true.
+                    let shape = self.f.ty(r).shape.clone();
+                    if from.is_float() {
+                        let z = self.const_splat(from, ConstValue::Float(0.0), &shape);
+                        self.op1(
+                            Opcode::CmpF,
+                            &[x, z],
+                            ty,
+                            &[
+                                ("comparison_predicate", Attribute::i32(1)),
+                                ("comparison_ordering", Attribute::i32(0)),
+                            ],
+                        )
+                    } else {
+                        let z = self.const_splat(from, ConstValue::Int(0), &shape);
+                        self.op1(
+                            Opcode::CmpI,
+                            &[x, z],
+                            ty,
+                            &[
+                                ("comparison_predicate", Attribute::i32(1)),
+                                ("signedness", Attribute::i32(0)),
+                            ],
+                        )
+                    }
+                } else if from.is_float() && to.is_int() {
+                    let shape = self.f.ty(r).shape.clone();
+                    self.float_to_int(x, from, to, &shape, ty)
                 } else if (from.is_float() || fp8(from)) && (to.is_float() || fp8(to)) {
                     self.op1(Opcode::FToF, &[x], ty, &[nearest])
                 } else if from.is_int() && to.is_float() {
+                    // (`i1` is unsigned: true is 1.)
                     self.op1(Opcode::IToF, &[x], ty, &[signed, nearest])
-                } else if from.is_int() && to.is_int() && from != ScalarType::I1 {
+                } else if from.is_int() && to.is_int() {
                     if to.bits() > from.bits() {
                         self.op1(Opcode::ExtI, &[x], ty, &[signed])
                     } else if to.bits() < from.bits() {
@@ -1480,8 +1611,6 @@ impl<'a> Lowerer<'a> {
                         x
                     }
                 } else {
-                    // Float to int saturates (NaN to 0) and `i1` casts compare with 0
-                    // in the interpreter: not lowered until Tile IR's forms match.
                     return Err(self.unsupported(
                         op,
                         &format!("from {from} to {to} is not lowered to Tile IR yet"),
