@@ -275,6 +275,30 @@ impl<'a> Lowerer<'a> {
         r
     }
 
+    /// An op whose operands come in optional groups of one (pointer, value, mask,
+    /// `other`, token: `operandSegmentSizes` says which are present), with `results`
+    /// and `attrs`.
+    fn grouped(
+        &mut self,
+        code: Opcode,
+        groups: &[Option<Value>],
+        results: Vec<Type>,
+        attrs: &[(&str, Attribute)],
+    ) -> Vec<Value> {
+        let seg = groups
+            .iter()
+            .map(|g| Attribute::i32(i64::from(g.is_some())))
+            .collect();
+        let mut b = OpBuilder::new(code, Location::Unknown)
+            .operands(groups.iter().flatten().copied())
+            .results(results)
+            .attr("operandSegmentSizes", Attribute::Array(seg));
+        for (n, a) in attrs {
+            b = b.attr(*n, a.clone());
+        }
+        self.emit(b)
+    }
+
     /// One op with `operands` and one result of type `ty`, plus `attrs`.
     fn op1(
         &mut self,
@@ -1301,21 +1325,11 @@ impl<'a> Lowerer<'a> {
                 let mask = has_mask.then(|| self.val(op.operands[1]));
                 let other = has_other.then(|| self.val(op.operands[2]));
                 let tok = self.read_token();
-                let mut b = OpBuilder::new(Opcode::LoadPtrTko, Location::Unknown).operand(ptr);
-                let mut seg = vec![Attribute::i32(1)];
-                for x in [mask, other] {
-                    seg.push(Attribute::i32(i64::from(x.is_some())));
-                    if let Some(x) = x {
-                        b = b.operand(x);
-                    }
-                }
-                seg.push(Attribute::i32(1));
-                let out = self.emit(
-                    b.operand(tok)
-                        .result(ty)
-                        .result(Type::Token)
-                        .attr("memory_ordering_semantics", Attribute::i32(0))
-                        .attr("operandSegmentSizes", Attribute::Array(seg)),
+                let out = self.grouped(
+                    Opcode::LoadPtrTko,
+                    &[Some(ptr), mask, other, Some(tok)],
+                    vec![ty, Type::Token],
+                    &[("memory_ordering_semantics", Attribute::i32(0))],
                 );
                 self.reads.push(out[1]);
                 out[0]
@@ -1332,23 +1346,11 @@ impl<'a> Lowerer<'a> {
                 let value = self.val(op.operands[1]);
                 let mask = has_mask.then(|| self.val(op.operands[2]));
                 let tok = self.write_token();
-                let mut b = OpBuilder::new(Opcode::StorePtrTko, Location::Unknown)
-                    .operand(ptr)
-                    .operand(value);
-                if let Some(m) = mask {
-                    b = b.operand(m);
-                }
-                let seg = vec![
-                    Attribute::i32(1),
-                    Attribute::i32(1),
-                    Attribute::i32(i64::from(mask.is_some())),
-                    Attribute::i32(1),
-                ];
-                let out = self.emit(
-                    b.operand(tok)
-                        .result(Type::Token)
-                        .attr("memory_ordering_semantics", Attribute::i32(0))
-                        .attr("operandSegmentSizes", Attribute::Array(seg)),
+                let out = self.grouped(
+                    Opcode::StorePtrTko,
+                    &[Some(ptr), Some(value), mask, Some(tok)],
+                    vec![Type::Token],
+                    &[("memory_ordering_semantics", Attribute::i32(0))],
                 );
                 self.last_write = Some(out[0]);
                 return Ok(());
@@ -1389,29 +1391,18 @@ impl<'a> Lowerer<'a> {
                 let mask = has_mask.then(|| self.val(op.operands[2]));
                 // An atomic reads and writes: it waits for every earlier access.
                 let tok = self.write_token();
-                let mut b = OpBuilder::new(Opcode::AtomicRMW, Location::Unknown)
-                    .operand(ptr)
-                    .operand(value);
-                if let Some(m) = mask {
-                    b = b.operand(m);
-                }
-                let seg = vec![
-                    Attribute::i32(1),
-                    Attribute::i32(1),
-                    Attribute::i32(i64::from(mask.is_some())),
-                    Attribute::i32(1),
-                ];
-                let out = self.emit(
-                    b.operand(tok)
-                        .result(ty)
-                        .result(Type::Token)
-                        .attr(
+                let out = self.grouped(
+                    Opcode::AtomicRMW,
+                    &[Some(ptr), Some(value), mask, Some(tok)],
+                    vec![ty, Type::Token],
+                    &[
+                        (
                             "memory_ordering_semantics",
                             Attribute::i32(ordering(*order)),
-                        )
-                        .attr("memory_scope", Attribute::i32(memory_scope(*scope)))
-                        .attr("mode", Attribute::i32(mode))
-                        .attr("operandSegmentSizes", Attribute::Array(seg)),
+                        ),
+                        ("memory_scope", Attribute::i32(memory_scope(*scope))),
+                        ("mode", Attribute::i32(mode)),
+                    ],
                 );
                 self.last_write = Some(out[1]);
                 out[0]
