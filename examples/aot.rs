@@ -18,7 +18,9 @@
 //! every kernel through the Tile IR backend instead (`tessera::codegen::tileir`:
 //! Tile IR bytecode, then NVIDIA's `tileiras`), writing `<name>.tilebc` and
 //! `<name>.cubin`; a kernel with an op that backend does not lower yet is listed
-//! with the op and its place, and does not fail the run.
+//! with the op and its place, and does not fail the run. With `--store`, each is
+//! also stored for every specialization a launch looks up (target `tileir-<gpu>`),
+//! which a launch through the Tile IR backend on that GPU finds without `tileiras`.
 //!
 //! With `--store <dir>` it also writes every kernel into an artifact store
 //! (`tessera::ArtifactStore`: `<dir>/<kernel>-<key>.tkb`, one folder for all targets),
@@ -159,17 +161,25 @@ fn run_tileir(args: &Args, gpu: &str) -> Result<usize, String> {
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let (mut failed, mut missing): (usize, Vec<&str>) = (0, Vec::new());
     for (name, _, _, _, ir) in JOBS {
-        let f = ir().map_err(|e| format!("{name}: {e}"))?;
+        let ir = ir().map_err(|e| format!("{name}: {e}"))?;
         let f = match args.spec {
             Specialization::AllDivisible => {
-                let facts = vec![tessera::ir::ParamFacts::new(true, true); f.params.len()];
-                tessera::ir::passes::specialize(&f, &facts)
+                let facts = vec![tessera::ir::ParamFacts::new(true, true); ir.params.len()];
+                tessera::ir::passes::specialize(&ir, &facts)
             }
-            _ => (*f).clone(),
+            _ => (*ir).clone(),
         };
         let t = Instant::now();
         match tileir::compile(&f, gpu) {
             Ok(art) => {
+                // Into the store: every specialization a launch can look up.
+                if let Some(s) = &args.store {
+                    let store = ArtifactStore::new(s);
+                    for sp in Specialization::for_launches(&ir) {
+                        tessera::aot::store_tileir_ir(&sp.apply(&ir), gpu, &store)
+                            .map_err(|e| format!("{name}: {e}"))?;
+                    }
+                }
                 let file = args.out.join(format!("{name}.cubin"));
                 write(
                     &args.out.join(format!("{name}.tilebc")),

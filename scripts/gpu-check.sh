@@ -4,7 +4,8 @@
 #
 #   scripts/gpu-check.sh [--dry-run] [--vendor nvidia|amd|both]
 #
-#   nvidia: target/gpu-check/      kernels for sm_90a (an H100/H200), device cuda:0
+#   nvidia: target/gpu-check/      kernels for sm_90a (an H100/H200), device cuda:0,
+#                                  and the same through Tile IR (cubins for sm_90)
 #   amd:    target/gpu-check-amd/  kernels for gfx942 (MI300) and gfx90a (MI200),
 #                                  device hip:0, built with the `hip` feature
 #
@@ -107,6 +108,21 @@ for target in $targets; do
   rm -rf "$pack/aot-$target"
 done
 
+if [ "$vendor" = nvidia ]; then
+  # The same kernels through NVIDIA's Tile IR (tileiras, cubins for the H100/H200's
+  # sm_90), into the same store under their own keys: run.sh runs the suite a
+  # second time on that path (TESSERA_KERNEL_BACKEND=tileir) beside the LLVM one.
+  echo "== [$vendor] 2b. precompile the example kernels through Tile IR for sm_90"
+  if ! cargo run -q --release -p tessera-examples --example aot -- \
+      --tileir sm_90 --out "$pack/aot-tileir" --store "$pack/kernels" >"$aot_log" 2>&1; then
+    sed 's/^/  /' "$aot_log" | tail -8
+    echo "FAIL: precompiling the example kernels through Tile IR" >&2
+    exit 1
+  fi
+  grep -E "not lowered|kernels not" "$aot_log" || true
+  echo "Tile IR: $(grep -c '\.cubin' "$aot_log") kernels"
+  rm -rf "$pack/aot-tileir"
+fi
 echo "== [$vendor] 3. pack into $pack"
 if [ -d "$pack/off_node" ]; then
   tar -C "$pack/off_node" -czf "$pack/off_node.tgz" .
@@ -153,8 +169,17 @@ fi
 cat "$out/gpu.txt" 2>/dev/null || echo "no ${smi[0]}"
 dev="${TESSERA_DEVICE:-$default_dev}"
 step suite 150 ./gpu_check --kernels kernels --device "$dev" --json "$out/ours.json"
-# torch and Triton on the same shapes (ROCm's torch answers to torch.cuda too).
-step baselines 110 python3 gpu_bench.py --ours "$out/ours.json"
+tileir=()
+if [ "${dev%%:*}" = cuda ] && ls kernels/*.cubin >/dev/null 2>&1; then
+  # The same suite through NVIDIA's Tile IR (no communication: not lowered there):
+  # a kernel Tile IR cannot express fails its case, naming the op.
+  TESSERA_KERNEL_BACKEND=tileir step suite_tileir 100 ./gpu_check --kernels kernels \
+    --device "$dev" --no-comm --json "$out/ours-tileir.json"
+  tileir=(--tileir "$out/ours-tileir.json")
+fi
+# torch and Triton on the same shapes (ROCm's torch answers to torch.cuda too), with
+# our LLVM path and (NVIDIA) our Tile IR path side by side.
+step baselines 110 python3 gpu_bench.py --ours "$out/ours.json" "${tileir[@]}"
 # NVSHMEM's host side (issue 19): 2 processes, one PE each (on one GPU, NVSHMEM's
 # multiple processes per GPU), with the unique id handed out by Tessera's TCP
 # rendezvous. The host library comes with PyTorch's nvidia-nvshmem-cu12 wheel.

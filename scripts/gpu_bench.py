@@ -2,7 +2,7 @@
 """Baselines for the GPU check: PyTorch (and a Triton matmul) on the shapes that
 examples/gpu_check.rs benchmarks, side by side with Tessera's numbers.
 
-    python3 gpu_bench.py --ours ours.json
+    python3 gpu_bench.py --ours ours.json [--tileir ours-tileir.json]
 
 Runs on the lent GPU machine (PyTorch + Triton + driver, no Rust). Prints the table
 last. Shapes must match `benchmarks()` in examples/gpu_check.rs.
@@ -215,17 +215,25 @@ def baselines():
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--ours", help="gpu_check --json output")
+    p.add_argument("--tileir", help="gpu_check --json output of the Tile IR path")
     args = p.parse_args()
-    ours = {}
     device = "?"
-    if args.ours:
+
+    def load(path):
+        nonlocal device
+        if not path:
+            return {}
         try:
-            with open(args.ours) as f:
+            with open(path) as f:
                 data = json.load(f)
-            device = data.get("device", "?")
-            ours = {b["name"]: b["value"] for b in data.get("bench", [])}
+            device = data.get("device", device)
+            return {b["name"]: b["value"] for b in data.get("bench", [])}
         except (OSError, ValueError) as e:
-            print(f"cannot read {args.ours}: {e}", file=sys.stderr)
+            print(f"cannot read {path}: {e}", file=sys.stderr)
+            return {}
+
+    ours = load(args.ours)
+    tile = load(args.tileir)
     try:
         import torch
 
@@ -242,14 +250,22 @@ def main():
         return "-" if v is None else f"{v:10.1f}"
 
     print(f"\nbenchmarks on {gpu} (tessera: {device})")
-    print(f"{'kernel':<22} {'unit':<8} {'tessera':>10} {'torch':>10} {'triton':>10} "
-          f"{'vs torch':>9} {'vs triton':>9}")
+    head = (f"{'kernel':<22} {'unit':<8} {'tessera':>10} {'torch':>10} {'triton':>10} "
+            f"{'vs torch':>9} {'vs triton':>9}")
+    if args.tileir:
+        head += f" {'tileir':>10} {'tileir/torch':>12}"
+    print(head)
     for name, unit, t, tri in rows:
         mine = ours.get(name)
         ratio = "-" if mine is None else f"{mine / t:8.2f}x"
         rtri = "-" if mine is None or tri is None else f"{mine / tri:8.2f}x"
-        print(f"{name:<22} {unit:<8} {fmt(mine):>10} {fmt(t):>10} {fmt(tri):>10} "
-              f"{ratio:>9} {rtri:>9}")
+        line = (f"{name:<22} {unit:<8} {fmt(mine):>10} {fmt(t):>10} {fmt(tri):>10} "
+                f"{ratio:>9} {rtri:>9}")
+        if args.tileir:
+            tv = tile.get(name)
+            tr = "-" if tv is None else f"{tv / t:11.2f}x"
+            line += f" {fmt(tv):>10} {tr:>12}"
+        print(line)
     return 0
 
 

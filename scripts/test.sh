@@ -7,6 +7,8 @@ if [ -f .tools/env.sh ]; then
   # shellcheck disable=SC1091
   . .tools/env.sh
 fi
+# One build from scratch (CI): incremental caches would only take disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 set -x
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features -- -D warnings

@@ -344,10 +344,66 @@ pub fn parse_amdgpu_notes(notes: &str) -> Vec<AmdgpuResources> {
     kernels
 }
 
+/// The `tileiras` [`use_tileiras`] named, if any.
+static TILEIRAS: std::sync::RwLock<Option<PathBuf>> = std::sync::RwLock::new(None);
+
+/// Compiles Tile IR with `tileiras` from now on (`None`: look for one as for the other
+/// tools, see [`find_tool`]). The runtime passes its `TESSERA_TILEIRAS` setting here.
+pub fn use_tileiras(tileiras: Option<PathBuf>) {
+    *TILEIRAS.write().unwrap_or_else(|e| e.into_inner()) = tileiras;
+}
+
+/// The `tileiras` to run: the one given to [`use_tileiras`], else the first found by
+/// [`find_tool`].
+pub fn find_tileiras() -> Result<PathBuf, CodegenError> {
+    let chosen = TILEIRAS.read().unwrap_or_else(|e| e.into_inner()).clone();
+    match chosen {
+        Some(p) if p.is_file() => Ok(p),
+        Some(p) => Err(CodegenError::Tool {
+            tool: "tileiras".into(),
+            message: format!("{} (TESSERA_TILEIRAS) does not exist", p.display()),
+        }),
+        None => find_tool(&["tileiras"]),
+    }
+}
+
+/// The Tile IR bytecode versions `tileiras` reads (`tileiras --list-versions`: one
+/// `major.minor` a line), oldest first.
+pub fn tileiras_versions() -> Result<Vec<(u32, u32)>, CodegenError> {
+    let tool = find_tileiras()?;
+    let (out, _) = run(&tool, &[OsStr::new("--list-versions")])?;
+    let versions = parse_versions(&out);
+    if versions.is_empty() {
+        return Err(CodegenError::Tool {
+            tool: "tileiras".into(),
+            message: format!(
+                "{} --list-versions listed no bytecode version (a tileiras older than 13.2?): {}",
+                tool.display(),
+                out.trim()
+            ),
+        });
+    }
+    Ok(versions)
+}
+
+/// The `major.minor` lines of `text`, sorted (anything else is skipped).
+pub fn parse_versions(text: &str) -> Vec<(u32, u32)> {
+    let mut v: Vec<(u32, u32)> = text
+        .lines()
+        .filter_map(|l| {
+            let (a, b) = l.trim().split_once('.')?;
+            Some((a.parse().ok()?, b.parse().ok()?))
+        })
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 /// Compiles Tile IR `bytecode` with `tileiras --gpu-name <gpu>` (`sm_80` .. `sm_121`)
 /// into a cubin.
 pub fn tileiras(bytecode: &[u8], gpu: &str) -> Result<Vec<u8>, CodegenError> {
-    let tool = find_tool(&["tileiras"])?;
+    let tool = find_tileiras()?;
     let dir = TempDir::new("tileiras")?;
     let input = dir.path().join("kernel.tilebc");
     let output = dir.path().join("kernel.cubin");

@@ -47,6 +47,40 @@
 //! # }
 //! ```
 
+//!
+//! **The code generator is a dimension too.** On NVIDIA GPUs a kernel compiles through
+//! Tessera's LLVM lowering or NVIDIA's Tile IR ([`crate::KernelBackend`]); which is
+//! faster depends on the kernel and the shape. Cross the configurations with
+//! [`crate::KernelBackend::available`] (LLVM alone off CUDA GPUs) and launch each
+//! with [`crate::LaunchOptions::backend`]:
+//!
+//! ```
+//! # use tessera::prelude::*;
+//! # use tessera::autotune::Tuner;
+//! # #[kernel]
+//! # fn scale<const B: usize>(x: &Global<f32>, out: &mut Global<f32>, n: i32) {
+//! #     let offs = program_id(0) * B + arange::<B>();
+//! #     out.store(offs, x.load(offs, offs.lt(n)) * 2.0, offs.lt(n));
+//! # }
+//! # fn main() -> Result<(), tessera::Error> {
+//! let dev = Device::cpu();
+//! let configs: Vec<(u32, KernelBackend)> = KernelBackend::available(&dev)
+//!     .into_iter()
+//!     .flat_map(|b| [(4, b), (8, b)])
+//!     .collect();
+//! let tuner = Tuner::new("scale", configs);
+//! let n = 4096;
+//! let x = dev.upload(&vec![1.0f32; n])?;
+//! let mut out = dev.alloc::<f32>(n)?;
+//! let (_warps, backend) = tuner.run(&dev, &format!("n={n}"), |&(warps, backend)| {
+//!     let opts = LaunchOptions::new().num_warps(warps).backend(backend);
+//!     scale::<1024>::launch_with(&dev, n.div_ceil(1024), &opts, (&x, &mut out, n as i32))
+//! })?;
+//! assert_eq!(backend, KernelBackend::Llvm); // the only one on the CPU
+//! # Ok(())
+//! # }
+//! ```
+
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::{Mutex, OnceLock};

@@ -88,8 +88,8 @@ pub const VARIABLES: &[Variable] = &[
     },
     Variable {
         name: "TESSERA_DUMP",
-        accepts: "a comma-separated list of `ir`, `layout`, `llvm`, `ptx`, `amdgcn`, `emu-llvm`, or `all`",
-        meaning: "compilation stages to write to `TESSERA_DUMP_DIR` (`emu-llvm`: the emulator's LLVM module, to standard error)",
+        accepts: "a comma-separated list of `ir`, `layout`, `llvm`, `ptx`, `amdgcn`, `emu-llvm`, `tileir`, or `all`",
+        meaning: "compilation stages to write to `TESSERA_DUMP_DIR` (`emu-llvm`: the emulator's LLVM module, to standard error; `tileir`: the Tile IR bytecode, `.tilebc`)",
     },
     Variable {
         name: "TESSERA_DUMP_DIR",
@@ -100,6 +100,16 @@ pub const VARIABLES: &[Variable] = &[
         name: "TESSERA_LLD",
         accepts: "a program",
         meaning: "the `ld.lld` that links AMD code objects (default: `ld.lld-22`, `/usr/lib/llvm-22/bin/ld.lld`, `ld.lld` on `PATH`)",
+    },
+    Variable {
+        name: "TESSERA_TILEIRAS",
+        accepts: "a program",
+        meaning: "NVIDIA's `tileiras`, which compiles Tile IR kernels (default: `tileiras` on `PATH`, then the workspace's `.tools/bin`)",
+    },
+    Variable {
+        name: "TESSERA_KERNEL_BACKEND",
+        accepts: "`llvm` or `tileir`",
+        meaning: "the code generator of GPU launches that do not choose one (`LaunchOptions::backend`); default: the device's choice (`KernelBackend::for_device`: Tile IR on compute capability 10.0 and later, else LLVM)",
     },
     Variable {
         name: "TESSERA_AUTOTUNE",
@@ -156,8 +166,9 @@ pub struct DumpStages {
 
 impl DumpStages {
     /// The stages that may be named.
-    pub const KNOWN: &'static [&'static str] =
-        &["ir", "layout", "llvm", "ptx", "amdgcn", "emu-llvm", "all"];
+    pub const KNOWN: &'static [&'static str] = &[
+        "ir", "layout", "llvm", "ptx", "amdgcn", "emu-llvm", "tileir", "all",
+    ];
 
     /// These stages (each one of [`DumpStages::KNOWN`]).
     pub fn new<S: AsRef<str>>(stages: &[S]) -> Result<DumpStages, Error> {
@@ -237,6 +248,10 @@ pub struct Config {
     pub dump_dir: PathBuf,
     /// `TESSERA_LLD`.
     pub lld: Option<PathBuf>,
+    /// `TESSERA_TILEIRAS`.
+    pub tileiras: Option<PathBuf>,
+    /// `TESSERA_KERNEL_BACKEND` (`None`: the device's choice).
+    pub kernel_backend: Option<crate::KernelBackend>,
     /// `TESSERA_AUTOTUNE`.
     pub autotune: bool,
     /// `TESSERA_SANITIZE`.
@@ -261,6 +276,8 @@ impl Default for Config {
             dump: DumpStages::default(),
             dump_dir: PathBuf::from("tessera-dump"),
             lld: None,
+            tileiras: None,
+            kernel_backend: None,
             autotune: true,
             sanitize: cfg!(debug_assertions),
             cpu_target: None,
@@ -394,6 +411,15 @@ impl Config {
                 .map(PathBuf::from)
                 .unwrap_or(d.dump_dir),
             lld: get("TESSERA_LLD").map(PathBuf::from),
+            tileiras: get("TESSERA_TILEIRAS").map(PathBuf::from),
+            kernel_backend: match get("TESSERA_KERNEL_BACKEND") {
+                Some(v) => Some(
+                    v.trim()
+                        .parse()
+                        .map_err(|_| bad("TESSERA_KERNEL_BACKEND", &v, "`llvm` or `tileir`"))?,
+                ),
+                None => None,
+            },
             autotune: match get("TESSERA_AUTOTUNE") {
                 Some(v) => parse_switch(&v).ok_or_else(|| {
                     bad(
@@ -540,6 +566,8 @@ mod tests {
             ("TESSERA_DUMP", "ir, PTX"),
             ("TESSERA_DUMP_DIR", "d"),
             ("TESSERA_LLD", "/bin/lld"),
+            ("TESSERA_TILEIRAS", "/opt/tileiras"),
+            ("TESSERA_KERNEL_BACKEND", " tileir "),
             ("TESSERA_AUTOTUNE", "off"),
             ("TESSERA_CPU_JIT", " Wait"),
         ]))
@@ -555,6 +583,8 @@ mod tests {
         assert!(c.dump.contains("ir") && c.dump.contains("ptx") && !c.dump.contains("llvm"));
         assert_eq!(c.dump_dir, PathBuf::from("d"));
         assert_eq!(c.lld, Some(PathBuf::from("/bin/lld")));
+        assert_eq!(c.tileiras, Some(PathBuf::from("/opt/tileiras")));
+        assert_eq!(c.kernel_backend, Some(crate::KernelBackend::TileIr));
         assert!(!c.autotune);
         let c = Config::from_vars(vars(&[("TESSERA_CACHE_DIR", "/c")])).unwrap();
         assert_eq!(c.cache_dir, CacheDir::At(PathBuf::from("/c")));
@@ -572,6 +602,7 @@ mod tests {
             ("TESSERA_EMU_TIMEOUT_MS", "500", "now TESSERA_EMU_TIMEOUT"),
             ("TESSERA_CPU_TARGET", "avx9", "one of native, x86-64-v2"),
             ("TESSERA_CPU_JIT", "lazy", "`background` or `wait`"),
+            ("TESSERA_KERNEL_BACKEND", "ptx", "`llvm` or `tileir`"),
         ] {
             let e = Config::from_vars(vars(&[(k, v)])).unwrap_err();
             let s = e.to_string();

@@ -14,7 +14,7 @@ use tessera_ir::interp;
 use tessera_ir::ir::ConstValue;
 use tessera_ir::types::ScalarType;
 
-use crate::artifact::KernelOptions;
+use crate::artifact::{KernelBackend, KernelOptions};
 use crate::backend::RawStream;
 use crate::buffer::{Buffer, Element, Storage};
 use crate::compile::{Kernel, compile};
@@ -277,6 +277,12 @@ pub struct LaunchOptions {
     /// (`wait_until`, `barrier_all`) needs all of them resident at once (checked
     /// against the whole device): do not run other kernels beside it on other streams.
     pub stream: Option<Stream>,
+    /// The code generator of a launch on an NVIDIA GPU ([`KernelBackend`]); `None`:
+    /// `TESSERA_KERNEL_BACKEND`, else the device's choice
+    /// ([`KernelBackend::for_device`]), which falls back to LLVM for a kernel Tile IR
+    /// cannot express. An explicit choice does not fall back. Devices other than CUDA
+    /// GPUs take LLVM (or their own executor) and refuse [`KernelBackend::TileIr`].
+    pub backend: Option<KernelBackend>,
 }
 
 impl LaunchOptions {
@@ -303,6 +309,12 @@ impl LaunchOptions {
         self
     }
 
+    /// Compiled by `backend` (on NVIDIA GPUs).
+    pub fn backend(mut self, backend: KernelBackend) -> LaunchOptions {
+        self.backend = Some(backend);
+        self
+    }
+
     /// The options that change the compiled code, checked.
     pub(crate) fn kernel_options(&self, kernel: &str) -> Result<KernelOptions, Error> {
         let d = KernelOptions::default();
@@ -325,6 +337,7 @@ impl LaunchOptions {
             num_warps,
             num_stages: self.num_stages,
             off_node: false,
+            backend: self.backend,
         })
     }
 }
@@ -370,6 +383,11 @@ pub fn launch_with<K: Kernel>(
         reason,
     };
     let kopts = &opts.kernel_options(K::NAME)?;
+    if kopts.backend == Some(KernelBackend::TileIr) && device.gpu_target().is_none() {
+        return Err(invalid(format!(
+            "the Tile IR backend compiles for CUDA GPUs; {device} runs kernels on its own executor (leave LaunchOptions::backend unset)"
+        )));
+    }
     let stream = match &opts.stream {
         Some(s) if s.device() != device => {
             return Err(invalid(format!(

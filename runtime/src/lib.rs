@@ -75,7 +75,7 @@ pub mod collectives;
 pub mod fused;
 pub use fused::sp_attention;
 
-pub use artifact::{ArtifactStore, KernelBinary, KernelOptions, Specialization};
+pub use artifact::{ArtifactStore, KernelBackend, KernelBinary, KernelOptions, Specialization};
 pub use buffer::{Buffer, Element};
 pub use compile::{Kernel, kernel_ir};
 pub use device::{Device, DeviceKind, DeviceProperties, EmuKind, Event, Stream};
@@ -93,8 +93,8 @@ pub use world::{Rank, SymBuffer, World};
 pub mod prelude {
     pub use crate::collectives::{AllGatherAlgo, AllReduceAlgo, CollElem};
     pub use crate::{
-        Buffer, Device, Error, Grid, Kernel, LaunchOptions, Rank, Stream, SymBuffer, World, helper,
-        kernel,
+        Buffer, Device, Error, Grid, Kernel, KernelBackend, LaunchOptions, Rank, Stream, SymBuffer,
+        World, helper, kernel,
     };
     pub use half::{bf16, f16};
     pub use tessera_ir::dsl::{

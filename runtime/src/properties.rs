@@ -56,6 +56,9 @@ pub struct DeviceProperties {
     pub target: String,
     /// CUDA compute capability (major, minor); `None` elsewhere.
     pub compute_capability: Option<(u32, u32)>,
+    /// The CUDA driver's API version (major, minor: `(13, 0)` for a CUDA 13.0 driver,
+    /// r580); `None` elsewhere.
+    pub driver_version: Option<(u32, u32)>,
     /// Streaming multiprocessors / compute units (CPU: worker threads).
     pub multiprocessors: u32,
     /// Threads per warp (wavefront); 1 on the CPU.

@@ -228,7 +228,7 @@ fn precompiled_artifacts_carry_the_launch_options() {
             &KernelOptions {
                 num_warps,
                 num_stages,
-                off_node: false,
+                ..KernelOptions::default()
             },
         )
         .unwrap()

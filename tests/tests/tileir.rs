@@ -372,3 +372,185 @@ fn conversions_keep_the_interpreter_s_semantics() {
     );
     tileir::compile(&f, "sm_100").expect("tileiras compiles it");
 }
+
+/// Every bytecode version the backend writes that this `tileiras` reads compiles the
+/// kernels (a writer version `tileiras` refuses, or a field layout it misreads, fails
+/// here), and the negotiated one is the newest of them.
+#[test]
+fn every_negotiable_bytecode_version_compiles() {
+    let listed = tools::tileiras_versions().expect("tileiras lists its versions");
+    let chosen = tileir::negotiate(&listed).expect("a version both know");
+    assert_eq!(tileir::bytecode_version().expect("negotiates"), chosen);
+    let ours: Vec<_> = tileir::versions()
+        .filter(|v| listed.contains(&(u32::from(v.major), u32::from(v.minor))))
+        .collect();
+    assert_eq!(ours.last(), Some(&chosen), "{listed:?}");
+    let kernels = [
+        kernel_ir::<vector_add::vector_add<1024>>(&()).expect("builds"),
+        kernel_ir::<matmul::matmul<f16, 128, 128, 32>>(&()).expect("builds"),
+        kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds"),
+    ];
+    for v in ours {
+        for f in &kernels {
+            let art = tileir::compile_version(f, "sm_100", v)
+                .unwrap_or_else(|e| panic!("{} at bytecode {v}: {e}", f.name));
+            assert!(art.cubin.starts_with(b"\x7fELF"), "{} at {v}", f.name);
+            assert_eq!(art.kernel.version, v.to_string());
+        }
+    }
+    // A tileiras older than the oldest version written negotiates none.
+    assert_eq!(tileir::negotiate(&[(13, 1), (13, 2)]), None);
+    assert_eq!(
+        tools::parse_versions("13.5\n13.1\nx\n13.3\n"),
+        vec![(13, 1), (13, 3), (13, 5)]
+    );
+}
+
+/// The parameters of a Tile IR cubin as the driver reads them (`cuobjdump -elf`'s
+/// `EIATTR_KPARAM_INFO`: ordinal, offset, size), which must be the launch's argument
+/// list: the kernel's parameters in order, pointers 8 bytes and 32-bit integers 4
+/// bytes, each at its natural alignment (what `cuLaunchKernel` packs from the
+/// runtime's `GpuArg`s), descriptors spread as the launch spreads them.
+#[test]
+fn cubin_parameters_are_the_launch_s_arguments() {
+    for f in [
+        kernel_ir::<vector_add::vector_add<1024>>(&()).expect("builds"),
+        kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds"),
+    ] {
+        let art = tileir::compile(&f, "sm_100").expect("compiles");
+        let params = cubin_params(&art.cubin);
+        let mut offset = 0u32;
+        let want: Vec<(u32, u32, u32)> = f
+            .params
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let size = f
+                    .ty(p.value)
+                    .elem
+                    .scalar()
+                    .map_or(8, |s| s.size_bytes() as u32);
+                offset = offset.next_multiple_of(size);
+                let at = offset;
+                offset += size;
+                (i as u32, at, size)
+            })
+            .collect();
+        assert_eq!(params, want, "{}", f.name);
+    }
+}
+
+/// `(ordinal, offset, size)` of each `EIATTR_KPARAM_INFO` of a cubin, by ordinal.
+fn cubin_params(cubin: &[u8]) -> Vec<(u32, u32, u32)> {
+    let dir = std::env::temp_dir().join(format!("tessera-kparam-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("k.cubin");
+    std::fs::write(&path, cubin).expect("writes");
+    let tool = tools::find_tool(&["cuobjdump"]).expect("cuobjdump (scripts/setup.sh)");
+    let out = std::process::Command::new(tool)
+        .arg("-elf")
+        .arg(&path)
+        .output()
+        .expect("runs");
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let _ = std::fs::remove_dir_all(&dir);
+    let field = |l: &str, name: &str| -> Option<u32> {
+        let rest = &l[l.find(name)? + name.len()..];
+        let v = rest.trim_start_matches([' ', ':', '\t']);
+        let end = v
+            .find(|c: char| !c.is_ascii_alphanumeric())
+            .unwrap_or(v.len());
+        let v = &v[..end];
+        v.strip_prefix("0x")
+            .map_or_else(|| v.parse().ok(), |h| u32::from_str_radix(h, 16).ok())
+    };
+    let mut params: Vec<(u32, u32, u32)> = text
+        .lines()
+        .filter(|l| l.contains("Ordinal") && l.contains("Offset") && l.contains("Size"))
+        .filter_map(|l| Some((field(l, "Ordinal")?, field(l, "Offset")?, field(l, "Size")?)))
+        .collect();
+    params.sort_unstable();
+    params.dedup();
+    assert!(!params.is_empty(), "no EIATTR_KPARAM_INFO in\n{text}");
+    params
+}
+
+/// `aot::precompile_tileir` writes a Tile IR cubin under the key a launch with the
+/// Tile IR backend computes (without LLVM too): target `tileir-sm_100`, launched with
+/// a block of (1, 1, 1). The key ignores the warps and stages (`tileiras` picks its
+/// own) and differs from the LLVM kernel's; LLVM keys are what they were.
+#[test]
+fn precompiled_tile_ir_kernels_are_found_under_the_launch_s_key() {
+    use tessera::artifact::{ArtifactStore, KernelOptions, Specialization, kernel_key_of};
+    use tessera::{KernelBackend, aot};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = ArtifactStore::new(dir.path());
+    type K = vector_add::vector_add<1024>;
+    let file = aot::precompile_tileir::<K>(&(), &Specialization::None, "sm_100", &store)
+        .expect("precompiles");
+    let tile = |num_warps| KernelOptions {
+        num_warps,
+        backend: Some(KernelBackend::TileIr),
+        ..KernelOptions::default()
+    };
+    let key = kernel_key_of::<K>(&(), "tileir-sm_100", &tile(8)).expect("keys");
+    assert_eq!(file, store.path("vector_add", &key));
+    assert_eq!(
+        key,
+        kernel_key_of::<K>(&(), "tileir-sm_100", &tile(4)).expect("keys")
+    );
+    let bin = store
+        .find::<K>(&(), &Specialization::None, "tileir-sm_100", &tile(2))
+        .expect("found");
+    assert_eq!(
+        (bin.target.as_str(), bin.num_threads, bin.extension()),
+        ("tileir-sm_100", 1, "cubin")
+    );
+    assert!(bin.binary.starts_with(b"\x7fELF"));
+    let sass = tools::sass(&bin.binary).expect("a cubin cuobjdump reads");
+    assert!(sass.contains("LDG"), "{sass}");
+    // An LLVM kernel's key: the same whether the backend is named or left to the
+    // device, and not the Tile IR one.
+    let llvm = |b| KernelOptions {
+        backend: b,
+        ..KernelOptions::default()
+    };
+    let a = kernel_key_of::<K>(&(), "sm_90", &llvm(None)).expect("keys");
+    assert_eq!(
+        a,
+        kernel_key_of::<K>(&(), "sm_90", &llvm(Some(KernelBackend::Llvm))).expect("keys")
+    );
+    assert_eq!(
+        KernelOptions::default().describe(),
+        "num_warps=4,num_stages=default"
+    );
+    assert_eq!(tile(4).describe(), "backend=tileir");
+}
+
+/// The Tile IR backend runs on CUDA GPUs: a launch asking for it elsewhere is an
+/// error saying so, and the devices here offer LLVM alone.
+#[test]
+fn tile_ir_is_refused_off_cuda_gpus() {
+    use tessera::{Device, KernelBackend, LaunchOptions};
+    let dev = Device::cpu();
+    assert_eq!(KernelBackend::available(&dev), vec![KernelBackend::Llvm]);
+    assert_eq!(KernelBackend::for_device(&dev), KernelBackend::Llvm);
+    let (n, x) = (100usize, vec![1.5f32; 100]);
+    let (a, b) = (dev.upload(&x).unwrap(), dev.upload(&x).unwrap());
+    let mut out = dev.alloc::<f32>(n).unwrap();
+    let opts = LaunchOptions::new().backend(KernelBackend::TileIr);
+    let e = vector_add::vector_add::<1024>::launch_with(
+        &dev,
+        1usize,
+        &opts,
+        (&a, &b, &mut out, n as i32),
+    )
+    .expect_err("no Tile IR on the CPU");
+    assert!(
+        e.to_string()
+            .contains("Tile IR backend compiles for CUDA GPUs"),
+        "{e}"
+    );
+    assert_eq!("tileir".parse::<KernelBackend>(), Ok(KernelBackend::TileIr));
+    assert!("ptx".parse::<KernelBackend>().is_err());
+}

@@ -35,13 +35,18 @@
 //! analysis: a load waits for the last store's token, and a store for the join of the
 //! last store's and every load's since (`join_tokens`). So reads after writes, writes
 //! after reads and writes after writes keep program order; loads are free among
-//! themselves. (Atomics, waits and signals are not lowered yet; they will need
-//! acquire/release tokens of their own.)
+//! themselves. Atomics are ordered like stores, with their own memory ordering and
+//! scope. (Waits and signals are not lowered yet.)
 //!
 //! **Files.** This file holds the entry points, the lowerer and the op dispatch;
 //! `memory.rs` the tokens and the descriptor views; `control.rs` regions, `for` and
 //! `if`; `arith.rs` the element semantics that need spelling out (half-float math,
 //! reductions and scans, float-to-integer casts, integer division).
+//!
+//! **Versions.** [`compile`] writes the newest bytecode version that both this backend
+//! ([`versions`]: `cutile-ir`'s from 13.3 on) and the `tileiras` found
+//! (`--list-versions`) know ([`negotiate`]); the cubin then runs on any driver from
+//! CUDA 13.0 (r580, [`MIN_DRIVER`]).
 //!
 //! **Launch convention:** one tile block per program (the grid is the tile-block
 //! grid), a block of (1, 1, 1); the kernel's parameters in order, pointers as
@@ -79,12 +84,50 @@ pub struct TileIrKernel {
     pub version: String,
 }
 
-/// The bytecode version this backend writes by default: the newest that `cutile-ir`
-/// writes and `tileiras` 13.5 reads.
+/// The bytecode version this backend writes when no `tileiras` is asked: 13.3, the
+/// oldest with every op the lowering emits, read by `tileiras` 13.3 and later.
 pub const DEFAULT_VERSION: BytecodeVersion = BytecodeVersion::V13_3;
 
-/// Lowers `func` to Tile IR bytecode of `version` ([`DEFAULT_VERSION`] is what
-/// `tileiras` 13.5 takes).
+/// The bytecode versions this backend writes, oldest first: those `cutile-ir` writes
+/// from [`DEFAULT_VERSION`] on.
+pub fn versions() -> impl Iterator<Item = BytecodeVersion> {
+    BytecodeVersion::SUPPORTED
+        .into_iter()
+        .filter(|v| (v.major, v.minor) >= (DEFAULT_VERSION.major, DEFAULT_VERSION.minor))
+}
+
+/// The version to write for a `tileiras` that reads `listed` (its `--list-versions`):
+/// the newest this backend writes that it reads; `None` when there is none (a
+/// `tileiras` older than 13.3).
+///
+/// The driver is not part of the choice: it loads the cubin `tileiras` makes, never
+/// the bytecode, and runs a cubin of any 13.x `tileiras` from CUDA 13.0 (r580) on
+/// ([`MIN_DRIVER`]).
+pub fn negotiate(listed: &[(u32, u32)]) -> Option<BytecodeVersion> {
+    versions()
+        .filter(|v| listed.contains(&(u32::from(v.major), u32::from(v.minor))))
+        .last()
+}
+
+/// The oldest CUDA driver (its API version, major and minor, as `cuDriverGetVersion`
+/// reports it) that loads the cubins of `tileiras` 13.x: CUDA 13.0, driver r580.
+pub const MIN_DRIVER: (u32, u32) = (13, 0);
+
+/// The GPU names `tileiras` compiles for, by compute capability.
+pub const GPUS: [&str; 12] = [
+    "sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_103", "sm_107", "sm_110",
+    "sm_120", "sm_121",
+];
+
+/// The `tileiras` GPU name of compute capability `major.minor` (`sm_90` for 9.0,
+/// `sm_100` for 10.0), if `tileiras` compiles for it.
+pub fn gpu_name(major: u32, minor: u32) -> Option<&'static str> {
+    let name = format!("sm_{major}{minor}");
+    GPUS.into_iter().find(|g| *g == name)
+}
+
+/// Lowers `func` to Tile IR bytecode of `version` ([`DEFAULT_VERSION`] or what
+/// [`negotiate`] chose).
 pub fn lower(func: &Function, version: BytecodeVersion) -> Result<TileIrKernel, CodegenError> {
     let mut l = Lowerer::new(func);
     l.run()?;
@@ -113,9 +156,60 @@ pub struct TileIrArtifact {
     pub cubin: Vec<u8>,
 }
 
-/// Lowers `func` and compiles it with `tileiras` for `gpu` (`sm_80` .. `sm_121`).
+/// The bytecode version for the `tileiras` that [`crate::tools::find_tileiras`] finds
+/// ([`negotiate`] with its `--list-versions`), asked once per `tileiras` path.
+pub fn bytecode_version() -> Result<BytecodeVersion, CodegenError> {
+    use std::sync::Mutex;
+    static CHOSEN: Mutex<Vec<(std::path::PathBuf, BytecodeVersion)>> = Mutex::new(Vec::new());
+    let tool = crate::tools::find_tileiras()?;
+    if let Some((_, v)) = CHOSEN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|(p, _)| *p == tool)
+    {
+        return Ok(*v);
+    }
+    let listed = crate::tools::tileiras_versions()?;
+    let v = negotiate(&listed).ok_or_else(|| CodegenError::Tool {
+        tool: "tileiras".into(),
+        message: format!(
+            "{} reads Tile IR bytecode {}, Tessera writes {}: install tileiras 13.3 or newer (`bash scripts/setup.sh`)",
+            tool.display(),
+            listed.iter().map(|(a, b)| format!("{a}.{b}")).collect::<Vec<_>>().join(", "),
+            versions().map(|v| v.to_string()).collect::<Vec<_>>().join(", "),
+        ),
+    })?;
+    CHOSEN
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push((tool, v));
+    Ok(v)
+}
+
+/// Lowers `func` and compiles it with `tileiras` for `gpu` (`sm_80` .. `sm_121`), in
+/// the bytecode version [`bytecode_version`] negotiates.
 pub fn compile(func: &Function, gpu: &str) -> Result<TileIrArtifact, CodegenError> {
-    let kernel = lower(func, DEFAULT_VERSION)?;
+    compile_version(func, gpu, bytecode_version()?)
+}
+
+/// [`compile`] in bytecode `version`.
+pub fn compile_version(
+    func: &Function,
+    gpu: &str,
+    version: BytecodeVersion,
+) -> Result<TileIrArtifact, CodegenError> {
+    if !GPUS.contains(&gpu) {
+        return Err(CodegenError::TileIr {
+            kernel: func.name.clone(),
+            span: func.span.clone(),
+            message: format!(
+                "`{gpu}` is not a Tile IR target (expected one of {})",
+                GPUS.join(", ")
+            ),
+        });
+    }
+    let kernel = lower(func, version)?;
     let cubin = crate::tools::tileiras(&kernel.bytecode, gpu).map_err(|e| match e {
         CodegenError::Tool { tool, message } => CodegenError::Tool {
             tool,

@@ -32,6 +32,15 @@ pub(crate) fn driver_present() -> bool {
     *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
 }
 
+/// The driver's CUDA API version (`(13, 0)` for 13000), if it says.
+fn driver_version() -> Option<(u32, u32)> {
+    let mut v: std::ffi::c_int = 0;
+    // SAFETY: called after the driver loaded and a context exists; the driver writes
+    // one int.
+    let r = unsafe { sys::cuDriverGetVersion(&mut v) };
+    (r == sys::CUresult::CUDA_SUCCESS && v > 0).then_some((v as u32 / 1000, (v as u32 % 1000) / 10))
+}
+
 /// The number of CUDA devices (0 without a driver or when `cuInit` fails).
 pub(crate) fn count() -> usize {
     if !driver_present() {
@@ -222,6 +231,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>, Error> {
             .map_err(driver_err(ordinal, "querying the name"))?,
         target: target.to_string(),
         compute_capability: Some((major, minor)),
+        driver_version: driver_version(),
         multiprocessors: attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32,
         warp_size: attr(A::CU_DEVICE_ATTRIBUTE_WARP_SIZE)? as u32,
         shared_per_block: attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK)? as usize,
@@ -302,6 +312,37 @@ impl CudaDevice {
             return Err(e);
         }
         Ok(ptr)
+    }
+
+    /// Loads a cubin that `tileiras` compiled from Tile IR (a `tileir-sm_*` binary):
+    /// no PTX JIT and no NVSHMEM; the launch takes a block of (1, 1, 1), the Tile IR
+    /// convention ([`KernelBinary::num_threads`] is 1).
+    fn load_cubin(
+        &self,
+        key: &str,
+        bin: KernelBinary,
+        what: &str,
+    ) -> Result<Arc<dyn GpuKernel>, Error> {
+        if !bin.binary.starts_with(b"\x7fELF") {
+            return Err(Error::Artifact {
+                path: format!("kernel `{}`", bin.name),
+                reason: format!("the {} binary is not a cubin (ELF)", bin.target),
+            });
+        }
+        let module = self
+            .ctx
+            .load_module(Ptx::from_binary(bin.binary.clone()))
+            .map_err(self.err(what.to_string()))?;
+        let func = module
+            .load_function(&bin.name)
+            .map_err(self.err(what.to_string()))?;
+        let k = Arc::new(CudaKernel { func, bin });
+        let k: Arc<CudaKernel> = self
+            .lock_kernels()
+            .entry(key.to_string())
+            .or_insert(k)
+            .clone();
+        Ok(k)
     }
 
     /// The error log of the driver's PTX JIT for `ptx` (why it refuses the module),
@@ -629,6 +670,15 @@ impl GpuBackend for CudaDevice {
                 ),
             });
         }
+        if bin.name.contains('\0') {
+            return Err(Error::Artifact {
+                path: format!("kernel `{}`", bin.name),
+                reason: "the entry name contains NUL".into(),
+            });
+        }
+        if bin.target.starts_with("tileir-") {
+            return self.load_cubin(key, bin, &what);
+        }
         let src = String::from_utf8(bin.binary.clone())
             .ok()
             .filter(|s| !s.contains('\0'))
@@ -636,12 +686,6 @@ impl GpuBackend for CudaDevice {
                 path: format!("kernel `{}`", bin.name),
                 reason: "the PTX is not NUL-free UTF-8 text".into(),
             })?;
-        if bin.name.contains('\0') {
-            return Err(Error::Artifact {
-                path: format!("kernel `{}`", bin.name),
-                reason: "the entry name contains NUL".into(),
-            });
-        }
         let module = match self.ctx.load_module(Ptx::from_src(src.clone())) {
             Ok(m) => m,
             Err(e) => {

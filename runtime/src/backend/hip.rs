@@ -429,6 +429,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<HipDevice>, Error> {
             name: cstr(&name),
             target,
             compute_capability: None,
+            driver_version: None,
             multiprocessors: multiprocessors as u32,
             warp_size: warp_size as u32,
             shared_per_block: shared as usize,

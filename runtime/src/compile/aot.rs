@@ -100,6 +100,62 @@ pub fn compile_ir(
     Ok(art)
 }
 
+/// Compiles verified IR through NVIDIA's Tile IR for `gpu` (`sm_90`, `sm_100`, ...:
+/// [`tessera_codegen::tileir::GPUS`]) with the `tileiras` of `TESSERA_TILEIRAS` (else
+/// found on `PATH` or in the workspace's `.tools/bin`), in the newest bytecode version
+/// both know. Returns the runtime's binary: target `tileir-<gpu>`, a cubin, launched
+/// with a block of (1, 1, 1). `TESSERA_DUMP=tileir` writes the bytecode (`.tilebc`).
+pub fn compile_tileir_ir(func: &Function, gpu: &str) -> Result<KernelBinary, Error> {
+    tessera_codegen::tools::use_tileiras(crate::config::get()?.tileiras.clone());
+    let art = tessera_codegen::tileir::compile(func, gpu)?;
+    if dump_enabled("tileir")? {
+        let ir = tessera_ir::printer::print_function(func);
+        let hash = dump_hash(&[&ir, gpu, &art.kernel.version]);
+        dump_text("tileir", &func.name, hash, "tilebc", &art.kernel.bytecode)?;
+    }
+    Ok(KernelBinary {
+        name: art.kernel.name,
+        target: format!("tileir-{gpu}"),
+        num_threads: 1,
+        shared_bytes: 0,
+        binary: art.cubin,
+    })
+}
+
+/// [`precompile`] through Tile IR ([`compile_tileir_ir`]) for `gpu`: the cubin a
+/// launch with [`crate::KernelBackend::TileIr`] (or the device's choice on
+/// compute capability 10.0 and later) finds on a GPU of that compute capability.
+pub fn precompile_tileir<K: Kernel>(
+    ct: &K::Comptime,
+    spec: &Specialization,
+    gpu: &str,
+    store: &ArtifactStore,
+) -> Result<PathBuf, Error> {
+    let func = spec.apply(kernel_ir::<K>(ct)?.as_ref());
+    store_tileir_ir(&func, gpu, store)
+}
+
+/// [`compile_tileir_ir`], written to `store` under the key a launch of `func`'s
+/// kernel with these facts computes. Returns the written file.
+pub fn store_tileir_ir(
+    func: &Function,
+    gpu: &str,
+    store: &ArtifactStore,
+) -> Result<PathBuf, Error> {
+    let bin = compile_tileir_ir(func, gpu)?;
+    let ir = tessera_ir::printer::print_function(func);
+    let key = kernel_key(&ir, &bin.target, &tile_ir_options());
+    store.put(&func.name, &key, &bin)
+}
+
+/// The key options of every Tile IR kernel (`tileiras` chooses warps and stages).
+pub fn tile_ir_options() -> KernelOptions {
+    KernelOptions {
+        backend: Some(crate::KernelBackend::TileIr),
+        ..KernelOptions::default()
+    }
+}
+
 /// The runtime's form of an artifact: binary and launch facts.
 pub fn kernel_binary(art: &Artifact) -> KernelBinary {
     KernelBinary {
@@ -132,6 +188,7 @@ pub fn precompile<K: Kernel>(
             num_warps: opts.num_warps,
             num_stages: opts.num_stages,
             off_node: opts.engine != CommEngine::Direct,
+            backend: Some(crate::KernelBackend::Llvm),
         },
     );
     store.put(&func.name, &key, &kernel_binary(&art))

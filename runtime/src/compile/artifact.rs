@@ -46,6 +46,8 @@ pub struct KernelOptions {
     /// off-node peers through the vendor's engine (NVSHMEM on NVIDIA, rocSHMEM on
     /// AMD; `tessera::aot::CommEngine`). Launches on such a world set it.
     pub off_node: bool,
+    /// The code generator; `None`: the device's choice ([`KernelBackend::for_device`]).
+    pub backend: Option<KernelBackend>,
 }
 
 impl Default for KernelOptions {
@@ -54,13 +56,127 @@ impl Default for KernelOptions {
             num_warps: 4,
             num_stages: None,
             off_node: false,
+            backend: None,
         }
+    }
+}
+
+/// Which code generator compiles a kernel for an NVIDIA GPU.
+///
+/// - [`KernelBackend::Llvm`]: Tessera's own lowering through LLVM to PTX (or AMDGCN);
+///   every GPU, every op, communication included.
+/// - [`KernelBackend::TileIr`]: NVIDIA's Tile IR, compiled by `tileiras` into a cubin
+///   (`tessera::codegen::tileir`): CUDA GPUs of compute capability 8.0 to 12.1, the
+///   only path to Blackwell's tensor memory and `tcgen05` instructions. Kernels that
+///   communicate, print or assert, and the few ops Tile IR lacks are not compiled
+///   there (a launch that asks for it fails with the op and its place in the source).
+///
+/// A launch picks one with [`crate::LaunchOptions::backend`], else with
+/// `TESSERA_KERNEL_BACKEND` (`llvm` or `tileir`), else the device chooses
+/// ([`KernelBackend::for_device`]). Both are an autotuning dimension: time a kernel
+/// under each of [`KernelBackend::available`] and keep the faster
+/// ([`crate::autotune`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelBackend {
+    /// Tessera's LLVM lowering (PTX for NVIDIA, AMDGCN for AMD).
+    Llvm,
+    /// NVIDIA's Tile IR and `tileiras` (CUDA GPUs only).
+    TileIr,
+}
+
+impl std::fmt::Display for KernelBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KernelBackend::Llvm => "llvm",
+            KernelBackend::TileIr => "tileir",
+        })
+    }
+}
+
+impl std::str::FromStr for KernelBackend {
+    type Err = String;
+    fn from_str(s: &str) -> Result<KernelBackend, String> {
+        match s {
+            "llvm" => Ok(KernelBackend::Llvm),
+            "tileir" => Ok(KernelBackend::TileIr),
+            _ => Err(format!(
+                "`{s}` is not a kernel backend (expected llvm or tileir)"
+            )),
+        }
+    }
+}
+
+impl KernelBackend {
+    /// What a launch on `device` uses when nothing asks: Tile IR on CUDA GPUs of
+    /// compute capability 10.0 and later (Blackwell: the LLVM lowering has no
+    /// `tcgen05` path), falling back to LLVM for a kernel Tile IR cannot express;
+    /// LLVM everywhere else.
+    pub fn for_device(device: &crate::Device) -> KernelBackend {
+        match device.properties().compute_capability {
+            Some((major, _)) if major >= 10 && device.kind() == crate::DeviceKind::Cuda => {
+                KernelBackend::TileIr
+            }
+            _ => KernelBackend::Llvm,
+        }
+    }
+
+    /// The backends a launch on `device` can take: both on a CUDA GPU that `tileiras`
+    /// compiles for (with a CUDA 13.0 driver or newer), else LLVM alone. What an
+    /// autotuner crosses its configurations with.
+    pub fn available(device: &crate::Device) -> Vec<KernelBackend> {
+        let mut v = vec![KernelBackend::Llvm];
+        if tile_ir_target(device).is_ok() {
+            v.push(KernelBackend::TileIr);
+        }
+        v
+    }
+}
+
+/// The oldest CUDA driver that loads `tileiras` 13.x cubins: CUDA 13.0 (r580)
+/// (`tessera_codegen::tileir::MIN_DRIVER`, repeated here for builds without LLVM).
+pub const TILE_IR_MIN_DRIVER: (u32, u32) = (13, 0);
+
+/// The Tile IR target of `device` (`tileir-sm_90`, `tileir-sm_100`, ...): the target
+/// name of its kernels' keys and binaries; an error saying why when it has none (not a
+/// CUDA GPU, a compute capability `tileiras` does not know, a driver older than
+/// [`TILE_IR_MIN_DRIVER`]).
+pub fn tile_ir_target(device: &crate::Device) -> Result<String, String> {
+    const GPUS: [&str; 12] = [
+        "sm_80", "sm_86", "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_103", "sm_107",
+        "sm_110", "sm_120", "sm_121",
+    ];
+    let props = device.properties();
+    let (Some((major, minor)), true) = (
+        props.compute_capability,
+        device.kind() == crate::DeviceKind::Cuda,
+    ) else {
+        return Err(format!(
+            "Tile IR kernels run on CUDA GPUs; {device} is not one"
+        ));
+    };
+    let gpu = format!("sm_{major}{minor}");
+    if !GPUS.contains(&gpu.as_str()) {
+        return Err(format!(
+            "tileiras does not compile for compute capability {major}.{minor} ({})",
+            props.name
+        ));
+    }
+    match props.driver_version {
+        Some(v) if v < TILE_IR_MIN_DRIVER => Err(format!(
+            "the CUDA driver is {}.{}; Tile IR cubins need {}.{} (r580) or newer",
+            v.0, v.1, TILE_IR_MIN_DRIVER.0, TILE_IR_MIN_DRIVER.1
+        )),
+        _ => Ok(format!("tileir-{gpu}")),
     }
 }
 
 impl KernelOptions {
     /// The stable text that goes into the key.
     pub fn describe(&self) -> String {
+        // Tile IR: `tileiras` chooses the warps and the pipeline itself.
+        if self.backend == Some(KernelBackend::TileIr) {
+            return "backend=tileir".into();
+        }
         let mut d = match self.num_stages {
             Some(s) => format!("num_warps={},num_stages={s}", self.num_warps),
             None => format!("num_warps={},num_stages=default", self.num_warps),
@@ -206,7 +322,8 @@ pub fn kernel_key_of<K: crate::Kernel>(
 pub struct FormatError(pub String);
 
 impl KernelBinary {
-    /// The raw file extension of its binary: `ptx` for NVIDIA targets, else `hsaco`.
+    /// The raw file extension of its binary: `cubin` for Tile IR targets
+    /// (`tileir-sm_100`), `ptx` for the other NVIDIA targets, else `hsaco`.
     pub fn extension(&self) -> &'static str {
         extension(&self.target)
     }
@@ -297,7 +414,9 @@ impl<'a> Reader<'a> {
 }
 
 fn extension(target: &str) -> &'static str {
-    if target.starts_with("sm_") {
+    if target.starts_with("tileir-") {
+        "cubin"
+    } else if target.starts_with("sm_") {
         "ptx"
     } else {
         "hsaco"

@@ -11,8 +11,15 @@
 //! arguments, is compiled for the vendor's off-node engine when the world spans
 //! nodes, and is synchronized after the launch so that a trap or a failed wait is
 //! reported as its own error; other kernels are only queued on the job's stream.
+//!
+//! On CUDA GPUs a launch is compiled by one of two code generators
+//! ([`KernelBackend`]): Tessera's LLVM lowering (PTX) or NVIDIA's Tile IR (a cubin
+//! from `tileiras`, target `tileir-sm_*`, no tensor maps and no hidden arguments).
+//! When the device chose Tile IR (compute capability 10.0 and later) and the kernel
+//! has no Tile IR binary (an op Tile IR lacks, communication, no `tileiras`), the
+//! launch falls back to LLVM, logged once; the refusal is remembered per key.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use tessera_ir::interp;
 use tessera_ir::{Function, ParamFacts};
@@ -20,18 +27,124 @@ use tessera_ir::{Function, ParamFacts};
 use super::{Executor, FlatArg, Job, arg_facts, spans_nodes, tensor_map};
 #[cfg(not(feature = "jit"))]
 use crate::artifact::ArtifactStore;
-use crate::artifact::{KernelBinary, KernelOptions, kernel_key};
+use crate::artifact::{KernelBackend, KernelBinary, KernelOptions, kernel_key, tile_ir_target};
 use crate::backend::{GpuArg, GpuBackend, RawStream};
 use crate::compile::Compiled;
 use crate::device::Device;
 use crate::disk_cache::CacheKey;
 use crate::error::Error;
+use crate::properties::DeviceKind;
 
 /// A GPU, through its backend.
 pub(crate) struct Gpu<'g>(pub(crate) &'g dyn GpuBackend);
 
 impl Executor for Gpu<'_> {
     fn launch(&self, job: &Job<'_>) -> Result<(), Error> {
+        let (backend, may_fall_back) = choose_backend(job)?;
+        if backend == KernelBackend::TileIr {
+            match self.launch_tile_ir(job) {
+                Ok(()) => return Ok(()),
+                Err(TileIr::Refused(why)) if may_fall_back => note_fallback(job.kernel, &why),
+                Err(TileIr::Refused(why)) => {
+                    return Err(job.invalid(format!("not compiled through Tile IR: {why}")));
+                }
+                Err(TileIr::Failed(e)) => return Err(e),
+            }
+        }
+        self.launch_llvm(job)
+    }
+}
+
+/// Why a Tile IR launch did not happen.
+enum TileIr {
+    /// The kernel has no Tile IR binary here (no target, an op Tile IR lacks, no
+    /// `tileiras`, no artifact): the device's choice falls back to LLVM.
+    Refused(String),
+    /// The binary was there and loading or launching it failed.
+    Failed(Error),
+}
+
+/// The launch's code generator and whether it may fall back to LLVM (only when the
+/// device chose): [`LaunchOptions::backend`], else `TESSERA_KERNEL_BACKEND` (on CUDA
+/// GPUs), else [`KernelBackend::for_device`].
+///
+/// [`LaunchOptions::backend`]: crate::LaunchOptions::backend
+fn choose_backend(job: &Job<'_>) -> Result<(KernelBackend, bool), Error> {
+    if let Some(b) = job.kopts.backend {
+        return Ok((b, false));
+    }
+    if job.device.kind() == DeviceKind::Cuda
+        && let Some(b) = crate::config::get()?.kernel_backend
+    {
+        return Ok((b, false));
+    }
+    Ok((KernelBackend::for_device(job.device), true))
+}
+
+/// Logs (once per kernel and reason) that the device's choice of Tile IR fell back
+/// to LLVM.
+fn note_fallback(kernel: &str, why: &str) {
+    static SEEN: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let k = (kernel.to_string(), why.to_string());
+    if !seen.contains(&k) {
+        log::info!("kernel `{kernel}` runs on the LLVM path: {why}");
+        seen.push(k);
+    }
+}
+
+impl Gpu<'_> {
+    /// The launch through Tile IR: the kernel specialized on the launch's facts (which
+    /// become Tile IR assumptions), its cubin from the artifact folder, the disk cache
+    /// or `tileiras`, launched one tile block per program with a block of (1, 1, 1).
+    /// No tensor maps (`tileiras` builds its own TMA descriptors) and no hidden
+    /// arguments (communicating kernels are refused).
+    fn launch_tile_ir(&self, job: &Job<'_>) -> Result<(), TileIr> {
+        let (g, device, stream) = (self.0, job.device, job.stream);
+        let target = tile_ir_target(device).map_err(TileIr::Refused)?;
+        let func = &job.compiled.func;
+        if func.uses_comm() {
+            return Err(TileIr::Refused(
+                "it communicates (the Tile IR backend has no communication yet)".into(),
+            ));
+        }
+        if job.compiled.debug.is_some() {
+            return Err(TileIr::Refused(
+                "it prints or asserts (`device_print`/`device_assert` are not lowered to Tile IR)"
+                    .into(),
+            ));
+        }
+        let (gargs, spec) = gpu_args(job.args).map_err(|r| TileIr::Failed(job.invalid(r)))?;
+        let kopts = &KernelOptions {
+            backend: Some(KernelBackend::TileIr),
+            off_node: false,
+            ..job.kopts.clone()
+        };
+        let (compiled, key) = gpu_specialization(device, &target, job.compiled, spec, kopts)
+            .map_err(TileIr::Failed)?;
+        if let Some(why) = refused(&key, None) {
+            return Err(TileIr::Refused(why));
+        }
+        let mut why = None;
+        let k = g.load(&key.hex(), &mut || {
+            resolve_binary(device, &target, &compiled, &key, kopts)
+                .inspect_err(|e| why = Some(e.to_string()))
+        });
+        let k = match (k, why) {
+            (Ok(k), _) => k,
+            (Err(_), Some(why)) => {
+                return Err(TileIr::Refused(
+                    refused(&key, Some(why)).unwrap_or_default(),
+                ));
+            }
+            (Err(e), None) => return Err(TileIr::Failed(e)),
+        };
+        g.launch(k.as_ref(), job.grid, &gargs, false, stream)
+            .map_err(TileIr::Failed)
+    }
+
+    /// The launch through Tessera's LLVM lowering.
+    fn launch_llvm(&self, job: &Job<'_>) -> Result<(), Error> {
         let (g, device, stream) = (self.0, job.device, job.stream);
         let invalid = |reason| job.invalid(reason);
         let (mut gargs, mut spec) = gpu_args(job.args).map_err(invalid)?;
@@ -55,11 +168,15 @@ impl Executor for Gpu<'_> {
         // A world across nodes: compiled for the vendor's engine (and keyed so).
         let kopts = &KernelOptions {
             off_node: job.compiled.func.uses_comm() && spans_nodes(device),
+            backend: Some(KernelBackend::Llvm),
             ..job.kopts.clone()
         };
-        let (compiled, key) = gpu_specialization(device, job.compiled, spec, kopts)?;
+        let target = device
+            .gpu_target()
+            .ok_or_else(|| invalid("not a GPU device".into()))?;
+        let (compiled, key) = gpu_specialization(device, target, job.compiled, spec, kopts)?;
         let k = g.load(&key.hex(), &mut || {
-            resolve_binary(device, &compiled, &key, kopts)
+            resolve_binary(device, target, &compiled, &key, kopts)
         })?;
         g.launch(
             k.as_ref(),
@@ -72,6 +189,19 @@ impl Executor for Gpu<'_> {
         check_trap(g, stream, &compiled.func)?;
         check_comm_record(device, g, stream, &compiled.func)
     }
+}
+
+/// The refusal recorded for the Tile IR key `key`, after recording `why` when given:
+/// a kernel Tile IR refused once is not compiled again on every launch.
+fn refused(key: &CacheKey, why: Option<String>) -> Option<String> {
+    static REFUSED: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
+    let mut r = REFUSED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(why) = why {
+        r.push((key.hex(), why));
+    }
+    r.iter()
+        .find(|(k, _)| *k == key.hex())
+        .map(|(_, w)| w.clone())
 }
 
 /// The device address of a buffer argument (`None` for a scalar, or a buffer that
@@ -174,16 +304,8 @@ fn check_comm_record(
     }
 }
 
-/// The key of `compiled` for the GPU `device` with options `kopts`.
-fn gpu_key(device: &Device, compiled: &Compiled, kopts: &KernelOptions) -> Result<CacheKey, Error> {
-    let target = device.gpu_target().ok_or_else(|| Error::Launch {
-        kernel: compiled.func.name.clone(),
-        reason: "not a GPU device".into(),
-    })?;
-    Ok(kernel_key(&compiled.ir_text, target, kopts))
-}
-
-/// The specialization of `compiled` a GPU launch with facts `spec` runs, and its key.
+/// The specialization of `compiled` a GPU launch with facts `spec` runs, and its key
+/// for `target` (`sm_90a`, `tileir-sm_100`, ...).
 /// Without the `jit` feature only precompiled artifacts can run, and those cover
 /// divisibility but not the specialization of 1 ([`Specialization::for_launches`]):
 /// when the artifact folder has no binary specialized on the integers equal to 1,
@@ -192,6 +314,7 @@ fn gpu_key(device: &Device, compiled: &Compiled, kopts: &KernelOptions) -> Resul
 /// [`Specialization::for_launches`]: crate::artifact::Specialization::for_launches
 fn gpu_specialization(
     device: &Device,
+    target: &str,
     compiled: &Compiled,
     spec: Vec<ParamFacts>,
     kopts: &KernelOptions,
@@ -205,7 +328,7 @@ fn gpu_specialization(
         })
         .collect();
     let exact = compiled.specialized(spec);
-    let key = gpu_key(device, &exact, kopts)?;
+    let key = kernel_key(&exact.ir_text, target, kopts);
     if cfg!(feature = "jit") || !ones {
         return Ok((exact, key));
     }
@@ -216,7 +339,7 @@ fn gpu_specialization(
         return Ok((exact, key));
     }
     let general = compiled.specialized(general);
-    let key = gpu_key(device, &general, kopts)?;
+    let key = kernel_key(&general.ir_text, target, kopts);
     Ok((general, key))
 }
 
@@ -225,12 +348,12 @@ fn gpu_specialization(
 /// the disk cache, else by compiling it now.
 fn resolve_binary(
     device: &Device,
+    target: &str,
     compiled: &Compiled,
     key: &CacheKey,
     kopts: &KernelOptions,
 ) -> Result<KernelBinary, Error> {
     let name = &compiled.func.name;
-    let target = device.gpu_target().unwrap_or_default();
     let store = device.artifact_store()?;
     if let Some(store) = &store {
         match store.get(name, target, key) {
@@ -244,6 +367,9 @@ fn resolve_binary(
         let _ = store;
         let cache = crate::disk_cache::DiskCache::from_env()?;
         let compile = || {
+            if let Some(gpu) = target.strip_prefix("tileir-") {
+                return crate::aot::compile_tileir_ir(&compiled.func, gpu);
+            }
             let t: tessera_codegen::Target = target.parse().map_err(|e| Error::Launch {
                 kernel: name.clone(),
                 reason: format!("{e}"),
