@@ -19,10 +19,13 @@ mod softmax;
 #[allow(dead_code)]
 mod vector_add;
 
+use std::sync::Arc;
+
 use tessera::codegen::tileir::{self, DEFAULT_VERSION};
 use tessera::codegen::{CodegenError, tools};
+use tessera::ir::Function;
 use tessera::kernel_ir;
-use tessera::prelude::f16;
+use tessera::prelude::*;
 
 /// The masked vector add: bytecode that `tileirdisasm` verifies, with the kernel's
 /// masked pointer loads and store; a cubin for each GPU whose SASS loads and stores
@@ -225,39 +228,19 @@ fn facts_let_blackwell_take_wide_copies() {
 }
 
 /// Every kernel the `aot` example compiles (`examples/aot_jobs.rs`, what
-/// `aot --tileir sm_100` writes), through `tileiras` for sm_100: those whose ops are
-/// all lowered compile; each of the others fails with a Tile IR error naming the
-/// first op not lowered yet, at its place in the source. The list is what this
-/// backend does not cover yet.
+/// `aot --tileir sm_100` writes), communicating ones included, compiles through
+/// `tileiras` for sm_100.
 #[test]
-fn every_example_kernel_compiles_for_blackwell_or_names_what_is_missing() {
-    let missing = [
-        ("topk", "`local_alloc`"),
-        ("ring_pass", "`rank`"),
-        ("ag_gemm_f16", "`rank`"),
-    ];
+fn every_example_kernel_compiles_for_blackwell() {
     let mut report = Vec::new();
-    let mut compiled = 0;
     for (name, _, _, _, ir) in aot_jobs::JOBS {
         let f = ir().expect("builds");
-        let want = missing.iter().find(|(n, _)| *n == name).map(|(_, op)| *op);
-        match (tileir::compile(&f, "sm_100"), want) {
-            (Ok(art), None) => {
-                assert!(!art.cubin.is_empty(), "{name}");
-                compiled += 1;
-            }
-            (Err(e @ CodegenError::TileIr { .. }), Some(op)) => {
-                let CodegenError::TileIr { span, message, .. } = &e else {
-                    unreachable!()
-                };
-                assert!(message.starts_with(op), "{name}: {e}");
-                assert!(span.line > 0 && !span.file.is_empty(), "{name}: {e}");
-            }
-            (r, want) => report.push(format!("{name}: expected {want:?}, got {:?}", r.err())),
+        match tileir::compile(&f, "sm_100") {
+            Ok(art) => assert!(art.cubin.starts_with(b"\x7fELF"), "{name}"),
+            Err(e) => report.push(format!("{name}: {e}")),
         }
     }
     assert!(report.is_empty(), "{}", report.join("\n"));
-    assert_eq!(compiled, aot_jobs::JOBS.len() - missing.len());
 }
 
 /// Tensor descriptors become partition views of tensor views: with the launch's
@@ -553,4 +536,270 @@ fn tile_ir_is_refused_off_cuda_gpus() {
     );
     assert_eq!("tileir".parse::<KernelBackend>(), Ok(KernelBackend::TileIr));
     assert!("ptx".parse::<KernelBackend>().is_err());
+}
+
+/// A waiting kernel in its smallest form: a remote put with a signal, a wait for
+/// this rank's signal, a world barrier.
+#[kernel]
+fn wait_small<const B: usize>(data: &mut Symmetric<f32>, sig: &mut Symmetric<u64>) {
+    let offs = arange::<B>();
+    let all = offs.lt(B as i32);
+    let peer = (rank() + 1) % world_size();
+    let v = data.load(offs, all);
+    data.put_signal(peer, offs, v, all, sig, 0, 1u64, SignalOp::Set);
+    sig.wait_until(0, CmpPred::Ge, 1u64);
+    let w = data.load(offs, all) * 2.0f32;
+    data.store(offs, w, all);
+    barrier_all();
+}
+
+/// A wait, then a read of what it waited for: the read must stay after the poll.
+#[kernel]
+fn wait_then_read<const B: usize>(
+    data: &Symmetric<f32>,
+    sig: &mut Symmetric<u64>,
+    out: &mut Global<f32>,
+) {
+    let offs = arange::<B>();
+    let all = offs.lt(B as i32);
+    sig.wait_until(0, CmpPred::Ge, 1u64);
+    out.store(offs, data.load(offs, all), all);
+}
+
+/// The collectives' kernels (f32) and the fused plans' (f16, at the tiles they
+/// launch with): every communicating kernel the runtime ships.
+fn shipped_comm_kernels() -> Vec<Arc<Function>> {
+    use tessera::fused::{BK, BM, BN, NORM_BLOCK};
+    let mut v = tessera::collectives::kernel_irs::<f32>().expect("builds");
+    v.extend([
+        kernel_ir::<tessera::fused::ag_gemm_kernel<f16, BM, BN, BK>>(&()).expect("builds"),
+        kernel_ir::<tessera::fused::gemm_rs_kernel<f16, BM, BN, BK>>(&()).expect("builds"),
+        kernel_ir::<tessera::fused::allreduce_rmsnorm_kernel<f32, NORM_BLOCK>>(&())
+            .expect("builds"),
+    ]);
+    v
+}
+
+/// [`shipped_comm_kernels`] compiled for sm_100 (once: two tests read them), two at
+/// a time.
+fn shipped_comm_cubins() -> &'static [(Arc<Function>, tileir::TileIrArtifact)] {
+    static DONE: std::sync::OnceLock<Vec<(Arc<Function>, tileir::TileIrArtifact)>> =
+        std::sync::OnceLock::new();
+    DONE.get_or_init(|| {
+        let kernels = shipped_comm_kernels();
+        let half = kernels.len().div_ceil(2);
+        std::thread::scope(|s| {
+            let parts: Vec<_> = kernels
+                .chunks(half)
+                .map(|part| {
+                    s.spawn(move || {
+                        part.iter()
+                            .map(|f| {
+                                let art = tileir::compile(f, "sm_100")
+                                    .unwrap_or_else(|e| panic!("{}: {e}", f.name));
+                                (Arc::clone(f), art)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|h| h.join().expect("compiles"))
+                .collect()
+        })
+    })
+}
+
+/// `(address, target)` of every branch in `sass`, and the addresses of the lines
+/// that contain `what`.
+fn branches_and(sass: &str, what: &str) -> (Vec<(u64, u64)>, Vec<u64>) {
+    let addr = |l: &str| -> Option<u64> {
+        let a = l.split("/*").nth(1)?.split("*/").next()?;
+        u64::from_str_radix(a.trim(), 16).ok()
+    };
+    let mut br = Vec::new();
+    let mut hits = Vec::new();
+    for l in sass.lines() {
+        let Some(at) = addr(l) else { continue };
+        if l.contains(what) {
+            hits.push(at);
+        }
+        if let Some(i) = l.find("BRA") {
+            let target = l[i..]
+                .split([' ', ',', ';'])
+                .find_map(|t| t.strip_prefix("0x"))
+                .and_then(|h| u64::from_str_radix(h, 16).ok());
+            if let Some(t) = target {
+                br.push((at, t));
+            }
+        }
+    }
+    (br, hits)
+}
+
+/// Every waiting kernel keeps its polling loop through `tileiras`: a system-scope
+/// strong load (the acquire poll) inside a loop (a backward branch around it). Tile
+/// IR orders memory by tokens, so a poll whose token fed nothing would be deleted or
+/// hoisted: the lowering threads it through the loop. The signal is a system-scope
+/// atomic after a system fence (the release), and the put's stores come before it.
+#[test]
+fn waiting_kernels_keep_their_polling_loops() {
+    let small = kernel_ir::<wait_small<128>>(&()).expect("builds");
+    let small = tileir::compile(&small, "sm_100").expect("compiles");
+    let mut cubins = vec![("wait_small", &small.cubin)];
+    for (f, art) in shipped_comm_cubins() {
+        if f.uses_blocking() {
+            cubins.push((&f.name, &art.cubin));
+        }
+    }
+    assert!(cubins.len() > 10, "{}", cubins.len());
+    for (name, cubin) in cubins {
+        let sass = tools::sass(cubin).expect("cuobjdump reads it");
+        let (br, polls) = branches_and(&sass, "STRONG.SYS");
+        let in_loop = polls
+            .iter()
+            .any(|&p| br.iter().any(|&(at, t)| t <= p && p < at));
+        assert!(in_loop, "{name}: no polling loop in\n{sass}");
+    }
+    // The read of the data waited for stays after the polling loop (the acquire's
+    // token orders it): with the launch's facts its loads are 16-byte ones
+    // (`LDG.E.128`), and each comes after the poll's loop (its backward branch).
+    let f = kernel_ir::<wait_then_read<1024>>(&()).expect("builds");
+    let facts = vec![tessera::ir::ParamFacts::new(true, true); f.params.len()];
+    let f = tessera::ir::passes::specialize(&f, &facts);
+    let art = tileir::compile(&f, "sm_100").expect("compiles");
+    let sass = tools::sass(&art.cubin).expect("reads");
+    let (br, polls) = branches_and(&sass, "LDG.E.64.STRONG.SYS");
+    let loop_end = br
+        .iter()
+        .filter(|&&(at, t)| polls.iter().any(|&p| t <= p && p < at))
+        .map(|&(at, _)| at)
+        .min()
+        .unwrap_or_else(|| panic!("no polling loop in\n{sass}"));
+    let (_, data) = branches_and(&sass, "LDG.E.128");
+    assert!(!data.is_empty(), "{sass}");
+    assert!(
+        data.iter().all(|&a| a > loop_end),
+        "a read of the data was moved before the wait's polling loop (ends at {loop_end:#x}):\n{sass}"
+    );
+    let sass = tools::sass(&small.cubin).expect("reads");
+    let pos = |p: &str| sass.lines().position(|l| l.contains(p));
+    let (fence, signal) = (pos("MEMBAR.ALL.SYS"), pos("ATOMG.E.EXCH.64.STRONG.SYS"));
+    assert!(
+        fence.is_some() && signal.is_some() && fence < signal,
+        "{sass}"
+    );
+    // The put's stores are issued before the signal that publishes them.
+    let put = sass
+        .lines()
+        .position(|l| l.contains("STG.E") && !l.contains("STRONG"));
+    assert!(put.is_some() && put < fence, "{sass}");
+}
+
+/// Every communicating kernel the runtime ships (the collectives and the fused plans
+/// AG+GEMM, GEMM+RS, AR+RMSNorm) compiles through Tile IR for Blackwell, with the
+/// hidden parameters of the SIMT path's ABI after the user's (`rank`, `world_size`,
+/// `heap_bases`, `timeout_ns`), so one launcher serves both. (The sequence-parallel
+/// attention's kernel compiles for sm_90; `tileiras` 13.5 fails on it for sm_100
+/// without a diagnostic.)
+#[test]
+fn collectives_and_fused_kernels_compile_for_blackwell() {
+    let cubins = shipped_comm_cubins();
+    assert_eq!(cubins.len(), 23);
+    for (f, art) in cubins {
+        let params = cubin_params(&art.cubin);
+        let n = f.params.len();
+        assert_eq!(params.len(), n + 4, "{}", f.name);
+        let sizes: Vec<u32> = params[n..].iter().map(|p| p.2).collect();
+        assert_eq!(sizes, [4, 4, 8, 8], "{}: the hidden parameters", f.name);
+    }
+    use tessera::sp_attention as sp;
+    let f =
+        kernel_ir::<sp::sp_attention_kernel<f16, { sp::BM }, { sp::BN }, 64>>(&()).expect("builds");
+    tileir::compile(&f, "sm_90").expect("compiles for sm_90");
+}
+
+/// The token pass on a wait (Tile IR orders memory by tokens, not program order): the
+/// acquire poll in the `loop` waits for the loop's carried token and hands its own to
+/// the `break` that ends the wait; the read of the data waited for takes a token that
+/// comes out of the loop, not a fresh one. A lowering that does not thread the
+/// tokens (a mutation of either) fails here, though `tileiras` 13.5 happens to keep
+/// this program's order anyway (`waiting_kernels_keep_their_polling_loops`).
+#[test]
+fn a_wait_s_token_orders_what_follows() {
+    let f = kernel_ir::<wait_then_read<1024>>(&()).expect("builds");
+    let k = tileir::lower(&f, DEFAULT_VERSION).expect("lowers");
+    let text = tools::tileirdisasm(&k.bytecode).expect("tileirdisasm reads it back");
+    let lines: Vec<&str> = text.lines().map(str::trim).collect();
+    let find = |pat: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(pat))
+            .unwrap_or_else(|| panic!("no `{pat}` in\n{text}"))
+    };
+    let token_of = |l: &str| {
+        l.split("token=")
+            .nth(1)
+            .and_then(|t| t.split([' ', ':']).next())
+            .unwrap_or("")
+            .to_string()
+    };
+    let defined_at = |name: &str| {
+        lines.iter().position(|l| {
+            l.split(" = ")
+                .next()
+                .is_some_and(|lhs| lhs.split(", ").any(|r| r.trim() == name))
+        })
+    };
+    // The loop's carried token: the last of its `iter_values`.
+    let lp = find(" = loop iter_values(");
+    let carried = lines[lp]
+        .split("iter_values(")
+        .nth(1)
+        .and_then(|a| a.split(')').next())
+        .and_then(|a| a.split(", ").last())
+        .and_then(|a| a.split(" = ").next())
+        .unwrap_or("")
+        .to_string();
+    let acq = find("load_ptr_tko acquire");
+    assert!(acq > lp, "\n{text}");
+    assert_eq!(
+        token_of(lines[acq]),
+        carried,
+        "the poll waits for the carried token\n{text}"
+    );
+    let acq_token = lines[acq]
+        .split(" = ")
+        .next()
+        .and_then(|r| r.split(", ").nth(1))
+        .unwrap_or("")
+        .to_string();
+    let brk = lp
+        + lines[lp..]
+            .iter()
+            .position(|l| l.starts_with("break "))
+            .unwrap_or_else(|| panic!("no break in\n{text}"));
+    let operands = lines[brk]["break ".len()..]
+        .split(" : ")
+        .next()
+        .unwrap_or("");
+    assert_eq!(
+        operands.split(", ").last(),
+        Some(acq_token.as_str()),
+        "the wait's break carries the acquire's token\n{text}"
+    );
+    let data = find("load_ptr_tko weak %");
+    let data = data
+        + lines[data..]
+            .iter()
+            .position(|l| l.contains("load_ptr_tko") && l.contains("1024xptr<f32>"))
+            .unwrap_or_else(|| panic!("no data load in\n{text}"));
+    let t = token_of(lines[data]);
+    let def = defined_at(&t).unwrap_or_else(|| panic!("{t} undefined in\n{text}"));
+    assert!(
+        def > lp && !lines[def].contains("make_token"),
+        "the read after the wait takes a token from before it ({})\n{text}",
+        lines[def]
+    );
 }

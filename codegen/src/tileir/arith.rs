@@ -17,7 +17,7 @@ impl Lowerer<'_> {
         let shape = self.f.ty(r).shape.clone();
         let ty = self.ty(r);
         let nearest = ("rounding_mode", Attribute::i32(0));
-        if s.is_int() {
+        if s.is_int() || s == ScalarType::I1 {
             let wrap = ("overflow", Attribute::i32(0));
             return Ok(match u {
                 UnaryOp::Neg => self.op1(Opcode::NegI, &[x], ty, &[wrap]),

@@ -6,17 +6,22 @@
 //! compiler chooses the tensor cores, TMA and the pipelining. No GPU is needed to
 //! compile; `tileirdisasm` reads the bytecode back ([`crate::tools::tileirdisasm`]).
 //!
-//! **What is lowered (this first slice):** program ids and counts, constants,
-//! `arange`, `splat`, `expand_dims`, `reshape`, `broadcast`, integer and float
-//! `add`/`sub`/`mul`, float `div`, bitwise `and`/`or`/`xor`, `min`/`max`, comparisons,
+//! **What is lowered:** every op of the tile IR but `erf`, `popc`, `clz`, f16 and
+//! 8-bit reductions and the SIMT pipeliner's predicated descriptor loads: program ids
+//! and counts, constants, `arange`, `splat`, `expand_dims`, `reshape`, `permute`,
+//! `broadcast`, hints (as the value), integer and float arithmetic, comparisons,
 //! `select`, `addptr`, loads and stores through pointer tiles with their masks and
-//! `other` values, `for` loops with carried values, `dot` (f16, bf16 and the 8-bit
+//! `other` values, `for`, `if` and `while` (a `loop`), `dot` (f16, bf16 and the 8-bit
 //! floats into f32, f32 and f64; i8 into i32), `fma`, casts (float to integer
 //! saturating with NaN to 0, to `i1` as "nonzero", to the 8-bit floats saturating),
-//! the float math functions but `erf` (f16 and bf16 computed in f32), reductions and
-//! scans of 32- and 64-bit elements, bitcasts, atomics (`atomic_rmw` with its ordering
-//! and scope), `if`, and tensor descriptors (as partition views of tensor views). Every other op is a [`CodegenError::TileIr`] naming the op and
-//! its place in the user's source: nothing is dropped or approximated.
+//! the float math functions (f16 and bf16 computed in f32), reductions and scans of
+//! 32- and 64-bit elements, bitcasts, atomics and compare-and-swap with their ordering
+//! and scope, block-local memory (`alloca`: a program is one tile thread, so
+//! `barrier` orders nothing the tokens do not), tensor descriptors (as partition
+//! views of tensor views) and communication (`comm.rs`). `device_print` and
+//! `device_assert` reach every backend as stores ([`tessera_ir::debug`]). Every
+//! other op is a [`CodegenError::TileIr`] naming the op and its place in the user's
+//! source: nothing is dropped or approximated.
 //!
 //! **Facts.** A parameter's divisibility (16-byte aligned pointers and integers that
 //! are multiples of 16, what a launch's specialization finds) becomes an `assume
@@ -36,11 +41,11 @@
 //! last store's and every load's since (`join_tokens`). So reads after writes, writes
 //! after reads and writes after writes keep program order; loads are free among
 //! themselves. Atomics are ordered like stores, with their own memory ordering and
-//! scope. (Waits and signals are not lowered yet.)
+//! scope; a wait's acquire orders every later access, reads included (`comm.rs`).
 //!
 //! **Files.** This file holds the entry points, the lowerer and the op dispatch;
-//! `memory.rs` the tokens and the descriptor views; `control.rs` regions, `for` and
-//! `if`; `arith.rs` the element semantics that need spelling out (half-float math,
+//! `memory.rs` the tokens and the descriptor views; `control.rs` regions, `for`,
+//! `if` and `while`; `comm.rs` communication; `arith.rs` the element semantics that need spelling out (half-float math,
 //! reductions and scans, float-to-integer casts, integer division).
 //!
 //! **Versions.** [`compile`] writes the newest bytecode version that both this backend
@@ -50,7 +55,8 @@
 //!
 //! **Launch convention:** one tile block per program (the grid is the tile-block
 //! grid), a block of (1, 1, 1); the kernel's parameters in order, pointers as
-//! `tile<ptr<T>>` and scalars as 0-d tiles.
+//! `tile<ptr<T>>` and scalars as 0-d tiles, then for a communicating kernel the
+//! hidden parameters of [`crate::comm`] (as the SIMT path's).
 
 use std::collections::HashMap;
 
@@ -64,12 +70,13 @@ use tessera_ir::ir::{
     AtomicOp, BinaryOp, CmpPred, ConstValue, MemOrder, MemScope, Op, OpKind, ReduceOp, Region,
     UnaryOp,
 };
-use tessera_ir::{AddrSpace, Elem, Function, ScalarType, ValueId};
+use tessera_ir::{Elem, Function, ScalarType, ValueId};
 
 use crate::CodegenError;
 use memory::{memory_scope, ordering};
 
 mod arith;
+mod comm;
 mod control;
 mod memory;
 
@@ -243,6 +250,14 @@ struct Lowerer<'a> {
     last_write: Option<Value>,
     /// The tokens of the loads since the last store.
     reads: Vec<Value>,
+    /// The hidden parameters of a communicating kernel (rank, world size, heap-base
+    /// table, timeout in ns: [`crate::comm`]'s ABI).
+    comm: Option<[Value; 4]>,
+    /// Comm ops lowered so far (the next one's index in [`crate::comm::comm_sites`]).
+    comm_sites: usize,
+    /// How many `for`/`while` bodies enclose the op being lowered (Tile IR cannot
+    /// `return` from inside a loop).
+    loop_depth: u32,
 }
 
 fn scalar(s: ScalarType) -> TScalar {
@@ -287,7 +302,26 @@ impl<'a> Lowerer<'a> {
                 }
             })
             .collect();
+        let mut params = params;
+        let comm = f.uses_comm();
+        if comm {
+            // The hidden parameters, after the user's ([`crate::comm`]).
+            let s = |t| tile(&[], TileElementType::Scalar(t));
+            params.extend([
+                s(TScalar::I32),
+                s(TScalar::I32),
+                tile(
+                    &[],
+                    TileElementType::Pointer(Box::new(PointerType {
+                        pointee: TScalar::I64,
+                    })),
+                ),
+                s(TScalar::I64),
+            ]);
+        }
         let (region, blk, args) = build_single_block_region(&mut m, &params);
+        let n = f.params.len();
+        let comm = comm.then(|| [args[n], args[n + 1], args[n + 2], args[n + 3]]);
         let vals = f
             .params
             .iter()
@@ -307,6 +341,9 @@ impl<'a> Lowerer<'a> {
             axis: None,
             last_write: None,
             reads: Vec::new(),
+            comm,
+            comm_sites: 0,
+            loop_depth: 0,
         }
     }
 
@@ -709,13 +746,6 @@ impl<'a> Lowerer<'a> {
                 ..
             } => {
                 let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
-                if let Elem::Ptr {
-                    space: AddrSpace::Shared,
-                    ..
-                } = self.f.ty(op.operands[0]).elem
-                {
-                    return Err(self.unsupported(op, "from block-local memory"));
-                }
                 let ty = self.ty(r);
                 let ptr = self.val(op.operands[0]);
                 let mask = has_mask.then(|| self.val(op.operands[1]));
@@ -731,13 +761,6 @@ impl<'a> Lowerer<'a> {
                 out[0]
             }
             OpKind::Store { has_mask, .. } => {
-                if let Elem::Ptr {
-                    space: AddrSpace::Shared,
-                    ..
-                } = self.f.ty(op.operands[0]).elem
-                {
-                    return Err(self.unsupported(op, "to block-local memory"));
-                }
                 let ptr = self.val(op.operands[0]);
                 let value = self.val(op.operands[1]);
                 let mask = has_mask.then(|| self.val(op.operands[2]));
@@ -1003,6 +1026,77 @@ impl<'a> Lowerer<'a> {
                         &format!("from {from} to {to} is not lowered to Tile IR yet"),
                     ));
                 }
+            }
+            // A promise about the values, for the SIMT path's axis analysis: the value.
+            OpKind::Hint { .. } => self.val(op.operands[0]),
+            OpKind::Permute { order } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let x = self.val(op.operands[0]);
+                let perm = order.iter().map(|&d| i32::from(d)).collect();
+                self.op1(
+                    Opcode::Permute,
+                    &[x],
+                    ty,
+                    &[("permutation", Attribute::DenseI32Array(perm))],
+                )
+            }
+            // A program is one tile thread: its accesses are ordered by their tokens,
+            // there are no threads to synchronize.
+            OpKind::Barrier => return Ok(()),
+            OpKind::LocalAlloc { len } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let Elem::Ptr { pointee, .. } = self.f.ty(r).elem else {
+                    return Err(self.unsupported(op, "without a pointer result"));
+                };
+                let ty = self.ty(r);
+                // The program's own memory (`alloca` without `global`), aligned for
+                // 16-byte accesses.
+                let align = (pointee.size_bytes() as i64).max(16);
+                self.emit(
+                    OpBuilder::new(Opcode::Alloca, Location::Unknown)
+                        .result(ty)
+                        .attr("num_elem", Attribute::int(i64::from(*len), TScalar::I64))
+                        .attr("alignment", Attribute::int(align, TScalar::I64)),
+                )[0]
+            }
+            OpKind::AtomicCas {
+                order,
+                scope,
+                has_mask,
+            } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                let ty = self.ty(r);
+                let ptr = self.val(op.operands[0]);
+                let (cmp, new) = (self.val(op.operands[1]), self.val(op.operands[2]));
+                let mask = has_mask.then(|| self.val(op.operands[3]));
+                let tok = self.write_token();
+                let out = self.grouped(
+                    Opcode::AtomicCAS,
+                    &[Some(ptr), Some(cmp), Some(new), mask, Some(tok)],
+                    vec![ty, Type::Token],
+                    &[
+                        (
+                            "memory_ordering_semantics",
+                            Attribute::i32(ordering(*order)),
+                        ),
+                        ("memory_scope", Attribute::i32(memory_scope(*scope))),
+                    ],
+                );
+                self.last_write = Some(out[1]);
+                out[0]
+            }
+            OpKind::While => return self.while_op(op),
+            OpKind::Rank
+            | OpKind::WorldSize
+            | OpKind::RemotePtr
+            | OpKind::Signal { .. }
+            | OpKind::WaitUntil { .. }
+            | OpKind::Fence { .. }
+            | OpKind::BarrierAll => {
+                let site = self.comm_sites;
+                self.comm_sites += 1;
+                return self.comm_op(op, site);
             }
             _ => return Err(self.unsupported(op, "is not lowered to Tile IR yet")),
         };

@@ -1002,28 +1002,40 @@ pub fn precompile<T: CollElem>(
     opts: &crate::aot::CompileOptions,
     store: &crate::ArtifactStore,
 ) -> Result<Vec<std::path::PathBuf>, Error> {
-    use crate::aot::precompile_launches as all;
-    let (t, o, s) = (target, opts, store);
     let mut out = Vec::new();
-    out.extend(all::<kernels::ar_one_shot<T, OP_SUM>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_one_shot<T, OP_MAX>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_one_shot<T, OP_MIN>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_two_shot<T, OP_SUM>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_two_shot<T, OP_MAX>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_two_shot<T, OP_MIN>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_ll<T, T::Bits, OP_SUM>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_ll<T, T::Bits, OP_MAX>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_ll<T, T::Bits, OP_MIN>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_hier<T, OP_SUM>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_hier<T, OP_MAX>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ar_hier<T, OP_MIN>>(&(), t, o, s)?);
-    out.extend(all::<kernels::all_gather_k<T>>(&(), t, o, s)?);
-    out.extend(all::<kernels::ag_hier<T>>(&(), t, o, s)?);
-    out.extend(all::<kernels::reduce_scatter_k<T, OP_SUM>>(&(), t, o, s)?);
-    out.extend(all::<kernels::reduce_scatter_k<T, OP_MAX>>(&(), t, o, s)?);
-    out.extend(all::<kernels::reduce_scatter_k<T, OP_MIN>>(&(), t, o, s)?);
-    out.extend(all::<kernels::broadcast_k<T>>(&(), t, o, s)?);
-    out.extend(all::<kernels::a2a_counts>(&(), t, o, s)?);
-    out.extend(all::<kernels::a2a_data<T>>(&(), t, o, s)?);
+    for ir in kernel_irs::<T>()? {
+        out.extend(crate::aot::precompile_ir_launches(
+            &ir, target, opts, store,
+        )?);
+    }
     Ok(out)
+}
+
+/// The IR of every kernel the collectives launch on elements of type `T` (the list
+/// [`precompile`] compiles), as [`crate::kernel_ir`] gives it: for offline checks of
+/// other backends (`tessera::codegen::tileir`).
+pub fn kernel_irs<T: CollElem>() -> Result<Vec<std::sync::Arc<tessera_ir::Function>>, Error> {
+    use crate::kernel_ir as ir;
+    Ok(vec![
+        ir::<kernels::ar_one_shot<T, OP_SUM>>(&())?,
+        ir::<kernels::ar_one_shot<T, OP_MAX>>(&())?,
+        ir::<kernels::ar_one_shot<T, OP_MIN>>(&())?,
+        ir::<kernels::ar_two_shot<T, OP_SUM>>(&())?,
+        ir::<kernels::ar_two_shot<T, OP_MAX>>(&())?,
+        ir::<kernels::ar_two_shot<T, OP_MIN>>(&())?,
+        ir::<kernels::ar_ll<T, T::Bits, OP_SUM>>(&())?,
+        ir::<kernels::ar_ll<T, T::Bits, OP_MAX>>(&())?,
+        ir::<kernels::ar_ll<T, T::Bits, OP_MIN>>(&())?,
+        ir::<kernels::ar_hier<T, OP_SUM>>(&())?,
+        ir::<kernels::ar_hier<T, OP_MAX>>(&())?,
+        ir::<kernels::ar_hier<T, OP_MIN>>(&())?,
+        ir::<kernels::all_gather_k<T>>(&())?,
+        ir::<kernels::ag_hier<T>>(&())?,
+        ir::<kernels::reduce_scatter_k<T, OP_SUM>>(&())?,
+        ir::<kernels::reduce_scatter_k<T, OP_MAX>>(&())?,
+        ir::<kernels::reduce_scatter_k<T, OP_MIN>>(&())?,
+        ir::<kernels::broadcast_k<T>>(&())?,
+        ir::<kernels::a2a_counts>(&())?,
+        ir::<kernels::a2a_data<T>>(&())?,
+    ])
 }

@@ -178,9 +178,23 @@ pub fn precompile<K: Kernel>(
     opts: &CompileOptions,
     store: &ArtifactStore,
 ) -> Result<PathBuf, Error> {
-    let func = spec.apply(kernel_ir::<K>(ct)?.as_ref());
-    let art = compile_ir(&func, target, opts)?;
-    let ir = tessera_ir::printer::print_function(&func);
+    precompile_ir(
+        &spec.apply(kernel_ir::<K>(ct)?.as_ref()),
+        target,
+        opts,
+        store,
+    )
+}
+
+/// [`precompile`] of a kernel's (specialized) IR.
+pub fn precompile_ir(
+    func: &Function,
+    target: Target,
+    opts: &CompileOptions,
+    store: &ArtifactStore,
+) -> Result<PathBuf, Error> {
+    let art = compile_ir(func, target, opts)?;
+    let ir = tessera_ir::printer::print_function(func);
     let key = kernel_key(
         &ir,
         &target.to_string(),
@@ -203,9 +217,18 @@ pub fn precompile_launches<K: Kernel>(
     opts: &CompileOptions,
     store: &ArtifactStore,
 ) -> Result<Vec<PathBuf>, Error> {
-    let ir = kernel_ir::<K>(ct)?;
-    Specialization::for_launches(&ir)
+    precompile_ir_launches(kernel_ir::<K>(ct)?.as_ref(), target, opts, store)
+}
+
+/// [`precompile_launches`] of a kernel's IR (as [`kernel_ir`] gives it).
+pub fn precompile_ir_launches(
+    ir: &Function,
+    target: Target,
+    opts: &CompileOptions,
+    store: &ArtifactStore,
+) -> Result<Vec<PathBuf>, Error> {
+    Specialization::for_launches(ir)
         .iter()
-        .map(|sp| precompile::<K>(ct, sp, target, opts, store))
+        .map(|sp| precompile_ir(&sp.apply(ir), target, opts, store))
         .collect()
 }

@@ -67,9 +67,10 @@ impl Default for KernelOptions {
 ///   every GPU, every op, communication included.
 /// - [`KernelBackend::TileIr`]: NVIDIA's Tile IR, compiled by `tileiras` into a cubin
 ///   (`tessera::codegen::tileir`): CUDA GPUs of compute capability 8.0 to 12.1, the
-///   only path to Blackwell's tensor memory and `tcgen05` instructions. Kernels that
-///   communicate, print or assert, and the few ops Tile IR lacks are not compiled
-///   there (a launch that asks for it fails with the op and its place in the source).
+///   only path to Blackwell's tensor memory and `tcgen05` instructions. Communicating
+///   kernels run there on one-node worlds (a world across nodes stays on LLVM, for
+///   NVSHMEM); a kernel with one of the few ops Tile IR lacks is not compiled there
+///   (a launch that asks for it fails with the op and its place in the source).
 ///
 /// A launch picks one with [`crate::LaunchOptions::backend`], else with
 /// `TESSERA_KERNEL_BACKEND` (`llvm` or `tileir`), else the device chooses

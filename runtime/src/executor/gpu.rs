@@ -14,9 +14,9 @@
 //!
 //! On CUDA GPUs a launch is compiled by one of two code generators
 //! ([`KernelBackend`]): Tessera's LLVM lowering (PTX) or NVIDIA's Tile IR (a cubin
-//! from `tileiras`, target `tileir-sm_*`, no tensor maps and no hidden arguments).
+//! from `tileiras`, target `tileir-sm_*`, no tensor maps; the same hidden arguments).
 //! When the device chose Tile IR (compute capability 10.0 and later) and the kernel
-//! has no Tile IR binary (an op Tile IR lacks, communication, no `tileiras`), the
+//! has no Tile IR binary (an op Tile IR lacks, no `tileiras`, a world across nodes), the
 //! launch falls back to LLVM, logged once; the refusal is remembered per key.
 
 use std::sync::{Arc, Mutex};
@@ -97,24 +97,22 @@ impl Gpu<'_> {
     /// The launch through Tile IR: the kernel specialized on the launch's facts (which
     /// become Tile IR assumptions), its cubin from the artifact folder, the disk cache
     /// or `tileiras`, launched one tile block per program with a block of (1, 1, 1).
-    /// No tensor maps (`tileiras` builds its own TMA descriptors) and no hidden
-    /// arguments (communicating kernels are refused).
+    /// No tensor maps (`tileiras` builds its own TMA descriptors); a communicating
+    /// kernel gets the hidden arguments of the SIMT path's ABI and the same checks
+    /// after the launch (a world across nodes stays on the SIMT path: NVSHMEM).
     fn launch_tile_ir(&self, job: &Job<'_>) -> Result<(), TileIr> {
         let (g, device, stream) = (self.0, job.device, job.stream);
         let target = tile_ir_target(device).map_err(TileIr::Refused)?;
         let func = &job.compiled.func;
-        if func.uses_comm() {
+        if func.uses_comm() && spans_nodes(device) {
             return Err(TileIr::Refused(
-                "it communicates (the Tile IR backend has no communication yet)".into(),
-            ));
-        }
-        if job.compiled.debug.is_some() {
-            return Err(TileIr::Refused(
-                "it prints or asserts (`device_print`/`device_assert` are not lowered to Tile IR)"
+                "it communicates on a world across nodes (NVSHMEM's device library links into PTX only)"
                     .into(),
             ));
         }
-        let (gargs, spec) = gpu_args(job.args).map_err(|r| TileIr::Failed(job.invalid(r)))?;
+        let invalid = |r| TileIr::Failed(job.invalid(r));
+        let (mut gargs, spec) = gpu_args(job.args).map_err(invalid)?;
+        gargs.extend(gpu_comm_args(device, func).map_err(invalid)?);
         let kopts = &KernelOptions {
             backend: Some(KernelBackend::TileIr),
             off_node: false,
@@ -139,8 +137,18 @@ impl Gpu<'_> {
             }
             (Err(e), None) => return Err(TileIr::Failed(e)),
         };
-        g.launch(k.as_ref(), job.grid, &gargs, false, stream)
-            .map_err(TileIr::Failed)
+        let checked = || {
+            g.launch(
+                k.as_ref(),
+                job.grid,
+                &gargs,
+                compiled.func.uses_blocking(),
+                stream,
+            )?;
+            check_trap(g, stream, &compiled.func)?;
+            check_comm_record(device, g, stream, &compiled.func)
+        };
+        checked().map_err(TileIr::Failed)
     }
 
     /// The launch through Tessera's LLVM lowering.
