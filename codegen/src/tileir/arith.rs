@@ -31,6 +31,8 @@ impl Lowerer<'_> {
                     self.op1(Opcode::XOrI, &[x, m], ty, &[])
                 }
                 UnaryOp::Abs => self.op1(Opcode::AbsI, &[x], ty, &[]),
+                UnaryOp::Popc if s != ScalarType::I1 => self.popc(x, s, &shape, ty),
+                UnaryOp::Clz if s != ScalarType::I1 => self.clz(x, s, &shape, ty),
                 _ => {
                     return Err(
                         self.unsupported(op, &format!("on {s} is not lowered to Tile IR yet"))
@@ -65,6 +67,14 @@ impl Lowerer<'_> {
             UnaryOp::Tanh => (Opcode::TanH, vec![]),
             UnaryOp::Floor => (Opcode::Floor, vec![]),
             UnaryOp::Ceil => (Opcode::Ceil, vec![]),
+            UnaryOp::Erf => {
+                let y = self.erf(x, work, &shape, wty);
+                return Ok(if half {
+                    self.op1(Opcode::FToF, &[y], ty, &[nearest])
+                } else {
+                    y
+                });
+            }
             _ => {
                 return Err(
                     self.unsupported(op, &format!("`{u:?}` on {s} is not lowered to Tile IR yet"))
@@ -77,6 +87,219 @@ impl Lowerer<'_> {
         } else {
             y
         })
+    }
+
+    /// `popc`: the bits set, by the parallel (SWAR) count at the element's width.
+    fn popc(&mut self, x: Value, s: ScalarType, shape: &[u32], ty: Type) -> Value {
+        let w = s.bits();
+        let c = |l: &mut Self, v: u64| {
+            let v = if w >= 64 { v } else { v & ((1u64 << w) - 1) };
+            l.const_splat(s, ConstValue::Int(v as i64), shape)
+        };
+        let wrap = ("overflow", Attribute::i32(0));
+        let logical = ("signedness", Attribute::i32(0));
+        let shr = |l: &mut Self, v: Value, n: i64| {
+            let n = l.const_splat(s, ConstValue::Int(n), shape);
+            l.op1(
+                Opcode::ShRI,
+                &[v, n],
+                ty.clone(),
+                std::slice::from_ref(&logical),
+            )
+        };
+        let and = |l: &mut Self, a: Value, b: Value| l.op1(Opcode::AndI, &[a, b], ty.clone(), &[]);
+        let add = |l: &mut Self, a: Value, b: Value| {
+            l.op1(
+                Opcode::AddI,
+                &[a, b],
+                ty.clone(),
+                std::slice::from_ref(&wrap),
+            )
+        };
+        let (m1, m2, m4) = (
+            c(self, 0x5555_5555_5555_5555),
+            c(self, 0x3333_3333_3333_3333),
+            c(self, 0x0f0f_0f0f_0f0f_0f0f),
+        );
+        // v - ((v >> 1) & m1): each 2-bit field holds its count.
+        let t = shr(self, x, 1);
+        let t = and(self, t, m1);
+        let v = self.op1(
+            Opcode::SubI,
+            &[x, t],
+            ty.clone(),
+            std::slice::from_ref(&wrap),
+        );
+        // 4-bit fields.
+        let lo = and(self, v, m2);
+        let hi = shr(self, v, 2);
+        let hi = and(self, hi, m2);
+        let v = add(self, lo, hi);
+        // Bytes.
+        let t = shr(self, v, 4);
+        let v = add(self, v, t);
+        let v = and(self, v, m4);
+        if w == 8 {
+            return v;
+        }
+        // The bytes summed into the top byte, then down.
+        let h = c(self, 0x0101_0101_0101_0101);
+        let v = self.op1(Opcode::MulI, &[v, h], ty.clone(), &[wrap]);
+        shr(self, v, i64::from(w) - 8)
+    }
+
+    /// `clz`: the leading zero bits (the width for 0), by halving: where the top `k`
+    /// bits are zero, count them and shift them out, for `k` = w/2, w/4, .. 1.
+    fn clz(&mut self, x: Value, s: ScalarType, shape: &[u32], ty: Type) -> Value {
+        let w = i64::from(s.bits());
+        let i1 = tile(shape, TileElementType::Scalar(TScalar::I1));
+        let logical = ("signedness", Attribute::i32(0));
+        let zero = self.const_splat(s, ConstValue::Int(0), shape);
+        let mut n = zero;
+        let mut v = x;
+        let mut k = w / 2;
+        while k >= 1 {
+            let sh = self.const_splat(s, ConstValue::Int(w - k), shape);
+            let top = self.op1(
+                Opcode::ShRI,
+                &[v, sh],
+                ty.clone(),
+                std::slice::from_ref(&logical),
+            );
+            let none = self.op1(
+                Opcode::CmpI,
+                &[top, zero],
+                i1.clone(),
+                &[
+                    ("comparison_predicate", Attribute::i32(0)),
+                    ("signedness", Attribute::i32(0)),
+                ],
+            );
+            let kk = self.const_splat(s, ConstValue::Int(k), shape);
+            let n2 = self.op1(
+                Opcode::AddI,
+                &[n, kk],
+                ty.clone(),
+                &[("overflow", Attribute::i32(0))],
+            );
+            n = self.op1(Opcode::Select, &[none, n2, n], ty.clone(), &[]);
+            let v2 = self.op1(
+                Opcode::ShLI,
+                &[v, kk],
+                ty.clone(),
+                &[("overflow", Attribute::i32(0))],
+            );
+            v = self.op1(Opcode::Select, &[none, v2, v], ty.clone(), &[]);
+            k /= 2;
+        }
+        // The last bit: 0 only when `x` was 0.
+        let sh = self.const_splat(s, ConstValue::Int(w - 1), shape);
+        let top = self.op1(Opcode::ShRI, &[v, sh], ty.clone(), &[logical]);
+        let one = self.const_splat(s, ConstValue::Int(1), shape);
+        let last = self.op1(Opcode::XOrI, &[top, one], ty.clone(), &[]);
+        self.op1(
+            Opcode::AddI,
+            &[n, last],
+            ty,
+            &[("overflow", Attribute::i32(0))],
+        )
+    }
+
+    /// `erf` in the float type `work` (f32 or f64), as the SIMT lowering computes it:
+    /// the Taylor series `2/sqrt(pi) * x * sum (-1)^n x^2n / (n! (2n+1))` for
+    /// `|x| < 0.5`, else Abramowitz and Stegun 7.1.26 with the sign of `x`.
+    fn erf(&mut self, x: Value, work: ScalarType, shape: &[u32], ty: Type) -> Value {
+        let nearest = ("rounding_mode", Attribute::i32(0));
+        let c = |l: &mut Self, v: f64| l.const_splat(work, ConstValue::Float(v), shape);
+        let mul = |l: &mut Self, a: Value, b: Value| {
+            l.op1(
+                Opcode::MulF,
+                &[a, b],
+                ty.clone(),
+                std::slice::from_ref(&nearest),
+            )
+        };
+        let add = |l: &mut Self, a: Value, b: Value| {
+            l.op1(
+                Opcode::AddF,
+                &[a, b],
+                ty.clone(),
+                std::slice::from_ref(&nearest),
+            )
+        };
+        // Horner's rule, highest coefficient first.
+        let poly = |l: &mut Self, t: Value, coeffs: &[f64]| {
+            let mut acc = c(l, coeffs[coeffs.len() - 1]);
+            for &k in coeffs[..coeffs.len() - 1].iter().rev() {
+                let m = mul(l, acc, t);
+                let k = c(l, k);
+                acc = add(l, m, k);
+            }
+            acc
+        };
+        let k = std::f64::consts::FRAC_2_SQRT_PI;
+        let x2 = mul(self, x, x);
+        let p = poly(
+            self,
+            x2,
+            &[
+                k,
+                -k / 3.0,
+                k / 10.0,
+                -k / 42.0,
+                k / 216.0,
+                -k / 1320.0,
+                k / 9360.0,
+                -k / 75600.0,
+            ],
+        );
+        let small = mul(self, x, p);
+        let ax = self.op1(Opcode::AbsF, &[x], ty.clone(), &[]);
+        let one = c(self, 1.0);
+        let a = c(self, 0.3275911);
+        let d = mul(self, ax, a);
+        let d = add(self, one, d);
+        let t = self.op1(
+            Opcode::DivF,
+            &[one, d],
+            ty.clone(),
+            std::slice::from_ref(&nearest),
+        );
+        let pp = poly(
+            self,
+            t,
+            &[
+                0.0,
+                0.254829592,
+                -0.284496736,
+                1.421413741,
+                -1.453152027,
+                1.061405429,
+            ],
+        );
+        let nx2 = self.op1(Opcode::NegF, &[x2], ty.clone(), &[]);
+        let e = self.op1(Opcode::Exp, &[nx2], ty.clone(), &[]);
+        let pe = mul(self, pp, e);
+        let big = self.op1(Opcode::SubF, &[one, pe], ty.clone(), &[nearest]);
+        let nbig = self.op1(Opcode::NegF, &[big], ty.clone(), &[]);
+        let i1 = tile(shape, TileElementType::Scalar(TScalar::I1));
+        let cmp = |l: &mut Self, a: Value, b: Value, pred: i64| {
+            l.op1(
+                Opcode::CmpF,
+                &[a, b],
+                i1.clone(),
+                &[
+                    ("comparison_predicate", Attribute::i32(pred)),
+                    ("comparison_ordering", Attribute::i32(1)),
+                ],
+            )
+        };
+        let zero = c(self, 0.0);
+        let neg = cmp(self, x, zero, 2);
+        let big = self.op1(Opcode::Select, &[neg, nbig, big], ty.clone(), &[]);
+        let half = c(self, 0.5);
+        let is_small = cmp(self, ax, half, 2);
+        self.op1(Opcode::Select, &[is_small, small, big], ty, &[])
     }
 
     /// `reduce` (`scan: None`) or `scan` (`Some(reverse)`) along `axis`: Tile IR's
@@ -96,11 +319,7 @@ impl Lowerer<'_> {
             .ty(r)
             .scalar_type()
             .ok_or_else(|| self.unsupported(op, "of pointers"))?;
-        if matches!(
-            s,
-            ScalarType::F16 | ScalarType::BF16 | ScalarType::F8E4M3 | ScalarType::F8E5M2
-        ) || s == ScalarType::I1
-        {
+        if s.is_fp8() {
             return Err(self.unsupported(op, &format!("of {s} is not lowered to Tile IR yet")));
         }
         let ts = scalar(s);

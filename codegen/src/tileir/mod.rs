@@ -6,16 +6,17 @@
 //! compiler chooses the tensor cores, TMA and the pipelining. No GPU is needed to
 //! compile; `tileirdisasm` reads the bytecode back ([`crate::tools::tileirdisasm`]).
 //!
-//! **What is lowered:** every op of the tile IR but `erf`, `popc`, `clz`, f16 and
-//! 8-bit reductions and the SIMT pipeliner's predicated descriptor loads: program ids
+//! **What is lowered:** every op of the tile IR but float atomic `max`/`min` and f16 ones,
+//! reductions of the 8-bit floats and the SIMT pipeliner's predicated descriptor
+//! loads: program ids
 //! and counts, constants, `arange`, `splat`, `expand_dims`, `reshape`, `permute`,
 //! `broadcast`, hints (as the value), integer and float arithmetic, comparisons,
 //! `select`, `addptr`, loads and stores through pointer tiles with their masks and
 //! `other` values, `for`, `if` and `while` (a `loop`), `dot` (f16, bf16 and the 8-bit
 //! floats into f32, f32 and f64; i8 into i32), `fma`, casts (float to integer
 //! saturating with NaN to 0, to `i1` as "nonzero", to the 8-bit floats saturating),
-//! the float math functions (f16 and bf16 computed in f32), reductions and scans of
-//! 32- and 64-bit elements, bitcasts, atomics and compare-and-swap with their ordering
+//! the float math functions (f16 and bf16 computed in f32; `erf` by the SIMT path's
+//! formula), `popc` and `clz` (spelled out in shifts), reductions and scans, bitcasts, atomics and compare-and-swap with their ordering
 //! and scope, block-local memory (`alloca`: a program is one tile thread, so
 //! `barrier` orders nothing the tokens do not), tensor descriptors (as partition
 //! views of tensor views) and communication (`comm.rs`). `device_print` and
