@@ -31,11 +31,11 @@
 
 use std::fmt::Write as _;
 
-use crate::infer::infer_result_types;
 use crate::ir::{
-    AtomicOp, BinaryOp, CmpPred, ConstValue, Function, MemOrder, MemScope, Op, OpKind, Param,
-    ParamAttrs, ReduceOp, Region, Span, ValueId,
+    AtomicOp, BinaryOp, CmpPred, Function, MemOrder, MemScope, Op, OpKind, Param, ParamAttrs,
+    ReduceOp, Region, Span, ValueId,
 };
+use crate::passes::emit::Emit;
 use crate::types::{AddrSpace, Elem, ScalarType, Type};
 
 /// The name of the hidden output-buffer parameter.
@@ -218,74 +218,9 @@ fn numel(shape: &[u32]) -> usize {
     shape.iter().map(|&d| d as usize).product()
 }
 
-/// Appends ops at one span.
-struct Emit<'f> {
-    f: &'f mut Function,
-    ops: Vec<Op>,
-    span: Span,
-}
-
 impl Emit<'_> {
-    fn op(
-        &mut self,
-        kind: OpKind,
-        operands: &[ValueId],
-        hint: Option<&Type>,
-    ) -> Result<Vec<ValueId>, String> {
-        let tys: Vec<&Type> = operands.iter().map(|&v| self.f.ty(v)).collect();
-        let results: Vec<ValueId> = infer_result_types(&kind, &tys, hint)?
-            .into_iter()
-            .map(|t| self.f.new_value(t))
-            .collect();
-        self.ops.push(Op {
-            kind,
-            operands: operands.to_vec(),
-            results: results.clone(),
-            regions: Vec::new(),
-            span: self.span.clone(),
-        });
-        Ok(results)
-    }
-
-    fn op1(
-        &mut self,
-        kind: OpKind,
-        operands: &[ValueId],
-        hint: Option<&Type>,
-    ) -> Result<ValueId, String> {
-        match self.op(kind, operands, hint)?.as_slice() {
-            [v] => Ok(*v),
-            _ => Err("internal: expected one result".into()),
-        }
-    }
-
-    fn yield_op(&self) -> Op {
-        Op {
-            kind: OpKind::Yield,
-            operands: Vec::new(),
-            results: Vec::new(),
-            regions: Vec::new(),
-            span: self.span.clone(),
-        }
-    }
-
-    fn int(&mut self, s: ScalarType, shape: &[u32], v: i64) -> Result<ValueId, String> {
-        let t = Type::scalar(s).with_shape(shape);
-        self.op1(OpKind::Const(ConstValue::Int(v)), &[], Some(&t))
-    }
-
     fn u64(&mut self, v: u64) -> Result<ValueId, String> {
         self.int(ScalarType::U64, &[], v as i64)
-    }
-
-    fn bin(&mut self, op: BinaryOp, a: ValueId, b: ValueId) -> Result<ValueId, String> {
-        self.op1(OpKind::Binary(op), &[a, b], None)
-    }
-
-    fn cast(&mut self, v: ValueId, to: ScalarType) -> Result<ValueId, String> {
-        let t = self.f.ty(v).clone();
-        let t = Type::scalar(to).with_shape(&t.shape);
-        self.op1(OpKind::Cast, &[v], Some(&t))
     }
 
     /// `p + off` for a scalar pointer and an `i64` word offset.

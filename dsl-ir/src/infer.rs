@@ -1,7 +1,7 @@
 //! Result-type rules of every op without regions: the single source of truth shared by
 //! the builder (which computes result types) and the verifier (which checks them).
 
-use crate::ir::{BinaryOp, HintKind, OpKind, UnaryOp};
+use crate::ir::{BinaryOp, HintKind, OpKind, ScaledFormat, UnaryOp};
 use crate::types::{AddrSpace, Elem, ScalarType, Type};
 
 /// Result types of an op of `kind` whose operands have `operands` types, or a message
@@ -470,6 +470,10 @@ pub fn infer_result_types(
             }
             Ok(vec![want])
         }
+        OpKind::DotScaled { format } => {
+            expect_n(5)?;
+            dot_scaled_type(*format, operands)
+        }
         OpKind::Reduce { axis, op } | OpKind::Scan { axis, op, .. } => {
             expect_n(1)?;
             let src = operands[0];
@@ -682,4 +686,62 @@ fn check_mask(m: &Type, shape: &[u32], what: &str) -> Result<(), String> {
         ));
     }
     Ok(())
+}
+
+/// The result type of `dot_scaled format a, a_scale, b, b_scale, acc`
+/// ([`OpKind::DotScaled`]), or why the operands do not fit.
+fn dot_scaled_type(format: ScaledFormat, ops: &[&Type]) -> Result<Vec<Type>, String> {
+    let (a, sa, b, sb, acc) = (ops[0], ops[1], ops[2], ops[3], ops[4]);
+    let name = format.name();
+    if [a, sa, b, sb, acc].iter().any(|t| t.rank() != 2) {
+        return Err(format!(
+            "dot_scaled needs 2-D tiles, got {a}, {sa}, {b}, {sb}, {acc}"
+        ));
+    }
+    let store = format.storage();
+    for (what, t) in [("a", a), ("b", b)] {
+        if t.scalar_type() != Some(store) {
+            return Err(format!(
+                "dot_scaled {name}: `{what}` must be a tile of {store}, got {t}"
+            ));
+        }
+    }
+    let per = format.per_element();
+    let (m, k) = (a.shape[0], a.shape[1] * per);
+    let (kb, n) = (b.shape[0], b.shape[1] * per);
+    if kb != k {
+        return Err(format!(
+            "dot_scaled inner dimensions differ: {m}x{k} times {kb}x{n} ({a} times {b})"
+        ));
+    }
+    let scale = sa.scalar_type();
+    if sb.scalar_type() != scale {
+        return Err(format!("dot_scaled scales differ in type: {sa} and {sb}"));
+    }
+    let v = match scale {
+        Some(ScalarType::U8) => 32,
+        Some(ScalarType::F8E4M3) if format == ScaledFormat::E2M1 => 16,
+        _ => {
+            return Err(format!(
+                "dot_scaled {name}: scales are u8 (E8M0) tiles, or f8e4m3 tiles for e2m1 (NVFP4), got {sa}"
+            ));
+        }
+    };
+    if k % v != 0 {
+        return Err(format!(
+            "dot_scaled: K = {k} is not a multiple of the scale block {v}"
+        ));
+    }
+    let want_sa = Type::tile(scale.unwrap_or(ScalarType::U8), &[m, k / v]);
+    let want_sb = Type::tile(scale.unwrap_or(ScalarType::U8), &[k / v, n]);
+    if *sa != want_sa || *sb != want_sb {
+        return Err(format!(
+            "dot_scaled scales must be {want_sa} and {want_sb} (one per {v} elements along K), got {sa} and {sb}"
+        ));
+    }
+    let want = Type::tile(ScalarType::F32, &[m, n]);
+    if *acc != want {
+        return Err(format!("dot_scaled accumulator must be {want}, got {acc}"));
+    }
+    Ok(vec![want])
 }

@@ -424,6 +424,46 @@ impl CmpPred {
     }
 }
 
+/// The element format of [`OpKind::DotScaled`]'s operands (both operands share it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ScaledFormat {
+    /// `f8e4m3` tiles (MXFP8).
+    E4M3,
+    /// `f8e5m2` tiles (MXFP8).
+    E5M2,
+    /// FP4 E2M1, two per `u8` along the tile's last dimension, the first in the low
+    /// nibble (MXFP4, NVFP4: [`crate::mx`]).
+    E2M1,
+}
+
+impl ScaledFormat {
+    /// Every format.
+    pub const ALL: [ScaledFormat; 3] = [ScaledFormat::E4M3, ScaledFormat::E5M2, ScaledFormat::E2M1];
+
+    /// The IR mnemonic.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScaledFormat::E4M3 => "e4m3",
+            ScaledFormat::E5M2 => "e5m2",
+            ScaledFormat::E2M1 => "e2m1",
+        }
+    }
+
+    /// The element type of a tile of this format.
+    pub fn storage(self) -> ScalarType {
+        match self {
+            ScaledFormat::E4M3 => ScalarType::F8E4M3,
+            ScaledFormat::E5M2 => ScalarType::F8E5M2,
+            ScaledFormat::E2M1 => ScalarType::U8,
+        }
+    }
+
+    /// Elements per stored element along the last dimension (2 for packed E2M1).
+    pub fn per_element(self) -> u32 {
+        if self == ScaledFormat::E2M1 { 2 } else { 1 }
+    }
+}
+
 /// Combining functions of `reduce`, `scan` and atomics.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ReduceOp {
@@ -739,6 +779,19 @@ pub enum OpKind {
     /// `dot a, b, acc`: `a` is `MxK`, `b` is `KxN`, `acc` and result `MxN`. Inputs
     /// f16/bf16/f32 accumulate in f32 (`acc` must be f32), f64 in f64, i8 in i32.
     Dot,
+    /// `dot_scaled fmt a, a_scale, b, b_scale, acc`: a block-scaled matrix product
+    /// ([`crate::mx`]). `a` holds `MxK` and `b` `KxN` elements of format `fmt`
+    /// (stored `MxK/2` and `KxN/2` bytes for E2M1); `a_scale` is `MxK/V` and `b_scale`
+    /// `K/VxN`, `u8` E8M0 scales with `V = 32`, or `f8e4m3` scales with `V = 16` (E2M1
+    /// only: NVFP4); `acc` and the result are `MxN` f32. The result is
+    /// `dot(a', b', acc)` in f32 (each product and each sum rounded, `k` increasing),
+    /// where `a'[i][k] = f32(a[i][k]) * f32(a_scale[i][k / V])` and likewise `b'`: every
+    /// element and scale decodes exactly, and their product is exact unless it leaves
+    /// f32's range.
+    DotScaled {
+        /// The elements' format.
+        format: ScaledFormat,
+    },
     /// Reduces along `axis`, removing it.
     Reduce {
         /// The reduced axis.
@@ -879,6 +932,7 @@ impl OpKind {
             OpKind::AtomicRmw { .. } => "atomic_rmw",
             OpKind::AtomicCas { .. } => "atomic_cas",
             OpKind::Dot => "dot",
+            OpKind::DotScaled { .. } => "dot_scaled",
             OpKind::Reduce { .. } => "reduce",
             OpKind::Scan { .. } => "scan",
             OpKind::For => "for",

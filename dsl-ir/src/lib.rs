@@ -24,6 +24,7 @@ pub mod fp8;
 pub mod infer;
 pub mod interp;
 pub mod ir;
+pub mod mx;
 pub mod parser;
 pub mod passes;
 pub mod printer;

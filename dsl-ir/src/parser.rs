@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use crate::ir::{
     AtomicOp, BinaryOp, CmpPred, ConstValue, Function, HintKind, MemOrder, MemScope, Op, OpKind,
-    Param, ParamAttrs, ReduceOp, Region, SignalOp, Span, UnaryOp, ValueData, ValueId,
+    Param, ParamAttrs, ReduceOp, Region, ScaledFormat, SignalOp, Span, UnaryOp, ValueData, ValueId,
 };
 use crate::types::{AddrSpace, Elem, ScalarType, Type};
 
@@ -820,6 +820,9 @@ impl Parser<'_> {
                 has_mask: false,
             },
             "dot" => OpKind::Dot,
+            "dot_scaled" => OpKind::DotScaled {
+                format: self.keyword("format", &ScaledFormat::ALL, ScaledFormat::name)?,
+            },
             "reduce" => {
                 let op = self.keyword("reduction", &ReduceOp::ALL, ReduceOp::name)?;
                 OpKind::Reduce {

@@ -29,7 +29,7 @@
 //! - Attributes: `program_id 0`, `num_programs 1`, `const 1.5`, `arange 0, 128`,
 //!   `expand_dims axis=1`, `permute order=[1, 0]`, `cmp lt`,
 //!   `atomic_rmw add acq_rel device`, `atomic_cas relaxed block`, `reduce sum axis=0`,
-//!   `scan max axis=1 reverse`. Binary and unary ops print their own mnemonic (`add`,
+//!   `scan max axis=1 reverse`, `dot_scaled e2m1`. Binary and unary ops print their own mnemonic (`add`,
 //!   `exp`, ...).
 //! - Mask flags of `load`, `store`, `atomic_rmw`, `atomic_cas` follow from the number of
 //!   operands (`load %p` / `load %p, %mask` / `load %p, %mask, %other`).
@@ -360,6 +360,7 @@ impl Printer<'_> {
             OpKind::WaitUntil { pred, scope } => format!("{} {}", pred.name(), scope.name()),
             OpKind::Fence { order, scope } => format!("{} {}", order.name(), scope.name()),
             OpKind::Reduce { axis, op } => format!("{} axis={axis}", op.name()),
+            OpKind::DotScaled { format } => format.name().to_string(),
             OpKind::Scan { axis, op, reverse } => {
                 let mut s = format!("{} axis={axis}", op.name());
                 if *reverse {

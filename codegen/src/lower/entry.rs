@@ -100,6 +100,19 @@ pub(super) fn lower_impl<'ctx>(
     if func.uses_comm() {
         engine::check(arch.target(), opts.engine)?;
     }
+    // `dot_scaled`: no block-scaled instruction here; decoded and scaled to f32, then
+    // an f32 `dot` (its definition).
+    if tessera_ir::passes::has_dot_scaled(func) {
+        let g = tessera_ir::passes::expand_dot_scaled(func)
+            .map_err(|message| CodegenError::Unsupported {
+                kernel: func.name.clone(),
+                target: arch.target(),
+                span: func.span.clone(),
+                message,
+            })?
+            .ok_or_else(|| CodegenError::Options("dot_scaled expansion found nothing".into()))?;
+        return lower_impl(ctx, &g, arch, opts, with_layouts);
+    }
     // `dot`s of 8-bit floats: on `wgmma` or `mma.sync` m16n8k32 (sm_89's instruction,
     // or its fragments converted to f16 in registers on sm_80, sm_86 and sm_90) as they
     // are where they can be (else the whole kernel again with them on f16), elsewhere

@@ -853,6 +853,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let t = dot::lower(self, op)?;
                 self.set(op.results[0], t);
             }
+            OpKind::DotScaled { .. } => {
+                return unsupported(span, "`dot_scaled` not expanded before the lowering");
+            }
             OpKind::Reduce { axis, op: rop } => {
                 let t = reduce::lower_reduce(self, op, *axis as usize, *rop)?;
                 let from = self.val(op.operands[0])?.layout;

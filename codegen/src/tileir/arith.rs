@@ -89,6 +89,66 @@ impl Lowerer<'_> {
         })
     }
 
+    /// `dot_scaled`: Tile IR's `mmaf_scaled` (Blackwell's block-scaled tensor-core
+    /// instructions), its operands as Tile IR's narrow float types: packed E2M1 bytes
+    /// unpacked (the low nibble first, as Tile IR's `unpack` reads a byte array),
+    /// E8M0 scale bytes reinterpreted as `f8E8M0FNU`.
+    pub(super) fn dot_scaled(
+        &mut self,
+        op: &Op,
+        format: tessera_ir::ir::ScaledFormat,
+        r: ValueId,
+    ) -> Result<Value, CodegenError> {
+        use tessera_ir::ir::ScaledFormat;
+        let operand = |l: &mut Self, v: ValueId| -> Value {
+            let x = l.val(v);
+            if format != ScaledFormat::E2M1 {
+                return x;
+            }
+            let sh = l.f.ty(v).shape.clone();
+            let bytes = sh.iter().product::<u32>();
+            let flat = l.op1(
+                Opcode::Reshape,
+                &[x],
+                tile(&[bytes], TileElementType::Scalar(TScalar::I8)),
+                &[],
+            );
+            let f4 = l.op1(
+                Opcode::Unpack,
+                &[flat],
+                tile(&[bytes * 2], TileElementType::Scalar(TScalar::F4E2M1FN)),
+                &[],
+            );
+            l.op1(
+                Opcode::Reshape,
+                &[f4],
+                tile(
+                    &[sh[0], sh[1] * 2],
+                    TileElementType::Scalar(TScalar::F4E2M1FN),
+                ),
+                &[],
+            )
+        };
+        let scale = |l: &mut Self, v: ValueId| -> Value {
+            let x = l.val(v);
+            if l.f.ty(v).scalar_type() != Some(ScalarType::U8) {
+                return x;
+            }
+            let sh = l.f.ty(v).shape.clone();
+            l.op1(
+                Opcode::Bitcast,
+                &[x],
+                tile(&sh, TileElementType::Scalar(TScalar::F8E8M0FNU)),
+                &[],
+            )
+        };
+        let (a, b) = (operand(self, op.operands[0]), operand(self, op.operands[2]));
+        let (sa, sb) = (scale(self, op.operands[1]), scale(self, op.operands[3]));
+        let acc = self.val(op.operands[4]);
+        let ty = self.ty(r);
+        Ok(self.op1(Opcode::MmaFScaled, &[a, b, acc, sa, sb], ty, &[]))
+    }
+
     /// `popc`: the bits set, by the parallel (SWAR) count at the element's width.
     fn popc(&mut self, x: Value, s: ScalarType, shape: &[u32], ty: Type) -> Value {
         let w = s.bits();

@@ -217,6 +217,26 @@ pub fn compile_version(
             ),
         });
     }
+    // Block-scaled products need Blackwell's instructions (and its 4-bit and E8M0
+    // types): `tileiras` refuses them for earlier GPUs.
+    let sm: u32 = gpu.trim_start_matches("sm_").parse().unwrap_or(0);
+    if sm < 100 {
+        let mut scaled = None;
+        func.walk(&mut |op| {
+            if scaled.is_none() && matches!(op.kind, OpKind::DotScaled { .. }) {
+                scaled = Some(op.span.clone());
+            }
+        });
+        if let Some(span) = scaled {
+            return Err(CodegenError::TileIr {
+                kernel: func.name.clone(),
+                span,
+                message: format!(
+                    "`dot_scaled` needs sm_100 or later on the Tile IR backend, not {gpu} (the LLVM backend computes it on every target, by conversion to f32)"
+                ),
+            });
+        }
+    }
     let kernel = lower(func, version)?;
     let cubin = crate::tools::tileiras(&kernel.bytecode, gpu).map_err(|e| match e {
         CodegenError::Tool { tool, message } => CodegenError::Tool {
@@ -1088,6 +1108,10 @@ impl<'a> Lowerer<'a> {
                 out[0]
             }
             OpKind::While => return self.while_op(op),
+            OpKind::DotScaled { format } => {
+                let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
+                self.dot_scaled(op, *format, r)?
+            }
             OpKind::Rank
             | OpKind::WorldSize
             | OpKind::RemotePtr

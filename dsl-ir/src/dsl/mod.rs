@@ -158,6 +158,19 @@ macro_rules! dtype_fp8 {
 }
 dtype_fp8!(crate::fp8::F8E4M3 => F8E4M3, crate::fp8::F8E5M2 => F8E5M2);
 
+/// The block-scaled storage types ([`crate::mx::E2M1x2`], [`crate::mx::E8M0`]): `u8`
+/// tiles in the IR, read by [`ops::dot_scaled`]; no arithmetic.
+macro_rules! dtype_mx {
+    ($($t:ty),*) => {$(
+        impl sealed::Sealed for $t {}
+        impl DType for $t {
+            const TY: ScalarType = ScalarType::U8;
+            fn to_const(self) -> ConstValue { ConstValue::Int(i64::from(self.0)) }
+        }
+    )*};
+}
+dtype_mx!(crate::mx::E2M1x2, crate::mx::E8M0);
+
 impl sealed::Sealed for bool {}
 impl DType for bool {
     const TY: ScalarType = ScalarType::I1;

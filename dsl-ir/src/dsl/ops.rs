@@ -867,6 +867,71 @@ where
     ))
 }
 
+/// Element types of [`dot_scaled`]'s operands and their format.
+#[diagnostic::on_unimplemented(
+    message = "`dot_scaled` is not defined on `{Self}` operands",
+    label = "dot_scaled takes F8E4M3 or F8E5M2 tiles (MXFP8) or E2M1x2 tiles (MXFP4, NVFP4)"
+)]
+pub trait ScaledInput: DType {
+    /// The format.
+    const FORMAT: crate::ir::ScaledFormat;
+}
+impl ScaledInput for F8E4M3 {
+    const FORMAT: crate::ir::ScaledFormat = crate::ir::ScaledFormat::E4M3;
+}
+impl ScaledInput for F8E5M2 {
+    const FORMAT: crate::ir::ScaledFormat = crate::ir::ScaledFormat::E5M2;
+}
+impl ScaledInput for crate::mx::E2M1x2 {
+    const FORMAT: crate::ir::ScaledFormat = crate::ir::ScaledFormat::E2M1;
+}
+
+/// Scale types of [`dot_scaled`]: [`crate::mx::E8M0`] (one per 32 elements along K)
+/// or [`F8E4M3`] (NVFP4: one per 16, with [`crate::mx::E2M1x2`] operands).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a scale type of `dot_scaled`",
+    label = "dot_scaled scales are E8M0 (MX formats) or F8E4M3 (NVFP4)"
+)]
+pub trait ScaleType: DType {}
+impl ScaleType for crate::mx::E8M0 {}
+impl ScaleType for F8E4M3 {}
+
+/// Block-scaled matrix multiply-accumulate ([`crate::mx`]): `a` (M×K elements) times
+/// `b` (K×N) plus `acc` (M×N, f32), each element multiplied by the scale of its block
+/// of `V` elements along K: `a_scale` is M×(K/V), `b_scale` (K/V)×N. MXFP8: F8E4M3 or
+/// F8E5M2 operands with E8M0 scales, `V = 32`; MXFP4: [`crate::mx::E2M1x2`] operands
+/// (two elements a byte along the last dimension: `a` is stored M×K/2, `b` K×N/2)
+/// with E8M0 scales, `V = 32`; NVFP4: E2M1x2 operands with F8E4M3 scales, `V = 16`.
+/// Computed as `dot` in f32 of the exactly decoded, scaled operands; NVIDIA's
+/// Tile IR backend takes Blackwell's block-scaled tensor-core instructions. A shape
+/// that does not fit is an error at the call.
+#[track_caller]
+pub fn dot_scaled<
+    T: ScaledInput,
+    S: ScaleType,
+    M: Dim,
+    KA: Dim,
+    KS: Dim,
+    KB: Dim,
+    NB: Dim,
+    KS2: Dim,
+    N: Dim,
+>(
+    a: Tile<T, (M, KA)>,
+    a_scale: Tile<S, (M, KS)>,
+    b: Tile<T, (KB, NB)>,
+    b_scale: Tile<S, (KS2, N)>,
+    acc: Tile<f32, (M, N)>,
+) -> Tile<f32, (M, N)> {
+    Tile::from_id(emit1(
+        OpKind::DotScaled { format: T::FORMAT },
+        &[a.id(), a_scale.id(), b.id(), b_scale.id(), acc.id()],
+        None,
+        Tile::<f32, (M, N)>::ir_type(),
+        Span::caller(),
+    ))
+}
+
 /// Synchronizes the threads of the program instance (a GPU block barrier).
 #[track_caller]
 pub fn barrier() {

@@ -7,7 +7,7 @@ use half::{bf16, f16};
 
 use super::minmax::{IeeeFloat, fmax, fmin};
 use super::value::{Data, Elt, bf16_from_f64, f16_from_f64};
-use crate::ir::{BinaryOp, CmpPred, ReduceOp, UnaryOp};
+use crate::ir::{BinaryOp, CmpPred, ReduceOp, ScaledFormat, UnaryOp};
 use crate::types::ScalarType;
 
 /// Why an elementwise op failed.
@@ -822,6 +822,70 @@ pub(crate) fn reduce_or_scan(
         D::F64(v) => D::F64(num(op, v, d, scan)?),
         D::F8E4M3(_) | D::F8E5M2(_) | D::Ptr(_) => return Err(mismatch(op.name(), x)),
     })
+}
+
+/// `dot_scaled` ([`crate::ir::OpKind::DotScaled`]): `a` (`m x k` elements of
+/// `format`) and `b` (`k x n`) decoded exactly to f32 and multiplied by their block's
+/// scale (in f32), then [`dot`]'s f32 loop. `dims` is `(m, k, n)` in elements.
+pub(crate) fn dot_scaled(
+    format: ScaledFormat,
+    [a, sa, b, sb]: [&Data; 4],
+    acc: Data,
+    dims: (usize, usize, usize),
+) -> Result<Data, ArithErr> {
+    let (m, k, n) = dims;
+    let bad = |what: &str| ArithErr::Unsupported(format!("dot_scaled: {what}"));
+    let elems = |d: &Data, rows: usize, cols: usize| -> Result<Vec<f32>, ArithErr> {
+        let v: Vec<f32> = match (format, d) {
+            (ScaledFormat::E4M3, Data::F8E4M3(v)) => v.iter().map(|x| x.to_f32()).collect(),
+            (ScaledFormat::E5M2, Data::F8E5M2(v)) => v.iter().map(|x| x.to_f32()).collect(),
+            (ScaledFormat::E2M1, Data::U8(v)) => v
+                .iter()
+                .flat_map(|&x| [crate::mx::e2m1_to_f32(x), crate::mx::e2m1_to_f32(x >> 4)])
+                .collect(),
+            _ => return Err(bad("operand of another type than its format")),
+        };
+        if v.len() != rows * cols {
+            return Err(bad("operand size does not match its shape"));
+        }
+        Ok(v)
+    };
+    let scales = |d: &Data| -> Result<Vec<f32>, ArithErr> {
+        Ok(match d {
+            Data::U8(v) => v.iter().map(|&e| crate::mx::E8M0(e).to_f32()).collect(),
+            Data::F8E4M3(v) => v.iter().map(|x| x.to_f32()).collect(),
+            _ => return Err(bad("scales are u8 (E8M0) or f8e4m3")),
+        })
+    };
+    let (mut x, mut y) = (elems(a, m, k)?, elems(b, k, n)?);
+    let (xs, ys) = (scales(sa)?, scales(sb)?);
+    if xs.is_empty() || xs.len() % m != 0 || k % (xs.len() / m).max(1) != 0 {
+        return Err(bad("scale sizes do not match the operands"));
+    }
+    let v = k / (xs.len() / m);
+    if ys.len() != (k / v) * n {
+        return Err(bad("scale sizes do not match the operands"));
+    }
+    for i in 0..m {
+        for kk in 0..k {
+            x[i * k + kk] *= xs[i * (k / v) + kk / v];
+        }
+    }
+    for kk in 0..k {
+        for j in 0..n {
+            y[kk * n + j] *= ys[(kk / v) * n + j];
+        }
+    }
+    match acc {
+        Data::F32(mut c) => {
+            if c.len() != m * n {
+                return Err(bad("accumulator size does not match its shape"));
+            }
+            dot_loop(&x, &y, &mut c, dims, |p, q| p * q, |p, q| p + q);
+            Ok(Data::F32(c))
+        }
+        _ => Err(bad("the accumulator is f32")),
+    }
 }
 
 /// `acc[m][n] += sum_k a[m][k] * b[k][n]` in i-k-j order; for each output element the

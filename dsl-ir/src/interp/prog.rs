@@ -476,6 +476,27 @@ impl Prog<'_, '_> {
                 let r = arith::dot(self.val(op, 0)?, self.val(op, 1)?, acc, dims);
                 r.map_err(|e| self.arith_err(op, e, &[]))?
             }
+            OpKind::DotScaled { format } => {
+                let (ta, tb) = (self.operand_ty(op, 0)?, self.operand_ty(op, 2)?);
+                if ta.rank() != 2 || tb.rank() != 2 {
+                    return Err(self.invalid(op, "dot_scaled needs 2-D tiles"));
+                }
+                let per = format.per_element() as usize;
+                let dims = (
+                    ta.shape[0] as usize,
+                    ta.shape[1] as usize * per,
+                    tb.shape[1] as usize * per,
+                );
+                let acc = self.owned(op, take, 4)?;
+                let ins = [
+                    self.val(op, 0)?,
+                    self.val(op, 1)?,
+                    self.val(op, 2)?,
+                    self.val(op, 3)?,
+                ];
+                let r = arith::dot_scaled(*format, ins, acc, dims);
+                r.map_err(|e| self.arith_err(op, e, &[]))?
+            }
             OpKind::Reduce { axis, op: rop } | OpKind::Scan { axis, op: rop, .. } => {
                 let shape = usize_shape(self.operand_ty(op, 0)?);
                 let a = *axis as usize;

@@ -15,7 +15,10 @@
 //! renumbers values).
 //!
 //! Each pass has its own file: `canonicalize.rs` (rewrites and the folding driver),
-//! `fold.rs` (the constant evaluators it calls), `cse.rs` and `dce.rs`; this file
+//! `fold.rs` (the constant evaluators it calls), `cse.rs` and `dce.rs`;
+//! `specialize.rs` (launch facts as parameter attributes) and `scaled.rs`
+//! ([`expand_dot_scaled`], for the backends without block-scaled instructions);
+//! `emit.rs` builds ops inside a pass; this file
 //! holds the driver, [`replace_all_uses`] and what the passes share. The tests of a
 //! pass sit with it; `tests.rs` holds the shared test helpers and the tests of
 //! [`optimize`] and [`replace_all_uses`].
@@ -27,7 +30,9 @@ use crate::ir::{Function, Region, ValueId};
 mod canonicalize;
 mod cse;
 mod dce;
+pub(crate) mod emit;
 mod fold;
+mod scaled;
 mod specialize;
 #[cfg(test)]
 mod tests;
@@ -35,6 +40,7 @@ mod tests;
 pub use canonicalize::canonicalize;
 pub use cse::cse;
 pub use dce::dce;
+pub use scaled::{expand_dot_scaled, has_dot_scaled};
 pub use specialize::specialize;
 
 /// Most rounds of [`optimize`] before it stops even without a fixed point.

@@ -262,6 +262,16 @@ pub(crate) fn lower_host<'ctx>(
     checked: bool,
     sanitize: bool,
 ) -> LResult<HostLowered<'ctx>> {
+    // `dot_scaled`: decoded and scaled to f32, then an f32 `dot` (its definition).
+    if tessera_ir::passes::has_dot_scaled(func) {
+        let g = tessera_ir::passes::expand_dot_scaled(func)
+            .map_err(|message| LowerError::Unsupported {
+                span: func.span.clone(),
+                message,
+            })?
+            .ok_or_else(|| LowerError::Llvm("dot_scaled expansion found nothing".into()))?;
+        return lower_host(ctx, &g, checked, sanitize);
+    }
     let checked = checked || sanitize;
     let module = ctx.create_module(&func.name);
     let ptr = ctx.ptr_type(AddressSpace::default());
@@ -839,6 +849,12 @@ impl<'a, 'ctx> H<'a, 'ctx> {
             } => self.load(op, *has_mask, *has_other)?,
             OpKind::Store { has_mask } => self.store(op, *has_mask)?,
             OpKind::Dot => self.dot(op)?,
+            OpKind::DotScaled { .. } => {
+                return Err(LowerError::Unsupported {
+                    span: op.span.clone(),
+                    message: "`dot_scaled` not expanded before the lowering".into(),
+                });
+            }
             OpKind::Reduce { axis, op: rop } => self.reduce(op, *axis, *rop, None)?,
             OpKind::Scan {
                 axis,
