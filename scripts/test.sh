@@ -65,7 +65,7 @@ out="$(TESSERA_DEVICE=cpu TESSERA_LAUNCH_TIMEOUT=abc cargo run -q -p tessera-exa
 grep -q 'TESSERA_LAUNCH_TIMEOUT=`abc`: expected a positive duration' <<<"$out"
 TESSERA_DEVICE=emu-nv TESSERA_LAUNCH_TIMEOUT=600 cargo run -q -p tessera-examples --example checked_gather
 # Every example checks its own results and exits non-zero on a mismatch.
-for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention ping_pong interop; do
+for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_mx matmul_desc layernorm layernorm_backward attention ping_pong interop; do
   TESSERA_DEVICE=cpu cargo run -q -p tessera-examples --example "$ex"
 done
 # The first-launch benchmark's driver checks its results too (scripts/first-launch.sh
@@ -107,7 +107,7 @@ for emu in emu-nv emu-amd; do
   TESSERA_DEVICE=$emu cargo run -q -p tessera-examples --example sp_attention -- --ranks 4 --seq 64 --heads 1 --iters 1
 done
 # The single-device examples on the emulator too.
-for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_desc layernorm layernorm_backward attention interop; do
+for ex in vector_add softmax dropout argmax topk checked_gather matmul matmul_i8 matmul_fp8 matmul_mx matmul_desc layernorm layernorm_backward attention interop; do
   TESSERA_DEVICE=emu-nv cargo run -q -p tessera-examples --example "$ex"
   TESSERA_DEVICE=emu-amd cargo run -q -p tessera-examples --example "$ex"
 done

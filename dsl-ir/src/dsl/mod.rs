@@ -67,10 +67,11 @@ mod sealed {
 }
 
 /// A Tessera element type: `bool`, `i8`..`i64`, `u8`..`u64`, `f16`, `bf16`, `f32`,
-/// `f64`, and the 8-bit floats `F8E4M3`, `F8E5M2`.
+/// `f64`, the 8-bit floats `F8E4M3`, `F8E5M2`, and the block-scaled storage types
+/// `E2M1x2`, `E8M0` ([`crate::mx`]).
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a Tessera element type",
-    label = "expected one of bool, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64, F8E4M3, F8E5M2",
+    label = "expected one of bool, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64, F8E4M3, F8E5M2, E2M1x2, E8M0",
     note = "kernel scalar parameters and buffer elements must be element types"
 )]
 pub trait DType: sealed::Sealed + Copy + Send + Sync + std::fmt::Debug + 'static {
