@@ -15,7 +15,8 @@
 //! `--specialize none` assumes nothing.
 //!
 //! `--tileir <gpu>` (`sm_100`, `sm_103`, `sm_120`, ... and `sm_80` to `sm_90`) compiles
-//! every kernel through the Tile IR backend instead (`tessera::codegen::tileir`:
+//! every kernel through the Tile IR backend instead (`--target sm_100` and the other
+//! Blackwell GPUs, which only that backend compiles for, mean the same) (`tessera::codegen::tileir`:
 //! Tile IR bytecode, then NVIDIA's `tileiras`), writing `<name>.tilebc` and
 //! `<name>.cubin`; a kernel with an op that backend does not lower yet is listed
 //! with the op and its place, and does not fail the run. With `--store`, each is
@@ -42,7 +43,7 @@ use aot_jobs::JOBS;
 use tessera::ArtifactStore;
 use tessera::aot::{ALL_TARGETS, CompileOptions, Specialization, Target, Vendor};
 
-const USAGE: &str = "usage: aot (--target <sm_80|sm_86|sm_89|sm_90|gfx90a|gfx942|gfx1100|all> \
+const USAGE: &str = "usage: aot (--target <sm_80|sm_86|sm_89|sm_90|sm_100..sm_121|gfx90a|gfx942|gfx1100|all> \
                      | --tileir <sm_80..sm_121>) \
                      --out <dir> [--num-warps <1|2|4|8|16>] [--num-stages <1..8>] \
                      [--specialize <all|none>] [--store <dir>] [--off-node <dir>]";
@@ -85,6 +86,16 @@ fn parse_args(
         match arg {
             Long("target") => {
                 let v = value_of(&mut p)?;
+                // Blackwell and later have no LLVM target here: NVIDIA's Tile IR
+                // compiles for them (as `--tileir`).
+                let sm = v.strip_prefix("sm_").and_then(|n| n.parse::<u32>().ok());
+                if sm.is_some_and(|n| n >= 100)
+                    && tessera::codegen::tileir::GPUS.contains(&v.as_str())
+                {
+                    tileir = Some(v);
+                    targets.get_or_insert_with(Vec::new);
+                    continue;
+                }
                 targets = Some(if v == "all" {
                     ALL_TARGETS.to_vec()
                 } else {
@@ -355,6 +366,10 @@ mod tests {
         );
         let a = parse("--tileir sm_100 --out x").unwrap();
         assert_eq!((a.tileir.as_deref(), a.targets.len()), (Some("sm_100"), 0));
+        // Blackwell as a target is the Tile IR path.
+        let a = parse("--target sm_120 --out x").unwrap();
+        assert_eq!((a.tileir.as_deref(), a.targets.len()), (Some("sm_120"), 0));
+        assert!(parse("--target sm_99 --out x").is_err());
         assert!(
             parse("--tileir sm_70 --out x")
                 .unwrap_err()

@@ -129,7 +129,12 @@ for t in sm_90 sm_90a gfx942; do
   cargo run -q -p tessera-examples --example aot -- --target "$t" --out "$aot_dir/$t"
 done
 # ... and through the Tile IR backend for Blackwell (NVIDIA's tileiras).
-cargo run -q -p tessera-examples --example aot -- --tileir sm_100 --out "$aot_dir/tileir-sm_100"
+# (`--target sm_100`: Blackwell is the Tile IR path), and for Hopper and consumer
+# Blackwell too.
+cargo run -q -p tessera-examples --example aot -- --target sm_100 --out "$aot_dir/tileir-sm_100"
+for gpu in sm_90 sm_120; do
+  cargo run -q -p tessera-examples --example aot -- --tileir "$gpu" --out "$aot_dir/tileir-$gpu"
+done
 set +x
 # One closing line for the whole run, summed over every test binary.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "%d passed, %d failed\n", p, f }' "$log"

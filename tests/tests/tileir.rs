@@ -302,6 +302,11 @@ fn tile_ir_snapshots() {
             "matmul_desc",
             kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds"),
         ),
+        // A wait (the polling loop, its tokens, the error record) and a read after it.
+        (
+            "wait_then_read",
+            kernel_ir::<wait_then_read<1024>>(&()).expect("builds"),
+        ),
     ];
     for (name, f) in kernels {
         let k = tileir::lower(&f, DEFAULT_VERSION).expect("lowers");
