@@ -232,6 +232,153 @@ impl Lowerer<'_> {
     }
 }
 
+impl Lowerer<'_> {
+    /// A float atomic `max`/`min` (IEEE 754-2019 `maximum`/`minimum`, as the
+    /// interpreter's): Tile IR's atomics have no float max, so a compare-and-swap loop
+    /// on the bits. Each lane reads its word, swaps in `maxf(word, value)` if the word
+    /// is still what it read, and retries with the word it found otherwise; the loop
+    /// ends when no lane (of those the mask enables) is left. The old values are the
+    /// words each lane's successful swap replaced.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn atomic_fminmax(
+        &mut self,
+        s: ScalarType,
+        shape: &[u32],
+        [ptr, value]: [Value; 2],
+        mask: Option<Value>,
+        is_max: bool,
+        order: MemOrder,
+        scope: MemScope,
+    ) -> Value {
+        let (bits_s, fs) = if s == ScalarType::F64 {
+            (TScalar::I64, TScalar::F64)
+        } else {
+            (TScalar::I32, TScalar::F32)
+        };
+        let ity = tile(shape, TileElementType::Scalar(bits_s));
+        let fty = tile(shape, TileElementType::Scalar(fs));
+        let i1t = tile(shape, TileElementType::Scalar(TScalar::I1));
+        let iptr = self.op1(
+            Opcode::PtrToPtr,
+            &[ptr],
+            tile(
+                shape,
+                TileElementType::Pointer(Box::new(PointerType { pointee: bits_s })),
+            ),
+            &[],
+        );
+        let scope_a = ("memory_scope", Attribute::i32(memory_scope(scope)));
+        let tok = self.write_token();
+        let first = self.grouped(
+            Opcode::LoadPtrTko,
+            &[Some(iptr), mask, None, Some(tok)],
+            vec![ity.clone(), Type::Token],
+            &[
+                ("memory_ordering_semantics", Attribute::i32(1)),
+                scope_a.clone(),
+            ],
+        );
+        let all = self.const_splat(ScalarType::I1, ConstValue::Bool(true), shape);
+        let pending0 = mask.unwrap_or(all);
+        let tys = vec![ity.clone(), i1t.clone(), ity.clone(), Type::Token];
+        let (region, blk, args) = build_single_block_region(&mut self.m, &tys);
+        let outer = std::mem::replace(&mut self.blk, blk);
+        let (expected, pending, old, t) = (args[0], args[1], args[2], args[3]);
+        let ef = self.op1(Opcode::Bitcast, &[expected], fty.clone(), &[]);
+        let code = if is_max { Opcode::MaxF } else { Opcode::MinF };
+        let nf = self.op1(
+            code,
+            &[ef, value],
+            fty,
+            &[("propagate_nan", Attribute::Bool(true))],
+        );
+        let new = self.op1(Opcode::Bitcast, &[nf], ity.clone(), &[]);
+        let cas = self.grouped(
+            Opcode::AtomicCAS,
+            &[
+                Some(iptr),
+                Some(expected),
+                Some(new),
+                Some(pending),
+                Some(t),
+            ],
+            vec![ity.clone(), Type::Token],
+            &[
+                ("memory_ordering_semantics", Attribute::i32(ordering(order))),
+                scope_a,
+            ],
+        );
+        let (prev, t2) = (cas[0], cas[1]);
+        let ok = self.op1(
+            Opcode::CmpI,
+            &[prev, expected],
+            i1t.clone(),
+            &[
+                ("comparison_predicate", Attribute::i32(0)),
+                ("signedness", Attribute::i32(0)),
+            ],
+        );
+        let won = self.op1(Opcode::AndI, &[pending, ok], i1t.clone(), &[]);
+        let old2 = self.op1(Opcode::Select, &[won, expected, old], ity.clone(), &[]);
+        let ones = self.const_splat(ScalarType::I1, ConstValue::Bool(true), shape);
+        let lost = self.op1(Opcode::XOrI, &[ok, ones], i1t.clone(), &[]);
+        let pending2 = self.op1(Opcode::AndI, &[pending, lost], i1t.clone(), &[]);
+        let expected2 = self.op1(Opcode::Select, &[ok, expected, prev], ity.clone(), &[]);
+        // Any lane left?
+        let any = if shape.is_empty() {
+            pending2
+        } else {
+            let n = shape.iter().product::<u32>();
+            let flat = self.op1(
+                Opcode::Reshape,
+                &[pending2],
+                tile(&[n], TileElementType::Scalar(TScalar::I1)),
+                &[],
+            );
+            let b = tile(&[], TileElementType::Scalar(TScalar::I1));
+            let (rregion, rblk, rargs) =
+                build_single_block_region(&mut self.m, &[b.clone(), b.clone()]);
+            let back = std::mem::replace(&mut self.blk, rblk);
+            let c = self.op1(Opcode::OrI, &[rargs[0], rargs[1]], b.clone(), &[]);
+            self.emit(OpBuilder::new(Opcode::Yield, Location::Unknown).operand(c));
+            self.blk = back;
+            self.emit(
+                OpBuilder::new(Opcode::Reduce, Location::Unknown)
+                    .operand(flat)
+                    .result(b)
+                    .attr("dim", Attribute::i32(0))
+                    .attr(
+                        "identities",
+                        Attribute::Array(vec![Attribute::int(0, TScalar::I1)]),
+                    )
+                    .region(rregion),
+            )[0]
+        };
+        let (then, tblk, _) = build_single_block_region(&mut self.m, &[]);
+        let here = std::mem::replace(&mut self.blk, tblk);
+        self.emit(
+            OpBuilder::new(Opcode::Continue, Location::Unknown)
+                .operands([expected2, pending2, old2, t2]),
+        );
+        self.blk = here;
+        self.if_then(any, then);
+        self.emit(
+            OpBuilder::new(Opcode::Break, Location::Unknown)
+                .operands([expected2, pending2, old2, t2]),
+        );
+        self.blk = outer;
+        let out = self.emit(
+            OpBuilder::new(Opcode::Loop, Location::Unknown)
+                .operands([first[0], pending0, first[0], first[1]])
+                .results(tys)
+                .region(region),
+        );
+        self.last_write = Some(out[3]);
+        let fty = tile(shape, TileElementType::Scalar(fs));
+        self.op1(Opcode::Bitcast, &[out[2]], fty, &[])
+    }
+}
+
 /// Tile IR's memory ordering semantics (`relaxed` 1, `acquire` 2, `release` 3,
 /// `acq_rel` 4; `weak`, 0, is for plain accesses).
 pub(super) fn ordering(o: MemOrder) -> i64 {

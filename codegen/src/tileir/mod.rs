@@ -6,22 +6,24 @@
 //! compiler chooses the tensor cores, TMA and the pipelining. No GPU is needed to
 //! compile; `tileirdisasm` reads the bytecode back ([`crate::tools::tileirdisasm`]).
 //!
-//! **What is lowered:** every op of the tile IR but float atomic `max`/`min` and f16 ones,
-//! reductions of the 8-bit floats and the SIMT pipeliner's predicated descriptor
-//! loads: program ids
-//! and counts, constants, `arange`, `splat`, `expand_dims`, `reshape`, `permute`,
-//! `broadcast`, hints (as the value), integer and float arithmetic, comparisons,
-//! `select`, `addptr`, loads and stores through pointer tiles with their masks and
-//! `other` values, `for`, `if` and `while` (a `loop`), `dot` (f16, bf16 and the 8-bit
-//! floats into f32, f32 and f64; i8 into i32), `fma`, casts (float to integer
-//! saturating with NaN to 0, to `i1` as "nonzero", to the 8-bit floats saturating),
-//! the float math functions (f16 and bf16 computed in f32; `erf` by the SIMT path's
-//! formula), `popc` and `clz` (spelled out in shifts), reductions and scans, bitcasts, atomics and compare-and-swap with their ordering
-//! and scope, block-local memory (`alloca`: a program is one tile thread, so
-//! `barrier` orders nothing the tokens do not), tensor descriptors (as partition
-//! views of tensor views) and communication (`comm.rs`). `device_print` and
-//! `device_assert` reach every backend as stores ([`tessera_ir::debug`]). Every
-//! other op is a [`CodegenError::TileIr`] naming the op and its place in the user's
+//! **What is lowered:** every op of the tile IR but f16/bf16 atomic `max`/`min` and
+//! the SIMT pipeliner's predicated descriptor loads (never in a user's kernel):
+//! program ids and counts, constants, `arange`, `splat`, `expand_dims`, `reshape`,
+//! `permute`, `broadcast`, hints (as the value), integer and float arithmetic,
+//! comparisons, `select`, `addptr`, loads and stores through pointer tiles with their
+//! masks and `other` values, `for`, `if` and `while` (a `loop`), `dot` (f16, bf16 and
+//! the 8-bit floats into f32, f32 and f64; i8 into i32), `dot_scaled` (`mmaf_scaled`,
+//! sm_100 and later), `fma`, casts (float to integer saturating with NaN to 0, to `i1`
+//! as "nonzero", to the 8-bit floats saturating), the float math functions (f16 and
+//! bf16 computed in f32; `erf` by the SIMT path's formula), `popc` and `clz` (spelled
+//! out in shifts), reductions and scans, bitcasts, atomics (f32/f64 `max`/`min` as a
+//! compare-and-swap loop) and compare-and-swap with their ordering and scope,
+//! block-local memory (`alloca`: a program is one tile thread, so `barrier` orders
+//! nothing the tokens do not), tensor descriptors (as partition views of tensor views)
+//! and communication (`comm.rs`). `device_print` and `device_assert` reach every
+//! backend as stores ([`tessera_ir::debug`]). Every other op, and an op `tileiras`
+//! refuses for the GPU asked (`dot_scaled` before sm_100, bf16 atomic adds before
+//! sm_90), is a [`CodegenError::TileIr`] naming the op and its place in the user's
 //! source: nothing is dropped or approximated.
 //!
 //! **Facts.** A parameter's divisibility (16-byte aligned pointers and integers that
@@ -71,7 +73,7 @@ use tessera_ir::ir::{
     AtomicOp, BinaryOp, CmpPred, ConstValue, MemOrder, MemScope, Op, OpKind, ReduceOp, Region,
     UnaryOp,
 };
-use tessera_ir::{Elem, Function, ScalarType, ValueId};
+use tessera_ir::{Elem, Function, ScalarType, Span, ValueId};
 
 use crate::CodegenError;
 use memory::{memory_scope, ordering};
@@ -217,25 +219,39 @@ pub fn compile_version(
             ),
         });
     }
-    // Block-scaled products need Blackwell's instructions (and its 4-bit and E8M0
-    // types): `tileiras` refuses them for earlier GPUs.
+    // What `tileiras` refuses for older GPUs, as an error at the op: block-scaled
+    // products need Blackwell's instructions (and its 4-bit and E8M0 types), bf16
+    // atomic adds Hopper's.
     let sm: u32 = gpu.trim_start_matches("sm_").parse().unwrap_or(0);
-    if sm < 100 {
-        let mut scaled = None;
-        func.walk(&mut |op| {
-            if scaled.is_none() && matches!(op.kind, OpKind::DotScaled { .. }) {
-                scaled = Some(op.span.clone());
-            }
-        });
-        if let Some(span) = scaled {
-            return Err(CodegenError::TileIr {
-                kernel: func.name.clone(),
-                span,
-                message: format!(
-                    "`dot_scaled` needs sm_100 or later on the Tile IR backend, not {gpu} (the LLVM backend computes it on every target, by conversion to f32)"
-                ),
-            });
+    let mut refused: Option<(Span, &str)> = None;
+    func.walk(&mut |op| {
+        if refused.is_some() {
+            return;
         }
+        let bf16 = op
+            .results
+            .first()
+            .is_some_and(|&r| func.ty(r).scalar_type() == Some(ScalarType::BF16));
+        refused = match op.kind {
+            OpKind::DotScaled { .. } if sm < 100 => Some((
+                op.span.clone(),
+                "`dot_scaled` needs sm_100 or later on the Tile IR backend (the LLVM backend computes it on every target, by conversion to f32)",
+            )),
+            OpKind::AtomicRmw {
+                op: AtomicOp::Add, ..
+            } if bf16 && sm < 90 => Some((
+                op.span.clone(),
+                "a bf16 atomic `add` needs sm_90 or later on the Tile IR backend",
+            )),
+            _ => None,
+        };
+    });
+    if let Some((span, why)) = refused {
+        return Err(CodegenError::TileIr {
+            kernel: func.name.clone(),
+            span,
+            message: format!("{why}, not {gpu}"),
+        });
     }
     let kernel = lower(func, version)?;
     let cubin = crate::tools::tileiras(&kernel.bytecode, gpu).map_err(|e| match e {
@@ -807,12 +823,25 @@ impl<'a> Lowerer<'a> {
                     .ty(r)
                     .scalar_type()
                     .ok_or_else(|| self.unsupported(op, "of pointers"))?;
+                if matches!(aop, AtomicOp::Max | AtomicOp::Min)
+                    && matches!(s, ScalarType::F32 | ScalarType::F64)
+                {
+                    let ptr = self.val(op.operands[0]);
+                    let value = self.val(op.operands[1]);
+                    let mask = has_mask.then(|| self.val(op.operands[2]));
+                    let shape = self.f.ty(r).shape.clone();
+                    let is_max = *aop == AtomicOp::Max;
+                    let v =
+                        self.atomic_fminmax(s, &shape, [ptr, value], mask, is_max, *order, *scope);
+                    self.vals.insert(r, v);
+                    return Ok(());
+                }
                 let mode = match (aop, s.is_float(), s.is_signed_int()) {
                     (AtomicOp::And, false, _) => 0,
                     (AtomicOp::Or, false, _) => 1,
                     (AtomicOp::Xor, false, _) => 2,
                     (AtomicOp::Add, false, _) => 3,
-                    (AtomicOp::Add, true, _) if s == ScalarType::F32 || s == ScalarType::F64 => 4,
+                    (AtomicOp::Add, true, _) => 4,
                     (AtomicOp::Max, false, true) => 5,
                     (AtomicOp::Min, false, true) => 6,
                     (AtomicOp::Max, false, false) => 7,
