@@ -11,6 +11,38 @@ use tessera_ir::{Elem, ScalarType, Span};
 use super::arch::approx;
 use super::{Cx, LResult, Lowerer, Tile, unsupported};
 
+/// `erf`, as both NVIDIA backends compute it (the SIMT lowering here, Tile IR's in
+/// `crate::tileir`): below [`ERF_SMALL`], `x * poly(x^2)` with the Taylor series
+/// `2/sqrt(pi) * sum (-1)^n x^2n / (n! (2n+1))` ([`ERF_SERIES`], lowest first); else
+/// Abramowitz and Stegun 7.1.26, `1 - poly(t) * exp(-x^2)` with
+/// `t = 1 / (1 + ERF_AS_T * |x|)` ([`ERF_AS`]), with the sign of `x`.
+pub(crate) const ERF_SERIES: [f64; 8] = {
+    let k = std::f64::consts::FRAC_2_SQRT_PI;
+    [
+        k,
+        -k / 3.0,
+        k / 10.0,
+        -k / 42.0,
+        k / 216.0,
+        -k / 1320.0,
+        k / 9360.0,
+        -k / 75600.0,
+    ]
+};
+/// See [`ERF_SERIES`].
+pub(crate) const ERF_AS: [f64; 6] = [
+    0.0,
+    0.254829592,
+    -0.284496736,
+    1.421413741,
+    -1.453152027,
+    1.061405429,
+];
+/// See [`ERF_SERIES`].
+pub(crate) const ERF_AS_T: f64 = 0.3275911;
+/// See [`ERF_SERIES`].
+pub(crate) const ERF_SMALL: f64 = 0.5;
+
 /// Lowers an elementwise op.
 pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     let mut ops: Vec<Tile<'ctx>> = op
@@ -655,48 +687,24 @@ pub(super) fn unary<'ctx>(
             let ax = intr(cx, "llvm.fabs", &[x.into()])?.into_float_value();
             // Small: 2/sqrt(pi) * x * sum (-1)^n x^2n / (n! (2n+1)).
             let x2 = bd.build_float_mul(x, x, "")?;
-            let k = std::f64::consts::FRAC_2_SQRT_PI;
-            let p = poly(
-                cx,
-                x2,
-                &[
-                    k,
-                    -k / 3.0,
-                    k / 10.0,
-                    -k / 42.0,
-                    k / 216.0,
-                    -k / 1320.0,
-                    k / 9360.0,
-                    -k / 75600.0,
-                ],
-            )?;
+            let p = poly(cx, x2, &ERF_SERIES)?;
             let small = bd.build_float_mul(x, p, "")?;
             // Large: Abramowitz-Stegun 7.1.26.
             let tt = bd.build_float_div(
                 one,
                 bd.build_float_add(
                     one,
-                    bd.build_float_mul(ax, t.const_float(0.3275911), "")?,
+                    bd.build_float_mul(ax, t.const_float(ERF_AS_T), "")?,
                     "",
                 )?,
                 "",
             )?;
-            let pp = poly(
-                cx,
-                tt,
-                &[
-                    0.0,
-                    0.254829592,
-                    -0.284496736,
-                    1.421413741,
-                    -1.453152027,
-                    1.061405429,
-                ],
-            )?;
+            let pp = poly(cx, tt, &ERF_AS)?;
             let e = exp_f32(cx, bd.build_float_neg(x2, "")?)?;
             let big = bd.build_float_sub(one, bd.build_float_mul(pp, e, "")?, "")?;
             let big = intr(cx, "llvm.copysign", &[big.into(), x.into()])?.into_float_value();
-            let c = bd.build_float_compare(FloatPredicate::OLT, ax, t.const_float(0.5), "")?;
+            let c =
+                bd.build_float_compare(FloatPredicate::OLT, ax, t.const_float(ERF_SMALL), "")?;
             bd.build_select(c, small, big, "")?.into_float_value()
         }
         UnaryOp::Neg | UnaryOp::Abs | UnaryOp::Not | UnaryOp::Popc | UnaryOp::Clz => {

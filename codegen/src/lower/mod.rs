@@ -97,7 +97,7 @@ mod comm;
 mod control;
 mod convert;
 mod dot;
-mod elementwise;
+pub(crate) mod elementwise;
 pub mod engine;
 mod entry;
 mod fmod;

@@ -297,26 +297,13 @@ impl Lowerer<'_> {
             }
             acc
         };
-        let k = std::f64::consts::FRAC_2_SQRT_PI;
+        use crate::lower::elementwise::{ERF_AS, ERF_AS_T, ERF_SERIES, ERF_SMALL};
         let x2 = mul(self, x, x);
-        let p = poly(
-            self,
-            x2,
-            &[
-                k,
-                -k / 3.0,
-                k / 10.0,
-                -k / 42.0,
-                k / 216.0,
-                -k / 1320.0,
-                k / 9360.0,
-                -k / 75600.0,
-            ],
-        );
+        let p = poly(self, x2, &ERF_SERIES);
         let small = mul(self, x, p);
         let ax = self.op1(Opcode::AbsF, &[x], ty.clone(), &[]);
         let one = c(self, 1.0);
-        let a = c(self, 0.3275911);
+        let a = c(self, ERF_AS_T);
         let d = mul(self, ax, a);
         let d = add(self, one, d);
         let t = self.op1(
@@ -325,18 +312,7 @@ impl Lowerer<'_> {
             ty.clone(),
             std::slice::from_ref(&nearest),
         );
-        let pp = poly(
-            self,
-            t,
-            &[
-                0.0,
-                0.254829592,
-                -0.284496736,
-                1.421413741,
-                -1.453152027,
-                1.061405429,
-            ],
-        );
+        let pp = poly(self, t, &ERF_AS);
         let nx2 = self.op1(Opcode::NegF, &[x2], ty.clone(), &[]);
         let e = self.op1(Opcode::Exp, &[nx2], ty.clone(), &[]);
         let pe = mul(self, pp, e);
@@ -357,7 +333,7 @@ impl Lowerer<'_> {
         let zero = c(self, 0.0);
         let neg = cmp(self, x, zero, 2);
         let big = self.op1(Opcode::Select, &[neg, nbig, big], ty.clone(), &[]);
-        let half = c(self, 0.5);
+        let half = c(self, ERF_SMALL);
         let is_small = cmp(self, ax, half, 2);
         self.op1(Opcode::Select, &[is_small, small, big], ty, &[])
     }

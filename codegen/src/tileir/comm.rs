@@ -78,14 +78,7 @@ impl Lowerer<'_> {
     }
 
     fn cmp_u(&mut self, pred: CmpPred, a: Value, b: Value) -> Value {
-        let p = match pred {
-            CmpPred::Eq => 0,
-            CmpPred::Ne => 1,
-            CmpPred::Lt => 2,
-            CmpPred::Le => 3,
-            CmpPred::Gt => 4,
-            CmpPred::Ge => 5,
-        };
+        let p = cmp_predicate(pred);
         self.op1(
             Opcode::CmpI,
             &[a, b],

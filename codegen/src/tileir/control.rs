@@ -56,10 +56,7 @@ impl Lowerer<'_> {
         let mut arg_tys: Vec<Type> = body.args.iter().map(|&a| self.ty(a)).collect();
         let mut result_tys: Vec<Type> = op.results.iter().map(|&r| self.ty(r)).collect();
         if memory {
-            let w = self.read_token();
-            let reads = std::mem::take(&mut self.reads);
-            let r = self.join(reads, w);
-            operands.extend([w, r]);
+            operands.extend(self.state_tokens());
             arg_tys.extend([Type::Token, Type::Token]);
             result_tys.extend([Type::Token, Type::Token]);
         }
@@ -79,10 +76,7 @@ impl Lowerer<'_> {
         self.loop_depth -= 1;
         let mut yielded = yielded?;
         if memory {
-            let w = self.read_token();
-            let reads = std::mem::take(&mut self.reads);
-            let r = self.join(reads, w);
-            yielded.extend([w, r]);
+            yielded.extend(self.state_tokens());
         }
         self.emit(OpBuilder::new(Opcode::Continue, Location::Unknown).operands(yielded));
         self.blk = outer;
@@ -125,10 +119,7 @@ impl Lowerer<'_> {
             let saved = (self.last_write, self.reads.clone());
             let mut yielded = self.region_ops(r)?;
             if before.is_some() {
-                let w = self.read_token();
-                let reads = std::mem::take(&mut self.reads);
-                let r = self.join(reads, w);
-                yielded.extend([w, r]);
+                yielded.extend(self.state_tokens());
             }
             self.emit(OpBuilder::new(Opcode::Yield, Location::Unknown).operands(yielded));
             self.blk = outer;
@@ -170,10 +161,7 @@ impl Lowerer<'_> {
             tys.push(self.ty(r));
         }
         if memory {
-            let w = self.read_token();
-            let reads = std::mem::take(&mut self.reads);
-            let r = self.join(reads, w);
-            operands.extend([w, r]);
+            operands.extend(self.state_tokens());
             tys.extend([Type::Token, Type::Token]);
         }
         let (region, blk, args) = build_single_block_region(&mut self.m, &tys);
@@ -234,10 +222,7 @@ impl Lowerer<'_> {
         let mut next = self.region_ops(after)?;
         next.extend(forwarded.iter().copied());
         if memory {
-            let w = self.read_token();
-            let reads = std::mem::take(&mut self.reads);
-            let r = self.join(reads, w);
-            next.extend([w, r]);
+            next.extend(self.state_tokens());
         }
         self.emit(OpBuilder::new(Opcode::Continue, Location::Unknown).operands(next));
         self.blk = loop_blk;
@@ -246,13 +231,18 @@ impl Lowerer<'_> {
         let mut done: Vec<Value> = args[..nc].to_vec();
         done.extend(forwarded.iter().copied());
         if memory {
-            let w = self.read_token();
-            let reads = std::mem::take(&mut self.reads);
-            let r = self.join(reads, w);
-            done.extend([w, r]);
+            done.extend(self.state_tokens());
         }
         self.emit(OpBuilder::new(Opcode::Break, Location::Unknown).operands(done));
         Ok(())
+    }
+
+    /// The two tokens a region carries out (see the module docs on memory order): the
+    /// last store's, and the join of the loads since (which are then taken).
+    pub(super) fn state_tokens(&mut self) -> [Value; 2] {
+        let w = self.read_token();
+        let reads = std::mem::take(&mut self.reads);
+        [w, self.join(reads, w)]
     }
 
     /// `if cond` with the region `then` (ending in `continue`, `break` or `return`)

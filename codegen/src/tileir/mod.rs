@@ -313,6 +313,18 @@ fn scalar(s: ScalarType) -> TScalar {
     }
 }
 
+/// Tile IR's `comparison_predicate` of `p`.
+fn cmp_predicate(p: CmpPred) -> i64 {
+    match p {
+        CmpPred::Eq => 0,
+        CmpPred::Ne => 1,
+        CmpPred::Lt => 2,
+        CmpPred::Le => 3,
+        CmpPred::Gt => 4,
+        CmpPred::Ge => 5,
+    }
+}
+
 fn tile(shape: &[u32], e: TileElementType) -> Type {
     Type::Tile(TileType {
         shape: shape.iter().map(|&d| d as i64).collect(),
@@ -735,16 +747,8 @@ impl<'a> Lowerer<'a> {
                     .ty(op.operands[0])
                     .scalar_type()
                     .ok_or_else(|| self.unsupported(op, "of pointers"))?;
-                let pred = match p {
-                    CmpPred::Eq => 0,
-                    CmpPred::Ne => 1,
-                    CmpPred::Lt => 2,
-                    CmpPred::Le => 3,
-                    CmpPred::Gt => 4,
-                    CmpPred::Ge => 5,
-                };
                 let (a, c) = (self.val(op.operands[0]), self.val(op.operands[1]));
-                let pred = ("comparison_predicate", Attribute::i32(pred));
+                let pred = ("comparison_predicate", Attribute::i32(cmp_predicate(*p)));
                 if s.is_float() {
                     // Ordered except `ne`: NaN compares unequal to everything.
                     let ordering = i64::from(*p != CmpPred::Ne);
@@ -1141,13 +1145,7 @@ impl<'a> Lowerer<'a> {
                 let r = res.ok_or_else(|| self.unsupported(op, "without a result"))?;
                 self.dot_scaled(op, *format, r)?
             }
-            OpKind::Rank
-            | OpKind::WorldSize
-            | OpKind::RemotePtr
-            | OpKind::Signal { .. }
-            | OpKind::WaitUntil { .. }
-            | OpKind::Fence { .. }
-            | OpKind::BarrierAll => {
+            k if k.is_comm() => {
                 let site = self.comm_sites;
                 self.comm_sites += 1;
                 return self.comm_op(op, site);

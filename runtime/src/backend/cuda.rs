@@ -336,13 +336,15 @@ impl CudaDevice {
         let func = module
             .load_function(&bin.name)
             .map_err(self.err(what.to_string()))?;
-        let k = Arc::new(CudaKernel { func, bin });
-        let k: Arc<CudaKernel> = self
-            .lock_kernels()
+        Ok(self.keep_kernel(key, CudaKernel { func, bin }))
+    }
+
+    /// `k` under `key` in the loaded kernels (the first loaded wins a race).
+    fn keep_kernel(&self, key: &str, k: CudaKernel) -> Arc<dyn GpuKernel> {
+        self.lock_kernels()
             .entry(key.to_string())
-            .or_insert(k)
-            .clone();
-        Ok(k)
+            .or_insert(Arc::new(k))
+            .clone()
     }
 
     /// The error log of the driver's PTX JIT for `ptx` (why it refuses the module),
@@ -714,13 +716,7 @@ impl GpuBackend for CudaDevice {
             )
             .map_err(self.err(what))?;
         }
-        let k = Arc::new(CudaKernel { func, bin });
-        let k: Arc<CudaKernel> = self
-            .lock_kernels()
-            .entry(key.to_string())
-            .or_insert(k)
-            .clone();
-        Ok(k)
+        Ok(self.keep_kernel(key, CudaKernel { func, bin }))
     }
 
     fn occupancy(&self, kernel: &dyn GpuKernel) -> Result<u32, Error> {

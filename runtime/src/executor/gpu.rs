@@ -101,7 +101,7 @@ impl Gpu<'_> {
     /// kernel gets the hidden arguments of the SIMT path's ABI and the same checks
     /// after the launch (a world across nodes stays on the SIMT path: NVSHMEM).
     fn launch_tile_ir(&self, job: &Job<'_>) -> Result<(), TileIr> {
-        let (g, device, stream) = (self.0, job.device, job.stream);
+        let (g, device) = (self.0, job.device);
         let target = tile_ir_target(device).map_err(TileIr::Refused)?;
         let func = &job.compiled.func;
         if func.uses_comm() && spans_nodes(device) {
@@ -137,23 +137,12 @@ impl Gpu<'_> {
             }
             (Err(e), None) => return Err(TileIr::Failed(e)),
         };
-        let checked = || {
-            g.launch(
-                k.as_ref(),
-                job.grid,
-                &gargs,
-                compiled.func.uses_blocking(),
-                stream,
-            )?;
-            check_trap(g, stream, &compiled.func)?;
-            check_comm_record(device, g, stream, &compiled.func)
-        };
-        checked().map_err(TileIr::Failed)
+        launch_checked(g, job, k.as_ref(), &gargs, &compiled.func, || ()).map_err(TileIr::Failed)
     }
 
     /// The launch through Tessera's LLVM lowering.
     fn launch_llvm(&self, job: &Job<'_>) -> Result<(), Error> {
-        let (g, device, stream) = (self.0, job.device, job.stream);
+        let (g, device) = (self.0, job.device);
         let invalid = |reason| job.invalid(reason);
         let (mut gargs, mut spec) = gpu_args(job.args).map_err(invalid)?;
         // TMA: the driver's tensor maps; a descriptor without one (unaligned, a block
@@ -186,17 +175,25 @@ impl Gpu<'_> {
         let k = g.load(&key.hex(), &mut || {
             resolve_binary(device, target, &compiled, &key, kopts)
         })?;
-        g.launch(
-            k.as_ref(),
-            job.grid,
-            &gargs,
-            compiled.func.uses_blocking(),
-            stream,
-        )?;
-        drop(maps);
-        check_trap(g, stream, &compiled.func)?;
-        check_comm_record(device, g, stream, &compiled.func)
+        launch_checked(g, job, k.as_ref(), &gargs, &compiled.func, || drop(maps))
     }
+}
+
+/// Queues `k` with `args` on the job's stream, then `queued()` (what must live until
+/// the launch is queued goes there), then the checks after a communicating kernel: a
+/// trap, a failed wait's error record.
+fn launch_checked(
+    g: &dyn GpuBackend,
+    job: &Job<'_>,
+    k: &dyn crate::backend::GpuKernel,
+    args: &[GpuArg],
+    func: &Function,
+    queued: impl FnOnce(),
+) -> Result<(), Error> {
+    g.launch(k, job.grid, args, func.uses_blocking(), job.stream)?;
+    queued();
+    check_trap(g, job.stream, func)?;
+    check_comm_record(job.device, g, job.stream, func)
 }
 
 /// The refusal recorded for the Tile IR key `key`, after recording `why` when given:
