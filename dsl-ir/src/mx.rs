@@ -1,5 +1,5 @@
 //! Block-scaled formats (the OCP Microscaling formats MXFP8 and MXFP4, and NVIDIA's
-//! NVFP4): the element and scale types of [`crate::dsl::ops::dot_scaled`].
+//! NVFP4): the element and scale types of [`crate::dsl::dot_scaled`].
 //!
 //! A block-scaled matrix stores narrow elements and, for every `V` consecutive
 //! elements along `K`, one scale; the value of an element is `element * scale`.
