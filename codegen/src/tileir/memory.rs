@@ -17,6 +17,44 @@ impl Lowerer<'_> {
         t
     }
 
+    /// A token no access produced: an access that takes it is ordered after nothing.
+    pub(super) fn fresh_token(&mut self) -> Value {
+        self.emit(OpBuilder::new(Opcode::MakeToken, Location::Unknown).result(Type::Token))[0]
+    }
+
+    /// Whether an access through pointer `p` reads memory no access of this kernel
+    /// writes: `p` derives only from `readonly` parameters (`&Global` in the DSL: the
+    /// kernel never writes through them, and Rust's borrows keep a launch from passing
+    /// the same buffer as a `&mut` argument too), and the kernel does not communicate
+    /// (another rank could write a symmetric buffer). Such a load needs no token
+    /// order: it waits for no store, and no store waits for it (the SIMT path reads
+    /// these through the non-coherent cache for the same reason).
+    pub(super) fn reads_read_only(&mut self, p: ValueId) -> bool {
+        if self.read_only.is_none() {
+            let f = self.f;
+            let flags = if f.uses_comm() {
+                vec![false; f.values.len()]
+            } else {
+                crate::lower::prov::analyze(f)
+                    .iter()
+                    .map(|pv| {
+                        pv.as_ref().is_some_and(|pv| {
+                            !pv.remote
+                                && pv
+                                    .params
+                                    .iter()
+                                    .all(|&k| f.params[k as usize].attrs.readonly)
+                        })
+                    })
+                    .collect()
+            };
+            self.read_only = Some(flags);
+        }
+        self.read_only
+            .as_ref()
+            .is_some_and(|v| v.get(p.index()).copied().unwrap_or(false))
+    }
+
     /// The token a store waits for: the last store's and every load's since.
     pub(super) fn write_token(&mut self) -> Value {
         let w = self.read_token();
@@ -147,7 +185,13 @@ impl Lowerer<'_> {
         match result {
             Some(r) => {
                 let ty = self.ty(r);
-                let w = self.read_token();
+                let base = op.operands[tessera_ir::ir::DescOperands::BASE];
+                let read_only = self.reads_read_only(base);
+                let w = if read_only {
+                    self.fresh_token()
+                } else {
+                    self.read_token()
+                };
                 let (then_r, then_b, _) = build_single_block_region(&mut self.m, &[]);
                 let (else_r, else_b, _) = build_single_block_region(&mut self.m, &[]);
                 let outer = std::mem::replace(&mut self.blk, then_b);
@@ -187,7 +231,9 @@ impl Lowerer<'_> {
                         .result(Type::Token)
                         .regions([then_r, else_r]),
                 );
-                self.reads.push(out[1]);
+                if !read_only {
+                    self.reads.push(out[1]);
+                }
                 self.vals.insert(r, out[0]);
             }
             None => {

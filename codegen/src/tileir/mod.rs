@@ -39,17 +39,21 @@
 //!
 //! **Memory order.** Tile IR orders memory operations by tokens, not by program order:
 //! an access whose token nothing uses may be reordered or even deleted. Every access
-//! here is ordered against every earlier access it could conflict with, with no alias
-//! analysis: a load waits for the last store's token, and a store for the join of the
-//! last store's and every load's since (`join_tokens`). So reads after writes, writes
-//! after reads and writes after writes keep program order; loads are free among
-//! themselves. Atomics are ordered like stores, with their own memory ordering and
-//! scope; a wait's acquire orders every later access, reads included (`comm.rs`).
+//! here is ordered against every earlier access it could conflict with: a load waits
+//! for the last store's token, and a store for the join of the last store's and every
+//! load's since (`join_tokens`). So reads after writes, writes after reads and writes
+//! after writes keep program order; loads are free among themselves. The one alias
+//! fact used: a load from `readonly` parameters' buffers only (`&Global`), in a
+//! kernel that does not communicate, reads memory nothing in the kernel writes, so
+//! it is ordered against nothing (a fresh token, not joined into a store's). Atomics
+//! are ordered like stores, with their own memory ordering and scope; a wait's
+//! acquire orders every later access, reads included (`comm.rs`).
 //!
 //! **Files.** This file holds the entry points, the lowerer and the op dispatch;
-//! `memory.rs` the tokens and the descriptor views; `control.rs` regions, `for`,
-//! `if` and `while`; `comm.rs` communication; `arith.rs` the element semantics that need spelling out (half-float math,
-//! reductions and scans, float-to-integer casts, integer division).
+//! `memory.rs` the tokens and the descriptor views; `control.rs` regions, `for`, `if`
+//! and `while`; `comm.rs` communication; `arith.rs` the element semantics that need
+//! spelling out (half-float math, reductions and scans, float-to-integer casts,
+//! integer division, `popc`, `clz`, `erf`, `dot_scaled`'s operands).
 //!
 //! **Versions.** [`compile`] writes the newest bytecode version that both this backend
 //! ([`versions`]: `cutile-ir`'s from 13.3 on) and the `tileiras` found
@@ -287,6 +291,9 @@ struct Lowerer<'a> {
     last_write: Option<Value>,
     /// The tokens of the loads since the last store.
     reads: Vec<Value>,
+    /// Per value: a pointer into `readonly` parameters' buffers only, in a kernel that
+    /// does not communicate ([`Lowerer::reads_read_only`]); computed when first needed.
+    read_only: Option<Vec<bool>>,
     /// The hidden parameters of a communicating kernel (rank, world size, heap-base
     /// table, timeout in ns: [`crate::comm`]'s ABI).
     comm: Option<[Value; 4]>,
@@ -393,6 +400,7 @@ impl<'a> Lowerer<'a> {
             comm,
             comm_sites: 0,
             loop_depth: 0,
+            read_only: None,
         }
     }
 
@@ -791,14 +799,21 @@ impl<'a> Lowerer<'a> {
                 let ptr = self.val(op.operands[0]);
                 let mask = has_mask.then(|| self.val(op.operands[1]));
                 let other = has_other.then(|| self.val(op.operands[2]));
-                let tok = self.read_token();
+                let read_only = self.reads_read_only(op.operands[0]);
+                let tok = if read_only {
+                    self.fresh_token()
+                } else {
+                    self.read_token()
+                };
                 let out = self.grouped(
                     Opcode::LoadPtrTko,
                     &[Some(ptr), mask, other, Some(tok)],
                     vec![ty, Type::Token],
                     &[("memory_ordering_semantics", Attribute::i32(0))],
                 );
-                self.reads.push(out[1]);
+                if !read_only {
+                    self.reads.push(out[1]);
+                }
                 out[0]
             }
             OpKind::Store { has_mask, .. } => {
