@@ -102,15 +102,15 @@ pub(super) fn lower_impl<'ctx>(
     }
     // `dot_scaled`: no block-scaled instruction here; decoded and scaled to f32, then
     // an f32 `dot` (its definition).
-    if tessera_ir::passes::has_dot_scaled(func) {
-        let g = tessera_ir::passes::expand_dot_scaled(func)
-            .map_err(|message| CodegenError::Unsupported {
-                kernel: func.name.clone(),
-                target: arch.target(),
-                span: func.span.clone(),
-                message,
-            })?
-            .ok_or_else(|| CodegenError::Options("dot_scaled expansion found nothing".into()))?;
+    let expanded = tessera_ir::passes::expand_dot_scaled(func).map_err(|message| {
+        CodegenError::Unsupported {
+            kernel: func.name.clone(),
+            target: arch.target(),
+            span: func.span.clone(),
+            message,
+        }
+    })?;
+    if let Some(g) = expanded {
         return lower_impl(ctx, &g, arch, opts, with_layouts);
     }
     // `dot`s of 8-bit floats: on `wgmma` or `mma.sync` m16n8k32 (sm_89's instruction,

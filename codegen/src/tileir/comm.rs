@@ -207,50 +207,34 @@ impl Lowerer<'_> {
 
     /// The program's linear id, `x + gx * (y + gy * z)`, as an `i64`.
     fn program_linear(&mut self) -> Value {
-        let mut ids = [None; 3];
-        let mut counts = [None; 3];
-        for axis in 0..3 {
-            let id = self.block_id(axis, false);
-            let n = self.block_id(axis, true);
-            let ext = |l: &mut Self, v| {
-                l.op1(
-                    Opcode::ExtI,
-                    &[v],
-                    Self::t0(TScalar::I64),
-                    &[("signedness", Attribute::i32(0))],
-                )
-            };
-            ids[axis as usize] = Some(ext(self, id));
-            counts[axis as usize] = Some(ext(self, n));
-        }
-        let [Some(x), Some(y), Some(z)] = ids else {
-            unreachable!("three axes")
+        let id = |l: &mut Self, axis, count| {
+            let v = l.block_id(axis, count);
+            l.zext64(v)
         };
-        let [Some(gx), Some(gy), _] = counts else {
-            unreachable!("three axes")
-        };
+        let (x, y, z) = (id(self, 0, false), id(self, 1, false), id(self, 2, false));
+        let (gx, gy) = (id(self, 0, true), id(self, 1, true));
         let t = self.bin(Opcode::MulI, gy, z, TScalar::I64);
         let t = self.bin(Opcode::AddI, y, t, TScalar::I64);
         let t = self.bin(Opcode::MulI, gx, t, TScalar::I64);
         self.bin(Opcode::AddI, x, t, TScalar::I64)
     }
 
-    /// The total number of programs times the world size, as an `i64`.
-    fn arrivals(&mut self, world: Value) -> Value {
-        let mut total = self.op1(
+    /// The `i32` `v` zero-extended to an `i64`.
+    fn zext64(&mut self, v: Value) -> Value {
+        self.op1(
             Opcode::ExtI,
-            &[world],
+            &[v],
             Self::t0(TScalar::I64),
             &[("signedness", Attribute::i32(0))],
-        );
+        )
+    }
+
+    /// The total number of programs times the world size, as an `i64`.
+    fn arrivals(&mut self, world: Value) -> Value {
+        let mut total = self.zext64(world);
         for axis in 0..3 {
             let n = self.block_id(axis, true);
-            let n = self.op1(
-                Opcode::ExtI,
-                &[n],
-                Self::t0(TScalar::I64),
-                &[("signedness", Attribute::i32(0))],
-            );
+            let n = self.zext64(n);
             total = self.bin(Opcode::MulI, total, n, TScalar::I64);
         }
         total
@@ -291,12 +275,7 @@ impl Lowerer<'_> {
         let timeout = self.i64c(abi::KIND_TIMEOUT as i64);
         let timed_out = self.cmp_u(CmpPred::Eq, kind, timeout);
         self.if_tok(timed_out, tok, |l, tok| {
-            let r64 = l.op1(
-                Opcode::ExtI,
-                &[rank],
-                Self::t0(TScalar::I64),
-                &[("signedness", Attribute::i32(0))],
-            );
+            let r64 = l.zext64(rank);
             let one = l.i64c(1);
             let mark = l.bin(Opcode::AddI, r64, one, TScalar::I64);
             let (lb, step) = (l.i32c(0), l.i32c(1));

@@ -40,7 +40,7 @@ mod tests;
 pub use canonicalize::canonicalize;
 pub use cse::cse;
 pub use dce::dce;
-pub use scaled::{expand_dot_scaled, has_dot_scaled};
+pub use scaled::expand_dot_scaled;
 pub use specialize::specialize;
 
 /// Most rounds of [`optimize`] before it stops even without a fixed point.

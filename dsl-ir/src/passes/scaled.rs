@@ -9,7 +9,7 @@ use crate::passes::emit::Emit;
 use crate::types::{ScalarType, Type};
 
 /// Whether `f` has a `dot_scaled`.
-pub fn has_dot_scaled(f: &Function) -> bool {
+fn has_dot_scaled(f: &Function) -> bool {
     let mut any = false;
     f.walk(&mut |op| any |= matches!(op.kind, OpKind::DotScaled { .. }));
     any

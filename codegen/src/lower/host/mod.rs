@@ -263,13 +263,12 @@ pub(crate) fn lower_host<'ctx>(
     sanitize: bool,
 ) -> LResult<HostLowered<'ctx>> {
     // `dot_scaled`: decoded and scaled to f32, then an f32 `dot` (its definition).
-    if tessera_ir::passes::has_dot_scaled(func) {
-        let g = tessera_ir::passes::expand_dot_scaled(func)
-            .map_err(|message| LowerError::Unsupported {
-                span: func.span.clone(),
-                message,
-            })?
-            .ok_or_else(|| LowerError::Llvm("dot_scaled expansion found nothing".into()))?;
+    let expanded =
+        tessera_ir::passes::expand_dot_scaled(func).map_err(|message| LowerError::Unsupported {
+            span: func.span.clone(),
+            message,
+        })?;
+    if let Some(g) = expanded {
         return lower_host(ctx, &g, checked, sanitize);
     }
     let checked = checked || sanitize;
