@@ -65,7 +65,7 @@ where
         .collect();
     let poison = to_t(f32::NAN);
 
-    let results = World::local(s.ranks).on(dev).run(|r| {
+    let results = common::rank_world(s.ranks, dev).run(|r| {
         let me = r.rank() as usize;
         let shard = r.device().upload(&a[me * ms * k..(me + 1) * ms * k])?;
         let db = r.device().upload(&b)?;

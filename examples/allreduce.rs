@@ -36,7 +36,7 @@ fn run<T: CollElem>(
                 .collect()
         })
         .collect();
-    let out = World::local(ranks).on(dev).run(|r| {
+    let out = common::rank_world(ranks, dev).run(|r| {
         let mut buf = r.upload(&xs[r.rank() as usize])?;
         r.all_reduce(&mut buf, ReduceOp::Sum)?; // the first call also sets up the workspace
         let got = buf.download()?;

@@ -22,6 +22,9 @@ mod layernorm;
 #[path = "layernorm_backward.rs"]
 #[allow(dead_code)]
 mod layernorm_backward;
+#[path = "litmus.rs"]
+#[allow(dead_code)]
+mod litmus;
 #[path = "matmul.rs"]
 #[allow(dead_code)]
 mod matmul;
@@ -108,7 +111,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 31] = [
+pub const JOBS: [Job; 37] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -141,6 +144,14 @@ pub const JOBS: [Job; 31] = [
     job!("matmul_fp8_bt_128x128x128", warps = 8, matmul_fp8::matmul_fp8_bt<F8E4M3, 128, 128, 128>),
     // Device-side communication (examples/ping_pong.rs): the GPU check's ranks.
     job!("ring_pass", ping_pong::ring_pass<1024>),
+    // The memory-model litmus tests (examples/litmus.rs), strong and weakened, which
+    // the GPU check runs between ranks on parts of one GPU.
+    job!("litmus_mp_strong", litmus::mp_strong<32>),
+    job!("litmus_mp_weak", litmus::mp_weak<32>),
+    job!("litmus_sb_strong", litmus::sb_strong),
+    job!("litmus_sb_weak", litmus::sb_weak),
+    job!("litmus_ll_strong", litmus::ll_strong),
+    job!("litmus_ll_weak", litmus::ll_weak),
     // The fused all-gather + GEMM's kernel (tessera::fused::AgGemm, f16), which the
     // GPU check runs between processes.
     job!(

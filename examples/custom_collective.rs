@@ -159,7 +159,7 @@ fn main() {
                     .collect()
             })
             .collect();
-        let out = World::local(ranks).on(&dev).run(|r| {
+        let out = common::rank_world(ranks, &dev).run(|r| {
             let me = r.rank() as usize;
             let grid = n.div_ceil(B);
             let mut init = vec![f32::NAN; n * ranks];

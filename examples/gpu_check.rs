@@ -10,6 +10,8 @@
 //! gpu_check --kernels <dir> [--device cuda:0] [--json out.json] [--no-bench] [--no-comm]
 //! gpu_check --device emu-nv --no-bench --case bf16 --case f64   # some cases only
 //! gpu_check --device cpu --no-bench --comm-devices cpu,cpu,cpu  # 3 ranks, one per device
+//! gpu_check --kernels <dir> --no-bench --threads 4  # 4 ranks as threads on parts of
+//!                               # the one device, and the litmus tests on 2 of them
 //! gpu_check --kernels <dir> --target sm_90 --check-artifacts   # no GPU needed
 //! gpu_check --nvshmem 2        # NVSHMEM's host side: 2 processes, one PE each
 //! gpu_check --kernels k --nvshmem-world 2  # an NVSHMEM world of 2 processes, every
@@ -34,6 +36,9 @@ mod ex_dropout;
 #[path = "layernorm.rs"]
 #[allow(dead_code)]
 mod ex_layernorm;
+#[path = "litmus.rs"]
+#[allow(dead_code)]
+mod ex_litmus;
 #[path = "matmul.rs"]
 #[allow(dead_code)]
 mod ex_matmul;
@@ -88,7 +93,7 @@ use gpu_cases::{bf16_axpb, f64_poly, histogram_system, row_cumsum};
 
 const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
                      [--json <file>] [--no-bench] [--no-comm] [--case <name>]... \
-                     [--comm-devices <d0,d1,...>] \
+                     [--comm-devices <d0,d1,...>] [--threads <ranks>]... [--litmus-iters <n>] \
                      [--target <t> --check-artifacts] [--nvshmem <ranks>] [--nvshmem-world <ranks>]";
 
 struct Args {
@@ -104,6 +109,11 @@ struct Args {
     comm_rank: bool,
     /// The communication check on these devices only, one rank each.
     comm_devices: Vec<String>,
+    /// The communication check as this many ranks (threads) on parts of the one
+    /// device, once per entry, then the litmus tests ([`threads_check`]).
+    threads: Vec<usize>,
+    /// Iterations per launch of each litmus test.
+    litmus_iters: usize,
     check_target: Option<String>,
     /// The NVSHMEM check with this many processes ([`nvshmem_check`]).
     nvshmem: Option<u32>,
@@ -136,6 +146,8 @@ fn parse_args(
         cases: Vec::new(),
         comm_rank: false,
         comm_devices: Vec::new(),
+        threads: Vec::new(),
+        litmus_iters: 20_000,
         check_target: None,
         nvshmem: None,
         nvshmem_rank: None,
@@ -158,6 +170,18 @@ fn parse_args(
                 a.comm_devices = value_of(&mut p)?.split(',').map(str::to_string).collect();
             }
             Long("comm-rank") => a.comm_rank = true,
+            Long("threads") => {
+                let v = value_of(&mut p)?;
+                let n = v.parse().map_err(|e| format!("--threads {v}: {e}"))?;
+                if !(2..=64).contains(&n) {
+                    return Err(format!("--threads {v}: 2 to 64 ranks"));
+                }
+                a.threads.push(n);
+            }
+            Long("litmus-iters") => {
+                let v = value_of(&mut p)?;
+                a.litmus_iters = v.parse().map_err(|e| format!("--litmus-iters {v}: {e}"))?;
+            }
             Long("nvshmem-world") => {
                 let v = value_of(&mut p)?;
                 a.nvshmem_world = Some(v.parse().map_err(|e| format!("--nvshmem-world {v}: {e}"))?);
@@ -1033,6 +1057,12 @@ fn comm_rank(dev: &Device, nvshmem_world: bool) -> Result<Result<String, String>
         .signal_bytes(4096)
         .wait_timeout(Duration::from_secs(30))
         .join()?;
+    comm_body(&r, nvshmem_world)
+}
+
+/// What every rank of a communication check does (see [`comm_rank`]), whatever the
+/// world: processes, or threads on parts of one device ([`threads_check`]).
+fn comm_body(r: &Rank, nvshmem_world: bool) -> Result<Result<String, String>, Error> {
     let (me, ws) = (r.rank() as usize, r.size() as usize);
     // Every rank derives the same start; rank 0 holds it, the others are poisoned.
     let mut init = random(&mut StdRng::seed_from_u64(0xc0ffee), 1024, -100.0, 100.0);
@@ -1125,9 +1155,9 @@ fn comm_rank(dev: &Device, nvshmem_world: bool) -> Result<Result<String, String>
     let a = r.device().upload(&shard(me))?;
     let b = r.device().upload(&bh)?;
     let mut c = r.device().upload(&vec![f16::NAN; ws * ms * n])?;
-    let mut plan = tessera::fused::AgGemm::<f16>::new(&r, ms, n, k)?;
+    let mut plan = tessera::fused::AgGemm::<f16>::new(r, ms, n, k)?;
     let t = Instant::now();
-    plan.run(&r, &a, &b, &mut c)?;
+    plan.run(r, &a, &b, &mut c)?;
     let got = f64s(c.download()?, |v| v.to_f64());
     let elapsed = t.elapsed();
     let full: Vec<f16> = (0..ws).flat_map(shard).collect();
@@ -1152,6 +1182,71 @@ fn comm_rank(dev: &Device, nvshmem_world: bool) -> Result<Result<String, String>
     );
     r.barrier()?;
     Ok(Ok(line))
+}
+
+/// The communication check as `n` ranks, threads of this process, on parts of `dev`
+/// (`World::local(n).on(dev)`: each rank its own stream and share of the SMs), each
+/// running [`comm_body`]: the same ping-pong, all-reduces and fused all-gather + GEMM
+/// as the processes, every rank's kernels running at once.
+fn threads_check(n: usize, dev: &Device) -> Result<Result<String, String>, Error> {
+    let lines = World::local(n)
+        .on(dev)
+        .heap_bytes(64 << 20)
+        .signal_bytes(4096)
+        .wait_timeout(Duration::from_secs(30))
+        .run(|r| {
+            let part = r.device().name();
+            Ok(comm_body(r, false)?.map(|l| format!("{l} [{part}]")))
+        })?;
+    let bad: Vec<String> = lines.iter().filter_map(|l| l.clone().err()).collect();
+    Ok(if bad.is_empty() {
+        Ok(lines.into_iter().flatten().collect::<Vec<_>>().join("; "))
+    } else {
+        Err(bad.join("; "))
+    })
+}
+
+/// The litmus tests (`examples/litmus.rs`) on 2 ranks on parts of `dev`: one row per
+/// test and variant; a strong variant with a forbidden outcome fails.
+fn litmus_rows(dev: &Device, iters: usize, rows: &mut Vec<Row>, ok: &mut bool) {
+    for (name, what) in ex_litmus::TESTS {
+        for strong in [true, false] {
+            let label = format!(
+                "litmus {what} ({})",
+                if strong {
+                    "release/acquire"
+                } else {
+                    "weakened"
+                }
+            );
+            let (status, detail) = match ex_litmus::run_test(dev, name, strong, iters, 4) {
+                Ok(o) => {
+                    let d = format!(
+                        "{} forbidden of {} ({:.2e})",
+                        o.forbidden,
+                        o.trials,
+                        o.forbidden as f64 / o.trials.max(1) as f64
+                    );
+                    match (strong, o.forbidden) {
+                        (true, 0) => ("PASS", d),
+                        (true, _) => ("FAIL", d),
+                        // How often the hardware shows what the strong variant
+                        // forbids (NONE: never, in these trials).
+                        (false, 0) => ("NONE", d),
+                        (false, _) => ("SEEN", d),
+                    }
+                }
+                Err(e) => ("ERROR", e.to_string()),
+            };
+            *ok &= matches!(status, "PASS" | "SEEN" | "NONE");
+            println!("{label:<48} {status:<5} {detail}");
+            rows.push(Row {
+                what: label,
+                status: status.into(),
+                detail,
+            });
+        }
+    }
 }
 
 /// The communication check: one process of this program per entry of `devices` (rank
@@ -1471,6 +1566,23 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
         for (name, devices) in worlds {
             comm_row(&name, &devices, args.kernels.as_deref(), &mut rows, &mut ok);
         }
+    }
+    for &n in &args.threads {
+        let (status, detail) = match threads_check(n, &dev) {
+            Ok(Ok(d)) => ("PASS", d),
+            Ok(Err(d)) => ("FAIL", d),
+            Err(e) => ("ERROR", e.to_string()),
+        };
+        ok &= status == "PASS";
+        println!("comm_{n}threads {status:<5} {detail}");
+        rows.push(Row {
+            what: format!("comm_{n}threads"),
+            status: status.into(),
+            detail,
+        });
+    }
+    if !args.threads.is_empty() {
+        litmus_rows(&dev, args.litmus_iters, &mut rows, &mut ok);
     }
     let mut results = Vec::new();
     if args.bench && dev.kind() != DeviceKind::Cpu {

@@ -67,7 +67,7 @@ fn main() {
             .map(|_| common::uniform(&mut rng, hidden * hidden, -0.5, 0.5))
             .collect();
 
-        let out = World::local(ranks).on(&dev).run(|r| {
+        let out = common::rank_world(ranks, &dev).run(|r| {
             let me = r.rank() as usize;
             let d = r.device();
             // Dispatch order: tokens sorted by expert (stable), and the counts.

@@ -4,14 +4,14 @@
 //!
 //! `cargo run --release --example ping_pong -- --ranks 4 [--laps 2000] [--elems 256]`
 //!
-//! Ranks are threads of this process on the CPU (the reference interpreter);
-//! `TESSERA_DEVICE=emu-nv` or `emu-amd` runs them on the SIMT emulator instead.
+//! Ranks are threads of this process on the best device present: on one GPU each
+//! rank runs on a part of it (its own stream and SMs); `TESSERA_DEVICE=cpu`, `emu-nv`
+//! or `emu-amd` chooses the device.
 
 mod common;
 
 use std::time::{Duration, Instant};
 
-use tessera::DeviceKind;
 use tessera::prelude::*;
 
 /// Lanes of the tile; `--elems` of them are live (the rest is masked off).
@@ -74,18 +74,6 @@ fn parse_args(
     }))
 }
 
-/// The device the ranks run on: the CPU, or the emulator when `TESSERA_DEVICE` asks.
-fn rank_device() -> Result<Device, Error> {
-    let dev = Device::best()?;
-    Ok(match dev.kind() {
-        DeviceKind::Cpu | DeviceKind::Emu => dev,
-        _ => {
-            println!("note: {dev} cannot host a local world yet; running the ranks on the CPU");
-            Device::cpu()
-        }
-    })
-}
-
 /// `x + 1.0` applied `k` times in `f32`, as the ranks do hop by hop.
 fn add_ones(x: f32, k: usize) -> f32 {
     (0..k).fold(x, |v, _| v + 1.0)
@@ -104,7 +92,7 @@ fn main() {
         }
     };
     common::run_main(|| {
-        let dev = rank_device()?;
+        let dev = common::comm_device();
         let (mut rng, seed) = common::rng();
         let Args { ranks, laps, elems } = args;
         let warmup = laps.clamp(1, 10);
@@ -114,8 +102,7 @@ fn main() {
         );
         let mut init = common::uniform(&mut rng, B, -100.0, 100.0);
         init[elems..].fill(f32::NAN); // masked off: must stay untouched
-        let world = World::local(ranks)
-            .on(&dev)
+        let world = common::rank_world(ranks, &dev)
             .heap_bytes(1 << 20)
             .signal_bytes(4096)
             .wait_timeout(Duration::from_secs(60));

@@ -41,7 +41,7 @@ fn run(
     let ks: Vec<Vec<f16>> = (0..ranks).map(|_| h(heads * sk * HD, &mut rng)).collect();
     let vs: Vec<Vec<f16>> = (0..ranks).map(|_| h(heads * sk * HD, &mut rng)).collect();
     let scale = 1.0 / (HD as f32).sqrt();
-    let results = World::local(ranks).on(dev).run(|r| {
+    let results = common::rank_world(ranks, dev).run(|r| {
         let me = r.rank() as usize;
         let d = r.device();
         let (q, k, v) = (d.upload(&qs[me])?, d.upload(&ks[me])?, d.upload(&vs[me])?);

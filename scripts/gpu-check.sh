@@ -169,6 +169,13 @@ fi
 cat "$out/gpu.txt" 2>/dev/null || echo "no ${smi[0]}"
 dev="${TESSERA_DEVICE:-$default_dev}"
 step suite 150 ./gpu_check --kernels kernels --device "$dev" --json "$out/ours.json"
+# Ranks as threads on parts of this one GPU (green contexts / CU masks / sized
+# launches: the log names which), 2, 4 and 8 of them, every rank's kernels at once:
+# ping-pong latency, every all-reduce algorithm, the fused all-gather + GEMM; then
+# the memory-model litmus tests on 2 ranks, strong (must show 0 forbidden outcomes)
+# and weakened (how often this GPU shows them).
+step one_gpu 120 ./gpu_check --kernels kernels --device "$dev" --no-bench --no-comm \
+  --threads 2 --threads 4 --threads 8 --litmus-iters 20000
 tileir=()
 if [ "${dev%%:*}" = cuda ] && ls kernels/*.cubin >/dev/null 2>&1; then
   # The same suite through NVIDIA's Tile IR, without the communication cases (the

@@ -118,9 +118,11 @@ done
 # The GPU check's own cases (bf16, f64, system-scope atomics, prefix sums) and its
 # communication check as 2 processes (ping_pong, every all-reduce algorithm, the fused
 # all-gather + GEMM), on both emulators (the real run is on a GPU, see README).
+# Then 4 ranks as threads on parts of the one device (the one-GPU world), and the
+# memory-model litmus tests on 2 of them.
 for d in emu-nv emu-amd; do
   cargo run -q -p tessera-examples --example gpu_check -- --device "$d" --no-bench \
-    --case bf16 --case f64 --case histogram --case cumsum
+    --case bf16 --case f64 --case histogram --case cumsum --threads 4 --litmus-iters 300
 done
 # Compile-only: every example kernel for an NVIDIA and an AMD target.
 aot_dir="$(mktemp -d)"

@@ -145,24 +145,46 @@ pub fn parse_args_from(
 }
 
 /// The device to run communicating ranks on: the best device present
-/// (`TESSERA_DEVICE` overrides) when it can host a world of ranks as threads — the CPU
-/// or a SIMT emulator — else the CPU, with a note. GPU ranks need one GPU per rank
-/// (`World::on_each`) and have not run on hardware yet, so the examples do not pick
-/// them on their own.
+/// (`TESSERA_DEVICE` overrides). Ranks as threads share it ([`rank_world`]): on a GPU
+/// each rank gets a part of it (`Device::partition`).
 pub fn comm_device() -> tessera::Device {
-    use tessera::DeviceKind;
     match tessera::Device::best() {
-        Ok(d) if matches!(d.kind(), DeviceKind::Cpu | DeviceKind::Emu) => d,
-        Ok(d) => {
-            println!(
-                "note: the examples run their ranks as threads on one device; {} would need one GPU per rank (World::on_each), not tried on hardware yet; running the ranks on the CPU",
-                d.id()
-            );
-            tessera::Device::cpu()
-        }
+        Ok(d) => d,
         Err(e) => {
             println!("note: {e}; running the ranks on the CPU");
             tessera::Device::cpu()
         }
     }
+}
+
+/// The world of `ranks` ranks (threads of this process) for an example on `dev`: one
+/// rank per GPU where the machine has that many GPUs of `dev`'s kind, else every
+/// rank on a part of `dev` (its own stream and share of the SMs, so the ranks' kernels
+/// run at once). Says which on a GPU.
+pub fn rank_world(ranks: usize, dev: &tessera::Device) -> tessera::World {
+    use tessera::DeviceKind;
+    if ranks > 1 && matches!(dev.kind(), DeviceKind::Cuda | DeviceKind::Hip) {
+        let gpus: Vec<tessera::Device> = tessera::Device::all()
+            .into_iter()
+            .filter(|d| d.kind() == dev.kind())
+            .collect();
+        if gpus.len() >= ranks {
+            println!(
+                "{ranks} ranks, one per GPU: {}",
+                gpus[..ranks]
+                    .iter()
+                    .map(|g| g.id())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return tessera::World::local(ranks).on_each(&gpus[..ranks]);
+        }
+        println!(
+            "note: {ranks} ranks share one GPU, {}: each rank runs on a part of it (its own stream and SMs), \
+             so their kernels run at once, but what they exchange is device-local memory traffic, not NVLink: \
+             the times are not those of {ranks} GPUs",
+            dev.name()
+        );
+    }
+    tessera::World::local(ranks).on(dev)
 }

@@ -117,6 +117,11 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "`off`: autotuned launches use their first configuration without timing (default on)",
     },
     Variable {
+        name: "TESSERA_GREEN_CONTEXTS",
+        accepts: "a switch",
+        meaning: "`off`: the parts of a CUDA GPU shared by several ranks (`Device::partition`, `World::local(n).on(&gpu)`) are streams with sized launches, not green contexts (default on, where the driver has them: CUDA 12.4+)",
+    },
+    Variable {
         name: "TESSERA_LOG",
         accepts: "a log filter (`warn`, `info`, `tessera=debug`, ...)",
         meaning: "what the examples' logger prints (Tessera logs through the `log` facade; default `warn`)",
@@ -254,6 +259,8 @@ pub struct Config {
     pub kernel_backend: Option<crate::KernelBackend>,
     /// `TESSERA_AUTOTUNE`.
     pub autotune: bool,
+    /// `TESSERA_GREEN_CONTEXTS`.
+    pub green_contexts: bool,
     /// `TESSERA_SANITIZE`.
     pub sanitize: bool,
     /// `TESSERA_CPU_TARGET` (`None`: `native`).
@@ -279,6 +286,7 @@ impl Default for Config {
             tileiras: None,
             kernel_backend: None,
             autotune: true,
+            green_contexts: true,
             sanitize: cfg!(debug_assertions),
             cpu_target: None,
             cpu_jit: CpuJit::Background,
@@ -430,6 +438,16 @@ impl Config {
                 })?,
                 None => d.autotune,
             },
+            green_contexts: match get("TESSERA_GREEN_CONTEXTS") {
+                Some(v) => parse_switch(&v).ok_or_else(|| {
+                    bad(
+                        "TESSERA_GREEN_CONTEXTS",
+                        &v,
+                        "a switch: 1, on, true, yes or 0, off, false, no",
+                    )
+                })?,
+                None => d.green_contexts,
+            },
             sanitize: match get("TESSERA_SANITIZE") {
                 Some(v) => parse_switch(&v).ok_or_else(|| {
                     bad(
@@ -569,6 +587,7 @@ mod tests {
             ("TESSERA_TILEIRAS", "/opt/tileiras"),
             ("TESSERA_KERNEL_BACKEND", " tileir "),
             ("TESSERA_AUTOTUNE", "off"),
+            ("TESSERA_GREEN_CONTEXTS", "no"),
             ("TESSERA_CPU_JIT", " Wait"),
         ]))
         .unwrap();
@@ -586,6 +605,7 @@ mod tests {
         assert_eq!(c.tileiras, Some(PathBuf::from("/opt/tileiras")));
         assert_eq!(c.kernel_backend, Some(crate::KernelBackend::TileIr));
         assert!(!c.autotune);
+        assert!(!c.green_contexts);
         let c = Config::from_vars(vars(&[("TESSERA_CACHE_DIR", "/c")])).unwrap();
         assert_eq!(c.cache_dir, CacheDir::At(PathBuf::from("/c")));
     }
@@ -598,6 +618,7 @@ mod tests {
             ("TESSERA_EMU_TIMEOUT", "5 days", "a positive duration"),
             ("TESSERA_HEAP_BYTES", "lots", "a positive number of bytes"),
             ("TESSERA_AUTOTUNE", "sometimes", "a switch"),
+            ("TESSERA_GREEN_CONTEXTS", "maybe", "a switch"),
             ("TESSERA_DUMP", "ir,asm", "unknown dump stage `asm`"),
             ("TESSERA_EMU_TIMEOUT_MS", "500", "now TESSERA_EMU_TIMEOUT"),
             ("TESSERA_CPU_TARGET", "avx9", "one of native, x86-64-v2"),

@@ -78,7 +78,7 @@ pub use fused::sp_attention;
 pub use artifact::{ArtifactStore, KernelBackend, KernelBinary, KernelOptions, Specialization};
 pub use buffer::{Buffer, Element};
 pub use compile::{Kernel, kernel_ir};
-pub use device::{Device, DeviceKind, DeviceProperties, EmuKind, Event, Stream};
+pub use device::{Confinement, Device, DeviceKind, DeviceProperties, EmuKind, Event, Part, Stream};
 pub use error::{CompilerError, Error};
 pub use launch::{Grid, LaunchArg, LaunchOptions, launch, launch_with};
 pub use tensor_desc::TensorDescriptor;

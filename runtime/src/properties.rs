@@ -45,6 +45,61 @@ impl EmuKind {
             EmuKind::Amd => 64,
         }
     }
+
+    /// Multiprocessors of the GPU it imitates: an H100 SXM's 132 SMs, an MI300X's
+    /// 304 CUs. The emulator runs any number of programs at once; this is the
+    /// budget its residency check holds a waiting kernel to, as on that GPU.
+    pub fn multiprocessors(self) -> u32 {
+        match self {
+            EmuKind::Nv | EmuKind::Sm90a => 132,
+            EmuKind::Amd => 304,
+        }
+    }
+
+    /// Programs of `num_warps` warps one emulated multiprocessor holds at once: 2048
+    /// threads, as on sm_80/sm_90 (64 warps of 32) and CDNA3 (32 waves of 64), at most
+    /// 32 blocks.
+    pub fn programs_per_multiprocessor(self, num_warps: u32) -> u32 {
+        (2048 / (num_warps.max(1) * self.warp_size())).clamp(1, 32)
+    }
+}
+
+/// How a part of a partitioned device ([`crate::Device::partition`]) keeps its
+/// kernels to its own multiprocessors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Confinement {
+    /// A CUDA green context of its own, holding its SMs (`cuGreenCtxCreate`): the
+    /// hardware runs its kernels there and nowhere else.
+    GreenContext,
+    /// A HIP stream with a CU mask (`hipExtStreamCreateWithCUMask`): its kernels run
+    /// on its CUs only.
+    CuMask,
+    /// Nothing confines it: its own stream, and launches of waiting kernels sized to
+    /// its share of the multiprocessors, so every part's programs fit on the device
+    /// at once (the emulator, or a GPU without green contexts or CU masks).
+    Sized,
+}
+
+impl Confinement {
+    /// How the output names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Confinement::GreenContext => "green context",
+            Confinement::CuMask => "CU mask",
+            Confinement::Sized => "sized launches",
+        }
+    }
+}
+
+/// One part of a partitioned device: which, of how many, and how it is confined.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Part {
+    /// Its index, from 0.
+    pub index: u32,
+    /// How many parts the device was split into.
+    pub parts: u32,
+    /// How its kernels are kept to its multiprocessors.
+    pub confinement: Confinement,
 }
 
 /// What a device is made of.
@@ -69,4 +124,7 @@ pub struct DeviceProperties {
     pub shared_per_block_optin: usize,
     /// Device memory in bytes (0 for the CPU: host memory).
     pub total_memory: usize,
+    /// For a part of a partitioned device ([`crate::Device::partition`]): which part;
+    /// `multiprocessors` is then the part's share.
+    pub part: Option<Part>,
 }

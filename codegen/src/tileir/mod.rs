@@ -1073,6 +1073,14 @@ impl<'a> Lowerer<'a> {
                             ],
                         )
                     }
+                } else if from == ScalarType::I1 && (to.is_int() || to.is_float()) {
+                    // True is 1: `i1` converts unsigned (zero-extension).
+                    let unsigned = ("signedness", Attribute::i32(0));
+                    if to.is_int() {
+                        self.op1(Opcode::ExtI, &[x], ty, &[unsigned])
+                    } else {
+                        self.op1(Opcode::IToF, &[x], ty, &[unsigned, nearest])
+                    }
                 } else if from.is_float() && to.is_int() {
                     let shape = self.f.ty(r).shape.clone();
                     self.float_to_int(x, from, to, &shape, ty)

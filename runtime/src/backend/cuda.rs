@@ -22,6 +22,8 @@ use super::{
 use crate::error::Error;
 use crate::properties::{DeviceKind, DeviceProperties};
 
+mod green;
+
 /// The message every CUDA entry point gives on a machine without the driver.
 pub(crate) const NO_DRIVER: &str = "no CUDA driver found (libcuda.so could not be loaded)";
 
@@ -129,6 +131,12 @@ pub(crate) struct CudaDevice {
     /// Tensor maps built for launches, by their bytes: device copies a kernel reads
     /// through `cp.async.bulk.tensor` (kept, since a kernel in flight may read one).
     tensor_maps: Mutex<HashMap<Vec<u8>, Arc<MapMemory>>>,
+    /// A part of the device in a green context of its own ([`green`]): the device in
+    /// its primary context, which raises abort words (a green context may be current
+    /// on one thread at a time; the part's rank thread uses it).
+    parent: Option<Arc<CudaDevice>>,
+    /// The green context, destroyed last (after the modules loaded in it).
+    _green: Option<green::GreenCtx>,
 }
 
 /// The device memory of one tensor map, freed (in stream order) when the last
@@ -240,6 +248,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>, Error> {
         total_memory: ctx
             .total_mem()
             .map_err(driver_err(ordinal, "querying the memory size"))?,
+        part: None,
     };
     // SAFETY: reads one attribute of a valid device.
     let async_alloc = unsafe {
@@ -257,6 +266,8 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<CudaDevice>, Error> {
         kernels: Mutex::new(HashMap::new()),
         tensor_maps: Mutex::new(HashMap::new()),
         control: Mutex::new(None),
+        parent: None,
+        _green: None,
     });
     open.insert(ordinal, dev.clone());
     Ok(dev)
@@ -306,9 +317,9 @@ impl CudaDevice {
 
     /// Copies `data` into a new device allocation (the tensor maps' storage).
     fn upload_raw(&self, data: &[u8]) -> Result<u64, Error> {
-        let ptr = self.alloc(data.len().max(1))?;
+        let ptr = self.alloc(data.len().max(1), RawStream::DEFAULT)?;
         if let Err(e) = self.htod(ptr, data, RawStream::DEFAULT) {
-            self.free(ptr);
+            self.free(ptr, RawStream::DEFAULT);
             return Err(e);
         }
         Ok(ptr)
@@ -451,12 +462,12 @@ impl GpuBackend for CudaDevice {
         self
     }
 
-    fn alloc(&self, bytes: usize) -> Result<u64, Error> {
+    fn alloc(&self, bytes: usize, stream: RawStream) -> Result<u64, Error> {
         let what = format!("allocating {bytes} bytes");
         self.bind(&what)?;
-        let stream = cu_stream(RawStream::DEFAULT);
-        // SAFETY: an allocation in the bound context, zeroed on the default stream
-        // before any other work queued there (or synchronously) can use it.
+        let stream = cu_stream(stream);
+        // SAFETY: an allocation in the bound context, zeroed on `stream` (of this
+        // context) before any other work queued there (or synchronously) can use it.
         unsafe {
             let ptr = if self.async_alloc {
                 result::malloc_async(stream, bytes)
@@ -465,22 +476,22 @@ impl GpuBackend for CudaDevice {
             }
             .map_err(alloc_err(self.ordinal, bytes, what.clone()))?;
             if let Err(e) = result::memset_d8_async(ptr, 0, bytes, stream) {
-                self.free(ptr);
+                self.free(ptr, RawStream(stream as usize as u64));
                 return Err(self.err(what)(e));
             }
             Ok(ptr)
         }
     }
 
-    fn free(&self, ptr: u64) {
+    fn free(&self, ptr: u64, stream: RawStream) {
         if !self.bind_for_cleanup() {
             return;
         }
         // SAFETY: allocated by `alloc` in this context, freed once, after the work
-        // queued on the default stream.
+        // queued on `stream`.
         let _ = unsafe {
             if self.async_alloc {
-                result::free_async(ptr, cu_stream(RawStream::DEFAULT))
+                result::free_async(ptr, cu_stream(stream))
             } else {
                 result::free_sync(ptr)
             }
@@ -571,6 +582,9 @@ impl GpuBackend for CudaDevice {
     }
 
     fn poke_u32(&self, dst: u64, value: u32) -> Result<(), Error> {
+        if let Some(p) = &self.parent {
+            return p.poke_u32(dst, value);
+        }
         let what = "raising the abort word";
         let stream = self.control_stream()?;
         self.bind(what)?;
@@ -604,6 +618,22 @@ impl GpuBackend for CudaDevice {
         let s =
             result::stream::create(result::stream::StreamKind::Default).map_err(self.err(what))?;
         Ok(RawStream(s as usize as u64))
+    }
+
+    fn part_stream(&self, _units: std::ops::Range<u32>) -> Result<(RawStream, bool), Error> {
+        let what = "creating a stream";
+        self.bind(what)?;
+        // Non-blocking: neither waits for the legacy default stream nor makes it
+        // wait (another part's waiting kernel must not hold this part's work up).
+        let s = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(self.err(what))?;
+        Ok((RawStream(s as usize as u64), false))
+    }
+
+    /// Green contexts, on drivers for CUDA 12.4 and later ([`green`]).
+    fn confined_parts(&self, parts: u32) -> Option<Result<Vec<Arc<dyn GpuBackend>>, Error>> {
+        let has = self.props.driver_version.is_some_and(|v| v >= (12, 4));
+        has.then(|| green::split(self, parts))
     }
 
     fn stream_destroy(&self, stream: RawStream) {

@@ -154,6 +154,7 @@ mod h {
         hipEventElapsedTime: fn(ms: *mut f32, a: hipEvent_t, b: hipEvent_t) -> hipError_t;
         hipEventDestroy: fn(e: hipEvent_t) -> hipError_t;
         hipStreamCreateWithFlags: fn(s: *mut hipStream_t, flags: c_uint) -> hipError_t;
+        hipExtStreamCreateWithCUMask: fn(s: *mut hipStream_t, words: u32, mask: *const u32) -> hipError_t;
         hipStreamSynchronize: fn(s: hipStream_t) -> hipError_t;
         hipStreamDestroy: fn(s: hipStream_t) -> hipError_t;
         hipIpcGetMemHandle: fn(h: *mut hipIpcMemHandle_t, p: *mut c_void) -> hipError_t;
@@ -435,6 +436,7 @@ pub(crate) fn open(ordinal: usize) -> Result<Arc<HipDevice>, Error> {
             shared_per_block: shared as usize,
             shared_per_block_optin: shared_optin.max(shared) as usize,
             total_memory,
+            part: None,
         },
         kernels: Mutex::new(HashMap::new()),
     });
@@ -480,7 +482,9 @@ impl GpuBackend for HipDevice {
         self
     }
 
-    fn alloc(&self, bytes: usize) -> Result<u64, Error> {
+    /// `hipMalloc` and `hipMemset` are synchronous: the allocation is ready for any
+    /// stream.
+    fn alloc(&self, bytes: usize, _stream: RawStream) -> Result<u64, Error> {
         let what = format!("allocating {bytes} bytes");
         self.set(&what)?;
         let mut ptr = std::ptr::null_mut();
@@ -490,13 +494,14 @@ impl GpuBackend for HipDevice {
         })?;
         // SAFETY: `bytes` bytes were just allocated.
         if let Err(e) = check(self.ordinal, &what, unsafe { h::hipMemset(ptr, 0, bytes) }) {
-            self.free(ptr as u64);
+            self.free(ptr as u64, RawStream::DEFAULT);
             return Err(e);
         }
         Ok(ptr as u64)
     }
 
-    fn free(&self, ptr: u64) {
+    /// `hipFree` waits for the device's work.
+    fn free(&self, ptr: u64, _stream: RawStream) {
         // SAFETY: allocated by hipMalloc on this device; freed once.
         unsafe {
             let _ = h::hipSetDevice(self.ordinal as i32);
@@ -545,7 +550,7 @@ impl GpuBackend for HipDevice {
     }
 
     fn free_exportable(&self, ptr: u64) {
-        self.free(ptr);
+        self.free(ptr, RawStream::DEFAULT);
     }
 
     fn htod(&self, dst: u64, data: &[u8], stream: RawStream) -> Result<(), Error> {
@@ -662,6 +667,24 @@ impl GpuBackend for HipDevice {
             h::hipStreamCreateWithFlags(&mut stream, 0)
         })?;
         Ok(RawStream(stream as usize as u64))
+    }
+
+    /// A stream whose kernels run on CUs `units` only (`hipExtStreamCreateWithCUMask`,
+    /// one bit per CU in 32-bit words).
+    fn part_stream(&self, units: std::ops::Range<u32>) -> Result<(RawStream, bool), Error> {
+        let what = "creating a CU-masked stream";
+        self.set(what)?;
+        let cus = self.props.multiprocessors;
+        let mut mask = vec![0u32; cus.div_ceil(32) as usize];
+        for cu in units.filter(|&c| c < cus) {
+            mask[(cu / 32) as usize] |= 1 << (cu % 32);
+        }
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: writes one handle; `mask` holds `mask.len()` words.
+        check(self.ordinal, what, unsafe {
+            h::hipExtStreamCreateWithCUMask(&mut stream, mask.len() as u32, mask.as_ptr())
+        })?;
+        Ok((RawStream(stream as usize as u64), true))
     }
 
     fn stream_destroy(&self, stream: RawStream) {

@@ -32,6 +32,9 @@ use crate::properties::{DeviceKind, DeviceProperties};
 pub(crate) mod cuda;
 #[cfg(feature = "hip")]
 pub(crate) mod hip;
+pub(crate) mod lane;
+
+pub(crate) use lane::partition;
 
 /// NVIDIA kernels needing more shared memory than this declare it dynamic (the
 /// codegen's `NVIDIA_STATIC_SHARED_BYTES`): their launch passes
@@ -155,12 +158,12 @@ pub(crate) trait GpuBackend: Send + Sync + 'static {
 
     // Memory.
 
-    /// A zero-filled allocation of `bytes` (> 0) bytes, ordered on the default
-    /// stream; free with [`GpuBackend::free`].
-    fn alloc(&self, bytes: usize) -> Result<u64, Error>;
-    /// Frees an [`GpuBackend::alloc`] allocation once the work queued before on the
-    /// default stream is done (errors are ignored: this runs in destructors).
-    fn free(&self, ptr: u64);
+    /// A zero-filled allocation of `bytes` (> 0) bytes, ordered on `stream` (usable
+    /// by the work queued there after this call); free with [`GpuBackend::free`].
+    fn alloc(&self, bytes: usize, stream: RawStream) -> Result<u64, Error>;
+    /// Frees an [`GpuBackend::alloc`] allocation once the work queued before on
+    /// `stream` is done (errors are ignored: this runs in destructors).
+    fn free(&self, ptr: u64, stream: RawStream);
     /// A zeroed allocation another process can open ([`GpuBackend::ipc_handle`]),
     /// whose stores peers see (a symmetric heap); complete when this returns. Free
     /// with [`GpuBackend::free_exportable`].
@@ -258,6 +261,22 @@ pub(crate) trait GpuBackend: Send + Sync + 'static {
         Ok(None)
     }
 
+    // Partitions ([`crate::Device::partition`]).
+
+    /// A stream for one part of this device: it waits for no other stream (the
+    /// default stream included), and where the backend can keep a stream's kernels
+    /// to some multiprocessors (HIP's CU masks) they run on `units` only. Returns
+    /// the stream and whether it is so confined. Destroy it with
+    /// [`GpuBackend::stream_destroy`].
+    fn part_stream(&self, units: std::ops::Range<u32>) -> Result<(RawStream, bool), Error>;
+    /// This device split into `parts` devices on disjoint multiprocessors that the
+    /// hardware keeps apart (CUDA green contexts), each with its own default stream
+    /// and `props().part` set; `None` where the backend or its driver has no such
+    /// thing (the parts are then [`Lane`]s).
+    fn confined_parts(&self, _parts: u32) -> Option<Result<Vec<Arc<dyn GpuBackend>>, Error>> {
+        None
+    }
+
     // Several devices and processes.
 
     /// Lets kernels and copies on this device access `other`'s memory.
@@ -296,7 +315,7 @@ impl DevMem {
     /// A zero-filled allocation of `bytes` bytes (at least one byte is allocated, so
     /// empty buffers have an address too).
     pub(crate) fn alloc(gpu: &Arc<dyn GpuBackend>, bytes: usize) -> Result<DevMem, Error> {
-        let ptr = gpu.alloc(bytes.max(1))?;
+        let ptr = gpu.alloc(bytes.max(1), RawStream::DEFAULT)?;
         Ok(DevMem {
             ptr,
             gpu: gpu.clone(),
@@ -336,7 +355,7 @@ impl DevMem {
 impl Drop for DevMem {
     fn drop(&mut self) {
         match &mut self.keep {
-            Keep::Owned => self.gpu.free(self.ptr),
+            Keep::Owned => self.gpu.free(self.ptr, RawStream::DEFAULT),
             Keep::View(_) => {}
             Keep::Foreign(owner) => {
                 if let Err(e) = self.gpu.synchronize_device() {

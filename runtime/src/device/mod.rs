@@ -34,7 +34,7 @@ use tessera_ir::interp::CommWorld;
 
 use crate::backend::{self, GpuArg, GpuBackend, RawStream};
 use crate::error::Error;
-pub use crate::properties::{DeviceKind, DeviceProperties, EmuKind};
+pub use crate::properties::{Confinement, DeviceKind, DeviceProperties, EmuKind, Part};
 
 mod stream;
 pub use stream::{Event, Stream};
@@ -84,6 +84,16 @@ pub(crate) trait RankLink: Send + Sync {
     fn abort(&self);
 }
 
+/// `part 2 of 4, green context`.
+fn describe_part(p: &Part) -> String {
+    format!(
+        "part {} of {}, {}",
+        p.index + 1,
+        p.parts,
+        p.confinement.describe()
+    )
+}
+
 /// A device kernels are launched on. Cheap to clone; clones share the GPU context,
 /// stream and kernel cache.
 #[derive(Clone)]
@@ -101,6 +111,8 @@ pub struct Device {
     /// [`Device::with_cpu_jit`] (`None`: `TESSERA_CPU_JIT`).
     #[cfg_attr(not(feature = "jit"), allow(dead_code))]
     pub(crate) cpu_jit: Option<crate::config::CpuJit>,
+    /// An emulator's part ([`Device::partition`]; a GPU's part is its backend).
+    emu_part: Option<Part>,
 }
 
 impl PartialEq for Device {
@@ -154,6 +166,7 @@ impl Device {
             launch_timeout: None,
             unchecked: false,
             cpu_jit: None,
+            emu_part: None,
         }
     }
 
@@ -308,6 +321,67 @@ impl Device {
         }
     }
 
+    /// This device split into `parts` devices, each with its own share of the
+    /// multiprocessors and its own default stream, so that kernels launched on
+    /// different parts run at the same time and every part's waiting kernels stay
+    /// resident together (several ranks of a world on one GPU: [`crate::World::on`]
+    /// partitions a device its ranks share this way).
+    ///
+    /// - **CUDA**: a green context per part (`cuGreenCtxCreate`; CUDA 12.4+ drivers,
+    ///   unless `TESSERA_GREEN_CONTEXTS=off`): the hardware keeps each part's
+    ///   kernels on its SMs (groups of a multiple of 8 SMs on Hopper, the rest
+    ///   unused). Without them, a stream per part that waits for no other stream.
+    /// - **HIP**: a stream per part with a CU mask (`hipExtStreamCreateWithCUMask`).
+    /// - **The emulator**: parts of the GPU it imitates ([`EmuKind::multiprocessors`]).
+    ///
+    /// Each part's [`Device::properties`] report its share of the multiprocessors
+    /// and which part it is ([`DeviceProperties::part`]); a waiting kernel
+    /// (`wait_until`, `barrier_all`) launched on a part must have all its programs
+    /// resident in that share, or the launch fails saying so. Parts compare equal
+    /// to the device (buffers move freely between them). The CPU is not split: its
+    /// parts are the device itself (its ranks' programs are coroutines, all resident).
+    pub fn partition(&self, parts: usize) -> Result<Vec<Device>, Error> {
+        let n = u32::try_from(parts).unwrap_or(u32::MAX);
+        let units = self.properties().multiprocessors;
+        if self.properties().part.is_some() {
+            return Err(Error::Usage(format!(
+                "{} is a part of a device already: partition the device itself",
+                self.name()
+            )));
+        }
+        match &self.backend {
+            Backend::Cpu | Backend::Interp => Ok(vec![self.clone(); parts]),
+            Backend::Emu(_) => {
+                if parts == 0 || n > units {
+                    return Err(Error::Usage(format!(
+                        "{} imitates {units} multiprocessors: it splits into 1 to {units} parts, not {parts}",
+                        self.id()
+                    )));
+                }
+                Ok((0..n)
+                    .map(|index| Device {
+                        emu_part: Some(Part {
+                            index,
+                            parts: n,
+                            confinement: Confinement::Sized,
+                        }),
+                        ..self.clone()
+                    })
+                    .collect())
+            }
+            Backend::Gpu(g) => {
+                let green = crate::config::get()?.green_contexts;
+                Ok(backend::partition(g, n, green)?
+                    .into_iter()
+                    .map(|b| Device {
+                        backend: Backend::Gpu(b),
+                        ..self.clone()
+                    })
+                    .collect())
+            }
+        }
+    }
+
     /// The watchdog of a launch on this handle: [`Device::with_launch_timeout`],
     /// else `TESSERA_LAUNCH_TIMEOUT` (a value that is not a duration is an error
     /// naming the variable).
@@ -367,11 +441,25 @@ impl Device {
                 self.id(),
                 rayon::current_num_threads()
             ),
-            Backend::Emu(k) => format!("{} (SIMT emulator, warp {})", self.id(), k.warp_size()),
+            Backend::Emu(k) => match self.emu_part {
+                Some(p) => format!(
+                    "{} (SIMT emulator, warp {}, {} of {} SMs: {})",
+                    self.id(),
+                    k.warp_size(),
+                    self.properties().multiprocessors,
+                    k.multiprocessors(),
+                    describe_part(&p)
+                ),
+                None => format!("{} (SIMT emulator, warp {})", self.id(), k.warp_size()),
+            },
             _ => {
                 let p = self.properties();
+                let part = p
+                    .part
+                    .map(|part| format!(": {}", describe_part(&part)))
+                    .unwrap_or_default();
                 format!(
-                    "{} ({}, {}, {} SMs)",
+                    "{} ({}, {}, {} SMs{part})",
                     self.id(),
                     p.name,
                     p.target,
@@ -394,17 +482,24 @@ impl Device {
                 shared_per_block: usize::MAX,
                 shared_per_block_optin: usize::MAX,
                 total_memory: 0,
+                part: None,
             },
             Backend::Emu(k) => DeviceProperties {
                 name: self.id(),
                 target: self.id(),
                 compute_capability: None,
                 driver_version: None,
-                multiprocessors: 1,
+                multiprocessors: match self.emu_part {
+                    Some(p) => {
+                        backend::lane::share(k.multiprocessors(), p.parts, p.index).len() as u32
+                    }
+                    None => k.multiprocessors(),
+                },
                 warp_size: k.warp_size(),
                 shared_per_block: 48 * 1024,
                 shared_per_block_optin: 48 * 1024,
                 total_memory: 0,
+                part: self.emu_part,
             },
             Backend::Gpu(g) => g.props().clone(),
         }

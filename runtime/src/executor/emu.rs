@@ -46,6 +46,18 @@ impl Executor for Emu {
             num_stages: job.kopts.num_stages,
             engine,
         };
+        // A kernel that waits for other programs needs all of them resident, as on
+        // the GPU imitated (or the device's part of it).
+        if job.compiled.func.uses_blocking() {
+            let programs = job.grid.iter().map(|&g| u64::from(g)).product();
+            crate::backend::check_resident(
+                job.kernel,
+                &device.name(),
+                programs,
+                self.0.programs_per_multiprocessor(copts.num_warps),
+                device.properties().multiprocessors,
+            )?;
+        }
         // Specialized like a GPU launch with these arguments, so the emulator runs
         // the code a GPU would.
         let mut spec: Vec<ParamFacts> = job

@@ -152,8 +152,15 @@ fn to_i32(rank: &Rank, what: &str, v: usize) -> Result<i32, Error> {
 /// the machine run theirs on as many threads as it has cores: programs beyond
 /// `cores / ranks` per rank only add switches and handshakes (the fused AG+GEMM demo
 /// on 4 ranks and 2 cores: 1.8 ms with the GPU's 60 programs per rank, 0.8 ms with 1),
-/// so that is the cap there, as the SM count is on a GPU.
+/// so that is the cap there, as the SM count is on a GPU. On a part of a device
+/// shared by several ranks ([`crate::Device::partition`]) the cap is one program per
+/// multiprocessor of the part, so every rank's programs are resident together.
 pub(crate) fn programs_for(rank: &Rank, work: usize, max: u32) -> u32 {
+    let props = rank.device().properties();
+    let max = match props.part {
+        Some(_) => max.min(props.multiprocessors.max(1)),
+        None => max,
+    };
     #[cfg(feature = "jit")]
     let max = if matches!(rank.device().backend, crate::device::Backend::Cpu) {
         let sharing = rank.ranks_per_node().unwrap_or(rank.size()).max(1) as usize;

@@ -70,10 +70,14 @@
 //! the world (dropping its [`Rank`]) is detected by the bootstrap connections'
 //! watchdog and reported as dead the same way, within milliseconds.
 //!
-//! **Several ranks on one GPU** ([`World::on`] with a GPU, for testing) get separate
-//! heaps but share the GPU's stream: kernels of different ranks run one after the
-//! other, so a kernel that waits for another rank's kernel in the same round times
-//! out. Use one GPU per rank for such kernels.
+//! **Several ranks on one GPU** ([`World::on`] with a GPU, or an emulator) run
+//! truly at once: each rank gets a part of the device ([`Device::partition`]): its
+//! own stream and its own share of the multiprocessors (a CUDA green context, a HIP
+//! CU mask, or launches sized to the share), so every rank's waiting kernels are
+//! resident together. A waiting kernel with more programs than its rank's share
+//! holds fails to launch, saying so; the fused plans and the collectives size their
+//! launches to it. Peers are reached by plain device pointers, through the same heap
+//! table as across GPUs: communication is then device-local memory traffic.
 //!
 //! **Files.** This folder holds the abstraction; the transports live under
 //! `transport/`. This file holds [`World`]: its builder, [`World::run`] (ranks as
@@ -250,8 +254,10 @@ impl World {
         World::launched()?.join()
     }
 
-    /// Runs every rank on (a handle of) `device`. Several ranks on one GPU get heaps
-    /// of their own but share its stream (see the module docs).
+    /// Runs every rank on `device`. For ranks as threads on a GPU or an emulator,
+    /// each rank gets a part of it ([`Device::partition`]: its own stream and share
+    /// of the multiprocessors), so the ranks' kernels run at once (see the module
+    /// docs); [`Rank::device`] is the rank's part.
     pub fn on(mut self, device: &Device) -> World {
         self.devices = vec![device.clone()];
         self
@@ -370,16 +376,40 @@ impl World {
         Team::new(mem, true).map_err(Self::comm_err)
     }
 
-    /// Every rank's heap for ranks as threads: host memory, or GPU memory with peer
-    /// access between the ranks' GPUs.
-    fn thread_heaps(&self) -> Result<Heaps, Error> {
-        let gpus: Vec<Option<GpuDev>> = (0..self.size)
-            .map(|r| self.device_of(r).map(gpu_of))
-            .collect::<Result<_, _>>()?;
+    /// Each rank's device for ranks as threads: ranks sharing a GPU or an emulator
+    /// get a part of it each ([`Device::partition`]: their own stream and share of
+    /// the multiprocessors), so their waiting kernels run at once; a device given
+    /// as a part already, and the CPU, are used as they are.
+    fn rank_devices(&self) -> Result<Vec<Device>, Error> {
+        let mut out: Vec<Option<Device>> = vec![None; self.size];
+        for r in 0..self.size {
+            if out[r].is_some() {
+                continue;
+            }
+            let d = self.device_of(r)?;
+            let sharing: Vec<usize> = (r..self.size)
+                .filter(|&q| self.device_of(q).is_ok_and(|e| e == d))
+                .collect();
+            let parts = if sharing.len() > 1 && d.properties().part.is_none() {
+                d.partition(sharing.len())?
+            } else {
+                vec![d.clone(); sharing.len()]
+            };
+            for (q, part) in sharing.into_iter().zip(parts) {
+                out[q] = Some(part);
+            }
+        }
+        Ok(out.into_iter().flatten().collect())
+    }
+
+    /// Every rank's heap for ranks as threads (rank `r` on `devices[r]`): host
+    /// memory, or GPU memory with peer access between the ranks' GPUs.
+    fn thread_heaps(&self, devices: &[Device]) -> Result<Heaps, Error> {
+        let gpus: Vec<Option<GpuDev>> = devices.iter().map(gpu_of).collect();
         if gpus.iter().all(Option::is_none) {
             let mut heaps = Vec::with_capacity(self.size);
-            for r in 0..self.size {
-                let device = self.device_of(r)?.id();
+            for d in devices {
+                let device = d.id();
                 heaps.push(HostHeapRef::Local(Arc::new(HostHeap::new(
                     self.heap_bytes,
                     &device,
@@ -393,15 +423,14 @@ impl World {
             let g = g.as_ref().ok_or_else(|| {
                 Self::comm_err(format!(
                     "rank {r} is on {}: a world's ranks are all on GPUs or all on the host",
-                    self.devices[r.min(self.devices.len() - 1)].id()
+                    devices[r].id()
                 ))
             })?;
             heaps.push(Arc::new(GpuHeap::alloc(g, self.heap_bytes)?));
         }
         // Peer access between every pair of distinct GPUs.
-        for a in 0..self.size {
-            for b in 0..self.size {
-                let (da, db) = (self.device_of(a)?, self.device_of(b)?);
+        for (a, da) in devices.iter().enumerate() {
+            for (b, db) in devices.iter().enumerate() {
                 if a != b && da != db {
                     da.enable_peer_access(db)?;
                 }
@@ -426,7 +455,8 @@ impl World {
             ));
         }
         self.check()?;
-        let heaps = self.thread_heaps()?;
+        let devices = self.rank_devices()?;
+        let heaps = self.thread_heaps(&devices)?;
         let gpu_heaps = match &heaps {
             Heaps::Gpu(h) => Some(h.clone()),
             Heaps::Host(_) => None,
@@ -443,8 +473,7 @@ impl World {
         shared.nodes = nodes;
         let shared = Arc::new(shared);
         let mut ranks = Vec::with_capacity(self.size);
-        for r in 0..self.size {
-            let device = self.device_of(r)?;
+        for (r, device) in devices.iter().enumerate() {
             let gpu = match (&gpu_heaps, gpu_of(device)) {
                 (Some(h), Some(g)) => Some(GpuRank::new(&g, h)?),
                 _ => None,

@@ -1,0 +1,268 @@
+//! Parts of one GPU ([`crate::Device::partition`]): several ranks of a world on one
+//! GPU, each with its own stream and its own share of the multiprocessors, so that
+//! every rank's waiting kernels are resident at once and run concurrently.
+//!
+//! [`partition`] asks the backend for parts the hardware keeps apart (CUDA green
+//! contexts, [`GpuBackend::confined_parts`]); otherwise, or when that fails, each
+//! part is a [`Lane`]: the same device behind a stream of its own that waits for no
+//! other ([`GpuBackend::part_stream`], with a CU mask on AMD), whose properties
+//! report the part's share of the multiprocessors. The residency check of a waiting
+//! kernel ([`GpuBackend::check_launch`]) then holds each part to its share, so the programs of
+//! all parts fit on the device together.
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::{
+    GpuArg, GpuBackend, GpuKernel, GridLimits, KernelBinary, RawEvent, RawStream, TensorMap,
+    TensorMapSpec,
+};
+use crate::error::Error;
+use crate::properties::{Confinement, DeviceKind, DeviceProperties, Part};
+
+/// The multiprocessors of part `index` of `parts` on a device of `units`: equal
+/// shares, the remainder unused.
+pub(crate) fn share(units: u32, parts: u32, index: u32) -> Range<u32> {
+    let each = units / parts.max(1);
+    index * each..(index + 1) * each
+}
+
+/// `gpu` split into `parts` devices: parts the hardware confines where `confined`
+/// and the backend has them, else [`Lane`]s. Every part reports its share in
+/// `props().multiprocessors` and which part it is in `props().part`.
+pub(crate) fn partition(
+    gpu: &Arc<dyn GpuBackend>,
+    parts: u32,
+    confined: bool,
+) -> Result<Vec<Arc<dyn GpuBackend>>, Error> {
+    let units = gpu.props().multiprocessors;
+    if parts == 0 || parts > units {
+        return Err(Error::Usage(format!(
+            "{} has {units} multiprocessors: it splits into 1 to {units} parts, not {parts}",
+            gpu.id()
+        )));
+    }
+    if confined {
+        match gpu.confined_parts(parts) {
+            Some(Ok(v)) => return Ok(v),
+            Some(Err(e)) => log::warn!(
+                "{}: no green contexts ({e}); its {parts} parts are streams with sized launches",
+                gpu.id()
+            ),
+            None => {}
+        }
+    }
+    (0..parts)
+        .map(|i| Lane::new(gpu, i, parts).map(|l| Arc::new(l) as Arc<dyn GpuBackend>))
+        .collect()
+}
+
+/// One part of a GPU: the device behind a stream of its own (see the module docs).
+/// Work queued on its default stream goes to that stream; [`GpuBackend::synchronize_device`]
+/// waits for its own streams only, never for another part's (whose kernels may be
+/// waiting for this part's next one).
+pub(crate) struct Lane {
+    inner: Arc<dyn GpuBackend>,
+    /// Its default stream.
+    stream: RawStream,
+    props: DeviceProperties,
+    /// The streams made through it ([`GpuBackend::stream_create`]), which
+    /// `synchronize_device` waits for too.
+    streams: Mutex<Vec<RawStream>>,
+}
+
+impl Lane {
+    /// Part `index` of `parts` of `inner`.
+    pub(crate) fn new(inner: &Arc<dyn GpuBackend>, index: u32, parts: u32) -> Result<Lane, Error> {
+        let units = share(inner.props().multiprocessors, parts, index);
+        let (stream, masked) = inner.part_stream(units.clone())?;
+        let mut props = inner.props().clone();
+        props.multiprocessors = units.len() as u32;
+        props.part = Some(Part {
+            index,
+            parts,
+            confinement: if masked {
+                Confinement::CuMask
+            } else {
+                Confinement::Sized
+            },
+        });
+        Ok(Lane {
+            inner: inner.clone(),
+            stream,
+            props,
+            streams: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// `stream`, with the default stream meaning this lane's.
+    fn on(&self, stream: RawStream) -> RawStream {
+        if stream == RawStream::DEFAULT {
+            self.stream
+        } else {
+            stream
+        }
+    }
+
+    fn lock_streams(&self) -> std::sync::MutexGuard<'_, Vec<RawStream>> {
+        self.streams.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for Lane {
+    fn drop(&mut self) {
+        // The driver lets the stream's queued work finish.
+        self.inner.stream_destroy(self.stream);
+    }
+}
+
+impl GpuBackend for Lane {
+    fn kind(&self) -> DeviceKind {
+        self.inner.kind()
+    }
+    fn ordinal(&self) -> usize {
+        self.inner.ordinal()
+    }
+    fn props(&self) -> &DeviceProperties {
+        &self.props
+    }
+    /// The device's own type (peer access, interop and NVSHMEM reach it).
+    fn as_any(&self) -> &dyn std::any::Any {
+        self.inner.as_any()
+    }
+    fn alloc(&self, bytes: usize, stream: RawStream) -> Result<u64, Error> {
+        self.inner.alloc(bytes, self.on(stream))
+    }
+    fn free(&self, ptr: u64, stream: RawStream) {
+        self.inner.free(ptr, self.on(stream))
+    }
+    fn alloc_exportable(&self, bytes: usize) -> Result<u64, Error> {
+        self.inner.alloc_exportable(bytes)
+    }
+    fn free_exportable(&self, ptr: u64) {
+        self.inner.free_exportable(ptr)
+    }
+    fn htod(&self, dst: u64, data: &[u8], stream: RawStream) -> Result<(), Error> {
+        self.inner.htod(dst, data, self.on(stream))
+    }
+    fn dtoh(&self, src: u64, out: &mut [u8], stream: RawStream) -> Result<(), Error> {
+        self.inner.dtoh(src, out, self.on(stream))
+    }
+    fn copy(
+        &self,
+        dst: u64,
+        src_dev: &dyn GpuBackend,
+        src: u64,
+        bytes: usize,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        self.inner.copy(dst, src_dev, src, bytes, self.on(stream))
+    }
+    fn poke_u32(&self, dst: u64, value: u32) -> Result<(), Error> {
+        self.inner.poke_u32(dst, value)
+    }
+    fn synchronize(&self, stream: RawStream) -> Result<(), Error> {
+        self.inner.synchronize(self.on(stream))
+    }
+    fn synchronize_device(&self) -> Result<(), Error> {
+        self.inner.synchronize(self.stream)?;
+        let streams = self.lock_streams().clone();
+        streams
+            .into_iter()
+            .try_for_each(|s| self.inner.synchronize(s))
+    }
+    /// A stream of this part: like its default stream, it waits for no other.
+    fn stream_create(&self) -> Result<RawStream, Error> {
+        let part = self.props.part.map_or(0, |p| p.index);
+        let parts = self.props.part.map_or(1, |p| p.parts);
+        let units = share(self.inner.props().multiprocessors, parts, part);
+        let (s, _) = self.inner.part_stream(units)?;
+        self.lock_streams().push(s);
+        Ok(s)
+    }
+    fn stream_destroy(&self, stream: RawStream) {
+        if stream == RawStream::DEFAULT {
+            return;
+        }
+        self.lock_streams().retain(|&s| s != stream);
+        self.inner.stream_destroy(stream)
+    }
+    fn event_create(&self) -> Result<RawEvent, Error> {
+        self.inner.event_create()
+    }
+    fn event_record(&self, event: RawEvent, stream: RawStream) -> Result<(), Error> {
+        self.inner.event_record(event, self.on(stream))
+    }
+    fn event_synchronize(&self, event: RawEvent) -> Result<(), Error> {
+        self.inner.event_synchronize(event)
+    }
+    fn event_elapsed(&self, start: RawEvent, end: RawEvent) -> Result<Duration, Error> {
+        self.inner.event_elapsed(start, end)
+    }
+    fn event_destroy(&self, event: RawEvent) {
+        self.inner.event_destroy(event)
+    }
+    fn load(
+        &self,
+        key: &str,
+        bin: &mut dyn FnMut() -> Result<KernelBinary, Error>,
+    ) -> Result<Arc<dyn GpuKernel>, Error> {
+        self.inner.load(key, bin)
+    }
+    fn occupancy(&self, kernel: &dyn GpuKernel) -> Result<u32, Error> {
+        self.inner.occupancy(kernel)
+    }
+    /// Checked against this part's share first (a waiting kernel's programs must fit
+    /// in it), then launched on the device.
+    fn launch(
+        &self,
+        kernel: &dyn GpuKernel,
+        grid: [u32; 3],
+        args: &[GpuArg],
+        waits: bool,
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        let limits = match self.kind() {
+            DeviceKind::Hip => GridLimits::Hip,
+            _ => GridLimits::Cuda,
+        };
+        self.check_launch(kernel, grid, waits, limits)?;
+        self.inner
+            .launch(kernel, grid, args, waits, self.on(stream))
+    }
+    fn tensor_map(&self, spec: &TensorMapSpec<'_>) -> Result<Option<TensorMap>, Error> {
+        self.inner.tensor_map(spec)
+    }
+    fn part_stream(&self, units: Range<u32>) -> Result<(RawStream, bool), Error> {
+        self.inner.part_stream(units)
+    }
+    fn enable_peer_access(&self, other: &dyn GpuBackend) -> Result<(), Error> {
+        self.inner.enable_peer_access(other)
+    }
+    fn ipc_handle(&self, ptr: u64) -> Result<Vec<u8>, Error> {
+        self.inner.ipc_handle(ptr)
+    }
+    fn ipc_open(&self, handle: &[u8]) -> Result<u64, Error> {
+        self.inner.ipc_open(handle)
+    }
+    fn ipc_close(&self, ptr: u64) {
+        self.inner.ipc_close(ptr)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shares_are_equal_and_disjoint() {
+        assert_eq!(share(132, 4, 0), 0..33);
+        assert_eq!(share(132, 4, 3), 99..132);
+        assert_eq!(share(132, 8, 7), 112..128);
+        let all: Vec<Range<u32>> = (0..5).map(|i| share(304, 5, i)).collect();
+        for w in all.windows(2) {
+            assert_eq!(w[0].end, w[1].start);
+        }
+    }
+}
