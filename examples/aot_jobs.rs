@@ -111,7 +111,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 37] = [
+pub const JOBS: [Job; 44] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -162,6 +162,46 @@ pub const JOBS: [Job; 37] = [
             { tessera::fused::BN },
             { tessera::fused::BK },
         >
+    ),
+    // The other fused plans (f16) and the unfused sequences all three replace, which
+    // the GPU check times against each other on ranks on parts of one GPU.
+    job!(
+        "gemm_rs_f16",
+        tessera::fused::gemm_rs_kernel<
+            f16,
+            { tessera::fused::BM },
+            { tessera::fused::BN },
+            { tessera::fused::BK },
+        >
+    ),
+    job!(
+        "allreduce_rmsnorm_f16",
+        tessera::fused::allreduce_rmsnorm_kernel<f16, { tessera::fused::NORM_BLOCK }>
+    ),
+    job!(
+        "unfused_gather_rows_f16",
+        tessera::fused::unfused::gather_rows_kernel<f16, { tessera::fused::BM }, { tessera::fused::BK }>
+    ),
+    job!(
+        "unfused_gemm_f16",
+        tessera::fused::unfused::gemm_kernel<
+            f16,
+            { tessera::fused::BM },
+            { tessera::fused::BN },
+            { tessera::fused::BK },
+        >
+    ),
+    job!(
+        "unfused_reduce_scatter_f16",
+        tessera::fused::unfused::reduce_scatter_rows_kernel<f16, { tessera::fused::unfused::EB }>
+    ),
+    job!(
+        "unfused_all_reduce_f16",
+        tessera::fused::unfused::all_reduce_kernel<f16, { tessera::fused::unfused::EB }>
+    ),
+    job!(
+        "unfused_residual_rmsnorm_f16",
+        tessera::fused::unfused::residual_rmsnorm_kernel<f16, { tessera::fused::NORM_BLOCK }>
     ),
     // The GPU check's own cases (examples/gpu_cases.rs).
     job!("bf16_axpb", gpu_cases::bf16_axpb<1024>),

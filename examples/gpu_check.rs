@@ -92,8 +92,8 @@ use ex_vector_add::vector_add;
 use gpu_cases::{bf16_axpb, f64_poly, histogram_system, row_cumsum};
 
 const USAGE: &str = "usage: gpu_check --kernels <dir> [--device <cuda:N|hip:N|cpu>] \
-                     [--json <file>] [--no-bench] [--no-comm] [--case <name>]... \
-                     [--comm-devices <d0,d1,...>] [--threads <ranks>]... [--litmus-iters <n>] \
+                     [--json <file>] [--no-bench] [--no-comm] [--no-suite] [--case <name>]... \
+                     [--comm-devices <d0,d1,...>] [--threads <ranks>]... [--threads-bench] [--litmus-iters <n>] \
                      [--target <t> --check-artifacts] [--nvshmem <ranks>] [--nvshmem-world <ranks>]";
 
 struct Args {
@@ -103,6 +103,8 @@ struct Args {
     bench: bool,
     /// Runs the communication check (processes on the GPU).
     comm: bool,
+    /// Runs the suite's cases (`--no-suite`: none).
+    suite: bool,
     /// Runs only the suite's cases whose names contain one of these (all if empty).
     cases: Vec<String>,
     /// This process is one rank of the communication check (started by it).
@@ -114,6 +116,8 @@ struct Args {
     threads: Vec<usize>,
     /// Iterations per launch of each litmus test.
     litmus_iters: usize,
+    /// Times the one-device worlds of `threads` ([`threads_bench`]).
+    threads_bench: bool,
     check_target: Option<String>,
     /// The NVSHMEM check with this many processes ([`nvshmem_check`]).
     nvshmem: Option<u32>,
@@ -143,11 +147,13 @@ fn parse_args(
         json: None,
         bench: true,
         comm: true,
+        suite: true,
         cases: Vec::new(),
         comm_rank: false,
         comm_devices: Vec::new(),
         threads: Vec::new(),
         litmus_iters: 20_000,
+        threads_bench: false,
         check_target: None,
         nvshmem: None,
         nvshmem_rank: None,
@@ -165,6 +171,7 @@ fn parse_args(
             Long("target") => target = Some(value_of(&mut p)?),
             Long("no-bench") => a.bench = false,
             Long("no-comm") => a.comm = false,
+            Long("no-suite") => a.suite = false,
             Long("case") => a.cases.push(value_of(&mut p)?),
             Long("comm-devices") => {
                 a.comm_devices = value_of(&mut p)?.split(',').map(str::to_string).collect();
@@ -178,6 +185,7 @@ fn parse_args(
                 }
                 a.threads.push(n);
             }
+            Long("threads-bench") => a.threads_bench = true,
             Long("litmus-iters") => {
                 let v = value_of(&mut p)?;
                 a.litmus_iters = v.parse().map_err(|e| format!("--litmus-iters {v}: {e}"))?;
@@ -1206,6 +1214,164 @@ fn threads_check(n: usize, dev: &Device) -> Result<Result<String, String>, Error
     })
 }
 
+/// All-reduce sizes timed for latency (bytes).
+const LATENCY_BYTES: [usize; 3] = [4 << 10, 64 << 10, 1 << 20];
+/// All-reduce sizes timed for bandwidth (bytes).
+const BANDWIDTH_BYTES: [usize; 3] = [16 << 20, 64 << 20, 256 << 20];
+
+/// Device-to-device copy bandwidth of `dev` (GB/s: bytes copied per second) for each of
+/// [`BANDWIDTH_BYTES`] (1024 times smaller off a GPU), the all-reduces' baseline.
+fn copy_gbs(dev: &Device) -> Result<Vec<f64>, Error> {
+    let gpu = matches!(dev.kind(), DeviceKind::Cuda | DeviceKind::Hip);
+    BANDWIDTH_BYTES
+        .iter()
+        .map(|&bytes| if gpu { bytes } else { bytes / 1024 })
+        .map(|bytes| {
+            let src = dev.upload(&vec![1.0f32; bytes / 4])?;
+            let t = Bench::new()
+                .warmup(1)
+                .reps(5)
+                .run(dev, || src.copy_to_device(dev).map(drop))?;
+            Ok(bytes as f64 / t.median().as_secs_f64() / 1e9)
+        })
+        .collect()
+}
+
+/// Times the communication of `n` ranks on parts of `dev`: the f32 all-reduce's
+/// latency at [`LATENCY_BYTES`] (us) and bus bandwidth at [`BANDWIDTH_BYTES`] (GB/s,
+/// `bytes / t * 2 (n - 1) / n`, beside `copy`, the device's own copy bandwidth) with
+/// each algorithm that takes that size; and each fused plan (f16) against its unfused
+/// sequence (ms, and the unfused over the fused time). Every figure is the slowest
+/// rank's best of 3 rounds, each round ending at a host barrier.
+///
+/// Off a GPU (the emulators and the CPU, where CI runs it to check that it works)
+/// every size is 1024 times and every GEMM dimension 16 times smaller.
+fn threads_bench(
+    n: usize,
+    dev: &Device,
+    copy: &[f64],
+) -> Result<Vec<(String, String, f64)>, Error> {
+    use tessera::collectives::LL_MAX_ELEMS;
+    use tessera::fused::unfused::{AgThenGemm, AllReduceThenRmsNorm, GemmThenReduceScatter};
+    use tessera::fused::{AgGemm, AllReduceRmsNorm, GemmReduceScatter};
+    let gpu = matches!(dev.kind(), DeviceKind::Cuda | DeviceKind::Hip);
+    let (bdiv, gdiv) = if gpu { (1, 1) } else { (1024, 16) };
+    let largest = BANDWIDTH_BYTES[BANDWIDTH_BYTES.len() - 1] / bdiv;
+    let per_rank = World::local(n)
+        .on(dev)
+        .heap_bytes(3 * largest + (256 << 20))
+        .signal_bytes(1 << 20)
+        .wait_timeout(Duration::from_secs(60))
+        .run(|r| {
+            let mut out: Vec<(String, String, f64)> = Vec::new();
+            // Seconds per call of `call`, the best of 3 rounds of `iters` calls.
+            let time = |iters: usize, call: &mut dyn FnMut() -> Result<(), Error>| {
+                call()?;
+                r.barrier()?;
+                let t = Bench::new().warmup(0).reps(3).run(r.device(), || {
+                    for _ in 0..iters {
+                        call()?;
+                    }
+                    r.barrier()
+                })?;
+                Ok::<f64, Error>(t.min().as_secs_f64() / iters as f64)
+            };
+            let algos = [
+                (AllReduceAlgo::LowLatency, "ll"),
+                (AllReduceAlgo::OneShot, "one_shot"),
+                (AllReduceAlgo::TwoShot, "two_shot"),
+            ];
+            // LL takes up to LL_MAX_ELEMS elements; the others any size.
+            let fits = |algo: AllReduceAlgo, bytes: usize| {
+                algo != AllReduceAlgo::LowLatency || bytes / 4 <= LL_MAX_ELEMS
+            };
+            for (i, &bytes) in LATENCY_BYTES.iter().chain(&BANDWIDTH_BYTES).enumerate() {
+                let bytes = (bytes / bdiv).max(4);
+                let mut buf = r.upload(&vec![1.0f32; bytes / 4])?;
+                let latency = i < LATENCY_BYTES.len();
+                for (algo, name) in algos {
+                    if !fits(algo, bytes) {
+                        continue;
+                    }
+                    let iters = if latency { 50 } else { 3 };
+                    let t = time(iters, &mut || {
+                        r.all_reduce_with(&mut buf, ReduceOp::Sum, algo)
+                    })?;
+                    let what = format!("all_reduce_{n}r_{name}_{bytes}B");
+                    out.push(if latency {
+                        (what, "us".into(), t * 1e6)
+                    } else {
+                        let bus = bytes as f64 / t * 2.0 * (n - 1) as f64 / n as f64 / 1e9;
+                        (what, "GB/s".into(), bus)
+                    });
+                }
+            }
+            // The fused plans against their unfused sequences, f16.
+            let h = |len: usize, seed: u64| -> Vec<f16> {
+                let mut g = StdRng::seed_from_u64(seed);
+                (0..len)
+                    .map(|_| f16::from_f32(g.gen_range(-1.0..1.0)))
+                    .collect()
+            };
+            let d = r.device();
+            let me = r.rank() as u64;
+            let (ms, nn, k) = (4096 / n / gdiv, 2048 / gdiv, 2048 / gdiv);
+            let a = d.upload(&h(ms * k, me))?;
+            let b = d.upload(&h(k * nn, 99))?;
+            let mut c = d.alloc::<f16>(n * ms * nn)?;
+            let mut fused = AgGemm::<f16>::new(r, ms, nn, k)?;
+            let tf = time(5, &mut || fused.run(r, &a, &b, &mut c))?;
+            let mut plain = AgThenGemm::<f16>::new(r, ms, nn, k)?;
+            let tu = time(5, &mut || plain.run(r, &a, &b, &mut c))?;
+            let shape = format!("{}x{nn}x{k}", n * ms);
+            out.push((format!("ag_gemm_{n}r_{shape}"), "ms".into(), tf * 1e3));
+            out.push((format!("ag_then_gemm_{n}r_{shape}"), "ms".into(), tu * 1e3));
+            let (m, kr) = (4096 / gdiv / n * n, 4096 / n / gdiv);
+            let a = d.upload(&h(m * kr, me + 10))?;
+            let b = d.upload(&h(kr * nn, me + 20))?;
+            let mut o = d.alloc::<f16>(m / n * nn)?;
+            let mut fused = GemmReduceScatter::<f16>::new(r, m, nn, kr)?;
+            let tf = time(5, &mut || fused.run(r, &a, &b, &mut o))?;
+            let mut plain = GemmThenReduceScatter::<f16>::new(r, m, nn, kr)?;
+            let tu = time(5, &mut || plain.run(r, &a, &b, &mut o))?;
+            let shape = format!("{m}x{nn}x{}", n * kr);
+            out.push((format!("gemm_rs_{n}r_{shape}"), "ms".into(), tf * 1e3));
+            out.push((format!("gemm_then_rs_{n}r_{shape}"), "ms".into(), tu * 1e3));
+            let (rows, hidden) = (1024 / gdiv, 4096 / gdiv);
+            let x = r.upload(&h(rows * hidden, me + 30))?;
+            let w = d.upload(&h(hidden, 7))?;
+            let mut res = d.upload(&h(rows * hidden, me + 40))?;
+            let mut o = d.alloc::<f16>(rows * hidden)?;
+            let mut fused = AllReduceRmsNorm::<f16>::new(r, rows, hidden, 1e-5)?;
+            let tf = time(10, &mut || fused.run(r, &x, &mut res, &w, &mut o))?;
+            let mut plain = AllReduceThenRmsNorm::<f16>::new(r, rows, hidden, 1e-5)?;
+            let tu = time(10, &mut || plain.run(r, &x, &mut res, &w, &mut o))?;
+            let shape = format!("{rows}x{hidden}");
+            out.push((format!("ar_rmsnorm_{n}r_{shape}"), "ms".into(), tf * 1e3));
+            out.push((
+                format!("ar_then_rmsnorm_{n}r_{shape}"),
+                "ms".into(),
+                tu * 1e3,
+            ));
+            Ok(out)
+        })?;
+    // The slowest rank's figure (the lowest bandwidth, the longest time).
+    let mut out = per_rank[0].clone();
+    for rank in &per_rank[1..] {
+        for (o, v) in out.iter_mut().zip(rank) {
+            o.2 = if o.1 == "GB/s" {
+                o.2.min(v.2)
+            } else {
+                o.2.max(v.2)
+            };
+        }
+    }
+    for (bytes, gbs) in BANDWIDTH_BYTES.iter().zip(copy) {
+        out.push((format!("copy_{}B", bytes / bdiv), "GB/s".into(), *gbs));
+    }
+    Ok(out)
+}
+
 /// The litmus tests (`examples/litmus.rs`) on 2 ranks on parts of `dev`: one row per
 /// test and variant; a strong variant with a forbidden outcome fails.
 fn litmus_rows(dev: &Device, iters: usize, rows: &mut Vec<Row>, ok: &mut bool) {
@@ -1527,7 +1693,9 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
     let mut rows = Vec::new();
     let mut ok = true;
     for (i, (name, case)) in CASES.iter().enumerate() {
-        if !args.cases.is_empty() && !args.cases.iter().any(|c| name.contains(c.as_str())) {
+        if !args.suite
+            || !args.cases.is_empty() && !args.cases.iter().any(|c| name.contains(c.as_str()))
+        {
             continue;
         }
         // Each case's own inputs, whichever cases run.
@@ -1585,8 +1753,45 @@ fn run(args: Args) -> Result<bool, (u8, String)> {
         litmus_rows(&dev, args.litmus_iters, &mut rows, &mut ok);
     }
     let mut results = Vec::new();
+    if args.threads_bench && !args.threads.is_empty() {
+        match copy_gbs(&dev) {
+            Ok(copy) => {
+                for &n in &args.threads {
+                    match threads_bench(n, &dev, &copy) {
+                        Ok(figures) => {
+                            for (name, unit, v) in figures {
+                                println!("bench {name:<40} {v:>10.2} {unit}");
+                                rows.push(Row {
+                                    what: format!("bench {name}"),
+                                    status: format!("{v:.2} {unit}"),
+                                    detail: String::new(),
+                                });
+                                results.push((name, unit, v));
+                            }
+                        }
+                        Err(e) => {
+                            ok = false;
+                            rows.push(Row {
+                                what: format!("bench comm_{n}threads"),
+                                status: "ERROR".into(),
+                                detail: e.to_string(),
+                            });
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                ok = false;
+                rows.push(Row {
+                    what: "bench copy".into(),
+                    status: "ERROR".into(),
+                    detail: e.to_string(),
+                });
+            }
+        }
+    }
     if args.bench && dev.kind() != DeviceKind::Cpu {
-        results = benchmarks(&dev, &mut rows);
+        results.extend(benchmarks(&dev, &mut rows));
     }
     if let Some(path) = &args.json {
         let bench: Vec<serde_json::Value> = results

@@ -140,6 +140,30 @@ pub fn wait_signals(sig: &mut Symmetric<u64>, n: i32) {
 /// What the live ranks may do in the stopped-rank scenario.
 const STOP_OPS: [&str; 5] = ["cas", "get", "put", "signal", "barrier"];
 
+/// Waits until process `pid`, a process of this program on this machine, is stopped
+/// (state `T` in `/proc/PID/stat`), at most `bound`; two seconds where there is no
+/// such process (the rank runs on another node) or no `/proc`.
+fn wait_until_stopped(pid: Option<u32>, bound: Duration) {
+    let proc = pid.map(|p| format!("/proc/{p}"));
+    let ours = || -> Option<bool> {
+        let exe = std::fs::read_link(format!("{}/exe", proc.as_deref()?)).ok()?;
+        Some(exe == std::env::current_exe().ok()?)
+    };
+    let state = || -> Option<char> {
+        let s = std::fs::read_to_string(format!("{}/stat", proc.as_deref()?)).ok()?;
+        // `PID (COMM) STATE ...`: COMM may hold spaces and parentheses.
+        s[s.rfind(')')? + 1..].trim_start().chars().next()
+    };
+    if ours() != Some(true) {
+        std::thread::sleep(Duration::from_secs(2));
+        return;
+    }
+    let t = std::time::Instant::now();
+    while !matches!(state(), Some('T' | 't')) && t.elapsed() < bound {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// The stopped-rank scenario (`--stop-rank`, `--stop-op`: see the module docs);
 /// never returns.
 fn stop_test(stopped: u32, op: Option<&str>) -> ! {
@@ -162,20 +186,34 @@ fn stop_test(stopped: u32, op: Option<&str>) -> ! {
             ));
         }
         let dev = rank.device().clone();
-        let mut x = rank.alloc::<i32>(B)?;
+        // Each rank's `x` holds its pid: a live rank reads rank `stopped`'s, to see
+        // it stopped before making its operation.
+        let mut x = rank.upload(&[std::process::id() as i32; B])?;
         let mut sig = rank.alloc_signals(1)?;
         let mut out = dev.alloc::<i32>(B)?;
         rank.barrier()?;
-        // Every live rank tells rank `stopped` it passed the barrier (which may need
-        // rank `stopped`'s answers: it holds the team segment when it is rank 0);
-        // rank `stopped` answers each once it heard from all, then stops.
+        let stopped_pid = if me != stopped {
+            get_from::<B>::launch(&dev, 1u32, (&mut x, &mut out, stopped as i32))?;
+            out.download()?.first().map(|&p| p as u32)
+        } else {
+            None
+        };
+        // Every live rank tells rank `stopped` it passed the barriers (which may need
+        // rank `stopped`'s answers: it holds the team segment when it is rank 0).
+        // Rank `stopped` sees a signal once it is applied, maybe before the
+        // signalling rank has its acknowledgement: it lets the transport progress
+        // for a second more (`Rank::progress`), then stops. It sends nothing to a
+        // live rank meanwhile, so the live ranks need not answer (which, outside a
+        // call into the transport, they would not).
+        rank.barrier()?;
         if me != stopped {
             signal_on::launch(&dev, 1u32, (&mut sig, stopped as i32))?;
-            wait_signals::launch(&dev, 1u32, (&mut sig, 1))?;
         } else {
             wait_signals::launch(&dev, 1u32, (&mut sig, ws as i32 - 1))?;
-            for r in (0..ws).filter(|&r| r != me) {
-                signal_on::launch(&dev, 1u32, (&mut sig, r as i32))?;
+            let t = std::time::Instant::now();
+            while t.elapsed() < Duration::from_secs(1) {
+                rank.progress();
+                std::thread::sleep(Duration::from_millis(1));
             }
             println!("stop-test: rank {me} (pid {}) stops", std::process::id());
             use std::io::Write;
@@ -188,8 +226,7 @@ fn stop_test(stopped: u32, op: Option<&str>) -> ! {
                 std::thread::sleep(Duration::from_secs(60));
             }
         }
-        // Rank `stopped` stops right after its answer.
-        std::thread::sleep(Duration::from_secs(1));
+        wait_until_stopped(stopped_pid, bound);
         let op = op.unwrap_or("cas");
         let peer = stopped as i32;
         let t = std::time::Instant::now();

@@ -15,8 +15,9 @@
 #    libamdhip64 are loaded at run time);
 # 2. precompiles every example kernel for the pack's targets with the `aot` example
 #    into an artifact store;
-# 3. packs the binary, the kernels, scripts/gpu_bench.py and run.sh (git-ignored, so
-#    pass the folder in the device tool's `carry`), checks it is under 64 MiB, and
+# 3. packs the binary, the kernels (compressed), scripts/gpu_bench.py and run.sh
+#    (git-ignored, so pass the folder in the device tool's `carry`), checks it is
+#    under 64 MiB, and
 #    checks the pack here: the artifacts are found for every target, and the device
 #    fails cleanly when there is no driver;
 # 4. prints the one `run` call to make on the GPU machine. Without --dry-run, when
@@ -130,6 +131,9 @@ if [ -d "$pack/off_node" ]; then
   echo "off-node kernels: $(tar -tzf "$pack/off_node.tgz" | grep -c '\.tkb$') artifacts, $(($(stat -c %s "$pack/off_node.tgz") / 1024)) KiB compressed"
 fi
 strip "$pack/gpu_check" 2>/dev/null || true
+# The store, compressed (PTX is text; about 60 MiB becomes 14): run.sh unpacks it.
+# The folder stays here for the checks below and goes at the end.
+tar -C "$pack/kernels" -czf "$pack/kernels.tgz" .
 cp scripts/gpu_bench.py "$pack/"
 # What run.sh needs to know about its vendor (run.sh itself is the same for both).
 {
@@ -143,6 +147,8 @@ cp scripts/gpu_bench.py "$pack/"
 cat >"$pack/run.sh" <<'EOF'
 #!/usr/bin/env bash
 # Runs on the GPU machine: bash run.sh [OUT_DIR]   (default: ./report)
+# STEPS="name ..." runs only the steps named (suite, one_gpu, suite_tileir, baselines,
+# one_gpu_bench, comm_mps, nvshmem, nvshmem_world, memcheck).
 # Every step has its own time limit (the whole run stays under the device tool's 10
 # minutes); each step's log, the JSON report (ours.json) and steps.txt (one line per
 # step with its exit status) go into OUT_DIR, whatever fails.
@@ -150,11 +156,17 @@ out="$(realpath -m "${1:-report}")"
 cd "$(dirname "${BASH_SOURCE[0]}")"
 # shellcheck disable=SC1091
 . ./pack.env
-mkdir -p "$out"
+mkdir -p "$out" kernels
+tar -C kernels -xzf kernels.tgz
 status=0
+# STEPS="suite one_gpu ..." runs those steps only (the run can be split over calls).
 step() { # name limit_seconds command...
   local name=$1 secs=$2
   shift 2
+  if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then
+    echo "$name: not in STEPS" >>"$out/steps.txt"
+    return 0
+  fi
   echo "== $name (limit ${secs} s)"
   timeout --kill-after=10 "$secs" "$@" >"$out/$name.log" 2>&1
   local rc=$?
@@ -175,7 +187,7 @@ step suite 150 ./gpu_check --kernels kernels --device "$dev" --json "$out/ours.j
 # the memory-model litmus tests on 2 ranks, strong (must show 0 forbidden outcomes)
 # and weakened (how often this GPU shows them).
 step one_gpu 120 ./gpu_check --kernels kernels --device "$dev" --no-bench --no-comm \
-  --threads 2 --threads 4 --threads 8 --litmus-iters 20000
+  --no-suite --threads 2 --threads 4 --threads 8 --litmus-iters 20000
 tileir=()
 if [ "${dev%%:*}" = cuda ] && ls kernels/*.cubin >/dev/null 2>&1; then
   # The same suite through NVIDIA's Tile IR, without the communication cases (the
@@ -188,9 +200,34 @@ fi
 # torch and Triton on the same shapes (ROCm's torch answers to torch.cuda too), with
 # our LLVM path and (NVIDIA) our Tile IR path side by side.
 step baselines 110 python3 gpu_bench.py --ours "$out/ours.json" "${tileir[@]}"
+# The same one-GPU worlds timed (issue 44): all-reduce latency (4 KiB - 1 MiB) and
+# bus bandwidth (16 - 256 MiB) with each algorithm beside the GPU's own copy, and the
+# fused plans against their unfused sequences, for 2, 4 and 8 ranks.
+step one_gpu_bench 150 ./gpu_check --kernels kernels --device "$dev" --no-bench --no-comm \
+  --no-suite --threads 2 --threads 4 --threads 8 --threads-bench --litmus-iters 1000 \
+  --json "$out/one-gpu.json"
+# Processes on one GPU run at once only under MPS: where the machine has its control
+# daemon, it is started for the next steps (its pipes and logs under $out/mps) and
+# stopped after them; without it the 2-process world of the suite step was
+# time-sliced by the driver, and this says so.
+mps=0
+if [ "${dev%%:*}" = cuda ] && command -v nvidia-cuda-mps-control >/dev/null 2>&1; then
+  export CUDA_MPS_PIPE_DIRECTORY="$out/mps/pipe" CUDA_MPS_LOG_DIRECTORY="$out/mps/log"
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  if nvidia-cuda-mps-control -d; then
+    mps=1
+    echo "mps: control daemon started" | tee -a "$out/steps.txt"
+    step comm_mps 90 ./gpu_check --kernels kernels --device "$dev" --no-bench --no-suite
+  else
+    echo "mps: the control daemon did not start; process worlds stay time-sliced" | tee -a "$out/steps.txt"
+  fi
+else
+  echo "mps: no nvidia-cuda-mps-control here; the 2-process world of the suite step was time-sliced" | tee -a "$out/steps.txt"
+fi
 # NVSHMEM's host side (issue 19): 2 processes, one PE each (on one GPU, NVSHMEM's
-# multiple processes per GPU), with the unique id handed out by Tessera's TCP
-# rendezvous. The host library comes with PyTorch's nvidia-nvshmem-cu12 wheel.
+# multiple processes per GPU, under MPS where it started above), with the unique id
+# handed out by Tessera's TCP rendezvous. The host library comes with PyTorch's
+# nvidia-nvshmem-cu12 wheel.
 if [ "${dev%%:*}" = cuda ]; then
   nvhome="${TESSERA_NVSHMEM_HOME:-$(python3 -c 'import nvidia.nvshmem as m; print(list(m.__path__)[0])' 2>/dev/null)}"
   if [ -n "$nvhome" ] && [ -e "$nvhome/lib/libnvshmem_host.so.3" ]; then
@@ -206,6 +243,11 @@ if [ "${dev%%:*}" = cuda ]; then
     echo "nvshmem: skipped (no NVSHMEM host library: pip install nvidia-nvshmem-cu12, or set TESSERA_NVSHMEM_HOME)" | tee -a "$out/steps.txt"
   fi
 fi
+if [ "$mps" = 1 ]; then
+  echo quit | nvidia-cuda-mps-control
+  echo "mps: control daemon stopped" | tee -a "$out/steps.txt"
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+fi
 if [ "${dev%%:*}" = cuda ] && command -v compute-sanitizer >/dev/null 2>&1; then
   # Out-of-bounds and misaligned accesses of every example kernel (no benchmarks, no
   # processes: the sanitizer watches this one). Last: it is the slowest step.
@@ -217,8 +259,8 @@ fi
 exit $status
 EOF
 chmod +x "$pack/run.sh" "$pack/gpu_check"
-size=$(du -sb "$pack" | cut -f1)
-echo "pack: $(find "$pack" -type f | wc -l) files, $((size / 1024)) KiB"
+size=$(( $(du -sb "$pack" | cut -f1) - $(du -sb "$pack/kernels" | cut -f1) ))
+echo "pack: $(find "$pack" -path "$pack/kernels" -prune -o -type f -print | wc -l) files ($(find "$pack/kernels" -type f | wc -l) kernels in kernels.tgz), $((size / 1024)) KiB"
 if [ "$size" -ge "$limit" ]; then
   echo "FAIL: $pack is $size bytes, over the 64 MiB the device tool carries" >&2
   exit 1
@@ -266,6 +308,7 @@ if [ ! -e /dev/nvidiactl ] && [ ! -e /dev/kfd ]; then
     fi
   fi
 fi
+rm -rf "$pack/kernels"
 echo
 echo "== [$vendor] on the GPU machine, make this one device-tool call:"
 echo "run(command=\"bash $pack/run.sh \\\"\$OUT\\\"\", carry=[\"$pack\"], timeout_s=600)"

@@ -124,6 +124,10 @@ for d in emu-nv emu-amd; do
   cargo run -q -p tessera-examples --example gpu_check -- --device "$d" --no-bench \
     --case bf16 --case f64 --case histogram --case cumsum --threads 4 --litmus-iters 300
 done
+# The one-device world's benchmark (all-reduce sweeps, fused vs unfused plans) runs
+# end to end, at the small sizes it takes off a GPU.
+cargo run -q -p tessera-examples --example gpu_check -- --device emu-nv --no-bench --no-comm \
+  --no-suite --threads 2 --threads-bench --litmus-iters 50
 # Compile-only: every example kernel for an NVIDIA and an AMD target.
 aot_dir="$(mktemp -d)"
 trap 'rm -f "$log"; rm -rf "$aot_dir"' EXIT

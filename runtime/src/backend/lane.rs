@@ -255,6 +255,261 @@ impl GpuBackend for Lane {
 mod tests {
     use super::*;
 
+    /// A GPU of 132 SMs that records what it is asked to do.
+    struct Fake {
+        props: DeviceProperties,
+        log: Mutex<Vec<String>>,
+        next_stream: std::sync::atomic::AtomicU64,
+    }
+
+    impl Fake {
+        fn backend() -> Arc<dyn GpuBackend> {
+            Arc::new(Fake {
+                props: DeviceProperties {
+                    name: "Fake H100".into(),
+                    target: "sm_90a".into(),
+                    compute_capability: Some((9, 0)),
+                    driver_version: Some((12, 8)),
+                    multiprocessors: 132,
+                    warp_size: 32,
+                    shared_per_block: 48 << 10,
+                    shared_per_block_optin: 227 << 10,
+                    total_memory: 80 << 30,
+                    part: None,
+                },
+                log: Mutex::new(Vec::new()),
+                next_stream: std::sync::atomic::AtomicU64::new(100),
+            })
+        }
+    }
+
+    fn log_of(g: &Arc<dyn GpuBackend>) -> Vec<String> {
+        let f = g.as_any().downcast_ref::<Fake>().expect("the fake");
+        f.log.lock().unwrap().clone()
+    }
+
+    struct FakeKernel(KernelBinary);
+    impl GpuKernel for FakeKernel {
+        fn binary(&self) -> &KernelBinary {
+            &self.0
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    impl Fake {
+        fn note(&self, what: String) {
+            self.log.lock().unwrap().push(what);
+        }
+    }
+
+    impl GpuBackend for Fake {
+        fn kind(&self) -> DeviceKind {
+            DeviceKind::Cuda
+        }
+        fn ordinal(&self) -> usize {
+            0
+        }
+        fn props(&self) -> &DeviceProperties {
+            &self.props
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+        fn alloc(&self, _: usize, s: RawStream) -> Result<u64, Error> {
+            self.note(format!("alloc on {}", s.0));
+            Ok(4096)
+        }
+        fn free(&self, _: u64, s: RawStream) {
+            self.note(format!("free on {}", s.0));
+        }
+        fn alloc_exportable(&self, _: usize) -> Result<u64, Error> {
+            Ok(8192)
+        }
+        fn free_exportable(&self, _: u64) {}
+        fn htod(&self, _: u64, _: &[u8], s: RawStream) -> Result<(), Error> {
+            self.note(format!("htod on {}", s.0));
+            Ok(())
+        }
+        fn dtoh(&self, _: u64, _: &mut [u8], s: RawStream) -> Result<(), Error> {
+            self.note(format!("dtoh on {}", s.0));
+            Ok(())
+        }
+        fn copy(
+            &self,
+            _: u64,
+            _: &dyn GpuBackend,
+            _: u64,
+            _: usize,
+            s: RawStream,
+        ) -> Result<(), Error> {
+            self.note(format!("copy on {}", s.0));
+            Ok(())
+        }
+        fn poke_u32(&self, _: u64, _: u32) -> Result<(), Error> {
+            Ok(())
+        }
+        fn synchronize(&self, s: RawStream) -> Result<(), Error> {
+            self.note(format!("sync {}", s.0));
+            Ok(())
+        }
+        fn synchronize_device(&self) -> Result<(), Error> {
+            self.note("sync device".into());
+            Ok(())
+        }
+        fn stream_create(&self) -> Result<RawStream, Error> {
+            unreachable!("parts make their streams with part_stream")
+        }
+        fn stream_destroy(&self, s: RawStream) {
+            self.note(format!("destroy {}", s.0));
+        }
+        fn event_create(&self) -> Result<RawEvent, Error> {
+            Ok(RawEvent(1))
+        }
+        fn event_record(&self, _: RawEvent, s: RawStream) -> Result<(), Error> {
+            self.note(format!("record on {}", s.0));
+            Ok(())
+        }
+        fn event_synchronize(&self, _: RawEvent) -> Result<(), Error> {
+            Ok(())
+        }
+        fn event_elapsed(&self, _: RawEvent, _: RawEvent) -> Result<Duration, Error> {
+            Ok(Duration::ZERO)
+        }
+        fn event_destroy(&self, _: RawEvent) {}
+        fn load(
+            &self,
+            _: &str,
+            bin: &mut dyn FnMut() -> Result<KernelBinary, Error>,
+        ) -> Result<Arc<dyn GpuKernel>, Error> {
+            Ok(Arc::new(FakeKernel(bin()?)))
+        }
+        fn occupancy(&self, _: &dyn GpuKernel) -> Result<u32, Error> {
+            Ok(2)
+        }
+        fn launch(
+            &self,
+            _: &dyn GpuKernel,
+            grid: [u32; 3],
+            _: &[GpuArg],
+            _: bool,
+            s: RawStream,
+        ) -> Result<(), Error> {
+            self.note(format!("launch {} on {}", grid[0], s.0));
+            Ok(())
+        }
+        fn part_stream(&self, units: Range<u32>) -> Result<(RawStream, bool), Error> {
+            let s = self
+                .next_stream
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.note(format!("part stream {s} for SMs {units:?}"));
+            Ok((RawStream(s), false))
+        }
+        fn confined_parts(&self, _: u32) -> Option<Result<Vec<Arc<dyn GpuBackend>>, Error>> {
+            Some(Err(Error::Usage("no green contexts on a fake".into())))
+        }
+        fn enable_peer_access(&self, _: &dyn GpuBackend) -> Result<(), Error> {
+            Ok(())
+        }
+        fn ipc_handle(&self, _: u64) -> Result<Vec<u8>, Error> {
+            Ok(vec![0; 64])
+        }
+        fn ipc_open(&self, _: &[u8]) -> Result<u64, Error> {
+            Ok(0)
+        }
+        fn ipc_close(&self, _: u64) {}
+    }
+
+    fn kernel(g: &Arc<dyn GpuBackend>) -> Arc<dyn GpuKernel> {
+        g.load("k", &mut || {
+            Ok(KernelBinary {
+                name: "ring".into(),
+                target: "sm_90a".into(),
+                num_threads: 128,
+                shared_bytes: 0,
+                binary: Vec::new(),
+            })
+        })
+        .expect("loads")
+    }
+
+    #[test]
+    fn a_lane_is_its_own_stream_and_share_of_the_device() {
+        let gpu = Fake::backend();
+        // Green contexts refused: the parts fall back to lanes, in equal shares.
+        let parts = partition(&gpu, 4, true).expect("4 parts");
+        assert_eq!(parts.len(), 4);
+        for (i, p) in parts.iter().enumerate() {
+            assert_eq!(p.props().multiprocessors, 33);
+            assert_eq!(
+                p.props().part,
+                Some(Part {
+                    index: i as u32,
+                    parts: 4,
+                    confinement: Confinement::Sized
+                })
+            );
+        }
+        let log = log_of(&gpu);
+        assert_eq!(log[0], "part stream 100 for SMs 0..33");
+        assert_eq!(log[3], "part stream 103 for SMs 99..132");
+        let lane = &parts[2];
+        // The default stream is the lane's; a named stream is kept.
+        lane.htod(0, &[1], RawStream::DEFAULT).unwrap();
+        lane.dtoh(0, &mut [0], RawStream(7)).unwrap();
+        lane.alloc(16, RawStream::DEFAULT).unwrap();
+        lane.free(4096, RawStream::DEFAULT);
+        lane.event_record(RawEvent(1), RawStream::DEFAULT).unwrap();
+        // The device's synchronization waits for this part's streams only.
+        lane.synchronize_device().unwrap();
+        let k = kernel(lane);
+        // 33 SMs x 2 programs each: 66 waiting programs fit, 67 do not; a kernel
+        // that does not wait is not held to the share.
+        lane.launch(k.as_ref(), [66, 1, 1], &[], true, RawStream::DEFAULT)
+            .unwrap();
+        let e = lane
+            .launch(k.as_ref(), [67, 1, 1], &[], true, RawStream::DEFAULT)
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("at most 66 (2 per multiprocessor x 33)"),
+            "{e}"
+        );
+        lane.launch(k.as_ref(), [67, 1, 1], &[], false, RawStream::DEFAULT)
+            .unwrap();
+        let log = log_of(&gpu);
+        assert_eq!(
+            log[4..],
+            [
+                "htod on 102",
+                "dtoh on 7",
+                "alloc on 102",
+                "free on 102",
+                "record on 102",
+                "sync 102",
+                "launch 66 on 102",
+                "launch 67 on 102",
+            ]
+        );
+        drop(parts);
+        let log = log_of(&gpu);
+        assert_eq!(
+            log.iter().filter(|l| l.starts_with("destroy 10")).count(),
+            4
+        );
+    }
+
+    #[test]
+    fn a_device_splits_into_1_to_its_sm_count_parts() {
+        let gpu = Fake::backend();
+        for bad in [0, 133] {
+            let e = partition(&gpu, bad, false).err().expect("refused");
+            assert!(e.to_string().contains("1 to 132 parts"), "{e}");
+        }
+        assert_eq!(partition(&gpu, 132, false).expect("one SM each").len(), 132);
+    }
+
     #[test]
     fn shares_are_equal_and_disjoint() {
         assert_eq!(share(132, 4, 0), 0..33);

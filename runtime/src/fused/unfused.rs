@@ -266,8 +266,9 @@ pub fn residual_rmsnorm_kernel<T: Float, const B: usize>(
     }
 }
 
-/// Elements a program of the element-wise collectives handles per step.
-const EB: usize = 1024;
+/// Elements a program of the element-wise collectives handles per step (the `B` of
+/// [`reduce_scatter_rows_kernel`] and [`all_reduce_kernel`] the plans launch).
+pub const EB: usize = 1024;
 
 /// The unfused counterpart of [`super::GemmReduceScatter`]: each rank computes its
 /// full partial product ([`gemm_kernel`], rounded to `T`) into a symmetric buffer,

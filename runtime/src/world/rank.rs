@@ -545,6 +545,16 @@ impl Rank {
             })
     }
 
+    /// Lets this rank's transport make progress: answers the other ranks'
+    /// operations on this rank's heap that wait for this process. Device-side waits
+    /// and host barriers do this while they poll; call it from a host loop that waits
+    /// for something else while other ranks may still need this rank (over MPI, whose
+    /// one-sided operations may progress only inside MPI calls). Does nothing where
+    /// the transport needs nothing (threads, processes that map each other's heaps).
+    pub fn progress(&self) {
+        self.shared.team.progress();
+    }
+
     /// How long device-side waits and host barriers wait before failing.
     pub fn wait_timeout(&self) -> Duration {
         self.shared.timeout

@@ -277,7 +277,7 @@ impl Team {
     }
 
     /// Lets the team's engine (if any) make progress between polls.
-    fn progress(&self) {
+    pub(crate) fn progress(&self) {
         if let TeamMem::Engine(e) = &self.mem {
             e.progress();
         }
