@@ -97,6 +97,36 @@ macro_rules! job {
             || tessera::kernel_ir::<$k>(&()),
         )
     };
+    // The same without warp specialization (`CompileOptions::warp_specialize`
+    // false), stored under its own key: the GPU check times both.
+    ($name:literal, warps = $w:literal, maps, no_warp_specialize, $k:ty) => {
+        (
+            $name,
+            Some($w),
+            |sp, t, o| {
+                let sp = match sp {
+                    Specialization::AllDivisible => {
+                        let n = tessera::kernel_ir::<$k>(&())?.params.len();
+                        Specialization::TensorMaps(vec![true; n])
+                    }
+                    other => other.clone(),
+                };
+                let o = CompileOptions {
+                    warp_specialize: Some(false),
+                    ..o.clone()
+                };
+                compile_kernel_specialized::<$k>(&(), &sp, t, &o)
+            },
+            |t, o, s| {
+                let o = CompileOptions {
+                    warp_specialize: Some(false),
+                    ..o.clone()
+                };
+                precompile_launches::<$k>(&(), t, &o, s)
+            },
+            || tessera::kernel_ir::<$k>(&()),
+        )
+    };
     (@ $name:literal, $warps:expr, $k:ty) => {
         (
             $name,
@@ -111,7 +141,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 44] = [
+pub const JOBS: [Job; 45] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -211,4 +241,11 @@ pub const JOBS: [Job; 44] = [
     job!("row_cumsum_i32", gpu_cases::row_cumsum<i32, 1024>),
     // Through tensor descriptors (examples/matmul_desc.rs): TMA + mbarriers on sm_90a.
     job!("matmul_desc_128x128x64", warps = 8, maps, matmul_desc::matmul_desc<128, 128, 64>),
+    job!(
+        "matmul_desc_128x128x64_no_ws",
+        warps = 8,
+        maps,
+        no_warp_specialize,
+        matmul_desc::matmul_desc<128, 128, 64>
+    ),
 ];

@@ -879,28 +879,31 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
             Ok(4.0 * heads as f64 * (seq as f64).powi(2) * 64.0 / t / 1e12)
         })(),
     );
-    // The same product through tensor descriptors (TMA into the wgmma ring on sm_90a).
+    // The same product through tensor descriptors (TMA into the wgmma ring on sm_90a,
+    // warp-specialized), then without warp specialization.
+    let desc = |opts: &LaunchOptions| -> Result<f64, Error> {
+        // Random (normal-ish) data like the torch baseline's `randn`: constant data
+        // draws less power and runs faster on tensor cores.
+        let a = dev.upload(&random_f16(s * s, 1))?;
+        let b = dev.upload(&random_f16(s * s, 2))?;
+        let mut c = dev.alloc::<f32>(s * s)?;
+        let ad = tessera::TensorDescriptor::new(&a, &[s, s], &[s, 1], &[128, 64])?;
+        let bd = tessera::TensorDescriptor::new(&b, &[s, s], &[s, 1], &[64, 128])?;
+        let mut cd = tessera::TensorDescriptor::new_mut(&mut c, &[s, s], &[s, 1], &[128, 128])?;
+        let grid = (s.div_ceil(128), s.div_ceil(128));
+        let t = bench(10)
+            .run(dev, || {
+                matmul_desc::<128, 128, 64>::launch_with(dev, grid, opts, (&ad, &bd, &mut cd))
+            })?
+            .median()
+            .as_secs_f64();
+        Ok(2.0 * (s as f64).powi(3) / t / 1e12)
+    };
+    record("matmul_desc_f16", "TFLOP/s", desc(&eight));
     record(
-        "matmul_desc_f16",
+        "matmul_desc_f16_no_ws",
         "TFLOP/s",
-        (|| {
-            // Random (normal-ish) data like the torch baseline's `randn`: constant data
-            // draws less power and runs faster on tensor cores.
-            let a = dev.upload(&random_f16(s * s, 1))?;
-            let b = dev.upload(&random_f16(s * s, 2))?;
-            let mut c = dev.alloc::<f32>(s * s)?;
-            let ad = tessera::TensorDescriptor::new(&a, &[s, s], &[s, 1], &[128, 64])?;
-            let bd = tessera::TensorDescriptor::new(&b, &[s, s], &[s, 1], &[64, 128])?;
-            let mut cd = tessera::TensorDescriptor::new_mut(&mut c, &[s, s], &[s, 1], &[128, 128])?;
-            let grid = (s.div_ceil(128), s.div_ceil(128));
-            let t = bench(10)
-                .run(dev, || {
-                    matmul_desc::<128, 128, 64>::launch_with(dev, grid, &eight, (&ad, &bd, &mut cd))
-                })?
-                .median()
-                .as_secs_f64();
-            Ok(2.0 * (s as f64).powi(3) / t / 1e12)
-        })(),
+        desc(&eight.clone().warp_specialize(false)),
     );
     out
 }
@@ -1020,6 +1023,14 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
     one(
         "matmul_desc_128x128x64_8warps",
         find_all::<matmul_desc<128, 128, 64>>(store, t, &eight),
+    );
+    let no_ws = KernelOptions {
+        warp_specialize: Some(false),
+        ..eight.clone()
+    };
+    one(
+        "matmul_desc_128x128x64_8warps_no_ws",
+        find_all::<matmul_desc<128, 128, 64>>(store, t, &no_ws),
     );
     rows
 }

@@ -60,6 +60,13 @@ pub struct CompileOptions {
     pub num_stages: Option<u32>,
     /// How a communicating kernel reaches its peers ([`CommEngine`]).
     pub engine: CommEngine,
+    /// Warp specialization of a loop whose `dot` operands arrive by TMA (sm_90a,
+    /// the emulator's `emu-sm90a`): a producer warpgroup issues the copies into the
+    /// ring while the consumer warpgroups (`num_warps` of them) only compute
+    /// ([`lower`]'s `plan::ring` decides where it applies). `None`: where it
+    /// applies; `Some(false)`: never. (`Some(true)` is the same as `None`: a loop
+    /// it cannot apply to is lowered without it.)
+    pub warp_specialize: Option<bool>,
 }
 
 impl Default for CompileOptions {
@@ -68,6 +75,7 @@ impl Default for CompileOptions {
             num_warps: 4,
             num_stages: None,
             engine: CommEngine::Direct,
+            warp_specialize: None,
         }
     }
 }

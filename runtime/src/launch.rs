@@ -283,6 +283,11 @@ pub struct LaunchOptions {
     /// cannot express. An explicit choice does not fall back. Devices other than CUDA
     /// GPUs take LLVM (or their own executor) and refuse [`KernelBackend::TileIr`].
     pub backend: Option<KernelBackend>,
+    /// Warp specialization of a loop whose `dot` operands arrive by TMA (sm_90a and
+    /// `emu-sm90a`): a producer warpgroup issues the copies, `num_warps` consumer
+    /// warps compute. `None`: the compiler's choice (on where it applies);
+    /// `Some(false)` turns it off. Other targets ignore it.
+    pub warp_specialize: Option<bool>,
 }
 
 impl LaunchOptions {
@@ -306,6 +311,12 @@ impl LaunchOptions {
     /// On `stream`.
     pub fn stream(mut self, stream: &Stream) -> LaunchOptions {
         self.stream = Some(stream.clone());
+        self
+    }
+
+    /// With warp specialization on (the compiler's choice where it applies) or off.
+    pub fn warp_specialize(mut self, on: bool) -> LaunchOptions {
+        self.warp_specialize = Some(on);
         self
     }
 
@@ -338,6 +349,7 @@ impl LaunchOptions {
             num_stages: self.num_stages,
             off_node: false,
             backend: self.backend,
+            warp_specialize: self.warp_specialize,
         })
     }
 }
@@ -354,6 +366,7 @@ impl TryFrom<&LaunchOptions> for tessera_codegen::CompileOptions {
         Ok(tessera_codegen::CompileOptions {
             num_warps: k.num_warps,
             num_stages: k.num_stages,
+            warp_specialize: k.warp_specialize,
             ..Default::default()
         })
     }

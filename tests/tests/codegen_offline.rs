@@ -1142,7 +1142,14 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
     };
     let tma = tessera::ir::passes::specialize(&func, &facts(true));
     assert!(tessera::ir::printer::print_function(&tma).contains("tensor_map"));
-    let art = compile_ir(&tma, SM90A, &CompileOptions::warps(8)).expect("compiles");
+    // (Warp specialization off: `sm90a_descriptor_matmul_is_warp_specialized`
+    // checks it on.)
+    let opts = CompileOptions {
+        warp_specialize: Some(false),
+        ..CompileOptions::warps(8)
+    };
+    let art = compile_ir(&tma, SM90A, &opts).expect("compiles");
+    assert_eq!(art.meta.num_threads, 256);
     let ptx = &art.asm;
     let count = |s: &str| ptx.matches(s).count();
     // Prologue (2 stages) + the loop's copy: A one box, B two.
@@ -1199,6 +1206,100 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
     let art = compile_ir(&tma, SM80, &CompileOptions::warps(8)).expect("compiles");
     assert_eq!(art.asm.matches("cp.async.bulk").count(), 0);
     assert_eq!(art.asm.matches("mbarrier").count(), 0);
+}
+
+/// The same descriptor GEMM warp-specialized (the compiler's choice on sm_90a, 8
+/// consumer warps): 384 threads; the producer warpgroup gives registers back
+/// (`USETMAXREG.DEALLOC` 40) and issues every TMA copy, the prologue's included; the
+/// consumers take registers (`USETMAXREG.TRY_ALLOC` 232) and only compute (HGMMA),
+/// wait for each slot's full mbarrier and release it on its empty one (an arrival
+/// per warp after `bar.warp.sync`), with no block barrier in the loop; after the
+/// loop they meet at named barrier 1 (256 threads) for the TMA store. No spills.
+#[test]
+fn sm90a_descriptor_matmul_is_warp_specialized() {
+    use tessera::ir::ParamFacts;
+    let func = kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds");
+    let facts: Vec<ParamFacts> = func
+        .params
+        .iter()
+        .map(|p| {
+            let mut f = ParamFacts::new(!p.name.ends_with("_tmap"), true);
+            f.tensor_map = p.name.ends_with("_tmap");
+            f
+        })
+        .collect();
+    let tma = tessera::ir::passes::specialize(&func, &facts);
+    let art = compile_ir(&tma, SM90A, &CompileOptions::warps(8)).expect("compiles");
+    assert_eq!(art.meta.num_threads, 384);
+    let ptx = &art.asm;
+    let count = |s: &str| ptx.matches(s).count();
+    assert!(ptx.contains(".maxntid 384"), "{ptx}");
+    assert_eq!(count("setmaxnreg.dec.sync.aligned.u32 40;"), 1, "{ptx}");
+    assert_eq!(count("setmaxnreg.inc.sync.aligned.u32 232;"), 1, "{ptx}");
+    // Full and empty mbarriers of 4 slots; the consumers' and the producer's waits.
+    assert_eq!(count("mbarrier.init.shared::cta.b64"), 8, "{ptx}");
+    assert_eq!(
+        count("mbarrier.try_wait.parity.shared::cta.b64"),
+        2,
+        "{ptx}"
+    );
+    assert_eq!(count("mbarrier.arrive.shared::cta.b64"), 1, "{ptx}");
+    assert_eq!(count("bar.warp.sync"), 1, "{ptx}");
+    // The prologue's 2 stages and the producer loop's: A one box, B two.
+    assert_eq!(
+        count("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"),
+        3 * 3,
+        "{ptx}"
+    );
+    // After the loop, the consumers' barrier.
+    assert!(count("bar.sync 1, 256;") >= 1, "{ptx}");
+    let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
+    assert_eq!(
+        (report.spill_stores_bytes, report.spill_loads_bytes),
+        (0, 0),
+        "{} registers",
+        report.registers
+    );
+    let sass = tools::sass(&report.cubin).expect("cuobjdump");
+    let lines: Vec<&str> = sass.lines().collect();
+    let at = |s: &str| -> Vec<usize> {
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.contains(s))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let (dealloc, alloc) = (at("USETMAXREG.DEALLOC"), at("USETMAXREG.TRY_ALLOC"));
+    assert_eq!((dealloc.len(), alloc.len()), (1, 1), "{sass}");
+    let (loads, mmas) = (at("UTMALDG.2D"), at("HGMMA.64x128x16.F32"));
+    assert!(!loads.is_empty() && !mmas.is_empty(), "{sass}");
+    // ptxas lays the producer's code out before the consumers': every TMA load
+    // comes before the consumers take their registers, every HGMMA after.
+    assert!(loads.iter().all(|&i| i < alloc[0]), "{sass}");
+    assert!(mmas.iter().all(|&i| i > alloc[0]), "{sass}");
+    // The consumer loop has no block barrier: the only BAR.SYNC 0x0 are before the
+    // split (mbarrier initialization).
+    assert!(
+        at("BAR.SYNC.DEFER_BLOCKING 0x0")
+            .iter()
+            .all(|&i| i < dealloc[0]),
+        "{sass}"
+    );
+    // Off (LaunchOptions::warp_specialize(false)): the block of 8 warps, no setmaxnreg.
+    let off = CompileOptions {
+        warp_specialize: Some(false),
+        ..CompileOptions::warps(8)
+    };
+    let art = compile_ir(&tma, SM90A, &off).expect("compiles");
+    assert_eq!(art.meta.num_threads, 256);
+    assert_eq!(art.asm.matches("setmaxnreg").count(), 0);
+    // 4 warps: one consumer warpgroup (registers are plenty: no setmaxnreg).
+    let art = compile_ir(&tma, SM90A, &CompileOptions::warps(4)).expect("compiles");
+    assert_eq!(art.meta.num_threads, 256);
+    assert_eq!(art.asm.matches("setmaxnreg").count(), 0);
+    assert!(art.asm.contains("bar.sync 1, 128;"), "{}", art.asm);
+    tools::ptxas(&art.asm, "sm_90a").expect("ptxas");
 }
 
 /// `dst[i, j] = src[i - 1, j + 3] + 1` over blocks of `BM x BN` (the block coordinates

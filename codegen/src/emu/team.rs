@@ -14,6 +14,11 @@
 //!   exited, or wait at another barrier or collective), the barrier diverged: the
 //!   error is reported and the team is *poisoned*: barriers and collectives return at
 //!   once from then on (with zeros), so every thread runs to its end.
+//! - A **named barrier** (`bar.sync id, count`, ids 1 to 15) releases when `count`
+//!   threads wait at it: the last to arrive releases the others at once, whatever
+//!   the rest of the block does (a warp-specialized kernel's consumers meet there
+//!   while its producer runs on or has left). Waiters that can never be joined are
+//!   reported as a block barrier's are.
 //! - A **warp collective** (shuffle, matrix instruction) is completed by the last
 //!   lane of the warp to arrive, which computes the result for every lane at once
 //!   from the deposits (an `mma.sync`/MFMA product is computed once per warp) and
@@ -69,9 +74,14 @@ pub enum Park {
 enum St {
     Runnable,
     AtBarrier(u32),
+    /// At named barrier `.0` (site `.1`).
+    AtNamed(u32, u32),
     AtWarp(u32),
     Exited,
 }
+
+/// Named barrier ids (0 is the block barrier).
+pub const NAMED_BARRIERS: usize = 16;
 
 /// Words of exchange space per thread (an MFMA 32x32x8 deposits 24: A, B and C).
 pub const SLOT_WORDS: usize = 24;
@@ -86,6 +96,8 @@ pub struct Team {
     warp_site: Vec<Cell<u32>>,
     warp_exited: Vec<Cell<u32>>,
     exited: Cell<u32>,
+    /// Per named barrier id: threads waiting at it.
+    named: [Cell<u32>; NAMED_BARRIERS],
     /// `deposits[thread * SLOT_WORDS + i]`: a lane's contribution to a collective.
     deposits: Vec<Cell<u64>>,
     /// `results[thread * SLOT_WORDS + i]`: a lane's share of the result.
@@ -148,6 +160,7 @@ impl Team {
             warp_site: (0..warps).map(|_| Cell::new(0)).collect(),
             warp_exited: (0..warps).map(|_| Cell::new(0)).collect(),
             exited: Cell::new(0),
+            named: std::array::from_fn(|_| Cell::new(0)),
             deposits: cells(threads as usize * SLOT_WORDS),
             results: cells(threads as usize * SLOT_WORDS),
             poison: Cell::new(false),
@@ -161,6 +174,11 @@ impl Team {
     /// Threads in the team.
     pub fn threads(&self) -> u32 {
         self.threads
+    }
+
+    /// Threads per warp.
+    pub fn warp_size(&self) -> u32 {
+        self.warp_size
     }
 
     /// True once an error released the team: barriers and collectives return at once
@@ -197,6 +215,9 @@ impl Team {
             w.set(0);
         }
         self.exited.set(0);
+        for n in &self.named {
+            n.set(0);
+        }
         self.poison.set(false);
         self.cancelled.set(false);
         self.error.set(None);
@@ -236,6 +257,29 @@ impl Team {
             return;
         }
         self.st[tid as usize].set(St::AtBarrier(site));
+        park(Park::Barrier(site));
+    }
+
+    /// Thread `tid` waits at named barrier `id` (1 to 15) until `count` threads do;
+    /// `park` suspends it. The caller checks `id` and `count`.
+    pub fn named_barrier(&self, tid: u32, id: u32, count: u32, site: u32, park: impl FnOnce(Park)) {
+        if self.poisoned() {
+            return;
+        }
+        let slot = &self.named[id as usize % NAMED_BARRIERS];
+        let waiting = slot.get() + 1;
+        if waiting >= count {
+            slot.set(0);
+            self.progress.set(self.progress.get() + 1);
+            for s in &self.st {
+                if matches!(s.get(), St::AtNamed(i, _) if i == id) {
+                    s.set(St::Runnable);
+                }
+            }
+            return;
+        }
+        slot.set(waiting);
+        self.st[tid as usize].set(St::AtNamed(id, site));
         park(Park::Barrier(site));
     }
 
@@ -375,6 +419,8 @@ impl Team {
         for (t, s) in self.st.iter().enumerate() {
             let site = match s.get() {
                 St::AtBarrier(site) => site,
+                // Named barriers release as they fill; told apart by another bit.
+                St::AtNamed(_, site) => site | 1 << 30,
                 // Warp collectives are told apart from barriers by a high bit.
                 St::AtWarp(site) => site | 1 << 31,
                 _ => continue,
@@ -388,7 +434,7 @@ impl Team {
         let exited = self.exited.get();
         if let [(site, n)] = sites[..]
             && n == self.threads
-            && site & (1 << 31) == 0
+            && site & (3 << 30) == 0
         {
             for s in &self.st {
                 s.set(St::Runnable);
@@ -403,11 +449,11 @@ impl Team {
             .iter()
             .copied()
             .find(|s| s.0 != site)
-            .map(|(s, n)| (s & !(1 << 31), n));
+            .map(|(s, n)| (s & !(3 << 30), n));
         self.fail(
             first_waiter.unwrap_or(0),
             TeamError::BarrierDivergence {
-                site: site & !(1 << 31),
+                site: site & !(3 << 30),
                 waiting: at,
                 exited,
                 elsewhere,
@@ -421,10 +467,10 @@ impl Team {
         let first = self
             .st
             .iter()
-            .position(|s| matches!(s.get(), St::AtBarrier(_) | St::AtWarp(_)))?;
+            .position(|s| matches!(s.get(), St::AtBarrier(_) | St::AtNamed(..) | St::AtWarp(_)))?;
         let at = self.st[first].get();
         let n = self.st.iter().filter(|s| s.get() == at).count() as u32;
-        let (St::AtBarrier(site) | St::AtWarp(site)) = at else {
+        let (St::AtBarrier(site) | St::AtNamed(_, site) | St::AtWarp(site)) = at else {
             return None;
         };
         Some((first as u32, site, n))
@@ -510,6 +556,49 @@ mod tests {
         }) != Step::Done
         {}
         team.take_error()
+    }
+
+    #[test]
+    fn a_named_barrier_releases_its_count_while_the_others_leave() {
+        // Threads 0..64 meet at named barrier 1 (64 of them) in rounds; threads
+        // 64..96 (a producer warp) leave at once.
+        let team = Rc::new(Team::new(96, 32));
+        let cells: Rc<Vec<Cell<u64>>> = Rc::new((0..64).map(|_| Cell::new(0)).collect());
+        let err = run(&team, move |tid, team, park| {
+            if tid >= 64 {
+                return;
+            }
+            for round in 1..=10u64 {
+                cells[tid as usize].set(round);
+                team.named_barrier(tid, 1, 64, 7, park);
+                assert_eq!(cells[((tid + 33) % 64) as usize].get(), round);
+                team.named_barrier(tid, 1, 64, 8, park);
+            }
+        });
+        assert!(err.is_none(), "{err:?}");
+    }
+
+    #[test]
+    fn a_named_barrier_nobody_completes_is_divergence() {
+        // 64 threads wait at a barrier of 96: the rest have left.
+        let team = Rc::new(Team::new(96, 32));
+        let err = run(&team, |tid, team, park| {
+            if tid < 64 {
+                team.named_barrier(tid, 2, 96, 5, park);
+            }
+        });
+        match err {
+            Some((
+                _,
+                TeamError::BarrierDivergence {
+                    site: 5,
+                    waiting: 64,
+                    exited: 32,
+                    ..
+                },
+            )) => {}
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

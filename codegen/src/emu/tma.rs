@@ -22,7 +22,10 @@
 //! current phase (reset to the init count when a phase completes) and a transaction
 //! count: `expect_tx` raises it, the bytes of a copy that lands lower it, and the
 //! phase completes when both reach zero. A wait for the phase of parity `p` returns
-//! once the current phase's parity is not `p`. Copies land lazily: only when a
+//! once the current phase's parity is not `p`. An arrival releases the arriving
+//! thread's earlier shared reads to a thread whose wait sees the phase complete (so
+//! a TMA copy that thread then issues into those bytes is no race: a
+//! warp-specialized producer refilling a slot its consumers released). Copies land lazily: only when a
 //! thread waits for the phase they complete, so a kernel that reads a box without
 //! waiting (or waits for the wrong phase) reads stale shared memory.
 
@@ -232,6 +235,10 @@ pub(crate) struct Mbar {
     pub tx: i64,
     pub phase: u32,
     pub landings: Vec<Landing>,
+    /// The arrivals of the current phase: warp, its arrival count after arriving.
+    pub arrived: Vec<(u32, u32)>,
+    /// Those of the last completed phase, which a wait that sees it acquires.
+    pub released: Vec<(u32, u32)>,
 }
 
 impl Mbar {
@@ -242,6 +249,8 @@ impl Mbar {
             tx: 0,
             phase: 0,
             landings: Vec::new(),
+            arrived: Vec::new(),
+            released: Vec::new(),
         }
     }
 
@@ -251,6 +260,7 @@ impl Mbar {
         if self.pending == 0 && self.tx == 0 {
             self.phase += 1;
             self.pending = self.count;
+            self.released = std::mem::take(&mut self.arrived);
         }
     }
 }

@@ -105,6 +105,28 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         if staged_any {
             self.barrier()?;
         }
+        // A warp-specialized ring: the block splits here (`spec.rs`).
+        let spec = self
+            .plan
+            .warp_spec
+            .as_ref()
+            .filter(|w| std::ptr::eq(w.for_op, op))
+            .map(|w| (w.dot, w.empty));
+        let spec = match spec {
+            Some((dot, empty)) => {
+                let (d, r) = rings
+                    .iter()
+                    .find(|(d, _)| std::ptr::eq(*d, dot))
+                    .copied()
+                    .ok_or_else(|| {
+                        LowerError::Llvm("a warp-specialized loop without its ring".into())
+                    })?;
+                self.split_for_producer(op, d, r, empty, lb, ub, step)?;
+                self.restore_op(op);
+                Some((dot, r, empty))
+            }
+            None => None,
+        };
         let pre = self.cx.cur_block();
         let header = self.cx.ctx.append_basic_block(self.kernel, "for.header");
         let bb_body = self.cx.ctx.append_basic_block(self.kernel, "for.body");
@@ -177,7 +199,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     continue;
                 }
                 self.note(|| {
-                    "TMA ring: a wait for the read slot's mbarrier phase and a barrier at the top of each iteration".to_string()
+                    "TMA ring: a wait for the read slot's mbarrier phase at the top of each iteration".to_string()
                 });
                 let bar = self.bar_at(r, rd.as_basic_value().into_int_value())?;
                 let site = self.new_site("mbarrier.try_wait");
@@ -189,7 +211,23 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     site,
                 )?;
             }
-            self.barrier()?;
+            // A warp-specialized ring's slots are refilled by the producer once the
+            // consumers released them: no barrier for it.
+            let others = rings
+                .iter()
+                .any(|(d, _)| spec.is_none_or(|(s, ..)| !std::ptr::eq(*d, s)));
+            if others {
+                if rings.iter().all(|(_, r)| r.tma == 2) {
+                    self.note(|| {
+                        "a barrier at the top of each iteration (every thread is done with the slot refilled next)".to_string()
+                    });
+                }
+                self.barrier()?;
+            } else {
+                self.note(|| {
+                    "warp-specialized: no barrier at the top of each iteration (the consumers release slots on their empty mbarriers)".to_string()
+                });
+            }
         }
         let ive = self.f.ty(op.operands[0]).elem;
         if let Some(&a) = body.args.first() {
@@ -206,6 +244,16 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         let ys = self.lower_region(body)?;
         self.restore_op(op);
+        if let Some((dot, r, empty)) = spec
+            && let Some((rd, ..)) = ring_phis
+                .iter()
+                .zip(&rings)
+                .find(|(_, (d, _))| std::ptr::eq(*d, dot))
+                .map(|(p, _)| p)
+        {
+            let rd = rd.as_basic_value().into_int_value();
+            self.release_slot(&r, empty, ivv, lb, rd)?;
+        }
         let mut ys_conv = Vec::new();
         for (j, (y, t)) in ys.iter().zip(&inits).enumerate() {
             if body

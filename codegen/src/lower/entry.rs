@@ -247,14 +247,15 @@ fn lower_expanded<'ctx>(
         b: ctx.create_builder(),
         host: matches!(target, crate::target::Target::Emu(_)),
     };
-    let num_threads = opts.num_warps * arch.warp_size();
     let mut l = Lowerer::new(cx, arch, func, opts.num_warps).map_err(err)?;
     l.engine = opts.engine;
+    l.warp_specialize = opts.warp_specialize;
     if with_layouts {
         l.notes = Some(RefCell::new(HashMap::new()));
     }
     l.run().map_err(err)?;
     let shared_bytes = l.finish_shared().map_err(err)?;
+    let num_threads = l.block_threads();
     let layouts = l.notes.take().map(|n| {
         let n = n.into_inner();
         tessera_ir::printer::print_function_with_notes(func, &|op| {

@@ -84,6 +84,7 @@
 //! | `convert.rs`, `remat.rs` | layout conversions; values recomputed in another layout |
 //! | `elementwise.rs`, `fmod.rs`, `reduce.rs` | element semantics, reductions and scans |
 //! | `memory.rs`, `tma.rs` | loads, stores, atomics, `cp.async`; TMA and mbarriers |
+//! | `spec.rs` | warp specialization of a TMA ring loop (sm_90a): the producer warpgroup's loop of copies, the consumers' release of ring slots |
 //! | `dot/` | `dot`, one strategy per file over one shared-memory module |
 //! | `comm.rs`, `engine.rs` | communication ops; how off-node peers are reached |
 //! | `arch/` | the targets: [`arch::Arch`] for NVPTX, AMDGPU and the emulator, and [`arch::Math`] |
@@ -108,6 +109,7 @@ pub mod prov;
 mod reduce;
 mod remat;
 mod smem;
+mod spec;
 mod tma;
 
 use std::cell::RefCell;
@@ -302,6 +304,18 @@ pub struct Site {
     pub prov: Option<std::sync::Arc<prov::Provenance>>,
 }
 
+/// Which threads the code being emitted runs on (see [`plan::WarpSpec`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SpecRole {
+    /// Every thread of the block (a kernel without warp specialization, or the
+    /// part before its loop).
+    All,
+    /// The producer thread, in its loop of copies.
+    Producer,
+    /// The consumer warps, from the loop on.
+    Consumers,
+}
+
 pub(crate) struct Lowerer<'a, 'ctx> {
     pub cx: Cx<'ctx>,
     pub arch: &'a dyn Arch,
@@ -350,6 +364,10 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     comm_exit: Option<BasicBlock<'ctx>>,
     /// How off-node peers are reached ([`engine`]).
     engine: crate::CommEngine,
+    /// [`crate::CompileOptions::warp_specialize`].
+    pub(crate) warp_specialize: Option<bool>,
+    /// Where a warp-specialized kernel's lowering is ([`plan::WarpSpec`]).
+    pub(crate) spec_role: SpecRole,
     /// The op being lowered (span, mnemonic), for new sites.
     cur_op: RefCell<(Span, &'static str)>,
     /// The op being lowered, for [`Self::note`].
@@ -460,6 +478,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             comm_sites: 0,
             comm_exit: None,
             engine: crate::CommEngine::Direct,
+            warp_specialize: None,
+            spec_role: SpecRole::All,
         })
     }
 
@@ -497,6 +517,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             n.borrow_mut().extend(plan.notes(self.f));
         }
         self.plan = plan;
+        if self.plan.warp_spec.is_some() {
+            // The producer warpgroup too.
+            self.arch
+                .set_kernel_abi(&self.cx, self.kernel, self.block_threads());
+        }
         let body = &self.f.body;
         self.lower_region(body)?;
         // Puts to off-node peers are delivered before the kernel ends.
@@ -689,7 +714,24 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     pub fn barrier(&self) -> LResult<()> {
         let site = self.new_site("barrier");
+        if self.spec_role == SpecRole::Consumers {
+            // The producer warpgroup has gone its own way: the consumers' barrier.
+            return self
+                .arch
+                .named_barrier(&self.cx, 1, self.nw * self.ws, site);
+        }
         self.arch.barrier(&self.cx, site)
+    }
+
+    /// Threads per block: `num_warps` warps, and the producer warpgroup of a
+    /// warp-specialized kernel.
+    pub(crate) fn block_threads(&self) -> u32 {
+        self.nw * self.ws
+            + if self.plan.warp_spec.is_some() {
+                4 * self.ws
+            } else {
+                0
+            }
     }
 
     // ----- regions and ops -----------------------------------------------------

@@ -29,7 +29,7 @@ use tessera_ir::tensor_desc::TmaBox;
 use tessera_ir::{Elem, Type};
 
 use super::dot::wgmma;
-use super::{AsyncSlot, LResult, LowerError, Lowerer, Tile};
+use super::{AsyncSlot, LResult, LowerError, Lowerer, SpecRole, Tile};
 use crate::Target;
 
 /// Bytes of one mbarrier.
@@ -230,15 +230,28 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
     let ring = l
         .async_dot(d)
         .ok_or_else(|| LowerError::Llvm("no ring for this dot".into()))?;
+    // A warp-specialized ring's empty mbarriers.
+    let empty = l
+        .plan
+        .warp_spec
+        .as_ref()
+        .filter(|w| std::ptr::eq(w.dot, d))
+        .map(|w| w.empty);
     if matches!(slot, AsyncSlot::Fixed(0)) && l.tma_inited.borrow_mut().insert(d as *const Op) {
         // Before the ring's first copy: every thread is done with the mbarriers of an
-        // earlier run of the loop; thread 0 initializes them.
+        // earlier run of the loop; thread 0 initializes them (a warp-specialized
+        // ring's empty ones with one arrival per consumer warp).
         l.barrier()?;
         let site = l.new_site("mbarrier.init");
+        let consumer_warps = l.nw;
         l.in_thread0(|l| {
             for s in 0..ring.slots {
                 let bar = l.smem_at(ring.bars + s * MBAR_BYTES);
                 l.arch.mbarrier_init(&l.cx, bar, ring.tma, site)?;
+                if let Some(e) = empty {
+                    let bar = l.smem_at(e + s * MBAR_BYTES);
+                    l.arch.mbarrier_init(&l.cx, bar, consumer_warps, site)?;
+                }
             }
             l.arch.fence_mbarrier_init(&l.cx)
         })?;
@@ -259,14 +272,29 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
         None
     };
     let site = l.new_site("cp.async.bulk.tensor");
-    l.in_thread0(|l| {
-        // Inside the ring slot (`ring_ok`: the arrays hold the boxes).
-        let issue = |l: &mut Lowerer<'_, 'ctx>| issue_box_copies(l, &blk, base, arr_off, bar, site);
+    // Inside the ring slot (`ring_ok`: the arrays hold the boxes).
+    let issue = |l: &mut Lowerer<'_, 'ctx>| {
+        let copy = |l: &mut Lowerer<'_, 'ctx>| issue_box_copies(l, &blk, base, arr_off, bar, site);
         match pred {
-            Some(p) => l.when(p, issue),
-            None => issue(l),
+            Some(p) => l.when(p, copy),
+            None => copy(l),
         }
-    })?;
+    };
+    match (l.spec_role, slot) {
+        // A warp-specialized loop's copies are the producer's.
+        (SpecRole::Consumers, AsyncSlot::Next) => {}
+        // (Only the producer thread runs the producer's loop.)
+        (SpecRole::Producer, _) => issue(l)?,
+        // The prologue's, before the block splits: the producer thread's too.
+        _ if empty.is_some() => {
+            let producer = l.cx.i32((l.nw * l.ws) as i64);
+            let is_p =
+                l.cx.b
+                    .build_int_compare(inkwell::IntPredicate::EQ, l.tid, producer, "")?;
+            l.when(is_p, issue)?
+        }
+        _ => l.in_thread0(issue)?,
+    }
     l.async_issued(d, slot)?;
     let bx = &blk.bx;
     l.note(|| {

@@ -203,6 +203,7 @@ pub fn precompile_ir(
             num_stages: opts.num_stages,
             off_node: opts.engine != CommEngine::Direct,
             backend: Some(crate::KernelBackend::Llvm),
+            warp_specialize: opts.warp_specialize,
         },
     );
     store.put(&func.name, &key, &kernel_binary(&art))

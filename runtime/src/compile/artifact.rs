@@ -48,6 +48,10 @@ pub struct KernelOptions {
     pub off_node: bool,
     /// The code generator; `None`: the device's choice ([`KernelBackend::for_device`]).
     pub backend: Option<KernelBackend>,
+    /// Warp specialization of TMA-fed `dot` loops on sm_90a
+    /// (`tessera::aot::CompileOptions::warp_specialize`); `None`: the compiler's
+    /// choice.
+    pub warp_specialize: Option<bool>,
 }
 
 impl Default for KernelOptions {
@@ -57,6 +61,7 @@ impl Default for KernelOptions {
             num_stages: None,
             off_node: false,
             backend: None,
+            warp_specialize: None,
         }
     }
 }
@@ -185,6 +190,13 @@ impl KernelOptions {
         // (Appended only when set: the keys of one-node kernels stay what they were.)
         if self.off_node {
             d.push_str(",off_node");
+        }
+        if let Some(w) = self.warp_specialize {
+            d.push_str(if w {
+                ",warp_specialize"
+            } else {
+                ",no_warp_specialize"
+            });
         }
         d
     }

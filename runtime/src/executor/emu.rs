@@ -45,6 +45,7 @@ impl Executor for Emu {
             num_warps: job.kopts.num_warps,
             num_stages: job.kopts.num_stages,
             engine,
+            warp_specialize: job.kopts.warp_specialize,
         };
         // A kernel that waits for other programs needs all of them resident, as on
         // the GPU imitated (or the device's part of it).

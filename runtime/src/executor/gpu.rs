@@ -388,6 +388,7 @@ fn resolve_binary(
                 num_warps: kopts.num_warps,
                 num_stages: kopts.num_stages,
                 engine,
+                warp_specialize: kopts.warp_specialize,
             };
             let art = crate::aot::compile_ir(&compiled.func, t, &opts)?;
             Ok(crate::aot::kernel_binary(&art))

@@ -189,32 +189,56 @@ pub(super) extern "C" fn tessera_emu_mbar_inval(bar: *mut u8, site: i32) {
 /// `mbarrier.arrive.expect_tx.shared::cta.b64 _, [bar], bytes`.
 pub(super) extern "C" fn tessera_emu_mbar_expect_tx(bar: *mut u8, bytes: i32, site: i32) {
     with((), |c| {
-        let Some(off) = mbar_offset(c, bar, site) else {
-            return;
-        };
-        let mut m = c.blk.mbars.borrow_mut();
-        let Some(b) = m.get_mut(&off) else {
-            drop(m);
-            wg_fail(
-                c,
-                site,
-                "mbarrier.arrive.expect_tx on an mbarrier never initialized".into(),
-            );
-            return;
-        };
-        if b.pending == 0 {
-            drop(m);
-            wg_fail(
-                c,
-                site,
-                "an arrival on an mbarrier phase with none pending".into(),
-            );
-            return;
-        }
-        b.tx += i64::from(bytes);
-        b.pending -= 1;
-        b.try_complete();
+        arrive(c, bar, i64::from(bytes), "mbarrier.arrive.expect_tx", site)
     })
+}
+
+/// `mbarrier.arrive.shared::cta.b64 _, [bar]`: one arrival, which releases this
+/// thread's earlier shared reads to a wait that sees the phase complete.
+pub(super) extern "C" fn tessera_emu_mbar_arrive(bar: *mut u8, site: i32) {
+    with((), |c| arrive(c, bar, 0, "mbarrier.arrive", site))
+}
+
+/// Thread `c` arrives on the mbarrier at `bar` after raising its transaction count
+/// by `tx` bytes (`what` names the instruction in errors).
+fn arrive(c: &ThreadCtx<'_>, bar: *mut u8, tx: i64, what: &str, site: i32) {
+    let Some(off) = mbar_offset(c, bar, site) else {
+        return;
+    };
+    let mut m = c.blk.mbars.borrow_mut();
+    let Some(b) = m.get_mut(&off) else {
+        drop(m);
+        wg_fail(c, site, format!("{what} on an mbarrier never initialized"));
+        return;
+    };
+    if b.pending == 0 {
+        drop(m);
+        wg_fail(
+            c,
+            site,
+            "an arrival on an mbarrier phase with none pending".into(),
+        );
+        return;
+    }
+    let n = c.warp_arrivals().get() + 1;
+    c.warp_arrivals().set(n);
+    b.arrived.push((c.warp() as u32, n));
+    b.tx += tx;
+    b.pending -= 1;
+    b.try_complete();
+}
+
+/// Thread `c` acquires `arrivals` (warp, arrival count): what those warps did before
+/// arriving is behind whatever `c` does next.
+fn acquire(c: &ThreadCtx<'_>, arrivals: &[(u32, u32)]) {
+    let mut a = c.acquired.borrow_mut();
+    for &(t, n) in arrivals {
+        let t = t as usize;
+        if a.len() <= t {
+            a.resize(t + 1, 0);
+        }
+        a[t] = a[t].max(n);
+    }
 }
 
 /// Whether the async proxy's access to the shared byte whose other-kind shadow word is
@@ -348,9 +372,24 @@ pub(super) extern "C" fn tessera_emu_tma_load(
             return;
         };
         // The write must not overtake reads of other threads since the last barrier.
-        if (off..off + n).any(|b| async_proxy_race(c, c.blk.shadow_read[b].get(), true, site)) {
+        // (Reads whose thread arrived on an mbarrier after them, an arrival this
+        // thread acquired, are behind it.)
+        let acquired = c.acquired.borrow();
+        let warp_size = c.blk.team.warp_size() as usize;
+        let released = |b: usize| {
+            let other = c.blk.shadow_read[b].get();
+            let reader = ((other >> 16) & 0xffff) as usize;
+            reader > 0
+                && acquired
+                    .get((reader - 1) / warp_size)
+                    .is_some_and(|&a| a > c.blk.shadow_read_arrivals[b].get())
+        };
+        if (off..off + n)
+            .any(|b| !released(b) && async_proxy_race(c, c.blk.shadow_read[b].get(), true, site))
+        {
             return;
         }
+        drop(acquired);
         let mut image = vec![0u8; n];
         let row_bytes = (m.box_dims[0] * m.elem_bytes) as usize;
         for (lin, run) in m.rows([c0, c1, c2]) {
@@ -491,6 +530,7 @@ pub(super) extern "C" fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: 
                 return;
             };
             if (b.phase & 1) as i32 != parity & 1 {
+                acquire(c, &b.released);
                 return;
             }
             for l in std::mem::take(&mut b.landings) {
@@ -504,7 +544,9 @@ pub(super) extern "C" fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: 
                 }
                 b.tx -= l.bytes;
             }
-            if b.tx < 0 {
+            // (Once the launch failed, waits return early: what follows is no
+            // news.)
+            if b.tx < 0 && !c.launch.failed.load(Ordering::Relaxed) {
                 let tx = b.tx;
                 drop(bars);
                 wg_fail(
@@ -519,6 +561,7 @@ pub(super) extern "C" fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: 
             }
             b.try_complete();
             if (b.phase & 1) as i32 != parity & 1 {
+                acquire(c, &b.released);
                 return;
             }
             let (pending, tx) = (b.pending, b.tx);

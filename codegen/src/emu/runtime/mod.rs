@@ -85,6 +85,14 @@ pub(crate) struct Block {
     pub shared_bytes: usize,
     pub shadow_write: Vec<Cell<u64>>,
     pub shadow_read: Vec<Cell<u64>>,
+    /// Per byte: the reader's warp's [`Block::warp_arrivals`] at the last read.
+    pub shadow_read_arrivals: Vec<Cell<u32>>,
+    /// Per warp: the mbarrier arrivals (`mbarrier.arrive`, with or without
+    /// `expect_tx`) its threads made. A shared read is stamped with its warp's count,
+    /// so a thread that acquires a later arrival of that warp knows the read is
+    /// behind it. Counted per warp, as one lane arrives for its warp after a warp
+    /// collective (a `wgmma` group retired) that every lane's reads belong to.
+    pub warp_arrivals: Vec<Cell<u32>>,
     /// The block's mbarriers, by offset in shared memory.
     pub mbars: RefCell<std::collections::HashMap<usize, super::tma::Mbar>>,
     _mem: Vec<u128>,
@@ -105,6 +113,8 @@ impl Block {
             shared_bytes,
             shadow_write: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
             shadow_read: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
+            shadow_read_arrivals: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
+            warp_arrivals: (0..32).map(|_| Cell::new(0)).collect(),
             mbars: RefCell::new(std::collections::HashMap::new()),
             _mem: mem,
         }
@@ -114,6 +124,9 @@ impl Block {
     pub(crate) fn clear_shadow(&self) {
         for w in self.shadow_write.iter().chain(&self.shadow_read) {
             w.set(0);
+        }
+        for a in self.shadow_read_arrivals.iter().chain(&self.warp_arrivals) {
+            a.set(0);
         }
         self.mbars.borrow_mut().clear();
     }
@@ -260,6 +273,10 @@ pub(crate) struct ThreadCtx<'a> {
     pub block_lin: Cell<u64>,
     /// Block barriers passed in the current block.
     pub epoch: Cell<u32>,
+    /// Per warp of the block: the highest of its arrival counts (see
+    /// [`Block::warp_arrivals`]) this thread acquired (a wait that saw the mbarrier
+    /// phase they completed).
+    pub acquired: RefCell<Vec<u32>>,
     /// Where out-of-bounds accesses go instead.
     pub scratch: UnsafeCell<Scratch>,
     /// The yielder of the coroutine this thread runs as (null when it runs as a
@@ -299,6 +316,7 @@ impl<'a> ThreadCtx<'a> {
             block: Cell::new(super::block_of(launch.grid, lin)),
             block_lin: Cell::new(lin),
             epoch: Cell::new(0),
+            acquired: RefCell::new(Vec::new()),
             scratch: UnsafeCell::new(Scratch([0; 64])),
             yielder: Cell::new(std::ptr::null()),
             copies: RefCell::new(AsyncCopies::default()),
@@ -308,6 +326,16 @@ impl<'a> ThreadCtx<'a> {
             engine_site: Cell::new(u32::MAX),
             puts: Default::default(),
         }
+    }
+
+    /// This thread's warp's mbarrier arrivals ([`Block::warp_arrivals`]).
+    pub(crate) fn warp_arrivals(&self) -> &Cell<u32> {
+        &self.blk.warp_arrivals[self.warp() % self.blk.warp_arrivals.len()]
+    }
+
+    /// This thread's warp.
+    pub(crate) fn warp(&self) -> usize {
+        (self.tid / self.blk.team.warp_size()) as usize
     }
 
     /// Suspends the calling coroutine (returns at once outside one).
@@ -383,6 +411,60 @@ extern "C" fn tessera_emu_barrier(site: i32) {
     with((), |c| {
         c.blk.team.barrier(c.tid, site as u32, |p| c.park(p));
         c.epoch.set(c.epoch.get() + 1);
+    })
+}
+
+/// `bar.sync id, threads` (PTX ISA, "barrier"): waits until `threads` threads of the
+/// block wait at named barrier `id`. An id outside 1..16 (0 is the block barrier,
+/// which takes every thread) or a count that is not a positive multiple of the warp
+/// size, or more than the block's threads, is an error.
+extern "C" fn tessera_emu_named_barrier(id: i32, threads: i32, site: i32) {
+    with((), |c| {
+        let team = &c.blk.team;
+        let warp = team.warp_size() as i32;
+        if !(1..super::team::NAMED_BARRIERS as i32).contains(&id)
+            || threads <= 0
+            || threads % warp != 0
+            || threads as u32 > team.threads()
+        {
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "bar.sync {id}, {threads}: a named barrier takes an id from 1 to 15 and a positive multiple of the warp size up to the block's {} threads",
+                    team.threads()
+                ),
+            );
+            return;
+        }
+        team.named_barrier(c.tid, id as u32, threads as u32, site as u32, |p| c.park(p));
+        c.epoch.set(c.epoch.get() + 1);
+    })
+}
+
+/// `bar.warp.sync 0xffffffff`: a warp collective that carries nothing (every lane
+/// of the warp waits for the others).
+extern "C" fn tessera_emu_warp_sync(site: i32) {
+    with((), |c| {
+        c.blk
+            .team
+            .warp_collective(c.tid, site as u32, &[], |p| c.park(p), |_| {});
+    })
+}
+
+/// `setmaxnreg.{inc,dec}.sync.aligned.u32 regs` (PTX ISA, "setmaxnreg"): checked (a
+/// multiple of 8 from 24 to 256), no effect (the emulator has no register file).
+extern "C" fn tessera_emu_setmaxnreg(_inc: i32, regs: i32, site: i32) {
+    with((), |c| {
+        if !(24..=256).contains(&regs) || regs % 8 != 0 {
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "setmaxnreg {regs}: the register count must be a multiple of 8 from 24 to 256"
+                ),
+            );
+        }
     })
 }
 
@@ -610,6 +692,9 @@ fn note_shared(c: &ThreadCtx<'_>, p: *const u8, bytes: i32, is_write: bool, site
                 });
             }
             mark.set(me);
+            if is_write == 0 {
+                k.shadow_read_arrivals[b].set(c.warp_arrivals().get());
+            }
         }
     }
     true

@@ -367,6 +367,45 @@ impl Arch for Emu {
         Ok(())
     }
 
+    fn mbarrier_arrive<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        call(
+            cx,
+            "tessera_emu_mbar_arrive",
+            &[bar.into(), Emu::site(cx, site)],
+        )?;
+        Ok(())
+    }
+
+    fn warp_sync<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
+        call(cx, "tessera_emu_warp_sync", &[Emu::site(cx, site)])?;
+        Ok(())
+    }
+
+    fn named_barrier<'ctx>(&self, cx: &Cx<'ctx>, id: u32, threads: u32, site: u32) -> LResult<()> {
+        let args = [
+            cx.i32(id as i64).into(),
+            cx.i32(threads as i64).into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_named_barrier", &args)?;
+        Ok(())
+    }
+
+    fn setmaxnreg<'ctx>(&self, cx: &Cx<'ctx>, inc: bool, regs: u32, site: u32) -> LResult<()> {
+        let args = [
+            cx.i32(i64::from(inc)).into(),
+            cx.i32(regs as i64).into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_setmaxnreg", &args)?;
+        Ok(())
+    }
+
     fn mbarrier_wait<'ctx>(
         &self,
         cx: &Cx<'ctx>,

@@ -423,6 +423,50 @@ pub trait Arch: Math {
             "mbarriers on a target without them".into(),
         ))
     }
+    /// `mbarrier.arrive.shared::cta.b64 _, [bar]` (PTX ISA, "mbarrier.arrive"): one
+    /// arrival on the current phase (release semantics at CTA scope: this thread's
+    /// earlier accesses are ordered before a wait that sees the phase complete).
+    fn mbarrier_arrive<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _bar: PointerValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm(
+            "mbarriers on a target without them".into(),
+        ))
+    }
+    /// `bar.warp.sync 0xffffffff` (PTX ISA, "bar.warp.sync"): waits until every lane
+    /// of the warp reached it, ordering their accesses before whatever each lane does
+    /// next (one lane then speaks for the warp).
+    fn warp_sync<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        Err(LowerError::Llvm(
+            "warp synchronization on a target without warp specialization".into(),
+        ))
+    }
+    /// `bar.sync id, threads` (PTX ISA, "barrier"): named barrier `id` (1 to 15)
+    /// releases once `threads` threads (a multiple of the warp size) of the block
+    /// wait at it. Warp-specialized kernels synchronize their consumers with it while
+    /// the producer runs on.
+    fn named_barrier<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _id: u32,
+        _threads: u32,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm(
+            "named barriers on a target without warp specialization".into(),
+        ))
+    }
+    /// `setmaxnreg.{inc,dec}.sync.aligned.u32 regs` (PTX ISA, "setmaxnreg", sm_90a):
+    /// the executing warpgroup's per-thread register limit becomes `regs` (a multiple
+    /// of 8 from 24 to 256), taking registers from the block's pool (`inc`, which
+    /// waits until they are free) or giving them back (`dec`). Every warp of the
+    /// warpgroup executes it.
+    fn setmaxnreg<'ctx>(&self, _cx: &Cx<'ctx>, _inc: bool, _regs: u32, _site: u32) -> LResult<()> {
+        Err(LowerError::Llvm("setmaxnreg on a target without it".into()))
+    }
     /// `mbarrier.inval.shared::cta.b64 [bar]` (PTX ISA, "mbarrier.inval"): the mbarrier
     /// is no longer one, so its memory may be used for something else (or initialized
     /// again).

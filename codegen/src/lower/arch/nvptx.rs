@@ -393,6 +393,34 @@ impl Arch for Nvptx {
         )
     }
 
+    fn mbarrier_arrive<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        let b = shared_u32(cx, bar)?;
+        ptx_void(
+            cx,
+            "{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [$0];\n}",
+            &[("r", b.into())],
+        )
+    }
+
+    fn warp_sync<'ctx>(&self, cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        cx.call_intrinsic("llvm.nvvm.bar.warp.sync", &[], &[cx.i32(-1).into()])?;
+        Ok(())
+    }
+
+    fn named_barrier<'ctx>(&self, cx: &Cx<'ctx>, id: u32, threads: u32, _site: u32) -> LResult<()> {
+        ptx_stmt(cx, &format!("bar.sync {id}, {threads};"))
+    }
+
+    fn setmaxnreg<'ctx>(&self, cx: &Cx<'ctx>, inc: bool, regs: u32, _site: u32) -> LResult<()> {
+        let action = if inc { "inc" } else { "dec" };
+        ptx_stmt(cx, &format!("setmaxnreg.{action}.sync.aligned.u32 {regs};"))
+    }
+
     fn mbarrier_wait<'ctx>(
         &self,
         cx: &Cx<'ctx>,

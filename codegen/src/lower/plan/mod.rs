@@ -67,6 +67,32 @@ pub(crate) struct Plan<'a> {
     pub async_args: HashSet<ValueId>,
     /// The first planned array's op, blamed when shared memory runs out.
     pub first_array: Option<Span>,
+    /// The loop whose TMA ring is warp-specialized, if any (`ring.rs`).
+    pub warp_spec: Option<WarpSpec>,
+}
+
+/// A warp-specialized ring loop (sm_90a): the block gets a producer warpgroup past
+/// its `num_warps` consumer warps. Before the loop every thread runs the kernel (it
+/// is scalars and the prologue's copies); at the loop the producer warpgroup gives
+/// registers back (`setmaxnreg.dec`) and one thread of it runs the loop's `slice`
+/// only, each iteration waiting for the consumers to release the slot it refills
+/// (the `empty` mbarriers, one per slot after the ring's `bars`, `num_warps`
+/// arrivals each) and issuing the copies on the slot's full mbarrier; then it
+/// leaves. The consumers take registers (`setmaxnreg.inc`), run the loop without
+/// its copies, waiting for each slot's full mbarrier, one lane per warp arriving on
+/// the empty mbarrier of the slot whose `wgmma` groups retired, and run the rest
+/// of the kernel, with named barrier 1 of their `num_warps * warp size` threads
+/// for the block barrier.
+pub(crate) struct WarpSpec {
+    /// The `for`.
+    pub for_op: *const Op,
+    /// Its ring's `dot`.
+    pub dot: *const Op,
+    /// The body's ops the producer lowers: the ring's loads and what computes
+    /// their coordinates and predicates.
+    pub slice: HashSet<*const Op>,
+    /// Byte offset of the empty mbarriers.
+    pub empty: u32,
 }
 
 /// Builds the plan of `l`'s kernel (see the module docs for the steps).
@@ -111,6 +137,13 @@ impl Plan<'_> {
                 out.push(format!("plan: this array at shared byte {off}"));
             }
             if op.kind == OpKind::For {
+                if let Some(w) = self.warp_spec.as_ref().filter(|w| w.for_op == key) {
+                    out.push(format!(
+                        "plan: warp-specialized: a producer warpgroup issues the ring's copies ({} ops of the body), the consumer warps release each slot on its empty mbarrier (at byte {})",
+                        w.slice.len(),
+                        w.empty
+                    ));
+                }
                 let body = &op.regions[0];
                 for (j, a) in body.args.iter().enumerate().skip(1) {
                     let which = j - 1;

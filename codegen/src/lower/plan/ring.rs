@@ -2,10 +2,12 @@
 //! become `cp.async` (or TMA) copies straight into a ring of the `dot`'s arrays,
 //! issued iterations ahead of the `dot` that reads them.
 
+use std::collections::HashSet;
+
 use tessera_ir::ValueId;
 use tessera_ir::ir::{Op, OpKind, Region};
 
-use super::Planner;
+use super::{Planner, WarpSpec};
 use crate::lower::{dot, memory, remat, tma};
 
 impl<'a> Planner<'_, 'a, '_> {
@@ -117,7 +119,24 @@ impl<'a> Planner<'_, 'a, '_> {
                     std::ptr::eq(*d2, *d) && matches!(last.kind, OpKind::DescLoad { .. })
                 })
                 .count() as u32;
-            let bar_bytes = if tma > 0 { slots * tma::MBAR_BYTES } else { 0 };
+            let mine = || chains.iter().filter(|(d2, ..)| std::ptr::eq(*d2, *d));
+            let pro: Vec<&Op> = mine()
+                .flat_map(|(.., (_, p, _))| p.iter().copied())
+                .collect();
+            let lasts: Vec<&Op> = mine().map(|(.., (_, _, l))| *l).collect();
+            let spec = if tma == 2 {
+                self.warp_spec_slice(for_op, parent, &pro, &lasts)
+            } else {
+                None
+            };
+            // A warp-specialized ring has a second mbarrier per slot: the consumers
+            // release the slot on it.
+            let bar_sets = if spec.is_some() { 2 } else { 1 };
+            let bar_bytes = if tma > 0 {
+                slots * tma::MBAR_BYTES * bar_sets
+            } else {
+                0
+            };
             let bytes = slots * slot_bytes + bar_bytes;
             if self.plan.pipe_bytes + bytes > self.l.target().shared_memory_limit() {
                 continue;
@@ -134,6 +153,14 @@ impl<'a> Planner<'_, 'a, '_> {
                     bars: self.plan.pipe_bytes + slots * slot_bytes,
                 },
             );
+            if let Some(slice) = spec {
+                self.plan.warp_spec = Some(WarpSpec {
+                    for_op: for_op as *const Op,
+                    dot: *d as *const Op,
+                    slice,
+                    empty: self.plan.pipe_bytes + slots * slot_bytes + slots * tma::MBAR_BYTES,
+                });
+            }
             // Whatever follows (arrays, scratch) starts aligned as arrays must.
             self.plan.pipe_bytes += bytes.next_multiple_of(self.l.smem_align());
             self.plan.pipe_dots.insert(
@@ -158,6 +185,71 @@ impl<'a> Planner<'_, 'a, '_> {
                     .insert(last.results[0], (d2, *w2, AsyncSlot::Next));
             }
         }
+    }
+
+    /// The producer's part of loop `for_op` (in `parent`) when its ring (prologue
+    /// loads `pro`, the loop's loads `lasts`, all TMA) can be warp-specialized: the
+    /// target has `wgmma` (and `setmaxnreg`), the kernel does not communicate, its
+    /// warps are whole warpgroups, the loop is at the kernel's top level, and the
+    /// producer warpgroup can run what comes before the loop (scalars, splatted
+    /// constants, the prologue's copies: nothing that touches memory or needs the
+    /// block's threads as the layouts count them) and compute the loop's copies
+    /// from the induction variable and values defined before the loop, with pure
+    /// scalar ops only (the slice returned, the loads included). `None` otherwise,
+    /// or when the options turn it off or another loop has it.
+    fn warp_spec_slice(
+        &self,
+        for_op: &'a Op,
+        parent: &'a Region,
+        pro: &[&'a Op],
+        lasts: &[&'a Op],
+    ) -> Option<HashSet<*const Op>> {
+        let (l, f) = (self.l, self.l.f);
+        if l.warp_specialize == Some(false)
+            || !l.target().has_wgmma()
+            || f.uses_comm()
+            || self.plan.warp_spec.is_some()
+            || !l.nw.is_multiple_of(4)
+            || (l.nw + 4) * l.ws > 1024
+            || !std::ptr::eq(parent, &f.body)
+        {
+            return None;
+        }
+        let scalar = |op: &Op| op.results.iter().all(|&r| f.ty(r).shape.is_empty());
+        let pure_scalar = |op: &Op| op.kind.is_pure() && op.regions.is_empty() && scalar(op);
+        for op in &parent.ops {
+            if std::ptr::eq(op, for_op) {
+                break;
+            }
+            let ok = pure_scalar(op)
+                || matches!(op.kind, OpKind::Const(_))
+                || pro.iter().any(|p| std::ptr::eq(*p, op));
+            if !ok {
+                return None;
+            }
+        }
+        let body = &for_op.regions[0];
+        let mut need: HashSet<ValueId> = lasts
+            .iter()
+            .flat_map(|o| o.operands.iter().copied())
+            .collect();
+        let mut slice = HashSet::new();
+        for op in body.ops.iter().rev() {
+            let last = lasts.iter().any(|x| std::ptr::eq(*x, op));
+            if !last && !op.results.iter().any(|r| need.contains(r)) {
+                continue;
+            }
+            if !last && !pure_scalar(op) {
+                return None;
+            }
+            slice.insert(op as *const Op);
+            need.extend(op.operands.iter().copied());
+        }
+        // The producer carries nothing but the induction variable.
+        if body.args.iter().skip(1).any(|a| need.contains(a)) {
+            return None;
+        }
+        Some(slice)
     }
 
     /// Whether load `l` (a `load` by `cp.async`, or a `desc_load` by TMA) can copy
