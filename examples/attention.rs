@@ -2,8 +2,14 @@
 //! non-causal, head dim 64 and 128, f16 and bf16, ragged sequence lengths, checked
 //! against an f64 reference.
 //!
-//! `cargo run --release --example attention` (`TESSERA_DEVICE=emu-sm90a` runs the
-//! Hopper lowering, `wgmma`, on the emulator)
+//! On a GPU it then runs 32 heads of 4096 tokens (head dim 64, f16, non-causal) with
+//! the fastest of several configurations (query and key block, warps, stages),
+//! chosen by autotuning the first time (`tessera::autotune::Tuner`, the winner kept in
+//! the kernel disk cache), and prints its TFLOP/s. `--tune HEADS SEQ` does the same on
+//! any device (the emulators take minutes).
+//!
+//! `cargo run --release --example attention [-- --tune HEADS SEQ]`
+//! (`TESSERA_DEVICE=emu-sm90a` runs the Hopper lowering, `wgmma`, on the emulator)
 
 mod common;
 
@@ -88,8 +94,128 @@ where
     Ok(())
 }
 
+/// A configuration the tuner tries: the query and key blocks, warps and stages.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Config {
+    block: (usize, usize),
+    warps: u32,
+    stages: u32,
+}
+
+/// Attention forward (f16, head dim 64, non-causal) over `heads` heads of `seq`
+/// tokens with the tuned configuration: tunes once per device and shape, times the
+/// winner, and checks 16 rows of one head against an f64 reference.
+fn tuned(dev: &Device, heads: usize, seq: usize) -> Result<(), Box<dyn std::error::Error>> {
+    const HD: usize = 64;
+    let (mut rng, _) = common::rng();
+    let n = heads * seq * HD;
+    let mut random = || -> Vec<f16> {
+        common::uniform(&mut rng, n, -1.0, 1.0)
+            .into_iter()
+            .map(f16::from_f32)
+            .collect()
+    };
+    let (q, k, v) = (random(), random(), random());
+    let (dq, dk, dv) = (dev.upload(&q)?, dev.upload(&k)?, dev.upload(&v)?);
+    let mut dout = dev.upload(&vec![f16::NAN; n])?;
+    let scale = 1.0 / (HD as f64).sqrt();
+    let sl = (scale as f32) * LOG2_E;
+    let si = seq as i32;
+    let mut launch = |c: &Config| -> Result<(), tessera::Error> {
+        let opts = LaunchOptions::new().num_warps(c.warps).num_stages(c.stages);
+        let args = (&dq, &dk, &dv, &mut dout, si, si, sl, 0);
+        let grid = |bm: usize| (seq.div_ceil(bm), heads);
+        match c.block {
+            (64, 64) => attention_fwd::<f16, 64, 64, HD>::launch_with(dev, grid(64), &opts, args),
+            (128, 64) => {
+                attention_fwd::<f16, 128, 64, HD>::launch_with(dev, grid(128), &opts, args)
+            }
+            _ => attention_fwd::<f16, 128, 128, HD>::launch_with(dev, grid(128), &opts, args),
+        }
+    };
+    let mut configs = Vec::new();
+    for (block, warps) in [
+        ((64, 64), 4),
+        ((128, 64), 4),
+        ((128, 64), 8),
+        ((128, 128), 8),
+    ] {
+        for stages in [2, 3] {
+            configs.push(Config {
+                block,
+                warps,
+                stages,
+            });
+        }
+    }
+    let tuner = tessera::autotune::Tuner::new("attention_fwd_f16_d64", configs);
+    let t = Instant::now();
+    let (best, how) =
+        tuner.run_explained(dev, &format!("{heads}x{seq}x{seq} d64 f16"), &mut launch)?;
+    println!(
+        "attention f16 {heads} heads x {seq}: {best:?} ({how:?}, {:.1} s)",
+        t.elapsed().as_secs_f64()
+    );
+    let time = tessera::bench::Bench::new()
+        .warmup(2)
+        .reps(10)
+        .run(dev, || launch(&best))?
+        .median()
+        .as_secs_f64();
+    // QK^T and PV: 2 * 2 * seq * seq * HD per head.
+    let flops = 4.0 * heads as f64 * (seq as f64).powi(2) * HD as f64;
+    println!(
+        "attention f16 {heads} heads x {seq}: {:.3} ms, {:.1} TFLOP/s (median of 10)",
+        time * 1e3,
+        flops / time / 1e12
+    );
+    // 16 query rows of the last head against f64.
+    let got = dout.download()?;
+    let h = heads - 1;
+    let at = |x: &[f16], t: usize, d: usize| x[(h * seq + t) * HD + d].to_f64();
+    let (mut g, mut want) = (Vec::new(), Vec::new());
+    for i in (0..16).map(|r| (r * 7919 + 5) % seq) {
+        let s: Vec<f64> = (0..seq)
+            .map(|j| (0..HD).map(|d| at(&q, i, d) * at(&k, j, d)).sum::<f64>() * scale)
+            .collect();
+        let max = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = s.iter().map(|x| (x - max).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        for d in 0..HD {
+            want.push((0..seq).map(|j| e[j] * at(&v, j, d)).sum::<f64>() / sum);
+            g.push(at(&got, i, d));
+        }
+    }
+    let tol: Vec<f64> = want
+        .iter()
+        .map(|w| 4.0 / 1024.0 * (1.0 + w.abs()))
+        .collect();
+    common::check("attention f16 (tuned, 16 rows)", &g, &want, &tol)?;
+    Ok(())
+}
+
 fn main() {
     common::run_main(|| {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let tune = match args.iter().position(|a| a == "--tune") {
+            Some(i) => {
+                let num = |j: usize| {
+                    args.get(i + j)
+                        .and_then(|v| v.parse::<usize>().ok())
+                        .filter(|&n| n > 0)
+                };
+                Some((
+                    num(1).ok_or("--tune takes HEADS SEQ (positive integers)")?,
+                    num(2).ok_or("--tune takes HEADS SEQ (positive integers)")?,
+                ))
+            }
+            None if args.is_empty() => None,
+            None => {
+                return Err(
+                    format!("unknown arguments {args:?} (expected --tune HEADS SEQ)").into(),
+                );
+            }
+        };
         let dev = Device::best()?;
         let (_, seed) = common::rng();
         println!("attention on {dev} (seed {seed})");
@@ -113,6 +239,15 @@ fn main() {
         run::<bf16, 128>(&dev, "attention bf16 d128", &cross, bf16s)?;
         run::<f16, 128>(&dev, "attention f16 d128 causal", &causal, f16s)?;
         run::<bf16, 64>(&dev, "attention bf16 d64", &cross, bf16s)?;
+        let gpu = matches!(
+            dev.kind(),
+            tessera::DeviceKind::Cuda | tessera::DeviceKind::Hip
+        );
+        match (tune, gpu) {
+            (Some((heads, seq)), _) => tuned(&dev, heads, seq)?,
+            (None, true) => tuned(&dev, 32, 4096)?,
+            (None, false) => {}
+        }
         Ok(())
     });
 }

@@ -1,7 +1,13 @@
 //! Tiled matrix multiplication `C = A · B` with `dot` accumulating in f32, for f32 and
 //! f16 inputs, on sizes that are not multiples of the tile.
 //!
-//! `cargo run --release --example matmul`
+//! On a GPU it then multiplies 4096 x 4096 f16 matrices with the fastest of several
+//! configurations (tile, warps, pipeline stages), chosen by autotuning the first time
+//! (`tessera::autotune::Tuner`: each one timed on the GPU, the winner kept in the
+//! kernel disk cache, so later runs launch it at once), and prints its TFLOP/s.
+//! `--tune N` does the same at N x N x N on any device (the emulators take minutes).
+//!
+//! `cargo run --release --example matmul [-- --tune N]`
 
 mod common;
 
@@ -102,8 +108,114 @@ where
     Ok(())
 }
 
+/// A configuration the tuner tries: the tile (`BM`, `BN`, `BK`), warps and stages.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Config {
+    tile: (usize, usize, usize),
+    warps: u32,
+    stages: u32,
+}
+
+/// What the tuner tries: the 64x64x32 tile with 4 warps, 128x128x64 with 4 and 8,
+/// 128x256x64 with 8, each with 3 and 4 stages.
+fn configs() -> Vec<Config> {
+    let mut v = Vec::new();
+    for (tile, warps) in [
+        ((64, 64, 32), 4),
+        ((128, 128, 64), 4),
+        ((128, 128, 64), 8),
+        ((128, 256, 64), 8),
+    ] {
+        for stages in [3, 4] {
+            v.push(Config {
+                tile,
+                warps,
+                stages,
+            });
+        }
+    }
+    v
+}
+
+/// `C = A · B` (f16, `s x s x s`) with the tuned configuration: tunes once per device
+/// and shape, times the winner, and checks 16 rows of `C` against an f64 reference.
+fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (mut rng, _) = common::rng();
+    let a: Vec<f16> = common::uniform(&mut rng, s * s, -1.0, 1.0)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let b: Vec<f16> = common::uniform(&mut rng, s * s, -1.0, 1.0)
+        .into_iter()
+        .map(f16::from_f32)
+        .collect();
+    let (da, db) = (dev.upload(&a)?, dev.upload(&b)?);
+    let mut dc = dev.upload(&vec![f16::NAN; s * s])?;
+    let si = s as i32;
+    let mut launch = |c: &Config| -> Result<(), tessera::Error> {
+        let opts = LaunchOptions::new().num_warps(c.warps).num_stages(c.stages);
+        let grid = |bm: usize, bn: usize| (s.div_ceil(bm), s.div_ceil(bn));
+        let args = (&da, &db, &mut dc, si, si, si);
+        match c.tile {
+            (64, 64, 32) => matmul::<f16, 64, 64, 32>::launch_with(dev, grid(64, 64), &opts, args),
+            (128, 128, 64) => {
+                matmul::<f16, 128, 128, 64>::launch_with(dev, grid(128, 128), &opts, args)
+            }
+            _ => matmul::<f16, 128, 256, 64>::launch_with(dev, grid(128, 256), &opts, args),
+        }
+    };
+    let tuner = tessera::autotune::Tuner::new("matmul_f16", configs());
+    let t = Instant::now();
+    let (best, how) = tuner.run_explained(dev, &format!("{s}x{s}x{s} f16"), &mut launch)?;
+    println!(
+        "matmul f16 {s}x{s}x{s}: {best:?} ({how:?}, {:.1} s)",
+        t.elapsed().as_secs_f64()
+    );
+    let time = tessera::bench::Bench::new()
+        .warmup(2)
+        .reps(10)
+        .run(dev, || launch(&best))?
+        .median()
+        .as_secs_f64();
+    println!(
+        "matmul f16 {s}x{s}x{s}: {:.3} ms, {:.1} TFLOP/s (median of 10)",
+        time * 1e3,
+        2.0 * (s as f64).powi(3) / time / 1e12
+    );
+    // 16 rows of C against f64 (f32 accumulation, one f16 rounding).
+    let got = dc.download()?;
+    let rows: Vec<usize> = (0..16).map(|i| (i * 7919 + 13) % s).collect();
+    let (mut g, mut want, mut tol) = (Vec::new(), Vec::new(), Vec::new());
+    for &i in &rows {
+        for j in 0..s {
+            let (mut w, mut mag) = (0.0f64, 0.0f64);
+            for p in 0..s {
+                let v = a[i * s + p].to_f64() * b[p * s + j].to_f64();
+                w += v;
+                mag += v.abs();
+            }
+            g.push(got[i * s + j].to_f64());
+            want.push(w);
+            tol.push(1e-30 + mag * (s as f64) * f32::EPSILON as f64 + w.abs() / 1024.0);
+        }
+    }
+    common::check("matmul f16 (tuned, 16 rows)", &g, &want, &tol)?;
+    Ok(())
+}
+
 fn main() {
     common::run_main(|| {
+        let args: Vec<String> = std::env::args().skip(1).collect();
+        let tune = match args.iter().position(|a| a == "--tune") {
+            Some(i) => Some(
+                args.get(i + 1)
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .filter(|&n| n > 0)
+                    .ok_or("--tune takes a size (a positive integer)")?,
+            ),
+            None if args.is_empty() => None,
+            None => return Err(format!("unknown arguments {args:?} (expected --tune N)").into()),
+        };
         let dev = Device::best()?;
         let (_, seed) = common::rng();
         println!("matmul on {dev} (seed {seed})");
@@ -124,6 +236,15 @@ fn main() {
             |v| v.to_f64(),
             1.0 / 2048.0,
         )?;
+        let gpu = matches!(
+            dev.kind(),
+            tessera::DeviceKind::Cuda | tessera::DeviceKind::Hip
+        );
+        match (tune, gpu) {
+            (Some(s), _) => tuned(&dev, s)?,
+            (None, true) => tuned(&dev, 4096)?,
+            (None, false) => {}
+        }
         Ok(())
     });
 }

@@ -115,6 +115,15 @@ done
 for ex in matmul matmul_i8 matmul_fp8 matmul_desc attention; do
   TESSERA_DEVICE=emu-sm90a cargo run -q -p tessera-examples --example "$ex"
 done
+# The matmul and attention examples' autotuned paths (what they run on a GPU at 4096
+# tokens), small: every configuration timed, the winner checked, then (matmul) found
+# in the cache.
+tune_cache="$(mktemp -d)"
+TESSERA_DEVICE=emu-nv TESSERA_CACHE_DIR="$tune_cache" cargo run -q -p tessera-examples --example matmul -- --tune 128
+out="$(TESSERA_DEVICE=emu-nv TESSERA_CACHE_DIR="$tune_cache" cargo run -q -p tessera-examples --example matmul -- --tune 128)"
+grep -q "(Disk," <<<"$out" || { echo "matmul --tune: the second run did not find the winner in the cache: $out" >&2; exit 1; }
+TESSERA_DEVICE=emu-nv TESSERA_CACHE_DIR="$tune_cache" cargo run -q -p tessera-examples --example attention -- --tune 1 128
+rm -rf "$tune_cache"
 # The GPU check's own cases (bf16, f64, system-scope atomics, prefix sums) and its
 # communication check as 2 processes (ping_pong, every all-reduce algorithm, the fused
 # all-gather + GEMM), on both emulators (the real run is on a GPU, see README).
