@@ -148,20 +148,16 @@ fn tuned(dev: &Device, heads: usize, seq: usize) -> Result<(), Box<dyn std::erro
             });
         }
     }
-    let tuner = tessera::autotune::Tuner::new("attention_fwd_f16_d64", configs);
-    let t = Instant::now();
-    let (best, how) =
-        tuner.run_explained(dev, &format!("{heads}x{seq}x{seq} d64 f16"), &mut launch)?;
-    println!(
-        "attention f16 {heads} heads x {seq}: {best:?} ({how:?}, {:.1} s)",
-        t.elapsed().as_secs_f64()
-    );
-    let time = tessera::bench::Bench::new()
-        .warmup(2)
-        .reps(10)
-        .run(dev, || launch(&best))?
-        .median()
-        .as_secs_f64();
+    let (_, time) = common::tune_and_time(
+        dev,
+        "attention_fwd_f16_d64",
+        configs,
+        (
+            &format!("attention f16 {heads} heads x {seq}"),
+            &format!("{heads}x{seq}x{seq} d64 f16"),
+        ),
+        &mut launch,
+    )?;
     // QK^T and PV: 2 * 2 * seq * seq * HD per head.
     let flops = 4.0 * heads as f64 * (seq as f64).powi(2) * HD as f64;
     println!(
@@ -196,26 +192,7 @@ fn tuned(dev: &Device, heads: usize, seq: usize) -> Result<(), Box<dyn std::erro
 
 fn main() {
     common::run_main(|| {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let tune = match args.iter().position(|a| a == "--tune") {
-            Some(i) => {
-                let num = |j: usize| {
-                    args.get(i + j)
-                        .and_then(|v| v.parse::<usize>().ok())
-                        .filter(|&n| n > 0)
-                };
-                Some((
-                    num(1).ok_or("--tune takes HEADS SEQ (positive integers)")?,
-                    num(2).ok_or("--tune takes HEADS SEQ (positive integers)")?,
-                ))
-            }
-            None if args.is_empty() => None,
-            None => {
-                return Err(
-                    format!("unknown arguments {args:?} (expected --tune HEADS SEQ)").into(),
-                );
-            }
-        };
+        let tune = common::tune_args(2, "--tune HEADS SEQ")?.map(|v| (v[0], v[1]));
         let dev = Device::best()?;
         let (_, seed) = common::rng();
         println!("attention on {dev} (seed {seed})");

@@ -164,19 +164,16 @@ fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
             _ => matmul::<f16, 128, 256, 64>::launch_with(dev, grid(128, 256), &opts, args),
         }
     };
-    let tuner = tessera::autotune::Tuner::new("matmul_f16", configs());
-    let t = Instant::now();
-    let (best, how) = tuner.run_explained(dev, &format!("{s}x{s}x{s} f16"), &mut launch)?;
-    println!(
-        "matmul f16 {s}x{s}x{s}: {best:?} ({how:?}, {:.1} s)",
-        t.elapsed().as_secs_f64()
-    );
-    let time = tessera::bench::Bench::new()
-        .warmup(2)
-        .reps(10)
-        .run(dev, || launch(&best))?
-        .median()
-        .as_secs_f64();
+    let (_, time) = common::tune_and_time(
+        dev,
+        "matmul_f16",
+        configs(),
+        (
+            &format!("matmul f16 {s}x{s}x{s}"),
+            &format!("{s}x{s}x{s} f16"),
+        ),
+        &mut launch,
+    )?;
     println!(
         "matmul f16 {s}x{s}x{s}: {:.3} ms, {:.1} TFLOP/s (median of 10)",
         time * 1e3,
@@ -205,17 +202,7 @@ fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() {
     common::run_main(|| {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let tune = match args.iter().position(|a| a == "--tune") {
-            Some(i) => Some(
-                args.get(i + 1)
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .filter(|&n| n > 0)
-                    .ok_or("--tune takes a size (a positive integer)")?,
-            ),
-            None if args.is_empty() => None,
-            None => return Err(format!("unknown arguments {args:?} (expected --tune N)").into()),
-        };
+        let tune = common::tune_args(1, "--tune N")?.map(|v| v[0]);
         let dev = Device::best()?;
         let (_, seed) = common::rng();
         println!("matmul on {dev} (seed {seed})");

@@ -197,19 +197,16 @@ fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
             });
         }
     }
-    let tuner = tessera::autotune::Tuner::new("matmul_fp8_e4m3", configs);
-    let t = Instant::now();
-    let (best, how) = tuner.run_explained(dev, &format!("{s}x{s}x{s} e4m3"), &mut launch)?;
-    println!(
-        "matmul e4m3 {s}x{s}x{s}: {best:?} ({how:?}, {:.1} s)",
-        t.elapsed().as_secs_f64()
-    );
-    let time = tessera::bench::Bench::new()
-        .warmup(2)
-        .reps(10)
-        .run(dev, || launch(&best))?
-        .median()
-        .as_secs_f64();
+    let (_, time) = common::tune_and_time(
+        dev,
+        "matmul_fp8_e4m3",
+        configs,
+        (
+            &format!("matmul e4m3 {s}x{s}x{s}"),
+            &format!("{s}x{s}x{s} e4m3"),
+        ),
+        &mut launch,
+    )?;
     println!(
         "matmul e4m3 {s}x{s}x{s}: {:.3} ms, {:.1} TFLOP/s (median of 10)",
         time * 1e3,
@@ -236,17 +233,7 @@ fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
 
 fn main() {
     common::run_main(|| {
-        let args: Vec<String> = std::env::args().skip(1).collect();
-        let tune = match args.iter().position(|a| a == "--tune") {
-            Some(i) => Some(
-                args.get(i + 1)
-                    .and_then(|v| v.parse::<usize>().ok())
-                    .filter(|&n| n > 0)
-                    .ok_or("--tune takes a size (a positive integer)")?,
-            ),
-            None if args.is_empty() => None,
-            None => return Err(format!("unknown arguments {args:?} (expected --tune N)").into()),
-        };
+        let tune = common::tune_args(1, "--tune N")?.map(|v| v[0]);
         let dev = Device::best()?;
         let (_, seed) = common::rng();
         println!("fp8 matmul on {dev} (seed {seed})");

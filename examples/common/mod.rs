@@ -188,3 +188,58 @@ pub fn rank_world(ranks: usize, dev: &tessera::Device) -> tessera::World {
     }
     tessera::World::local(ranks).on(dev)
 }
+
+/// The `count` positive integers after `--tune` on the command line (`None` without
+/// it); any other argument is an error naming `usage` (e.g. `"--tune N"`).
+pub fn tune_args(count: usize, usage: &str) -> Result<Option<Vec<usize>>, String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(i) = args.iter().position(|a| a == "--tune") else {
+        if args.is_empty() {
+            return Ok(None);
+        }
+        return Err(format!("unknown arguments {args:?} (expected {usage})"));
+    };
+    (1..=count)
+        .map(|j| {
+            args.get(i + j)
+                .and_then(|v| v.parse::<usize>().ok())
+                .filter(|&n| n > 0)
+                .ok_or_else(|| format!("{usage}: positive integers"))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map(Some)
+}
+
+/// Whether `dev` is a GPU (CUDA or HIP), where the examples run their tuned sizes.
+pub fn is_gpu(dev: &tessera::Device) -> bool {
+    matches!(
+        dev.kind(),
+        tessera::DeviceKind::Cuda | tessera::DeviceKind::Hip
+    )
+}
+
+/// Picks the fastest of `configs` for `key` on `dev` with a [`tessera::autotune::Tuner`]
+/// named `kernel` (the winner kept in the disk cache), prints the choice as `what`,
+/// then times it (median of 10 after 2 warm-ups): the winner and its seconds.
+pub fn tune_and_time<C: Clone + std::fmt::Debug>(
+    dev: &tessera::Device,
+    kernel: &str,
+    configs: Vec<C>,
+    (what, key): (&str, &str),
+    mut launch: impl FnMut(&C) -> Result<(), tessera::Error>,
+) -> Result<(C, f64), tessera::Error> {
+    let tuner = tessera::autotune::Tuner::new(kernel, configs);
+    let t = std::time::Instant::now();
+    let (best, how) = tuner.run_explained(dev, key, &mut launch)?;
+    println!(
+        "{what}: {best:?} ({how:?}, {:.1} s)",
+        t.elapsed().as_secs_f64()
+    );
+    let secs = tessera::bench::Bench::new()
+        .warmup(2)
+        .reps(10)
+        .run(dev, || launch(&best))?
+        .median()
+        .as_secs_f64();
+    Ok((best, secs))
+}

@@ -20,7 +20,6 @@ use inkwell::IntPredicate;
 use inkwell::values::{BasicValue, IntValue};
 use tessera_ir::ir::Op;
 
-use super::tma::MBAR_BYTES;
 use super::{AsyncDot, LResult, LowerError, Lowerer, SpecRole};
 
 /// Registers per thread the producer warpgroup keeps (`setmaxnreg.dec`).
@@ -40,24 +39,6 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         }
         let share = (REGISTER_FILE - 4 * self.ws * PRODUCER_REGS) / consumers;
         Some((PRODUCER_REGS, (share - share % 8).min(240)))
-    }
-
-    /// The mbarrier (empty when `empty`, else full) of the slot at byte offset `off`
-    /// of ring `r`, whose empty mbarriers start at byte `empty_at`.
-    fn spec_bar(
-        &self,
-        r: &AsyncDot,
-        empty_at: u32,
-        off: IntValue<'ctx>,
-    ) -> LResult<inkwell::values::PointerValue<'ctx>> {
-        let b = &self.cx.b;
-        let idx = b.build_int_unsigned_div(off, self.cx.i32(r.slot_bytes as i64), "")?;
-        let byte = b.build_int_mul(idx, self.cx.i32(MBAR_BYTES as i64), "")?;
-        // SAFETY: a byte offset inside the ring's empty mbarriers (`slots` of them,
-        // which the plan sized).
-        Ok(unsafe {
-            b.build_in_bounds_gep(self.cx.ctx.i8_type(), self.smem_at(empty_at), &[byte], "")?
-        })
     }
 
     /// Splits the block at warp-specialized loop `op` (its ring `r` of `dot` `d`,
@@ -172,7 +153,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         let more = self.arch.loop_continue(&self.cx, more, site)?;
         self.cx.b.build_conditional_branch(more, bb_body, exit)?;
         self.cx.b.position_at_end(bb_body);
-        let bar = self.spec_bar(&r, empty, fv)?;
+        let bar = self.slot_bar(&r, empty, fv)?;
         let site = self.new_site("mbarrier.try_wait");
         self.arch.mbarrier_wait(&self.cx, bar, pv, site)?;
         let ive = self.f.ty(op.operands[0]).elem;
@@ -245,7 +226,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
                 }
             )
         });
-        let bar = self.spec_bar(r, empty, slot)?;
+        let bar = self.slot_bar(r, empty, slot)?;
         // Every lane's reads are behind lane 0's arrival.
         let site = self.new_site("bar.warp.sync");
         self.arch.warp_sync(&self.cx, site)?;

@@ -200,11 +200,24 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         a: &super::AsyncDot,
         off: IntValue<'ctx>,
     ) -> LResult<PointerValue<'ctx>> {
+        self.slot_bar(a, a.bars, off)
+    }
+
+    /// The mbarrier of the slot at byte offset `off` of ring `a` among the mbarriers
+    /// (one per slot) starting at shared byte `bars`: the ring's own (full), or a
+    /// warp-specialized ring's empty ones.
+    pub(super) fn slot_bar(
+        &self,
+        a: &super::AsyncDot,
+        bars: u32,
+        off: IntValue<'ctx>,
+    ) -> LResult<PointerValue<'ctx>> {
         let b = &self.cx.b;
         let idx = b.build_int_unsigned_div(off, self.cx.i32(a.slot_bytes as i64), "")?;
         let byte = b.build_int_mul(idx, self.cx.i32(MBAR_BYTES as i64), "")?;
-        let base = self.smem_at(a.bars);
-        // SAFETY: a byte offset inside the ring's mbarriers, which `finish_shared` sizes.
+        let base = self.smem_at(bars);
+        // SAFETY: a byte offset inside the slots' mbarriers (`slots` of them from
+        // `bars`), which the plan sized.
         Ok(unsafe { b.build_in_bounds_gep(self.cx.ctx.i8_type(), base, &[byte], "")? })
     }
 }
