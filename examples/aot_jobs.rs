@@ -80,26 +80,11 @@ macro_rules! job {
     // A kernel with tensor descriptors: its files are the launch whose tensor maps
     // were built (TMA on sm_90a), the all-divisible one with maps.
     ($name:literal, warps = $w:literal, maps, $k:ty) => {
-        (
-            $name,
-            Some($w),
-            |sp, t, o| {
-                let sp = match sp {
-                    Specialization::AllDivisible => {
-                        let n = tessera::kernel_ir::<$k>(&())?.params.len();
-                        Specialization::TensorMaps(vec![true; n])
-                    }
-                    other => other.clone(),
-                };
-                compile_kernel_specialized::<$k>(&(), &sp, t, o)
-            },
-            |t, o, s| precompile_launches::<$k>(&(), t, o, s),
-            || tessera::kernel_ir::<$k>(&()),
-        )
+        job!($name, warps = $w, maps, with = |o| o, $k)
     };
-    // The same without warp specialization (`CompileOptions::warp_specialize`
-    // false), stored under its own key: the GPU check times both.
-    ($name:literal, warps = $w:literal, maps, no_warp_specialize, $k:ty) => {
+    // The same with the options `$with` (a `fn(CompileOptions) -> CompileOptions`)
+    // makes, stored under their own key: the GPU check times the variants.
+    ($name:literal, warps = $w:literal, maps, with = $with:expr, $k:ty) => {
         (
             $name,
             Some($w),
@@ -111,18 +96,12 @@ macro_rules! job {
                     }
                     other => other.clone(),
                 };
-                let o = CompileOptions {
-                    warp_specialize: Some(false),
-                    ..o.clone()
-                };
-                compile_kernel_specialized::<$k>(&(), &sp, t, &o)
+                let with: fn(CompileOptions) -> CompileOptions = $with;
+                compile_kernel_specialized::<$k>(&(), &sp, t, &with(o.clone()))
             },
             |t, o, s| {
-                let o = CompileOptions {
-                    warp_specialize: Some(false),
-                    ..o.clone()
-                };
-                precompile_launches::<$k>(&(), t, &o, s)
+                let with: fn(CompileOptions) -> CompileOptions = $with;
+                precompile_launches::<$k>(&(), t, &with(o.clone()), s)
             },
             || tessera::kernel_ir::<$k>(&()),
         )
@@ -141,7 +120,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 45] = [
+pub const JOBS: [Job; 46] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -245,7 +224,21 @@ pub const JOBS: [Job; 45] = [
         "matmul_desc_128x128x64_no_ws",
         warps = 8,
         maps,
-        no_warp_specialize,
+        with = |o| CompileOptions {
+            warp_specialize: Some(false),
+            ..o
+        },
+        matmul_desc::matmul_desc<128, 128, 64>
+    ),
+    // In clusters of 2 along M: B multicast to both blocks.
+    job!(
+        "matmul_desc_128x128x64_cluster2x1",
+        warps = 8,
+        maps,
+        with = |o| CompileOptions {
+            cluster: [2, 1, 1],
+            ..o
+        },
         matmul_desc::matmul_desc<128, 128, 64>
     ),
 ];

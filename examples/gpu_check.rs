@@ -905,6 +905,12 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
         "TFLOP/s",
         desc(&eight.clone().warp_specialize(false)),
     );
+    // In clusters of 2 along M (B multicast to both blocks of a cluster).
+    record(
+        "matmul_desc_f16_cluster2x1",
+        "TFLOP/s",
+        desc(&eight.clone().cluster(2, 1, 1)),
+    );
     out
 }
 
@@ -1032,6 +1038,17 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
         "matmul_desc_128x128x64_8warps_no_ws",
         find_all::<matmul_desc<128, 128, 64>>(store, t, &no_ws),
     );
+    // Clusters exist from sm_90 on (elsewhere a launch drops them).
+    if t.starts_with("sm_9") || t.starts_with("sm_1") {
+        let clustered = KernelOptions {
+            cluster: [2, 1, 1],
+            ..eight.clone()
+        };
+        one(
+            "matmul_desc_128x128x64_8warps_cluster2x1",
+            find_all::<matmul_desc<128, 128, 64>>(store, t, &clustered),
+        );
+    }
     rows
 }
 

@@ -67,6 +67,13 @@ pub struct CompileOptions {
     /// applies; `Some(false)`: never. (`Some(true)` is the same as `None`: a loop
     /// it cannot apply to is lowered without it.)
     pub warp_specialize: Option<bool>,
+    /// Thread-block clusters (sm_90 and newer, `emu-sm90a`): the launch groups its
+    /// programs into clusters of `x * y * z` (at most 8) co-scheduled on one GPC,
+    /// and a warp-specialized TMA ring multicasts an operand that every program of
+    /// a cluster row loads alike (its coordinates do not depend on `program_id`
+    /// along a clustered axis) to all of them, each issuing a share of the copies.
+    /// `[1, 1, 1]` (the default): no clusters. Targets without clusters ignore it.
+    pub cluster: [u32; 3],
 }
 
 impl Default for CompileOptions {
@@ -76,8 +83,40 @@ impl Default for CompileOptions {
             num_stages: None,
             engine: CommEngine::Direct,
             warp_specialize: None,
+            cluster: [1, 1, 1],
         }
     }
+}
+
+impl CompileOptions {
+    /// Programs per cluster (1: no clusters).
+    pub fn cluster_size(&self) -> u32 {
+        self.cluster.iter().product()
+    }
+}
+
+/// The most programs a cluster may have (the portable limit of sm_90 and sm_100).
+pub const MAX_CLUSTER_SIZE: u32 = 8;
+
+/// Checks a cluster shape for a grid: every extent at least 1, at most
+/// [`MAX_CLUSTER_SIZE`] programs, and each grid extent a multiple of the
+/// cluster's. The message says what is wrong.
+pub fn check_cluster(cluster: [u32; 3], grid: [u32; 3]) -> Result<(), String> {
+    let size: u64 = cluster.iter().map(|&c| c as u64).product();
+    if cluster.contains(&0) || size > MAX_CLUSTER_SIZE as u64 {
+        return Err(format!(
+            "a cluster of {}x{}x{} programs: each extent must be at least 1 and the cluster at most {MAX_CLUSTER_SIZE} programs",
+            cluster[0], cluster[1], cluster[2]
+        ));
+    }
+    for (a, (&g, &c)) in grid.iter().zip(&cluster).enumerate() {
+        if g % c != 0 {
+            return Err(format!(
+                "the grid's axis {a} has {g} programs, not a multiple of the cluster's {c}"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// How a communicating kernel reaches its peers' symmetric heaps.

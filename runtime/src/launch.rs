@@ -288,6 +288,12 @@ pub struct LaunchOptions {
     /// warps compute. `None`: the compiler's choice (on where it applies);
     /// `Some(false)` turns it off. Other targets ignore it.
     pub warp_specialize: Option<bool>,
+    /// Thread-block clusters of `x * y * z` programs (at most 8; every grid extent
+    /// a multiple of the cluster's): a cluster's programs run at once on one GPC
+    /// and a warp-specialized TMA loop multicasts the operand tiles they share
+    /// (sm_90 and newer, `emu-sm90a`). `None`: no clusters. Devices without
+    /// clusters (and the interpreter) check the shape and run the grid as usual.
+    pub cluster: Option<[u32; 3]>,
 }
 
 impl LaunchOptions {
@@ -320,6 +326,12 @@ impl LaunchOptions {
         self
     }
 
+    /// In clusters of `x * y * z` programs ([`LaunchOptions::cluster`]).
+    pub fn cluster(mut self, x: u32, y: u32, z: u32) -> LaunchOptions {
+        self.cluster = Some([x, y, z]);
+        self
+    }
+
     /// Compiled by `backend` (on NVIDIA GPUs).
     pub fn backend(mut self, backend: KernelBackend) -> LaunchOptions {
         self.backend = Some(backend);
@@ -344,12 +356,23 @@ impl LaunchOptions {
                 reason: format!("num_stages must be from 1 to 8, got {s}"),
             });
         }
+        let cluster = self.cluster.unwrap_or([1, 1, 1]);
+        if cluster.contains(&0) || cluster.iter().map(|&c| c as u64).product::<u64>() > 8 {
+            return Err(Error::Launch {
+                kernel: kernel.to_string(),
+                reason: format!(
+                    "a cluster of {}x{}x{} programs: each extent must be at least 1 and the cluster at most 8 programs",
+                    cluster[0], cluster[1], cluster[2]
+                ),
+            });
+        }
         Ok(KernelOptions {
             num_warps,
             num_stages: self.num_stages,
             off_node: false,
             backend: self.backend,
             warp_specialize: self.warp_specialize,
+            cluster,
         })
     }
 }
@@ -367,6 +390,7 @@ impl TryFrom<&LaunchOptions> for tessera_codegen::CompileOptions {
             num_warps: k.num_warps,
             num_stages: k.num_stages,
             warp_specialize: k.warp_specialize,
+            cluster: k.cluster,
             ..Default::default()
         })
     }
@@ -395,7 +419,7 @@ pub fn launch_with<K: Kernel>(
         kernel: K::NAME.to_string(),
         reason,
     };
-    let kopts = &opts.kernel_options(K::NAME)?;
+    let mut kopts = opts.kernel_options(K::NAME)?;
     if kopts.backend == Some(KernelBackend::TileIr) && device.gpu_target().is_none() {
         return Err(invalid(format!(
             "the Tile IR backend compiles for CUDA GPUs; {device} runs kernels on its own executor (leave LaunchOptions::backend unset)"
@@ -424,6 +448,18 @@ pub fn launch_with<K: Kernel>(
                 ))
             })?;
     }
+    for (a, (&g, &c)) in dims.iter().zip(&kopts.cluster).enumerate() {
+        if g % c != 0 {
+            return Err(invalid(format!(
+                "the grid's axis {a} has {g} programs, not a multiple of the cluster's {c} (LaunchOptions::cluster)"
+            )));
+        }
+    }
+    // Clusters are a schedule: where there are none, the grid runs as it is.
+    if !device.has_clusters() || kopts.backend == Some(KernelBackend::TileIr) {
+        kopts.cluster = [1, 1, 1];
+    }
+    let kopts = &kopts;
     let compiled = compile::<K>(ct)?;
     match grid.checked_count() {
         Some(0) => return Ok(()),

@@ -1215,6 +1215,86 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
 /// wait for each slot's full mbarrier and release it on its empty one (an arrival
 /// per warp after `bar.warp.sync`), with no block barrier in the loop; after the
 /// loop they meet at named barrier 1 (256 threads) for the TMA store. No spills.
+/// Thread-block clusters on sm_90a (`CompileOptions::cluster`): the warp-specialized
+/// descriptor matmul in clusters of 2x2 blocks multicasts both operands (A along
+/// grid axis 1, B along axis 0, each block issuing its share of the boxes with
+/// `.multicast::cluster`), initializes its empty mbarriers for the consumer warps
+/// of the 3 blocks writing each slot (itself and its 2 neighbours), releases slots
+/// across the cluster (`mapa` + a cluster-scope arrival per lane), meets the
+/// cluster at a `barrier.cluster` after the mbarriers' initialization, and keeps the
+/// producer until the last releases are in. ptxas accepts it with no spills; the
+/// SASS has the multicast TMA loads (`UTMALDG.2D.MULTICAST`), the cluster barrier
+/// (`UCGABAR_ARV`/`UCGABAR_WAIT`) and remote arrivals, all loads on the producer's
+/// side of the register split.
+#[test]
+fn sm90a_clustered_matmul_multicasts() {
+    use tessera::ir::ParamFacts;
+    let func = kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds");
+    let facts: Vec<ParamFacts> = func
+        .params
+        .iter()
+        .map(|p| {
+            let mut f = ParamFacts::new(!p.name.ends_with("_tmap"), true);
+            f.tensor_map = p.name.ends_with("_tmap");
+            f
+        })
+        .collect();
+    let tma = tessera::ir::passes::specialize(&func, &facts);
+    let opts = CompileOptions {
+        cluster: [2, 2, 1],
+        ..CompileOptions::warps(8)
+    };
+    let art = compile_ir(&tma, SM90A, &opts).expect("compiles");
+    let ptx = &art.asm;
+    let count = |s: &str| ptx.matches(s).count();
+    // Empty mbarriers: 8 consumer warps of each of 3 blocks.
+    assert_eq!(count("mbarrier.init.shared::cta.b64"), 8, "{ptx}");
+    assert!(
+        ptx.contains("], 24;"),
+        "empty mbarriers of 24 arrivals:\n{ptx}"
+    );
+    assert!(count(".multicast::cluster") >= 3, "{ptx}");
+    assert_eq!(count("barrier.cluster.arrive.release.aligned"), 1, "{ptx}");
+    assert_eq!(count("barrier.cluster.wait.acquire.aligned"), 1, "{ptx}");
+    assert!(count("mapa.shared::cluster.u32") >= 1, "{ptx}");
+    assert!(
+        count("mbarrier.arrive.release.cluster.shared::cluster.b64") >= 1,
+        "{ptx}"
+    );
+    assert!(count("%cluster_ctarank") >= 1, "{ptx}");
+    let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
+    assert_eq!(
+        (report.spill_stores_bytes, report.spill_loads_bytes),
+        (0, 0),
+        "{} registers",
+        report.registers
+    );
+    let sass = tools::sass(&report.cubin).expect("cuobjdump");
+    let lines: Vec<&str> = sass.lines().collect();
+    let at = |s: &str| -> Vec<usize> {
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.contains(s))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let alloc = at("USETMAXREG.TRY_ALLOC");
+    let loads = at("UTMALDG.2D.MULTICAST");
+    assert_eq!(alloc.len(), 1, "{sass}");
+    assert!(!loads.is_empty(), "{sass}");
+    assert!(loads.iter().all(|&i| i < alloc[0]), "{sass}");
+    assert!(
+        !at("UCGABAR_ARV").is_empty() && !at("UCGABAR_WAIT").is_empty(),
+        "{sass}"
+    );
+    // Without clusters, none of it.
+    let art = compile_ir(&tma, SM90A, &CompileOptions::warps(8)).expect("compiles");
+    for what in ["multicast", "barrier.cluster", "mapa", "%cluster_ctarank"] {
+        assert_eq!(art.asm.matches(what).count(), 0, "{what}");
+    }
+}
+
 #[test]
 fn sm90a_descriptor_matmul_is_warp_specialized() {
     use tessera::ir::ParamFacts;

@@ -94,6 +94,15 @@ fn target_args(args: &[&str]) -> Result<(Target, CompileOptions), String> {
             Some(("stages", n)) => {
                 opts.num_stages = Some(n.parse().map_err(|_| format!("bad stages `{n}`"))?)
             }
+            Some(("cluster", c)) => {
+                let dims: Vec<u32> = c
+                    .split('x')
+                    .map(|d| d.parse().map_err(|_| format!("bad cluster `{c}`")))
+                    .collect::<Result<_, _>>()?;
+                opts.cluster = dims
+                    .try_into()
+                    .map_err(|_| format!("a cluster is XxYxZ, got `{c}`"))?;
+            }
             _ => return Err(format!("unknown argument `{a}`")),
         }
     }

@@ -287,6 +287,105 @@ fn warp_specialized_matmul_matches_the_unspecialized_one() {
     assert_eq!((threads(None), threads(Some(false))), (384, 256));
 }
 
+/// Thread-block clusters on emu-sm90a: in clusters of 2x1, 1x2 and 2x2 programs
+/// the warp-specialized matmul multicasts B (the same for the programs of a
+/// cluster along axis 0: its coordinates read only `program_id(1)`) and A (along
+/// axis 1), each program issuing its share of the boxes into every program of its
+/// group, the slots released to every block that writes them. The result is
+/// bit for bit the unclustered kernel's (the same `wgmma` steps), every element
+/// written, over 20 k-steps with ragged edges. The emulator runs each cluster's
+/// blocks together and checks the cross-block hand-offs (a multicast into a slot a
+/// peer's consumer has not released is a race; a copy into a peer whose mbarrier
+/// is not initialized is an error).
+#[test]
+fn clustered_matmul_multicasts_and_matches() {
+    let dev = Device::emu(EmuKind::Sm90a).expect("the emulator (feature jit)");
+    let (m, n, k) = (250, 200, 20 * 64 - 8);
+    let a: Vec<f16> = rand_f32(41, m * k).into_iter().map(f16::from_f32).collect();
+    let b: Vec<f16> = rand_f32(42, k * n).into_iter().map(f16::from_f32).collect();
+    let base = matmul_with(&dev, &LaunchOptions::new(), &a, &b, (m, n, k));
+    for (x, y) in [(2, 1), (1, 2), (2, 2)] {
+        let opts = LaunchOptions::new().cluster(x, y, 1);
+        let got = matmul_with(&dev, &opts, &a, &b, (m, n, k));
+        for i in 0..m {
+            for j in 0..n {
+                assert_eq!(
+                    got[i * n + j].to_bits(),
+                    base[i * n + j].to_bits(),
+                    "cluster {x}x{y}: C[{i}][{j}] = {}, unclustered {}",
+                    got[i * n + j],
+                    base[i * n + j]
+                );
+            }
+        }
+    }
+    let want = |i: usize, j: usize| -> f64 {
+        (0..k)
+            .map(|p| f64::from(a[i * k + p].to_f32()) * f64::from(b[p * n + j].to_f32()))
+            .sum()
+    };
+    for (i, j) in [(0, 0), (m - 1, n - 1), (129, 77), (64, 128)] {
+        let g = f64::from(base[i * n + j]);
+        assert!((g - want(i, j)).abs() <= 4e-5 * k as f64 + 1e-4 * want(i, j).abs());
+    }
+    // On sm_90a the clustered kernel multicasts (and the unclustered one does not):
+    // A and B each along their axis, the slots released across the cluster, a
+    // cluster barrier after the mbarriers' initialization.
+    let ir = tessera::kernel_ir::<matmul_desc<64, 128, 64>>(&()).unwrap();
+    let maps = tessera::Specialization::for_launches(&ir)
+        .into_iter()
+        .find(|s| matches!(s, tessera::Specialization::TensorMaps(_)))
+        .expect("a specialization with tensor maps");
+    let f = maps.apply(&ir);
+    let ptx = |cluster| {
+        let opts = tessera::aot::CompileOptions {
+            cluster,
+            ..tessera::aot::CompileOptions::warps(8)
+        };
+        tessera::aot::compile_ir(&f, tessera::codegen::Target::SM90A, &opts)
+            .unwrap()
+            .asm
+    };
+    let count = |s: &str, what: &str| s.matches(what).count();
+    let (one, four) = (ptx([1, 1, 1]), ptx([2, 2, 1]));
+    for what in [
+        ".multicast::cluster",
+        "mapa.shared::cluster",
+        "barrier.cluster.arrive",
+    ] {
+        assert_eq!(count(&one, what), 0, "{what} without clusters");
+        assert!(
+            count(&four, what) > 0,
+            "no {what} in a 2x2 cluster:\n{four}"
+        );
+    }
+    // A grid the cluster does not divide (4 x 2 programs) and a cluster past 8
+    // programs are refused, naming the option.
+    let ab = dev.upload(&a).unwrap();
+    let bb = dev.upload(&b).unwrap();
+    let mut cb = dev.upload(&vec![0f32; m * n]).unwrap();
+    let ad = TensorDescriptor::new(&ab, &[m, k], &[k, 1], &[64, 64]).unwrap();
+    let bd = TensorDescriptor::new(&bb, &[k, n], &[n, 1], &[64, 128]).unwrap();
+    let mut cd = TensorDescriptor::new_mut(&mut cb, &[m, n], &[n, 1], &[64, 128]).unwrap();
+    for (opts, what) in [
+        (
+            LaunchOptions::new().cluster(1, 4, 1),
+            "not a multiple of the cluster's 4",
+        ),
+        (LaunchOptions::new().cluster(4, 4, 1), "at most 8 programs"),
+    ] {
+        let e = matmul_desc::<64, 128, 64>::launch_with(
+            &dev,
+            (4u32, 2u32),
+            &opts,
+            (&ad, &bd, &mut cd, k as i32),
+        )
+        .expect_err(what)
+        .to_string();
+        assert!(e.contains(what), "{e}");
+    }
+}
+
 #[test]
 fn descriptors_that_do_not_describe_their_buffer_are_refused() {
     let dev = Device::cpu();

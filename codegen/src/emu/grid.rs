@@ -202,6 +202,15 @@ pub(super) fn run(kernel: &EmuKernel<'_>, how: &EmuLaunch<'_>) -> Result<(), Emu
         }
     }
     let arg_ptrs: Vec<*const u8> = slots.iter().map(|s| s as *const u64 as *const u8).collect();
+    // Thread-block clusters: sm_90a's (other flavours run the grid as it is).
+    let cluster = if flavor == crate::EmuFlavor::Sm90a {
+        opts.cluster
+    } else {
+        [1, 1, 1]
+    };
+    crate::check_cluster(cluster, grid)
+        .map_err(|m| arg_err("<grid>", format!("{m} (CompileOptions::cluster)")))?;
+    let csize = cluster.iter().map(|&c| c as u64).product::<u64>();
     let k = jit::compile(func, flavor, opts, limits.dump_llvm)?;
     let total: u64 = grid.iter().map(|&g| g as u64).product();
     if total == 0 {
@@ -214,13 +223,15 @@ pub(super) fn run(kernel: &EmuKernel<'_>, how: &EmuLaunch<'_>) -> Result<(), Emu
     // Threads that never meet (no barrier, shuffle, matrix instruction or shared
     // memory) need no coroutines.
     let independent = !concurrent
+        && csize == 1
         && shared_bytes == 0
         && !k
             .sites
             .iter()
             .any(|s| matches!(s.what, "barrier" | "shuffle" | "mma"));
-    let workers = (crate::host::cores() as u64).min(total);
-    let live_blocks = if concurrent { total } else { workers };
+    // Workers take whole clusters (a cluster's blocks run together on one).
+    let workers = (crate::host::cores() as u64).min(total / csize);
+    let live_blocks = if concurrent { total } else { workers * csize };
     // The ranks of a world launch their kernels at the same time (one program, many
     // ranks): a waiting kernel's memory is checked for all of them at once.
     let ranks = if concurrent && uses_comm {
@@ -259,6 +270,8 @@ pub(super) fn run(kernel: &EmuKernel<'_>, how: &EmuLaunch<'_>) -> Result<(), Emu
         shared_bytes,
         total,
         workers,
+        cluster,
+        csize,
         next: AtomicU64::new(0),
         team_timeout,
         frame_bytes: k.frame_bytes,
@@ -268,7 +281,7 @@ pub(super) fn run(kernel: &EmuKernel<'_>, how: &EmuLaunch<'_>) -> Result<(), Emu
     let arenas = (0..workers)
         .map(|w| match (independent, concurrent) {
             (true, _) => Ok(None),
-            (false, false) => job.arena(threads as usize).map(Some),
+            (false, false) => job.arena(threads as usize * csize as usize).map(Some),
             (false, true) => job
                 .arena(threads as usize * job.owned(w as usize).len())
                 .map(Some),
@@ -298,6 +311,7 @@ pub(super) fn run(kernel: &EmuKernel<'_>, how: &EmuLaunch<'_>) -> Result<(), Emu
                             Ok(())
                         }
                         Some(a) if concurrent => job.run_resident(w as u64, a),
+                        Some(a) if csize > 1 => job.run_clusters(a),
                         Some(a) => job.run_blocks(a),
                     }
                 });
@@ -405,7 +419,10 @@ struct Job<'a> {
     shared_bytes: usize,
     total: u64,
     workers: u64,
-    /// The next block to take (sequential launches).
+    /// The thread-block cluster's shape, and its blocks (1: no clusters).
+    cluster: [u32; 3],
+    csize: u64,
+    /// The next block (or cluster) to take (sequential launches).
     next: AtomicU64,
     team_timeout: Duration,
     /// The kernel's largest stack frame (sizes the threads' stacks).
@@ -454,7 +471,27 @@ impl Job<'_> {
             return None;
         }
         let lin = self.next.fetch_add(1, Ordering::AcqRel);
-        (lin < self.total).then_some(lin)
+        (lin < self.total / self.csize).then_some(lin)
+    }
+
+    /// The linear indices of the blocks of cluster `k` (clusters numbered like
+    /// blocks, over the grid divided by the cluster's shape), by cluster rank
+    /// (`x + cx * (y + cy * z)` for the block's place in its cluster).
+    fn cluster_blocks(&self, k: u64) -> Vec<u64> {
+        let [cx, cy, cz] = self.cluster.map(|c| c as u64);
+        let [gx, gy, gz] = self.launch.grid.map(|g| g as u64);
+        let kc = super::block_of([(gx / cx) as u32, (gy / cy) as u32, (gz / cz) as u32], k)
+            .map(|v| v as u64);
+        (0..self.csize)
+            .map(|r| {
+                let (x, y, z) = (
+                    kc[0] * cx + r % cx,
+                    kc[1] * cy + (r / cx) % cy,
+                    kc[2] * cz + r / (cx * cy),
+                );
+                x + gx * (y + gy * z)
+            })
+            .collect()
     }
 
     fn arena(&self, count: usize) -> Result<StackArena, EmuError> {
@@ -567,10 +604,12 @@ impl Job<'_> {
         }
     }
 
-    /// The blocks worker `w` owns in a launch of a waiting kernel.
+    /// The blocks worker `w` owns in a launch of a waiting kernel: those of clusters
+    /// `w, w + W, ...`, each cluster's by rank.
     fn owned(&self, w: usize) -> Vec<u64> {
-        (w as u64..self.total)
+        (w as u64..self.total / self.csize)
             .step_by(self.workers as usize)
+            .flat_map(|k| self.cluster_blocks(k))
             .collect()
     }
 
@@ -607,21 +646,62 @@ impl Job<'_> {
         Ok(())
     }
 
-    /// Waiting kernels: every block live at once; worker `w` owns blocks `w, w + W,
-    /// ...` and steps them round robin until all have ended.
+    /// Waiting kernels: every block live at once; worker `w` owns the blocks of
+    /// clusters `w, w + W, ...` (a cluster of one block without clusters) and steps
+    /// them round robin until all have ended.
     fn run_resident(&self, w: u64, arena: &StackArena) -> Result<(), EmuError> {
         let mine = self.owned(w as usize);
+        let blocks = self.blocks(mine.len());
+        self.drive(&mine, &blocks, arena);
+        Ok(())
+    }
+
+    /// `count` fresh blocks, clusters of `csize` consecutive ones (ranked in order).
+    fn blocks(&self, count: usize) -> Vec<Block> {
+        (0..count)
+            .map(|b| {
+                Block::new(Team::new(self.threads, self.warp), self.shared_bytes)
+                    .with_rank((b as u64 % self.csize) as u32)
+            })
+            .collect()
+    }
+
+    /// Sequential launches of a kernel in clusters: this worker takes a cluster at a
+    /// time and runs its blocks' threads together (a cluster's blocks are
+    /// co-resident: they wait for each other at cluster barriers and mbarriers).
+    fn run_clusters(&self, arena: &StackArena) -> Result<(), EmuError> {
+        let blocks = self.blocks(self.csize as usize);
+        while let Some(k) = self.take() {
+            for blk in &blocks {
+                blk.team.reset();
+                blk.clear_shadow();
+            }
+            self.drive(&self.cluster_blocks(k), &blocks, arena);
+        }
+        Ok(())
+    }
+
+    /// Runs blocks `lins` (clusters of `csize` consecutive ones) on `blocks`, their
+    /// threads on `arena`'s stacks, stepping the blocks round robin until all have
+    /// ended.
+    fn drive(&self, lins: &[u64], blocks: &[Block], arena: &StackArena) {
         let n = self.threads as usize;
-        let blocks: Vec<Block> = mine
+        let cs = self.csize as usize;
+        let ctxs: Vec<Vec<ThreadCtx<'_>>> = lins
             .iter()
-            .map(|_| Block::new(Team::new(self.threads, self.warp), self.shared_bytes))
-            .collect();
-        let ctxs: Vec<Vec<ThreadCtx<'_>>> = mine
-            .iter()
-            .zip(&blocks)
-            .map(|(&lin, blk)| {
+            .enumerate()
+            .map(|(b, &lin)| {
+                let first = b - b % cs;
                 (0..self.threads)
-                    .map(|tid| ThreadCtx::new(tid, self.launch, blk, lin))
+                    .map(|tid| {
+                        ThreadCtx::in_cluster(
+                            tid,
+                            self.launch,
+                            &blocks[first..first + cs],
+                            b % cs,
+                            lin,
+                        )
+                    })
                     .collect()
             })
             .collect();
@@ -632,25 +712,26 @@ impl Job<'_> {
                 cs.iter()
                     .enumerate()
                     // SAFETY: stack `b * n + i` for thread `i` of local block `b`:
-                    // each once.
+                    // each once (the coroutines of an earlier call on this arena
+                    // were all dropped when it returned).
                     .map(|(i, c)| Some(self.spawn(c, unsafe { arena.stack(b * n + i) })))
                     .collect()
             })
             .collect();
         let Some(first) = ctxs.first().and_then(|c| c.first()) else {
-            return Ok(());
+            return;
         };
         let _guard = runtime::enter(first);
-        let mut done = vec![false; mine.len()];
-        let mut poll: Vec<PollClock> = mine.iter().map(|_| PollClock::default()).collect();
+        let mut done = vec![false; lins.len()];
+        let mut poll: Vec<PollClock> = lins.iter().map(|_| PollClock::default()).collect();
         let mut idle_rounds = 0u32;
         while done.iter().any(|d| !d) {
             let mut progressed = false;
-            for b in 0..mine.len() {
+            for b in 0..lins.len() {
                 if done[b] {
                     continue;
                 }
-                let blk = &blocks[b];
+                let blk = ctxs[b][0].blk;
                 let step = blk
                     .team
                     .step(|tid| self.resume(&mut threads[b], &ctxs[b], arena, b * n, tid));
@@ -681,7 +762,6 @@ impl Job<'_> {
                 }
             }
         }
-        Ok(())
     }
 }
 

@@ -28,6 +28,18 @@
 //! warp-specialized producer refilling a slot its consumers released). Copies land lazily: only when a
 //! thread waits for the phase they complete, so a kernel that reads a box without
 //! waiting (or waits for the wrong phase) reads stale shared memory.
+//!
+//! **Clusters** (PTX ISA, "Cluster of Cooperative Thread Arrays", "mapa",
+//! "barrier.cluster", `.multicast::cluster`). A launch in clusters runs each
+//! cluster's blocks together on one worker, so they can wait for each other. A
+//! multicast copy lands its box at the same shared offset in every block of its CTA
+//! mask and completes its bytes on the mbarrier at the same offset there (each block
+//! announces the bytes it expects itself; before its arrival, its transaction count
+//! may go below zero). An arrival through `mapa` lands on another block's mbarrier.
+//! Arrivals are recorded per warp of the cluster (`rank * 32 + warp`), so a producer
+//! whose wait sees a phase completed by another block's consumers may overwrite what
+//! they read. A copy into another block over bytes read there and not released so is
+//! a race; reaching a block whose threads all exited is an error.
 
 /// The emulator's tensor map: what `cuTensorMapEncodeTiled` encodes for a CUDA
 /// launch (a tensor's address, extents and strides, the box a copy moves and its

@@ -334,6 +334,21 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     *t = dot::wgmma::finish_in_flight(self, d, t)?;
                 }
             }
+            // A multicasting ring's producers wait for the release of every fill
+            // (`spec.rs`): the last iteration's slot, whose group was in flight, is
+            // released now that it retired.
+            if let Some((dot, r, empty)) = spec
+                && r.overlap.is_some()
+                && self.plan.warp_spec.as_ref().is_some_and(|w| w.multicasts())
+                && let Some((rd, ..)) = ring_phis
+                    .iter()
+                    .zip(&rings)
+                    .find(|(_, (d, _))| std::ptr::eq(*d, dot))
+                    .map(|(p, _)| p)
+            {
+                let rd = rd.as_basic_value().into_int_value();
+                self.release_slot(&r, empty, ivv, lb, rd)?;
+            }
         }
         for (i, (r, t)) in op.results.iter().zip(carried).enumerate() {
             // A carried statistic keeps its parent after the loop (see

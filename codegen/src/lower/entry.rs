@@ -65,6 +65,8 @@ pub fn lower_kernel<'ctx>(
             opts.num_stages
         )));
     }
+    // (A grid of one cluster: the shape alone.)
+    crate::check_cluster(opts.cluster, opts.cluster).map_err(CodegenError::Options)?;
     let arch = arch::for_target(target);
     lower_with_arch(ctx, func, arch.as_ref(), opts)
 }
@@ -250,6 +252,9 @@ fn lower_expanded<'ctx>(
     let mut l = Lowerer::new(cx, arch, func, opts.num_warps).map_err(err)?;
     l.engine = opts.engine;
     l.warp_specialize = opts.warp_specialize;
+    if target.has_wgmma() {
+        l.cluster = opts.cluster;
+    }
     if with_layouts {
         l.notes = Some(RefCell::new(HashMap::new()));
     }

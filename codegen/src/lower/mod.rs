@@ -366,6 +366,8 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     engine: crate::CommEngine,
     /// [`crate::CompileOptions::warp_specialize`].
     pub(crate) warp_specialize: Option<bool>,
+    /// [`crate::CompileOptions::cluster`] on targets with clusters, else `[1, 1, 1]`.
+    pub(crate) cluster: [u32; 3],
     /// Where a warp-specialized kernel's lowering is ([`plan::WarpSpec`]).
     pub(crate) spec_role: SpecRole,
     /// The op being lowered (span, mnemonic), for new sites.
@@ -479,6 +481,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             comm_exit: None,
             engine: crate::CommEngine::Direct,
             warp_specialize: None,
+            cluster: [1, 1, 1],
             spec_role: SpecRole::All,
         })
     }

@@ -188,6 +188,46 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         parity.add_incoming(&[(&next_parity as &dyn BasicValue, latch)]);
         self.cx.b.build_unconditional_branch(header)?;
         self.cx.b.position_at_end(exit);
+        if self.plan.warp_spec.as_ref().is_some_and(|w| w.multicasts()) {
+            self.producer_tail(&r, empty, fv, pv)?;
+        }
+        Ok(())
+    }
+
+    /// After the producer's loop of a multicasting ring (its next fill at byte
+    /// offset `fill` with empty-mbarrier parity `parity`): the producer waits until
+    /// the consumers of every block that releases its slots (its cluster
+    /// neighbours) released the loop's last fills, continuing its sequence of waits
+    /// for `slots - ahead` more fills. Until then those blocks may still arrive on
+    /// this block's mbarriers, so it must not exit.
+    fn producer_tail(
+        &mut self,
+        r: &AsyncDot,
+        empty: u32,
+        fill: IntValue<'ctx>,
+        parity: IntValue<'ctx>,
+    ) -> LResult<()> {
+        let (mut f, mut p) = (fill, parity);
+        let size = self.cx.i32((r.slots * r.slot_bytes) as i64);
+        for _ in r.ahead..r.slots {
+            let bar = self.slot_bar(r, empty, f)?;
+            let site = self.new_site("mbarrier.try_wait");
+            self.arch.mbarrier_wait(&self.cx, bar, p, site)?;
+            let b = &self.cx.b;
+            let n = b.build_int_add(f, self.cx.i32(r.slot_bytes as i64), "")?;
+            let wrap = b.build_int_compare(IntPredicate::EQ, n, size, "")?;
+            f = b
+                .build_select(wrap, self.cx.i32(0), n, "")?
+                .into_int_value();
+            let flip = b.build_xor(p, self.cx.i32(1), "")?;
+            p = b.build_select(wrap, flip, p, "")?.into_int_value();
+        }
+        self.note(|| {
+            format!(
+                "warp-specialized, multicast: the producer waits for the release of the last {} fills before it exits (the cluster's consumers arrive on its mbarriers)",
+                r.slots - r.ahead
+            )
+        });
         Ok(())
     }
 
@@ -216,13 +256,20 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         } else {
             (rd, lane0)
         };
+        let multicasts = self.plan.warp_spec.as_ref().is_some_and(|w| w.multicasts());
         self.note(|| {
             format!(
-                "warp-specialized: lane 0 of each consumer warp releases {} on its empty mbarrier",
+                "warp-specialized: {} of each consumer warp releases {} on {}",
+                if multicasts { "lane q" } else { "lane 0" },
                 if r.overlap.is_some() {
                     "the previous iteration's slot (its wgmma group retired)"
                 } else {
                     "the slot read"
+                },
+                if multicasts {
+                    "the empty mbarrier of cluster rank q, for each block multicasting into this one"
+                } else {
+                    "its empty mbarrier"
                 }
             )
         });
@@ -231,6 +278,30 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         let site = self.new_site("bar.warp.sync");
         self.arch.warp_sync(&self.cx, site)?;
         let site = self.new_site("mbarrier.arrive");
-        self.when(cond, |l| l.arch.mbarrier_arrive(&l.cx, bar, site))
+        let Some(w) = self.plan.warp_spec.as_ref().filter(|w| w.multicasts()) else {
+            return self.when(cond, |l| l.arch.mbarrier_arrive(&l.cx, bar, site));
+        };
+        // Multicast: the slot is released to every block whose copies land in it,
+        // lane `q` arriving on the mbarrier of cluster rank `q`.
+        let (mc, cluster) = (w.multicast, self.cluster);
+        let rank = self.arch.cluster_ctarank(&self.cx)?;
+        let nb = self.cluster_table(rank, 8, |q| super::plan::neighbours(mc, cluster, q))?;
+        let b = &self.cx.b;
+        let bit = b.build_and(
+            b.build_right_shift(nb, self.lane, false, "")?,
+            self.cx.i32(1),
+            "",
+        )?;
+        let mine = b.build_int_compare(IntPredicate::NE, bit, self.cx.i32(0), "")?;
+        let later = if r.overlap.is_some() {
+            b.build_int_compare(IntPredicate::NE, iv, lb, "")?
+        } else {
+            self.cx.ctx.bool_type().const_int(1, false)
+        };
+        let cond = b.build_and(mine, later, "")?;
+        let lane = self.lane;
+        self.when(cond, |l| {
+            l.arch.mbarrier_arrive_cluster(&l.cx, bar, lane, site)
+        })
     }
 }

@@ -243,20 +243,23 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
     let ring = l
         .async_dot(d)
         .ok_or_else(|| LowerError::Llvm("no ring for this dot".into()))?;
-    // A warp-specialized ring's empty mbarriers.
-    let empty = l
-        .plan
-        .warp_spec
-        .as_ref()
-        .filter(|w| std::ptr::eq(w.dot, d))
-        .map(|w| w.empty);
+    // A warp-specialized ring's empty mbarriers, and how it multicasts.
+    let spec = l.plan.warp_spec.as_ref().filter(|w| std::ptr::eq(w.dot, d));
+    let empty = spec.map(|w| w.empty);
+    let multicast = spec.map(|w| w.multicast[which]).filter(|&a| a != 0);
+    let clustered = spec.is_some_and(|w| w.multicasts());
+    // The blocks whose consumers release each slot (one arrival per consumer warp
+    // of each): this one, and those multicasting into it.
+    let releasers = spec.map_or(1, |w| w.neighbours(l.cluster, 0).count_ones());
     if matches!(slot, AsyncSlot::Fixed(0)) && l.tma_inited.borrow_mut().insert(d as *const Op) {
         // Before the ring's first copy: every thread is done with the mbarriers of an
         // earlier run of the loop; thread 0 initializes them (a warp-specialized
-        // ring's empty ones with one arrival per consumer warp).
+        // ring's empty ones with one arrival per consumer warp of each block that
+        // releases the slot); with multicasts, the cluster's blocks see each other's
+        // mbarriers initialized before any copy lands in them.
         l.barrier()?;
         let site = l.new_site("mbarrier.init");
-        let consumer_warps = l.nw;
+        let consumer_warps = l.nw * releasers;
         l.in_thread0(|l| {
             for s in 0..ring.slots {
                 let bar = l.smem_at(ring.bars + s * MBAR_BYTES);
@@ -268,7 +271,12 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
             }
             l.arch.fence_mbarrier_init(&l.cx)
         })?;
-        l.barrier()?;
+        if clustered {
+            let site = l.new_site("barrier.cluster");
+            l.arch.cluster_sync(&l.cx, site)?;
+        } else {
+            l.barrier()?;
+        }
     }
     let base = l.async_base(d, Some(slot))?;
     let arr_off = if which == 0 {
@@ -287,7 +295,10 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
     let site = l.new_site("cp.async.bulk.tensor");
     // Inside the ring slot (`ring_ok`: the arrays hold the boxes).
     let issue = |l: &mut Lowerer<'_, 'ctx>| {
-        let copy = |l: &mut Lowerer<'_, 'ctx>| issue_box_copies(l, &blk, base, arr_off, bar, site);
+        let copy = |l: &mut Lowerer<'_, 'ctx>| match multicast {
+            Some(axes) => issue_multicast_copies(l, &blk, base, arr_off, bar, axes, site),
+            None => issue_box_copies(l, &blk, base, arr_off, bar, site),
+        };
         match pred {
             Some(p) => l.when(p, copy),
             None => copy(l),
@@ -310,6 +321,23 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
     }
     l.async_issued(d, slot)?;
     let bx = &blk.bx;
+    if let Some(axes) = multicast {
+        let cluster = l.cluster;
+        l.note(|| {
+            format!(
+                "TMA multicast: operand {} is the same for the blocks of a {}x{}x{} cluster along grid axis {}; its boxes are shared out among them, each copied once into all",
+                ["A", "B"][which],
+                cluster[0],
+                cluster[1],
+                cluster[2],
+                (0..3)
+                    .filter(|a| axes >> a & 1 == 1)
+                    .map(|a| a.to_string())
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            )
+        });
+    }
     l.note(|| {
         format!(
             "TMA: {} box(es) of {:?} ({}-byte swizzle) of operand {} into the dot's ring ({}), completing on the slot's mbarrier",
@@ -375,6 +403,71 @@ fn issue_box_copies<'ctx>(
         l.arch.tma_load(&l.cx, dst, blk.tmap, &cs, bar, site)?;
     }
     Ok(())
+}
+
+/// The multicast side of [`issue_box_copies`] for an operand shared along cluster
+/// axes `axes` (the plan's `cluster.rs`): the producer announces the whole block's
+/// bytes on its own `bar` (every block of the group receives all of them), then
+/// issues box `c` when its rank in the group is `c % group size`, multicast to the
+/// group (`mask`: the group's ranks), landing at the same offsets in each.
+fn issue_multicast_copies<'ctx>(
+    l: &mut Lowerer<'_, 'ctx>,
+    blk: &Block<'ctx>,
+    base: PointerValue<'ctx>,
+    first: u32,
+    bar: PointerValue<'ctx>,
+    axes: u8,
+    site: u32,
+) -> LResult<()> {
+    let cluster = l.cluster;
+    let group = |r: u32| super::plan::group_mask(cluster, axes, r);
+    let size = group(0).count_ones();
+    l.arch
+        .mbarrier_arrive_expect_tx(&l.cx, bar, blk.bytes(), site)?;
+    let rank = l.arch.cluster_ctarank(&l.cx)?;
+    let mask = l.cluster_table(rank, 8, group)?;
+    let mask =
+        l.cx.b
+            .build_int_truncate(mask, l.cx.ctx.i16_type(), "mc.mask")?;
+    let index = l.cluster_table(rank, 4, |r| (group(r) & ((1 << r) - 1)).count_ones())?;
+    for c in 0..blk.bx.copies {
+        let mine = l.cx.b.build_int_compare(
+            inkwell::IntPredicate::EQ,
+            index,
+            l.cx.i32((c % size) as i64),
+            "",
+        )?;
+        l.when(mine, |l| {
+            let (dst, cs) = box_place(l, blk, base, first, c)?;
+            l.arch
+                .tma_load_multicast(&l.cx, dst, blk.tmap, &cs, bar, mask, site)
+        })?;
+    }
+    Ok(())
+}
+
+impl<'ctx> Lowerer<'_, 'ctx> {
+    /// `f(rank)` for the cluster rank `rank` (an `i32`), read from a table of
+    /// `bits`-bit entries packed into one 64-bit constant (`f`'s values fit them; a
+    /// cluster has at most 8 blocks).
+    pub(super) fn cluster_table(
+        &self,
+        rank: IntValue<'ctx>,
+        bits: u32,
+        f: impl Fn(u32) -> u32,
+    ) -> LResult<IntValue<'ctx>> {
+        let size = self.cluster.iter().product::<u32>();
+        let table = (0..size).fold(0u64, |t, r| {
+            t | (f(r) as u64 & ((1 << bits) - 1)) << (r * bits)
+        });
+        let b = &self.cx.b;
+        let i64t = self.cx.ctx.i64_type();
+        let r = b.build_int_z_extend(rank, i64t, "")?;
+        let shift = b.build_int_mul(r, i64t.const_int(bits as u64, false), "")?;
+        let v = b.build_right_shift(i64t.const_int(table, false), shift, false, "")?;
+        let v = b.build_and(v, i64t.const_int((1 << bits) - 1, false), "")?;
+        Ok(b.build_int_truncate(v, self.cx.ctx.i32_type(), "")?)
+    }
 }
 
 /// Lowers `desc_store` `op` as TMA stores: every thread writes its elements into a

@@ -425,6 +425,84 @@ impl CudaDevice {
 
     /// Dynamic shared memory a launch of `bin` passes (declared in the PTX up to
     /// 48 KiB, dynamic past it: [`KernelBinary`]).
+    /// Launches `k` in thread-block clusters of `cluster` blocks
+    /// (`cuLaunchKernelEx` with the cluster-dimension attribute), after asking the
+    /// driver how many such clusters fit at once (`cuOccupancyMaxActiveClusters`):
+    /// none (a cluster's shared memory or threads exceed what one GPC holds) is an
+    /// error naming the limit. The context is bound.
+    fn launch_clusters(
+        &self,
+        k: &CudaKernel,
+        grid: [u32; 3],
+        cluster: [u32; 3],
+        params: &mut [*mut std::ffi::c_void],
+        stream: RawStream,
+    ) -> Result<(), Error> {
+        let what = format!("launching kernel `{}` in clusters", k.bin.name);
+        // SAFETY: a plain-data union; the cluster dimension is the member the
+        // attribute's id selects.
+        let mut value: sys::CUlaunchAttributeValue = unsafe { std::mem::zeroed() };
+        value.clusterDim.x = cluster[0];
+        value.clusterDim.y = cluster[1];
+        value.clusterDim.z = cluster[2];
+        let mut attr = sys::CUlaunchAttribute {
+            id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION,
+            pad: [0; 4],
+            value,
+        };
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid[0],
+            gridDimY: grid[1],
+            gridDimZ: grid[2],
+            blockDimX: k.bin.num_threads,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: Self::dynamic_shared(&k.bin) as u32,
+            hStream: cu_stream(stream),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        let mut fit = 0i32;
+        // SAFETY: `config` and the attribute it points to live across the call; the
+        // function belongs to this (bound) context.
+        let r =
+            unsafe { sys::cuOccupancyMaxActiveClusters(&mut fit, k.func.cu_function(), &config) };
+        if r != sys::CUresult::CUDA_SUCCESS || fit < 1 {
+            return Err(Error::Launch {
+                kernel: k.bin.name.clone(),
+                reason: format!(
+                    "{} cannot hold a cluster of {}x{}x{} blocks of {} threads with {} bytes of shared memory each at once ({}; use a smaller cluster)",
+                    self.props.name,
+                    cluster[0],
+                    cluster[1],
+                    cluster[2],
+                    k.bin.num_threads,
+                    k.bin.shared_bytes,
+                    if r == sys::CUresult::CUDA_SUCCESS {
+                        "cuOccupancyMaxActiveClusters: 0".to_string()
+                    } else {
+                        format!("cuOccupancyMaxActiveClusters: {r:?}")
+                    }
+                ),
+            });
+        }
+        // SAFETY: as for `cuLaunchKernel` in `launch` (the parameters match the
+        // kernel's, the buffers are live, `stream` belongs to this context); the
+        // configuration and its attribute live across the call.
+        let r = unsafe {
+            sys::cuLaunchKernelEx(
+                &config,
+                k.func.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        match r {
+            sys::CUresult::CUDA_SUCCESS => Ok(()),
+            e => Err(self.err(what)(DriverError(e))),
+        }
+    }
+
     fn dynamic_shared(bin: &KernelBinary) -> usize {
         if bin.shared_bytes > DYNAMIC_SHARED_PAST {
             bin.shared_bytes as usize
@@ -765,6 +843,7 @@ impl GpuBackend for CudaDevice {
         &self,
         kernel: &dyn GpuKernel,
         grid: [u32; 3],
+        cluster: [u32; 3],
         args: &[GpuArg],
         waits: bool,
         stream: RawStream,
@@ -786,6 +865,9 @@ impl GpuBackend for CudaDevice {
         // pointers (and copies them before the call returns).
         let mut params: Vec<_> = args.iter().map(GpuArg::as_param).collect();
         self.bind(&what)?;
+        if cluster != [1, 1, 1] {
+            return self.launch_clusters(k, grid, cluster, &mut params, stream);
+        }
         // SAFETY: the arguments match the kernel's parameters in number and size
         // (checked against the IR by `launch`), device addresses belong to live
         // buffers of this device borrowed for the call, the kernel's accesses are

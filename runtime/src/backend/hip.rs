@@ -798,12 +798,19 @@ impl GpuBackend for HipDevice {
         &self,
         kernel: &dyn GpuKernel,
         grid: [u32; 3],
+        cluster: [u32; 3],
         args: &[GpuArg],
         waits: bool,
         stream: RawStream,
     ) -> Result<(), Error> {
         let k: &HipKernel = downcast_kernel(kernel, &self.id())?;
         let what = format!("launching kernel `{}`", k.bin.name);
+        if cluster != [1, 1, 1] {
+            return Err(Error::Launch {
+                kernel: k.bin.name.clone(),
+                reason: "AMD GPUs have no thread-block clusters".into(),
+            });
+        }
         self.check_launch(kernel, grid, waits, GridLimits::Hip)?;
         self.set(&what)?;
         // Each parameter's value lives in `args`; HIP reads them through pointers.

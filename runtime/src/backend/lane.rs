@@ -219,6 +219,7 @@ impl GpuBackend for Lane {
         &self,
         kernel: &dyn GpuKernel,
         grid: [u32; 3],
+        cluster: [u32; 3],
         args: &[GpuArg],
         waits: bool,
         stream: RawStream,
@@ -229,7 +230,7 @@ impl GpuBackend for Lane {
         };
         self.check_launch(kernel, grid, waits, limits)?;
         self.inner
-            .launch(kernel, grid, args, waits, self.on(stream))
+            .launch(kernel, grid, cluster, args, waits, self.on(stream))
     }
     fn tensor_map(&self, spec: &TensorMapSpec<'_>) -> Result<Option<TensorMap>, Error> {
         self.inner.tensor_map(spec)
@@ -392,6 +393,7 @@ mod tests {
             &self,
             _: &dyn GpuKernel,
             grid: [u32; 3],
+            _: [u32; 3],
             _: &[GpuArg],
             _: bool,
             s: RawStream,
@@ -466,18 +468,39 @@ mod tests {
         let k = kernel(lane);
         // 33 SMs x 2 programs each: 66 waiting programs fit, 67 do not; a kernel
         // that does not wait is not held to the share.
-        lane.launch(k.as_ref(), [66, 1, 1], &[], true, RawStream::DEFAULT)
-            .unwrap();
+        lane.launch(
+            k.as_ref(),
+            [66, 1, 1],
+            [1, 1, 1],
+            &[],
+            true,
+            RawStream::DEFAULT,
+        )
+        .unwrap();
         let e = lane
-            .launch(k.as_ref(), [67, 1, 1], &[], true, RawStream::DEFAULT)
+            .launch(
+                k.as_ref(),
+                [67, 1, 1],
+                [1, 1, 1],
+                &[],
+                true,
+                RawStream::DEFAULT,
+            )
             .unwrap_err();
         assert!(
             e.to_string()
                 .contains("at most 66 (2 per multiprocessor x 33)"),
             "{e}"
         );
-        lane.launch(k.as_ref(), [67, 1, 1], &[], false, RawStream::DEFAULT)
-            .unwrap();
+        lane.launch(
+            k.as_ref(),
+            [67, 1, 1],
+            [1, 1, 1],
+            &[],
+            false,
+            RawStream::DEFAULT,
+        )
+        .unwrap();
         let log = log_of(&gpu);
         assert_eq!(
             log[4..],

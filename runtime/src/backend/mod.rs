@@ -224,12 +224,16 @@ pub(crate) trait GpuBackend: Send + Sync + 'static {
     /// Programs of `kernel` one multiprocessor holds at once.
     fn occupancy(&self, kernel: &dyn GpuKernel) -> Result<u32, Error>;
     /// Launches `kernel` on `stream`: `grid` blocks of its threads, with the
-    /// parameters in order. A kernel that `waits` for other programs must have every
-    /// program resident at once (checked against [`GpuBackend::occupancy`]).
+    /// parameters in order, in thread-block clusters of `cluster` blocks (`[1, 1,
+    /// 1]`: none; the caller checked that it divides `grid` and that the device has
+    /// clusters). A kernel that `waits` for other programs must have every program
+    /// resident at once (checked against [`GpuBackend::occupancy`]).
+    #[allow(clippy::too_many_arguments)]
     fn launch(
         &self,
         kernel: &dyn GpuKernel,
         grid: [u32; 3],
+        cluster: [u32; 3],
         args: &[GpuArg],
         waits: bool,
         stream: RawStream,

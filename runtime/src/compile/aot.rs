@@ -204,6 +204,7 @@ pub fn precompile_ir(
             off_node: opts.engine != CommEngine::Direct,
             backend: Some(crate::KernelBackend::Llvm),
             warp_specialize: opts.warp_specialize,
+            cluster: opts.cluster,
         },
     );
     store.put(&func.name, &key, &kernel_binary(&art))

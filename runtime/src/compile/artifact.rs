@@ -52,6 +52,9 @@ pub struct KernelOptions {
     /// (`tessera::aot::CompileOptions::warp_specialize`); `None`: the compiler's
     /// choice.
     pub warp_specialize: Option<bool>,
+    /// Thread-block clusters (`tessera::aot::CompileOptions::cluster`): `[1, 1, 1]`
+    /// for none.
+    pub cluster: [u32; 3],
 }
 
 impl Default for KernelOptions {
@@ -62,6 +65,7 @@ impl Default for KernelOptions {
             off_node: false,
             backend: None,
             warp_specialize: None,
+            cluster: [1, 1, 1],
         }
     }
 }
@@ -197,6 +201,10 @@ impl KernelOptions {
             } else {
                 ",no_warp_specialize"
             });
+        }
+        if self.cluster != [1, 1, 1] {
+            let [x, y, z] = self.cluster;
+            d.push_str(&format!(",cluster={x}x{y}x{z}"));
         }
         d
     }

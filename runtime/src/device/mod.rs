@@ -559,6 +559,21 @@ impl Device {
             Backend::Gpu(g) => Some(&g.props().target),
         }
     }
+
+    /// Whether launches here form thread-block clusters
+    /// ([`crate::LaunchOptions::cluster`]): CUDA GPUs of compute capability 9.0 and
+    /// newer, and `emu-sm90a`.
+    pub fn has_clusters(&self) -> bool {
+        match &self.backend {
+            Backend::Emu(k) => *k == EmuKind::Sm90a,
+            Backend::Gpu(g) => g.props().target.strip_prefix("sm_").is_some_and(|v| {
+                v.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                    .parse::<u32>()
+                    .is_ok_and(|n| n >= 90)
+            }),
+            Backend::Cpu | Backend::Interp => false,
+        }
+    }
 }
 
 impl fmt::Display for Device {

@@ -46,6 +46,7 @@ impl Executor for Emu {
             num_stages: job.kopts.num_stages,
             engine,
             warp_specialize: job.kopts.warp_specialize,
+            cluster: job.kopts.cluster,
         };
         // A kernel that waits for other programs needs all of them resident, as on
         // the GPU imitated (or the device's part of it).

@@ -190,7 +190,14 @@ fn launch_checked(
     func: &Function,
     queued: impl FnOnce(),
 ) -> Result<(), Error> {
-    g.launch(k, job.grid, args, func.uses_blocking(), job.stream)?;
+    g.launch(
+        k,
+        job.grid,
+        job.kopts.cluster,
+        args,
+        func.uses_blocking(),
+        job.stream,
+    )?;
     queued();
     check_trap(g, job.stream, func)?;
     check_comm_record(job.device, g, job.stream, func)
@@ -389,6 +396,7 @@ fn resolve_binary(
                 num_stages: kopts.num_stages,
                 engine,
                 warp_specialize: kopts.warp_specialize,
+                cluster: kopts.cluster,
             };
             let art = crate::aot::compile_ir(&compiled.func, t, &opts)?;
             Ok(crate::aot::kernel_binary(&art))

@@ -205,10 +205,52 @@ fn arrive(c: &ThreadCtx<'_>, bar: *mut u8, tx: i64, what: &str, site: i32) {
     let Some(off) = mbar_offset(c, bar, site) else {
         return;
     };
-    let mut m = c.blk.mbars.borrow_mut();
+    arrive_at(c, c.blk, off, tx, what, site);
+}
+
+/// `mapa.shared::cluster` + `mbarrier.arrive.release.cluster.shared::cluster.b64 _,
+/// [remote]`: one arrival of thread `c` on the mbarrier at `bar`'s offset in the
+/// block of cluster rank `cta` (a rank outside the cluster is an error).
+pub(super) extern "C" fn tessera_emu_mbar_arrive_cluster(bar: *mut u8, cta: i32, site: i32) {
+    with((), |c| {
+        let Some(off) = mbar_offset(c, bar, site) else {
+            return;
+        };
+        let Some(dest) = usize::try_from(cta).ok().and_then(|r| c.cluster.get(r)) else {
+            wg_fail(
+                c,
+                site,
+                format!(
+                    "mapa to cluster rank {cta}, outside the cluster of {} blocks",
+                    c.cluster.len()
+                ),
+            );
+            return;
+        };
+        arrive_at(c, dest, off, 0, "mbarrier.arrive (cluster)", site);
+    })
+}
+
+/// Thread `c` arrives on the mbarrier at offset `off` of block `dest` (its own or,
+/// through `mapa`, another of its cluster) after raising its transaction count by
+/// `tx` bytes.
+fn arrive_at(c: &ThreadCtx<'_>, dest: &super::Block, off: usize, tx: i64, what: &str, site: i32) {
+    if exited_peer(c, dest, what, site) {
+        return;
+    }
+    let mut m = dest.mbars.borrow_mut();
     let Some(b) = m.get_mut(&off) else {
         drop(m);
-        wg_fail(c, site, format!("{what} on an mbarrier never initialized"));
+        let whose = if std::ptr::eq(dest, c.blk) {
+            String::new()
+        } else {
+            format!(" (in the block of cluster rank {})", dest.rank)
+        };
+        wg_fail(
+            c,
+            site,
+            format!("{what} on an mbarrier never initialized{whose}"),
+        );
         return;
     };
     if b.pending == 0 {
@@ -222,14 +264,14 @@ fn arrive(c: &ThreadCtx<'_>, bar: *mut u8, tx: i64, what: &str, site: i32) {
     }
     let n = c.warp_arrivals().get() + 1;
     c.warp_arrivals().set(n);
-    b.arrived.push((c.warp() as u32, n));
+    b.arrived.push((c.cluster_warp() as u32, n));
     b.tx += tx;
     b.pending -= 1;
     b.try_complete();
 }
 
-/// Thread `c` acquires `arrivals` (warp, arrival count): what those warps did before
-/// arriving is behind whatever `c` does next.
+/// Thread `c` acquires `arrivals` (warp across the cluster, arrival count): what
+/// those warps did before arriving is behind whatever `c` does next.
 fn acquire(c: &ThreadCtx<'_>, arrivals: &[(u32, u32)]) {
     let mut a = c.acquired.borrow_mut();
     for &(t, n) in arrivals {
@@ -361,71 +403,199 @@ pub(super) extern "C" fn tessera_emu_tma_load(
     site: i32,
 ) {
     with((), |c| {
-        let Some(boff) = mbar_offset(c, bar, site) else {
-            return;
-        };
-        let Some(m) = tensor_map(c, tmap, rank, "copy", site) else {
-            return;
-        };
-        let n = m.box_bytes();
-        let Some(off) = box_offset(c, dst, n, "copy", site) else {
-            return;
-        };
-        // The write must not overtake reads of other threads since the last barrier.
-        // (Reads whose thread arrived on an mbarrier after them, an arrival this
-        // thread acquired, are behind it.)
-        let acquired = c.acquired.borrow();
-        let warp_size = c.blk.team.warp_size() as usize;
-        let released = |b: usize| {
-            let other = c.blk.shadow_read[b].get();
-            let reader = ((other >> 16) & 0xffff) as usize;
-            reader > 0
-                && acquired
-                    .get((reader - 1) / warp_size)
-                    .is_some_and(|&a| a > c.blk.shadow_read_arrivals[b].get())
-        };
-        if (off..off + n)
-            .any(|b| !released(b) && async_proxy_race(c, c.blk.shadow_read[b].get(), true, site))
-        {
-            return;
-        }
-        drop(acquired);
-        let mut image = vec![0u8; n];
-        let row_bytes = (m.box_dims[0] * m.elem_bytes) as usize;
-        for (lin, run) in m.rows([c0, c1, c2]) {
-            if let Some((addr, at, len)) = run {
-                let Some(src) = box_row(c, addr, len, site) else {
-                    return;
-                };
-                // SAFETY: the `len` bytes at `src` lie in a buffer of the launch
-                // (`box_row`); `lin + at + len <= lin + row_bytes <= n`.
-                unsafe { read_global(src, &mut image[lin + at..lin + at + len]) };
-            }
-            debug_assert!(lin + row_bytes <= n);
-        }
-        let chunks = (0..n)
-            .step_by(16)
-            .map(|lin| {
-                let mut ch = [0u8; 16];
-                ch.copy_from_slice(&image[lin..lin + 16]);
-                (off + m.swizzled(off, lin), ch)
-            })
-            .collect();
-        let mut bars = c.blk.mbars.borrow_mut();
-        let Some(b) = bars.get_mut(&boff) else {
-            drop(bars);
+        tma_load(c, dst, tmap, rank, [c0, c1, c2], bar, None, site);
+    })
+}
+
+/// `cp.async.bulk.tensor.{rank}d...mbarrier::complete_tx::bytes.multicast::cluster
+/// [dst], [tmap, {c0, c1, c2}], [bar], mask`: the copy of [`tessera_emu_tma_load`]
+/// landing at `dst`'s and `bar`'s offsets in every block of the cluster whose rank
+/// is a bit of `mask` (each such block's race shadow checked; a rank outside the
+/// cluster, or an empty mask, is an error).
+#[allow(clippy::too_many_arguments)]
+pub(super) extern "C" fn tessera_emu_tma_load_multicast(
+    dst: *mut u8,
+    tmap: i64,
+    rank: i32,
+    c0: i32,
+    c1: i32,
+    c2: i32,
+    bar: *mut u8,
+    mask: i32,
+    site: i32,
+) {
+    with((), |c| {
+        let n = c.cluster.len();
+        if mask <= 0 || mask >= 1 << 16 || (mask as u32) >> n != 0 {
             wg_fail(
                 c,
                 site,
-                "a TMA copy completing on an mbarrier never initialized".into(),
+                format!("a TMA multicast to CTA mask {mask:#x} in a cluster of {n} blocks"),
+            );
+            return;
+        }
+        tma_load(
+            c,
+            dst,
+            tmap,
+            rank,
+            [c0, c1, c2],
+            bar,
+            Some(mask as u32),
+            site,
+        );
+    })
+}
+
+/// Thread `c`'s TMA box copy (see [`tessera_emu_tma_load`]) into its own block, or
+/// into the blocks of its cluster whose ranks are the bits of `mask`.
+#[allow(clippy::too_many_arguments)]
+fn tma_load(
+    c: &ThreadCtx<'_>,
+    dst: *mut u8,
+    tmap: i64,
+    rank: i32,
+    coords: [i32; 3],
+    bar: *mut u8,
+    mask: Option<u32>,
+    site: i32,
+) {
+    let Some(boff) = mbar_offset(c, bar, site) else {
+        return;
+    };
+    let Some(m) = tensor_map(c, tmap, rank, "copy", site) else {
+        return;
+    };
+    let n = m.box_bytes();
+    let Some(off) = box_offset(c, dst, n, "copy", site) else {
+        return;
+    };
+    let mut image = vec![0u8; n];
+    let row_bytes = (m.box_dims[0] * m.elem_bytes) as usize;
+    for (lin, run) in m.rows(coords) {
+        if let Some((addr, at, len)) = run {
+            let Some(src) = box_row(c, addr, len, site) else {
+                return;
+            };
+            // SAFETY: the `len` bytes at `src` lie in a buffer of the launch
+            // (`box_row`); `lin + at + len <= lin + row_bytes <= n`.
+            unsafe { read_global(src, &mut image[lin + at..lin + at + len]) };
+        }
+        debug_assert!(lin + row_bytes <= n);
+    }
+    let chunks: Vec<(usize, [u8; 16])> = (0..n)
+        .step_by(16)
+        .map(|lin| {
+            let mut ch = [0u8; 16];
+            ch.copy_from_slice(&image[lin..lin + 16]);
+            (off + m.swizzled(off, lin), ch)
+        })
+        .collect();
+    let dests: Vec<&super::Block> = match mask {
+        None => vec![c.blk],
+        Some(mask) => c
+            .cluster
+            .iter()
+            .filter(|b| mask >> b.rank & 1 == 1)
+            .collect(),
+    };
+    let warp_size = c.blk.team.warp_size() as usize;
+    for dest in dests {
+        // The write must not overtake reads of other threads since the last
+        // barrier. (Reads whose thread arrived on an mbarrier after them, an
+        // arrival this thread acquired, are behind it.)
+        let acquired = c.acquired.borrow();
+        let released = |b: usize| {
+            let other = dest.shadow_read[b].get();
+            let reader = ((other >> 16) & 0xffff) as usize;
+            reader > 0
+                && acquired
+                    .get(dest.rank as usize * 32 + (reader - 1) / warp_size)
+                    .is_some_and(|&a| a > dest.shadow_read_arrivals[b].get())
+        };
+        let remote = !std::ptr::eq(dest, c.blk);
+        if exited_peer(c, dest, "a TMA multicast", site) {
+            return;
+        }
+        if (off..off + n).any(|b| {
+            let other = dest.shadow_read[b].get();
+            !released(b)
+                && (if remote {
+                    remote_race(c, dest, other, site)
+                } else {
+                    async_proxy_race(c, other, true, site)
+                })
+        }) {
+            return;
+        }
+        drop(acquired);
+        let mut bars = dest.mbars.borrow_mut();
+        let Some(b) = bars.get_mut(&boff) else {
+            drop(bars);
+            let whose = if remote {
+                format!(" in the block of cluster rank {}", dest.rank)
+            } else {
+                String::new()
+            };
+            wg_fail(
+                c,
+                site,
+                format!("a TMA copy completing on an mbarrier never initialized{whose}"),
             );
             return;
         };
         b.landings.push(Landing {
-            chunks,
+            chunks: chunks.clone(),
             bytes: n as i64,
         });
-    })
+    }
+}
+
+/// Whether `dest`, another block of `c`'s cluster, has ended (every thread
+/// exited): its shared memory is gone, and `what` reaching it is an error, recorded.
+/// (A block must outlive the cluster's accesses to it: a multicasting producer
+/// waits for its slots' last releases before it exits.)
+fn exited_peer(c: &ThreadCtx<'_>, dest: &super::Block, what: &str, site: i32) -> bool {
+    if std::ptr::eq(dest, c.blk) || !dest.team.done() {
+        return false;
+    }
+    wg_fail(
+        c,
+        site,
+        format!(
+            "{what} reaching the shared memory of cluster rank {}, whose block has exited",
+            dest.rank
+        ),
+    );
+    true
+}
+
+/// Whether a multicast copy into block `dest` (another block of `c`'s cluster) over
+/// a byte whose last read is `other` (its `shadow_read` word) races: a read there
+/// that no arrival `c` acquired orders before the copy (the reading thread's own
+/// barriers do not order another block's copies); records the race.
+fn remote_race(c: &ThreadCtx<'_>, dest: &super::Block, other: u64, site: i32) -> bool {
+    let owner = ((other >> 16) & 0xffff) as u32;
+    if other == 0 || c.launch.failed.load(Ordering::Relaxed) {
+        return false;
+    }
+    let (span, op) = c.launch.site(site as u32);
+    let (other_span, _) = c.launch.site((other & 0xffff) as u32);
+    c.fail(EmuError::SharedRace {
+        kernel: c.launch.kernel.to_string(),
+        op,
+        span,
+        other_span,
+        block: c.block.get(),
+        writer: c.tid,
+        reader: owner - 1,
+        kind: if dest.rank == c.blk.rank {
+            "write after read"
+        } else {
+            "write after read (a multicast copy into another block of the cluster)"
+        },
+    });
+    true
 }
 
 /// `cp.async.bulk.tensor.{rank}d.global.shared::cta.tile.bulk_group [tmap, {c0, c1,
@@ -546,7 +716,9 @@ pub(super) extern "C" fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: 
             }
             // (Once the launch failed, waits return early: what follows is no
             // news.)
-            if b.tx < 0 && !c.launch.failed.load(Ordering::Relaxed) {
+            // (Before the last arrival, a negative count is the bytes of copies that
+            // landed before their `expect_tx`: a peer's multicast may.)
+            if b.tx < 0 && b.pending == 0 && !c.launch.failed.load(Ordering::Relaxed) {
                 let tx = b.tx;
                 drop(bars);
                 wg_fail(

@@ -95,6 +95,11 @@ pub(crate) struct Block {
     pub warp_arrivals: Vec<Cell<u32>>,
     /// The block's mbarriers, by offset in shared memory.
     pub mbars: RefCell<std::collections::HashMap<usize, super::tma::Mbar>>,
+    /// Its rank in its thread-block cluster (0 without clusters).
+    pub rank: u32,
+    /// Arrivals at the cluster's barriers so far (`barrier.cluster`; counted on the
+    /// cluster's block of rank 0).
+    pub cluster_arrivals: Cell<u64>,
     _mem: Vec<u128>,
 }
 
@@ -116,8 +121,16 @@ impl Block {
             shadow_read_arrivals: (0..shared_bytes).map(|_| Cell::new(0)).collect(),
             warp_arrivals: (0..32).map(|_| Cell::new(0)).collect(),
             mbars: RefCell::new(std::collections::HashMap::new()),
+            rank: 0,
+            cluster_arrivals: Cell::new(0),
             _mem: mem,
         }
+    }
+
+    /// The same block as rank `rank` of its cluster.
+    pub(crate) fn with_rank(mut self, rank: u32) -> Block {
+        self.rank = rank;
+        self
     }
 
     /// Clears the race-detection shadow for the next block.
@@ -129,6 +142,7 @@ impl Block {
             a.set(0);
         }
         self.mbars.borrow_mut().clear();
+        self.cluster_arrivals.set(0);
     }
 }
 
@@ -269,6 +283,11 @@ pub(crate) struct ThreadCtx<'a> {
     pub launch: &'a Launch<'a>,
     /// The running block's team and shared memory.
     pub blk: &'a Block,
+    /// The blocks of its thread-block cluster, by rank (`blk` alone without
+    /// clusters), all driven by this OS thread.
+    pub cluster: &'a [Block],
+    /// Cluster barriers (`barrier.cluster`) this thread arrived at.
+    pub cluster_gen: Cell<u64>,
     pub block: Cell<[u32; 3]>,
     pub block_lin: Cell<u64>,
     /// Block barriers passed in the current block.
@@ -309,10 +328,23 @@ impl Drop for ThreadCtx<'_> {
 impl<'a> ThreadCtx<'a> {
     /// Thread `tid` of `blk`, at block `lin` of the launch's grid.
     pub(crate) fn new(tid: u32, launch: &'a Launch<'a>, blk: &'a Block, lin: u64) -> ThreadCtx<'a> {
+        ThreadCtx::in_cluster(tid, launch, std::slice::from_ref(blk), 0, lin)
+    }
+
+    /// Thread `tid` of block `cluster[rank]`, at block `lin` of the launch's grid.
+    pub(crate) fn in_cluster(
+        tid: u32,
+        launch: &'a Launch<'a>,
+        cluster: &'a [Block],
+        rank: usize,
+        lin: u64,
+    ) -> ThreadCtx<'a> {
         ThreadCtx {
             tid,
             launch,
-            blk,
+            blk: &cluster[rank],
+            cluster,
+            cluster_gen: Cell::new(0),
             block: Cell::new(super::block_of(launch.grid, lin)),
             block_lin: Cell::new(lin),
             epoch: Cell::new(0),
@@ -336,6 +368,12 @@ impl<'a> ThreadCtx<'a> {
     /// This thread's warp.
     pub(crate) fn warp(&self) -> usize {
         (self.tid / self.blk.team.warp_size()) as usize
+    }
+
+    /// This thread's warp across its cluster (`rank * 32 + warp`): the index of
+    /// its arrivals in [`ThreadCtx::acquired`].
+    pub(crate) fn cluster_warp(&self) -> usize {
+        self.blk.rank as usize * 32 + self.warp()
     }
 
     /// Suspends the calling coroutine (returns at once outside one).
@@ -465,6 +503,45 @@ extern "C" fn tessera_emu_setmaxnreg(_inc: i32, regs: i32, site: i32) {
                 ),
             );
         }
+    })
+}
+
+/// `%cluster_ctarank`: the block's rank in its cluster.
+extern "C" fn tessera_emu_cluster_ctarank() -> i32 {
+    with(0, |c| c.blk.rank as i32)
+}
+
+/// `barrier.cluster.arrive.release` then `barrier.cluster.wait.acquire` (PTX ISA,
+/// "barrier.cluster"): the thread waits until every thread of every block of its
+/// cluster arrived at this barrier (the blocks of a cluster are driven together, so
+/// the others run while it polls); a barrier that never completes is an error after
+/// 10 s. For the race check it is a block barrier too.
+extern "C" fn tessera_emu_cluster_sync(site: i32) {
+    with((), |c| {
+        let head = &c.cluster[0];
+        let total = c.cluster.len() as u64 * c.blk.team.threads() as u64;
+        let g = c.cluster_gen.get() + 1;
+        c.cluster_gen.set(g);
+        head.cluster_arrivals.set(head.cluster_arrivals.get() + 1);
+        let start = std::time::Instant::now();
+        while head.cluster_arrivals.get() < g * total {
+            if c.launch.failed.load(Ordering::Relaxed) {
+                return;
+            }
+            if start.elapsed() > std::time::Duration::from_secs(10) {
+                let arrived = head.cluster_arrivals.get().saturating_sub((g - 1) * total);
+                wg_fail(
+                    c,
+                    site,
+                    format!(
+                        "a cluster barrier that never completed: {arrived} of the cluster's {total} threads arrived"
+                    ),
+                );
+                return;
+            }
+            c.park(Park::Poll);
+        }
+        c.epoch.set(c.epoch.get() + 1);
     })
 }
 

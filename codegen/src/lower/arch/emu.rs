@@ -35,6 +35,10 @@
 //! | `mbarrier.arrive.expect_tx` | `void tessera_emu_mbar_expect_tx(ptr bar, i32 bytes, i32 site)` |
 //! | `mbarrier.try_wait.parity` loop | `void tessera_emu_mbar_wait(ptr bar, i32 parity, i32 site)` |
 //! | `cp.async.bulk.tensor` (TMA load) | `void tessera_emu_tma_load(ptr dst, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, ptr bar, i32 site)` (coordinates innermost first; `tmap` the id of a registered [`crate::emu::tma::EmuTensorMap`]) |
+//! | `cp.async.bulk.tensor ... .multicast::cluster` | `void tessera_emu_tma_load_multicast(ptr dst, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, ptr bar, i32 mask, i32 site)` (lands in every block of the cluster whose rank is a bit of `mask`) |
+//! | `%cluster_ctarank` | `i32 tessera_emu_cluster_ctarank()` |
+//! | `barrier.cluster.arrive` + `.wait` | `void tessera_emu_cluster_sync(i32 site)` |
+//! | `mapa` + `mbarrier.arrive.release.cluster.shared::cluster` | `void tessera_emu_mbar_arrive_cluster(ptr bar, i32 cta, i32 site)` (the mbarrier at `bar`'s offset in block `cta` of the cluster) |
 //! | `cp.async.bulk.tensor` (TMA store) | `void tessera_emu_tma_store(ptr src, i64 tmap, i32 rank, i32 c0, i32 c1, i32 c2, i32 site)` |
 //! | `cp.async.bulk.commit_group` + `wait_group.read 0` | `void tessera_emu_tma_store_wait(i32 site)` (the thread's stores read shared memory and write global memory now) |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
@@ -441,6 +445,56 @@ impl Arch for Emu {
             Emu::site(cx, site),
         ];
         call(cx, "tessera_emu_tma_load", &args)?;
+        Ok(())
+    }
+
+    fn cluster_ctarank<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        int_result(call(cx, "tessera_emu_cluster_ctarank", &[])?)
+    }
+
+    fn cluster_sync<'ctx>(&self, cx: &Cx<'ctx>, site: u32) -> LResult<()> {
+        call(cx, "tessera_emu_cluster_sync", &[Emu::site(cx, site)])?;
+        Ok(())
+    }
+
+    fn mbarrier_arrive_cluster<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        cta: IntValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        let args = [bar.into(), cta.into(), Emu::site(cx, site)];
+        call(cx, "tessera_emu_mbar_arrive_cluster", &args)?;
+        Ok(())
+    }
+
+    fn tma_load_multicast<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        dst: PointerValue<'ctx>,
+        tmap: IntValue<'ctx>,
+        coords: &[IntValue<'ctx>],
+        bar: PointerValue<'ctx>,
+        mask: IntValue<'ctx>,
+        site: u32,
+    ) -> LResult<()> {
+        let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
+            coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
+        };
+        let mask = cx.b.build_int_z_extend(mask, cx.ctx.i32_type(), "")?;
+        let args = [
+            dst.into(),
+            tmap.into(),
+            cx.i32(coords.len() as i64).into(),
+            c(0),
+            c(1),
+            c(2),
+            bar.into(),
+            mask.into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_tma_load_multicast", &args)?;
         Ok(())
     }
 

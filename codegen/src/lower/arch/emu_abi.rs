@@ -42,6 +42,10 @@ macro_rules! emu_abi {
             fn tessera_emu_warp_sync(site: i32);
             fn tessera_emu_setmaxnreg(inc: i32, regs: i32, site: i32);
             fn tessera_emu_tma_load(dst: *mut u8, tmap: i64, rank: i32, c0: i32, c1: i32, c2: i32, bar: *mut u8, site: i32);
+            fn tessera_emu_cluster_ctarank() -> i32;
+            fn tessera_emu_cluster_sync(site: i32);
+            fn tessera_emu_mbar_arrive_cluster(bar: *mut u8, cta: i32, site: i32);
+            fn tessera_emu_tma_load_multicast(dst: *mut u8, tmap: i64, rank: i32, c0: i32, c1: i32, c2: i32, bar: *mut u8, mask: i32, site: i32);
             fn tessera_emu_tma_store(src: *mut u8, tmap: i64, rank: i32, c0: i32, c1: i32, c2: i32, site: i32);
             fn tessera_emu_tma_store_wait(site: i32);
             fn tessera_emu_ldmatrix(p: *const u8, num: i32, trans: i32, out: *mut u32, site: i32);

@@ -493,6 +493,52 @@ pub trait Arch: Math {
             "mbarriers on a target without them".into(),
         ))
     }
+    /// `%cluster_ctarank` (PTX ISA, "Special registers"): this block's rank in its
+    /// thread-block cluster, `x + cx * (y + cy * z)` for its place `(x, y, z)` in a
+    /// cluster of `cx * cy * cz` blocks (0 without clusters).
+    fn cluster_ctarank<'ctx>(&self, _cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        Err(LowerError::Llvm("clusters on a target without them".into()))
+    }
+    /// `barrier.cluster.arrive.release.aligned; barrier.cluster.wait.acquire.aligned`
+    /// (PTX ISA, "barrier.cluster"): every thread of every block of the cluster
+    /// waits for all the others; what each did before is visible to all after
+    /// (mbarriers initialized before it may take remote arrivals and copies).
+    fn cluster_sync<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        Err(LowerError::Llvm("clusters on a target without them".into()))
+    }
+    /// `mapa.shared::cluster.u32 r, bar, cta; mbarrier.arrive.release.cluster.shared::cluster.b64
+    /// _, [r]` (PTX ISA, "mapa", "mbarrier.arrive"): one arrival on the mbarrier at
+    /// the same shared offset as `bar` in the block of cluster rank `cta` (an `i32`),
+    /// releasing this thread's earlier shared reads at cluster scope.
+    fn mbarrier_arrive_cluster<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _bar: PointerValue<'ctx>,
+        _cta: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm("clusters on a target without them".into()))
+    }
+    /// `cp.async.bulk.tensor.{R}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster
+    /// [dst], [tmap, {coords}], [bar], mask` (PTX ISA, "cp.async.bulk.tensor"): the
+    /// copy of [`Arch::tma_load`], landing at the same shared offsets as `dst` and
+    /// `bar` in every block of the cluster whose rank is a set bit of `mask` (an
+    /// `i16`), each completing its bytes on its own mbarrier.
+    #[allow(clippy::too_many_arguments)]
+    fn tma_load_multicast<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _dst: PointerValue<'ctx>,
+        _tmap: IntValue<'ctx>,
+        _coords: &[IntValue<'ctx>],
+        _bar: PointerValue<'ctx>,
+        _mask: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm(
+            "TMA multicast on a target without it".into(),
+        ))
+    }
     /// `cp.async.bulk.tensor.{R}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
     /// [dst], [tmap, {coords}], [bar]` (PTX ISA, "cp.async.bulk.tensor"): copies the
     /// box at `coords` (innermost first, `i32`) of the tensor map at generic address

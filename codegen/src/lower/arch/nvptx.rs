@@ -459,6 +459,62 @@ impl Arch for Nvptx {
         ptx_void(cx, &text, &ins)
     }
 
+    fn cluster_ctarank<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
+        Ok(cx
+            .call_intrinsic("llvm.nvvm.read.ptx.sreg.cluster.ctarank", &[], &[])?
+            .into_int_value())
+    }
+
+    fn cluster_sync<'ctx>(&self, cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
+        ptx_stmt(
+            cx,
+            "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;",
+        )
+    }
+
+    fn mbarrier_arrive_cluster<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        bar: PointerValue<'ctx>,
+        cta: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        let b = shared_u32(cx, bar)?;
+        ptx_void(
+            cx,
+            "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, $0, $1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}",
+            &[("r", b.into()), ("r", cta.into())],
+        )
+    }
+
+    fn tma_load_multicast<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        dst: PointerValue<'ctx>,
+        tmap: IntValue<'ctx>,
+        coords: &[IntValue<'ctx>],
+        bar: PointerValue<'ctx>,
+        mask: IntValue<'ctx>,
+        _site: u32,
+    ) -> LResult<()> {
+        let d = shared_u32(cx, dst)?;
+        let b = shared_u32(cx, bar)?;
+        let r = coords.len();
+        let cs: Vec<String> = (0..r).map(|i| format!("${}", 4 + i)).collect();
+        let text = format!(
+            "cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [$0], [$1, {{{}}}], [$2], $3;",
+            cs.join(", ")
+        );
+        let mut ins: Vec<(&str, BasicValueEnum<'ctx>)> = vec![
+            ("r", d.into()),
+            ("l", tmap.into()),
+            ("r", b.into()),
+            ("h", mask.into()),
+        ];
+        ins.extend(coords.iter().map(|c| ("r", BasicValueEnum::from(*c))));
+        ptx_void(cx, &text, &ins)
+    }
+
     fn tma_store<'ctx>(
         &self,
         cx: &Cx<'ctx>,

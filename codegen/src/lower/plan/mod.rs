@@ -30,10 +30,12 @@ use tessera_ir::{Function, Span, ValueId};
 use super::Lowerer;
 use crate::layout::Layout;
 
+mod cluster;
 mod hints;
 mod ring;
 mod staging;
 
+pub(crate) use cluster::{group_mask, neighbours};
 pub(crate) use ring::{AsyncDot, AsyncSlot};
 
 /// The lowering's decisions about one kernel, made before it emits code.
@@ -93,6 +95,23 @@ pub(crate) struct WarpSpec {
     pub slice: HashSet<*const Op>,
     /// Byte offset of the empty mbarriers.
     pub empty: u32,
+    /// Per operand (A, B): the clustered axes along which the blocks of a cluster
+    /// share its copies, multicast (`cluster.rs`; 0: each block copies its own).
+    pub multicast: [u8; 2],
+}
+
+impl WarpSpec {
+    /// Whether any operand is multicast in the cluster.
+    pub fn multicasts(&self) -> bool {
+        self.multicast != [0, 0]
+    }
+
+    /// The cluster ranks (a bit each) whose copies land in the block of rank `rank`
+    /// (itself included): the union of its operands' groups, whose consumers
+    /// release each slot to it.
+    pub fn neighbours(&self, cluster: [u32; 3], rank: u32) -> u32 {
+        cluster::neighbours(self.multicast, cluster, rank)
+    }
 }
 
 /// Builds the plan of `l`'s kernel (see the module docs for the steps).

@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use tessera_ir::ValueId;
 use tessera_ir::ir::{Op, OpKind, Region};
 
-use super::{Planner, WarpSpec};
+use super::{Planner, WarpSpec, cluster};
 use crate::lower::{dot, memory, remat, tma};
 
 impl<'a> Planner<'_, 'a, '_> {
@@ -154,11 +154,20 @@ impl<'a> Planner<'_, 'a, '_> {
                 },
             );
             if let Some(slice) = spec {
+                let defs = cluster::Defs::new(self.l.f);
+                let multicast = [0, 1].map(|which| {
+                    let loads: Vec<&Op> = mine()
+                        .filter(|(_, w, _)| *w == which)
+                        .flat_map(|(.., (_, p, l))| p.iter().copied().chain([*l]))
+                        .collect();
+                    cluster::multicast_axes(self.l.f, &defs, self.l.cluster, for_op, &loads)
+                });
                 self.plan.warp_spec = Some(WarpSpec {
                     for_op: for_op as *const Op,
                     dot: *d as *const Op,
                     slice,
                     empty: self.plan.pipe_bytes + slots * slot_bytes + slots * tma::MBAR_BYTES,
+                    multicast,
                 });
             }
             // Whatever follows (arrays, scratch) starts aligned as arrays must.
