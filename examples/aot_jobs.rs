@@ -120,7 +120,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 46] = [
+pub const JOBS: [Job; 47] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -229,6 +229,13 @@ pub const JOBS: [Job; 46] = [
             ..o
         },
         matmul_desc::matmul_desc<128, 128, 64>
+    ),
+    // Persistent: the loop over tiles warp-specialized as a whole.
+    job!(
+        "matmul_desc_persistent_128x128x64",
+        warps = 8,
+        maps,
+        matmul_desc::matmul_desc_persistent<128, 128, 64>
     ),
     // In clusters of 2 along M: B multicast to both blocks.
     job!(

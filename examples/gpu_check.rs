@@ -82,7 +82,7 @@ use ex_checked_gather::checked_gather;
 use ex_dropout::seeded_dropout;
 use ex_layernorm::layernorm;
 use ex_matmul::matmul;
-use ex_matmul_desc::matmul_desc;
+use ex_matmul_desc::{matmul_desc, matmul_desc_persistent};
 use ex_matmul_fp8::{matmul_fp8_bt, quantize};
 use ex_matmul_i8::{matmul_i8, matmul_i8_bt};
 use ex_ping_pong::ring_pass;
@@ -911,6 +911,33 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
         "TFLOP/s",
         desc(&eight.clone().cluster(2, 1, 1)),
     );
+    // Persistent (a program per tile the GPU holds at once, grouped order; the
+    // next tile's loads overlap this one's epilogue).
+    record(
+        "matmul_desc_persistent_f16",
+        "TFLOP/s",
+        (|| {
+            let a = dev.upload(&random_f16(s * s, 1))?;
+            let b = dev.upload(&random_f16(s * s, 2))?;
+            let mut c = dev.alloc::<f32>(s * s)?;
+            let ad = tessera::TensorDescriptor::new(&a, &[s, s], &[s, 1], &[128, 64])?;
+            let bd = tessera::TensorDescriptor::new(&b, &[s, s], &[s, 1], &[64, 128])?;
+            let mut cd = tessera::TensorDescriptor::new_mut(&mut c, &[s, s], &[s, 1], &[128, 128])?;
+            let grid = tessera::Grid::persistent((s.div_ceil(128) * s.div_ceil(128)) as u64);
+            let t = bench(10)
+                .run(dev, || {
+                    matmul_desc_persistent::<128, 128, 64>::launch_with(
+                        dev,
+                        grid,
+                        &eight,
+                        (&ad, &bd, &mut cd),
+                    )
+                })?
+                .median()
+                .as_secs_f64();
+            Ok(2.0 * (s as f64).powi(3) / t / 1e12)
+        })(),
+    );
     out
 }
 
@@ -1037,6 +1064,10 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
     one(
         "matmul_desc_128x128x64_8warps_no_ws",
         find_all::<matmul_desc<128, 128, 64>>(store, t, &no_ws),
+    );
+    one(
+        "matmul_desc_persistent_128x128x64_8warps",
+        find_all::<matmul_desc_persistent<128, 128, 64>>(store, t, &eight),
     );
     // Clusters exist from sm_90 on (elsewhere a launch drops them).
     if t.starts_with("sm_9") || t.starts_with("sm_1") {

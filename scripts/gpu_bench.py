@@ -190,6 +190,7 @@ def baselines():
     out.append(("matmul_desc_f16", "TFLOP/s", flops / ms / 1e9, tri))
     out.append(("matmul_desc_f16_no_ws", "TFLOP/s", flops / ms / 1e9, tri))
     out.append(("matmul_desc_f16_cluster2x1", "TFLOP/s", flops / ms / 1e9, tri))
+    out.append(("matmul_desc_persistent_f16", "TFLOP/s", flops / ms / 1e9, tri))
     del a, bb
 
     # FlashAttention forward, not causal: 32 heads of 4096 tokens, head dim 64 (torch

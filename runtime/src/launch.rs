@@ -26,12 +26,36 @@ use crate::executor::{self, FlatArg, Job, TmaRequest};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grid {
     dims: [u64; 3],
+    /// [`Grid::persistent`]: axis 0 is the tile count, capped at launch.
+    persistent: bool,
 }
 
 impl Grid {
     /// A 3-D grid.
     pub fn new(x: u64, y: u64, z: u64) -> Grid {
-        Grid { dims: [x, y, z] }
+        Grid {
+            dims: [x, y, z],
+            persistent: false,
+        }
+    }
+
+    /// The grid of a persistent kernel over `tiles` tiles: one program per
+    /// multiprocessor for as many programs as one holds at once (on a GPU, the
+    /// compiled kernel's occupancy times the multiprocessors of the device or its
+    /// part; the emulator's multiprocessors; the CPU's worker threads), and no more
+    /// than `tiles`. Each program walks its tiles itself, e.g. `for t in
+    /// (program_id(0)..tiles).step_by(num_programs(0))` with
+    /// [`crate::prelude::grouped_tile`] for an L2-friendly order.
+    pub fn persistent(tiles: u64) -> Grid {
+        Grid {
+            dims: [tiles, 1, 1],
+            persistent: true,
+        }
+    }
+
+    /// Whether this is a [`Grid::persistent`] grid (its axis 0 is a tile count).
+    pub fn is_persistent(&self) -> bool {
+        self.persistent
     }
 
     /// The sizes along x, y and z.
@@ -449,7 +473,8 @@ pub fn launch_with<K: Kernel>(
             })?;
     }
     for (a, (&g, &c)) in dims.iter().zip(&kopts.cluster).enumerate() {
-        if g % c != 0 {
+        // (A persistent grid's axis 0 is a tile count: capped to a multiple.)
+        if g % c != 0 && !(a == 0 && grid.is_persistent()) {
             return Err(invalid(format!(
                 "the grid's axis {a} has {g} programs, not a multiple of the cluster's {c} (LaunchOptions::cluster)"
             )));
@@ -521,17 +546,25 @@ pub fn launch_with<K: Kernel>(
             }
         }
     }
-    let ran = executor::run(&Job {
+    // A persistent grid on a host device: a program per multiprocessor (worker);
+    // GPUs cap it by the compiled kernel's occupancy (`executor::gpu`).
+    let job = Job {
         kernel: K::NAME,
         device,
         compiled: &compiled,
         kopts,
         stream,
         grid: dims,
+        persistent: grid.is_persistent(),
         watchdog,
         args,
         tensor_maps: &tma,
-    });
+    };
+    let job = match device.gpu_target() {
+        Some(_) => job,
+        None => job.resident(1),
+    };
+    let ran = executor::run(&job);
     drop(flat);
     match (&compiled.debug, debug_buf) {
         // The output comes out even when the launch failed: it may say why.

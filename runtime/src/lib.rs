@@ -101,8 +101,8 @@ pub mod prelude {
         Const, D, DType, DotInput, Float, Global, Int, Local, Num, One, Pow2, S1, S2, S3, Scalar,
         ScaleType, ScaledInput, Symmetric, TensorDesc, Tile, Token, arange, associative_scan,
         barrier, barrier_all, device_assert, device_print, dot, dot_batched, dot_scaled, fence,
-        full, num_programs, program_id, quiet, rand, randint, randint4x, randn, rank, reduce_with,
-        select, umulhi, world_size, zeros,
+        full, grouped_tile, num_programs, program_id, quiet, rand, randint, randint4x, randn, rank,
+        reduce_with, select, umulhi, world_size, zeros,
     };
     pub use tessera_ir::fp8::{F8E4M3, F8E5M2};
     pub use tessera_ir::ir::{AtomicOp, CmpPred, MemOrder, MemScope, ReduceOp, SignalOp};

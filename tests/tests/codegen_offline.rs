@@ -1215,6 +1215,78 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
 /// wait for each slot's full mbarrier and release it on its empty one (an arrival
 /// per warp after `bar.warp.sync`), with no block barrier in the loop; after the
 /// loop they meet at named barrier 1 (256 threads) for the TMA store. No spills.
+/// The persistent descriptor matmul (`matmul_desc_persistent`: a loop over tiles
+/// around the k-loop) on sm_90a with 8 consumer warps is warp-specialized across the
+/// tiles: the block splits before the loop over tiles (one `setmaxnreg` pair), the
+/// producer's copies (`UTMALDG`, in its own loop over tiles) all come before the
+/// consumers take their registers, the consumers' `HGMMA`s and TMA stores after;
+/// the ring's mbarriers are initialized once (8, before the split), and no prologue
+/// copies are issued outside the producer. No spills.
+#[test]
+fn sm90a_persistent_matmul_is_warp_specialized_across_tiles() {
+    use tessera::ir::ParamFacts;
+    let func = kernel_ir::<matmul_desc::matmul_desc_persistent<128, 128, 64>>(&()).expect("builds");
+    let facts: Vec<ParamFacts> = func
+        .params
+        .iter()
+        .map(|p| {
+            let mut f = ParamFacts::new(!p.name.ends_with("_tmap"), true);
+            f.tensor_map = p.name.ends_with("_tmap");
+            f
+        })
+        .collect();
+    let tma = tessera::ir::passes::specialize(&func, &facts);
+    let art = compile_ir(&tma, SM90A, &CompileOptions::warps(8)).expect("compiles");
+    assert_eq!(art.meta.num_threads, 384);
+    let ptx = &art.asm;
+    let count = |s: &str| ptx.matches(s).count();
+    assert_eq!(count("setmaxnreg.dec.sync.aligned.u32 40;"), 1, "{ptx}");
+    assert_eq!(count("setmaxnreg.inc.sync.aligned.u32 232;"), 1, "{ptx}");
+    assert_eq!(count("mbarrier.init.shared::cta.b64"), 8, "{ptx}");
+    // Only the producer loop's copies: A one box, B two.
+    assert_eq!(
+        count("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"),
+        3,
+        "{ptx}"
+    );
+    let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
+    assert_eq!(
+        (report.spill_stores_bytes, report.spill_loads_bytes),
+        (0, 0),
+        "{} registers",
+        report.registers
+    );
+    let sass = tools::sass(&report.cubin).expect("cuobjdump");
+    let lines: Vec<&str> = sass.lines().collect();
+    let at = |s: &str| -> Vec<usize> {
+        lines
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.contains(s))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let (alloc, dealloc) = (at("USETMAXREG.TRY_ALLOC"), at("USETMAXREG.DEALLOC"));
+    assert_eq!((alloc.len(), dealloc.len()), (1, 1), "{sass}");
+    let (loads, mmas, stores) = (at("UTMALDG.2D"), at("HGMMA.64x128x16.F32"), at("UTMASTG"));
+    assert!(
+        !loads.is_empty() && !mmas.is_empty() && !stores.is_empty(),
+        "{sass}"
+    );
+    // ptxas lays out the consumers' code (from their `setmaxnreg.inc` to their
+    // EXIT) and the producer's (from its `setmaxnreg.dec` to the end) apart: the
+    // copies are all the producer's, the matrix work and the stores the consumers'.
+    let consumers_end = *at("EXIT ;")
+        .iter()
+        .find(|&&i| i > alloc[0] && !lines[i].contains('@'))
+        .expect("the consumers' EXIT");
+    let consumer = |i: usize| alloc[0] < i && i < consumers_end;
+    let producer = |i: usize| dealloc[0] < i && !consumer(i);
+    assert!(dealloc[0] > consumers_end, "{sass}");
+    assert!(loads.iter().all(|&i| producer(i)), "{sass}");
+    assert!(mmas.iter().chain(&stores).all(|&i| consumer(i)), "{sass}");
+}
+
 /// Thread-block clusters on sm_90a (`CompileOptions::cluster`): the warp-specialized
 /// descriptor matmul in clusters of 2x2 blocks multicasts both operands (A along
 /// grid axis 1, B along axis 0, each block issuing its share of the boxes with

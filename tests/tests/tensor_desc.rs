@@ -386,6 +386,96 @@ fn clustered_matmul_multicasts_and_matches() {
     }
 }
 
+/// `C = A B` as a persistent kernel: each program walks the output tiles
+/// `program_id(0), + num_programs(0), ...` in grouped order (8 rows of tiles at a
+/// time), computing each.
+#[kernel]
+fn matmul_persistent<const BM: usize, const BN: usize, const BK: usize>(
+    a: &TensorDesc<f16, S2<BM, BK>>,
+    b: &TensorDesc<f16, S2<BK, BN>>,
+    c: &mut TensorDesc<f32, S2<BM, BN>>,
+    k: i32,
+) {
+    let m_tiles = (c.extent(0) + (BM as i32 - 1)) / BM as i32;
+    let n_tiles = (c.extent(1) + (BN as i32 - 1)) / BN as i32;
+    for t in (program_id(0)..m_tiles * n_tiles).step_by(num_programs(0)) {
+        let (pm, pn) = grouped_tile(t, m_tiles, n_tiles, 8);
+        let (m0, n0) = (pm * BM as i32, pn * BN as i32);
+        let mut acc = zeros::<f32, S2<BM, BN>>();
+        for k0 in (0..k).step_by(BK) {
+            acc = dot(a.load([m0, k0]), b.load([k0, n0]), acc);
+        }
+        c.store([m0, n0], acc);
+    }
+}
+
+/// The persistent matmul on every device (grids smaller than the tile count, so
+/// each program computes several tiles, in grouped order; and `Grid::persistent`),
+/// equal to the f64 reference, every element written. On emu-sm90a it is
+/// warp-specialized across the tiles: the producer walks the same tiles issuing
+/// every fill, the ring's position carried from tile to tile (both parities of
+/// every slot over a program's tiles), so a tile's loads overlap the previous
+/// tile's epilogue.
+#[test]
+fn persistent_matmul_walks_every_tile() {
+    // Warp-specialized with the loop over tiles around the ring (a producer
+    // warpgroup past the 4 consumer warps), as the compiler's choice.
+    let ir = tessera::kernel_ir::<matmul_persistent<64, 128, 64>>(&()).unwrap();
+    let maps = tessera::Specialization::for_launches(&ir)
+        .into_iter()
+        .find(|s| matches!(s, tessera::Specialization::TensorMaps(_)))
+        .expect("a specialization with tensor maps");
+    let f = maps.apply(&ir);
+    let threads = |w| {
+        let opts = tessera::aot::CompileOptions {
+            warp_specialize: w,
+            ..tessera::aot::CompileOptions::warps(4)
+        };
+        tessera::aot::compile_ir(&f, tessera::codegen::target::EMU_SM90A, &opts)
+            .unwrap()
+            .meta
+            .num_threads
+    };
+    assert_eq!((threads(None), threads(Some(false))), (256, 128));
+    let (m, n, k) = (330, 296, 200);
+    let a: Vec<f16> = rand_f32(51, m * k).into_iter().map(f16::from_f32).collect();
+    let b: Vec<f16> = rand_f32(52, k * n).into_iter().map(f16::from_f32).collect();
+    for dev in devices() {
+        let tiles = (m.div_ceil(64) * n.div_ceil(128)) as u64;
+        for grid in [
+            Grid::new(1, 1, 1),
+            Grid::new(5, 1, 1),
+            Grid::new(64, 1, 1),
+            Grid::persistent(tiles),
+        ] {
+            let ab = dev.upload(&a).unwrap();
+            let bb = dev.upload(&b).unwrap();
+            let mut cb = dev.upload(&vec![f32::NAN; m * n]).unwrap();
+            let ad = TensorDescriptor::new(&ab, &[m, k], &[k, 1], &[64, 64]).unwrap();
+            let bd = TensorDescriptor::new(&bb, &[k, n], &[n, 1], &[64, 128]).unwrap();
+            let mut cd = TensorDescriptor::new_mut(&mut cb, &[m, n], &[n, 1], &[64, 128]).unwrap();
+            matmul_persistent::<64, 128, 64>::launch(&dev, grid, (&ad, &bd, &mut cd, k as i32))
+                .unwrap();
+            drop(cd);
+            let got = cb.download().unwrap();
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..k)
+                        .map(|p| {
+                            f64::from(a[i * k + p].to_f32()) * f64::from(b[p * n + j].to_f32())
+                        })
+                        .sum();
+                    let g = got[i * n + j] as f64;
+                    assert!(
+                        (g - want).abs() <= 4e-5 * k as f64 + 1e-4 * want.abs(),
+                        "{dev}, {grid:?}: C[{i}][{j}] = {g}, want {want}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn descriptors_that_do_not_describe_their_buffer_are_refused() {
     let dev = Device::cpu();

@@ -105,15 +105,55 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         if staged_any {
             self.barrier()?;
         }
-        // A warp-specialized ring: the block splits here (`spec.rs`).
+        // A persistent kernel's loop over tiles around a warp-specialized ring: the
+        // block splits here, after the ring's mbarriers are initialized.
+        let persistent = self
+            .plan
+            .warp_spec
+            .as_ref()
+            .filter(|w| w.outer == Some(op as *const Op))
+            .map(|w| (w.for_op, w.dot, w.empty));
+        if let Some((inner, dot, empty)) = persistent {
+            let inner = body
+                .ops
+                .iter()
+                .find(|o| std::ptr::eq(*o, inner))
+                .ok_or_else(|| {
+                    LowerError::Llvm("a persistent loop without its ring loop".into())
+                })?;
+            let d = inner.regions[0]
+                .ops
+                .iter()
+                .find(|o| std::ptr::eq(*o, dot))
+                .ok_or_else(|| LowerError::Llvm("a ring loop without its dot".into()))?;
+            let r = self
+                .async_dot(d)
+                .ok_or_else(|| LowerError::Llvm("no ring for this dot".into()))?;
+            self.tma_inited.borrow_mut().insert(d as *const Op);
+            self.init_ring_bars(&r)?;
+            self.split_persistent(op, inner, d, r, empty, (lb, ub, step))?;
+            self.restore_op(op);
+        }
+        // A warp-specialized ring: the block splits here (`spec.rs`), or (in a
+        // persistent kernel) split already.
         let spec = self
             .plan
             .warp_spec
             .as_ref()
             .filter(|w| std::ptr::eq(w.for_op, op))
-            .map(|w| (w.dot, w.empty));
+            .map(|w| (w.dot, w.empty, w.outer.is_some()));
         let spec = match spec {
-            Some((dot, empty)) => {
+            Some((dot, empty, true)) => {
+                let (_, r) = rings
+                    .iter()
+                    .find(|(d, _)| std::ptr::eq(*d, dot))
+                    .copied()
+                    .ok_or_else(|| {
+                        LowerError::Llvm("a warp-specialized loop without its ring".into())
+                    })?;
+                Some((dot, r, empty))
+            }
+            Some((dot, empty, false)) => {
                 let (d, r) = rings
                     .iter()
                     .find(|(d, _)| std::ptr::eq(*d, dot))
@@ -146,6 +186,38 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         // Per ring: the byte offsets of the slot read this iteration and of the slot
         // its copies for iteration `i + ahead` fill.
         let i32t = self.cx.ctx.i32_type();
+        // A persistent loop over tiles: the consumers' ring position, from tile to
+        // tile (the ring loop inside starts where the last tile's ended).
+        let cursor = match persistent {
+            Some(_) => {
+                let (rd, ph) = (
+                    self.cx.b.build_phi(i32t, "cursor.read")?,
+                    self.cx.b.build_phi(i32t, "cursor.phase")?,
+                );
+                rd.add_incoming(&[(&self.cx.i32(0), pre)]);
+                ph.add_incoming(&[(&self.cx.i32(0), pre)]);
+                self.ring_cursor = Some((
+                    rd.as_basic_value().into_int_value(),
+                    ph.as_basic_value().into_int_value(),
+                ));
+                Some((rd, ph))
+            }
+            None => None,
+        };
+        let start = match spec {
+            Some(_)
+                if self
+                    .plan
+                    .warp_spec
+                    .as_ref()
+                    .is_some_and(|w| w.outer.is_some()) =>
+            {
+                self.ring_cursor.ok_or_else(|| {
+                    LowerError::Llvm("a persistent ring loop outside its loop over tiles".into())
+                })?
+            }
+            _ => (self.cx.i32(0), self.cx.i32(0)),
+        };
         let mut ring_phis = Vec::new();
         for (d, r) in &rings {
             let (rd, wr, ph) = (
@@ -154,9 +226,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 // The mbarrier phase parity of the slot read (TMA rings).
                 self.cx.b.build_phi(i32t, "ring.phase")?,
             );
-            rd.add_incoming(&[(&self.cx.i32(0), pre)]);
+            let own = spec.is_some_and(|(s, ..)| std::ptr::eq(s, *d as *const Op));
+            let (r0, p0) = if own {
+                start
+            } else {
+                (self.cx.i32(0), self.cx.i32(0))
+            };
+            rd.add_incoming(&[(&r0, pre)]);
             wr.add_incoming(&[(&self.cx.i32((r.ahead * r.slot_bytes) as i64), pre)]);
-            ph.add_incoming(&[(&self.cx.i32(0), pre)]);
+            ph.add_incoming(&[(&p0, pre)]);
             self.async_slots.borrow_mut().insert(
                 *d as *const Op,
                 (
@@ -315,6 +393,14 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 p.add_incoming(&[(r as &dyn BasicValue, latch)]);
             }
         }
+        if let Some((rd, ph)) = cursor {
+            // Where this tile's ring loop left the ring.
+            let (r, p) = self.ring_cursor.take().ok_or_else(|| {
+                LowerError::Llvm("a loop over tiles that lost its ring position".into())
+            })?;
+            rd.add_incoming(&[(&r, latch)]);
+            ph.add_incoming(&[(&p, latch)]);
+        }
         self.cx.b.build_unconditional_branch(header)?;
         self.cx.b.position_at_end(exit);
         let mut carried = carried;
@@ -335,19 +421,29 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 }
             }
             // A multicasting ring's producers wait for the release of every fill
-            // (`spec.rs`): the last iteration's slot, whose group was in flight, is
-            // released now that it retired.
+            // (`spec.rs`), and a persistent kernel's producer refills the slot in
+            // the next tile: the last iteration's slot, whose group was in flight,
+            // is released now that it retired. A persistent kernel's next tile
+            // reads the ring on from here.
+            let (multicasts, outer) = self
+                .plan
+                .warp_spec
+                .as_ref()
+                .map_or((false, false), |w| (w.multicasts(), w.outer.is_some()));
             if let Some((dot, r, empty)) = spec
-                && r.overlap.is_some()
-                && self.plan.warp_spec.as_ref().is_some_and(|w| w.multicasts())
-                && let Some((rd, ..)) = ring_phis
+                && let Some((rd, _, ph, _)) = ring_phis
                     .iter()
                     .zip(&rings)
                     .find(|(_, (d, _))| std::ptr::eq(*d, dot))
                     .map(|(p, _)| p)
             {
                 let rd = rd.as_basic_value().into_int_value();
-                self.release_slot(&r, empty, ivv, lb, rd)?;
+                if outer {
+                    self.ring_cursor = Some((rd, ph.as_basic_value().into_int_value()));
+                }
+                if r.overlap.is_some() && (multicasts || outer) {
+                    self.release_slot(&r, empty, ivv, lb, rd)?;
+                }
             }
         }
         for (i, (r, t)) in op.results.iter().zip(carried).enumerate() {

@@ -370,6 +370,10 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     pub(crate) cluster: [u32; 3],
     /// Where a warp-specialized kernel's lowering is ([`plan::WarpSpec`]).
     pub(crate) spec_role: SpecRole,
+    /// In a persistent warp-specialized kernel's loop over tiles, the consumers'
+    /// ring position (byte offset of the next slot read, its full-mbarrier parity),
+    /// carried from tile to tile (`control.rs`).
+    pub(crate) ring_cursor: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
     /// The op being lowered (span, mnemonic), for new sites.
     cur_op: RefCell<(Span, &'static str)>,
     /// The op being lowered, for [`Self::note`].
@@ -483,6 +487,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             warp_specialize: None,
             cluster: [1, 1, 1],
             spec_role: SpecRole::All,
+            ring_cursor: None,
         })
     }
 

@@ -58,6 +58,119 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         ub: IntValue<'ctx>,
         step: IntValue<'ctx>,
     ) -> LResult<()> {
+        self.split(|l| {
+            let start = (l.cx.i32((r.ahead * r.slot_bytes) as i64), l.cx.i32(1));
+            let (fill, parity) = l.producer_loop(op, d, r, empty, (lb, ub, step), start)?;
+            if l.plan.warp_spec.as_ref().is_some_and(|w| w.multicasts()) {
+                // (Its loop waited for every position up to `ahead` past the last
+                // fill.)
+                l.producer_tail(&r, empty, fill, parity, r.slots - r.ahead)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Splits the block before the top-level loop `outer` of a persistent kernel
+    /// whose body holds the warp-specialized ring loop `inner` (ring `r` of `dot`
+    /// `d`, empty mbarriers at byte `empty`; the outer bounds `lb`, `ub`, `step`):
+    /// the producer thread walks the same tiles, lowering the plan's outer slice of
+    /// each (the scalars the ring loop needs) and issuing every fill of the ring
+    /// loop ([`Self::producer_loop`] from `ahead` iterations before its start, so
+    /// the fills the prologue would have issued come first), its ring position
+    /// carried from tile to tile; the consumers go on as after
+    /// [`Self::split_for_producer`].
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn split_persistent(
+        &mut self,
+        outer: &Op,
+        inner: &Op,
+        d: &Op,
+        r: AsyncDot,
+        empty: u32,
+        (lb, ub, step): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+    ) -> LResult<()> {
+        let slice = self
+            .plan
+            .warp_spec
+            .as_ref()
+            .map(|w| w.outer_slice.clone())
+            .ok_or_else(|| LowerError::Llvm("a persistent producer without a plan".into()))?;
+        self.split(|l| {
+            let ctx = l.cx.ctx;
+            let i32t = ctx.i32_type();
+            let pre = l.cx.cur_block();
+            let header = ctx.append_basic_block(l.kernel, "producer.tiles");
+            let bb_body = ctx.append_basic_block(l.kernel, "producer.tile");
+            let exit = ctx.append_basic_block(l.kernel, "producer.tiles.exit");
+            l.cx.b.build_unconditional_branch(header)?;
+            l.cx.b.position_at_end(header);
+            let iv = l.cx.b.build_phi(lb.get_type(), "t.iv")?;
+            let fill = l.cx.b.build_phi(i32t, "t.fill")?;
+            let parity = l.cx.b.build_phi(i32t, "t.parity")?;
+            iv.add_incoming(&[(&lb, pre)]);
+            // Fill 0 is a first use: parity 1.
+            fill.add_incoming(&[(&l.cx.i32(0), pre)]);
+            parity.add_incoming(&[(&l.cx.i32(1), pre)]);
+            let ivv = iv.as_basic_value().into_int_value();
+            let more = l.cx.b.build_int_compare(IntPredicate::SLT, ivv, ub, "")?;
+            let site = l.new_site("for");
+            let more = l.arch.loop_continue(&l.cx, more, site)?;
+            l.cx.b.build_conditional_branch(more, bb_body, exit)?;
+            l.cx.b.position_at_end(bb_body);
+            let body = &outer.regions[0];
+            let ive = l.f.ty(outer.operands[0]).elem;
+            if let Some(&a) = body.args.first() {
+                let t = l.scalar_tile(ive, ivv.into());
+                l.set(a, t);
+            }
+            for o in &body.ops {
+                if std::ptr::eq(o, inner) {
+                    break;
+                }
+                if slice.contains(&(o as *const Op)) {
+                    l.lower_op(o)?;
+                }
+            }
+            l.restore_op(outer);
+            let ilb = l.val(inner.operands[0])?.regs[0].into_int_value();
+            let iub = l.val(inner.operands[1])?.regs[0].into_int_value();
+            let istep = l.val(inner.operands[2])?.regs[0].into_int_value();
+            // Iterations `ahead` earlier: iteration `i`'s copies are those the
+            // body issues for `i + ahead`.
+            let b = &l.cx.b;
+            let back = b.build_int_mul(istep, istep.get_type().const_int(r.ahead as u64, false), "")?;
+            let plb = b.build_int_sub(ilb, back, "")?;
+            let pub_ = b.build_int_sub(iub, back, "")?;
+            let start = (
+                fill.as_basic_value().into_int_value(),
+                parity.as_basic_value().into_int_value(),
+            );
+            let (f2, p2) = l.producer_loop(inner, d, r, empty, (plb, pub_, istep), start)?;
+            l.restore_op(outer);
+            let next = l.cx.b.build_int_add(ivv, step, "t.iv.next")?;
+            l.arch.loop_backedge(&l.cx)?;
+            let latch = l.cx.cur_block();
+            iv.add_incoming(&[(&next, latch)]);
+            fill.add_incoming(&[(&f2 as &dyn BasicValue, latch)]);
+            parity.add_incoming(&[(&p2 as &dyn BasicValue, latch)]);
+            l.cx.b.build_unconditional_branch(header)?;
+            l.cx.b.position_at_end(exit);
+            if l.plan.warp_spec.as_ref().is_some_and(|w| w.multicasts()) {
+                let (f, p) = start;
+                l.producer_tail(&r, empty, f, p, r.slots)?;
+            }
+            l.note(|| {
+                "persistent, warp-specialized: the producer walks the same tiles, issuing every fill of each tile's ring loop, its ring position carried across tiles".to_string()
+            });
+            Ok(())
+        })
+    }
+
+    /// Splits the block: the producer warpgroup gives registers back, its first
+    /// thread runs `producer` (role [`SpecRole::Producer`]) and the warpgroup
+    /// returns; the consumers take registers and go on (the builder is left in
+    /// their block, the role [`SpecRole::Consumers`] from now on).
+    fn split(&mut self, producer: impl FnOnce(&mut Self) -> LResult<()>) -> LResult<()> {
         let consumers = self.nw * self.ws;
         let regs = self.spec_registers();
         let ctx = self.cx.ctx;
@@ -93,7 +206,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
                 self.nw
             )
         });
-        self.producer_loop(op, d, r, empty, lb, ub, step)?;
+        producer(self)?;
         self.cx.b.build_unconditional_branch(done_bb)?;
         self.cx.b.position_at_end(done_bb);
         self.cx.b.build_return(None)?;
@@ -106,20 +219,21 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         Ok(())
     }
 
-    /// The producer thread's loop: the same iterations as `op`, each waiting for
-    /// the empty mbarrier of the slot it fills, then lowering the plan's slice of
-    /// the body (the copies for iteration `i + ahead` and what they need).
-    #[allow(clippy::too_many_arguments)]
+    /// The producer thread's loop: the iterations `(lb, ub, step)` of `op`, each
+    /// waiting for the empty mbarrier of the slot it fills, then lowering the
+    /// plan's slice of the body (the copies for iteration `i + ahead` and what they
+    /// need). The first fill goes to byte offset `start.0` of the ring with
+    /// empty-mbarrier parity `start.1`; returns the position after the last.
+    #[allow(clippy::type_complexity)]
     fn producer_loop(
         &mut self,
         op: &Op,
         d: &Op,
         r: AsyncDot,
         empty: u32,
-        lb: IntValue<'ctx>,
-        ub: IntValue<'ctx>,
-        step: IntValue<'ctx>,
-    ) -> LResult<()> {
+        (lb, ub, step): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
+        start: (IntValue<'ctx>, IntValue<'ctx>),
+    ) -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
         let slice = self
             .plan
             .warp_spec
@@ -139,9 +253,8 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         let fill = self.cx.b.build_phi(i32t, "p.fill")?;
         let parity = self.cx.b.build_phi(i32t, "p.parity")?;
         iv.add_incoming(&[(&lb, pre)]);
-        fill.add_incoming(&[(&self.cx.i32((r.ahead * r.slot_bytes) as i64), pre)]);
-        // Fill `ahead` is a first use (`ahead < slots`): parity 1.
-        parity.add_incoming(&[(&self.cx.i32(1), pre)]);
+        fill.add_incoming(&[(&start.0, pre)]);
+        parity.add_incoming(&[(&start.1, pre)]);
         let ivv = iv.as_basic_value().into_int_value();
         let fv = fill.as_basic_value().into_int_value();
         let pv = parity.as_basic_value().into_int_value();
@@ -188,28 +301,26 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         parity.add_incoming(&[(&next_parity as &dyn BasicValue, latch)]);
         self.cx.b.build_unconditional_branch(header)?;
         self.cx.b.position_at_end(exit);
-        if self.plan.warp_spec.as_ref().is_some_and(|w| w.multicasts()) {
-            self.producer_tail(&r, empty, fv, pv)?;
-        }
-        Ok(())
+        Ok((fv, pv))
     }
 
     /// After the producer's loop of a multicasting ring (its next fill at byte
     /// offset `fill` with empty-mbarrier parity `parity`): the producer waits until
     /// the consumers of every block that releases its slots (its cluster
     /// neighbours) released the loop's last fills, continuing its sequence of waits
-    /// for `slots - ahead` more fills. Until then those blocks may still arrive on
-    /// this block's mbarriers, so it must not exit.
+    /// for `count` more fills (those not waited for yet). Until then those blocks
+    /// may still arrive on this block's mbarriers, so it must not exit.
     fn producer_tail(
         &mut self,
         r: &AsyncDot,
         empty: u32,
         fill: IntValue<'ctx>,
         parity: IntValue<'ctx>,
+        count: u32,
     ) -> LResult<()> {
         let (mut f, mut p) = (fill, parity);
         let size = self.cx.i32((r.slots * r.slot_bytes) as i64);
-        for _ in r.ahead..r.slots {
+        for _ in 0..count {
             let bar = self.slot_bar(r, empty, f)?;
             let site = self.new_site("mbarrier.try_wait");
             self.arch.mbarrier_wait(&self.cx, bar, p, site)?;
@@ -224,8 +335,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         }
         self.note(|| {
             format!(
-                "warp-specialized, multicast: the producer waits for the release of the last {} fills before it exits (the cluster's consumers arrive on its mbarriers)",
-                r.slots - r.ahead
+                "warp-specialized, multicast: the producer waits for the release of the last {count} fills before it exits (the cluster's consumers arrive on its mbarriers)"
             )
         });
         Ok(())

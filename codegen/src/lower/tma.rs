@@ -247,36 +247,20 @@ pub(super) fn lower_desc_load<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResu
     let spec = l.plan.warp_spec.as_ref().filter(|w| std::ptr::eq(w.dot, d));
     let empty = spec.map(|w| w.empty);
     let multicast = spec.map(|w| w.multicast[which]).filter(|&a| a != 0);
-    let clustered = spec.is_some_and(|w| w.multicasts());
-    // The blocks whose consumers release each slot (one arrival per consumer warp
-    // of each): this one, and those multicasting into it.
-    let releasers = spec.map_or(1, |w| w.neighbours(l.cluster, 0).count_ones());
+    if spec.is_some_and(|w| w.outer.is_some()) && matches!(slot, AsyncSlot::Fixed(_)) {
+        // A persistent kernel's producer issues every fill in its loop.
+        l.note(|| {
+            "persistent, warp-specialized: not lowered (the producer's loop issues this fill with the others)".to_string()
+        });
+        return Ok(Tile {
+            elem: Elem::Scalar(blk.elem),
+            layout: crate::layout::Layout::blocked(&blk.ty.shape, 1, l.ws, l.nw),
+            regs: Vec::new(),
+            uniform: false,
+        });
+    }
     if matches!(slot, AsyncSlot::Fixed(0)) && l.tma_inited.borrow_mut().insert(d as *const Op) {
-        // Before the ring's first copy: every thread is done with the mbarriers of an
-        // earlier run of the loop; thread 0 initializes them (a warp-specialized
-        // ring's empty ones with one arrival per consumer warp of each block that
-        // releases the slot); with multicasts, the cluster's blocks see each other's
-        // mbarriers initialized before any copy lands in them.
-        l.barrier()?;
-        let site = l.new_site("mbarrier.init");
-        let consumer_warps = l.nw * releasers;
-        l.in_thread0(|l| {
-            for s in 0..ring.slots {
-                let bar = l.smem_at(ring.bars + s * MBAR_BYTES);
-                l.arch.mbarrier_init(&l.cx, bar, ring.tma, site)?;
-                if let Some(e) = empty {
-                    let bar = l.smem_at(e + s * MBAR_BYTES);
-                    l.arch.mbarrier_init(&l.cx, bar, consumer_warps, site)?;
-                }
-            }
-            l.arch.fence_mbarrier_init(&l.cx)
-        })?;
-        if clustered {
-            let site = l.new_site("barrier.cluster");
-            l.arch.cluster_sync(&l.cx, site)?;
-        } else {
-            l.barrier()?;
-        }
+        l.init_ring_bars(&ring)?;
     }
     let base = l.async_base(d, Some(slot))?;
     let arr_off = if which == 0 {
@@ -447,6 +431,44 @@ fn issue_multicast_copies<'ctx>(
 }
 
 impl<'ctx> Lowerer<'_, 'ctx> {
+    /// Initializes the mbarriers of ring `r` before its first copy: every thread is
+    /// done with the mbarriers of an earlier run of the loop; thread 0 initializes
+    /// them (a warp-specialized ring's empty ones with one arrival per consumer warp
+    /// of each block that releases the slot); with multicasts, the cluster's blocks
+    /// see each other's mbarriers initialized before any copy lands in them.
+    pub(super) fn init_ring_bars(&mut self, r: &super::AsyncDot) -> LResult<()> {
+        let spec = self.plan.warp_spec.as_ref().filter(|w| {
+            self.plan
+                .async_dots
+                .get(&w.dot)
+                .is_some_and(|a| a.bars == r.bars)
+        });
+        let empty = spec.map(|w| w.empty);
+        let clustered = spec.is_some_and(|w| w.multicasts());
+        let releasers = spec.map_or(1, |w| w.neighbours(self.cluster, 0).count_ones());
+        self.barrier()?;
+        let site = self.new_site("mbarrier.init");
+        let consumer_warps = self.nw * releasers;
+        let (slots, bars, tma) = (r.slots, r.bars, r.tma);
+        self.in_thread0(|l| {
+            for s in 0..slots {
+                let bar = l.smem_at(bars + s * MBAR_BYTES);
+                l.arch.mbarrier_init(&l.cx, bar, tma, site)?;
+                if let Some(e) = empty {
+                    let bar = l.smem_at(e + s * MBAR_BYTES);
+                    l.arch.mbarrier_init(&l.cx, bar, consumer_warps, site)?;
+                }
+            }
+            l.arch.fence_mbarrier_init(&l.cx)
+        })?;
+        if clustered {
+            let site = self.new_site("barrier.cluster");
+            self.arch.cluster_sync(&self.cx, site)
+        } else {
+            self.barrier()
+        }
+    }
+
     /// `f(rank)` for the cluster rank `rank` (an `i32`), read from a table of
     /// `bits`-bit entries packed into one 64-bit constant (`f`'s values fit them; a
     /// cluster has at most 8 blocks).

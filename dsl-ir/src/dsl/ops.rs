@@ -932,6 +932,28 @@ pub fn dot_scaled<
     ))
 }
 
+/// The output tile `(m, n)` of linear tile index `t` when an `m_tiles x n_tiles`
+/// grid of tiles is walked in groups of `group` tile rows: consecutive indices go
+/// down `group` rows of one tile column, then on to the next column, so the tiles
+/// computed at about the same time share their operand rows and columns in L2
+/// (Triton's "grouped ordering"). The last group has the rows that are left.
+/// With a persistent loop (`for t in (program_id(0)..m_tiles * n_tiles)
+/// .step_by(num_programs(0))`) it gives each program its tiles in that order.
+#[track_caller]
+pub fn grouped_tile(
+    t: Scalar<i32>,
+    m_tiles: Scalar<i32>,
+    n_tiles: Scalar<i32>,
+    group: i32,
+) -> (Scalar<i32>, Scalar<i32>) {
+    let group = group.max(1);
+    let per_group = n_tiles * group;
+    let first_m = (t / per_group) * group;
+    let rows = (m_tiles - first_m).minimum(group);
+    let within = t % per_group;
+    (first_m + within % rows, within / rows)
+}
+
 /// Synchronizes the threads of the program instance (a GPU block barrier).
 #[track_caller]
 pub fn barrier() {

@@ -137,6 +137,7 @@ impl Gpu<'_> {
             }
             (Err(e), None) => return Err(TileIr::Failed(e)),
         };
+        let job = &resident(g, job, k.as_ref()).map_err(TileIr::Failed)?;
         launch_checked(g, job, k.as_ref(), &gargs, &compiled.func, || ()).map_err(TileIr::Failed)
     }
 
@@ -175,6 +176,7 @@ impl Gpu<'_> {
         let k = g.load(&key.hex(), &mut || {
             resolve_binary(device, target, &compiled, &key, kopts)
         })?;
+        let job = &resident(g, job, k.as_ref())?;
         launch_checked(g, job, k.as_ref(), &gargs, &compiled.func, || drop(maps))
     }
 }
@@ -182,6 +184,17 @@ impl Gpu<'_> {
 /// Queues `k` with `args` on the job's stream, then `queued()` (what must live until
 /// the launch is queued goes there), then the checks after a communicating kernel: a
 /// trap, a failed wait's error record.
+/// `job` with its persistent grid capped at the programs of `k` the device (or its
+/// part) holds at once: the kernel's occupancy per multiprocessor times theirs.
+fn resident<'a>(
+    g: &dyn GpuBackend,
+    job: &Job<'a>,
+    k: &dyn crate::backend::GpuKernel,
+) -> Result<Job<'a>, Error> {
+    let per_unit = if job.persistent { g.occupancy(k)? } else { 1 };
+    Ok(job.resident(per_unit))
+}
+
 fn launch_checked(
     g: &dyn GpuBackend,
     job: &Job<'_>,

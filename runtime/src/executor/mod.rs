@@ -91,6 +91,9 @@ pub(crate) struct Job<'a> {
     pub(crate) stream: RawStream,
     /// Program instances along x, y and z.
     pub(crate) grid: [u32; 3],
+    /// A persistent grid (`Grid::persistent`): `grid[0]` is the tile count, which a
+    /// GPU caps at the programs resident at once ([`Job::resident`]).
+    pub(crate) persistent: bool,
     /// The device's launch watchdog (`TESSERA_LAUNCH_TIMEOUT`).
     pub(crate) watchdog: Option<Duration>,
     /// One argument per kernel parameter.
@@ -99,7 +102,25 @@ pub(crate) struct Job<'a> {
     pub(crate) tensor_maps: &'a [TmaRequest],
 }
 
-impl Job<'_> {
+impl<'a> Job<'a> {
+    /// The job with a persistent grid capped at `per_unit` programs per
+    /// multiprocessor of the device (its part's share); other jobs as they are.
+    pub(crate) fn resident(&self, per_unit: u32) -> Job<'a> {
+        let mut grid = self.grid;
+        if self.persistent {
+            let units = self.device.properties().multiprocessors.max(1);
+            // The cluster divides the grid: round down to a multiple of it.
+            let c = self.kopts.cluster[0].max(1);
+            let cap = (per_unit.max(1).saturating_mul(units) / c * c).max(c);
+            grid[0] = grid[0].min(cap);
+        }
+        Job {
+            grid,
+            persistent: false,
+            ..*self
+        }
+    }
+
     /// A launch error naming the kernel.
     pub(crate) fn invalid(&self, reason: String) -> Error {
         Error::Launch {

@@ -98,6 +98,15 @@ pub(crate) struct WarpSpec {
     /// Per operand (A, B): the clustered axes along which the blocks of a cluster
     /// share its copies, multicast (`cluster.rs`; 0: each block copies its own).
     pub multicast: [u8; 2],
+    /// A persistent kernel: the top-level `for` (walking the tiles) whose body holds
+    /// the ring's loop, where the block splits; the producer runs its own copy of
+    /// that loop, lowering `outer_slice` of its body (the scalars the ring's loop
+    /// needs) and the ring's loop, issuing every fill of each tile itself (the
+    /// prologue's loads are not lowered), its ring position carried across tiles
+    /// like the consumers' (`spec.rs`).
+    pub outer: Option<*const Op>,
+    /// The body ops of `outer` the producer lowers.
+    pub outer_slice: HashSet<*const Op>,
 }
 
 impl WarpSpec {
@@ -156,6 +165,12 @@ impl Plan<'_> {
                 out.push(format!("plan: this array at shared byte {off}"));
             }
             if op.kind == OpKind::For {
+                if let Some(w) = self.warp_spec.as_ref().filter(|w| w.outer == Some(key)) {
+                    out.push(format!(
+                        "plan: persistent and warp-specialized: the block splits before this loop; the producer walks the same tiles ({} ops of the body), issuing every fill of its ring loop, the ring's position carried across tiles",
+                        w.outer_slice.len()
+                    ));
+                }
                 if let Some(w) = self.warp_spec.as_ref().filter(|w| w.for_op == key) {
                     out.push(format!(
                         "plan: warp-specialized: a producer warpgroup issues the ring's copies ({} ops of the body), the consumer warps release each slot on its empty mbarrier (at byte {})",

@@ -162,12 +162,15 @@ impl<'a> Planner<'_, 'a, '_> {
                         .collect();
                     cluster::multicast_axes(self.l.f, &defs, self.l.cluster, for_op, &loads)
                 });
+                let (slice, outer, outer_slice) = slice;
                 self.plan.warp_spec = Some(WarpSpec {
                     for_op: for_op as *const Op,
                     dot: *d as *const Op,
                     slice,
                     empty: self.plan.pipe_bytes + slots * slot_bytes + slots * tma::MBAR_BYTES,
                     multicast,
+                    outer: outer.map(|o| o as *const Op),
+                    outer_slice,
                 });
             }
             // Whatever follows (arrays, scratch) starts aligned as arrays must.
@@ -199,20 +202,24 @@ impl<'a> Planner<'_, 'a, '_> {
     /// The producer's part of loop `for_op` (in `parent`) when its ring (prologue
     /// loads `pro`, the loop's loads `lasts`, all TMA) can be warp-specialized: the
     /// target has `wgmma` (and `setmaxnreg`), the kernel does not communicate, its
-    /// warps are whole warpgroups, the loop is at the kernel's top level, and the
+    /// warps are whole warpgroups, the loop is at the kernel's top level or in the
+    /// body of a top-level `for` (a persistent kernel's loop over tiles), and the
     /// producer warpgroup can run what comes before the loop (scalars, splatted
     /// constants, the prologue's copies: nothing that touches memory or needs the
     /// block's threads as the layouts count them) and compute the loop's copies
     /// from the induction variable and values defined before the loop, with pure
-    /// scalar ops only (the slice returned, the loads included). `None` otherwise,
-    /// or when the options turn it off or another loop has it.
+    /// scalar ops only (the slice returned, the loads included). For a persistent
+    /// kernel also the outer loop and the body ops of it the producer lowers (the
+    /// scalars the ring's loop needs; the outer loop carries nothing they use).
+    /// `None` otherwise, or when the options turn it off or another loop has it.
+    #[allow(clippy::type_complexity)]
     fn warp_spec_slice(
         &self,
         for_op: &'a Op,
         parent: &'a Region,
         pro: &[&'a Op],
         lasts: &[&'a Op],
-    ) -> Option<HashSet<*const Op>> {
+    ) -> Option<(HashSet<*const Op>, Option<&'a Op>, HashSet<*const Op>)> {
         let (l, f) = (self.l, self.l.f);
         if l.warp_specialize == Some(false)
             || !l.target().has_wgmma()
@@ -220,22 +227,43 @@ impl<'a> Planner<'_, 'a, '_> {
             || self.plan.warp_spec.is_some()
             || !l.nw.is_multiple_of(4)
             || (l.nw + 4) * l.ws > 1024
-            || !std::ptr::eq(parent, &f.body)
         {
             return None;
         }
         let scalar = |op: &Op| op.results.iter().all(|&r| f.ty(r).shape.is_empty());
         let pure_scalar = |op: &Op| op.kind.is_pure() && op.regions.is_empty() && scalar(op);
-        for op in &parent.ops {
-            if std::ptr::eq(op, for_op) {
-                break;
+        // The top-level loop around it, for a ring loop nested one deep.
+        let outer = if std::ptr::eq(parent, &f.body) {
+            None
+        } else {
+            let o = f
+                .body
+                .ops
+                .iter()
+                .find(|o| o.kind == OpKind::For && std::ptr::eq(&o.regions[0], parent))?;
+            Some(o)
+        };
+        // Everything before the split: what the producer warpgroup runs too.
+        let before = |region: &'a Region, until: &Op, prologue: bool| {
+            for op in &region.ops {
+                if std::ptr::eq(op, until) {
+                    break;
+                }
+                let ok = pure_scalar(op)
+                    || matches!(op.kind, OpKind::Const(_))
+                    || (prologue && pro.iter().any(|p| std::ptr::eq(*p, op)));
+                if !ok {
+                    return false;
+                }
             }
-            let ok = pure_scalar(op)
-                || matches!(op.kind, OpKind::Const(_))
-                || pro.iter().any(|p| std::ptr::eq(*p, op));
-            if !ok {
+            true
+        };
+        match outer {
+            None if !before(parent, for_op, true) => return None,
+            Some(o) if !before(&f.body, o, false) || !before(parent, for_op, true) => {
                 return None;
             }
+            _ => {}
         }
         let body = &for_op.regions[0];
         let mut need: HashSet<ValueId> = lasts
@@ -258,7 +286,30 @@ impl<'a> Planner<'_, 'a, '_> {
         if body.args.iter().skip(1).any(|a| need.contains(a)) {
             return None;
         }
-        Some(slice)
+        let mut outer_slice = HashSet::new();
+        if let Some(o) = outer {
+            // The outer body's scalars the ring loop's bounds and copies need.
+            need.extend(for_op.operands.iter().take(3).copied());
+            let mut past = false;
+            for op in parent.ops.iter().rev() {
+                if std::ptr::eq(op, for_op) {
+                    past = true;
+                    continue;
+                }
+                if !past || !op.results.iter().any(|r| need.contains(r)) {
+                    continue;
+                }
+                if !pure_scalar(op) {
+                    return None;
+                }
+                outer_slice.insert(op as *const Op);
+                need.extend(op.operands.iter().copied());
+            }
+            if o.regions[0].args.iter().skip(1).any(|a| need.contains(a)) {
+                return None;
+            }
+        }
+        Some((slice, outer, outer_slice))
     }
 
     /// Whether load `l` (a `load` by `cp.async`, or a `desc_load` by TMA) can copy
