@@ -120,7 +120,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 47] = [
+pub const JOBS: [Job; 48] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -230,6 +230,8 @@ pub const JOBS: [Job; 47] = [
         },
         matmul_desc::matmul_desc<128, 128, 64>
     ),
+    // 64-row tiles, 4 consumer warps (Triton 3.9's warp-specialized form on sm_90a).
+    job!("matmul_desc_ws_64x128x64", warps = 4, maps, matmul_desc::matmul_desc<64, 128, 64>),
     // Persistent: the loop over tiles warp-specialized as a whole.
     job!(
         "matmul_desc_persistent_128x128x64",

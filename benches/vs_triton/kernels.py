@@ -94,6 +94,41 @@ def matmul_desc(a_desc, b_desc, c_desc, k, BM: tl.constexpr, BN: tl.constexpr, B
 
 
 @triton.jit
+def matmul_desc_ws(a_desc, b_desc, c_desc, k, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """`matmul_desc` with Triton's automatic warp specialization of the k-loop
+    (`tl.range(..., warp_specialize=True)`: on sm_90a its Hopper pass splits a producer
+    warp group issuing the TMA loads off the consumers), as examples/matmul_desc.rs's
+    kernel is warp-specialized on sm_90a."""
+    m0 = tl.program_id(0) * BM
+    n0 = tl.program_id(1) * BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in tl.range(0, k, BK, warp_specialize=True):
+        acc = tl.dot(a_desc.load([m0, k0]), b_desc.load([k0, n0]), acc)
+    c_desc.store([m0, n0], acc)
+
+
+@triton.jit
+def matmul_desc_persistent(a_desc, b_desc, c_desc, m, n, k, NUM_SMS: tl.constexpr,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """examples/matmul_desc.rs `matmul_desc_persistent::<128,128,64>`: a persistent
+    kernel walking the output tiles in grouped order (8 tile rows), its k-loop
+    warp-specialized (Triton's persistent-matmul tutorial's form, with `flatten`)."""
+    m_tiles = tl.cdiv(m, BM)
+    n_tiles = tl.cdiv(n, BN)
+    tiles = m_tiles * n_tiles
+    for t in tl.range(tl.program_id(0), tiles, NUM_SMS, flatten=True, warp_specialize=True):
+        per = 8 * n_tiles
+        first_m = (t // per) * 8
+        rows = min(m_tiles - first_m, 8)
+        pm = first_m + (t % per) % rows
+        pn = (t % per) // rows
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+        for k0 in range(0, k, BK):
+            acc = tl.dot(a_desc.load([pm * BM, k0]), b_desc.load([k0, pn * BN]), acc)
+        c_desc.store([pm * BM, pn * BN], acc)
+
+
+@triton.jit
 def layernorm(x_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, n_cols, eps, BLOCK: tl.constexpr):
     """y = (x - mean) / sqrt(var + eps) * w + b per row (one row per program), walking
     the row BLOCK columns at a time in three passes; also writes mean and 1/std."""

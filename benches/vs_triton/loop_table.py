@@ -49,9 +49,20 @@ EIGHT_BIT = [
     ("matmul_i8_bt_128x128x128", "*i8", "*i32", 128, 128, 128, 8, ["sm_80", "sm_90a", "gfx942"]),
     ("matmul_fp8_bt_128x128x128", "*fp8e4nv", "*fp32", 128, 128, 128, 8, ["sm_90a"]),
 ]
-# Through host tensor descriptors (`kernels.matmul_desc`, examples/matmul_desc.rs): TMA
-# into shared memory on sm_90a on both sides. name, BM, BN, BK, num_warps.
-DESC = [("matmul_desc_128x128x64", 128, 128, 64, 8)]
+# Through host tensor descriptors (examples/matmul_desc.rs): TMA into shared memory on
+# sm_90a on both sides. name (our artifact), Triton's kernel in kernels.py, BM, BN, BK,
+# num_warps (Triton's; ours are the artifact's). Ours is warp-specialized by default
+# (`matmul_desc_128x128x64`: a producer warpgroup and 8 consumer warps), or not
+# (`_no_ws`); Triton 3.9 warp-specializes on sm_90a only with `tl.range(...,
+# warp_specialize=True)` and 4 warps per consumer group, which its Hopper pass splits
+# into 2 groups (12 warps): a 128-row descriptor block fails there ("descriptor block
+# and tensor must have the same number of elements"), a 64-row one compiles, so the
+# warp-specialized pair is 64x128x64.
+DESC = [
+    ("matmul_desc_128x128x64_no_ws", "matmul_desc", 128, 128, 64, 8),
+    ("matmul_desc_128x128x64", "matmul_desc", 128, 128, 64, 8),
+    ("matmul_desc_ws_64x128x64", "matmul_desc_ws", 64, 128, 64, 4),
+]
 # `STAGES=N bash benches/vs_triton/run.sh --loops` builds our side with `--num-stages N`
 # (default: the targets' defaults, 3 on NVIDIA and 2 on AMD).
 STAGES = os.environ.get("STAGES", "")
@@ -87,11 +98,11 @@ def triton_side(work: Path) -> dict:
         sg8 = {"a_ptr": ab, "bt_ptr": ab, "c_ptr": c, "m": "i32", "n": "i32", "k": "i32",
                "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
         jobs.append((name, kernels.matmul_bt, sg8, {"BM": bm, "BN": bn, "BK": bk}, nw, (), tgts))
-    for name, bm, bn, bk, nw in DESC:
+    for name, fn, bm, bn, bk, nw in DESC:
         sgd = {"a_desc": f"tensordesc<fp16[{bm},{bk}]>", "b_desc": f"tensordesc<fp16[{bk},{bn}]>",
                "c_desc": f"tensordesc<fp32[{bm},{bn}]>", "k": "i32",
                "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
-        jobs.append((name, kernels.matmul_desc, sgd, {"BM": bm, "BN": bn, "BK": bk}, nw, (), ["sm_90a"]))
+        jobs.append((name, getattr(kernels, fn), sgd, {"BM": bm, "BN": bn, "BK": bk}, nw, (), ["sm_90a"]))
     jobs = [j if len(j) == 7 else (*j, [t[0] for t in TARGETS]) for j in jobs]
     for name, fn, sg, consts, nw, plain, tgts in jobs:
         for tgt, backend, arch, warp in TARGETS:
@@ -123,6 +134,8 @@ def triton_side(work: Path) -> dict:
                 s.write_text(ck.asm["amdgcn"])
                 out[(name, tgt)] = loops.amd_metrics(s)
             out[(name, tgt)]["num_stages"] = ck.metadata.num_stages
+            out[(name, tgt)]["warps"] = ck.metadata.num_warps
+            out[(name, tgt)]["setmaxnreg"] = ck.asm["ptx"].count("setmaxnreg") if backend == "cuda" else 0
     return out
 
 
@@ -178,7 +191,8 @@ def main() -> int:
                     ok = r <= 1.3 and b <= 2.0 and m["spills"] == 0
                     verdicts.append(f"{name} {tgt}: loop {r:.2f}x (target <= 1.3x), barriers {b:.2f}x (<= 2x), "
                                     f"spills {m['spills']}: {'met' if ok else 'MISSED'}")
-                stages = f" (num_stages {m['num_stages']})" if side == "Triton" else (
+                stages = (f" (num_stages {m['num_stages']}, {m['warps']} warps"
+                          f"{', warp-specialized' if m.get('setmaxnreg') else ''})") if side == "Triton" else (
                     f" (num_stages {STAGES})" if STAGES else " (default num_stages)")
                 print(f"| {name} | {tgt} | {side}{stages} | {cells} | {ratio} | {bar} |")
     print()

@@ -442,11 +442,16 @@ fn persistent_matmul_walks_every_tile() {
     let b: Vec<f16> = rand_f32(52, k * n).into_iter().map(f16::from_f32).collect();
     for dev in devices() {
         let tiles = (m.div_ceil(64) * n.div_ceil(128)) as u64;
-        for grid in [
-            Grid::new(1, 1, 1),
-            Grid::new(5, 1, 1),
-            Grid::new(64, 1, 1),
-            Grid::persistent(tiles),
+        // (In clusters of 2 too: no operand is multicast, as the tiles of a
+        // cluster's programs differ, but they run as a cluster.)
+        let pair = LaunchOptions::new().cluster(2, 1, 1);
+        for (grid, opts) in [
+            (Grid::new(1, 1, 1), LaunchOptions::new()),
+            (Grid::new(5, 1, 1), LaunchOptions::new()),
+            (Grid::new(64, 1, 1), LaunchOptions::new()),
+            (Grid::persistent(tiles), LaunchOptions::new()),
+            (Grid::new(6, 1, 1), pair.clone()),
+            (Grid::persistent(tiles), pair.clone()),
         ] {
             let ab = dev.upload(&a).unwrap();
             let bb = dev.upload(&b).unwrap();
@@ -454,8 +459,13 @@ fn persistent_matmul_walks_every_tile() {
             let ad = TensorDescriptor::new(&ab, &[m, k], &[k, 1], &[64, 64]).unwrap();
             let bd = TensorDescriptor::new(&bb, &[k, n], &[n, 1], &[64, 128]).unwrap();
             let mut cd = TensorDescriptor::new_mut(&mut cb, &[m, n], &[n, 1], &[64, 128]).unwrap();
-            matmul_persistent::<64, 128, 64>::launch(&dev, grid, (&ad, &bd, &mut cd, k as i32))
-                .unwrap();
+            matmul_persistent::<64, 128, 64>::launch_with(
+                &dev,
+                grid,
+                &opts,
+                (&ad, &bd, &mut cd, k as i32),
+            )
+            .unwrap();
             drop(cd);
             let got = cb.download().unwrap();
             for i in 0..m {
@@ -468,7 +478,8 @@ fn persistent_matmul_walks_every_tile() {
                     let g = got[i * n + j] as f64;
                     assert!(
                         (g - want).abs() <= 4e-5 * k as f64 + 1e-4 * want.abs(),
-                        "{dev}, {grid:?}: C[{i}][{j}] = {g}, want {want}"
+                        "{dev}, {grid:?}, {:?}: C[{i}][{j}] = {g}, want {want}",
+                        opts.cluster
                     );
                 }
             }
