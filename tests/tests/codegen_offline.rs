@@ -1118,6 +1118,31 @@ fn sp_attention_state_crosses_nested_loops_without_conversions() {
 #[allow(dead_code)]
 mod matmul_desc;
 
+/// `func` specialized as an sm_90a launch that built its tensor maps (the `_tmap`
+/// parameters marked `tensor_map`; pointers and integers divisible by 16).
+fn with_tensor_maps(func: &tessera::ir::Function) -> tessera::ir::Function {
+    let facts: Vec<tessera::ir::ParamFacts> = func
+        .params
+        .iter()
+        .map(|p| {
+            let mut f = tessera::ir::ParamFacts::new(!p.name.ends_with("_tmap"), true);
+            f.tensor_map = p.name.ends_with("_tmap");
+            f
+        })
+        .collect();
+    tessera::ir::passes::specialize(func, &facts)
+}
+
+/// The indices of the lines of `lines` that contain `s`.
+fn lines_with(lines: &[&str], s: &str) -> Vec<usize> {
+    lines
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.contains(s))
+        .map(|(i, _)| i)
+        .collect()
+}
+
 /// The descriptor GEMM specialized as an sm_90a launch that built its tensor maps
 /// (`tensor_map` on the `_tmap` parameters): both operands arrive by TMA, one
 /// 128x64 box for A and two 64x64 boxes for B (128-byte swizzle) per stage, each
@@ -1224,18 +1249,9 @@ fn sm90a_descriptor_matmul_uses_tma_and_mbarriers() {
 /// copies are issued outside the producer. No spills.
 #[test]
 fn sm90a_persistent_matmul_is_warp_specialized_across_tiles() {
-    use tessera::ir::ParamFacts;
-    let func = kernel_ir::<matmul_desc::matmul_desc_persistent<128, 128, 64>>(&()).expect("builds");
-    let facts: Vec<ParamFacts> = func
-        .params
-        .iter()
-        .map(|p| {
-            let mut f = ParamFacts::new(!p.name.ends_with("_tmap"), true);
-            f.tensor_map = p.name.ends_with("_tmap");
-            f
-        })
-        .collect();
-    let tma = tessera::ir::passes::specialize(&func, &facts);
+    let tma = with_tensor_maps(
+        &kernel_ir::<matmul_desc::matmul_desc_persistent<128, 128, 64>>(&()).expect("builds"),
+    );
     let art = compile_ir(&tma, SM90A, &CompileOptions::warps(8)).expect("compiles");
     assert_eq!(art.meta.num_threads, 384);
     let ptx = &art.asm;
@@ -1258,14 +1274,7 @@ fn sm90a_persistent_matmul_is_warp_specialized_across_tiles() {
     );
     let sass = tools::sass(&report.cubin).expect("cuobjdump");
     let lines: Vec<&str> = sass.lines().collect();
-    let at = |s: &str| -> Vec<usize> {
-        lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.contains(s))
-            .map(|(i, _)| i)
-            .collect()
-    };
+    let at = |s: &str| lines_with(&lines, s);
     let (alloc, dealloc) = (at("USETMAXREG.TRY_ALLOC"), at("USETMAXREG.DEALLOC"));
     assert_eq!((alloc.len(), dealloc.len()), (1, 1), "{sass}");
     let (loads, mmas, stores) = (at("UTMALDG.2D"), at("HGMMA.64x128x16.F32"), at("UTMASTG"));
@@ -1300,18 +1309,9 @@ fn sm90a_persistent_matmul_is_warp_specialized_across_tiles() {
 /// side of the register split.
 #[test]
 fn sm90a_clustered_matmul_multicasts() {
-    use tessera::ir::ParamFacts;
-    let func = kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds");
-    let facts: Vec<ParamFacts> = func
-        .params
-        .iter()
-        .map(|p| {
-            let mut f = ParamFacts::new(!p.name.ends_with("_tmap"), true);
-            f.tensor_map = p.name.ends_with("_tmap");
-            f
-        })
-        .collect();
-    let tma = tessera::ir::passes::specialize(&func, &facts);
+    let tma = with_tensor_maps(
+        &kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds"),
+    );
     let opts = CompileOptions {
         cluster: [2, 2, 1],
         ..CompileOptions::warps(8)
@@ -1343,14 +1343,7 @@ fn sm90a_clustered_matmul_multicasts() {
     );
     let sass = tools::sass(&report.cubin).expect("cuobjdump");
     let lines: Vec<&str> = sass.lines().collect();
-    let at = |s: &str| -> Vec<usize> {
-        lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.contains(s))
-            .map(|(i, _)| i)
-            .collect()
-    };
+    let at = |s: &str| lines_with(&lines, s);
     let alloc = at("USETMAXREG.TRY_ALLOC");
     let loads = at("UTMALDG.2D.MULTICAST");
     assert_eq!(alloc.len(), 1, "{sass}");
@@ -1369,18 +1362,9 @@ fn sm90a_clustered_matmul_multicasts() {
 
 #[test]
 fn sm90a_descriptor_matmul_is_warp_specialized() {
-    use tessera::ir::ParamFacts;
-    let func = kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds");
-    let facts: Vec<ParamFacts> = func
-        .params
-        .iter()
-        .map(|p| {
-            let mut f = ParamFacts::new(!p.name.ends_with("_tmap"), true);
-            f.tensor_map = p.name.ends_with("_tmap");
-            f
-        })
-        .collect();
-    let tma = tessera::ir::passes::specialize(&func, &facts);
+    let tma = with_tensor_maps(
+        &kernel_ir::<matmul_desc::matmul_desc<128, 128, 64>>(&()).expect("builds"),
+    );
     let art = compile_ir(&tma, SM90A, &CompileOptions::warps(8)).expect("compiles");
     assert_eq!(art.meta.num_threads, 384);
     let ptx = &art.asm;
@@ -1414,14 +1398,7 @@ fn sm90a_descriptor_matmul_is_warp_specialized() {
     );
     let sass = tools::sass(&report.cubin).expect("cuobjdump");
     let lines: Vec<&str> = sass.lines().collect();
-    let at = |s: &str| -> Vec<usize> {
-        lines
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| l.contains(s))
-            .map(|(i, _)| i)
-            .collect()
-    };
+    let at = |s: &str| lines_with(&lines, s);
     let (dealloc, alloc) = (at("USETMAXREG.DEALLOC"), at("USETMAXREG.TRY_ALLOC"));
     assert_eq!((dealloc.len(), alloc.len()), (1, 1), "{sass}");
     let (loads, mmas) = (at("UTMALDG.2D"), at("HGMMA.64x128x16.F32"));

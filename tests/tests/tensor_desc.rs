@@ -20,6 +20,15 @@ fn devices() -> Vec<Device> {
     v
 }
 
+/// `ir` specialized as a launch that built its tensor maps would run it.
+fn with_tensor_maps(ir: &tessera::ir::Function) -> tessera::ir::Function {
+    tessera::Specialization::for_launches(ir)
+        .into_iter()
+        .find(|s| matches!(s, tessera::Specialization::TensorMaps(_)))
+        .expect("a specialization with tensor maps")
+        .apply(ir)
+}
+
 fn rand_f32(seed: u64, n: usize) -> Vec<f32> {
     let mut r = StdRng::seed_from_u64(seed);
     (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
@@ -268,11 +277,7 @@ fn warp_specialized_matmul_matches_the_unspecialized_one() {
     }
     // The kernel was specialized: a producer warpgroup past the consumers.
     let ir = tessera::kernel_ir::<matmul_desc<64, 128, 64>>(&()).unwrap();
-    let maps = tessera::Specialization::for_launches(&ir)
-        .into_iter()
-        .find(|s| matches!(s, tessera::Specialization::TensorMaps(_)))
-        .expect("a specialization with tensor maps");
-    let f = maps.apply(&ir);
+    let f = with_tensor_maps(&ir);
     let opts = |w| tessera::aot::CompileOptions {
         warp_specialize: w,
         ..tessera::aot::CompileOptions::warps(8)
@@ -332,11 +337,7 @@ fn clustered_matmul_multicasts_and_matches() {
     // A and B each along their axis, the slots released across the cluster, a
     // cluster barrier after the mbarriers' initialization.
     let ir = tessera::kernel_ir::<matmul_desc<64, 128, 64>>(&()).unwrap();
-    let maps = tessera::Specialization::for_launches(&ir)
-        .into_iter()
-        .find(|s| matches!(s, tessera::Specialization::TensorMaps(_)))
-        .expect("a specialization with tensor maps");
-    let f = maps.apply(&ir);
+    let f = with_tensor_maps(&ir);
     let ptx = |cluster| {
         let opts = tessera::aot::CompileOptions {
             cluster,
@@ -421,11 +422,7 @@ fn persistent_matmul_walks_every_tile() {
     // Warp-specialized with the loop over tiles around the ring (a producer
     // warpgroup past the 4 consumer warps), as the compiler's choice.
     let ir = tessera::kernel_ir::<matmul_persistent<64, 128, 64>>(&()).unwrap();
-    let maps = tessera::Specialization::for_launches(&ir)
-        .into_iter()
-        .find(|s| matches!(s, tessera::Specialization::TensorMaps(_)))
-        .expect("a specialization with tensor maps");
-    let f = maps.apply(&ir);
+    let f = with_tensor_maps(&ir);
     let threads = |w| {
         let opts = tessera::aot::CompileOptions {
             warp_specialize: w,

@@ -143,17 +143,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             .filter(|w| std::ptr::eq(w.for_op, op))
             .map(|w| (w.dot, w.empty, w.outer.is_some()));
         let spec = match spec {
-            Some((dot, empty, true)) => {
-                let (_, r) = rings
-                    .iter()
-                    .find(|(d, _)| std::ptr::eq(*d, dot))
-                    .copied()
-                    .ok_or_else(|| {
-                        LowerError::Llvm("a warp-specialized loop without its ring".into())
-                    })?;
-                Some((dot, r, empty))
-            }
-            Some((dot, empty, false)) => {
+            Some((dot, empty, split_before)) => {
                 let (d, r) = rings
                     .iter()
                     .find(|(d, _)| std::ptr::eq(*d, dot))
@@ -161,8 +151,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     .ok_or_else(|| {
                         LowerError::Llvm("a warp-specialized loop without its ring".into())
                     })?;
-                self.split_for_producer(op, d, r, empty, lb, ub, step)?;
-                self.restore_op(op);
+                if !split_before {
+                    self.split_for_producer(op, d, r, empty, lb, ub, step)?;
+                    self.restore_op(op);
+                }
                 Some((dot, r, empty))
             }
             None => None,

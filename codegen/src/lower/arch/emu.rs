@@ -92,6 +92,29 @@ fn call<'ctx>(
     Ok(cx.b.build_call(f, args, "")?.try_as_basic_value().basic())
 }
 
+/// The leading arguments of the emulator's TMA loads: `dst, tmap, rank, c0, c1, c2,
+/// bar` (coordinates innermost first, missing ones 0).
+fn tma_args<'ctx>(
+    cx: &Cx<'ctx>,
+    dst: PointerValue<'ctx>,
+    tmap: IntValue<'ctx>,
+    coords: &[IntValue<'ctx>],
+    bar: PointerValue<'ctx>,
+) -> [BasicMetadataValueEnum<'ctx>; 7] {
+    let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
+        coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
+    };
+    [
+        dst.into(),
+        tmap.into(),
+        cx.i32(coords.len() as i64).into(),
+        c(0),
+        c(1),
+        c(2),
+        bar.into(),
+    ]
+}
+
 fn int_result<'ctx>(v: Option<BasicValueEnum<'ctx>>) -> LResult<IntValue<'ctx>> {
     v.map(|v| v.into_int_value())
         .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))
@@ -431,20 +454,12 @@ impl Arch for Emu {
         bar: PointerValue<'ctx>,
         site: u32,
     ) -> LResult<()> {
-        let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
-            coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
-        };
-        let args = [
-            dst.into(),
-            tmap.into(),
-            cx.i32(coords.len() as i64).into(),
-            c(0),
-            c(1),
-            c(2),
-            bar.into(),
-            Emu::site(cx, site),
-        ];
-        call(cx, "tessera_emu_tma_load", &args)?;
+        let args = tma_args(cx, dst, tmap, coords, bar);
+        call(
+            cx,
+            "tessera_emu_tma_load",
+            &[&args[..], &[Emu::site(cx, site)]].concat(),
+        )?;
         Ok(())
     }
 
@@ -479,22 +494,14 @@ impl Arch for Emu {
         mask: IntValue<'ctx>,
         site: u32,
     ) -> LResult<()> {
-        let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
-            coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
-        };
         let mask = cx.b.build_int_z_extend(mask, cx.ctx.i32_type(), "")?;
-        let args = [
-            dst.into(),
-            tmap.into(),
-            cx.i32(coords.len() as i64).into(),
-            c(0),
-            c(1),
-            c(2),
-            bar.into(),
-            mask.into(),
-            Emu::site(cx, site),
-        ];
-        call(cx, "tessera_emu_tma_load_multicast", &args)?;
+        let args = tma_args(cx, dst, tmap, coords, bar);
+        let tail = [mask.into(), Emu::site(cx, site)];
+        call(
+            cx,
+            "tessera_emu_tma_load_multicast",
+            &[&args[..], &tail].concat(),
+        )?;
         Ok(())
     }
 

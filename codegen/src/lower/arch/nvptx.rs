@@ -116,6 +116,41 @@ fn shared_u32<'ctx>(cx: &Cx<'ctx>, p: PointerValue<'ctx>) -> LResult<IntValue<'c
     Ok(cx.b.build_ptr_to_int(p, cx.ctx.i32_type(), "")?)
 }
 
+/// `cp.async.bulk.tensor.{R}d...mbarrier::complete_tx::bytes [dst], [tmap, {coords}],
+/// [bar]`, multicast to the cluster's blocks in the 16-bit CTA `mask` when given.
+fn ptx_tma_load<'ctx>(
+    cx: &Cx<'ctx>,
+    dst: PointerValue<'ctx>,
+    tmap: IntValue<'ctx>,
+    coords: &[IntValue<'ctx>],
+    bar: PointerValue<'ctx>,
+    mask: Option<IntValue<'ctx>>,
+) -> LResult<()> {
+    let mut ins: Vec<(&str, BasicValueEnum<'ctx>)> = vec![
+        ("r", shared_u32(cx, dst)?.into()),
+        ("l", tmap.into()),
+        ("r", shared_u32(cx, bar)?.into()),
+    ];
+    let (multicast, mask_operand) = match mask {
+        Some(m) => {
+            ins.push(("h", m.into()));
+            (".multicast::cluster", ", $3")
+        }
+        None => ("", ""),
+    };
+    let first = ins.len();
+    let cs: Vec<String> = (0..coords.len())
+        .map(|i| format!("${}", first + i))
+        .collect();
+    ins.extend(coords.iter().map(|c| ("r", BasicValueEnum::from(*c))));
+    let text = format!(
+        "cp.async.bulk.tensor.{}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes{multicast} [$0], [$1, {{{}}}], [$2]{mask_operand};",
+        coords.len(),
+        cs.join(", ")
+    );
+    ptx_void(cx, &text, &ins)
+}
+
 /// A side-effecting inline PTX statement with no operands.
 fn ptx_stmt(cx: &Cx<'_>, text: &str) -> LResult<()> {
     let fty = cx.ctx.void_type().fn_type(&[], false);
@@ -445,18 +480,7 @@ impl Arch for Nvptx {
         bar: PointerValue<'ctx>,
         _site: u32,
     ) -> LResult<()> {
-        let d = shared_u32(cx, dst)?;
-        let b = shared_u32(cx, bar)?;
-        let r = coords.len();
-        let cs: Vec<String> = (0..r).map(|i| format!("${}", 3 + i)).collect();
-        let text = format!(
-            "cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [$0], [$1, {{{}}}], [$2];",
-            cs.join(", ")
-        );
-        let mut ins: Vec<(&str, BasicValueEnum<'ctx>)> =
-            vec![("r", d.into()), ("l", tmap.into()), ("r", b.into())];
-        ins.extend(coords.iter().map(|c| ("r", BasicValueEnum::from(*c))));
-        ptx_void(cx, &text, &ins)
+        ptx_tma_load(cx, dst, tmap, coords, bar, None)
     }
 
     fn cluster_ctarank<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
@@ -497,22 +521,7 @@ impl Arch for Nvptx {
         mask: IntValue<'ctx>,
         _site: u32,
     ) -> LResult<()> {
-        let d = shared_u32(cx, dst)?;
-        let b = shared_u32(cx, bar)?;
-        let r = coords.len();
-        let cs: Vec<String> = (0..r).map(|i| format!("${}", 4 + i)).collect();
-        let text = format!(
-            "cp.async.bulk.tensor.{r}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster [$0], [$1, {{{}}}], [$2], $3;",
-            cs.join(", ")
-        );
-        let mut ins: Vec<(&str, BasicValueEnum<'ctx>)> = vec![
-            ("r", d.into()),
-            ("l", tmap.into()),
-            ("r", b.into()),
-            ("h", mask.into()),
-        ];
-        ins.extend(coords.iter().map(|c| ("r", BasicValueEnum::from(*c))));
-        ptx_void(cx, &text, &ins)
+        ptx_tma_load(cx, dst, tmap, coords, bar, Some(mask))
     }
 
     fn tma_store<'ctx>(

@@ -13,7 +13,11 @@
 //!    operands ([`Plan::staged`]) and loop-invariant ones ([`Plan::invariant`]);
 //! 3. `ring.rs` (called by staging for each loop, on targets with asynchronous
 //!    copies): the rings of arrays that `cp.async` or TMA copies fill ahead of a
-//!    loop's `dot` ([`Plan::async_dots`], [`Plan::async_loads`], [`Plan::async_args`]).
+//!    loop's `dot` ([`Plan::async_dots`], [`Plan::async_loads`], [`Plan::async_args`]),
+//!    and on sm_90a whether one such loop is warp-specialized ([`Plan::warp_spec`]:
+//!    at the kernel's top level, or inside a top-level loop over tiles of a
+//!    persistent kernel), with `cluster.rs` deciding which of its operands a
+//!    thread-block cluster multicasts.
 //!
 //! Shared memory is laid out in the order planned: the local arrays, then each
 //! `dot`'s arrays or ring ([`Plan::pipe_dots`], [`Plan::pipe_bytes`] in all), then
