@@ -534,6 +534,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.lower_region(body)?;
         // Puts to off-node peers are delivered before the kernel ends.
         self.engine_quiet()?;
+        if self.plan.store_staging.is_some() {
+            // The last TMA stores read the staging box before the block exits.
+            let site = self.new_site("cp.async.bulk.wait_group.read");
+            self.in_thread0(|l| l.arch.tma_store_wait(&l.cx, site))?;
+        }
         self.cx.b.build_return(None)?;
         Ok(())
     }

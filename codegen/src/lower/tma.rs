@@ -506,8 +506,19 @@ pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LRes
     let blk = Block::of(l, op, &d, l.f.ty(op.operands[d.extra()]))?;
     blk.whole_periods(op, "store")?;
     let v = l.val(op.operands[d.extra()])?;
-    // The scratch starts after the rings, on a 1024-byte boundary on wgmma targets.
-    let base = l.scratch(blk.bytes(), &op.span);
+    // The staging box: a kernel that stores in a loop has its own (the plan's),
+    // whose last stores thread 0 waits for only now, before it is written again;
+    // else the scratch, which starts after the rings, on a 1024-byte boundary on
+    // wgmma targets.
+    let deferred = l.plan.store_staging;
+    let base = match deferred {
+        Some(off) => {
+            let site = l.new_site("cp.async.bulk.wait_group.read");
+            l.in_thread0(|l| l.arch.tma_store_wait(&l.cx, site))?;
+            l.smem_at(off)
+        }
+        None => l.scratch(blk.bytes(), &op.span),
+    };
     l.barrier()?;
     let runs: Vec<u32> = (0..staging_vec(&blk).trailing_zeros())
         .map(|i| 1 << i)
@@ -522,14 +533,26 @@ pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LRes
             let (src, cs) = box_place(l, &blk, base, 0, c)?;
             l.arch.tma_store(&l.cx, src, blk.tmap, &cs, site)?;
         }
-        l.arch.tma_store_wait(&l.cx, site)
+        match deferred {
+            Some(_) => Ok(()),
+            None => l.arch.tma_store_wait(&l.cx, site),
+        }
     })?;
-    l.barrier()?;
+    if deferred.is_none() {
+        l.barrier()?;
+    }
     let bx = &blk.bx;
     l.note(|| {
         format!(
-            "TMA store: {} box(es) of {:?} ({}-byte swizzle) staged in shared memory",
-            bx.copies, bx.box_dims, bx.swizzle_bytes
+            "TMA store: {} box(es) of {:?} ({}-byte swizzle) staged in shared memory{}",
+            bx.copies,
+            bx.box_dims,
+            bx.swizzle_bytes,
+            if deferred.is_some() {
+                " of its own; thread 0 waits for them to read it at the next store (or the kernel's end), so they drain while the next tile computes"
+            } else {
+                ""
+            }
         )
     });
     Ok(())

@@ -65,6 +65,11 @@ pub(crate) struct Plan<'a> {
     pub pipe_dots: HashMap<*const Op, u32>,
     /// Shared memory the planned arrays take (scratch comes after).
     pub pipe_bytes: u32,
+    /// The staging box of the TMA stores (`desc_store`) of a kernel that stores in a
+    /// loop (a persistent kernel's epilogue): its own shared memory, so a store's
+    /// read of it may go on past the store (its wait is deferred to the next store,
+    /// or the kernel's end) while the next tile computes (`tma.rs`).
+    pub store_staging: Option<u32>,
     /// `dot`s whose operands arrive by asynchronous copies into a ring of arrays.
     pub async_dots: HashMap<*const Op, AsyncDot>,
     /// The loads that become asynchronous copies: their `dot`, operand, and slot.
@@ -137,6 +142,7 @@ pub(super) fn build<'a>(l: &Lowerer<'a, '_>) -> Plan<'a> {
     p.compute_hints(&f.body);
     p.plan_locals();
     p.plan_staging(&f.body);
+    p.plan_store_staging();
     p.plan
 }
 
@@ -148,6 +154,42 @@ struct Planner<'p, 'a, 'ctx> {
 }
 
 const OPERAND: [&str; 2] = ["A", "B"];
+
+impl Planner<'_, '_, '_> {
+    /// Reserves the TMA stores' staging box ([`Plan::store_staging`]) when a TMA
+    /// `desc_store` (those left after descriptor expansion are TMA's) sits in a
+    /// loop of a kernel that does not communicate (whose every exit is the end).
+    fn plan_store_staging(&mut self) {
+        let f = self.l.f;
+        if f.uses_comm() {
+            return;
+        }
+        fn go(r: &tessera_ir::ir::Region, f: &Function, depth: u32, max: &mut u32) {
+            for op in &r.ops {
+                if depth > 0
+                    && let OpKind::DescStore { rank } = op.kind
+                    && let Ok(d) = tessera_ir::ir::DescOperands::new(rank)
+                {
+                    let t = f.ty(op.operands[d.extra()]);
+                    let e = t.scalar_type().map_or(0, |s| s.size_bytes() as u32);
+                    *max = (*max).max(e * t.shape.iter().product::<u32>());
+                }
+                let inner = depth + u32::from(matches!(op.kind, OpKind::For | OpKind::While));
+                for sub in &op.regions {
+                    go(sub, f, inner, max);
+                }
+            }
+        }
+        let mut bytes = 0;
+        go(&f.body, f, 0, &mut bytes);
+        if bytes > 0 {
+            let align = self.l.smem_align();
+            let at = self.plan.pipe_bytes.next_multiple_of(align);
+            self.plan.store_staging = Some(at);
+            self.plan.pipe_bytes = (at + bytes).next_multiple_of(align);
+        }
+    }
+}
 
 impl Plan<'_> {
     /// One line per decision, at the op it concerns, in program order: arrays in
