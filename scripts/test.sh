@@ -123,6 +123,8 @@ TESSERA_DEVICE=emu-nv TESSERA_CACHE_DIR="$tune_cache" cargo run -q -p tessera-ex
 out="$(TESSERA_DEVICE=emu-nv TESSERA_CACHE_DIR="$tune_cache" cargo run -q -p tessera-examples --example matmul -- --tune 128)"
 grep -q "(Disk," <<<"$out" || { echo "matmul --tune: the second run did not find the winner in the cache: $out" >&2; exit 1; }
 TESSERA_DEVICE=emu-nv TESSERA_CACHE_DIR="$tune_cache" cargo run -q -p tessera-examples --example attention -- --tune 1 128
+# The descriptor GEMM's sm_90a schedules (warp specialization, clusters, persistent).
+TESSERA_DEVICE=emu-sm90a TESSERA_CACHE_DIR="$tune_cache" cargo run -q -p tessera-examples --example matmul_desc -- --tune 256
 rm -rf "$tune_cache"
 # The GPU check's own cases (bf16, f64, system-scope atomics, prefix sums) and its
 # communication check as 2 processes (ping_pong, every all-reduce algorithm, the fused
