@@ -94,7 +94,7 @@ fn configs(m_tiles: usize) -> Vec<Config> {
     let mut v = Vec::new();
     for warp_specialize in [true, false] {
         for cluster in [1, 2] {
-            if m_tiles % cluster as usize != 0 {
+            if !m_tiles.is_multiple_of(cluster as usize) {
                 continue;
             }
             for persistent in [false, true] {
