@@ -881,7 +881,10 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
     );
     // The same product through tensor descriptors (TMA into the wgmma ring on sm_90a,
     // warp-specialized), then without warp specialization.
-    let desc = |opts: &LaunchOptions| -> Result<f64, Error> {
+    // `persistent`: `matmul_desc_persistent` on `Grid::persistent` (a program per
+    // tile the GPU holds at once, grouped order; the next tile's loads overlap this
+    // one's epilogue).
+    let desc = |opts: &LaunchOptions, persistent: bool| -> Result<f64, Error> {
         // Random (normal-ish) data like the torch baseline's `randn`: constant data
         // draws less power and runs faster on tensor cores.
         let a = dev.upload(&random_f16(s * s, 1))?;
@@ -890,54 +893,34 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
         let ad = tessera::TensorDescriptor::new(&a, &[s, s], &[s, 1], &[128, 64])?;
         let bd = tessera::TensorDescriptor::new(&b, &[s, s], &[s, 1], &[64, 128])?;
         let mut cd = tessera::TensorDescriptor::new_mut(&mut c, &[s, s], &[s, 1], &[128, 128])?;
-        let grid = (s.div_ceil(128), s.div_ceil(128));
+        let tiles = s.div_ceil(128);
         let t = bench(10)
             .run(dev, || {
-                matmul_desc::<128, 128, 64>::launch_with(dev, grid, opts, (&ad, &bd, &mut cd))
+                let args = (&ad, &bd, &mut cd);
+                if persistent {
+                    let grid = tessera::Grid::persistent((tiles * tiles) as u64);
+                    matmul_desc_persistent::<128, 128, 64>::launch_with(dev, grid, opts, args)
+                } else {
+                    matmul_desc::<128, 128, 64>::launch_with(dev, (tiles, tiles), opts, args)
+                }
             })?
             .median()
             .as_secs_f64();
         Ok(2.0 * (s as f64).powi(3) / t / 1e12)
     };
-    record("matmul_desc_f16", "TFLOP/s", desc(&eight));
+    record("matmul_desc_f16", "TFLOP/s", desc(&eight, false));
     record(
         "matmul_desc_f16_no_ws",
         "TFLOP/s",
-        desc(&eight.clone().warp_specialize(false)),
+        desc(&eight.clone().warp_specialize(false), false),
     );
     // In clusters of 2 along M (B multicast to both blocks of a cluster).
     record(
         "matmul_desc_f16_cluster2x1",
         "TFLOP/s",
-        desc(&eight.clone().cluster(2, 1, 1)),
+        desc(&eight.clone().cluster(2, 1, 1), false),
     );
-    // Persistent (a program per tile the GPU holds at once, grouped order; the
-    // next tile's loads overlap this one's epilogue).
-    record(
-        "matmul_desc_persistent_f16",
-        "TFLOP/s",
-        (|| {
-            let a = dev.upload(&random_f16(s * s, 1))?;
-            let b = dev.upload(&random_f16(s * s, 2))?;
-            let mut c = dev.alloc::<f32>(s * s)?;
-            let ad = tessera::TensorDescriptor::new(&a, &[s, s], &[s, 1], &[128, 64])?;
-            let bd = tessera::TensorDescriptor::new(&b, &[s, s], &[s, 1], &[64, 128])?;
-            let mut cd = tessera::TensorDescriptor::new_mut(&mut c, &[s, s], &[s, 1], &[128, 128])?;
-            let grid = tessera::Grid::persistent((s.div_ceil(128) * s.div_ceil(128)) as u64);
-            let t = bench(10)
-                .run(dev, || {
-                    matmul_desc_persistent::<128, 128, 64>::launch_with(
-                        dev,
-                        grid,
-                        &eight,
-                        (&ad, &bd, &mut cd),
-                    )
-                })?
-                .median()
-                .as_secs_f64();
-            Ok(2.0 * (s as f64).powi(3) / t / 1e12)
-        })(),
-    );
+    record("matmul_desc_persistent_f16", "TFLOP/s", desc(&eight, true));
     out
 }
 
