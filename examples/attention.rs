@@ -216,11 +216,7 @@ fn main() {
         run::<bf16, 128>(&dev, "attention bf16 d128", &cross, bf16s)?;
         run::<f16, 128>(&dev, "attention f16 d128 causal", &causal, f16s)?;
         run::<bf16, 64>(&dev, "attention bf16 d64", &cross, bf16s)?;
-        let gpu = matches!(
-            dev.kind(),
-            tessera::DeviceKind::Cuda | tessera::DeviceKind::Hip
-        );
-        match (tune, gpu) {
+        match (tune, common::is_gpu(&dev)) {
             (Some((heads, seq)), _) => tuned(&dev, heads, seq)?,
             (None, true) => tuned(&dev, 32, 4096)?,
             (None, false) => {}

@@ -181,22 +181,14 @@ fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
     );
     // 16 rows of C against f64 (f32 accumulation, one f16 rounding).
     let got = dc.download()?;
-    let rows: Vec<usize> = (0..16).map(|i| (i * 7919 + 13) % s).collect();
-    let (mut g, mut want, mut tol) = (Vec::new(), Vec::new(), Vec::new());
-    for &i in &rows {
-        for j in 0..s {
-            let (mut w, mut mag) = (0.0f64, 0.0f64);
-            for p in 0..s {
-                let v = a[i * s + p].to_f64() * b[p * s + j].to_f64();
-                w += v;
-                mag += v.abs();
-            }
-            g.push(got[i * s + j].to_f64());
-            want.push(w);
-            tol.push(1e-30 + mag * (s as f64) * f32::EPSILON as f64 + w.abs() / 1024.0);
-        }
-    }
-    common::check("matmul f16 (tuned, 16 rows)", &g, &want, &tol)?;
+    common::check_rows(
+        "matmul f16",
+        s,
+        |i, p| a[i * s + p].to_f64(),
+        |p, j| b[p * s + j].to_f64(),
+        |i, j| got[i * s + j].to_f64(),
+        1.0 / 1024.0,
+    )?;
     Ok(())
 }
 
@@ -223,11 +215,7 @@ fn main() {
             |v| v.to_f64(),
             1.0 / 2048.0,
         )?;
-        let gpu = matches!(
-            dev.kind(),
-            tessera::DeviceKind::Cuda | tessera::DeviceKind::Hip
-        );
-        match (tune, gpu) {
+        match (tune, common::is_gpu(&dev)) {
             (Some(s), _) => tuned(&dev, s)?,
             (None, true) => tuned(&dev, 4096)?,
             (None, false) => {}

@@ -168,22 +168,14 @@ fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
     drop(cd);
     // 16 rows of C against f64 (f32 accumulation).
     let got = dc.download()?;
-    let rows: Vec<usize> = (0..16).map(|i| (i * 7919 + 13) % s).collect();
-    let (mut g, mut want, mut tol) = (Vec::new(), Vec::new(), Vec::new());
-    for &i in &rows {
-        for j in 0..s {
-            let (mut w, mut mag) = (0.0f64, 0.0f64);
-            for p in 0..s {
-                let v = a[i * s + p].to_f64() * b[p * s + j].to_f64();
-                w += v;
-                mag += v.abs();
-            }
-            g.push(f64::from(got[i * s + j]));
-            want.push(w);
-            tol.push(1e-30 + mag * (s as f64) * f32::EPSILON as f64);
-        }
-    }
-    common::check("matmul_desc f16 (tuned, 16 rows)", &g, &want, &tol)?;
+    common::check_rows(
+        "matmul_desc f16",
+        s,
+        |i, p| a[i * s + p].to_f64(),
+        |p, j| b[p * s + j].to_f64(),
+        |i, j| f64::from(got[i * s + j]),
+        0.0,
+    )?;
     Ok(())
 }
 

@@ -213,21 +213,14 @@ fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
         2.0 * (s as f64).powi(3) / time / 1e12
     );
     let got = dc.download()?;
-    let (mut g, mut want, mut tol) = (Vec::new(), Vec::new(), Vec::new());
-    for i in (0..16).map(|r| (r * 7919 + 13) % s) {
-        for j in 0..s {
-            let (mut w, mut mag) = (0.0f64, 0.0f64);
-            for p in 0..s {
-                let v = a[i * s + p].to_f64() * bt[j * s + p].to_f64();
-                w += v;
-                mag += v.abs();
-            }
-            g.push(f64::from(got[i * s + j]));
-            want.push(w);
-            tol.push(1e-30 + mag * (s as f64) * f32::EPSILON as f64);
-        }
-    }
-    common::check("matmul e4m3 (tuned, 16 rows)", &g, &want, &tol)?;
+    common::check_rows(
+        "matmul e4m3",
+        s,
+        |i, p| a[i * s + p].to_f64(),
+        |p, j| bt[j * s + p].to_f64(),
+        |i, j| f64::from(got[i * s + j]),
+        0.0,
+    )?;
     Ok(())
 }
 
@@ -254,11 +247,7 @@ fn main() {
             |v| v.to_f64(),
             |x| F8E5M2::from_f32(x).to_bits(),
         )?;
-        let gpu = matches!(
-            dev.kind(),
-            tessera::DeviceKind::Cuda | tessera::DeviceKind::Hip
-        );
-        match (tune, gpu) {
+        match (tune, common::is_gpu(&dev)) {
             (Some(s), _) => tuned(&dev, s)?,
             (None, true) => tuned(&dev, 4096)?,
             (None, false) => {}

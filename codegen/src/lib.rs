@@ -95,30 +95,6 @@ impl CompileOptions {
     }
 }
 
-/// The most programs a cluster may have (the portable limit of sm_90 and sm_100).
-pub const MAX_CLUSTER_SIZE: u32 = 8;
-
-/// Checks a cluster shape for a grid: every extent at least 1, at most
-/// [`MAX_CLUSTER_SIZE`] programs, and each grid extent a multiple of the
-/// cluster's. The message says what is wrong.
-pub fn check_cluster(cluster: [u32; 3], grid: [u32; 3]) -> Result<(), String> {
-    let size: u64 = cluster.iter().map(|&c| c as u64).product();
-    if cluster.contains(&0) || size > MAX_CLUSTER_SIZE as u64 {
-        return Err(format!(
-            "a cluster of {}x{}x{} programs: each extent must be at least 1 and the cluster at most {MAX_CLUSTER_SIZE} programs",
-            cluster[0], cluster[1], cluster[2]
-        ));
-    }
-    for (a, (&g, &c)) in grid.iter().zip(&cluster).enumerate() {
-        if g % c != 0 {
-            return Err(format!(
-                "the grid's axis {a} has {g} programs, not a multiple of the cluster's {c}"
-            ));
-        }
-    }
-    Ok(())
-}
-
 /// How a communicating kernel reaches its peers' symmetric heaps.
 ///
 /// - [`CommEngine::Direct`]: every peer is reached by loads, stores and atomics

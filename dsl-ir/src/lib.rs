@@ -17,6 +17,7 @@
 #![warn(missing_docs)]
 
 pub mod builder;
+pub mod cluster;
 pub mod comm;
 pub mod debug;
 pub mod dsl;

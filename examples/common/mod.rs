@@ -210,6 +210,35 @@ pub fn tune_args(count: usize, usage: &str) -> Result<Option<Vec<usize>>, String
         .map(Some)
 }
 
+/// Checks 16 rows of an `s x s x s` product against f64: `got(i, j)` is `C[i][j]`,
+/// `a(i, p)` and `b(p, j)` the operands; within f32 accumulation over `s` terms
+/// (their magnitudes summed, times `s` f32 epsilons) plus `rel` of the value (the
+/// output's own rounding, 0 for f32).
+pub fn check_rows(
+    what: &str,
+    s: usize,
+    a: impl Fn(usize, usize) -> f64,
+    b: impl Fn(usize, usize) -> f64,
+    got: impl Fn(usize, usize) -> f64,
+    rel: f64,
+) -> Result<(), String> {
+    let (mut g, mut want, mut tol) = (Vec::new(), Vec::new(), Vec::new());
+    for i in (0..16).map(|r| (r * 7919 + 13) % s) {
+        for j in 0..s {
+            let (mut w, mut mag) = (0.0f64, 0.0f64);
+            for p in 0..s {
+                let v = a(i, p) * b(p, j);
+                w += v;
+                mag += v.abs();
+            }
+            g.push(got(i, j));
+            want.push(w);
+            tol.push(1e-30 + mag * (s as f64) * f32::EPSILON as f64 + w.abs() * rel);
+        }
+    }
+    check(&format!("{what} (tuned, 16 rows)"), &g, &want, &tol)
+}
+
 /// Whether `dev` is a GPU (CUDA or HIP), where the examples run their tuned sizes.
 pub fn is_gpu(dev: &tessera::Device) -> bool {
     matches!(

@@ -381,15 +381,11 @@ impl LaunchOptions {
             });
         }
         let cluster = self.cluster.unwrap_or([1, 1, 1]);
-        if cluster.contains(&0) || cluster.iter().map(|&c| c as u64).product::<u64>() > 8 {
-            return Err(Error::Launch {
-                kernel: kernel.to_string(),
-                reason: format!(
-                    "a cluster of {}x{}x{} programs: each extent must be at least 1 and the cluster at most 8 programs",
-                    cluster[0], cluster[1], cluster[2]
-                ),
-            });
-        }
+        // (The shape alone: a grid of one cluster.)
+        tessera_ir::cluster::check(cluster, cluster).map_err(|m| Error::Launch {
+            kernel: kernel.to_string(),
+            reason: format!("{m} (LaunchOptions::cluster)"),
+        })?;
         Ok(KernelOptions {
             num_warps,
             num_stages: self.num_stages,
@@ -472,14 +468,13 @@ pub fn launch_with<K: Kernel>(
                 ))
             })?;
     }
-    for (a, (&g, &c)) in dims.iter().zip(&kopts.cluster).enumerate() {
-        // (A persistent grid's axis 0 is a tile count: capped to a multiple.)
-        if g % c != 0 && !(a == 0 && grid.is_persistent()) {
-            return Err(invalid(format!(
-                "the grid's axis {a} has {g} programs, not a multiple of the cluster's {c} (LaunchOptions::cluster)"
-            )));
-        }
+    // (A persistent grid's axis 0 is a tile count, capped to a multiple later.)
+    let mut whole = dims;
+    if grid.is_persistent() {
+        whole[0] = kopts.cluster[0];
     }
+    tessera_ir::cluster::check(kopts.cluster, whole)
+        .map_err(|m| invalid(format!("{m} (LaunchOptions::cluster)")))?;
     // Clusters are a schedule: where there are none, the grid runs as it is.
     if !device.has_clusters() || kopts.backend == Some(KernelBackend::TileIr) {
         kopts.cluster = [1, 1, 1];

@@ -208,7 +208,7 @@ pub(super) fn run(kernel: &EmuKernel<'_>, how: &EmuLaunch<'_>) -> Result<(), Emu
     } else {
         [1, 1, 1]
     };
-    crate::check_cluster(cluster, grid)
+    tessera_ir::cluster::check(cluster, grid)
         .map_err(|m| arg_err("<grid>", format!("{m} (CompileOptions::cluster)")))?;
     let csize = cluster.iter().map(|&c| c as u64).product::<u64>();
     let k = jit::compile(func, flavor, opts, limits.dump_llvm)?;
@@ -484,11 +484,8 @@ impl Job<'_> {
             .map(|v| v as u64);
         (0..self.csize)
             .map(|r| {
-                let (x, y, z) = (
-                    kc[0] * cx + r % cx,
-                    kc[1] * cy + (r / cx) % cy,
-                    kc[2] * cz + r / (cx * cy),
-                );
+                let p = tessera_ir::cluster::place(self.cluster, r as u32).map(|v| v as u64);
+                let (x, y, z) = (kc[0] * cx + p[0], kc[1] * cy + p[1], kc[2] * cz + p[2]);
                 x + gx * (y + gy * z)
             })
             .collect()

@@ -66,7 +66,7 @@ pub fn lower_kernel<'ctx>(
         )));
     }
     // (A grid of one cluster: the shape alone.)
-    crate::check_cluster(opts.cluster, opts.cluster).map_err(CodegenError::Options)?;
+    tessera_ir::cluster::check(opts.cluster, opts.cluster).map_err(CodegenError::Options)?;
     let arch = arch::for_target(target);
     lower_with_arch(ctx, func, arch.as_ref(), opts)
 }

@@ -395,7 +395,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         // lane `q` arriving on the mbarrier of cluster rank `q`.
         let (mc, cluster) = (w.multicast, self.cluster);
         let rank = self.arch.cluster_ctarank(&self.cx)?;
-        let nb = self.cluster_table(rank, 8, |q| super::plan::neighbours(mc, cluster, q))?;
+        let nb = self.cluster_table(rank, 8, |q| tessera_ir::cluster::groups(cluster, &mc, q))?;
         let b = &self.cx.b;
         let bit = b.build_and(
             b.build_right_shift(nb, self.lane, false, "")?,

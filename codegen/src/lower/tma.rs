@@ -384,7 +384,8 @@ fn issue_box_copies<'ctx>(
         .mbarrier_arrive_expect_tx(&l.cx, bar, blk.bytes(), site)?;
     for c in 0..blk.bx.copies {
         let (dst, cs) = box_place(l, blk, base, first, c)?;
-        l.arch.tma_load(&l.cx, dst, blk.tmap, &cs, bar, site)?;
+        l.arch
+            .tma_load(&l.cx, dst, blk.tmap, &cs, bar, None, site)?;
     }
     Ok(())
 }
@@ -404,7 +405,7 @@ fn issue_multicast_copies<'ctx>(
     site: u32,
 ) -> LResult<()> {
     let cluster = l.cluster;
-    let group = |r: u32| super::plan::group_mask(cluster, axes, r);
+    let group = |r: u32| tessera_ir::cluster::group(cluster, axes, r);
     let size = group(0).count_ones();
     l.arch
         .mbarrier_arrive_expect_tx(&l.cx, bar, blk.bytes(), site)?;
@@ -424,7 +425,7 @@ fn issue_multicast_copies<'ctx>(
         l.when(mine, |l| {
             let (dst, cs) = box_place(l, blk, base, first, c)?;
             l.arch
-                .tma_load_multicast(&l.cx, dst, blk.tmap, &cs, bar, mask, site)
+                .tma_load(&l.cx, dst, blk.tmap, &cs, bar, Some(mask), site)
         })?;
     }
     Ok(())

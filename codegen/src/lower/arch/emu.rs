@@ -92,29 +92,6 @@ fn call<'ctx>(
     Ok(cx.b.build_call(f, args, "")?.try_as_basic_value().basic())
 }
 
-/// The leading arguments of the emulator's TMA loads: `dst, tmap, rank, c0, c1, c2,
-/// bar` (coordinates innermost first, missing ones 0).
-fn tma_args<'ctx>(
-    cx: &Cx<'ctx>,
-    dst: PointerValue<'ctx>,
-    tmap: IntValue<'ctx>,
-    coords: &[IntValue<'ctx>],
-    bar: PointerValue<'ctx>,
-) -> [BasicMetadataValueEnum<'ctx>; 7] {
-    let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
-        coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
-    };
-    [
-        dst.into(),
-        tmap.into(),
-        cx.i32(coords.len() as i64).into(),
-        c(0),
-        c(1),
-        c(2),
-        bar.into(),
-    ]
-}
-
 fn int_result<'ctx>(v: Option<BasicValueEnum<'ctx>>) -> LResult<IntValue<'ctx>> {
     v.map(|v| v.into_int_value())
         .ok_or_else(|| LowerError::Llvm("runtime call returned void".into()))
@@ -452,14 +429,31 @@ impl Arch for Emu {
         tmap: IntValue<'ctx>,
         coords: &[IntValue<'ctx>],
         bar: PointerValue<'ctx>,
+        multicast: Option<IntValue<'ctx>>,
         site: u32,
     ) -> LResult<()> {
-        let args = tma_args(cx, dst, tmap, coords, bar);
-        call(
-            cx,
-            "tessera_emu_tma_load",
-            &[&args[..], &[Emu::site(cx, site)]].concat(),
-        )?;
+        let c = |i: usize| -> BasicMetadataValueEnum<'ctx> {
+            coords.get(i).copied().unwrap_or_else(|| cx.i32(0)).into()
+        };
+        let mut args = vec![
+            dst.into(),
+            tmap.into(),
+            cx.i32(coords.len() as i64).into(),
+            c(0),
+            c(1),
+            c(2),
+            bar.into(),
+        ];
+        let name = match multicast {
+            Some(mask) => {
+                let mask = cx.b.build_int_z_extend(mask, cx.ctx.i32_type(), "")?;
+                args.push(mask.into());
+                "tessera_emu_tma_load_multicast"
+            }
+            None => "tessera_emu_tma_load",
+        };
+        args.push(Emu::site(cx, site));
+        call(cx, name, &args)?;
         Ok(())
     }
 
@@ -481,27 +475,6 @@ impl Arch for Emu {
     ) -> LResult<()> {
         let args = [bar.into(), cta.into(), Emu::site(cx, site)];
         call(cx, "tessera_emu_mbar_arrive_cluster", &args)?;
-        Ok(())
-    }
-
-    fn tma_load_multicast<'ctx>(
-        &self,
-        cx: &Cx<'ctx>,
-        dst: PointerValue<'ctx>,
-        tmap: IntValue<'ctx>,
-        coords: &[IntValue<'ctx>],
-        bar: PointerValue<'ctx>,
-        mask: IntValue<'ctx>,
-        site: u32,
-    ) -> LResult<()> {
-        let mask = cx.b.build_int_z_extend(mask, cx.ctx.i32_type(), "")?;
-        let args = tma_args(cx, dst, tmap, coords, bar);
-        let tail = [mask.into(), Emu::site(cx, site)];
-        call(
-            cx,
-            "tessera_emu_tma_load_multicast",
-            &[&args[..], &tail].concat(),
-        )?;
         Ok(())
     }
 

@@ -519,31 +519,15 @@ pub trait Arch: Math {
     ) -> LResult<()> {
         Err(LowerError::Llvm("clusters on a target without them".into()))
     }
-    /// `cp.async.bulk.tensor.{R}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster
-    /// [dst], [tmap, {coords}], [bar], mask` (PTX ISA, "cp.async.bulk.tensor"): the
-    /// copy of [`Arch::tma_load`], landing at the same shared offsets as `dst` and
-    /// `bar` in every block of the cluster whose rank is a set bit of `mask` (an
-    /// `i16`), each completing its bytes on its own mbarrier.
-    #[allow(clippy::too_many_arguments)]
-    fn tma_load_multicast<'ctx>(
-        &self,
-        _cx: &Cx<'ctx>,
-        _dst: PointerValue<'ctx>,
-        _tmap: IntValue<'ctx>,
-        _coords: &[IntValue<'ctx>],
-        _bar: PointerValue<'ctx>,
-        _mask: IntValue<'ctx>,
-        _site: u32,
-    ) -> LResult<()> {
-        Err(LowerError::Llvm(
-            "TMA multicast on a target without it".into(),
-        ))
-    }
     /// `cp.async.bulk.tensor.{R}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes
     /// [dst], [tmap, {coords}], [bar]` (PTX ISA, "cp.async.bulk.tensor"): copies the
     /// box at `coords` (innermost first, `i32`) of the tensor map at generic address
     /// `tmap` (an `i64`) to shared `dst`, out-of-bounds elements zero, and completes
-    /// its bytes on `bar`'s transaction count.
+    /// its bytes on `bar`'s transaction count. With `multicast` (an `i16` CTA mask,
+    /// `.multicast::cluster ... mask`), the box lands at the same shared offsets as
+    /// `dst` and `bar` in every block of the cluster whose rank is a set bit, each
+    /// completing its bytes on its own mbarrier.
+    #[allow(clippy::too_many_arguments)]
     fn tma_load<'ctx>(
         &self,
         _cx: &Cx<'ctx>,
@@ -551,6 +535,7 @@ pub trait Arch: Math {
         _tmap: IntValue<'ctx>,
         _coords: &[IntValue<'ctx>],
         _bar: PointerValue<'ctx>,
+        _multicast: Option<IntValue<'ctx>>,
         _site: u32,
     ) -> LResult<()> {
         Err(LowerError::Llvm("TMA on a target without it".into()))

@@ -478,9 +478,10 @@ impl Arch for Nvptx {
         tmap: IntValue<'ctx>,
         coords: &[IntValue<'ctx>],
         bar: PointerValue<'ctx>,
+        multicast: Option<IntValue<'ctx>>,
         _site: u32,
     ) -> LResult<()> {
-        ptx_tma_load(cx, dst, tmap, coords, bar, None)
+        ptx_tma_load(cx, dst, tmap, coords, bar, multicast)
     }
 
     fn cluster_ctarank<'ctx>(&self, cx: &Cx<'ctx>) -> LResult<IntValue<'ctx>> {
@@ -509,19 +510,6 @@ impl Arch for Nvptx {
             "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, $0, $1;\nmbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}",
             &[("r", b.into()), ("r", cta.into())],
         )
-    }
-
-    fn tma_load_multicast<'ctx>(
-        &self,
-        cx: &Cx<'ctx>,
-        dst: PointerValue<'ctx>,
-        tmap: IntValue<'ctx>,
-        coords: &[IntValue<'ctx>],
-        bar: PointerValue<'ctx>,
-        mask: IntValue<'ctx>,
-        _site: u32,
-    ) -> LResult<()> {
-        ptx_tma_load(cx, dst, tmap, coords, bar, Some(mask))
     }
 
     fn tma_store<'ctx>(

@@ -39,7 +39,6 @@ mod hints;
 mod ring;
 mod staging;
 
-pub(crate) use cluster::{group_mask, neighbours};
 pub(crate) use ring::{AsyncDot, AsyncSlot};
 
 /// The lowering's decisions about one kernel, made before it emits code.
@@ -128,7 +127,7 @@ impl WarpSpec {
     /// (itself included): the union of its operands' groups, whose consumers
     /// release each slot to it.
     pub fn neighbours(&self, cluster: [u32; 3], rank: u32) -> u32 {
-        cluster::neighbours(self.multicast, cluster, rank)
+        tessera_ir::cluster::groups(cluster, &self.multicast, rank)
     }
 }
 
