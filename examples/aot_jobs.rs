@@ -80,10 +80,11 @@ macro_rules! job {
     // A kernel with tensor descriptors: its files are the launch whose tensor maps
     // were built (TMA on sm_90a), the all-divisible one with maps.
     ($name:literal, warps = $w:literal, maps, $k:ty) => {
-        job!($name, warps = $w, maps, with = |o| o, $k)
+        job!($name, warps = $w, maps, with = |_, o| o, $k)
     };
-    // The same with the options `$with` (a `fn(CompileOptions) -> CompileOptions`)
-    // makes, stored under their own key: the GPU check times the variants.
+    // The same with the options `$with` (a `fn(Target, CompileOptions) ->
+    // CompileOptions`) makes for a target, stored under their own key: the GPU check
+    // times the variants.
     ($name:literal, warps = $w:literal, maps, with = $with:expr, $k:ty) => {
         (
             $name,
@@ -96,12 +97,12 @@ macro_rules! job {
                     }
                     other => other.clone(),
                 };
-                let with: fn(CompileOptions) -> CompileOptions = $with;
-                compile_kernel_specialized::<$k>(&(), &sp, t, &with(o.clone()))
+                let with: fn(Target, CompileOptions) -> CompileOptions = $with;
+                compile_kernel_specialized::<$k>(&(), &sp, t, &with(t, o.clone()))
             },
             |t, o, s| {
-                let with: fn(CompileOptions) -> CompileOptions = $with;
-                precompile_launches::<$k>(&(), t, &with(o.clone()), s)
+                let with: fn(Target, CompileOptions) -> CompileOptions = $with;
+                precompile_launches::<$k>(&(), t, &with(t, o.clone()), s)
             },
             || tessera::kernel_ir::<$k>(&()),
         )
@@ -120,7 +121,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 48] = [
+pub const JOBS: [Job; 51] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -224,7 +225,7 @@ pub const JOBS: [Job; 48] = [
         "matmul_desc_128x128x64_no_ws",
         warps = 8,
         maps,
-        with = |o| CompileOptions {
+        with = |_, o| CompileOptions {
             warp_specialize: Some(false),
             ..o
         },
@@ -239,12 +240,38 @@ pub const JOBS: [Job; 48] = [
         maps,
         matmul_desc::matmul_desc_persistent<128, 128, 64>
     ),
+    // Persistent with two consumer warpgroups in ping-pong (4 warps a tile, 2 stages)
+    // where there is `wgmma`; elsewhere (no ping-pong, and 4 warps would spill the
+    // 128x128 accumulator) the 8-warp persistent kernel.
+    job!(
+        "matmul_desc_pingpong_128x128x64",
+        warps = 4,
+        maps,
+        with = |t, o| if t.has_wgmma() {
+            CompileOptions {
+                num_stages: Some(2),
+                consumer_groups: Some(2),
+                ..o
+            }
+        } else {
+            CompileOptions { num_warps: 8, ..o }
+        },
+        matmul_desc::matmul_desc_persistent<128, 128, 64>
+    ),
+    // Split-K for shapes with few tiles: the parts (persistent), then their sum.
+    job!(
+        "matmul_desc_split_k_128x128x64",
+        warps = 8,
+        maps,
+        matmul_desc::matmul_desc_split_k<128, 128, 64>
+    ),
+    job!("split_k_sum_1024", matmul_desc::split_k_sum<1024>),
     // In clusters of 2 along M: B multicast to both blocks.
     job!(
         "matmul_desc_128x128x64_cluster2x1",
         warps = 8,
         maps,
-        with = |o| CompileOptions {
+        with = |_, o| CompileOptions {
             cluster: [2, 1, 1],
             ..o
         },

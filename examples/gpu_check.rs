@@ -82,7 +82,9 @@ use ex_checked_gather::checked_gather;
 use ex_dropout::seeded_dropout;
 use ex_layernorm::layernorm;
 use ex_matmul::matmul;
-use ex_matmul_desc::{matmul_desc, matmul_desc_persistent};
+use ex_matmul_desc::{
+    matmul_desc, matmul_desc_persistent, matmul_desc_split_k, split_k_matmul, split_k_sum,
+};
 use ex_matmul_fp8::{matmul_fp8_bt, quantize};
 use ex_matmul_i8::{matmul_i8, matmul_i8_bt};
 use ex_ping_pong::ring_pass;
@@ -921,6 +923,44 @@ fn benchmarks(dev: &Device, rows: &mut Vec<Row>) -> Vec<(String, String, f64)> {
         desc(&eight.clone().cluster(2, 1, 1), false),
     );
     record("matmul_desc_persistent_f16", "TFLOP/s", desc(&eight, true));
+    // Persistent with two consumer warpgroups in ping-pong (4 warps per tile, 2
+    // stages so that each group's staging box fits).
+    let ping_pong = LaunchOptions::new()
+        .num_warps(4)
+        .num_stages(2)
+        .consumer_groups(2);
+    record(
+        "matmul_desc_pingpong_f16",
+        "TFLOP/s",
+        desc(&ping_pong, true),
+    );
+    // Few tiles, long K (1024 x 1024 x 16384: 64 output tiles): persistent (one
+    // part), and split-K in 4 parts (both passes timed).
+    let few = |splits: i32| -> Result<f64, Error> {
+        let (m, k) = (1024usize, 16384usize);
+        let a = dev.upload(&random_f16(m * k, 3))?;
+        let b = dev.upload(&random_f16(k * m, 4))?;
+        let mut partial = dev.alloc::<f32>(splits as usize * m * m)?;
+        let mut c = dev.alloc::<f32>(m * m)?;
+        let ad = tessera::TensorDescriptor::new(&a, &[m, k], &[k, 1], &[128, 64])?;
+        let bd = tessera::TensorDescriptor::new(&b, &[k, m], &[m, 1], &[64, 128])?;
+        let t = bench(10)
+            .run(dev, || {
+                split_k_matmul(
+                    dev,
+                    &eight,
+                    (&ad, &bd),
+                    &mut partial,
+                    &mut c,
+                    (m, m, splits),
+                )
+            })?
+            .median()
+            .as_secs_f64();
+        Ok(2.0 * (m * m * k) as f64 / t / 1e12)
+    };
+    record("matmul_desc_few_tiles_persistent_f16", "TFLOP/s", few(1));
+    record("matmul_desc_few_tiles_split_k4_f16", "TFLOP/s", few(4));
     out
 }
 
@@ -1051,6 +1091,29 @@ fn check_artifacts(store: &ArtifactStore, target: &str) -> Vec<Row> {
     one(
         "matmul_desc_persistent_128x128x64_8warps",
         find_all::<matmul_desc_persistent<128, 128, 64>>(store, t, &eight),
+    );
+    // (sm_90a's; elsewhere the job is the 8-warp persistent kernel.)
+    one(
+        "matmul_desc_split_k_128x128x64_8warps",
+        find_all::<matmul_desc_split_k<128, 128, 64>>(store, t, &eight),
+    );
+    one(
+        "split_k_sum_1024",
+        find_all::<split_k_sum<1024>>(store, t, o),
+    );
+    let ping_pong = if t == "sm_90a" {
+        KernelOptions {
+            num_warps: 4,
+            num_stages: Some(2),
+            consumer_groups: Some(2),
+            ..eight.clone()
+        }
+    } else {
+        eight.clone()
+    };
+    one(
+        "matmul_desc_pingpong_128x128x64",
+        find_all::<matmul_desc_persistent<128, 128, 64>>(store, t, &ping_pong),
     );
     // Clusters exist from sm_90 on (elsewhere a launch drops them).
     if t.starts_with("sm_9") || t.starts_with("sm_1") {

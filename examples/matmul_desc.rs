@@ -65,6 +65,92 @@ pub fn matmul_desc_persistent<const BM: usize, const BN: usize, const BK: usize>
     }
 }
 
+/// The same product split along K for shapes with few tiles (split-K), first
+/// pass: a persistent walk over `tiles * splits` work units ([`split_k`]), each
+/// the product of one tile over its part of K, stored by part into `partial`
+/// (`[splits * m_pad][n]`, `m_pad` = `A`'s rows rounded up to `BM`: part `s` of
+/// tile row `pm` at row `s * m_pad + pm * BM`), so `splits` times as many programs
+/// share the work. On sm_90a it is warp-specialized like the persistent kernel
+/// (the ring loop's trip count varies from unit to unit; an empty part stores
+/// zeros). [`split_k_sum`] adds the parts.
+#[kernel]
+pub fn matmul_desc_split_k<const BM: usize, const BN: usize, const BK: usize>(
+    a: &TensorDesc<f16, S2<BM, BK>>,
+    b: &TensorDesc<f16, S2<BK, BN>>,
+    partial: &mut TensorDesc<f32, S2<BM, BN>>,
+    splits: i32,
+) {
+    let m_tiles = (a.extent(0) + (BM as i32 - 1)) / BM as i32;
+    let n_tiles = (b.extent(1) + (BN as i32 - 1)) / BN as i32;
+    let m_pad = m_tiles * BM as i32;
+    for u in (program_id(0)..m_tiles * n_tiles * splits).step_by(num_programs(0)) {
+        let (t, k_begin, k_end) = split_k(u, splits, a.extent(1), BK as i32);
+        let (pm, pn) = grouped_tile(t, m_tiles, n_tiles, 8);
+        let (m0, n0) = (pm * BM as i32, pn * BN as i32);
+        let mut acc = zeros::<f32, S2<BM, BN>>();
+        for k0 in (k_begin..k_end).step_by(BK) {
+            acc = dot(a.load([m0, k0]), b.load([k0, n0]), acc);
+        }
+        partial.store([(u % splits) * m_pad + m0, n0], acc);
+    }
+}
+
+/// Split-K, second pass: `C[i][j] = Σ_s partial[s * m_pad + i][j]` (`C` is
+/// `[m][n]`), `BLOCK` elements of `C` per program, the parts added in order (the
+/// result does not depend on the schedule).
+#[kernel]
+pub fn split_k_sum<const BLOCK: usize>(
+    partial: &Global<f32>,
+    c: &mut Global<f32>,
+    m: i32,
+    n: i32,
+    m_pad: i32,
+    splits: i32,
+) {
+    let idx = program_id(0) * BLOCK as i32 + arange::<BLOCK>();
+    let mask = idx.lt(m * n);
+    let (i, j) = (idx / n, idx % n);
+    let mut sum = zeros::<f32, S1<BLOCK>>();
+    for s in 0..splits {
+        sum = sum + partial.load((s * m_pad + i) * n + j, mask);
+    }
+    c.store(idx, sum, mask);
+}
+
+/// `C = A · B` by split-K in `splits` parts ([`matmul_desc_split_k`], then
+/// [`split_k_sum`]): `a` is `[m][k]`, `b` `[k][n]` (128x64 and 64x128 boxes), `c`
+/// `[m][n]`; `partial` holds at least `splits * m.div_ceil(128) * 128 * n` floats.
+pub fn split_k_matmul(
+    dev: &Device,
+    opts: &LaunchOptions,
+    (a, b): (&TensorDescriptor<'_, f16>, &TensorDescriptor<'_, f16>),
+    partial: &mut Buffer<f32>,
+    c: &mut Buffer<f32>,
+    (m, n, splits): (usize, usize, i32),
+) -> Result<(), tessera::Error> {
+    let m_pad = m.div_ceil(128) * 128;
+    let tiles = (m_pad / 128 * n.div_ceil(128)) as u64;
+    {
+        let mut pd = TensorDescriptor::new_mut(
+            partial,
+            &[splits as usize * m_pad, n],
+            &[n, 1],
+            &[128, 128],
+        )?;
+        matmul_desc_split_k::<128, 128, 64>::launch_with(
+            dev,
+            Grid::persistent(tiles * splits as u64),
+            opts,
+            (a, b, &mut pd, splits),
+        )?;
+    }
+    split_k_sum::<1024>::launch(
+        dev,
+        Grid::new((m * n).div_ceil(1024) as u64, 1, 1),
+        (&*partial, c, m as i32, n as i32, m_pad as i32, splits),
+    )
+}
+
 /// `C = A · B` in f64 (row-major `[m][k]` and `[k][n]`).
 pub fn reference(a: &[f16], b: &[f16], m: usize, n: usize, k: usize) -> Vec<f64> {
     let mut c = vec![0f64; m * n];
@@ -86,10 +172,13 @@ struct Config {
     /// Programs per cluster along M (1 or 2).
     cluster: u32,
     persistent: bool,
+    /// Two consumer warpgroups in ping-pong (persistent, warp-specialized, no
+    /// cluster): 4 warps per tile and 2 stages, so two staging boxes fit.
+    ping_pong: bool,
 }
 
 /// Warp specialization on or off, clusters of 1 or 2 (when they divide the tiles
-/// along M), one program per tile or persistent.
+/// along M), one program per tile or persistent; and persistent ping-pong.
 fn configs(m_tiles: usize) -> Vec<Config> {
     let mut v = Vec::new();
     for warp_specialize in [true, false] {
@@ -102,15 +191,22 @@ fn configs(m_tiles: usize) -> Vec<Config> {
                     warp_specialize,
                     cluster,
                     persistent,
+                    ping_pong: false,
                 });
             }
         }
     }
+    v.push(Config {
+        warp_specialize: true,
+        cluster: 1,
+        persistent: true,
+        ping_pong: true,
+    });
     v
 }
 
-/// `C = A · B` (f16 in, f32 out, `s x s x s`) with the tuned schedule (8 warps,
-/// 128x128x64 tiles): tunes once per device and shape, times the winner, and checks
+/// `C = A · B` (f16 in, f32 out, `s x s x s`) with the tuned schedule (128x128x64
+/// tiles, 8 warps or two ping-pong groups of 4): tunes once per device and shape, times the winner, and checks
 /// 16 rows of `C` against f64.
 fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (mut rng, _) = common::rng();
@@ -130,9 +226,13 @@ fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
     let tiles = s.div_ceil(128);
     let mut launch = |c: &Config| -> Result<(), tessera::Error> {
         let opts = LaunchOptions::new()
-            .num_warps(8)
             .warp_specialize(c.warp_specialize)
             .cluster(c.cluster, 1, 1);
+        let opts = if c.ping_pong {
+            opts.num_warps(4).num_stages(2).consumer_groups(2)
+        } else {
+            opts.num_warps(8)
+        };
         if c.persistent {
             let grid = Grid::persistent((tiles * tiles) as u64);
             matmul_desc_persistent::<128, 128, 64>::launch_with(
@@ -233,6 +333,20 @@ fn main() {
         drop(cd);
         let got: Vec<f64> = dc.download()?.into_iter().map(f64::from).collect();
         common::check("matmul_desc_persistent", &got, &want, &tol)?;
+        // Split-K: each tile's K in 3 parts, then their sum.
+        let mut dc = dev.upload(&vec![f32::NAN; m * n])?;
+        let splits = 3;
+        let mut partial = dev.alloc::<f32>(splits * m.div_ceil(128) * 128 * n)?;
+        split_k_matmul(
+            &dev,
+            &LaunchOptions::new(),
+            (&ad, &bd),
+            &mut partial,
+            &mut dc,
+            (m, n, splits as i32),
+        )?;
+        let got: Vec<f64> = dc.download()?.into_iter().map(f64::from).collect();
+        common::check("matmul_desc_split_k", &got, &want, &tol)?;
         match (tune, common::is_gpu(&dev)) {
             (Some(s), _) => tuned(&dev, s)?,
             (None, true) => tuned(&dev, 4096)?,

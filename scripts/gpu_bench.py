@@ -191,6 +191,18 @@ def baselines():
     out.append(("matmul_desc_f16_no_ws", "TFLOP/s", flops / ms / 1e9, tri))
     out.append(("matmul_desc_f16_cluster2x1", "TFLOP/s", flops / ms / 1e9, tri))
     out.append(("matmul_desc_persistent_f16", "TFLOP/s", flops / ms / 1e9, tri))
+    out.append(("matmul_desc_pingpong_f16", "TFLOP/s", flops / ms / 1e9, tri))
+    del a, bb
+
+    # Few tiles, long K (1024 x 1024 x 16384: 64 tiles of 128x128 for 132 SMs):
+    # ours persistent, and split 4 ways along K (split-K, atomic adds).
+    m, k = 1024, 16384
+    a = torch.randn((m, k), device="cuda", dtype=torch.float16)
+    bb = torch.randn((k, m), device="cuda", dtype=torch.float16)
+    flops = 2 * m * m * k
+    ms = bench(lambda: torch.matmul(a, bb), iters=10)
+    out.append(("matmul_desc_few_tiles_persistent_f16", "TFLOP/s", flops / ms / 1e9, None))
+    out.append(("matmul_desc_few_tiles_split_k4_f16", "TFLOP/s", flops / ms / 1e9, None))
     del a, bb
 
     # FlashAttention forward, not causal: 32 heads of 4096 tokens, head dim 64 (torch

@@ -74,6 +74,15 @@ pub struct CompileOptions {
     /// along a clustered axis) to all of them, each issuing a share of the copies.
     /// `[1, 1, 1]` (the default): no clusters. Targets without clusters ignore it.
     pub cluster: [u32; 3],
+    /// Consumer groups of a warp-specialized persistent kernel (sm_90a,
+    /// `emu-sm90a`): with 2 ("ping-pong"), two groups of `num_warps` warps each take
+    /// alternate tiles of the loop over tiles, one group's main loop issuing `wgmma`
+    /// while the other runs its epilogue, their main loops ordered by named
+    /// barriers; the producer feeds both from one ring. 1: the consumer warps
+    /// work on every tile together. `None`: the compiler's choice (2 where it
+    /// applies: one warpgroup per tile and room for a second group's registers).
+    /// Kernels it does not apply to ignore it.
+    pub consumer_groups: Option<u32>,
 }
 
 impl Default for CompileOptions {
@@ -84,6 +93,7 @@ impl Default for CompileOptions {
             engine: CommEngine::Direct,
             warp_specialize: None,
             cluster: [1, 1, 1],
+            consumer_groups: None,
         }
     }
 }

@@ -318,6 +318,12 @@ pub struct LaunchOptions {
     /// (sm_90 and newer, `emu-sm90a`). `None`: no clusters. Devices without
     /// clusters (and the interpreter) check the shape and run the grid as usual.
     pub cluster: Option<[u32; 3]>,
+    /// Consumer groups of a warp-specialized persistent kernel (sm_90a and
+    /// `emu-sm90a`): 2 ("ping-pong": two groups of `num_warps` warps take alternate
+    /// tiles, one group's main loop overlapping the other's epilogue) or 1 (the
+    /// consumer warps work on each tile together). `None`: the compiler's choice.
+    /// Other kernels and targets ignore it.
+    pub consumer_groups: Option<u32>,
 }
 
 impl LaunchOptions {
@@ -356,6 +362,12 @@ impl LaunchOptions {
         self
     }
 
+    /// With `n` consumer groups (1 or 2: [`LaunchOptions::consumer_groups`]).
+    pub fn consumer_groups(mut self, n: u32) -> LaunchOptions {
+        self.consumer_groups = Some(n);
+        self
+    }
+
     /// Compiled by `backend` (on NVIDIA GPUs).
     pub fn backend(mut self, backend: KernelBackend) -> LaunchOptions {
         self.backend = Some(backend);
@@ -386,6 +398,14 @@ impl LaunchOptions {
             kernel: kernel.to_string(),
             reason: format!("{m} (LaunchOptions::cluster)"),
         })?;
+        if let Some(g) = self.consumer_groups
+            && !(1..=2).contains(&g)
+        {
+            return Err(Error::Launch {
+                kernel: kernel.to_string(),
+                reason: format!("consumer_groups must be 1 or 2, got {g}"),
+            });
+        }
         Ok(KernelOptions {
             num_warps,
             num_stages: self.num_stages,
@@ -393,6 +413,7 @@ impl LaunchOptions {
             backend: self.backend,
             warp_specialize: self.warp_specialize,
             cluster,
+            consumer_groups: self.consumer_groups,
         })
     }
 }
@@ -411,6 +432,7 @@ impl TryFrom<&LaunchOptions> for tessera_codegen::CompileOptions {
             num_stages: k.num_stages,
             warp_specialize: k.warp_specialize,
             cluster: k.cluster,
+            consumer_groups: k.consumer_groups,
             ..Default::default()
         })
     }

@@ -102,7 +102,7 @@ pub mod prelude {
         ScaleType, ScaledInput, Symmetric, TensorDesc, Tile, Token, arange, associative_scan,
         barrier, barrier_all, device_assert, device_print, dot, dot_batched, dot_scaled, fence,
         full, grouped_tile, num_programs, program_id, quiet, rand, randint, randint4x, randn, rank,
-        reduce_with, select, umulhi, world_size, zeros,
+        reduce_with, select, split_k, umulhi, world_size, zeros,
     };
     pub use tessera_ir::fp8::{F8E4M3, F8E5M2};
     pub use tessera_ir::ir::{AtomicOp, CmpPred, MemOrder, MemScope, ReduceOp, SignalOp};

@@ -1293,6 +1293,82 @@ fn sm90a_persistent_matmul_is_warp_specialized_across_tiles() {
     assert!(mmas.iter().chain(&stores).all(|&i| consumer(i)), "{sass}");
 }
 
+/// Ping-pong on sm_90a: the persistent descriptor matmul with one warpgroup per
+/// 128x128 tile (4 warps; 2 stages, so that a second store staging box fits) has,
+/// as the compiler's choice, two consumer groups and a producer warpgroup: 384
+/// threads, registers 40 and 232; each group's block barrier is named barrier
+/// `1 + group` of 128 threads, the groups take turns on named barriers 3 and 4 (256
+/// threads: one waits, `bar.sync`, the other arrives, `bar.arrive`), every id a
+/// constant (ptxas counts 5 barriers, not all 16). ptxas accepts it with no spills; in the SASS the copies are the producer's, the `HGMMA`s, TMA
+/// stores and the turn barriers (`BAR.SYNC`, `BAR.ARV`) the consumers'. With
+/// `consumer_groups: Some(1)`: 256 threads and no `bar.arrive`.
+#[test]
+fn sm90a_persistent_matmul_ping_pongs() {
+    let tma = with_tensor_maps(
+        &kernel_ir::<matmul_desc::matmul_desc_persistent<128, 128, 64>>(&()).expect("builds"),
+    );
+    let opts = |groups| CompileOptions {
+        num_stages: Some(2),
+        consumer_groups: groups,
+        ..CompileOptions::warps(4)
+    };
+    let art = compile_ir(&tma, SM90A, &opts(None)).expect("compiles");
+    assert_eq!(art.meta.num_threads, 384);
+    let ptx = &art.asm;
+    let count = |s: &str| ptx.matches(s).count();
+    assert_eq!(count("setmaxnreg.dec.sync.aligned.u32 40;"), 1, "{ptx}");
+    assert_eq!(count("setmaxnreg.inc.sync.aligned.u32 232;"), 1, "{ptx}");
+    // Each group's own barrier; the turns (group 0 waits at 3 and hands over at
+    // 4, group 1 the other way round).
+    assert!(
+        count("bar.sync 1, 128;") >= 1 && count("bar.sync 2, 128;") >= 1,
+        "{ptx}"
+    );
+    for turn in [
+        "bar.sync 3, 256;",
+        "bar.sync 4, 256;",
+        "bar.arrive 3, 256;",
+        "bar.arrive 4, 256;",
+    ] {
+        assert_eq!(count(turn), 1, "{turn}:\n{ptx}");
+    }
+    let report = tools::ptxas(ptx, "sm_90a").expect("ptxas");
+    assert_eq!(
+        (report.spill_stores_bytes, report.spill_loads_bytes),
+        (0, 0),
+        "{} registers",
+        report.registers
+    );
+    assert!(report.log.contains("used 5 barriers"), "{}", report.log);
+    let sass = tools::sass(&report.cubin).expect("cuobjdump");
+    let lines: Vec<&str> = sass.lines().collect();
+    let at = |s: &str| lines_with(&lines, s);
+    let (alloc, dealloc) = (at("USETMAXREG.TRY_ALLOC"), at("USETMAXREG.DEALLOC"));
+    assert_eq!((alloc.len(), dealloc.len()), (1, 1), "{sass}");
+    let (loads, mmas, stores) = (at("UTMALDG.2D"), at("HGMMA.64x128x16.F32"), at("UTMASTG"));
+    let (syncs, arrives) = (at("BAR.SYNC"), at("BAR.ARV"));
+    assert!(
+        !loads.is_empty() && !mmas.is_empty() && !stores.is_empty(),
+        "{sass}"
+    );
+    assert!(!syncs.is_empty() && !arrives.is_empty(), "{sass}");
+    let (a, d) = (alloc[0], dealloc[0]);
+    let consumer = |i: usize| a < i && (i < d || d < a);
+    let producer = |i: usize| d < i && (i < a || a < d);
+    assert!(loads.iter().all(|&i| producer(i)), "{sass}");
+    assert!(
+        mmas.iter()
+            .chain(&stores)
+            .chain(&arrives)
+            .all(|&i| consumer(i)),
+        "{sass}"
+    );
+    // One group: the cooperative kernel.
+    let art = compile_ir(&tma, SM90A, &opts(Some(1))).expect("compiles");
+    assert_eq!(art.meta.num_threads, 256);
+    assert_eq!(art.asm.matches("bar.arrive").count(), 0);
+}
+
 /// Thread-block clusters on sm_90a (`CompileOptions::cluster`): the warp-specialized
 /// descriptor matmul in clusters of 2x2 blocks multicasts both operands (A along
 /// grid axis 1, B along axis 0, each block issuing its share of the boxes with

@@ -387,6 +387,20 @@ fn clustered_matmul_multicasts_and_matches() {
     }
 }
 
+/// The threads of `f`'s block on emu-sm90a with 4 warps, warp specialization `w`
+/// and `g` consumer groups (the compiler's choice for `None`).
+fn sm90a_threads(f: &tessera::ir::Function, w: Option<bool>, g: Option<u32>) -> u32 {
+    let opts = tessera::aot::CompileOptions {
+        warp_specialize: w,
+        consumer_groups: g,
+        ..tessera::aot::CompileOptions::warps(4)
+    };
+    tessera::aot::compile_ir(f, tessera::codegen::target::EMU_SM90A, &opts)
+        .unwrap()
+        .meta
+        .num_threads
+}
+
 /// `C = A B` as a persistent kernel: each program walks the output tiles
 /// `program_id(0), + num_programs(0), ...` in grouped order (8 rows of tiles at a
 /// time), computing each.
@@ -416,24 +430,26 @@ fn matmul_persistent<const BM: usize, const BN: usize, const BK: usize>(
 /// warp-specialized across the tiles: the producer walks the same tiles issuing
 /// every fill, the ring's position carried from tile to tile (both parities of
 /// every slot over a program's tiles), so a tile's loads overlap the previous
-/// tile's epilogue.
+/// tile's epilogue; and, as the compiler's choice, with two consumer groups in
+/// ping-pong (alternate tiles, each skipping the other's fills, main loops taking
+/// turns), or with one (`consumer_groups(1)`). The grids give programs no tile,
+/// one, an odd and an even number of them.
 #[test]
 fn persistent_matmul_walks_every_tile() {
     // Warp-specialized with the loop over tiles around the ring (a producer
-    // warpgroup past the 4 consumer warps), as the compiler's choice.
+    // warpgroup past two groups of 4 consumer warps), as the compiler's choice.
     let ir = tessera::kernel_ir::<matmul_persistent<64, 128, 64>>(&()).unwrap();
     let f = with_tensor_maps(&ir);
-    let threads = |w| {
-        let opts = tessera::aot::CompileOptions {
-            warp_specialize: w,
-            ..tessera::aot::CompileOptions::warps(4)
-        };
-        tessera::aot::compile_ir(&f, tessera::codegen::target::EMU_SM90A, &opts)
-            .unwrap()
-            .meta
-            .num_threads
-    };
-    assert_eq!((threads(None), threads(Some(false))), (256, 128));
+    let threads = |w, g| sm90a_threads(&f, w, g);
+    assert_eq!(
+        (
+            threads(None, None),
+            threads(None, Some(2)),
+            threads(None, Some(1)),
+            threads(Some(false), None)
+        ),
+        (384, 384, 256, 128)
+    );
     let (m, n, k) = (330, 296, 200);
     let a: Vec<f16> = rand_f32(51, m * k).into_iter().map(f16::from_f32).collect();
     let b: Vec<f16> = rand_f32(52, k * n).into_iter().map(f16::from_f32).collect();
@@ -442,11 +458,16 @@ fn persistent_matmul_walks_every_tile() {
         // (In clusters of 2 too: no operand is multicast, as the tiles of a
         // cluster's programs differ, but they run as a cluster.)
         let pair = LaunchOptions::new().cluster(2, 1, 1);
+        let one = LaunchOptions::new().consumer_groups(1);
         for (grid, opts) in [
             (Grid::new(1, 1, 1), LaunchOptions::new()),
             (Grid::new(5, 1, 1), LaunchOptions::new()),
+            (Grid::new(7, 1, 1), LaunchOptions::new()),
             (Grid::new(64, 1, 1), LaunchOptions::new()),
             (Grid::persistent(tiles), LaunchOptions::new()),
+            (Grid::new(1, 1, 1), one.clone()),
+            (Grid::new(5, 1, 1), one.clone()),
+            (Grid::persistent(tiles), one.clone()),
             (Grid::new(6, 1, 1), pair.clone()),
             (Grid::persistent(tiles), pair.clone()),
         ] {
@@ -475,10 +496,98 @@ fn persistent_matmul_walks_every_tile() {
                     let g = got[i * n + j] as f64;
                     assert!(
                         (g - want).abs() <= 4e-5 * k as f64 + 1e-4 * want.abs(),
-                        "{dev}, {grid:?}, {:?}: C[{i}][{j}] = {g}, want {want}",
-                        opts.cluster
+                        "{dev}, {grid:?}, {:?}, {:?} groups: C[{i}][{j}] = {g}, want {want}",
+                        opts.cluster,
+                        opts.consumer_groups
                     );
                 }
+            }
+        }
+    }
+}
+
+#[path = "../../examples/matmul_desc.rs"]
+#[allow(dead_code)]
+mod ex_matmul_desc;
+
+/// Split-K (`examples/matmul_desc.rs`: `matmul_desc_split_k`, a persistent walk
+/// over `tiles * splits` units, each a tile's product over its part of K stored by
+/// part, then `split_k_sum`) on every device equals the f64 reference, every
+/// element of the partial products and of C written (both poisoned): one part,
+/// parts of 3 and 2 blocks, more parts than K blocks (empty parts), over grids of
+/// fewer programs than units and `Grid::persistent`. On emu-sm90a it is
+/// warp-specialized with two ping-pong consumer groups (the compiler's choice: the
+/// ring loop's trip count differs from unit to unit, and each group skips the
+/// other's fills by it), and with one.
+#[test]
+fn split_k_matmul_adds_every_part() {
+    let ir = tessera::kernel_ir::<ex_matmul_desc::matmul_desc_split_k<64, 128, 64>>(&()).unwrap();
+    let f = with_tensor_maps(&ir);
+    let threads = |g| sm90a_threads(&f, None, g);
+    assert_eq!((threads(None), threads(Some(1))), (384, 256));
+    // 9 blocks of K (the last one partial).
+    let (m, n, k) = (150usize, 200usize, 520usize);
+    let m_pad = m.div_ceil(64) * 64;
+    let a: Vec<f16> = rand_f32(61, m * k).into_iter().map(f16::from_f32).collect();
+    let b: Vec<f16> = rand_f32(62, k * n).into_iter().map(f16::from_f32).collect();
+    let want: Vec<f64> = (0..m * n)
+        .map(|ij| {
+            let (i, j) = (ij / n, ij % n);
+            (0..k)
+                .map(|p| f64::from(a[i * k + p].to_f32()) * f64::from(b[p * n + j].to_f32()))
+                .sum()
+        })
+        .collect();
+    let tiles = (m.div_ceil(64) * n.div_ceil(128)) as u64;
+    let one = LaunchOptions::new().consumer_groups(1);
+    for dev in devices() {
+        for (splits, grid, opts) in [
+            (1, Grid::new(4, 1, 1), LaunchOptions::new()),
+            (3, Grid::persistent(tiles * 3), LaunchOptions::new()),
+            (5, Grid::new(7, 1, 1), LaunchOptions::new()),
+            (12, Grid::new(5, 1, 1), LaunchOptions::new()),
+            (3, Grid::new(5, 1, 1), one.clone()),
+        ] {
+            let ab = dev.upload(&a).unwrap();
+            let bb = dev.upload(&b).unwrap();
+            let rows = splits as usize * m_pad;
+            let mut pb = dev.upload(&vec![f32::NAN; rows * n]).unwrap();
+            let mut cb = dev.upload(&vec![f32::NAN; m * n]).unwrap();
+            let ad = TensorDescriptor::new(&ab, &[m, k], &[k, 1], &[64, 64]).unwrap();
+            let bd = TensorDescriptor::new(&bb, &[k, n], &[n, 1], &[64, 128]).unwrap();
+            let mut pd =
+                TensorDescriptor::new_mut(&mut pb, &[rows, n], &[n, 1], &[64, 128]).unwrap();
+            ex_matmul_desc::matmul_desc_split_k::<64, 128, 64>::launch_with(
+                &dev,
+                grid,
+                &opts,
+                (&ad, &bd, &mut pd, splits),
+            )
+            .unwrap();
+            drop(pd);
+            let what = format!(
+                "{dev}, {splits} parts, {grid:?}, {:?} groups",
+                opts.consumer_groups
+            );
+            let parts = pb.download().unwrap();
+            assert!(
+                parts.iter().all(|v| !v.is_nan()),
+                "{what}: a partial element unwritten"
+            );
+            ex_matmul_desc::split_k_sum::<256>::launch(
+                &dev,
+                Grid::new((m * n).div_ceil(256) as u64, 1, 1),
+                (&pb, &mut cb, m as i32, n as i32, m_pad as i32, splits),
+            )
+            .unwrap();
+            let got = cb.download().unwrap();
+            for (ij, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (f64::from(g) - w).abs() <= 4e-5 * k as f64 + 1e-4 * w.abs(),
+                    "{what}: C[{}][{}] = {g}, want {w}",
+                    ij / n,
+                    ij % n
+                );
             }
         }
     }

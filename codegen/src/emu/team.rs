@@ -260,9 +260,19 @@ impl Team {
         park(Park::Barrier(site));
     }
 
-    /// Thread `tid` waits at named barrier `id` (1 to 15) until `count` threads do;
-    /// `park` suspends it. The caller checks `id` and `count`.
-    pub fn named_barrier(&self, tid: u32, id: u32, count: u32, site: u32, park: impl FnOnce(Park)) {
+    /// Thread `tid` arrives at named barrier `id` (1 to 15), which completes once
+    /// `count` threads arrived (`bar.sync` and `bar.arrive` alike); with `wait` it
+    /// waits for that (`park` suspends it), else it goes on (`bar.arrive`). The
+    /// caller checks `id` and `count`.
+    pub fn named_barrier(
+        &self,
+        tid: u32,
+        id: u32,
+        count: u32,
+        site: u32,
+        wait: bool,
+        park: impl FnOnce(Park),
+    ) {
         if self.poisoned() {
             return;
         }
@@ -279,8 +289,10 @@ impl Team {
             return;
         }
         slot.set(waiting);
-        self.st[tid as usize].set(St::AtNamed(id, site));
-        park(Park::Barrier(site));
+        if wait {
+            self.st[tid as usize].set(St::AtNamed(id, site));
+            park(Park::Barrier(site));
+        }
     }
 
     /// Every lane of `tid`'s warp deposits `data` (at most [`SLOT_WORDS`] words);
@@ -570,9 +582,36 @@ mod tests {
             }
             for round in 1..=10u64 {
                 cells[tid as usize].set(round);
-                team.named_barrier(tid, 1, 64, 7, park);
+                team.named_barrier(tid, 1, 64, 7, true, park);
                 assert_eq!(cells[((tid + 33) % 64) as usize].get(), round);
-                team.named_barrier(tid, 1, 64, 8, park);
+                team.named_barrier(tid, 1, 64, 8, true, park);
+            }
+        });
+        assert!(err.is_none(), "{err:?}");
+    }
+
+    #[test]
+    fn bar_arrive_counts_without_waiting() {
+        // Warp 0 writes, then arrives at named barrier 3 (64: both warps) and goes
+        // on; warp 1 waits there, then sees every write. In rounds, warp 0 also
+        // waits at barrier 4 for warp 1's arrival (ping-pong turns).
+        let team = Rc::new(Team::new(64, 32));
+        let cells: Rc<Vec<Cell<u64>>> = Rc::new((0..32).map(|_| Cell::new(0)).collect());
+        let err = run(&team, move |tid, team, park| {
+            for round in 1..=5u64 {
+                if tid < 32 {
+                    if round > 1 {
+                        team.named_barrier(tid, 4, 64, 1, true, park);
+                    }
+                    cells[tid as usize].set(round);
+                    team.named_barrier(tid, 3, 64, 2, false, park);
+                } else {
+                    team.named_barrier(tid, 3, 64, 3, true, park);
+                    assert_eq!(cells[((tid + 5) % 32) as usize].get(), round);
+                    if round < 5 {
+                        team.named_barrier(tid, 4, 64, 4, false, park);
+                    }
+                }
             }
         });
         assert!(err.is_none(), "{err:?}");
@@ -584,7 +623,7 @@ mod tests {
         let team = Rc::new(Team::new(96, 32));
         let err = run(&team, |tid, team, park| {
             if tid < 64 {
-                team.named_barrier(tid, 2, 96, 5, park);
+                team.named_barrier(tid, 2, 96, 5, true, park);
             }
         });
         match err {

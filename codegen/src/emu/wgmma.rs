@@ -235,6 +235,34 @@ pub fn execute(
     Ok(())
 }
 
+/// Whether `op` reads any shared-memory byte in `lo..hi`: every element of A (its
+/// 64 rows, unless A comes from registers) and of B (its `N` columns), over the
+/// instruction's K, wherever their descriptors place them — what the whole
+/// warpgroup reads, not only one thread's share.
+pub fn reads_any(op: &WgOp, lo: u32, hi: u32) -> Result<bool, String> {
+    let eb = op.ty.bytes();
+    let hit = |a: u32| a < hi && a + eb > lo;
+    if op.a_quad.is_none() {
+        let da = decode(op.desc_a)?;
+        for row in 0..64 {
+            for k in 0..op.ty.k() {
+                if hit(element_address(&da, row, k, false, eb)) {
+                    return Ok(true);
+                }
+            }
+        }
+    }
+    let db = decode(op.desc_b)?;
+    for col in 0..op.n {
+        for k in 0..op.ty.k() {
+            if hit(element_address(&db, col, k, op.trans_b, eb)) {
+                return Ok(true);
+            }
+        }
+    }
+    Ok(false)
+}
+
 /// Element `(row, k)` (row within the warp's 16) of A from the quad's registers: held
 /// by quad lane `(k % 8) / 2` as element `k % 2 + 2 (row / 8) + 4 (k / 8)`.
 fn a_from_quad(q: &[u32; 16], row: u32, k: u32) -> u16 {
@@ -355,6 +383,57 @@ mod tests {
             ..op
         };
         assert!(execute(&bad, 0, &mut [0; 8], |_| Ok(0)).is_err());
+    }
+
+    /// `reads_any` is the union of every thread's operand reads: a span meets it
+    /// exactly when some thread's `execute` reads a byte in it.
+    #[test]
+    fn reads_any_is_every_threads_reads() {
+        let da = Desc {
+            start: 0,
+            lbo: 16,
+            sbo: 8 * 128,
+            swizzle: 128,
+        };
+        let db = Desc {
+            start: 16384,
+            lbo: 16,
+            sbo: 8 * 128,
+            swizzle: 128,
+        };
+        let enc = |d: &Desc| {
+            (u64::from(d.start) >> 4)
+                | (u64::from(d.lbo >> 4) << 16)
+                | (u64::from(d.sbo >> 4) << 32)
+                | (1 << 62)
+        };
+        let op = WgOp {
+            ty: WgType::F16,
+            n: 64,
+            desc_a: enc(&da),
+            desc_b: enc(&db),
+            trans_b: false,
+            scale_d: true,
+            a_quad: None,
+            slot: 0,
+            site: 0,
+        };
+        let mut read = std::collections::BTreeSet::new();
+        for t in 0..128 {
+            execute(&op, t, &mut [0; 32], |a| {
+                read.insert(a);
+                read.insert(a + 1);
+                Ok(0)
+            })
+            .expect("runs");
+        }
+        for lo in (0..32768).step_by(96) {
+            let hi = lo + 40;
+            let want = read.range(lo..hi).next().is_some();
+            assert_eq!(reads_any(&op, lo, hi), Ok(want), "{lo:#x}..{hi:#x}");
+        }
+        // Past both operands: nothing.
+        assert_eq!(reads_any(&op, 1 << 20, (1 << 20) + 4096), Ok(false));
     }
 
     #[test]

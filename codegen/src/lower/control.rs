@@ -134,6 +134,15 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             self.split_persistent(op, inner, d, r, empty, (lb, ub, step))?;
             self.restore_op(op);
         }
+        // Ping-pong consumers walk their group's tiles of the block's walk.
+        let walk = match persistent {
+            Some((inner, ..)) if self.group.is_some() => Some((inner, lb, step)),
+            _ => None,
+        };
+        let (lb, step) = match walk {
+            Some(_) => self.group_tiles(lb, step)?,
+            None => (lb, step),
+        };
         // A warp-specialized ring: the block splits here (`spec.rs`), or (in a
         // persistent kernel) split already.
         let spec = self
@@ -155,6 +164,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     self.split_for_producer(op, d, r, empty, lb, ub, step)?;
                     self.restore_op(op);
                 }
+                self.await_turn()?;
                 Some((dot, r, empty))
             }
             None => None,
@@ -312,6 +322,27 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         for (a, t) in body.args.iter().skip(1).zip(&carried) {
             self.set(*a, t.clone());
         }
+        if let Some((inner, lb0, step0)) = walk {
+            let inner = body
+                .ops
+                .iter()
+                .find(|o| std::ptr::eq(*o, inner))
+                .ok_or_else(|| LowerError::Llvm("a ping-pong walk without its ring loop".into()))?;
+            let w = super::spec::Walk {
+                tile: ivv,
+                lb: lb0,
+                ub,
+                step: step0,
+            };
+            self.pingpong = Some(w);
+            self.skip_other_tile(op, inner, w)?;
+            // (The body's ops, the tile's scalars among them, are lowered again.)
+            if let Some(&a) = body.args.first() {
+                let t = self.scalar_tile(ive, ivv.into());
+                self.set(a, t);
+            }
+            self.restore_op(op);
+        }
         let ys = self.lower_region(body)?;
         self.restore_op(op);
         if let Some((dot, r, empty)) = spec
@@ -395,6 +426,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
         self.cx.b.build_unconditional_branch(header)?;
         self.cx.b.position_at_end(exit);
+        if walk.is_some() {
+            self.pingpong = None;
+        }
         let mut carried = carried;
         if !rings.is_empty() {
             // The copies for iterations past the end land before anything else (TMA
@@ -432,6 +466,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 let rd = rd.as_basic_value().into_int_value();
                 if outer {
                     self.ring_cursor = Some((rd, ph.as_basic_value().into_int_value()));
+                    self.pass_turn()?;
                 }
                 if r.overlap.is_some() && (multicasts || outer) {
                     self.release_slot(&r, empty, ivv, lb, rd)?;

@@ -67,6 +67,13 @@ pub fn lower_kernel<'ctx>(
     }
     // (A grid of one cluster: the shape alone.)
     tessera_ir::cluster::check(opts.cluster, opts.cluster).map_err(CodegenError::Options)?;
+    if let Some(g) = opts.consumer_groups
+        && !(1..=2).contains(&g)
+    {
+        return Err(CodegenError::Options(format!(
+            "consumer_groups must be 1 or 2, got {g}"
+        )));
+    }
     let arch = arch::for_target(target);
     lower_with_arch(ctx, func, arch.as_ref(), opts)
 }
@@ -252,6 +259,7 @@ fn lower_expanded<'ctx>(
     let mut l = Lowerer::new(cx, arch, func, opts.num_warps).map_err(err)?;
     l.engine = opts.engine;
     l.warp_specialize = opts.warp_specialize;
+    l.consumer_groups = opts.consumer_groups;
     if target.has_wgmma() {
         l.cluster = opts.cluster;
     }

@@ -366,6 +366,8 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     engine: crate::CommEngine,
     /// [`crate::CompileOptions::warp_specialize`].
     pub(crate) warp_specialize: Option<bool>,
+    /// [`crate::CompileOptions::consumer_groups`].
+    pub(crate) consumer_groups: Option<u32>,
     /// [`crate::CompileOptions::cluster`] on targets with clusters, else `[1, 1, 1]`.
     pub(crate) cluster: [u32; 3],
     /// Where a warp-specialized kernel's lowering is ([`plan::WarpSpec`]).
@@ -374,6 +376,12 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     /// ring position (byte offset of the next slot read, its full-mbarrier parity),
     /// carried from tile to tile (`control.rs`).
     pub(crate) ring_cursor: Option<(IntValue<'ctx>, IntValue<'ctx>)>,
+    /// Ping-pong consumers ([`plan::WarpSpec::groups`]), from the split on: this
+    /// thread's group and its private shared memory (`spec.rs`).
+    pub(crate) group: Option<spec::Group<'ctx>>,
+    /// In a ping-pong kernel's loop over tiles: the tile being computed and the
+    /// block's walk (`spec.rs`).
+    pub(crate) pingpong: Option<spec::Walk<'ctx>>,
     /// The op being lowered (span, mnemonic), for new sites.
     cur_op: RefCell<(Span, &'static str)>,
     /// The op being lowered, for [`Self::note`].
@@ -485,9 +493,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             comm_exit: None,
             engine: crate::CommEngine::Direct,
             warp_specialize: None,
+            consumer_groups: None,
             cluster: [1, 1, 1],
             spec_role: SpecRole::All,
             ring_cursor: None,
+            group: None,
+            pingpong: None,
         })
     }
 
@@ -728,10 +739,10 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     pub fn barrier(&self) -> LResult<()> {
         let site = self.new_site("barrier");
         if self.spec_role == SpecRole::Consumers {
-            // The producer warpgroup has gone its own way: the consumers' barrier.
-            return self
-                .arch
-                .named_barrier(&self.cx, 1, self.nw * self.ws, site);
+            // The producer warpgroup has gone its own way: the consumers' barrier
+            // (their group's, `1 + group`, for ping-pong consumers).
+            let threads = self.nw * self.ws;
+            return self.per_group(|l, g| l.arch.named_barrier(&l.cx, 1 + g, threads, site));
         }
         self.arch.barrier(&self.cx, site)
     }
@@ -739,12 +750,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Threads per block: `num_warps` warps, and the producer warpgroup of a
     /// warp-specialized kernel.
     pub(crate) fn block_threads(&self) -> u32 {
-        self.nw * self.ws
+        self.nw * self.ws * self.spec_groups()
             + if self.plan.warp_spec.is_some() {
                 4 * self.ws
             } else {
                 0
             }
+    }
+
+    /// Consumer groups of the warp-specialized loop (1 without one).
+    pub(crate) fn spec_groups(&self) -> u32 {
+        self.plan.warp_spec.as_ref().map_or(1, |w| w.groups)
     }
 
     // ----- regions and ops -----------------------------------------------------

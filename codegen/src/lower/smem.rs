@@ -18,7 +18,23 @@ use super::{AsyncDot, AsyncSlot, LResult, LowerError, Lowerer, arch, dot, type_s
 impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// Replaces the placeholder shared global with one of the final size.
     pub(super) fn finish_shared(&mut self) -> LResult<u32> {
-        let bytes = self.plan.pipe_bytes + self.smem_bytes;
+        let mut bytes = self.plan.pipe_bytes + self.smem_bytes;
+        if let Some(g) = self.group.take() {
+            // Ping-pong groups: each its own copy of what follows the ring (the
+            // store staging box and the scratch), a stride apart.
+            let private = self.plan.store_staging.unwrap_or(self.plan.pipe_bytes);
+            let stride = (bytes - private).next_multiple_of(self.smem_align());
+            bytes = private + stride * self.spec_groups();
+            let ld = g.stride;
+            ld.replace_all_uses_with(self.cx.i32(stride as i64));
+            if let Some(i) = inkwell::values::BasicValue::as_instruction_value(&ld) {
+                i.erase_from_basic_block();
+            }
+            if let Some(g) = self.cx.module.get_global(super::spec::GROUP_STRIDE) {
+                // SAFETY: its only use, the load, is gone.
+                unsafe { g.delete() };
+            }
+        }
         let limit = self.target().shared_memory_limit();
         if bytes > limit {
             let span = self
@@ -69,14 +85,33 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         }
     }
 
-    /// Reserves `bytes` of scratch for the op at `span`; returns the base pointer.
+    /// Reserves `bytes` of scratch for the op at `span`; returns the base pointer
+    /// (a ping-pong group's own).
     pub fn scratch(&mut self, bytes: u32, span: &Span) -> PointerValue<'ctx> {
         let bytes = bytes.div_ceil(16) * 16;
         if bytes > self.smem_bytes {
             self.smem_bytes = bytes;
             self.smem_span = Some(span.clone());
         }
-        self.smem_at(self.plan.pipe_bytes)
+        self.private_at(self.plan.pipe_bytes)
+    }
+
+    /// The start of shared memory plus `offset` bytes in the memory past the rings
+    /// (the store staging box, the scratch): in a ping-pong consumer group, its own
+    /// copy of it.
+    pub(super) fn private_at(&self, offset: u32) -> PointerValue<'ctx> {
+        let p = self.smem_at(offset);
+        match &self.group {
+            // SAFETY: inside the block's shared memory, which `finish_shared` sizes
+            // to hold every group's copy.
+            Some(g) => unsafe {
+                self.cx
+                    .b
+                    .build_in_bounds_gep(self.cx.ctx.i8_type(), p, &[g.offset], "")
+                    .unwrap_or(p)
+            },
+            None => p,
+        }
     }
 
     /// The start of shared memory plus `offset` bytes.

@@ -15,6 +15,15 @@
 //! retired: at the end of iteration `i`, or of iteration `i + 1` when the ring
 //! leaves the accumulator's group in flight (`wait_group 1`). Lane 0 of each warp
 //! arrives, after its warp's wait and a `bar.warp.sync`.
+//!
+//! Ping-pong (two consumer groups, [`super::plan::WarpSpec::groups`]): group `g`
+//! walks tiles `g, g + 2, ...` of the block's tiles. The producer fills the ring
+//! for every tile in order, so before each of its tiles a group moves its ring
+//! position past the other group's previous tile (its ring loop's trip count,
+//! from the same scalars the producer computes). Named barriers 3 and 4 hand the
+//! matrix units over: group `g` waits at `3 + g` before its main loop (but group
+//! 0 on its first tile) and, when the other group has a next tile, arrives at
+//! `4 - g` after it; each group's own barrier is `1 + g`.
 
 use inkwell::IntPredicate;
 use inkwell::values::{BasicValue, IntValue};
@@ -28,12 +37,41 @@ const PRODUCER_REGS: u32 = 40;
 /// Registers in an SM's register file (per block, at most).
 const REGISTER_FILE: u32 = 65536;
 
+/// The placeholder global whose load stands for a ping-pong group's stride of
+/// private shared memory until `smem.rs` knows it.
+pub(super) const GROUP_STRIDE: &str = "__tessera_group_stride";
+
+/// The first of the two named barriers on which ping-pong groups take turns.
+const TURN_BARRIER: u32 = 3;
+
+/// A ping-pong consumer group, from the split on.
+#[derive(Clone, Copy)]
+pub(crate) struct Group<'ctx> {
+    /// Its number (0 or 1), an `i32`.
+    pub index: IntValue<'ctx>,
+    /// The byte offset of its private shared memory (its store staging box and
+    /// scratch) from group 0's: `index` times the stride, which is known once the
+    /// kernel is lowered; `stride` is the placeholder `smem.rs` replaces then.
+    pub offset: IntValue<'ctx>,
+    pub stride: IntValue<'ctx>,
+}
+
+/// The loop over tiles of a ping-pong group: the tile it computes now, and the
+/// bounds and step of the block's whole walk (both groups' tiles).
+#[derive(Clone, Copy)]
+pub(crate) struct Walk<'ctx> {
+    pub tile: IntValue<'ctx>,
+    pub lb: IntValue<'ctx>,
+    pub ub: IntValue<'ctx>,
+    pub step: IntValue<'ctx>,
+}
+
 impl<'ctx> Lowerer<'_, 'ctx> {
     /// The registers per thread of the producer and of the consumers (`setmaxnreg`),
     /// when the block is large enough (3 warpgroups or more) that the compiler's
     /// allocation at launch is at most the consumers' share; `None`: no `setmaxnreg`.
     fn spec_registers(&self) -> Option<(u32, u32)> {
-        let consumers = self.nw * self.ws;
+        let consumers = self.nw * self.ws * self.spec_groups();
         if consumers < 2 * 4 * self.ws {
             return None;
         }
@@ -89,12 +127,6 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         empty: u32,
         (lb, ub, step): (IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>),
     ) -> LResult<()> {
-        let slice = self
-            .plan
-            .warp_spec
-            .as_ref()
-            .map(|w| w.outer_slice.clone())
-            .ok_or_else(|| LowerError::Llvm("a persistent producer without a plan".into()))?;
         self.split(|l| {
             let ctx = l.cx.ctx;
             let i32t = ctx.i32_type();
@@ -117,24 +149,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
             let more = l.arch.loop_continue(&l.cx, more, site)?;
             l.cx.b.build_conditional_branch(more, bb_body, exit)?;
             l.cx.b.position_at_end(bb_body);
-            let body = &outer.regions[0];
-            let ive = l.f.ty(outer.operands[0]).elem;
-            if let Some(&a) = body.args.first() {
-                let t = l.scalar_tile(ive, ivv.into());
-                l.set(a, t);
-            }
-            for o in &body.ops {
-                if std::ptr::eq(o, inner) {
-                    break;
-                }
-                if slice.contains(&(o as *const Op)) {
-                    l.lower_op(o)?;
-                }
-            }
-            l.restore_op(outer);
-            let ilb = l.val(inner.operands[0])?.regs[0].into_int_value();
-            let iub = l.val(inner.operands[1])?.regs[0].into_int_value();
-            let istep = l.val(inner.operands[2])?.regs[0].into_int_value();
+            let (ilb, iub, istep) = l.ring_bounds(outer, inner, ivv)?;
             // Iterations `ahead` earlier: iteration `i`'s copies are those the
             // body issues for `i + ahead`.
             let b = &l.cx.b;
@@ -166,12 +181,49 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         })
     }
 
+    /// The bounds and step of ring loop `inner` in the tile `tile` of the loop over
+    /// tiles `outer`: the plan's outer slice of `outer`'s body (pure scalars)
+    /// lowered for it.
+    fn ring_bounds(
+        &mut self,
+        outer: &Op,
+        inner: &Op,
+        tile: IntValue<'ctx>,
+    ) -> LResult<(IntValue<'ctx>, IntValue<'ctx>, IntValue<'ctx>)> {
+        let slice = self
+            .plan
+            .warp_spec
+            .as_ref()
+            .map(|w| w.outer_slice.clone())
+            .ok_or_else(|| LowerError::Llvm("a persistent walk without a plan".into()))?;
+        let body = &outer.regions[0];
+        let ive = self.f.ty(outer.operands[0]).elem;
+        if let Some(&a) = body.args.first() {
+            let t = self.scalar_tile(ive, tile.into());
+            self.set(a, t);
+        }
+        for o in &body.ops {
+            if std::ptr::eq(o, inner) {
+                break;
+            }
+            if slice.contains(&(o as *const Op)) {
+                self.lower_op(o)?;
+            }
+        }
+        self.restore_op(outer);
+        let ilb = self.val(inner.operands[0])?.regs[0].into_int_value();
+        let iub = self.val(inner.operands[1])?.regs[0].into_int_value();
+        let istep = self.val(inner.operands[2])?.regs[0].into_int_value();
+        Ok((ilb, iub, istep))
+    }
+
     /// Splits the block: the producer warpgroup gives registers back, its first
     /// thread runs `producer` (role [`SpecRole::Producer`]) and the warpgroup
     /// returns; the consumers take registers and go on (the builder is left in
-    /// their block, the role [`SpecRole::Consumers`] from now on).
+    /// their block, the role [`SpecRole::Consumers`] from now on; ping-pong
+    /// consumers numbered within their group, [`Self::group`] set).
     fn split(&mut self, producer: impl FnOnce(&mut Self) -> LResult<()>) -> LResult<()> {
-        let consumers = self.nw * self.ws;
+        let consumers = self.nw * self.ws * self.spec_groups();
         let regs = self.spec_registers();
         let ctx = self.cx.ctx;
         let cons_bb = ctx.append_basic_block(self.kernel, "spec.consumers");
@@ -203,7 +255,7 @@ impl<'ctx> Lowerer<'_, 'ctx> {
         self.note(|| {
             format!(
                 "warp-specialized: thread {consumers} (a producer warpgroup past the {} consumer warps) issues the loop's copies, waiting for each slot's empty mbarrier",
-                self.nw
+                self.nw * self.spec_groups()
             )
         });
         producer(self)?;
@@ -216,7 +268,197 @@ impl<'ctx> Lowerer<'_, 'ctx> {
             self.arch.setmaxnreg(&self.cx, true, inc, site)?;
         }
         self.spec_role = SpecRole::Consumers;
+        if self.spec_groups() > 1 {
+            self.enter_group()?;
+        }
         Ok(())
+    }
+
+    /// In the ping-pong consumers, after the split: the group of this thread, its
+    /// thread and warp numbers within the group (the kernel's layouts are one
+    /// group's), and the offset of its private shared memory.
+    fn enter_group(&mut self) -> LResult<()> {
+        let per = self.nw * self.ws;
+        let b = &self.cx.b;
+        let index = b.build_int_unsigned_div(self.tid, self.cx.i32(per as i64), "group")?;
+        self.tid = b.build_int_unsigned_rem(self.tid, self.cx.i32(per as i64), "group.tid")?;
+        self.warp =
+            b.build_int_unsigned_rem(self.warp, self.cx.i32(self.nw as i64), "group.warp")?;
+        let i32t = self.cx.ctx.i32_type();
+        let g = self.cx.module.add_global(i32t, None, GROUP_STRIDE);
+        g.set_linkage(inkwell::module::Linkage::Internal);
+        g.set_initializer(&i32t.const_zero());
+        let stride = b
+            .build_load(i32t, g.as_pointer_value(), "group.stride")?
+            .into_int_value();
+        let offset = b.build_int_mul(index, stride, "group.offset")?;
+        self.group = Some(Group {
+            index,
+            offset,
+            stride,
+        });
+        self.note(|| {
+            format!(
+                "ping-pong: {} consumer groups of {} warps, each with its own named barrier, scratch and staging box",
+                self.spec_groups(),
+                self.nw
+            )
+        });
+        Ok(())
+    }
+
+    /// The consumers' loop over tiles of a ping-pong kernel (block walk from `lb`
+    /// by `step`): their group's tiles, from `lb + group * step` by `groups * step`.
+    pub(super) fn group_tiles(
+        &self,
+        lb: IntValue<'ctx>,
+        step: IntValue<'ctx>,
+    ) -> LResult<(IntValue<'ctx>, IntValue<'ctx>)> {
+        let g = self
+            .group
+            .ok_or_else(|| LowerError::Llvm("group tiles outside a consumer group".into()))?;
+        let b = &self.cx.b;
+        let ty = lb.get_type();
+        let gi = b.build_int_s_extend_or_bit_cast(g.index, ty, "")?;
+        let first = b.build_int_add(lb, b.build_int_mul(gi, step, "")?, "group.lb")?;
+        let n = ty.const_int(u64::from(self.spec_groups()), false);
+        Ok((first, b.build_int_mul(step, n, "group.step")?))
+    }
+
+    /// At the top of a ping-pong group's tile (`walk`): the ring position moves past
+    /// the fills of the other group's previous tile, if any (the trip count of ring
+    /// loop `inner` there, lowered from the producer's scalars of `outer`).
+    pub(super) fn skip_other_tile(
+        &mut self,
+        outer: &Op,
+        inner: &Op,
+        walk: Walk<'ctx>,
+    ) -> LResult<()> {
+        let r = self
+            .plan
+            .warp_spec
+            .as_ref()
+            .and_then(|w| self.plan.async_dots.get(&w.dot).copied())
+            .ok_or_else(|| LowerError::Llvm("a ping-pong walk without its ring".into()))?;
+        let (rd, ph) = self
+            .ring_cursor
+            .ok_or_else(|| LowerError::Llvm("a ping-pong walk without its ring position".into()))?;
+        let ctx = self.cx.ctx;
+        let b = &self.cx.b;
+        let prev = b.build_int_sub(walk.tile, walk.step, "other.tile")?;
+        let some = b.build_int_compare(IntPredicate::SGE, prev, walk.lb, "")?;
+        let pre = self.cx.cur_block();
+        let skip = ctx.append_basic_block(self.kernel, "pingpong.skip");
+        let join = ctx.append_basic_block(self.kernel, "pingpong.join");
+        b.build_conditional_branch(some, skip, join)?;
+        self.cx.b.position_at_end(skip);
+        let (ilb, iub, istep) = self.ring_bounds(outer, inner, prev)?;
+        let b = &self.cx.b;
+        // Trips of `for i in (ilb..iub).step_by(istep)`.
+        let span = b.build_int_sub(iub, ilb, "")?;
+        let one = istep.get_type().const_int(1, false);
+        let up = b.build_int_add(span, b.build_int_sub(istep, one, "")?, "")?;
+        let trips = b.build_int_signed_div(up, istep, "")?;
+        let ran = b.build_int_compare(IntPredicate::SGT, iub, ilb, "")?;
+        let zero = istep.get_type().const_zero();
+        let trips = b.build_select(ran, trips, zero, "")?.into_int_value();
+        let trips = b.build_int_truncate_or_bit_cast(trips, ctx.i32_type(), "other.trips")?;
+        // Position `rd / slot_bytes + trips` of the ring; each wrap flips the parity.
+        let slot = b.build_int_unsigned_div(rd, self.cx.i32(r.slot_bytes as i64), "")?;
+        let pos = b.build_int_add(slot, trips, "")?;
+        let slots = self.cx.i32(r.slots as i64);
+        let at = b.build_int_mul(
+            b.build_int_unsigned_rem(pos, slots, "")?,
+            self.cx.i32(r.slot_bytes as i64),
+            "",
+        )?;
+        let wraps = b.build_int_unsigned_div(pos, slots, "")?;
+        let flip = b.build_and(wraps, self.cx.i32(1), "")?;
+        let ph2 = b.build_xor(ph, flip, "")?;
+        let end = self.cx.cur_block();
+        b.build_unconditional_branch(join)?;
+        self.cx.b.position_at_end(join);
+        let i32t = ctx.i32_type();
+        let (nrd, nph) = (
+            self.cx.b.build_phi(i32t, "cursor.read.skipped")?,
+            self.cx.b.build_phi(i32t, "cursor.phase.skipped")?,
+        );
+        nrd.add_incoming(&[(&rd, pre), (&at, end)]);
+        nph.add_incoming(&[(&ph, pre), (&ph2, end)]);
+        self.ring_cursor = Some((
+            nrd.as_basic_value().into_int_value(),
+            nph.as_basic_value().into_int_value(),
+        ));
+        self.note(|| {
+            "ping-pong: the ring position moves past the other group's previous tile (its ring loop's trip count)".to_string()
+        });
+        Ok(())
+    }
+
+    /// Before a ping-pong group's main loop: its turn, once the other group's
+    /// main loop of the previous tile was issued (none before group 0's first).
+    pub(super) fn await_turn(&mut self) -> LResult<()> {
+        let (Some(g), Some(w)) = (self.group, self.pingpong) else {
+            return Ok(());
+        };
+        let b = &self.cx.b;
+        let is0 = b.build_int_compare(IntPredicate::EQ, g.index, self.cx.i32(0), "")?;
+        let first = b.build_int_compare(IntPredicate::EQ, w.tile, w.lb, "")?;
+        let none = b.build_and(is0, first, "")?;
+        let wait = b.build_not(none, "")?;
+        let threads = 2 * self.nw * self.ws;
+        let site = self.new_site("bar.sync");
+        self.note(|| {
+            "ping-pong: the group waits for its turn on named barrier 3 + group before its main loop".to_string()
+        });
+        self.when(wait, |l| {
+            l.per_group(|l, g| l.arch.named_barrier(&l.cx, TURN_BARRIER + g, threads, site))
+        })
+    }
+
+    /// `emit(self, g)` in the threads of consumer group `g`, for each group (a
+    /// branch per group, so that named barrier ids stay constants, which ptxas
+    /// counts); just `emit(self, 0)` without groups.
+    pub(super) fn per_group(&self, emit: impl Fn(&Self, u32) -> LResult<()>) -> LResult<()> {
+        let Some(grp) = self.group else {
+            return emit(self, 0);
+        };
+        for g in 0..self.spec_groups() {
+            let b = &self.cx.b;
+            let mine =
+                b.build_int_compare(IntPredicate::EQ, grp.index, self.cx.i32(g as i64), "")?;
+            let then = self.cx.ctx.append_basic_block(self.kernel, "group");
+            let join = self.cx.ctx.append_basic_block(self.kernel, "group.join");
+            b.build_conditional_branch(mine, then, join)?;
+            b.position_at_end(then);
+            emit(self, g)?;
+            self.cx.b.build_unconditional_branch(join)?;
+            self.cx.b.position_at_end(join);
+        }
+        Ok(())
+    }
+
+    /// After a ping-pong group's main loop: the turn passes to the other group,
+    /// when it has a next tile.
+    pub(super) fn pass_turn(&mut self) -> LResult<()> {
+        let (Some(_), Some(w)) = (self.group, self.pingpong) else {
+            return Ok(());
+        };
+        let b = &self.cx.b;
+        let next = b.build_int_add(w.tile, w.step, "")?;
+        let more = b.build_int_compare(IntPredicate::SLT, next, w.ub, "")?;
+        let threads = 2 * self.nw * self.ws;
+        let site = self.new_site("bar.arrive");
+        self.note(|| {
+            "ping-pong: the turn passes to the other group (bar.arrive on its named barrier) after the main loop".to_string()
+        });
+        // Group `g` arrives at the barrier of group `1 - g`.
+        self.when(more, |l| {
+            l.per_group(|l, g| {
+                l.arch
+                    .named_barrier_arrive(&l.cx, TURN_BARRIER + 1 - g, threads, site)
+            })
+        })
     }
 
     /// The producer thread's loop: the iterations `(lb, ub, step)` of `op`, each

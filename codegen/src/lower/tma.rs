@@ -516,7 +516,7 @@ pub(super) fn lower_desc_store<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LRes
         Some(off) => {
             let site = l.new_site("cp.async.bulk.wait_group.read");
             l.in_thread0(|l| l.arch.tma_store_wait(&l.cx, site))?;
-            l.smem_at(off)
+            l.private_at(off)
         }
         None => l.scratch(blk.bytes(), &op.span),
     };

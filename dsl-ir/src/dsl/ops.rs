@@ -954,6 +954,31 @@ pub fn grouped_tile(
     (first_m + within % rows, within / rows)
 }
 
+/// Split-K work unit `u` of a walk over output tiles whose reduction (of extent
+/// `k`, in blocks of `bk`) is split into `splits` parts: returns `(tile, k_begin,
+/// k_end)`, unit `u` being part `u % splits` of tile `u / splits`. The parts take
+/// consecutive runs of `ceil(ceil(k / bk) / splits)` blocks (the last ones may be
+/// shorter or empty: `k_begin >= k_end`), so a walk over `tiles * splits` units
+/// (`for u in (program_id(0)..tiles * splits).step_by(num_programs(0))`, each unit
+/// adding its partial product into the output atomically) keeps every program busy
+/// when the tiles alone are fewer than the GPU's programs.
+#[track_caller]
+pub fn split_k(
+    u: Scalar<i32>,
+    splits: Scalar<i32>,
+    k: Scalar<i32>,
+    bk: i32,
+) -> (Scalar<i32>, Scalar<i32>, Scalar<i32>) {
+    let bk = bk.max(1);
+    let blocks = (k + (bk - 1)) / bk;
+    let per = (blocks + (splits - 1)) / splits;
+    let part = u % splits;
+    // (A multiple of `bk`, as the block coordinates' analysis sees.)
+    let begin = (part * per).minimum(blocks) * bk;
+    let end = (begin + per * bk).minimum(k);
+    (u / splits, begin, end)
+}
+
 /// Synchronizes the threads of the program instance (a GPU block barrier).
 #[track_caller]
 pub fn barrier() {

@@ -205,6 +205,7 @@ pub fn precompile_ir(
             backend: Some(crate::KernelBackend::Llvm),
             warp_specialize: opts.warp_specialize,
             cluster: opts.cluster,
+            consumer_groups: opts.consumer_groups,
         },
     );
     store.put(&func.name, &key, &kernel_binary(&art))

@@ -55,6 +55,10 @@ pub struct KernelOptions {
     /// Thread-block clusters (`tessera::aot::CompileOptions::cluster`): `[1, 1, 1]`
     /// for none.
     pub cluster: [u32; 3],
+    /// Consumer groups of a warp-specialized persistent kernel
+    /// (`tessera::aot::CompileOptions::consumer_groups`; 2: ping-pong); `None`:
+    /// the compiler's choice.
+    pub consumer_groups: Option<u32>,
 }
 
 impl Default for KernelOptions {
@@ -66,6 +70,7 @@ impl Default for KernelOptions {
             backend: None,
             warp_specialize: None,
             cluster: [1, 1, 1],
+            consumer_groups: None,
         }
     }
 }
@@ -205,6 +210,9 @@ impl KernelOptions {
         if self.cluster != [1, 1, 1] {
             let [x, y, z] = self.cluster;
             d.push_str(&format!(",cluster={x}x{y}x{z}"));
+        }
+        if let Some(g) = self.consumer_groups {
+            d.push_str(&format!(",groups={g}"));
         }
         d
     }

@@ -47,6 +47,7 @@ impl Executor for Emu {
             engine,
             warp_specialize: job.kopts.warp_specialize,
             cluster: job.kopts.cluster,
+            consumer_groups: job.kopts.consumer_groups,
         };
         // A kernel that waits for other programs needs all of them resident, as on
         // the GPU imitated (or the device's part of it).

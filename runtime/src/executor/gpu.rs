@@ -410,6 +410,7 @@ fn resolve_binary(
                 engine,
                 warp_specialize: kopts.warp_specialize,
                 cluster: kopts.cluster,
+                consumer_groups: kopts.consumer_groups,
             };
             let art = crate::aot::compile_ir(&compiled.func, t, &opts)?;
             Ok(crate::aot::kernel_binary(&art))

@@ -622,7 +622,10 @@ pub(super) extern "C" fn tessera_emu_tma_store(
         let Some(off) = box_offset(c, src, n, "store", site) else {
             return;
         };
-        if c.wg_dirty.get() {
+        if c.wg_dirty
+            .get()
+            .is_some_and(|(lo, hi)| lo < off + n && off < hi)
+        {
             wg_fail(
                 c,
                 site,

@@ -82,7 +82,7 @@ pub(super) extern "C" fn tessera_emu_ldmatrix(
 /// `fence.proxy.async.shared::cta` (this thread's shared writes are visible to its
 /// later `wgmma` operand reads).
 pub(super) extern "C" fn tessera_emu_fence_proxy_async() {
-    with((), |c| c.wg_dirty.set(false))
+    with((), |c| c.wg_dirty.set(None))
 }
 
 /// `wgmma.fence.sync.aligned`.
@@ -172,14 +172,40 @@ fn wg_issue(
         // SAFETY: the kernel passes its `[n / 2 x i32]` stack slot.
         let acc = unsafe { std::slice::from_raw_parts_mut(acc, regs) };
         let slot = slot as u32;
-        if c.wg_dirty.get() {
-            return wg_fail(
-                c,
-                site,
-                "the thread wrote shared memory since its last fence.proxy.async: the \
-                 wgmma operand reads may not see it"
-                    .into(),
-            );
+        let op = WgOp {
+            ty: match ty {
+                0 => WgType::F16,
+                1 => WgType::Bf16,
+                2 => WgType::S8,
+                3 => WgType::E4M3,
+                _ => WgType::E5M2,
+            },
+            n: n as u32,
+            desc_a: desc_a as u64,
+            desc_b: desc_b as u64,
+            trans_b,
+            scale_d,
+            a_quad,
+            slot,
+            site,
+        };
+        // Generic-proxy writes reach the operand reads (async proxy) only through
+        // a fence: this thread's unfenced writes must miss every operand byte the
+        // warpgroup reads (PTX ISA, "proxies").
+        if let Some((lo, hi)) = c.wg_dirty.get() {
+            match wg::reads_any(&op, lo as u32, hi as u32) {
+                Ok(false) => {}
+                Ok(true) => {
+                    return wg_fail(
+                        c,
+                        site,
+                        format!(
+                            "the thread wrote shared memory the wgmma reads (in bytes {lo:#x}..{hi:#x}) since its last fence.proxy.async: the operand reads may not see it"
+                        ),
+                    );
+                }
+                Err(m) => return wg_fail(c, site, m),
+            }
         }
         let mut st = c.wg.borrow_mut();
         if st.pending(slot) {
@@ -203,23 +229,7 @@ fn wg_issue(
             }
             st.regs.insert(slot, acc.to_vec());
         }
-        st.open.push(WgOp {
-            ty: match ty {
-                0 => WgType::F16,
-                1 => WgType::Bf16,
-                2 => WgType::S8,
-                3 => WgType::E4M3,
-                _ => WgType::E5M2,
-            },
-            n: n as u32,
-            desc_a: desc_a as u64,
-            desc_b: desc_b as u64,
-            trans_b,
-            scale_d,
-            a_quad,
-            slot,
-            site,
-        });
+        st.open.push(op);
         acc.fill(POISON);
     }
 }

@@ -305,8 +305,10 @@ pub(crate) struct ThreadCtx<'a> {
     pub copies: RefCell<AsyncCopies>,
     /// This thread's `wgmma` state.
     pub wg: RefCell<WgState>,
-    /// Shared memory written (generic proxy) since the last `fence.proxy.async`.
-    pub wg_dirty: Cell<bool>,
+    /// The byte range (`lo..hi`, offsets in the block's shared memory) that spans
+    /// this thread's shared-memory writes (generic proxy) since its last
+    /// `fence.proxy.async`; `None`: none since.
+    pub wg_dirty: Cell<Option<(usize, usize)>>,
     /// TMA stores issued and not yet waited for (`cp.async.bulk.wait_group.read`).
     pub tma_stores: RefCell<Vec<TmaStore>>,
     /// The site of the off-node engine call being made ([`super::shmem`]).
@@ -353,7 +355,7 @@ impl<'a> ThreadCtx<'a> {
             yielder: Cell::new(std::ptr::null()),
             copies: RefCell::new(AsyncCopies::default()),
             wg: RefCell::new(WgState::default()),
-            wg_dirty: Cell::new(false),
+            wg_dirty: Cell::new(None),
             tma_stores: RefCell::new(Vec::new()),
             engine_site: Cell::new(u32::MAX),
             puts: Default::default(),
@@ -453,10 +455,22 @@ extern "C" fn tessera_emu_barrier(site: i32) {
 }
 
 /// `bar.sync id, threads` (PTX ISA, "barrier"): waits until `threads` threads of the
-/// block wait at named barrier `id`. An id outside 1..16 (0 is the block barrier,
-/// which takes every thread) or a count that is not a positive multiple of the warp
-/// size, or more than the block's threads, is an error.
+/// block arrived at named barrier `id` (waiting there, or passing by `bar.arrive`).
+/// An id outside 1..16 (0 is the block barrier, which takes every thread) or a
+/// count that is not a positive multiple of the warp size, or more than the
+/// block's threads, is an error.
 extern "C" fn tessera_emu_named_barrier(id: i32, threads: i32, site: i32) {
+    named_barrier(id, threads, site, true)
+}
+
+/// `bar.arrive id, threads` (PTX ISA, "barrier"): arrives at named barrier `id`
+/// without waiting (the producer's side of a producer/consumer barrier, whose
+/// `threads` count both sides); checked as [`tessera_emu_named_barrier`].
+extern "C" fn tessera_emu_named_barrier_arrive(id: i32, threads: i32, site: i32) {
+    named_barrier(id, threads, site, false)
+}
+
+fn named_barrier(id: i32, threads: i32, site: i32, wait: bool) {
     with((), |c| {
         let team = &c.blk.team;
         let warp = team.warp_size() as i32;
@@ -469,13 +483,16 @@ extern "C" fn tessera_emu_named_barrier(id: i32, threads: i32, site: i32) {
                 c,
                 site,
                 format!(
-                    "bar.sync {id}, {threads}: a named barrier takes an id from 1 to 15 and a positive multiple of the warp size up to the block's {} threads",
+                    "bar.{} {id}, {threads}: a named barrier takes an id from 1 to 15 and a positive multiple of the warp size up to the block's {} threads",
+                    if wait { "sync" } else { "arrive" },
                     team.threads()
                 ),
             );
             return;
         }
-        team.named_barrier(c.tid, id as u32, threads as u32, site as u32, |p| c.park(p));
+        team.named_barrier(c.tid, id as u32, threads as u32, site as u32, wait, |p| {
+            c.park(p)
+        });
         c.epoch.set(c.epoch.get() + 1);
     })
 }
@@ -728,7 +745,8 @@ fn note_shared(c: &ThreadCtx<'_>, p: *const u8, bytes: i32, is_write: bool, site
             return false;
         }
         if is_write != 0 {
-            c.wg_dirty.set(true);
+            let (lo, hi) = c.wg_dirty.get().unwrap_or((off, off + n));
+            c.wg_dirty.set(Some((lo.min(off), hi.max(off + n))));
         }
         let epoch = c.epoch.get();
         let me = pack(epoch, c.tid, site as u32);

@@ -400,6 +400,22 @@ impl Arch for Emu {
         Ok(())
     }
 
+    fn named_barrier_arrive<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        id: u32,
+        threads: u32,
+        site: u32,
+    ) -> LResult<()> {
+        let args = [
+            cx.i32(id as i64).into(),
+            cx.i32(threads as i64).into(),
+            Emu::site(cx, site),
+        ];
+        call(cx, "tessera_emu_named_barrier_arrive", &args)?;
+        Ok(())
+    }
+
     fn setmaxnreg<'ctx>(&self, cx: &Cx<'ctx>, inc: bool, regs: u32, site: u32) -> LResult<()> {
         let args = [
             cx.i32(i64::from(inc)).into(),

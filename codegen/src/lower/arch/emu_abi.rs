@@ -39,6 +39,7 @@ macro_rules! emu_abi {
             fn tessera_emu_mbar_wait(bar: *mut u8, parity: i32, site: i32);
             fn tessera_emu_mbar_arrive(bar: *mut u8, site: i32);
             fn tessera_emu_named_barrier(id: i32, threads: i32, site: i32);
+            fn tessera_emu_named_barrier_arrive(id: i32, threads: i32, site: i32);
             fn tessera_emu_warp_sync(site: i32);
             fn tessera_emu_setmaxnreg(inc: i32, regs: i32, site: i32);
             fn tessera_emu_tma_load(dst: *mut u8, tmap: i64, rank: i32, c0: i32, c1: i32, c2: i32, bar: *mut u8, site: i32);

@@ -446,9 +446,25 @@ pub trait Arch: Math {
     }
     /// `bar.sync id, threads` (PTX ISA, "barrier"): named barrier `id` (1 to 15)
     /// releases once `threads` threads (a multiple of the warp size) of the block
-    /// wait at it. Warp-specialized kernels synchronize their consumers with it while
-    /// the producer runs on.
+    /// arrive at it (waiting there, or passing by [`Arch::named_barrier_arrive`]).
+    /// Warp-specialized kernels synchronize their consumers with it while the
+    /// producer runs on.
     fn named_barrier<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _id: u32,
+        _threads: u32,
+        _site: u32,
+    ) -> LResult<()> {
+        Err(LowerError::Llvm(
+            "named barriers on a target without warp specialization".into(),
+        ))
+    }
+    /// `bar.arrive id, threads` (PTX ISA, "barrier"): arrives at named barrier `id`
+    /// without waiting; the barrier completes once `threads` threads arrived, those
+    /// waiting at it by [`Arch::named_barrier`] included. Ping-pong consumer groups
+    /// hand the matrix units to each other with it.
+    fn named_barrier_arrive<'ctx>(
         &self,
         _cx: &Cx<'ctx>,
         _id: u32,

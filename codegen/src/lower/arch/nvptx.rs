@@ -451,6 +451,16 @@ impl Arch for Nvptx {
         ptx_stmt(cx, &format!("bar.sync {id}, {threads};"))
     }
 
+    fn named_barrier_arrive<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        id: u32,
+        threads: u32,
+        _site: u32,
+    ) -> LResult<()> {
+        ptx_stmt(cx, &format!("bar.arrive {id}, {threads};"))
+    }
+
     fn setmaxnreg<'ctx>(&self, cx: &Cx<'ctx>, inc: bool, regs: u32, _site: u32) -> LResult<()> {
         let action = if inc { "inc" } else { "dec" };
         ptx_stmt(cx, &format!("setmaxnreg.{action}.sync.aligned.u32 {regs};"))

@@ -115,6 +115,15 @@ pub(crate) struct WarpSpec {
     pub outer: Option<*const Op>,
     /// The body ops of `outer` the producer lowers.
     pub outer_slice: HashSet<*const Op>,
+    /// Consumer groups (`plan_groups`): 1, or 2 in a persistent kernel whose
+    /// consumers ping-pong. Each group is `num_warps` warps lowered as the kernel's
+    /// block (thread and warp numbers within the group, its own named barrier,
+    /// scratch and store staging box); group `g` computes the tiles `g, g + 2, ...`
+    /// of the block's walk, the producer filling the ring for every tile in order,
+    /// and skips the other group's fills; the groups' main loops take turns on
+    /// two named barriers, so one group's `wgmma`s run while the other stores its
+    /// tile (`spec.rs`).
+    pub groups: u32,
 }
 
 impl WarpSpec {
@@ -142,6 +151,7 @@ pub(super) fn build<'a>(l: &Lowerer<'a, '_>) -> Plan<'a> {
     p.plan_locals();
     p.plan_staging(&f.body);
     p.plan_store_staging();
+    p.plan_groups();
     p.plan
 }
 
@@ -190,6 +200,61 @@ impl Planner<'_, '_, '_> {
     }
 }
 
+impl Planner<'_, '_, '_> {
+    /// Whether a persistent warp-specialized kernel's consumers ping-pong
+    /// ([`WarpSpec::groups`]): `CompileOptions::consumer_groups` (`Some(1)`: never),
+    /// where the block's warps are one warpgroup (its layouts are one group's), a
+    /// second group fits the block, no operand is multicast, and shared memory
+    /// holds nothing a group would share besides the ring (each group has its own
+    /// store staging box and scratch). The compiler's choice (`None`) also wants
+    /// the accumulator in at most 128 registers per thread and the second staging
+    /// box within the target's shared memory.
+    fn plan_groups(&mut self) {
+        let l = self.l;
+        let Some(w) = self.plan.warp_spec.as_ref() else {
+            return;
+        };
+        if l.consumer_groups == Some(1)
+            || w.outer.is_none()
+            || w.multicasts()
+            || l.nw != 4
+            || (2 * l.nw + 4) * l.ws > 1024
+            || !self.plan.locals.is_empty()
+            || !self.plan.invariant.is_empty()
+            || self.plan.pipe_dots.keys().any(|&d| d != w.dot)
+        {
+            return;
+        }
+        if l.consumer_groups.is_none() {
+            // Accumulator registers per thread.
+            let acc = find_op(&l.f.body, w.dot).map_or(u32::MAX, |d| {
+                l.f.ty(d.results[0]).shape.iter().product::<u32>() / (l.nw * l.ws)
+            });
+            let staging = self
+                .plan
+                .store_staging
+                .map_or(0, |at| self.plan.pipe_bytes - at);
+            if acc > 128 || self.plan.pipe_bytes + staging > l.target().shared_memory_limit() {
+                return;
+            }
+        }
+        if let Some(w) = self.plan.warp_spec.as_mut() {
+            w.groups = 2;
+        }
+    }
+}
+
+/// The op at address `p` in region `r` (or nested in it).
+fn find_op(r: &tessera_ir::ir::Region, p: *const Op) -> Option<&Op> {
+    r.ops.iter().find_map(|o| {
+        if std::ptr::eq(o, p) {
+            Some(o)
+        } else {
+            o.regions.iter().find_map(|r| find_op(r, p))
+        }
+    })
+}
+
 impl Plan<'_> {
     /// One line per decision, at the op it concerns, in program order: arrays in
     /// shared memory, operands kept there, rings and the loads that fill them, and
@@ -215,6 +280,12 @@ impl Plan<'_> {
                         "plan: persistent and warp-specialized: the block splits before this loop; the producer walks the same tiles ({} ops of the body), issuing every fill of its ring loop, the ring's position carried across tiles",
                         w.outer_slice.len()
                     ));
+                    if w.groups > 1 {
+                        out.push(format!(
+                            "plan: ping-pong: {} consumer groups take alternate tiles, each skipping the other's fills, their main loops taking turns",
+                            w.groups
+                        ));
+                    }
                 }
                 if let Some(w) = self.warp_spec.as_ref().filter(|w| w.for_op == key) {
                     out.push(format!(

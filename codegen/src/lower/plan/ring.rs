@@ -171,6 +171,7 @@ impl<'a> Planner<'_, 'a, '_> {
                     multicast,
                     outer: outer.map(|o| o as *const Op),
                     outer_slice,
+                    groups: 1,
                 });
             }
             // Whatever follows (arrays, scratch) starts aligned as arrays must.
