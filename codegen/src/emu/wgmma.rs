@@ -284,6 +284,20 @@ fn to_f32(ty: WgType, bits: u16) -> f32 {
 mod tests {
     use super::*;
 
+    /// The descriptor of `d` (its swizzle field from `d.swizzle`: 128B 1, 64B 2).
+    fn encode(d: &Desc) -> u64 {
+        let mode: u64 = match d.swizzle {
+            128 => 1,
+            64 => 2,
+            32 => 3,
+            _ => 0,
+        };
+        (u64::from(d.start) >> 4)
+            | (u64::from(d.lbo >> 4) << 16)
+            | (u64::from(d.sbo >> 4) << 32)
+            | (mode << 62)
+    }
+
     #[test]
     fn descriptor_fields_decode() {
         // Start 0x1230, LBO 8192, SBO 1024, 128B swizzle.
@@ -348,17 +362,11 @@ mod tests {
                 smem[element_address(&db, mn, kk, false, 1) as usize] = byte(kk, mn, 2);
             }
         }
-        let enc = |d: &Desc| {
-            (u64::from(d.start) >> 4)
-                | (u64::from(d.lbo >> 4) << 16)
-                | (u64::from(d.sbo >> 4) << 32)
-                | (2 << 62)
-        };
         let op = WgOp {
             ty: WgType::S8,
             n,
-            desc_a: enc(&da),
-            desc_b: enc(&db),
+            desc_a: encode(&da),
+            desc_b: encode(&db),
             trans_b: false,
             scale_d: true,
             a_quad: None,
@@ -401,17 +409,11 @@ mod tests {
             sbo: 8 * 128,
             swizzle: 128,
         };
-        let enc = |d: &Desc| {
-            (u64::from(d.start) >> 4)
-                | (u64::from(d.lbo >> 4) << 16)
-                | (u64::from(d.sbo >> 4) << 32)
-                | (1 << 62)
-        };
         let op = WgOp {
             ty: WgType::F16,
             n: 64,
-            desc_a: enc(&da),
-            desc_b: enc(&db),
+            desc_a: encode(&da),
+            desc_b: encode(&db),
             trans_b: false,
             scale_d: true,
             a_quad: None,
