@@ -141,14 +141,8 @@ fn configs() -> Vec<Config> {
 /// and shape, times the winner, and checks 16 rows of `C` against an f64 reference.
 fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (mut rng, _) = common::rng();
-    let a: Vec<f16> = common::uniform(&mut rng, s * s, -1.0, 1.0)
-        .into_iter()
-        .map(f16::from_f32)
-        .collect();
-    let b: Vec<f16> = common::uniform(&mut rng, s * s, -1.0, 1.0)
-        .into_iter()
-        .map(f16::from_f32)
-        .collect();
+    let a = common::uniform_f16(&mut rng, s * s, -1.0, 1.0);
+    let b = common::uniform_f16(&mut rng, s * s, -1.0, 1.0);
     let (da, db) = (dev.upload(&a)?, dev.upload(&b)?);
     let mut dc = dev.upload(&vec![f16::NAN; s * s])?;
     let si = s as i32;

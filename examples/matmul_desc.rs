@@ -206,18 +206,12 @@ fn configs(m_tiles: usize) -> Vec<Config> {
 }
 
 /// `C = A · B` (f16 in, f32 out, `s x s x s`) with the tuned schedule (128x128x64
-/// tiles, 8 warps or two ping-pong groups of 4): tunes once per device and shape, times the winner, and checks
-/// 16 rows of `C` against f64.
+/// tiles, 8 warps or two ping-pong groups of 4): tunes once per device and shape,
+/// times the winner, and checks 16 rows of `C` against f64.
 fn tuned(dev: &Device, s: usize) -> Result<(), Box<dyn std::error::Error>> {
     let (mut rng, _) = common::rng();
-    let a: Vec<f16> = common::uniform(&mut rng, s * s, -1.0, 1.0)
-        .into_iter()
-        .map(f16::from_f32)
-        .collect();
-    let b: Vec<f16> = common::uniform(&mut rng, s * s, -1.0, 1.0)
-        .into_iter()
-        .map(f16::from_f32)
-        .collect();
+    let a = common::uniform_f16(&mut rng, s * s, -1.0, 1.0);
+    let b = common::uniform_f16(&mut rng, s * s, -1.0, 1.0);
     let (da, db) = (dev.upload(&a)?, dev.upload(&b)?);
     let mut dc = dev.upload(&vec![f32::NAN; s * s])?;
     let ad = TensorDescriptor::new(&da, &[s, s], &[s, 1], &[128, 64])?;

@@ -18,6 +18,14 @@ pub fn uniform(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<f32> {
     (0..n).map(|_| rng.gen_range(lo..hi)).collect()
 }
 
+/// [`uniform`], rounded to f16.
+pub fn uniform_f16(rng: &mut StdRng, n: usize, lo: f32, hi: f32) -> Vec<tessera::prelude::f16> {
+    uniform(rng, n, lo, hi)
+        .into_iter()
+        .map(tessera::prelude::f16::from_f32)
+        .collect()
+}
+
 /// Compares `got` with `want` element-wise: `|got - want| <= tol[i]`. Reports the
 /// first mismatches (NaN, the poison value, counts as a mismatch).
 pub fn check(name: &str, got: &[f64], want: &[f64], tol: &[f64]) -> Result<(), String> {

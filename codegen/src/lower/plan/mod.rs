@@ -227,8 +227,11 @@ impl Planner<'_, '_, '_> {
         }
         if l.consumer_groups.is_none() {
             // Accumulator registers per thread.
-            let acc = find_op(&l.f.body, w.dot).map_or(u32::MAX, |d| {
-                l.f.ty(d.results[0]).shape.iter().product::<u32>() / (l.nw * l.ws)
+            let mut acc = u32::MAX;
+            l.f.walk(&mut |o| {
+                if std::ptr::eq(o, w.dot) {
+                    acc = l.f.ty(o.results[0]).shape.iter().product::<u32>() / (l.nw * l.ws);
+                }
             });
             let staging = self
                 .plan
@@ -242,17 +245,6 @@ impl Planner<'_, '_, '_> {
             w.groups = 2;
         }
     }
-}
-
-/// The op at address `p` in region `r` (or nested in it).
-fn find_op(r: &tessera_ir::ir::Region, p: *const Op) -> Option<&Op> {
-    r.ops.iter().find_map(|o| {
-        if std::ptr::eq(o, p) {
-            Some(o)
-        } else {
-            o.regions.iter().find_map(|r| find_op(r, p))
-        }
-    })
 }
 
 impl Plan<'_> {
