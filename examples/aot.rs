@@ -43,7 +43,7 @@ use aot_jobs::JOBS;
 use tessera::ArtifactStore;
 use tessera::aot::{ALL_TARGETS, CompileOptions, Specialization, Target, Vendor};
 
-const USAGE: &str = "usage: aot (--target <sm_80|sm_86|sm_89|sm_90|sm_100..sm_121|gfx90a|gfx942|gfx1100|all> \
+const USAGE: &str = "usage: aot (--target <sm_80|sm_86|sm_89|sm_90|sm_100..sm_121|gfx90a|gfx942|gfx950|gfx1100|gfx1200|gfx1201|all> \
                      | --tileir <sm_80..sm_121>) \
                      --out <dir> [--num-warps <1|2|4|8|16>] [--num-stages <1..8>] \
                      [--specialize <all|none>] [--store <dir>] [--off-node <dir>]";

@@ -2,10 +2,13 @@
 """Main-loop metrics of a matmul kernel, from its machine code.
 
 The main loop is the innermost backward-branch range that holds the most matrix
-instructions (HMMA/IMMA/HGMMA/IGMMA/QGMMA on NVIDIA, v_mfma on AMD). Everything is
-counted per 64 KFLOP (or integer op) of matrix work per warp: one m16n8k16 HMMA is
-4 KFLOP, an m16n8k32 IMMA 8, an MFMA MxNxK 2*M*N*K / 1 (16x16x16: 8 KFLOP), a
-warpgroup instruction m64nNkK (4 warps) 2*64*N*K / 4 per warp.
+instructions (HMMA/IMMA/HGMMA/IGMMA/QGMMA on NVIDIA, v_mfma and v_wmma on AMD).
+Everything is counted per 64 KFLOP (or integer op) of matrix work per warp: one
+m16n8k16 HMMA is 4 KFLOP, an m16n8k32 IMMA 8, an MFMA or WMMA MxNxK 2*M*N*K / 1
+(16x16x16: 8 KFLOP), a warpgroup instruction m64nNkK (4 warps) 2*64*N*K / 4 per warp.
+AMD's gfx11/gfx12 spellings count as their gfx9 ones (`ds_load`/`ds_store` as
+`ds_read`/`ds_write`, `global_load_b128` as 128 bits, gfx12's `s_barrier_wait` as a
+barrier).
 
     python3 loops.py kernel.cubin        # SASS through cuobjdump -sass
     python3 loops.py kernel.s            # AMDGCN assembly (llc / Triton's amdgcn)
@@ -94,7 +97,7 @@ def nv_metrics(cubin: Path) -> dict:
 
 
 def mfma_flop(ins: str) -> float:
-    m = re.match(r"v_mfma_\w+?_(\d+)x(\d+)x(\d+)", ins)
+    m = re.match(r"v_(?:mfma|wmma)_\w+?_(\d+)x(\d+)x(\d+)", ins)
     return 2.0 * int(m.group(1)) * int(m.group(2)) * int(m.group(3)) if m else 0.0
 
 
@@ -128,17 +131,18 @@ def amd_metrics(asm: Path) -> dict:
     body = lines[lo : hi + 1]
     ops = [x.split()[0] for x in body]
     glds = [o for o in ops if o.startswith(("global_load", "buffer_load"))]
-    wbits = {"dword": 32, "dwordx2": 64, "dwordx3": 96, "dwordx4": 128, "ushort": 16, "short_d16": 16}
+    wbits = {"dword": 32, "dwordx2": 64, "dwordx3": 96, "dwordx4": 128, "ushort": 16, "short_d16": 16,
+             "b32": 32, "b64": 64, "b96": 96, "b128": 128, "u16": 16, "d16_b16": 16}
     width = lambda o: next((v for k, v in sorted(wbits.items(), key=lambda kv: -len(kv[0])) if o.endswith(k)), 32)
     raw = {
         "instructions": len(body),
-        "barriers": sum(o == "s_barrier" for o in ops),
-        "shared_stores": sum(o.startswith("ds_write") for o in ops),
-        "shared_loads": sum(o.startswith("ds_read") for o in ops),
+        "barriers": sum(o in ("s_barrier", "s_barrier_wait") for o in ops),
+        "shared_stores": sum(o.startswith(("ds_write", "ds_store")) for o in ops),
+        "shared_loads": sum(o.startswith(("ds_read", "ds_load")) for o in ops),
         "global_loads": len(glds),
         "spills": sum("scratch_" in o or o.startswith("buffer_store_dword") and "off" in o for o in ops),
         "exec_branches": sum(o.startswith(("s_and_saveexec", "s_cbranch_execz")) for o in ops),
-        "matrix": sum(o.startswith("v_mfma") for o in ops),
+        "matrix": sum(o.startswith(("v_mfma", "v_wmma")) for o in ops),
     }
     out = {k: round(v * UNIT / flop, 2) for k, v in raw.items()}
     out["global_load_bits"] = round(sum(width(o) for o in glds) / len(glds), 1) if glds else 0

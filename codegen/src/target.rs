@@ -37,6 +37,15 @@ pub enum EmuFlavor {
     /// Warp 32 and the Hopper warpgroup instructions (`wgmma` from shared-memory
     /// descriptors): the layout decisions of sm_90a.
     Sm90a,
+    /// Wave 64 and gfx950's double-`k` MFMA (`v_mfma_f32_16x16x32_f16`,
+    /// `..._32x32x16_f16`): the layout decisions of gfx950 (MI350X/MI355X).
+    Gfx950,
+    /// Wave 32 and RDNA3's WMMA (`v_wmma_f32_16x16x16_f16`, A and B replicated in
+    /// both halves of the wave): the layout decisions of gfx1100.
+    Gfx1100,
+    /// Wave 32 and RDNA4's WMMA (eight elements of A and B per lane): the layout
+    /// decisions of gfx1200/gfx1201.
+    Gfx1200,
 }
 
 impl EmuFlavor {
@@ -46,8 +55,33 @@ impl EmuFlavor {
             EmuFlavor::Nv => Target::nvptx(80),
             EmuFlavor::Amd => Target::Amdgpu(AmdArch::Gfx942),
             EmuFlavor::Sm90a => Target::SM90A,
+            EmuFlavor::Gfx950 => Target::Amdgpu(AmdArch::Gfx950),
+            EmuFlavor::Gfx1100 => Target::Amdgpu(AmdArch::Gfx1100),
+            EmuFlavor::Gfx1200 => Target::Amdgpu(AmdArch::Gfx1200),
         }
     }
+
+    /// Its name, as `TESSERA_DEVICE` and `--target` spell it.
+    pub fn name(self) -> &'static str {
+        match self {
+            EmuFlavor::Nv => "emu-nv",
+            EmuFlavor::Amd => "emu-amd",
+            EmuFlavor::Sm90a => "emu-sm90a",
+            EmuFlavor::Gfx950 => "emu-gfx950",
+            EmuFlavor::Gfx1100 => "emu-gfx1100",
+            EmuFlavor::Gfx1200 => "emu-gfx1200",
+        }
+    }
+
+    /// Every flavour.
+    pub const ALL: [EmuFlavor; 6] = [
+        EmuFlavor::Nv,
+        EmuFlavor::Amd,
+        EmuFlavor::Sm90a,
+        EmuFlavor::Gfx950,
+        EmuFlavor::Gfx1100,
+        EmuFlavor::Gfx1200,
+    ];
 }
 
 /// AMD GPU architectures Tessera knows.
@@ -57,8 +91,15 @@ pub enum AmdArch {
     Gfx90a,
     /// CDNA3 (MI300), wave64, MFMA.
     Gfx942,
-    /// RDNA3 (RX 7900), wave32, WMMA (Tessera uses the FMA path there).
+    /// CDNA4 (MI350X/MI355X), wave64, MFMA with twice the `k` per instruction, 160 KiB
+    /// of LDS.
+    Gfx950,
+    /// RDNA3 (RX 7900), wave32, WMMA.
     Gfx1100,
+    /// RDNA4 (RX 9070 XT), wave32, WMMA with eight elements of A and B per lane.
+    Gfx1200,
+    /// RDNA4 (RX 9070 non-XT and others): gfx1200's instruction set.
+    Gfx1201,
 }
 
 impl AmdArch {
@@ -67,7 +108,38 @@ impl AmdArch {
         match self {
             AmdArch::Gfx90a => "gfx90a",
             AmdArch::Gfx942 => "gfx942",
+            AmdArch::Gfx950 => "gfx950",
             AmdArch::Gfx1100 => "gfx1100",
+            AmdArch::Gfx1200 => "gfx1200",
+            AmdArch::Gfx1201 => "gfx1201",
+        }
+    }
+
+    /// Every AMD architecture Tessera compiles for.
+    pub const ALL: [AmdArch; 6] = [
+        AmdArch::Gfx90a,
+        AmdArch::Gfx942,
+        AmdArch::Gfx950,
+        AmdArch::Gfx1100,
+        AmdArch::Gfx1200,
+        AmdArch::Gfx1201,
+    ];
+
+    /// RDNA (gfx11, gfx12): wave 32 and WMMA; CDNA (gfx9) is wave 64 and MFMA.
+    pub fn is_rdna(self) -> bool {
+        matches!(self, AmdArch::Gfx1100 | AmdArch::Gfx1200 | AmdArch::Gfx1201)
+    }
+
+    /// RDNA4 (gfx12): its WMMA takes eight elements of A and B per lane.
+    pub fn is_gfx12(self) -> bool {
+        matches!(self, AmdArch::Gfx1200 | AmdArch::Gfx1201)
+    }
+
+    /// Bytes of LDS one workgroup may use: 160 KiB on gfx950, 64 KiB elsewhere.
+    pub fn lds_bytes(self) -> u32 {
+        match self {
+            AmdArch::Gfx950 => 160 * 1024,
+            _ => 64 * 1024,
         }
     }
 
@@ -77,33 +149,52 @@ impl AmdArch {
     /// This table is the one place to change it per target.
     pub fn code_object_version(self) -> u32 {
         match self {
-            AmdArch::Gfx90a | AmdArch::Gfx942 | AmdArch::Gfx1100 => 5,
+            AmdArch::Gfx90a
+            | AmdArch::Gfx942
+            | AmdArch::Gfx950
+            | AmdArch::Gfx1100
+            | AmdArch::Gfx1200
+            | AmdArch::Gfx1201 => 5,
         }
     }
 }
 
 /// Every target the test suite validates.
-pub const ALL_TARGETS: [Target; 6] = [
+pub const ALL_TARGETS: [Target; 8] = [
     Target::nvptx(80),
     Target::nvptx(90),
     Target::SM90A,
     Target::Amdgpu(AmdArch::Gfx90a),
     Target::Amdgpu(AmdArch::Gfx942),
+    Target::Amdgpu(AmdArch::Gfx950),
     Target::Amdgpu(AmdArch::Gfx1100),
+    Target::Amdgpu(AmdArch::Gfx1200),
 ];
 
 /// The two vendor flavors of the SIMT emulator (not GPU targets: kept out of
-/// [`ALL_TARGETS`]); [`EmuFlavor::Sm90a`] is run where a kernel has a `dot`.
+/// [`ALL_TARGETS`]); [`EmuFlavor::Sm90a`] and the newer AMD ones
+/// ([`EMU_MATRIX_FLAVORS`]) are run where a kernel has a `dot`.
 pub const EMU_TARGETS: [Target; 2] = [Target::Emu(EmuFlavor::Nv), Target::Emu(EmuFlavor::Amd)];
+
+/// The flavours that differ from [`EMU_TARGETS`] only in their matrix instructions
+/// (and what follows from them: layouts, shared-memory arrays), run where a kernel
+/// has a `dot`: sm_90a's `wgmma`, gfx950's MFMA, RDNA3's and RDNA4's WMMA.
+pub const EMU_MATRIX_FLAVORS: [EmuFlavor; 4] = [
+    EmuFlavor::Sm90a,
+    EmuFlavor::Gfx950,
+    EmuFlavor::Gfx1100,
+    EmuFlavor::Gfx1200,
+];
 
 /// The Hopper emulator flavor, `emu-sm90a`.
 pub const EMU_SM90A: Target = Target::Emu(EmuFlavor::Sm90a);
 
 /// A target name that is not one of `sm_80`, `sm_86`, `sm_89`, `sm_90`, `sm_90a`,
-/// `gfx90a`, `gfx942`, `gfx1100`, `emu-nv`, `emu-amd`, `emu-sm90a`.
+/// `gfx90a`, `gfx942`, `gfx950`, `gfx1100`, `gfx1200`, `gfx1201`, or an emulator
+/// flavour ([`EmuFlavor::name`]).
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "unknown target `{0}` (expected sm_80, sm_86, sm_89, sm_90, sm_90a, gfx90a, gfx942, gfx1100, emu-nv, emu-amd or emu-sm90a)"
+    "unknown target `{0}` (expected sm_80, sm_86, sm_89, sm_90, sm_90a, gfx90a, gfx942, gfx950, gfx1100, gfx1200, gfx1201, emu-nv, emu-amd, emu-sm90a, emu-gfx950, emu-gfx1100 or emu-gfx1200)"
 )]
 pub struct UnknownTarget(pub String);
 
@@ -116,13 +207,17 @@ impl FromStr for Target {
             "sm_89" => Ok(Target::nvptx(89)),
             "sm_90" => Ok(Target::nvptx(90)),
             "sm_90a" => Ok(Target::SM90A),
-            "gfx90a" => Ok(Target::Amdgpu(AmdArch::Gfx90a)),
-            "gfx942" => Ok(Target::Amdgpu(AmdArch::Gfx942)),
-            "gfx1100" => Ok(Target::Amdgpu(AmdArch::Gfx1100)),
-            "emu-nv" => Ok(Target::Emu(EmuFlavor::Nv)),
-            "emu-amd" => Ok(Target::Emu(EmuFlavor::Amd)),
-            "emu-sm90a" => Ok(EMU_SM90A),
-            _ => Err(UnknownTarget(s.to_string())),
+            _ => AmdArch::ALL
+                .into_iter()
+                .find(|a| a.name() == s)
+                .map(Target::Amdgpu)
+                .or_else(|| {
+                    EmuFlavor::ALL
+                        .into_iter()
+                        .find(|f| f.name() == s)
+                        .map(Target::Emu)
+                })
+                .ok_or_else(|| UnknownTarget(s.to_string())),
         }
     }
 }
@@ -134,9 +229,7 @@ impl fmt::Display for Target {
                 write!(f, "sm_{sm}{}", if *arch_specific { "a" } else { "" })
             }
             Target::Amdgpu(a) => f.write_str(a.name()),
-            Target::Emu(EmuFlavor::Nv) => f.write_str("emu-nv"),
-            Target::Emu(EmuFlavor::Amd) => f.write_str("emu-amd"),
-            Target::Emu(EmuFlavor::Sm90a) => f.write_str("emu-sm90a"),
+            Target::Emu(e) => f.write_str(e.name()),
         }
     }
 }
@@ -195,7 +288,8 @@ impl Target {
     /// Threads per warp (wavefront): 32 on NVIDIA and RDNA, 64 on CDNA.
     pub fn warp_size(self) -> u32 {
         match self {
-            Target::Nvptx { .. } | Target::Amdgpu(AmdArch::Gfx1100) => 32,
+            Target::Nvptx { .. } => 32,
+            Target::Amdgpu(a) if a.is_rdna() => 32,
             Target::Amdgpu(_) => 64,
             Target::Emu(f) => f.imitates().warp_size(),
         }
@@ -224,19 +318,18 @@ impl Target {
     pub fn features(self) -> &'static str {
         match self {
             Target::Nvptx { .. } => "+ptx80",
-            Target::Amdgpu(AmdArch::Gfx1100) => "+wavefrontsize32",
+            Target::Amdgpu(a) if a.is_rdna() => "+wavefrontsize32",
             Target::Amdgpu(_) => "+wavefrontsize64",
             Target::Emu(_) => "",
         }
     }
 
-    /// True when `dot` on f16/bf16 can use the matrix units: `mma.sync` (sm_80+) or
-    /// MFMA (CDNA); the emulator emulates them.
+    /// True when `dot` on f16/bf16 can use the matrix units: `mma.sync` (sm_80+),
+    /// MFMA (CDNA) or WMMA (RDNA3, RDNA4); the emulator emulates them.
     pub fn has_matrix_units(self) -> bool {
         match self {
             Target::Nvptx { sm, .. } => sm >= 80,
-            Target::Amdgpu(a) => matches!(a, AmdArch::Gfx90a | AmdArch::Gfx942),
-            Target::Emu(_) => true,
+            Target::Amdgpu(_) | Target::Emu(_) => true,
         }
     }
 
@@ -260,7 +353,7 @@ impl Target {
             Target::Nvptx { sm: 86 | 89, .. } => 101_376,
             Target::Nvptx { sm, .. } if sm >= 90 => 232_448,
             Target::Nvptx { .. } => NVIDIA_STATIC_SHARED_BYTES,
-            Target::Amdgpu(_) => 64 * 1024,
+            Target::Amdgpu(a) => a.lds_bytes(),
             Target::Emu(f) => f.imitates().shared_memory_limit(),
         }
     }
@@ -292,9 +385,19 @@ mod tests {
 
     #[test]
     fn names_round_trip() {
-        for t in ALL_TARGETS.into_iter().chain(EMU_TARGETS) {
+        for t in ALL_TARGETS
+            .into_iter()
+            .chain(AmdArch::ALL.map(Target::Amdgpu))
+            .chain(EmuFlavor::ALL.map(Target::Emu))
+        {
             assert_eq!(t.to_string().parse::<Target>(), Ok(t));
         }
+        assert_eq!(Target::Amdgpu(AmdArch::Gfx1200).warp_size(), 32);
+        assert_eq!(Target::Emu(EmuFlavor::Gfx950).warp_size(), 64);
+        assert_eq!(
+            Target::Amdgpu(AmdArch::Gfx950).shared_memory_limit(),
+            163_840
+        );
         assert_eq!(Target::Emu(EmuFlavor::Nv).warp_size(), 32);
         assert_eq!(Target::Emu(EmuFlavor::Amd).warp_size(), 64);
         assert!("sm_70".parse::<Target>().is_err());

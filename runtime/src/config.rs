@@ -38,7 +38,7 @@ pub struct Variable {
 pub const VARIABLES: &[Variable] = &[
     Variable {
         name: "TESSERA_DEVICE",
-        accepts: "`cpu`, `interp`, `emu-nv`, `emu-amd`, `emu-sm90a`, `cuda[:N]`, `hip[:N]`",
+        accepts: "`cpu`, `interp`, `emu-nv`, `emu-amd`, `emu-sm90a`, `emu-gfx950`, `emu-gfx1100`, `emu-gfx1200`, `cuda[:N]`, `hip[:N]`",
         meaning: "the device of `Device::best()` (default: CUDA device 0, else HIP device 0, else the CPU; `interp` is the reference interpreter)",
     },
     Variable {

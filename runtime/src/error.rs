@@ -82,7 +82,9 @@ pub enum Error {
     #[error("{0}")]
     Usage(String),
     /// `TESSERA_DEVICE` names no known device.
-    #[error("unknown device `{0}` (expected one of: cpu, emu-nv, emu-amd, cuda, hip)")]
+    #[error(
+        "unknown device `{0}` (expected one of: cpu, interp, emu-nv, emu-amd, emu-sm90a, emu-gfx950, emu-gfx1100, emu-gfx1200, cuda[:N], hip[:N])"
+    )]
     UnknownDevice(String),
     /// The requested device exists in Tessera's vocabulary but cannot be used here.
     #[error("device `{device}` is not available: {reason}")]

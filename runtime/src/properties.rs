@@ -26,33 +26,66 @@ pub enum EmuKind {
     Amd,
     /// Warp 32 and the Hopper warpgroup instructions, `wgmma` (as for sm_90a).
     Sm90a,
+    /// Wave 64 and gfx950's double-`k` MFMA (as for MI350X/MI355X).
+    Gfx950,
+    /// Wave 32 and RDNA3's WMMA (as for gfx1100).
+    Gfx1100,
+    /// Wave 32 and RDNA4's WMMA (as for gfx1200/gfx1201).
+    Gfx1200,
 }
 
 impl EmuKind {
+    /// Every kind, in the order of their device ordinals.
+    pub const ALL: [EmuKind; 6] = [
+        EmuKind::Nv,
+        EmuKind::Amd,
+        EmuKind::Sm90a,
+        EmuKind::Gfx950,
+        EmuKind::Gfx1100,
+        EmuKind::Gfx1200,
+    ];
+
     /// The device name, as `TESSERA_DEVICE` spells it.
     pub fn name(self) -> &'static str {
         match self {
             EmuKind::Nv => "emu-nv",
             EmuKind::Amd => "emu-amd",
             EmuKind::Sm90a => "emu-sm90a",
+            EmuKind::Gfx950 => "emu-gfx950",
+            EmuKind::Gfx1100 => "emu-gfx1100",
+            EmuKind::Gfx1200 => "emu-gfx1200",
         }
+    }
+
+    /// Its index among the emulator's kinds (the device's ordinal).
+    pub fn ordinal(self) -> usize {
+        EmuKind::ALL.iter().position(|&k| k == self).unwrap_or(0)
+    }
+
+    /// Whether it imitates an AMD GPU.
+    pub fn is_amd(self) -> bool {
+        !matches!(self, EmuKind::Nv | EmuKind::Sm90a)
     }
 
     /// Threads per warp of the GPU it imitates.
     pub fn warp_size(self) -> u32 {
         match self {
-            EmuKind::Nv | EmuKind::Sm90a => 32,
-            EmuKind::Amd => 64,
+            EmuKind::Nv | EmuKind::Sm90a | EmuKind::Gfx1100 | EmuKind::Gfx1200 => 32,
+            EmuKind::Amd | EmuKind::Gfx950 => 64,
         }
     }
 
     /// Multiprocessors of the GPU it imitates: an H100 SXM's 132 SMs, an MI300X's
-    /// 304 CUs. The emulator runs any number of programs at once; this is the
+    /// 304 CUs, an MI355X's 256, an RX 7900 XTX's 96 (48 WGPs of two CUs), an RX
+    /// 9070 XT's 64. The emulator runs any number of programs at once; this is the
     /// budget its residency check holds a waiting kernel to, as on that GPU.
     pub fn multiprocessors(self) -> u32 {
         match self {
             EmuKind::Nv | EmuKind::Sm90a => 132,
             EmuKind::Amd => 304,
+            EmuKind::Gfx950 => 256,
+            EmuKind::Gfx1100 => 96,
+            EmuKind::Gfx1200 => 64,
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tessera::codegen::CompileOptions;
 use tessera::codegen::emu::{self, EmuWorld};
-use tessera::codegen::target::EmuFlavor;
+use tessera::codegen::target::{EmuFlavor, Target};
 use tessera::ir::ScalarType;
 use tessera::ir::interp::{HostBuffer, HostMemory, KernelArg, ctrl};
 use tessera::prelude::*;
@@ -73,10 +73,7 @@ pub fn ring_world(flavor: EmuFlavor, ranks: usize, blocks: usize) -> Result<Dura
     if ranks == 0 || blocks == 0 {
         return Err(format!("{ranks} ranks x {blocks} blocks"));
     }
-    let num_warps = match flavor {
-        EmuFlavor::Nv | EmuFlavor::Sm90a => 8,
-        EmuFlavor::Amd => 4,
-    };
+    let num_warps = 256 / Target::Emu(flavor).warp_size();
     let f = tessera::kernel_ir::<ring_after_barrier<B>>(&()).map_err(|e| e.to_string())?;
     let elems = blocks * B;
     let ctrl_bytes = ctrl::WORDS * 8;

@@ -195,23 +195,20 @@ fn ptx_assembles_without_spills() {
 #[path = "../../examples/aot_jobs.rs"]
 mod aot_jobs;
 
-/// Every kernel the `aot` example compiles (its job list, `examples/aot_jobs.rs`),
-/// as it compiles them by default (each job's warps, else the default; launches
-/// specialized as all-divisible), for every NVIDIA target it takes: the PTX
-/// assembles with no register spills (the fp8 128x128x128 GEMM included, whose f16
-/// operand tiles once spilled on sm_80, sm_86 and sm_90).
-#[test]
-fn every_aot_kernel_assembles_without_spills_on_every_nvidia_target() {
+/// Compiles every kernel the `aot` example compiles (its job list,
+/// `examples/aot_jobs.rs`) as it compiles them by default (each job's warps, else the
+/// default; launches specialized as all-divisible) for each of `targets`, one thread
+/// per target, and gives each artifact to `check`; returns every failure.
+fn each_aot_kernel(
+    targets: &[Target],
+    check: impl Fn(&str, Target, &Artifact) -> Vec<String> + Sync,
+) -> Vec<String> {
     use tessera::aot::Specialization;
-    let targets: Vec<Target> = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
-        .iter()
-        .map(|t| t.parse().expect("a target"))
-        .collect();
-    // One thread per target: about 150 kernels, compiled and assembled.
-    let failures: Vec<String> = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let runs: Vec<_> = targets
             .iter()
             .map(|&target| {
+                let check = &check;
                 s.spawn(move || {
                     let mut failures = Vec::new();
                     for (name, warps, compile, _, _) in aot_jobs::JOBS {
@@ -219,26 +216,8 @@ fn every_aot_kernel_assembles_without_spills_on_every_nvidia_target() {
                             num_warps: warps.unwrap_or(CompileOptions::default().num_warps),
                             ..CompileOptions::default()
                         };
-                        let art = match compile(&Specialization::AllDivisible, target, &opts) {
-                            Ok(art) => art,
-                            Err(e) => {
-                                failures.push(format!("{name} {target}: {e}"));
-                                continue;
-                            }
-                        };
-                        match tools::ptxas(ptx(&art), &target.to_string()) {
-                            Ok(r) => {
-                                println!(
-                                    "{name} {target}: {} registers, {} B smem, spills {}/{} B",
-                                    r.registers,
-                                    r.shared_bytes,
-                                    r.spill_stores_bytes,
-                                    r.spill_loads_bytes
-                                );
-                                if r.spill_stores_bytes + r.spill_loads_bytes != 0 {
-                                    failures.push(format!("{name} {target} spills:\n{}", r.log));
-                                }
-                            }
+                        match compile(&Specialization::AllDivisible, target, &opts) {
+                            Ok(art) => failures.extend(check(name, target, &art)),
                             Err(e) => failures.push(format!("{name} {target}: {e}")),
                         }
                     }
@@ -249,6 +228,90 @@ fn every_aot_kernel_assembles_without_spills_on_every_nvidia_target() {
         runs.into_iter()
             .flat_map(|r| r.join().expect("a target's thread"))
             .collect()
+    })
+}
+
+/// Every kernel the `aot` example compiles, for every NVIDIA target it takes: the PTX
+/// assembles with no register spills (the fp8 128x128x128 GEMM included, whose f16
+/// operand tiles once spilled on sm_80, sm_86 and sm_90).
+#[test]
+fn every_aot_kernel_assembles_without_spills_on_every_nvidia_target() {
+    let targets: Vec<Target> = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
+        .iter()
+        .map(|t| t.parse().expect("a target"))
+        .collect();
+    // About 250 kernels, compiled and assembled.
+    let failures = each_aot_kernel(&targets, |name, target, art| {
+        match tools::ptxas(ptx(art), &target.to_string()) {
+            Ok(r) => {
+                println!(
+                    "{name} {target}: {} registers, {} B smem, spills {}/{} B",
+                    r.registers, r.shared_bytes, r.spill_stores_bytes, r.spill_loads_bytes
+                );
+                if r.spill_stores_bytes + r.spill_loads_bytes != 0 {
+                    vec![format!("{name} {target} spills:\n{}", r.log)]
+                } else {
+                    Vec::new()
+                }
+            }
+            Err(e) => vec![format!("{name} {target}: {e}")],
+        }
+    });
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Every kernel the `aot` example compiles, for every AMD target it takes (gfx950 and
+/// RDNA3/RDNA4 included: `aot --target gfx950`, `gfx1100`, `gfx1200` compile every
+/// example, collective and fused kernel): the code object links, is version 5, and
+/// uses no scratch memory (no spilled VGPRs) — but for the tiles in `WAVE32_SPILLS`
+/// on RDNA.
+#[test]
+fn every_aot_kernel_links_without_scratch_on_every_amd_target() {
+    /// The jobs whose warps were chosen for 64-lane waves (CDNA) and 32-lane warps with
+    /// one register fragment per operand (NVIDIA): on RDNA a warp has 32 lanes, so
+    /// each lane holds twice the accumulator of a CDNA lane, and RDNA3's WMMA takes
+    /// A and B whole in each half-wave (16 elements a lane, twice mma.sync's): they
+    /// need more than the 256 VGPRs a lane has. (The loop-table tiles, 128x128x32 on
+    /// 4 warps and 128x128x64 on 8, fit on RDNA4.)
+    const WAVE32_SPILLS: [(&str, &[AmdArch]); 4] = [
+        ("matmul_f16_128x128x32", &[AmdArch::Gfx1100]),
+        (
+            "matmul_f16_128x256x64",
+            &[AmdArch::Gfx1100, AmdArch::Gfx1200, AmdArch::Gfx1201],
+        ),
+        (
+            "attention_fwd_128x64",
+            &[AmdArch::Gfx1100, AmdArch::Gfx1200, AmdArch::Gfx1201],
+        ),
+        // (RDNA4 takes the bytes as they are; RDNA3 multiplies them as f16 tiles.)
+        ("matmul_fp8_bt_128x128x128", &[AmdArch::Gfx1100]),
+    ];
+    let targets = AmdArch::ALL.map(Target::Amdgpu);
+    let failures = each_aot_kernel(&targets, |name, target, art| {
+        let label = format!("{name} {target}");
+        let mut failures = Vec::new();
+        match tools::amdgpu_code_object_version(&art.binary) {
+            Ok(5) => {}
+            Ok(v) => failures.push(format!("{label}: code object v{v}")),
+            Err(e) => failures.push(format!("{label}: {e}")),
+        }
+        match tools::amdgpu_resources(&art.binary) {
+            Ok(res) => {
+                for r in res {
+                    println!("{label}: {r:?}");
+                    // (Spilled SGPRs go to VGPR lanes, not memory.)
+                    let spills = r.scratch_bytes + r.vgpr_spills != 0;
+                    let expected = WAVE32_SPILLS
+                        .iter()
+                        .any(|(n, a)| *n == name && a.iter().any(|&a| Target::Amdgpu(a) == target));
+                    if spills != expected {
+                        failures.push(format!("{label}: {r:?} (spills expected: {expected})"));
+                    }
+                }
+            }
+            Err(e) => failures.push(format!("{label}: {e}")),
+        }
+        failures
     });
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
@@ -257,7 +320,7 @@ fn every_aot_kernel_assembles_without_spills_on_every_nvidia_target() {
 fn hsaco_links_and_disassembles() {
     let mut failures = Vec::new();
     for (name, f) in KERNELS {
-        for arch in [AmdArch::Gfx90a, AmdArch::Gfx942, AmdArch::Gfx1100] {
+        for arch in AmdArch::ALL {
             let art = build(name, f, Target::Amdgpu(arch));
             let label = format!("{name} {}", arch.name());
             if !art.binary.starts_with(b"\x7fELF") {
@@ -380,7 +443,7 @@ fn comm_kernels_assemble_and_link() {
                 Err(e) => failures.push(format!("{name} {target}: {e}")),
             }
         }
-        for arch in [AmdArch::Gfx90a, AmdArch::Gfx942, AmdArch::Gfx1100] {
+        for arch in AmdArch::ALL {
             let art = build(name, f, Target::Amdgpu(arch));
             let label = format!("{name} {}", arch.name());
             match tools::amdgpu_disasm(&art.binary, arch) {
@@ -521,7 +584,7 @@ fn comm_snapshots() {
 fn every_hsaco_is_code_object_v5() {
     let mut failures = Vec::new();
     for (name, f) in KERNELS.iter().chain(COMM_KERNELS.iter()) {
-        for arch in [AmdArch::Gfx90a, AmdArch::Gfx942, AmdArch::Gfx1100] {
+        for arch in AmdArch::ALL {
             let art = build(name, *f, Target::Amdgpu(arch));
             let label = format!("{name} {}", arch.name());
             match tools::amdgpu_code_object_version(&art.binary) {
@@ -912,6 +975,119 @@ fn matmul_i8_uses_the_integer_matrix_units() {
             compile_ir(&f, Target::Amdgpu(arch), &CompileOptions::warps(4)).expect("compiles");
         let dis = tools::amdgpu_disasm(&art.binary, arch).expect("llvm-objdump");
         assert!(dis.contains(narrow), "{arch:?}: no {narrow}:\n{dis}");
+    }
+}
+
+/// The f16/bf16 GEMM and attention on AMD's newer matrix instructions, specialized as
+/// launches are, with no scratch and no spills: gfx950's double-`k` MFMA
+/// (`v_mfma_f32_32x32x16_*` where a 32x32 tile is there for every wave, else
+/// `v_mfma_f32_16x16x32_*`; none of gfx942's instructions), RDNA3's and RDNA4's
+/// `v_wmma_f32_16x16x16_*` on gfx1100 and gfx1200 (no FMA loop: no `v_fma_f32` /
+/// `v_fmac_f32` in the GEMMs' main loops); the 8-bit floats on gfx950's and RDNA4's
+/// own instructions. The cross-backend suite runs the same lowering on emu-gfx950,
+/// emu-gfx1100 and emu-gfx1200.
+#[test]
+fn newer_amd_targets_use_their_matrix_units() {
+    use tessera::ir::ParamFacts;
+    let spec = |f: std::sync::Arc<tessera::ir::Function>| {
+        let facts = vec![ParamFacts::new(true, true); f.params.len()];
+        tessera::ir::passes::specialize(&f, &facts)
+    };
+    let cases = [
+        (
+            "f16 64x64x64",
+            spec(kernel_ir::<matmul::matmul<f16, 64, 64, 64>>(&()).expect("builds")),
+            4,
+            "f16",
+            true,
+        ),
+        (
+            "bf16 128x128x64",
+            spec(kernel_ir::<matmul::matmul<bf16, 128, 128, 64>>(&()).expect("builds")),
+            8,
+            "bf16",
+            true,
+        ),
+        (
+            "f16 32x64x32",
+            spec(kernel_ir::<matmul::matmul<f16, 32, 64, 32>>(&()).expect("builds")),
+            4,
+            "f16",
+            false,
+        ),
+        (
+            // The example's tile (the shape the tuner starts from on every GPU).
+            "attention f16 64x64 d64",
+            spec(
+                kernel_ir::<tessera::attention::attention_fwd<f16, 64, 64, 64>>(&())
+                    .expect("builds"),
+            ),
+            4,
+            "f16",
+            true,
+        ),
+    ];
+    for (name, f, warps, ty, wide) in cases {
+        for arch in [AmdArch::Gfx950, AmdArch::Gfx1100, AmdArch::Gfx1200] {
+            let art = compile_ir(&f, Target::Amdgpu(arch), &CompileOptions::warps(warps))
+                .expect("compiles");
+            let dis = tools::amdgpu_disasm(&art.binary, arch).expect("llvm-objdump");
+            let count = |op: &str| {
+                dis.lines()
+                    .filter(|l| l.trim_start().starts_with(op))
+                    .count()
+            };
+            let label = format!("{name} {}", arch.name());
+            let want = match arch {
+                AmdArch::Gfx950 if wide => format!("v_mfma_f32_32x32x16_{ty}"),
+                AmdArch::Gfx950 => format!("v_mfma_f32_16x16x32_{ty}"),
+                _ => format!("v_wmma_f32_16x16x16_{ty}"),
+            };
+            assert!(count(&want) > 0, "{label}: no {want}:\n{dis}");
+            // None of gfx942's instructions where the double-`k` ones tile the product.
+            assert_eq!(count("v_mfma_f32_16x16x16"), 0, "{label}");
+            assert_eq!(count("v_mfma_f32_32x32x8"), 0, "{label}");
+            if !name.starts_with("attention") {
+                assert_eq!(
+                    count("v_fma_f32") + count("v_fmac_f32"),
+                    0,
+                    "{label}: an FMA loop"
+                );
+            }
+            for r in tools::amdgpu_resources(&art.binary).expect("llvm-readobj") {
+                assert_eq!(
+                    (r.scratch_bytes, r.vgpr_spills, r.sgpr_spills),
+                    (0, 0, 0),
+                    "{label}: {r:?}"
+                );
+            }
+        }
+    }
+    // The OCP 8-bit floats (A and Bᵀ given, both contiguous along k): gfx950's
+    // `v_mfma_f32_32x32x64_f8f6f4` (unscaled; a `k` of 64 or 128 takes these, else
+    // gfx942's `fp8_fp8` opcodes, read as OCP) and RDNA4's
+    // `v_wmma_f32_16x16x16_fp8_fp8` take the bytes as they are; RDNA3, without 8-bit
+    // WMMA, multiplies them as f16.
+    let fp8 =
+        spec(kernel_ir::<matmul_fp8::matmul_fp8_bt<F8E4M3, 64, 64, 64>>(&()).expect("builds"));
+    for (arch, want, not) in [
+        (
+            AmdArch::Gfx950,
+            "v_mfma_f32_32x32x64_f8f6f4",
+            "v_mfma_f32_32x32x16_f16",
+        ),
+        (
+            AmdArch::Gfx1200,
+            "v_wmma_f32_16x16x16_fp8_fp8",
+            "v_wmma_f32_16x16x16_f16",
+        ),
+        (AmdArch::Gfx1100, "v_wmma_f32_16x16x16_f16", "_fp8_fp8"),
+    ] {
+        let art =
+            compile_ir(&fp8, Target::Amdgpu(arch), &CompileOptions::warps(4)).expect("compiles");
+        let dis = tools::amdgpu_disasm(&art.binary, arch).expect("llvm-objdump");
+        assert!(dis.contains(want), "fp8 {arch:?}: no {want}:\n{dis}");
+        assert!(!dis.contains(not), "fp8 {arch:?}: {not}");
     }
 }
 

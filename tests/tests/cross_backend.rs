@@ -56,8 +56,10 @@ use tessera_tests::line_of;
 
 const FLAVORS: [EmuFlavor; 2] = [EmuFlavor::Nv, EmuFlavor::Amd];
 
-/// The flavors a kernel runs on: both vendors', and the Hopper one (`wgmma`) for a
-/// kernel with a `dot` (elsewhere it lowers as emu-nv does).
+/// The flavors a kernel runs on: both vendors', and for a kernel with a `dot` the
+/// ones that differ in their matrix instructions (`EMU_MATRIX_FLAVORS`: sm_90a's
+/// `wgmma`, gfx950's MFMA, RDNA3's and RDNA4's WMMA; elsewhere they lower as emu-nv
+/// and emu-amd do).
 fn flavors_for(f: &Function) -> Vec<EmuFlavor> {
     fn has_dot(r: &tessera::ir::ir::Region) -> bool {
         r.ops
@@ -66,7 +68,7 @@ fn flavors_for(f: &Function) -> Vec<EmuFlavor> {
     }
     let mut v = FLAVORS.to_vec();
     if has_dot(&f.body) {
-        v.push(EmuFlavor::Sm90a);
+        v.extend(tessera::codegen::target::EMU_MATRIX_FLAVORS);
     }
     v
 }

@@ -38,6 +38,42 @@
 //!   8.4, sm_89+): the fragments of the `.s8` form above, each byte an OCP 8-bit float
 //!   (E4M3: bias 7, no infinities, NaN `S.1111.111`; E5M2: bias 15, IEEE-like), C and D
 //!   four f32.
+//! - AMD gfx950 (CDNA4 ISA, "Matrix Arithmetic Instructions"; the matrix instruction
+//!   calculator) `v_mfma_f32_16x16x32_{f16,bf16}` and `v_mfma_f32_32x32x16_{f16,bf16}`:
+//!   each lane holds 8 elements of A and of B (four registers, two 16-bit elements
+//!   each, the first in the low half), C and D as in the gfx942 instructions of the
+//!   same M×N:
+//!   - 16x16x32: `A[lane % 16][8 * (lane / 16) + i]`, `B[8 * (lane / 16) + i][lane % 16]`;
+//!   - 32x32x16: `A[lane % 32][8 * (lane / 32) + i]`, `B[8 * (lane / 32) + i][lane % 32]`.
+//! - AMD RDNA3 (gfx11) `v_wmma_f32_16x16x16_{f16,bf16}` in wave32 (RDNA3 ISA, "Wave
+//!   Matrix Multiply Accumulate"; GPUOpen, "How to accelerate AI applications on RDNA
+//!   3 using WMMA"): each lane holds 16 elements of A and of B (eight registers), and
+//!   the two halves of the wave hold the same ones (lanes `16..32` repeat lanes
+//!   `0..16`; anything else is undefined, and reported here):
+//!   - A: `A[lane % 16][i]`; B: `B[i][lane % 16]`;
+//!   - C and D (eight f32 registers `v`): `C[2 * v + lane / 16][lane % 16]`.
+//! - AMD RDNA4 (gfx12) `v_wmma_f32_16x16x16_{f16,bf16}` in wave32 (RDNA4 ISA, "Wave
+//!   Matrix Multiply Accumulate"; AMD's matrix instruction calculator): each lane
+//!   holds 8 elements of A and of B (four registers), `k` interleaved between the
+//!   halves of the wave four at a time:
+//!   - A: `A[lane % 16][8 * (i / 4) + 4 * (lane / 16) + i % 4]`; B: `B[same k][lane % 16]`;
+//!   - C and D (eight f32 registers `v`): `C[v + 8 * (lane / 16)][lane % 16]`.
+//! - The OCP 8-bit float forms of these on gfx950 (`v_mfma_f32_{16x16x32,32x32x16}_
+//!   {fp8_fp8,bf8_bf8}`: gfx942's opcodes, which gfx950 reads as OCP E4M3/E5M2, not
+//!   FNUZ; LLVM's AMDGPU notes, MLIR's `hasOcpFp8`) and RDNA4
+//!   (`v_wmma_f32_16x16x16_{fp8_fp8,bf8_bf8}`): 8 bytes of A and of B per lane (two
+//!   registers, byte `i` at bits `8 (i % 4)` of register `i / 4`) at the places of
+//!   the 16-bit forms, but for RDNA4, whose 8-bit `k` are in order:
+//!   `A[lane % 16][8 * (lane / 16) + i]`.
+//! - AMD gfx950 `v_mfma_f32_{16x16x128,32x32x64}_f8f6f4` on E4M3/E5M2 (CDNA4 ISA; the
+//!   unscaled form of `v_mfma_scale_*`, its formats chosen by `cbsz`/`blgp`): 32
+//!   bytes of A and of B per lane (eight registers), in two runs of 16 `k`, C and D as
+//!   in the 16x16 and 32x32 instructions above:
+//!   - 16x16x128: `A[lane % 16][64 * (i / 16) + 16 * (lane / 16) + i % 16]`;
+//!   - 32x32x64: `A[lane % 32][32 * (i / 16) + 16 * (lane / 32) + i % 16]`;
+//!   - B: `B[same k][lane % 16 or 32]`. (A numbering of `k` that A and B share
+//!     leaves the product the same; it matters to the scaled forms, whose scales
+//!     cover blocks of 32 `k`, which Tessera does not use yet.)
 //!
 //! Integer products are exact; the sum and the addition of C wrap modulo 2^32 (the
 //! instructions without `.satfinite`).
@@ -300,6 +336,254 @@ pub fn amd_i8<const R: usize>(
         .collect()
 }
 
+/// The element types of the AMD matrix instructions after gfx942's ([`AmdMma`]): the
+/// 16-bit floats, and the OCP 8-bit floats gfx950 and RDNA4 take (gfx942's own
+/// 8-bit instructions read the FNUZ encodings; gfx950 and gfx12 read OCP's E4M3 and
+/// E5M2 with the same opcodes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmdElem {
+    /// IEEE binary16.
+    F16,
+    /// bfloat16.
+    Bf16,
+    /// OCP E4M3 (`fp8`).
+    E4M3,
+    /// OCP E5M2 (`bf8`).
+    E5M2,
+}
+
+impl AmdElem {
+    /// Every type, in the order of their kinds ([`AmdMma::kind`]).
+    pub const ALL: [AmdElem; 4] = [AmdElem::F16, AmdElem::Bf16, AmdElem::E4M3, AmdElem::E5M2];
+
+    /// Bits of one element.
+    pub fn bits(self) -> usize {
+        match self {
+            AmdElem::F16 | AmdElem::Bf16 => 16,
+            AmdElem::E4M3 | AmdElem::E5M2 => 8,
+        }
+    }
+
+    fn to_f32(self, bits: u32) -> f32 {
+        match self {
+            AmdElem::F16 => Half::F16.to_f32(bits as u16),
+            AmdElem::Bf16 => Half::Bf16.to_f32(bits as u16),
+            AmdElem::E4M3 => Fp8::E4M3.to_f32(bits as u8),
+            AmdElem::E5M2 => Fp8::E5M2.to_f32(bits as u8),
+        }
+    }
+}
+
+/// The AMD matrix instructions after gfx942's (gfx950's MFMA, RDNA's WMMA), one wave
+/// each, on the [`AmdElem`] types they take; layouts in the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AmdMma {
+    /// gfx950 `v_mfma_f32_16x16x32_{f16,bf16,fp8_fp8,bf8_bf8}` (wave 64).
+    Mfma16x16x32,
+    /// gfx950 `v_mfma_f32_32x32x16_{f16,bf16,fp8_fp8,bf8_bf8}` (wave 64).
+    Mfma32x32x16,
+    /// RDNA3 `v_wmma_f32_16x16x16_{f16,bf16}` (wave 32).
+    Wmma11,
+    /// RDNA4 `v_wmma_f32_16x16x16_{f16,bf16,fp8_fp8,bf8_bf8}` (wave 32).
+    Wmma12,
+    /// gfx950 `v_mfma_f32_16x16x128_f8f6f4` on E4M3 or E5M2 (wave 64).
+    Mfma16x16x128,
+    /// gfx950 `v_mfma_f32_32x32x64_f8f6f4` on E4M3 or E5M2 (wave 64).
+    Mfma32x32x64,
+}
+
+impl AmdMma {
+    /// Every instruction, in the order of their kinds ([`AmdMma::kind`]).
+    pub const ALL: [AmdMma; 6] = [
+        AmdMma::Mfma16x16x32,
+        AmdMma::Mfma32x32x16,
+        AmdMma::Wmma11,
+        AmdMma::Wmma12,
+        AmdMma::Mfma16x16x128,
+        AmdMma::Mfma32x32x64,
+    ];
+
+    /// Lanes of the wave that executes it.
+    pub fn lanes(self) -> usize {
+        match self {
+            AmdMma::Wmma11 | AmdMma::Wmma12 => 32,
+            _ => 64,
+        }
+    }
+
+    /// `(m, n, k)`.
+    pub fn shape(self) -> (usize, usize, usize) {
+        match self {
+            AmdMma::Mfma16x16x32 => (16, 16, 32),
+            AmdMma::Mfma32x32x16 => (32, 32, 16),
+            AmdMma::Wmma11 | AmdMma::Wmma12 => (16, 16, 16),
+            AmdMma::Mfma16x16x128 => (16, 16, 128),
+            AmdMma::Mfma32x32x64 => (32, 32, 64),
+        }
+    }
+
+    /// Elements of A (and of B) per lane.
+    pub fn per_lane(self) -> usize {
+        match self {
+            AmdMma::Wmma11 => 16,
+            AmdMma::Mfma16x16x128 | AmdMma::Mfma32x32x64 => 32,
+            _ => 8,
+        }
+    }
+
+    /// `.b32` registers of A (and of B) per lane on `e`.
+    pub fn words(self, e: AmdElem) -> usize {
+        self.per_lane() * e.bits() / 32
+    }
+
+    /// f32 registers of C (and D) per lane.
+    pub fn c_regs(self) -> usize {
+        let (m, n, _) = self.shape();
+        m * n / self.lanes()
+    }
+
+    /// Whether the instruction exists on `e` (RDNA3 has no 8-bit float WMMA; the
+    /// `f8f6f4` ones take 8-bit floats only here).
+    pub fn takes(self, e: AmdElem) -> bool {
+        match self {
+            AmdMma::Wmma11 => e.bits() == 16,
+            AmdMma::Mfma16x16x128 | AmdMma::Mfma32x32x64 => e.bits() == 8,
+            _ => true,
+        }
+    }
+
+    /// The number the emulator's ABI gives the instruction on `e` (after the ones of
+    /// `tessera_emu_mma_words` 0 to 4).
+    pub fn kind(self, e: AmdElem) -> i32 {
+        let i = AmdMma::ALL.iter().position(|&x| x == self).unwrap_or(0) as i32;
+        let j = AmdElem::ALL.iter().position(|&x| x == e).unwrap_or(0) as i32;
+        5 + 4 * i + j
+    }
+
+    /// The instruction and type of [`AmdMma::kind`] `k`.
+    pub fn from_kind(k: i32) -> Option<(AmdMma, AmdElem)> {
+        let i = usize::try_from(k.checked_sub(5)?).ok()?;
+        let ins = *AmdMma::ALL.get(i / 4)?;
+        let e = AmdElem::ALL[i % 4];
+        ins.takes(e).then_some((ins, e))
+    }
+
+    /// `(row, k)` of A's element `i` in `lane` (and `(k, column)` of B's) on `e`.
+    fn a_at(self, e: AmdElem, lane: usize, i: usize) -> (usize, usize) {
+        match self {
+            AmdMma::Mfma16x16x32 => (lane % 16, 8 * (lane / 16) + i),
+            AmdMma::Mfma32x32x16 => (lane % 32, 8 * (lane / 32) + i),
+            AmdMma::Wmma11 => (lane % 16, i),
+            // RDNA4 interleaves the half-waves' `k` four at a time for 16-bit
+            // elements; 8-bit ones are in order.
+            AmdMma::Wmma12 if e.bits() == 16 => (lane % 16, 8 * (i / 4) + 4 * (lane / 16) + i % 4),
+            AmdMma::Wmma12 => (lane % 16, 8 * (lane / 16) + i),
+            // 32 bytes a lane, two runs of 16 `k`: the lane group's own 16 in each
+            // half of the `k` range.
+            AmdMma::Mfma16x16x128 => (lane % 16, 64 * (i / 16) + 16 * (lane / 16) + i % 16),
+            AmdMma::Mfma32x32x64 => (lane % 32, 32 * (i / 16) + 16 * (lane / 32) + i % 16),
+        }
+    }
+
+    /// `(row, column)` of C's register `v` in `lane`.
+    fn c_at(self, lane: usize, v: usize) -> (usize, usize) {
+        match self {
+            AmdMma::Mfma16x16x32 | AmdMma::Mfma16x16x128 => (4 * (lane / 16) + v, lane % 16),
+            AmdMma::Mfma32x32x16 | AmdMma::Mfma32x32x64 => {
+                (v % 4 + 4 * (lane / 32) + 8 * (v / 4), lane % 32)
+            }
+            AmdMma::Wmma11 => (2 * v + lane / 16, lane % 16),
+            AmdMma::Wmma12 => (v + 8 * (lane / 16), lane % 16),
+        }
+    }
+}
+
+/// One [`AmdMma`] instruction on `e` for one wave: every lane's A and B (its `.b32`
+/// registers, elements packed from the low bits up) and C give every lane's D. An
+/// element two lanes hold (RDNA3's repeated halves) must be the same in both; a lane
+/// with the wrong number of registers, or lanes that disagree, are an error.
+/// Products of these types are exact in f32; the sum is taken in increasing `k`,
+/// then C added.
+pub fn amd_mma(
+    ins: AmdMma,
+    e: AmdElem,
+    a: &[Vec<u32>],
+    b: &[Vec<u32>],
+    c: &[Vec<f32>],
+) -> Result<Vec<Vec<f32>>, String> {
+    let (m, n, k) = ins.shape();
+    let (lanes, per, regs) = (ins.lanes(), ins.per_lane(), ins.c_regs());
+    let words = ins.words(e);
+    if !ins.takes(e) {
+        return Err(format!("{ins:?} has no {e:?} form"));
+    }
+    if a.len() != lanes || b.len() != lanes || c.len() != lanes {
+        return Err(format!(
+            "{ins:?}: operands of {} lanes, not {lanes}",
+            a.len()
+        ));
+    }
+    if let Some(l) =
+        (0..lanes).find(|&l| a[l].len() != words || b[l].len() != words || c[l].len() != regs)
+    {
+        return Err(format!(
+            "{ins:?}: lane {l} has {} A, {} B and {} C registers, not {words}, {words} and {regs}",
+            a[l].len(),
+            b[l].len(),
+            c[l].len()
+        ));
+    }
+    let bits = e.bits();
+    let per_word = 32 / bits;
+    let mask = (1u32 << bits) - 1;
+    let elem = |w: &[u32], i: usize| (w[i / per_word] >> (bits * (i % per_word))) & mask;
+    // A[row][k] and B[k][col] (B's element `i` of `lane` is where A's would be, with
+    // the row read as B's column).
+    let mut am: Vec<Option<u32>> = vec![None; m * k];
+    let mut bm: Vec<Option<u32>> = vec![None; k * n];
+    for lane in 0..lanes {
+        for i in 0..per {
+            let (r, kk) = ins.a_at(e, lane, i);
+            for (name, slot, v) in [
+                ("A", &mut am[r * k + kk], elem(&a[lane], i)),
+                ("B", &mut bm[kk * n + r], elem(&b[lane], i)),
+            ] {
+                match *slot {
+                    Some(old) if old != v => {
+                        return Err(format!(
+                            "{ins:?}: lanes disagree on {name}'s element ({r}, {kk}) \
+                             (0x{old:x} and lane {lane}'s 0x{v:x}): the lanes that \
+                             hold the same element must hold the same value"
+                        ));
+                    }
+                    _ => *slot = Some(v),
+                }
+            }
+        }
+    }
+    let to_f32 = |x: Option<u32>| e.to_f32(x.unwrap_or(0));
+    let af: Vec<f32> = am.into_iter().map(to_f32).collect();
+    let bf: Vec<f32> = bm.into_iter().map(to_f32).collect();
+    let mut cm = vec![0.0f32; m * n];
+    for (lane, cl) in c.iter().enumerate() {
+        for (v, x) in cl.iter().enumerate() {
+            let (r, col) = ins.c_at(lane, v);
+            cm[r * n + col] = *x;
+        }
+    }
+    let d = product(&af, &bf, &cm, m, n, k);
+    Ok((0..lanes)
+        .map(|lane| {
+            (0..regs)
+                .map(|v| {
+                    let (r, col) = ins.c_at(lane, v);
+                    d[r * n + col]
+                })
+                .collect()
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -530,5 +814,151 @@ mod tests {
                 assert_eq!(d[lane][v], want, "lane {lane} item {v}");
             }
         }
+    }
+    /// The bits of `x` (small integers and halves, exact in every type) as `e`.
+    fn amd_bits(e: AmdElem, x: f32) -> u32 {
+        match e {
+            AmdElem::F16 => f16::from_f32(x).to_bits() as u32,
+            AmdElem::Bf16 => bf16::from_f32(x).to_bits() as u32,
+            AmdElem::E4M3 => tessera_ir::fp8::F8E4M3::from_f32(x).to_bits() as u32,
+            AmdElem::E5M2 => tessera_ir::fp8::F8E5M2::from_f32(x).to_bits() as u32,
+        }
+    }
+
+    /// Scatters A, B and C of the `(m, n, k)` product by the layouts written out in
+    /// the module docs (not [`AmdMma`]'s own maps), runs the instruction, and checks
+    /// every lane's D.
+    fn check_amd(
+        ins: AmdMma,
+        e: AmdElem,
+        a_at: impl Fn(usize, usize) -> (usize, usize),
+        c_at: impl Fn(usize, usize) -> (usize, usize),
+    ) {
+        let (m, n, k) = ins.shape();
+        let (lanes, per, regs) = (ins.lanes(), ins.per_lane(), ins.c_regs());
+        assert_eq!(regs * lanes, m * n);
+        let bits = e.bits();
+        let words = per * bits / 32;
+        let mut a = vec![vec![0u32; words]; lanes];
+        let mut b = vec![vec![0u32; words]; lanes];
+        let mut c = vec![vec![0f32; regs]; lanes];
+        let per_word = 32 / bits;
+        for lane in 0..lanes {
+            for i in 0..per {
+                let (r, kk) = a_at(lane, i);
+                let sh = bits * (i % per_word);
+                a[lane][i / per_word] |= amd_bits(e, val(r, kk, 1)) << sh;
+                b[lane][i / per_word] |= amd_bits(e, val(kk, r, 2)) << sh;
+            }
+            for v in 0..regs {
+                let (r, col) = c_at(lane, v);
+                c[lane][v] = val(r, col, 3);
+            }
+        }
+        let d = amd_mma(ins, e, &a, &b, &c).expect("the instruction");
+        for lane in 0..lanes {
+            for v in 0..regs {
+                let (r, col) = c_at(lane, v);
+                let want: f32 =
+                    (0..k).map(|p| val(r, p, 1) * val(p, col, 2)).sum::<f32>() + val(r, col, 3);
+                assert_eq!(d[lane][v], want, "{ins:?} {e:?} lane {lane} item {v}");
+            }
+        }
+        // Moving A's first element to the next place changes D.
+        let mut a2 = a.clone();
+        a2[0][0] = a[0][0].rotate_left(bits as u32);
+        let same = amd_mma(ins, e, &a2, &b, &c).map(|d2| d2 == d);
+        assert_ne!(
+            same,
+            Ok(true),
+            "{ins:?} {e:?}: a moved A element left D unchanged"
+        );
+    }
+
+    #[test]
+    fn gfx950_and_rdna_fragments_compute_the_matrix_product() {
+        for e in AmdElem::ALL {
+            check_amd(
+                AmdMma::Mfma16x16x32,
+                e,
+                |l, i| (l % 16, 8 * (l / 16) + i),
+                |l, v| (4 * (l / 16) + v, l % 16),
+            );
+            check_amd(
+                AmdMma::Mfma32x32x16,
+                e,
+                |l, i| (l % 32, 8 * (l / 32) + i),
+                |l, v| (v % 4 + 4 * (l / 32) + 8 * (v / 4), l % 32),
+            );
+            let gfx12_k = |l: usize, i: usize| {
+                if e.bits() == 16 {
+                    8 * (i / 4) + 4 * (l / 16) + i % 4
+                } else {
+                    8 * (l / 16) + i
+                }
+            };
+            check_amd(
+                AmdMma::Wmma12,
+                e,
+                |l, i| (l % 16, gfx12_k(l, i)),
+                |l, v| (v + 8 * (l / 16), l % 16),
+            );
+        }
+        for e in [AmdElem::E4M3, AmdElem::E5M2] {
+            check_amd(
+                AmdMma::Mfma16x16x128,
+                e,
+                |l, i| (l % 16, 64 * (i / 16) + 16 * (l / 16) + i % 16),
+                |l, v| (4 * (l / 16) + v, l % 16),
+            );
+            check_amd(
+                AmdMma::Mfma32x32x64,
+                e,
+                |l, i| (l % 32, 32 * (i / 16) + 16 * (l / 32) + i % 16),
+                |l, v| (v % 4 + 4 * (l / 32) + 8 * (v / 4), l % 32),
+            );
+        }
+        for e in [AmdElem::F16, AmdElem::Bf16] {
+            check_amd(
+                AmdMma::Wmma11,
+                e,
+                |l, i| (l % 16, i),
+                |l, v| (2 * v + l / 16, l % 16),
+            );
+        }
+        for ins in AmdMma::ALL {
+            for e in AmdElem::ALL {
+                let back = AmdMma::from_kind(ins.kind(e));
+                assert_eq!(back, ins.takes(e).then_some((ins, e)));
+            }
+        }
+        assert_eq!(AmdMma::from_kind(4), None);
+        assert_eq!(AmdMma::from_kind(29), None);
+    }
+
+    #[test]
+    fn fp8_formats_are_not_interchangeable() {
+        // E4M3 bytes read as E5M2 give another product: a swapped format is caught.
+        let ins = AmdMma::Mfma16x16x32;
+        let one = amd_bits(AmdElem::E4M3, 1.5);
+        let a = vec![vec![one * 0x0101_0101; 2]; 64];
+        let c = vec![vec![0f32; 4]; 64];
+        let d4 = amd_mma(ins, AmdElem::E4M3, &a, &a, &c).expect("e4m3");
+        let d5 = amd_mma(ins, AmdElem::E5M2, &a, &a, &c).expect("e5m2");
+        assert_eq!(d4[0][0], 32.0 * 1.5 * 1.5);
+        assert_ne!(d4, d5);
+        assert!(amd_mma(AmdMma::Wmma11, AmdElem::E4M3, &a, &a, &c).is_err());
+    }
+
+    #[test]
+    fn rdna3_halves_that_disagree_are_reported() {
+        let one = f16::from_f32(1.0).to_bits() as u32;
+        let a = vec![vec![one; 8]; 32];
+        let mut b = a.clone();
+        b[17][3] = 0; // lane 17 no longer repeats lane 1's B
+        let c = vec![vec![0f32; 8]; 32];
+        let e = amd_mma(AmdMma::Wmma11, AmdElem::F16, &a, &b, &c).expect_err("undefined");
+        assert!(e.contains("disagree on B"), "{e}");
+        assert!(amd_mma(AmdMma::Wmma11, AmdElem::F16, &a, &a, &c).is_ok());
     }
 }

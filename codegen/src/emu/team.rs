@@ -83,8 +83,9 @@ enum St {
 /// Named barrier ids (0 is the block barrier).
 pub const NAMED_BARRIERS: usize = 16;
 
-/// Words of exchange space per thread (an MFMA 32x32x8 deposits 24: A, B and C).
-pub const SLOT_WORDS: usize = 24;
+/// Words of exchange space per thread (gfx950's 8-bit `v_mfma_f32_32x32x64_f8f6f4`
+/// deposits 32: 8 registers of A, 8 of B and 16 of C).
+pub const SLOT_WORDS: usize = 32;
 
 /// The state of one block's threads.
 pub struct Team {

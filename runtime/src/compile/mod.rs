@@ -118,25 +118,20 @@ impl Compiled {
         Arc::clone(self.cpu_done[Self::cpu_slot(checks)].get_or_init(|| {
             let done = Arc::new(AtomicBool::new(false));
             let (this, flag) = (Arc::clone(self), Arc::clone(&done));
-            in_flight::begin();
-            let spawned = std::thread::Builder::new()
-                .name("tessera-cpu-compile".into())
-                .spawn(move || {
-                    // Below the launch's own threads, which the interpreter runs on
-                    // meanwhile (on Linux a thread's nice value is its own).
-                    #[cfg(target_os = "linux")]
-                    // SAFETY: `setpriority` reads no memory of ours; `who` 0 is this
-                    // thread. A failure only leaves the priority as it was.
-                    unsafe {
-                        libc::setpriority(libc::PRIO_PROCESS, 0, 10);
-                    }
-                    let _ = this.cpu_kernel(checks);
-                    flag.store(true, Ordering::Release);
-                    in_flight::end();
-                });
+            let spawned = in_flight::spawn("tessera-cpu-compile", move || {
+                // Below the launch's own threads, which the interpreter runs on
+                // meanwhile (on Linux a thread's nice value is its own).
+                #[cfg(target_os = "linux")]
+                // SAFETY: `setpriority` reads no memory of ours; `who` 0 is this
+                // thread. A failure only leaves the priority as it was.
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, 0, 10);
+                }
+                let _ = this.cpu_kernel(checks);
+                flag.store(true, Ordering::Release);
+            });
             if spawned.is_err() {
                 // No thread: the launch compiles when the interpreter stops.
-                in_flight::end();
                 done.store(true, Ordering::Release);
             }
             done
@@ -161,7 +156,9 @@ impl Compiled {
     }
 }
 
-/// The CPU compilations running in the background ([`Compiled::cpu_compiling`]).
+/// The LLVM work running in the background: CPU compilations
+/// ([`Compiled::cpu_compiling`]) and the CPU device's preparation
+/// (`Device::cpu`, which readies LLVM's host target and JIT on a thread of its own).
 ///
 /// A thread that started one waits, when it ends, until none is running (at most
 /// [`in_flight::AT_EXIT`]): for the main thread that is the process's exit, so a
@@ -173,7 +170,7 @@ impl Compiled {
 /// before any `atexit` handler, whereas a handler registered with `atexit` would
 /// run after the destructors of the statics LLVM creates while it compiles.
 #[cfg(feature = "jit")]
-mod in_flight {
+pub(crate) mod in_flight {
     use std::sync::{Condvar, Mutex};
     use std::time::{Duration, Instant};
 
@@ -207,17 +204,43 @@ mod in_flight {
         static GUARD: WaitAtEnd = const { WaitAtEnd };
     }
 
-    /// A background compilation starts (on behalf of this thread).
-    pub(super) fn begin() {
+    /// Background LLVM work starts (on behalf of this thread).
+    fn begin() {
         GUARD.with(|_| ());
         *RUNNING.lock().unwrap_or_else(|p| p.into_inner()) += 1;
     }
 
-    /// A background compilation has ended.
-    pub(super) fn end() {
+    /// Background LLVM work has ended.
+    fn end() {
         let mut n = RUNNING.lock().unwrap_or_else(|p| p.into_inner());
         *n = n.saturating_sub(1);
         ENDED.notify_all();
+    }
+
+    /// Ends the work of its thread when dropped, even by a panic.
+    struct End;
+
+    impl Drop for End {
+        fn drop(&mut self) {
+            end();
+        }
+    }
+
+    /// Runs `f` (LLVM work) on a thread of its own named `name`, running until `f`
+    /// returns or panics, which this thread's end (the process's exit, for the main
+    /// thread) waits for; an error, counting nothing, when no thread could start.
+    pub(crate) fn spawn(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        begin();
+        let spawned = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let _end = End;
+                f()
+            });
+        if spawned.is_err() {
+            end();
+        }
+        spawned.map(drop)
     }
 }
 

@@ -134,19 +134,20 @@ impl fmt::Debug for Device {
 /// process ([`tessera_codegen::cpu::prepare`]), so that a kernel whose compiled code
 /// is in the disk cache launches at once. The host CPU level is chosen first, as a
 /// launch would (an invalid `TESSERA_CPU_TARGET` is left for the launch to report).
+/// The calling thread's end (the process's exit, for `main`) waits for it: LLVM
+/// working while the exit runs LLVM's static destructors corrupts the heap (a
+/// program that only made `Device::cpu()` and returned died so, now and then).
 #[cfg(feature = "jit")]
 fn prepare_cpu() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let spawned = std::thread::Builder::new()
-            .name("tessera-cpu-prepare".into())
-            .spawn(|| {
-                if let Ok(config) = crate::config::get()
-                    && config.choose_host_cpu().is_ok()
-                {
-                    tessera_codegen::cpu::prepare();
-                }
-            });
+        let spawned = crate::compile::in_flight::spawn("tessera-cpu-prepare", || {
+            if let Ok(config) = crate::config::get()
+                && config.choose_host_cpu().is_ok()
+            {
+                tessera_codegen::cpu::prepare();
+            }
+        });
         if let Err(e) = spawned {
             log::debug!("not readying the CPU device ahead of its first launch: {e}");
         }
@@ -240,7 +241,8 @@ impl Device {
         out
     }
 
-    /// The device called `name`: `cpu`, `interp`, `emu-nv`, `emu-amd`, `emu-sm90a`,
+    /// The device called `name`: `cpu`, `interp`, an emulator ([`EmuKind::name`]:
+    /// `emu-nv`, `emu-amd`, `emu-sm90a`, `emu-gfx950`, `emu-gfx1100`, `emu-gfx1200`),
     /// `cuda`, `cuda:N`, `hip`, `hip:N`.
     pub fn by_name(name: &str) -> Result<Device, Error> {
         let (base, index) = match name.split_once(':') {
@@ -258,9 +260,10 @@ impl Device {
             ("interp", None) => Ok(Device::interp()),
             ("cuda", i) => Device::cuda(i.unwrap_or(0)),
             ("hip", i) => Device::hip(i.unwrap_or(0)),
-            ("emu-nv", None) => Device::emu(EmuKind::Nv),
-            ("emu-amd", None) => Device::emu(EmuKind::Amd),
-            ("emu-sm90a", None) => Device::emu(EmuKind::Sm90a),
+            (emu, None) if emu.starts_with("emu-") => EmuKind::ALL
+                .into_iter()
+                .find(|k| k.name() == emu)
+                .map_or_else(|| Err(Error::UnknownDevice(name.to_string())), Device::emu),
             _ => Err(Error::UnknownDevice(name.to_string())),
         }
     }
@@ -404,9 +407,8 @@ impl Device {
     /// Its index among the devices of its kind (0 for the CPU).
     pub fn ordinal(&self) -> usize {
         match &self.backend {
-            Backend::Cpu | Backend::Interp | Backend::Emu(EmuKind::Nv) => 0,
-            Backend::Emu(EmuKind::Amd) => 1,
-            Backend::Emu(EmuKind::Sm90a) => 2,
+            Backend::Cpu | Backend::Interp => 0,
+            Backend::Emu(k) => k.ordinal(),
             Backend::Gpu(g) => g.ordinal(),
         }
     }
@@ -416,13 +418,10 @@ impl Device {
         match self.kind() {
             DeviceKind::Cpu if matches!(self.backend, Backend::Interp) => "interp".into(),
             DeviceKind::Cpu => "cpu".into(),
-            DeviceKind::Emu => match self.ordinal() {
-                0 => EmuKind::Nv,
-                1 => EmuKind::Amd,
-                _ => EmuKind::Sm90a,
-            }
-            .name()
-            .into(),
+            DeviceKind::Emu => EmuKind::ALL
+                .get(self.ordinal())
+                .map_or("emu", |k| k.name())
+                .into(),
             DeviceKind::Cuda => format!("cuda:{}", self.ordinal()),
             DeviceKind::Hip => format!("hip:{}", self.ordinal()),
         }

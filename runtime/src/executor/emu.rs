@@ -32,13 +32,16 @@ impl Executor for Emu {
             EmuKind::Nv => EmuFlavor::Nv,
             EmuKind::Amd => EmuFlavor::Amd,
             EmuKind::Sm90a => EmuFlavor::Sm90a,
+            EmuKind::Gfx950 => EmuFlavor::Gfx950,
+            EmuKind::Gfx1100 => EmuFlavor::Gfx1100,
+            EmuKind::Gfx1200 => EmuFlavor::Gfx1200,
         };
         // Ranks on several (emulated) nodes: off-node peers through the vendor's
         // engine (the emulator implements its functions).
         let nodes = device.comm.as_ref().and_then(|c| c.nodes());
         let engine = match (spans_nodes(device), flavor) {
             (false, _) => CommEngine::Direct,
-            (true, EmuFlavor::Amd) => CommEngine::Rocshmem,
+            (true, _) if self.0.is_amd() => CommEngine::Rocshmem,
             (true, _) => CommEngine::Nvshmem,
         };
         let copts = CompileOptions {

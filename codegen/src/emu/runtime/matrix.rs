@@ -460,7 +460,7 @@ macro_rules! amd_entry {
 
 fn amd_mma32(ty: Half, ab: *const u32, cd: *mut f32, site: i32) {
     with((), |c| {
-        let mut dep = [0u64; 24];
+        let mut dep = [0u64; crate::emu::team::SLOT_WORDS];
         for (i, d) in dep.iter_mut().enumerate().take(8) {
             // SAFETY: the kernel passes its `[8 x i32]` slot.
             *d = unsafe { ab.add(i).read() } as u64;
@@ -488,10 +488,10 @@ fn amd_mma32(ty: Half, ab: *const u32, cd: *mut f32, site: i32) {
     })
 }
 
-/// `tessera_emu_mma_i8(kind, ab, a_words, cd, c_regs, site)`: see
-/// `lower::arch::emu::emit_mma_i8`. The instruction's shape follows from `kind`; a
+/// `tessera_emu_mma_words(kind, ab, a_words, cd, c_regs, site)`: see
+/// `lower::arch::emu::emit_mma_words`. The instruction's shape follows from `kind`; a
 /// slot of another size is an emulator error, not a guess.
-pub(super) extern "C" fn tessera_emu_mma_i8(
+pub(super) extern "C" fn tessera_emu_mma_words(
     kind: i32,
     ab: *const u32,
     a_words: i32,
@@ -499,11 +499,19 @@ pub(super) extern "C" fn tessera_emu_mma_i8(
     c_regs: i32,
     site: i32,
 ) {
+    let amd = mma::AmdMma::from_kind(kind);
     // (A words, B words, C registers) of each instruction.
-    let want: (usize, usize, usize) = match kind {
-        0 | 3 | 4 => (4, 2, 4),
-        1 => (2, 2, 4),
-        _ => (2, 2, 16),
+    let want: (usize, usize, usize) = match (kind, amd) {
+        (_, Some((ins, e))) => (ins.words(e), ins.words(e), ins.c_regs()),
+        (0 | 3 | 4, _) => (4, 2, 4),
+        (1, _) => (2, 2, 4),
+        (2, _) => (2, 2, 16),
+        _ => {
+            with((), |c| {
+                wg_fail(c, site, format!("no matrix instruction of kind {kind}"))
+            });
+            return;
+        }
     };
     let (na, nc) = (a_words.max(0) as usize, c_regs.max(0) as usize);
     if (na, nc) != (want.0, want.2) {
@@ -511,13 +519,15 @@ pub(super) extern "C" fn tessera_emu_mma_i8(
             wg_fail(
                 c,
                 site,
-                format!("i8 matrix instruction {kind} with {na} A registers and {nc} accumulators"),
+                format!("matrix instruction {kind} with {na} A registers and {nc} accumulators"),
             )
         });
         return;
     }
     let nab = want.0 + want.1;
     with((), |c| {
+        // An instruction given undefined input (the computing lane reports it).
+        let mut failed: Option<String> = None;
         let mut dep = [0u64; crate::emu::team::SLOT_WORDS];
         for (i, d) in dep.iter_mut().enumerate().take(nab) {
             // SAFETY: the kernel passes its `[a_words + b_words x i32]` slot.
@@ -541,8 +551,30 @@ pub(super) extern "C" fn tessera_emu_mma_i8(
                         }
                     }
                 };
-                let d: Vec<Vec<i32>> = match kind {
-                    3 | 4 => mma::nv_m16n8k32_f8(
+                let d: Vec<Vec<i32>> = match (kind, amd) {
+                    (_, Some((ins, e))) => {
+                        let words = |first: usize, n: usize| -> Vec<Vec<u32>> {
+                            (0..w.lanes())
+                                .map(|l| (0..n).map(|i| w.read(l, first + i) as u32).collect())
+                                .collect()
+                        };
+                        let (na, nc) = (want.0, want.2);
+                        let cs: Vec<Vec<f32>> = words(2 * na, nc)
+                            .into_iter()
+                            .map(|v| v.into_iter().map(f32::from_bits).collect())
+                            .collect();
+                        match mma::amd_mma(ins, e, &words(0, na), &words(na, na), &cs) {
+                            Ok(d) => d
+                                .iter()
+                                .map(|x| x.iter().map(|f| f.to_bits() as i32).collect())
+                                .collect(),
+                            Err(e) => {
+                                failed = Some(e);
+                                return;
+                            }
+                        }
+                    }
+                    (3 | 4, _) => mma::nv_m16n8k32_f8(
                         if kind == 3 {
                             mma::Fp8::E4M3
                         } else {
@@ -555,7 +587,7 @@ pub(super) extern "C" fn tessera_emu_mma_i8(
                     .iter()
                     .map(|x| x.iter().map(|f| f.to_bits() as i32).collect())
                     .collect(),
-                    0 => mma::nv_m16n8k32_s8(
+                    (0, _) => mma::nv_m16n8k32_s8(
                         &gather::<4, _>(w, 0, |x| x as u32),
                         &gather::<2, _>(w, 4, |x| x as u32),
                         &gather::<4, _>(w, 6, as_i32),
@@ -563,7 +595,7 @@ pub(super) extern "C" fn tessera_emu_mma_i8(
                     .iter()
                     .map(|x| x.to_vec())
                     .collect(),
-                    1 => mma::amd_i8::<4>(
+                    (1, _) => mma::amd_i8::<4>(
                         16,
                         &gather::<2, _>(w, 0, |x| x as u32),
                         &gather::<2, _>(w, 2, |x| x as u32),
@@ -585,6 +617,10 @@ pub(super) extern "C" fn tessera_emu_mma_i8(
                 scatter(&d);
             },
         );
+        if let Some(e) = failed {
+            wg_fail(c, site, e);
+            return;
+        }
         for (i, v) in r.iter().take(nc).enumerate() {
             // SAFETY: as above.
             unsafe { cd.add(i).write(*v as u32 as i32) };

@@ -47,12 +47,18 @@ impl Math for Amdgpu {
 
 impl Arch for Amdgpu {
     fn has_buffer_load(&self) -> bool {
-        matches!(self.arch, AmdArch::Gfx90a | AmdArch::Gfx942)
+        // Not on RDNA3: there the attention example's 64x64 tile (4 warps) spills 24
+        // VGPRs through buffer loads and none through global ones (RDNA4 and CDNA:
+        // none either way, and fewer instructions through buffer loads).
+        self.arch != AmdArch::Gfx1100
     }
 
     fn native_nan_max(&self) -> bool {
         // `v_maximum_f32` comes with gfx950 and gfx12.
-        false
+        matches!(
+            self.arch,
+            AmdArch::Gfx950 | AmdArch::Gfx1200 | AmdArch::Gfx1201
+        )
     }
 
     fn buffer_load<'ctx>(
@@ -69,7 +75,15 @@ impl Arch for Amdgpu {
         let bytes = crate::lower::type_size(ty);
         let word = buffer_word_type(cx, bytes)?;
         // Stride 0, `num_records` bytes; dword 3 as the GFX9 family wants it
-        // (DST_SEL_XYZW, 32-bit data format).
+        // (DST_SEL_XYZW, 32-bit data format), and on RDNA (gfx11, gfx12) the same
+        // format with RESOURCE_LEVEL 1 (bit 24) and OOB_SELECT 3 (bits 28-29: a raw
+        // buffer, out of range past `num_records`), the word Triton's AMD backend
+        // gives both.
+        let word3 = if self.arch.is_rdna() {
+            0x3102_7000
+        } else {
+            0x27000
+        };
         let rsrc = cx.call_intrinsic(
             "llvm.amdgcn.make.buffer.rsrc",
             &[p8.into(), base.get_type().into()],
@@ -80,7 +94,7 @@ impl Arch for Amdgpu {
                     .i64_type()
                     .const_int(num_records as u64, false)
                     .into(),
-                cx.i32(0x27000).into(),
+                cx.i32(word3).into(),
             ],
         )?;
         let v = cx.call_intrinsic(
@@ -213,7 +227,10 @@ impl Arch for Amdgpu {
     }
 
     fn mma(&self, input: ScalarType) -> Option<MmaInfo> {
-        Some(amd_mfma_16(self.mfma_per_lane(input)?))
+        if self.arch.is_rdna() {
+            return self.wmma(input);
+        }
+        Some(mfma_16(*self.mfma_per_lane(input).first()?))
     }
 
     fn mma_for(
@@ -224,19 +241,27 @@ impl Arch for Amdgpu {
         k: u32,
         num_warps: u32,
     ) -> Option<MmaInfo> {
-        let small = self.mma(input)?;
-        let wide = amd_mfma_32(self.mfma_per_lane(input)?);
-        // 32x32 tiles only when there is one for every wave (else the 16x16 ones keep
-        // more waves busy).
-        if m.is_multiple_of(32)
-            && n.is_multiple_of(32)
-            && k.is_multiple_of(wide.k)
-            && (m / 32) * (n / 32) >= num_warps
-        {
-            Some(wide)
-        } else {
-            Some(small)
+        if self.arch.is_rdna() {
+            return self.wmma(input);
         }
+        let pers = self.mfma_per_lane(input);
+        for &per in &pers {
+            let (small, wide) = (mfma_16(per), mfma_32(per));
+            // 32x32 tiles only when there is one for every wave (else the 16x16 ones
+            // keep more waves busy).
+            if m.is_multiple_of(32)
+                && n.is_multiple_of(32)
+                && k.is_multiple_of(wide.k)
+                && (m / 32) * (n / 32) >= num_warps
+            {
+                return Some(wide);
+            }
+            if k.is_multiple_of(small.k) {
+                return Some(small);
+            }
+        }
+        // No instruction's `k` divides the tile's: the widest, which the caller refuses.
+        Some(mfma_16(*pers.first()?))
     }
 
     fn emit_mma<'ctx>(
@@ -248,10 +273,17 @@ impl Arch for Amdgpu {
         c: &[BasicValueEnum<'ctx>],
         _site: u32,
     ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+        if self.arch.is_rdna() {
+            return self.emit_wmma(cx, input, a, b, c);
+        }
         let wide = c.len() == 16;
         let per = a.len() as u32;
+        if per == 32 {
+            return emit_f8f6f4(cx, input, wide, a, b, c);
+        }
         // A and B: the lane's elements as one vector (`<4 x half>`, `<4 x i16>` for
-        // bf16), or packed into `i32` (4 bytes) / `i64` (8 bytes) for i8.
+        // bf16 (gfx950's 8-wide ones: `<8 x bfloat>`), or packed into `i32` (4 bytes)
+        // / `i64` (8 bytes) for i8.
         let operand = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
             let et = v[0].get_type();
             let vt = match et {
@@ -263,10 +295,15 @@ impl Arch for Amdgpu {
                 acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
             }
             Ok(match input {
+                ScalarType::BF16 if per == 8 => {
+                    cx.b.build_bit_cast(acc, cx.ctx.bf16_type().vec_type(per), "")?
+                }
                 ScalarType::BF16 => {
                     cx.b.build_bit_cast(acc, cx.ctx.i16_type().vec_type(per), "")?
                 }
-                ScalarType::I8 if per == 8 => cx.b.build_bit_cast(acc, cx.ctx.i64_type(), "")?,
+                ScalarType::I8 | ScalarType::F8E4M3 | ScalarType::F8E5M2 if per == 8 => {
+                    cx.b.build_bit_cast(acc, cx.ctx.i64_type(), "")?
+                }
                 ScalarType::I8 => cx.b.build_bit_cast(acc, cx.ctx.i32_type(), "")?,
                 _ => acc.into(),
             })
@@ -286,6 +323,14 @@ impl Arch for Amdgpu {
             (ScalarType::F16, false, 4) => "llvm.amdgcn.mfma.f32.16x16x16f16",
             (ScalarType::BF16, true, 4) => "llvm.amdgcn.mfma.f32.32x32x8bf16.1k",
             (ScalarType::F16, true, 4) => "llvm.amdgcn.mfma.f32.32x32x8f16",
+            (ScalarType::F16, false, 8) => "llvm.amdgcn.mfma.f32.16x16x32.f16",
+            (ScalarType::BF16, false, 8) => "llvm.amdgcn.mfma.f32.16x16x32.bf16",
+            (ScalarType::F16, true, 8) => "llvm.amdgcn.mfma.f32.32x32x16.f16",
+            (ScalarType::BF16, true, 8) => "llvm.amdgcn.mfma.f32.32x32x16.bf16",
+            (ScalarType::F8E4M3, false, 8) => "llvm.amdgcn.mfma.f32.16x16x32.fp8.fp8",
+            (ScalarType::F8E5M2, false, 8) => "llvm.amdgcn.mfma.f32.16x16x32.bf8.bf8",
+            (ScalarType::F8E4M3, true, 8) => "llvm.amdgcn.mfma.f32.32x32x16.fp8.fp8",
+            (ScalarType::F8E5M2, true, 8) => "llvm.amdgcn.mfma.f32.32x32x16.bf8.bf8",
             (ScalarType::I8, false, 4) => "llvm.amdgcn.mfma.i32.16x16x16i8",
             (ScalarType::I8, true, 4) => "llvm.amdgcn.mfma.i32.32x32x8i8",
             (ScalarType::I8, false, 8) => "llvm.amdgcn.mfma.i32.16x16x32.i8",
@@ -312,17 +357,246 @@ impl Arch for Amdgpu {
 
 impl Amdgpu {
     /// The elements of A (and of B) per lane of this target's MFMA instructions on
-    /// `input`: 4 for f16/bf16 (gfx90a, gfx942) and for i8 on gfx90a
-    /// (`v_mfma_i32_16x16x16i8`, `..._32x32x8i8`), 8 for i8 on gfx942 (its
-    /// double-rate `v_mfma_i32_16x16x32_i8`, `..._32x32x16_i8`); `None` without them.
-    fn mfma_per_lane(&self, input: ScalarType) -> Option<u32> {
+    /// `input`, the preferred first: 4 for f16/bf16 on gfx90a and gfx942, 8 then 4 on
+    /// gfx950 (its double-`k` `v_mfma_f32_16x16x32_f16`, `..._32x32x16_f16`, and
+    /// gfx942's, which it keeps, for a `k` of 16); for i8, 4 on gfx90a
+    /// (`v_mfma_i32_16x16x16i8`, `..._32x32x8i8`) and 8 on gfx942 and gfx950 (the
+    /// double-rate `v_mfma_i32_16x16x32_i8`, `..._32x32x16_i8`); for the 8-bit
+    /// floats 32 then 8 on gfx950 (`v_mfma_f32_16x16x128_f8f6f4`, `32x32x64`, then
+    /// `v_mfma_f32_16x16x32_{fp8_fp8,bf8_bf8}`, `32x32x16`). Empty without them.
+    fn mfma_per_lane(&self, input: ScalarType) -> Vec<u32> {
         match (self.arch, input) {
-            (AmdArch::Gfx90a | AmdArch::Gfx942, ScalarType::F16 | ScalarType::BF16) => Some(4),
-            (AmdArch::Gfx90a, ScalarType::I8) => Some(4),
-            (AmdArch::Gfx942, ScalarType::I8) => Some(8),
+            (AmdArch::Gfx950, ScalarType::F16 | ScalarType::BF16) => vec![8, 4],
+            (AmdArch::Gfx90a | AmdArch::Gfx942, ScalarType::F16 | ScalarType::BF16) => vec![4],
+            (AmdArch::Gfx90a, ScalarType::I8) => vec![4],
+            (AmdArch::Gfx942 | AmdArch::Gfx950, ScalarType::I8) => vec![8],
+            // gfx950's `f8f6f4` instructions (32 bytes a lane), and gfx942's 8-bit
+            // float opcodes, which gfx950 reads as OCP E4M3/E5M2 (gfx942 as the FNUZ
+            // encodings, so there they are multiplied as f16, `crate::fp8`).
+            (AmdArch::Gfx950, ScalarType::F8E4M3 | ScalarType::F8E5M2) => vec![32, 8],
+            _ => Vec::new(),
+        }
+    }
+
+    /// RDNA's WMMA for `input`, wave32: [`rdna3_wmma`] (f16, bf16) or [`rdna4_wmma`]
+    /// (f16, bf16, and OCP E4M3/E5M2 as `v_wmma_f32_16x16x16_{fp8_fp8,bf8_bf8}`).
+    fn wmma(&self, input: ScalarType) -> Option<MmaInfo> {
+        let rdna4 = [
+            ScalarType::F16,
+            ScalarType::BF16,
+            ScalarType::F8E4M3,
+            ScalarType::F8E5M2,
+        ];
+        match (self.arch, input) {
+            (AmdArch::Gfx1100, ScalarType::F16 | ScalarType::BF16) => Some(rdna3_wmma()),
+            (a, t) if a.is_gfx12() && rdna4.contains(&t) => Some(rdna4_wmma()),
             _ => None,
         }
     }
+
+    /// One WMMA: `a` and `b` the lane's 16 (RDNA3) or 8 (RDNA4) elements, `c` its 8
+    /// f32 accumulators. `llvm.amdgcn.wmma.f32.16x16x16.{f16,bf16}` takes `<N x half>`
+    /// or `<N x i16>` (bf16 bits), `...{fp8.fp8,bf8.bf8}` `<2 x i32>` (8 bytes), and
+    /// `<8 x float>`.
+    fn emit_wmma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        a: &[BasicValueEnum<'ctx>],
+        b: &[BasicValueEnum<'ctx>],
+        c: &[BasicValueEnum<'ctx>],
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+        let per = a.len() as u32;
+        // The operand type: `per` elements, 8-bit ones as `<per / 4 x i32>`.
+        let (name, et, n): (&str, BasicTypeEnum<'ctx>, u32) = match input {
+            ScalarType::F16 => (
+                "llvm.amdgcn.wmma.f32.16x16x16.f16",
+                cx.ctx.f16_type().into(),
+                per,
+            ),
+            ScalarType::BF16 => (
+                "llvm.amdgcn.wmma.f32.16x16x16.bf16",
+                cx.ctx.i16_type().into(),
+                per,
+            ),
+            ScalarType::F8E4M3 => (
+                "llvm.amdgcn.wmma.f32.16x16x16.fp8.fp8",
+                cx.ctx.i32_type().into(),
+                per / 4,
+            ),
+            ScalarType::F8E5M2 => (
+                "llvm.amdgcn.wmma.f32.16x16x16.bf8.bf8",
+                cx.ctx.i32_type().into(),
+                per / 4,
+            ),
+            t => return Err(LowerError::Llvm(format!("WMMA on {t:?}"))),
+        };
+        let vt: BasicTypeEnum<'ctx> = match et {
+            BasicTypeEnum::IntType(t) => t.vec_type(n).into(),
+            _ => et.into_float_type().vec_type(n).into(),
+        };
+        // The lane's elements as a vector of their own type, bit-cast to the operand's.
+        let operand = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
+            let mut acc = match v[0].get_type() {
+                BasicTypeEnum::IntType(t) => t.vec_type(per),
+                t => t.into_float_type().vec_type(per),
+            }
+            .get_poison();
+            for (i, x) in v.iter().enumerate() {
+                acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
+            }
+            Ok(cx.b.build_bit_cast(acc, vt, "")?)
+        };
+        let (va, vb) = (operand(a)?, operand(b)?);
+        let f32t = cx.ctx.f32_type();
+        let cty = f32t.vec_type(c.len() as u32);
+        let mut vc = cty.get_poison();
+        for (i, x) in c.iter().enumerate() {
+            vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
+        }
+        let d = cx
+            .call_intrinsic(name, &[cty.into(), vt], &[va, vb, vc.into()])?
+            .into_vector_value();
+        (0..c.len() as u64)
+            .map(|i| Ok(cx.b.build_extract_element(d, cx.i32(i as i64), "")?))
+            .collect()
+    }
+}
+
+/// [`amd_mfma_16`] with `p` elements a lane, a lane's `k` read 16 bytes at a time
+/// (gfx950's `f8f6f4` instructions: 32 bytes).
+fn mfma_16(p: u32) -> MmaInfo {
+    split_runs(amd_mfma_16(p))
+}
+
+/// [`amd_mfma_32`] likewise.
+fn mfma_32(p: u32) -> MmaInfo {
+    split_runs(amd_mfma_32(p))
+}
+
+/// `info` with runs of more than 16 `k` cut into runs of 16 (the widest LDS read).
+fn split_runs(mut info: MmaInfo) -> MmaInfo {
+    for f in [&mut info.a, &mut info.b] {
+        f.runs = f
+            .runs
+            .iter()
+            .flat_map(|&(o, k, len)| {
+                (0..len.div_ceil(16)).map(move |i| (o, k + 16 * i, (len - 16 * i).min(16)))
+            })
+            .collect();
+    }
+    info
+}
+
+/// One gfx950 `v_mfma_f32_{16x16x128,32x32x64}_f8f6f4` on OCP E4M3 or E5M2 (`cbsz`
+/// and `blgp` 0 or 1): the unscaled form, which LLVM selects for
+/// `llvm.amdgcn.mfma.scale.f32.*.f8f6f4` with zero scale operands. `a` and `b` are the
+/// lane's 32 bytes (`<8 x i32>`), `c` its accumulators.
+fn emit_f8f6f4<'ctx>(
+    cx: &Cx<'ctx>,
+    input: ScalarType,
+    wide: bool,
+    a: &[BasicValueEnum<'ctx>],
+    b: &[BasicValueEnum<'ctx>],
+    c: &[BasicValueEnum<'ctx>],
+) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let format = match input {
+        ScalarType::F8E4M3 => 0,
+        ScalarType::F8E5M2 => 1,
+        t => return Err(LowerError::Llvm(format!("f8f6f4 MFMA on {t:?}"))),
+    };
+    let i8t = cx.ctx.i8_type();
+    let vt = cx.ctx.i32_type().vec_type(8);
+    let operand = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
+        let mut acc = i8t.vec_type(v.len() as u32).get_poison();
+        for (i, x) in v.iter().enumerate() {
+            let x = cx.b.build_bit_cast(*x, i8t, "")?;
+            acc = cx.b.build_insert_element(acc, x, cx.i32(i as i64), "")?;
+        }
+        Ok(cx.b.build_bit_cast(acc, vt, "")?)
+    };
+    let (va, vb) = (operand(a)?, operand(b)?);
+    let mut vc = cx.ctx.f32_type().vec_type(c.len() as u32).get_poison();
+    for (i, x) in c.iter().enumerate() {
+        vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
+    }
+    let name = if wide {
+        "llvm.amdgcn.mfma.scale.f32.32x32x64.f8f6f4"
+    } else {
+        "llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4"
+    };
+    let z = cx.i32(0);
+    let f = cx.i32(format);
+    let d = cx
+        .call_intrinsic(
+            name,
+            &[vt.into(), vt.into()],
+            &[
+                va,
+                vb,
+                vc.into(),
+                f.into(),
+                f.into(),
+                z.into(),
+                z.into(),
+                z.into(),
+                z.into(),
+            ],
+        )?
+        .into_vector_value();
+    (0..c.len() as u64)
+        .map(|i| Ok(cx.b.build_extract_element(d, cx.i32(i as i64), "")?))
+        .collect()
+}
+
+/// RDNA3's `v_wmma_f32_16x16x16_{f16,bf16}` in wave32 (RDNA3 ISA, "Wave Matrix
+/// Multiply Accumulate"; GPUOpen's "WMMA on RDNA3"): every lane holds 16 elements of
+/// A and of B, the whole `k` of one row of A (column of B), `lane % 16`, and the two
+/// halves of the wave hold the same (lane bit 4 adds nothing: the upper half loads
+/// what the lower does); C/D: `C[2 * v + lane / 16][lane % 16]`.
+pub fn rdna3_wmma() -> MmaInfo {
+    // Two 16-byte reads a lane.
+    wmma((0, 0), (2, 0), (1, 0), vec![(0, 0, 8), (0, 8, 8)])
+}
+
+/// A 16x16x16 WMMA of wave32 whose A and B lanes hold row (column) `lane % 16`,
+/// lane bit 4 adding `hi` to (row, `k`), the lane's elements the `runs`; C's lane
+/// bits 0-3 the column, its register bits rows `c_row`, `2 c_row`, `4 c_row`, its
+/// lane bit 4 `c_hi`.
+fn wmma(
+    hi: (u32, u32),
+    c_row: (u32, u32),
+    c_hi: (u32, u32),
+    runs: Vec<(u32, u32, u32)>,
+) -> MmaInfo {
+    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), hi];
+    MmaInfo {
+        m: 16,
+        n: 16,
+        k: 16,
+        c_reg: vec![c_row, (2 * c_row.0, 0), (4 * c_row.0, 0)],
+        c_lane: vec![(0, 1), (0, 2), (0, 4), (0, 8), c_hi],
+        a: FragInfo {
+            lane: lane.clone(),
+            runs: runs.clone(),
+        },
+        b: FragInfo { lane, runs },
+    }
+}
+
+/// RDNA4's `v_wmma_f32_16x16x16_{f16,bf16}` in wave32 (RDNA4 ISA, "Wave Matrix
+/// Multiply Accumulate"; AMD's matrix instruction calculator): every lane holds 8
+/// elements of A (of B) of row (column) `lane % 16`; C/D: `C[v + 8 (lane / 16)][lane
+/// % 16]`. The ISA numbers the `k` of element `i` `8 (i / 4) + 4 (lane / 16) + i % 4`
+/// (four at a time, interleaved between the half-waves); here both operands number
+/// it `8 (lane / 16) + i` instead. The instruction sums the products of the elements
+/// A and B hold in the same place, so any renumbering of `k` that A and B share
+/// leaves D unchanged (the emulator computes with the ISA's numbering), and this one
+/// makes each lane's elements 8 consecutive `k`: one 16-byte read, and staging
+/// stores of 16 bytes. (Only an operand another instruction produced in the ISA's
+/// numbering would need the ISA's; none does.)
+pub fn rdna4_wmma() -> MmaInfo {
+    wmma((0, 8), (1, 0), (8, 0), vec![(0, 0, 8)])
 }
 
 /// AMD 16x16 MFMA with `p` elements of A and B per lane (`v_mfma_f32_16x16x16f16`:

@@ -43,7 +43,8 @@
 //! | `cp.async.bulk.commit_group` + `wait_group.read 0` | `void tessera_emu_tma_store_wait(i32 site)` (the thread's stores read shared memory and write global memory now) |
 //! | `wgmma.wait_group` | `void tessera_emu_wgmma_wait(i32 pending, ptr acc, i32 regs, i32 slot, i32 site)` per accumulator tile (its registers out) |
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
-//! | 8-bit matrix instructions (`mma.sync` m16n8k32 `.s8`, `.e4m3`, `.e5m2`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (kind: 0 `.s8`, 1 and 2 the MFMA, 3 `.e4m3`, 4 `.e5m2` (sm_89's; emu-nv converts 8-bit float fragments to f16 as sm_80 does, `arch::fp8_mma_as_f16`); `[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out, f32 by their bits) |
+//! | 8-bit matrix instructions (`mma.sync` m16n8k32 `.s8`, `.e4m3`, `.e5m2`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_words(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (kind: 0 `.s8`, 1 and 2 the MFMA, 3 `.e4m3`, 4 `.e5m2` (sm_89's; emu-nv converts 8-bit float fragments to f16 as sm_80 does, `arch::fp8_mma_as_f16`); `[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out, f32 by their bits) |
+//! | gfx950 MFMA `f32_16x16x32`, `f32_32x32x16`, RDNA3 and RDNA4 WMMA `f32_16x16x16` (f16, bf16, and E4M3/E5M2 on gfx950 and RDNA4; emu-gfx950, emu-gfx1100, emu-gfx1200) | `tessera_emu_mma_words` with kinds from 5 ([`crate::emu::mma::AmdMma::kind`]; gfx950's and RDNA4's OCP 8-bit float forms too): the elements packed into `.b32` registers, f32 accumulators by their bits |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
 //! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::pack_words`
@@ -64,6 +65,7 @@ use tessera_ir::ir::MemScope;
 
 use super::{Amdgpu, Arch, Math, MmaInfo, Nvptx, WgmmaA, pack_words};
 use crate::Target;
+use crate::emu::mma::{AmdElem, AmdMma};
 use crate::lower::{Cx, LResult, LowerError, entry_alloca};
 use crate::target::{AmdArch, EmuFlavor};
 
@@ -108,6 +110,34 @@ impl Emu {
     /// `mma.sync`).
     fn nv_like(&self) -> bool {
         matches!(self.flavor, EmuFlavor::Nv | EmuFlavor::Sm90a)
+    }
+
+    /// The AMD architecture an AMD flavour imitates: its layouts and matrix
+    /// instructions are that architecture's.
+    /// The instruction after gfx942's that a matrix instruction on `input` with
+    /// `per_lane` elements of A and `c_regs` accumulators is on this flavour, if any
+    /// (integer ones, and gfx942's, keep their own kinds).
+    fn amd_mma(&self, input: ScalarType, per_lane: usize, c_regs: usize) -> Option<AmdMma> {
+        let arch = self.amd()?.arch;
+        if input == ScalarType::I8 {
+            return None;
+        }
+        match (per_lane, c_regs) {
+            _ if arch == AmdArch::Gfx1100 => Some(AmdMma::Wmma11),
+            _ if arch.is_gfx12() => Some(AmdMma::Wmma12),
+            (8, 4) if arch == AmdArch::Gfx950 => Some(AmdMma::Mfma16x16x32),
+            (8, 16) if arch == AmdArch::Gfx950 => Some(AmdMma::Mfma32x32x16),
+            (32, 4) if arch == AmdArch::Gfx950 => Some(AmdMma::Mfma16x16x128),
+            (32, 16) if arch == AmdArch::Gfx950 => Some(AmdMma::Mfma32x32x64),
+            _ => None,
+        }
+    }
+
+    fn amd(&self) -> Option<Amdgpu> {
+        match self.flavor.imitates() {
+            Target::Amdgpu(arch) => Some(Amdgpu { arch }),
+            _ => None,
+        }
     }
 
     fn site<'ctx>(cx: &Cx<'ctx>, site: u32) -> BasicMetadataValueEnum<'ctx> {
@@ -270,10 +300,7 @@ impl Arch for Emu {
             // sm_90a's 8-bit floats take `wgmma` (else f16 `wgmma`), no `mma.sync`.
             EmuFlavor::Sm90a if input.is_fp8() => None,
             EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma_for(input, m, n, k, nw),
-            EmuFlavor::Amd => Amdgpu {
-                arch: AmdArch::Gfx942,
-            }
-            .mma_for(input, m, n, k, nw),
+            _ => self.amd()?.mma_for(input, m, n, k, nw),
         }
     }
 
@@ -285,10 +312,7 @@ impl Arch for Emu {
             EmuFlavor::Nv if input.is_fp8() => Some(super::nv_m16n8k32_s8()),
             EmuFlavor::Sm90a if input.is_fp8() => None,
             EmuFlavor::Nv | EmuFlavor::Sm90a => NV_MMA.mma(input),
-            EmuFlavor::Amd => Amdgpu {
-                arch: AmdArch::Gfx942,
-            }
-            .mma(input),
+            _ => self.amd()?.mma(input),
         }
     }
 
@@ -301,7 +325,7 @@ impl Arch for Emu {
     }
 
     fn has_buffer_load(&self) -> bool {
-        self.flavor == EmuFlavor::Amd
+        self.amd().is_some_and(|a| a.has_buffer_load())
     }
 
     fn has_cp_async(&self) -> bool {
@@ -765,12 +789,15 @@ impl Arch for Emu {
             let cvt = |w: IntValue<'ctx>| super::fp8x4_to_f16(cx, input, w);
             return super::fp8_mma_as_f16(self, cx, a, b, c, site, &cvt);
         }
+        if let Some(ins) = self.amd_mma(input, a.len(), c.len()) {
+            return emit_mma_words(cx, self.flavor, input, Some(ins), a, b, c, site);
+        }
         if input == ScalarType::I8 || input.is_fp8() {
-            return emit_mma_i8(cx, self.flavor, input, a, b, c, site);
+            return emit_mma_words(cx, self.flavor, input, None, a, b, c, site);
         }
         let c: Vec<FloatValue<'ctx>> = c.iter().map(|v| v.into_float_value()).collect();
         let c = &c[..];
-        if self.flavor == EmuFlavor::Amd && c.len() == 16 {
+        if !self.nv_like() && c.len() == 16 {
             return emit_mfma_32x32x8(cx, input, a, b, c, site);
         }
         let (ints, name): (Vec<IntValue<'ctx>>, &str) = match self.flavor {
@@ -784,7 +811,7 @@ impl Arch for Emu {
                 };
                 (v, name)
             }
-            EmuFlavor::Amd => {
+            _ => {
                 let i16t = cx.ctx.i16_type();
                 let v = a
                     .iter()
@@ -826,17 +853,21 @@ impl Arch for Emu {
     }
 }
 
-/// An `i8` matrix instruction on the emulator: A's and B's packed `.b32` registers
-/// (4 bytes each, the first in the low byte) go in an `[n x i32]` slot and the `i32`
-/// accumulators in another, which
-/// `void tessera_emu_mma_i8(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)`
+/// A matrix instruction whose operands travel as packed `.b32` registers: A's and
+/// B's registers (four bytes or two 16-bit elements each, the first in the low bits)
+/// go in an `[n x i32]` slot and the accumulators (`i32`, or `f32` by their bits) in
+/// another, which
+/// `void tessera_emu_mma_words(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)`
 /// overwrites with D. `kind` names the instruction: 0 `mma.sync` m16n8k32 `.s8`
-/// (emu-nv, emu-sm90a), 1 `v_mfma_i32_16x16x32_i8`, 2 `v_mfma_i32_32x32x16_i8`
-/// (emu-amd, as gfx942).
-fn emit_mma_i8<'ctx>(
+/// (emu-nv, emu-sm90a), 1 `v_mfma_i32_16x16x32_i8`, 2 `v_mfma_i32_32x32x16_i8` (the
+/// AMD flavours, as gfx942), 3 and 4 `mma.sync` m16n8k32 `.e4m3` / `.e5m2`; from 5 the
+/// instructions `ins` of gfx950 and RDNA ([`crate::emu::mma::AmdMma::kind`]).
+#[allow(clippy::too_many_arguments)]
+fn emit_mma_words<'ctx>(
     cx: &Cx<'ctx>,
     flavor: EmuFlavor,
     input: ScalarType,
+    ins: Option<AmdMma>,
     a: &[BasicValueEnum<'ctx>],
     b: &[BasicValueEnum<'ctx>],
     c: &[BasicValueEnum<'ctx>],
@@ -844,15 +875,19 @@ fn emit_mma_i8<'ctx>(
 ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let i32t = cx.ctx.i32_type();
     let nv = matches!(flavor, EmuFlavor::Nv | EmuFlavor::Sm90a);
-    let kind = match (nv, c.len(), input) {
-        (true, 4, ScalarType::I8) => 0,
-        (false, 4, ScalarType::I8) => 1,
-        (false, 16, ScalarType::I8) => 2,
-        (true, 4, ScalarType::F8E4M3) => 3,
-        (true, 4, ScalarType::F8E5M2) => 4,
-        (_, n, t) => {
+    let kind = match (ins, nv, c.len(), input) {
+        (Some(ins), _, _, ScalarType::F16) => ins.kind(AmdElem::F16),
+        (Some(ins), _, _, ScalarType::BF16) => ins.kind(AmdElem::Bf16),
+        (Some(ins), _, _, ScalarType::F8E4M3) => ins.kind(AmdElem::E4M3),
+        (Some(ins), _, _, ScalarType::F8E5M2) => ins.kind(AmdElem::E5M2),
+        (None, true, 4, ScalarType::I8) => 0,
+        (None, false, 4, ScalarType::I8) => 1,
+        (None, false, 16, ScalarType::I8) => 2,
+        (None, true, 4, ScalarType::F8E4M3) => 3,
+        (None, true, 4, ScalarType::F8E5M2) => 4,
+        (_, _, n, t) => {
             return Err(LowerError::Llvm(format!(
-                "an 8-bit matrix instruction on {t:?} with {n} accumulators on {flavor:?}"
+                "a matrix instruction on {t:?} with {n} accumulators on {flavor:?}"
             )));
         }
     };
@@ -882,9 +917,9 @@ fn emit_mma_i8<'ctx>(
     }
     call(
         cx,
-        "tessera_emu_mma_i8",
+        "tessera_emu_mma_words",
         &[
-            cx.i32(kind).into(),
+            cx.i32(kind.into()).into(),
             ab.into(),
             cx.i32(pa.len() as i64).into(),
             cd.into(),

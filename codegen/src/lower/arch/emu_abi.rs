@@ -56,7 +56,7 @@ macro_rules! emu_abi {
             fn tessera_emu_mma_amd_bf16(a0: u32, a1: u32, a2: u32, a3: u32, b0: u32, b1: u32, b2: u32, b3: u32, c0: f32, c1: f32, c2: f32, c3: f32, d: *mut f32, site: i32);
             fn tessera_emu_mma_amd32_f16(ab: *const u32, cd: *mut f32, site: i32);
             fn tessera_emu_mma_amd32_bf16(ab: *const u32, cd: *mut f32, site: i32);
-            fn tessera_emu_mma_i8(kind: i32, ab: *const u32, a_words: i32, cd: *mut i32, c_regs: i32, site: i32);
+            fn tessera_emu_mma_words(kind: i32, ab: *const u32, a_words: i32, cd: *mut i32, c_regs: i32, site: i32);
             fn tessera_emu_fence_proxy_async();
             fn tessera_emu_wgmma_fence(site: i32);
             fn tessera_emu_wgmma(ty: i32, n: i32, desc_a: i64, desc_b: i64, flags: i32, acc: *mut u32, slot: i32, site: i32);

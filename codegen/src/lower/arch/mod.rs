@@ -575,11 +575,11 @@ pub trait Arch: Math {
     fn tma_store_wait<'ctx>(&self, _cx: &Cx<'ctx>, _site: u32) -> LResult<()> {
         Err(LowerError::Llvm("TMA on a target without it".into()))
     }
-    /// Whether [`Arch::buffer_load`] is available (AMD CDNA).
+    /// Whether [`Arch::buffer_load`] is available (AMD).
     fn has_buffer_load(&self) -> bool {
         false
     }
-    /// A raw buffer load (AMD CDNA3 ISA, `BUFFER_LOAD_DWORD*` through a buffer
+    /// A raw buffer load (AMD CDNA3 ISA, `BUFFER_LOAD_DWORD*`; RDNA3/RDNA4 ISA, `BUFFER_LOAD_B*`) through a buffer
     /// resource of stride 0 and `num_records` bytes at global pointer `base`, offset
     /// enabled): the `ty` value (1, 2, 4, 8 or 16 bytes) at byte offset `lane.offset`
     /// (an unsigned `i32`), or zero when the access is out of range (`offset + size >
