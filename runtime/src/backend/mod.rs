@@ -32,6 +32,8 @@ use crate::properties::{DeviceKind, DeviceProperties};
 pub(crate) mod cuda;
 #[cfg(feature = "hip")]
 pub(crate) mod hip;
+#[cfg(feature = "jit")]
+pub(crate) mod in_flight;
 pub(crate) mod lane;
 
 pub(crate) use lane::partition;

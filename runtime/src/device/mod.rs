@@ -141,7 +141,7 @@ impl fmt::Debug for Device {
 fn prepare_cpu() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let spawned = crate::compile::in_flight::spawn("tessera-cpu-prepare", || {
+        let spawned = crate::backend::in_flight::spawn("tessera-cpu-prepare", || {
             if let Ok(config) = crate::config::get()
                 && config.choose_host_cpu().is_ok()
             {
