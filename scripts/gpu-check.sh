@@ -7,7 +7,7 @@
 #   nvidia: target/gpu-check/      kernels for sm_90a (an H100/H200), device cuda:0,
 #                                  and the same through Tile IR (cubins for sm_90)
 #   amd:    target/gpu-check-amd/  kernels for gfx942 (MI300), gfx90a (MI200),
-#                                  gfx950 (MI350), gfx1100 (RDNA3), gfx1200 (RDNA4),
+#                                  gfx950 (MI350), gfx1200 (RDNA4),
 #                                  device hip:0, built with the `hip` feature
 #
 # For each pack:
@@ -67,8 +67,8 @@ if [ "$vendor" = nvidia ]; then
   no_driver="no CUDA driver found"
 else
   pack=target/gpu-check-amd
-  # MI300X/MI300A, MI200, MI350X/MI355X, RX 7900 (RDNA3), RX 9070 XT (RDNA4)
-  targets="gfx942 gfx90a gfx950 gfx1100 gfx1200"
+  # MI300X/MI300A, MI200, MI350X/MI355X, RX 9070 XT (RDNA4)
+  targets="gfx942 gfx90a gfx950 gfx1200"
   features="--features hip"
   dev=hip:0
   dev_env=hip
