@@ -230,7 +230,7 @@ impl Arch for Amdgpu {
         if self.arch.is_rdna() {
             return self.wmma(input);
         }
-        Some(mfma_16(*self.mfma_per_lane(input).first()?))
+        Some(amd_mfma_16(*self.mfma_per_lane(input).first()?))
     }
 
     fn mma_for(
@@ -246,7 +246,7 @@ impl Arch for Amdgpu {
         }
         let pers = self.mfma_per_lane(input);
         for &per in &pers {
-            let (small, wide) = (mfma_16(per), mfma_32(per));
+            let (small, wide) = (amd_mfma_16(per), amd_mfma_32(per));
             // 32x32 tiles only when there is one for every wave (else the 16x16 ones
             // keep more waves busy).
             if m.is_multiple_of(32)
@@ -261,7 +261,7 @@ impl Arch for Amdgpu {
             }
         }
         // No instruction's `k` divides the tile's: the widest, which the caller refuses.
-        Some(mfma_16(*pers.first()?))
+        Some(amd_mfma_16(*pers.first()?))
     }
 
     fn emit_mma<'ctx>(
@@ -283,41 +283,18 @@ impl Arch for Amdgpu {
         }
         // A and B: the lane's elements as one vector (`<4 x half>`, `<4 x i16>` for
         // bf16 (gfx950's 8-wide ones: `<8 x bfloat>`), or packed into `i32` (4 bytes)
-        // / `i64` (8 bytes) for i8.
-        let operand = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
-            let et = v[0].get_type();
-            let vt = match et {
-                BasicTypeEnum::IntType(t) => t.vec_type(per),
-                _ => et.into_float_type().vec_type(per),
-            };
-            let mut acc = vt.get_poison();
-            for (i, x) in v.iter().enumerate() {
-                acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
+        // / `i64` (8 bytes) for i8 and the 8-bit floats.
+        let to: Option<BasicTypeEnum<'ctx>> = match input {
+            ScalarType::BF16 if per == 8 => Some(cx.ctx.bf16_type().vec_type(per).into()),
+            ScalarType::BF16 => Some(cx.ctx.i16_type().vec_type(per).into()),
+            ScalarType::I8 | ScalarType::F8E4M3 | ScalarType::F8E5M2 if per == 8 => {
+                Some(cx.ctx.i64_type().into())
             }
-            Ok(match input {
-                ScalarType::BF16 if per == 8 => {
-                    cx.b.build_bit_cast(acc, cx.ctx.bf16_type().vec_type(per), "")?
-                }
-                ScalarType::BF16 => {
-                    cx.b.build_bit_cast(acc, cx.ctx.i16_type().vec_type(per), "")?
-                }
-                ScalarType::I8 | ScalarType::F8E4M3 | ScalarType::F8E5M2 if per == 8 => {
-                    cx.b.build_bit_cast(acc, cx.ctx.i64_type(), "")?
-                }
-                ScalarType::I8 => cx.b.build_bit_cast(acc, cx.ctx.i32_type(), "")?,
-                _ => acc.into(),
-            })
+            ScalarType::I8 => Some(cx.ctx.i32_type().into()),
+            _ => None,
         };
-        let (va, vb) = (operand(a)?, operand(b)?);
-        let ct = c[0].get_type();
-        let mut vc = match ct {
-            BasicTypeEnum::IntType(t) => t.vec_type(c.len() as u32),
-            _ => ct.into_float_type().vec_type(c.len() as u32),
-        }
-        .get_poison();
-        for (i, x) in c.iter().enumerate() {
-            vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
-        }
+        let (va, vb) = (lane_vector(cx, a, to)?, lane_vector(cx, b, to)?);
+        let vc = lane_vector(cx, c, None)?;
         let name = match (input, wide, per) {
             (ScalarType::BF16, false, 4) => "llvm.amdgcn.mfma.f32.16x16x16bf16.1k",
             (ScalarType::F16, false, 4) => "llvm.amdgcn.mfma.f32.16x16x16f16",
@@ -342,16 +319,8 @@ impl Arch for Amdgpu {
             }
         };
         let z = cx.i32(0);
-        let d = cx
-            .call_intrinsic(
-                name,
-                &[],
-                &[va, vb, vc.into(), z.into(), z.into(), z.into()],
-            )?
-            .into_vector_value();
-        (0..c.len() as u64)
-            .map(|i| Ok(cx.b.build_extract_element(d, cx.i32(i as i64), "")?))
-            .collect()
+        let d = cx.call_intrinsic(name, &[], &[va, vb, vc, z.into(), z.into(), z.into()])?;
+        elements(cx, d)
     }
 }
 
@@ -435,57 +404,52 @@ impl Amdgpu {
             BasicTypeEnum::IntType(t) => t.vec_type(n).into(),
             _ => et.into_float_type().vec_type(n).into(),
         };
-        // The lane's elements as a vector of their own type, bit-cast to the operand's.
-        let operand = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
-            let mut acc = match v[0].get_type() {
-                BasicTypeEnum::IntType(t) => t.vec_type(per),
-                t => t.into_float_type().vec_type(per),
-            }
-            .get_poison();
-            for (i, x) in v.iter().enumerate() {
-                acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
-            }
-            Ok(cx.b.build_bit_cast(acc, vt, "")?)
-        };
-        let (va, vb) = (operand(a)?, operand(b)?);
-        let f32t = cx.ctx.f32_type();
-        let cty = f32t.vec_type(c.len() as u32);
-        let mut vc = cty.get_poison();
-        for (i, x) in c.iter().enumerate() {
-            vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
-        }
-        let d = cx
-            .call_intrinsic(name, &[cty.into(), vt], &[va, vb, vc.into()])?
-            .into_vector_value();
-        (0..c.len() as u64)
-            .map(|i| Ok(cx.b.build_extract_element(d, cx.i32(i as i64), "")?))
-            .collect()
+        let (va, vb) = (lane_vector(cx, a, Some(vt))?, lane_vector(cx, b, Some(vt))?);
+        let vc = lane_vector(cx, c, None)?;
+        let d = cx.call_intrinsic(name, &[vc.get_type(), vt], &[va, vb, vc])?;
+        elements(cx, d)
     }
 }
 
-/// [`amd_mfma_16`] with `p` elements a lane, a lane's `k` read 16 bytes at a time
-/// (gfx950's `f8f6f4` instructions: 32 bytes).
-fn mfma_16(p: u32) -> MmaInfo {
-    split_runs(amd_mfma_16(p))
-}
-
-/// [`amd_mfma_32`] likewise.
-fn mfma_32(p: u32) -> MmaInfo {
-    split_runs(amd_mfma_32(p))
-}
-
-/// `info` with runs of more than 16 `k` cut into runs of 16 (the widest LDS read).
-fn split_runs(mut info: MmaInfo) -> MmaInfo {
-    for f in [&mut info.a, &mut info.b] {
-        f.runs = f
-            .runs
-            .iter()
-            .flat_map(|&(o, k, len)| {
-                (0..len.div_ceil(16)).map(move |i| (o, k + 16 * i, (len - 16 * i).min(16)))
-            })
-            .collect();
+/// `v` (a lane's elements, all of one type) as one vector of that type, bit-cast to
+/// `to` where given.
+fn lane_vector<'ctx>(
+    cx: &Cx<'ctx>,
+    v: &[BasicValueEnum<'ctx>],
+    to: Option<BasicTypeEnum<'ctx>>,
+) -> LResult<BasicValueEnum<'ctx>> {
+    let n = v.len() as u32;
+    let first = v
+        .first()
+        .ok_or_else(|| LowerError::Llvm("a matrix operand of no elements".into()))?;
+    let mut acc = match first.get_type() {
+        BasicTypeEnum::IntType(t) => t.vec_type(n),
+        t => t.into_float_type().vec_type(n),
     }
-    info
+    .get_poison();
+    for (i, x) in v.iter().enumerate() {
+        acc = cx.b.build_insert_element(acc, *x, cx.i32(i as i64), "")?;
+    }
+    Ok(match to {
+        Some(t) => cx.b.build_bit_cast(acc, t, "")?,
+        None => acc.into(),
+    })
+}
+
+/// The elements of the vector `d` (a matrix instruction's D).
+fn elements<'ctx>(cx: &Cx<'ctx>, d: BasicValueEnum<'ctx>) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+    let d = d.into_vector_value();
+    (0..d.get_type().get_size() as u64)
+        .map(|i| Ok(cx.b.build_extract_element(d, cx.i32(i as i64), "")?))
+        .collect()
+}
+
+/// A lane's `p` consecutive `k` as runs of at most 16 (16 bytes of 8-bit elements,
+/// the widest LDS read: gfx950's `f8f6f4` instructions hold 32 a lane).
+fn lane_runs(p: u32) -> Vec<(u32, u32, u32)> {
+    (0..p.div_ceil(16))
+        .map(|i| (0, 16 * i, (p - 16 * i).min(16)))
+        .collect()
 }
 
 /// One gfx950 `v_mfma_f32_{16x16x128,32x32x64}_f8f6f4` on OCP E4M3 or E5M2 (`cbsz`
@@ -505,48 +469,17 @@ fn emit_f8f6f4<'ctx>(
         ScalarType::F8E5M2 => 1,
         t => return Err(LowerError::Llvm(format!("f8f6f4 MFMA on {t:?}"))),
     };
-    let i8t = cx.ctx.i8_type();
-    let vt = cx.ctx.i32_type().vec_type(8);
-    let operand = |v: &[BasicValueEnum<'ctx>]| -> LResult<BasicValueEnum<'ctx>> {
-        let mut acc = i8t.vec_type(v.len() as u32).get_poison();
-        for (i, x) in v.iter().enumerate() {
-            let x = cx.b.build_bit_cast(*x, i8t, "")?;
-            acc = cx.b.build_insert_element(acc, x, cx.i32(i as i64), "")?;
-        }
-        Ok(cx.b.build_bit_cast(acc, vt, "")?)
-    };
-    let (va, vb) = (operand(a)?, operand(b)?);
-    let mut vc = cx.ctx.f32_type().vec_type(c.len() as u32).get_poison();
-    for (i, x) in c.iter().enumerate() {
-        vc = cx.b.build_insert_element(vc, *x, cx.i32(i as i64), "")?;
-    }
+    let vt: BasicTypeEnum<'ctx> = cx.ctx.i32_type().vec_type(8).into();
+    let (va, vb) = (lane_vector(cx, a, Some(vt))?, lane_vector(cx, b, Some(vt))?);
+    let vc = lane_vector(cx, c, None)?;
     let name = if wide {
         "llvm.amdgcn.mfma.scale.f32.32x32x64.f8f6f4"
     } else {
         "llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4"
     };
-    let z = cx.i32(0);
-    let f = cx.i32(format);
-    let d = cx
-        .call_intrinsic(
-            name,
-            &[vt.into(), vt.into()],
-            &[
-                va,
-                vb,
-                vc.into(),
-                f.into(),
-                f.into(),
-                z.into(),
-                z.into(),
-                z.into(),
-                z.into(),
-            ],
-        )?
-        .into_vector_value();
-    (0..c.len() as u64)
-        .map(|i| Ok(cx.b.build_extract_element(d, cx.i32(i as i64), "")?))
-        .collect()
+    let (z, f) = (cx.i32(0).into(), cx.i32(format).into());
+    let d = cx.call_intrinsic(name, &[vt, vt], &[va, vb, vc, f, f, z, z, z, z])?;
+    elements(cx, d)
 }
 
 /// RDNA3's `v_wmma_f32_16x16x16_{f16,bf16}` in wave32 (RDNA3 ISA, "Wave Matrix
@@ -614,11 +547,11 @@ pub fn amd_mfma_16(p: u32) -> MmaInfo {
         c_lane: vec![(0, 1), (0, 2), (0, 4), (0, 8), (4, 0), (8, 0)],
         a: FragInfo {
             lane: lane.clone(),
-            runs: vec![(0, 0, p)],
+            runs: lane_runs(p),
         },
         b: FragInfo {
             lane,
-            runs: vec![(0, 0, p)],
+            runs: lane_runs(p),
         },
     }
 }
@@ -638,11 +571,11 @@ pub fn amd_mfma_32(p: u32) -> MmaInfo {
         c_lane: vec![(0, 1), (0, 2), (0, 4), (0, 8), (0, 16), (4, 0)],
         a: FragInfo {
             lane: lane.clone(),
-            runs: vec![(0, 0, p)],
+            runs: lane_runs(p),
         },
         b: FragInfo {
             lane,
-            runs: vec![(0, 0, p)],
+            runs: lane_runs(p),
         },
     }
 }
