@@ -77,7 +77,7 @@ else
   no_driver="no HIP (runtime|device) found"
 fi
 
-echo "== [$vendor] 1. gpu_check, release, no LLVM"
+echo "== [$vendor] 1. gpu_check, release, no LLVM (${SECONDS}s)"
 # shellcheck disable=SC2086  # $features is empty or two words
 cargo build -q --release -p tessera-examples --no-default-features $features --example gpu_check
 bin="$tdir/release/examples/gpu_check"
@@ -99,7 +99,7 @@ if [ "$vendor" = nvidia ] && [ -e "${TESSERA_NVSHMEM_HOME:-/nonexistent}/lib/lib
   off_node="--off-node $pack/off_node"
 fi
 for target in $targets; do
-  echo "== [$vendor] 2. precompile the example kernels for $target"
+  echo "== [$vendor] 2. precompile the example kernels for $target (${SECONDS}s)"
   # shellcheck disable=SC2086  # $off_node is empty or two words
   if ! cargo run -q --release -p tessera-examples --example aot -- \
       --target "$target" --out "$pack/aot-$target" --store "$pack/kernels" $off_node >"$aot_log" 2>&1; then
@@ -115,7 +115,7 @@ if [ "$vendor" = nvidia ]; then
   # The same kernels through NVIDIA's Tile IR (tileiras, cubins for the H100/H200's
   # sm_90), into the same store under their own keys: run.sh runs the suite a
   # second time on that path (TESSERA_KERNEL_BACKEND=tileir) beside the LLVM one.
-  echo "== [$vendor] 2b. precompile the example kernels through Tile IR for sm_90"
+  echo "== [$vendor] 2b. precompile the example kernels through Tile IR for sm_90 (${SECONDS}s)"
   if ! cargo run -q --release -p tessera-examples --example aot -- \
       --tileir sm_90 --out "$pack/aot-tileir" --store "$pack/kernels" >"$aot_log" 2>&1; then
     sed 's/^/  /' "$aot_log" | tail -8
@@ -126,7 +126,7 @@ if [ "$vendor" = nvidia ]; then
   echo "Tile IR: $(grep -c '\.cubin' "$aot_log") kernels"
   rm -rf "$pack/aot-tileir"
 fi
-echo "== [$vendor] 3. pack into $pack"
+echo "== [$vendor] 3. pack into $pack (${SECONDS}s)"
 if [ -d "$pack/off_node" ]; then
   tar -C "$pack/off_node" -czf "$pack/off_node.tgz" .
   rm -rf "$pack/off_node"
@@ -268,7 +268,7 @@ if [ "$size" -ge "$limit" ]; then
   exit 1
 fi
 
-echo "== [$vendor] check the pack here (no GPU needed)"
+echo "== [$vendor] check the pack here (no GPU needed) (${SECONDS}s)"
 for target in $targets; do
   if "$pack/gpu_check" --kernels "$pack/kernels" --target "$target" --check-artifacts; then
     echo "ok: every kernel is in the pack for $target"
@@ -312,7 +312,7 @@ if [ ! -e /dev/nvidiactl ] && [ ! -e /dev/kfd ]; then
 fi
 rm -rf "$pack/kernels"
 echo
-echo "== [$vendor] on the GPU machine, make this one device-tool call:"
+echo "== [$vendor] on the GPU machine, make this one device-tool call: (${SECONDS}s)"
 echo "run(command=\"bash $pack/run.sh \\\"\$OUT\\\"\", carry=[\"$pack\"], timeout_s=600)"
 echo "(the report, every step's log and steps.txt come back as the call's files)"
 local gpu_here=/dev/nvidiactl

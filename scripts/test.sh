@@ -9,6 +9,8 @@ if [ -f .tools/env.sh ]; then
 fi
 # One build from scratch (CI): incremental caches would only take disk.
 export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+# Each traced command carries the seconds since the start (where CI's time goes).
+export PS4='+ [${SECONDS}s] '
 set -x
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features -- -D warnings
