@@ -171,7 +171,7 @@ fn run_tileir(args: &Args, gpu: &str) -> Result<usize, String> {
     std::fs::create_dir_all(&args.out)
         .map_err(|e| format!("cannot create {}: {e}", args.out.display()))?;
     let (mut failed, mut missing): (usize, Vec<&str>) = (0, Vec::new());
-    for (name, _, _, _, ir) in JOBS {
+    for (name, _, _, _, ir, _) in JOBS {
         let ir = ir().map_err(|e| format!("{name}: {e}"))?;
         let f = match args.spec {
             Specialization::AllDivisible => {
@@ -240,7 +240,7 @@ fn run(args: &Args) -> Result<(), String> {
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let tname = target.to_string();
-        for (name, warps, compile, store, _) in JOBS {
+        for (name, warps, compile, store, _, _) in JOBS.iter().filter(|j| (j.5)(target)) {
             let opts = CompileOptions {
                 num_warps: warps.unwrap_or(args.opts.num_warps),
                 num_stages: args.opts.num_stages,
@@ -285,7 +285,7 @@ fn run(args: &Args) -> Result<(), String> {
             let mut files =
                 tessera::collectives::precompile_all_reduce_sum::<f32>(target, &nv, &store)
                     .map_err(|e| format!("{tname}: the all-reduce's kernels, off-node: {e}"))?;
-            for (name, _, _, precompile, _) in JOBS.iter().filter(|j| j.0 == "ring_pass") {
+            for (name, _, _, precompile, _, _) in JOBS.iter().filter(|j| j.0 == "ring_pass") {
                 files.extend(
                     precompile(target, &nv, &store)
                         .map_err(|e| format!("{tname}: {name}, off-node: {e}"))?,

@@ -37,6 +37,9 @@ mod matmul_fp8;
 #[path = "matmul_i8.rs"]
 #[allow(dead_code)]
 mod matmul_i8;
+#[path = "matmul_mx.rs"]
+#[allow(dead_code)]
+mod matmul_mx;
 #[path = "ping_pong.rs"]
 #[allow(dead_code)]
 mod ping_pong;
@@ -60,17 +63,24 @@ use tessera::aot::{
 use tessera::prelude::*;
 
 /// One example kernel: its file name, its number of warps (`None`: `--num-warps`),
-/// how to compile it, how to precompile it into an artifact store, and its tile IR
-/// (for the Tile IR backend, `--tileir`).
+/// how to compile it, how to precompile it into an artifact store, its tile IR (for
+/// the Tile IR backend, `--tileir`), and the LLVM targets it is compiled for (most:
+/// every one).
 pub type Job = (
     &'static str,
     Option<u32>,
     fn(&Specialization, Target, &CompileOptions) -> Result<Artifact, Error>,
     fn(Target, &CompileOptions, &ArtifactStore) -> Result<Vec<PathBuf>, Error>,
     fn() -> Result<std::sync::Arc<tessera::ir::Function>, Error>,
+    fn(Target) -> bool,
 );
 
 macro_rules! job {
+    // Compiled for the targets `$only` accepts.
+    ($name:literal, warps = $w:literal, only = $only:expr, $k:ty) => {{
+        let job: Job = job!(@ $name, Some($w), $k);
+        (job.0, job.1, job.2, job.3, job.4, $only)
+    }};
     ($name:literal, warps = $w:literal, $k:ty) => {
         job!(@ $name, Some($w), $k)
     };
@@ -105,6 +115,7 @@ macro_rules! job {
                 precompile_launches::<$k>(&(), t, &with(t, o.clone()), s)
             },
             || tessera::kernel_ir::<$k>(&()),
+            |_| true,
         )
     };
     (@ $name:literal, $warps:expr, $k:ty) => {
@@ -115,13 +126,14 @@ macro_rules! job {
             // Every specialization a launch can look up.
             |t, o, s| precompile_launches::<$k>(&(), t, o, s),
             || tessera::kernel_ir::<$k>(&()),
+            |_| true,
         )
     };
 }
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 51] = [
+pub const JOBS: [Job; 53] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -152,6 +164,16 @@ pub const JOBS: [Job; 51] = [
     job!("matmul_fp8_e4m3", matmul_fp8::matmul_fp8_bt<F8E4M3, 64, 64, 64>),
     job!("matmul_i8_bt_128x128x128", warps = 8, matmul_i8::matmul_i8_bt<128, 128, 128>),
     job!("matmul_fp8_bt_128x128x128", warps = 8, matmul_fp8::matmul_fp8_bt<F8E4M3, 128, 128, 128>),
+    // The block-scaled GEMM (examples/matmul_mx.rs), MXFP8, and at the Triton
+    // comparison's tile on gfx950 only (its block-scaled MFMA; elsewhere the op is
+    // decoded to f32, whose 128x128x128 tiles do not fit).
+    job!("matmul_mx_e4m3", matmul_mx::matmul_mx<F8E4M3, 32, 32, 64, 64, 32, 2>),
+    job!(
+        "matmul_mx_e4m3_128x128x128",
+        warps = 8,
+        only = |t| t == Target::Amdgpu(tessera::aot::AmdArch::Gfx950),
+        matmul_mx::matmul_mx<F8E4M3, 128, 128, 128, 128, 128, 4>
+    ),
     // Device-side communication (examples/ping_pong.rs): the GPU check's ranks.
     job!("ring_pass", ping_pong::ring_pass<1024>),
     // The memory-model litmus tests (examples/litmus.rs), strong and weakened, which

@@ -22,11 +22,20 @@ const BK: usize = 64;
 
 /// One `BM x BN` tile of `C` (`m x n`, f32) from A (`m x k`, elements `T`, `AK`
 /// stored per `BK` along a row) with scales `sa` (`m x k/32`) and B (`k x n`, `BNS`
-/// stored per `BN` along a row) with scales `sb` (`k/32 x n`); `m`, `n`, `k`
-/// multiples of the tiles.
+/// stored per `BN` along a row) with scales `sb` (`k/32 x n`, `KS = BK / 32` per
+/// tile); `m`, `n`, `k` multiples of the tiles. (On gfx950, MXFP8 takes the
+/// block-scaled MFMA.)
 #[kernel]
 #[allow(clippy::too_many_arguments)]
-pub fn matmul_mx<T: ScaledInput, const AK: usize, const BNS: usize>(
+pub fn matmul_mx<
+    T: ScaledInput,
+    const BM: usize,
+    const BN: usize,
+    const BK: usize,
+    const AK: usize,
+    const BNS: usize,
+    const KS: usize,
+>(
     a: &Global<T>,
     sa: &Global<E8M0>,
     b: &Global<T>,
@@ -43,8 +52,8 @@ pub fn matmul_mx<T: ScaledInput, const AK: usize, const BNS: usize>(
     for k0 in (0..k).step_by(BK) {
         let ka = (k0 / per + arange::<AK>()).expand_dims::<0>();
         let kr = (k0 + arange::<BK>()).expand_dims::<1>();
-        let ks = (k0 / 32 + arange::<{ BK / 32 }>()).expand_dims::<0>();
-        let ksr = (k0 / 32 + arange::<{ BK / 32 }>()).expand_dims::<1>();
+        let ks = (k0 / 32 + arange::<KS>()).expand_dims::<0>();
+        let ksr = (k0 / 32 + arange::<KS>()).expand_dims::<1>();
         let at = a.load_unmasked(rm * (k / per) + ka);
         let bt = b.load_unmasked(kr * (n / per) + cbs);
         let sat = sa.load_unmasked(rm * (k / 32) + ks);
@@ -166,7 +175,7 @@ fn main() {
         let (da, db) = (dev.upload(&pa)?, dev.upload(&pb)?);
         let (dsa, dsb) = (dev.upload(&to_e8m0(&ea))?, dev.upload(&to_e8m0(&eb))?);
         let mut dc = dev.upload(&vec![f32::NAN; m * n])?;
-        matmul_mx::<E2M1x2, { BK / 2 }, { BN / 2 }>::launch(
+        matmul_mx::<E2M1x2, BM, BN, BK, { BK / 2 }, { BN / 2 }, { BK / 32 }>::launch(
             &dev,
             grid,
             (&da, &dsa, &db, &dsb, &mut dc, ni, ki),
@@ -190,7 +199,11 @@ fn main() {
         let (da, db) = (dev.upload(&pa)?, dev.upload(&pb)?);
         let (dsa, dsb) = (dev.upload(&to_e8m0(&ea))?, dev.upload(&to_e8m0(&eb))?);
         let mut dc = dev.upload(&vec![f32::NAN; m * n])?;
-        matmul_mx::<F8E4M3, BK, BN>::launch(&dev, grid, (&da, &dsa, &db, &dsb, &mut dc, ni, ki))?;
+        matmul_mx::<F8E4M3, BM, BN, BK, BK, BN, { BK / 32 }>::launch(
+            &dev,
+            grid,
+            (&da, &dsa, &db, &dsb, &mut dc, ni, ki),
+        )?;
         check(
             "mxfp8 e4m3",
             &decode(&va, &ea, &a_idx),

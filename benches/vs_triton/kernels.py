@@ -82,6 +82,27 @@ def matmul_bt(a_ptr, bt_ptr, c_ptr, m, n, k, BM: tl.constexpr, BN: tl.constexpr,
 
 
 @triton.jit
+def matmul_mx(a_ptr, sa_ptr, b_ptr, sb_ptr, c_ptr, n, k, BM: tl.constexpr, BN: tl.constexpr,
+              BK: tl.constexpr):
+    """examples/matmul_mx.rs `matmul_mx` on MXFP8 E4M3: C (f32, m x n) = A (m x k) @ B
+    (k x n), both row-major, with E8M0 scales over blocks of 32 along k (A's m x k/32,
+    B's k/32 x n, read transposed as tl.dot_scaled takes them); m, n, k multiples of
+    the tiles, no masks (as ours)."""
+    rm = (tl.program_id(0) * BM + tl.arange(0, BM))[:, None]  # BM x 1
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)  # BN
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, k, BK):
+        kk = k0 + tl.arange(0, BK)
+        ks = k0 // 32 + tl.arange(0, BK // 32)
+        a = tl.load(a_ptr + rm * k + kk[None, :])
+        b = tl.load(b_ptr + kk[:, None] * n + rn[None, :])
+        sa = tl.load(sa_ptr + rm * (k // 32) + ks[None, :])
+        sb = tl.load(sb_ptr + ks[None, :] * n + rn[:, None])  # BN x BK/32
+        acc = tl.dot_scaled(a, sa, "e4m3", b, sb, "e4m3", acc)
+    tl.store(c_ptr + rm * n + rn[None, :], acc)
+
+
+@triton.jit
 def matmul_desc(a_desc, b_desc, c_desc, k, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """examples/matmul_desc.rs `matmul_desc::<128,128,64>`: every operand a host
     tensor descriptor (TMA on sm_90a), f16 in, f32 out."""

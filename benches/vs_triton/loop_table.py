@@ -54,6 +54,10 @@ EIGHT_BIT = [
     ("matmul_i8_bt_128x128x128", "*i8", "*i32", 128, 128, 128, 8, ["sm_80", "sm_90a", "gfx942"]),
     ("matmul_fp8_bt_128x128x128", "*fp8e4nv", "*fp32", 128, 128, 128, 8, ["sm_90a", "gfx950", "gfx1200"]),
 ]
+# The block-scaled GEMM (`kernels.matmul_mx`, examples/matmul_mx.rs) on MXFP8 E4M3
+# with E8M0 scales: name, BM, BN, BK, num_warps, targets. gfx950 only: both sides on
+# its block-scaled MFMA (`v_mfma_scale_f32_*_f8f6f4`).
+MX = [("matmul_mx_e4m3_128x128x128", 128, 128, 128, 8, ["gfx950"])]
 # Through host tensor descriptors (examples/matmul_desc.rs): TMA into shared memory on
 # sm_90a on both sides. name (our artifact), Triton's kernel in kernels.py, BM, BN, BK,
 # num_warps (Triton's; ours are the artifact's). Ours is warp-specialized by default
@@ -103,6 +107,10 @@ def triton_side(work: Path) -> dict:
         sg8 = {"a_ptr": ab, "bt_ptr": ab, "c_ptr": c, "m": "i32", "n": "i32", "k": "i32",
                "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
         jobs.append((name, kernels.matmul_bt, sg8, {"BM": bm, "BN": bn, "BK": bk}, nw, (), tgts))
+    for name, bm, bn, bk, nw, tgts in MX:
+        sgm = {"a_ptr": "*fp8e4nv", "sa_ptr": "*u8", "b_ptr": "*fp8e4nv", "sb_ptr": "*u8", "c_ptr": "*fp32",
+               "n": "i32", "k": "i32", "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
+        jobs.append((name, kernels.matmul_mx, sgm, {"BM": bm, "BN": bn, "BK": bk}, nw, (), tgts))
     for name, fn, bm, bn, bk, nw in DESC:
         sgd = {"a_desc": f"tensordesc<fp16[{bm},{bk}]>", "b_desc": f"tensordesc<fp16[{bk},{bn}]>",
                "c_desc": f"tensordesc<fp32[{bm},{bn}]>", "k": "i32",
@@ -147,6 +155,7 @@ def triton_side(work: Path) -> dict:
 def runs_on(tgt: str) -> list:
     """The kernels compared on `tgt`."""
     return ([c[0] for c in CONFIGS + ATTENTION] + [e[0] for e in EIGHT_BIT if tgt in e[7]]
+            + [x[0] for x in MX if tgt in x[5]]
             + ([d[0] for d in DESC] if tgt == "sm_90a" else []))
 
 
@@ -181,7 +190,7 @@ def main() -> int:
     print("| kernel | target | side | " + " | ".join(KEYS) + " | loop cost vs Triton | barriers vs Triton |")
     print("|---|---|---|" + "---|" * len(KEYS) + "---|---|")
     verdicts = []
-    for name in [c[0] for c in CONFIGS + ATTENTION + EIGHT_BIT + DESC]:
+    for name in [c[0] for c in CONFIGS + ATTENTION + EIGHT_BIT + MX + DESC]:
         for tgt, *_ in TARGETS:
             if name not in runs_on(tgt):
                 continue

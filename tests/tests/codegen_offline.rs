@@ -211,7 +211,9 @@ fn each_aot_kernel(
                 let check = &check;
                 s.spawn(move || {
                     let mut failures = Vec::new();
-                    for (name, warps, compile, _, _) in aot_jobs::JOBS {
+                    for (name, warps, compile, _, _, _) in
+                        aot_jobs::JOBS.iter().filter(|j| (j.5)(target))
+                    {
                         let opts = CompileOptions {
                             num_warps: warps.unwrap_or(CompileOptions::default().num_warps),
                             ..CompileOptions::default()

@@ -79,14 +79,21 @@ struct Case {
     sav: Vec<f32>,
     sbv: Vec<f32>,
     c: Vec<f32>,
+    /// `(M, K, N)`.
+    dims: (usize, usize, usize),
 }
 
 /// Random elements (no NaN encodings) and scales (2^-8 to 2^8), in `format`
 /// (`e4m3`, `e5m2`, `e2m1`) with E8M0 or (NVFP4) E4M3 scales.
 fn case(format: &str, nvfp4: bool, seed: u64) -> Case {
+    case_of(format, nvfp4, seed, (M, K, N))
+}
+
+/// [`case`] of an `m x k` by `k x n` product.
+fn case_of(format: &str, nvfp4: bool, seed: u64, (m, k, n): (usize, usize, usize)) -> Case {
     let mut rng = StdRng::seed_from_u64(seed);
     let v = if nvfp4 { 16 } else { 32 };
-    let ks = K / v;
+    let ks = k / v;
     let elem = |rng: &mut StdRng| -> (u8, f32) {
         loop {
             let x: u8 = rng.r#gen();
@@ -110,8 +117,8 @@ fn case(format: &str, nvfp4: bool, seed: u64) -> Case {
         };
         (bytes, decoded)
     };
-    let (a, av) = matrix(M, K, &mut rng);
-    let (b, bv) = matrix(K, N, &mut rng);
+    let (a, av) = matrix(m, k, &mut rng);
+    let (b, bv) = matrix(k, n, &mut rng);
     let scales = |n: usize, rng: &mut StdRng| -> (Vec<u8>, Vec<f32>) {
         (0..n)
             .map(|_| {
@@ -128,9 +135,9 @@ fn case(format: &str, nvfp4: bool, seed: u64) -> Case {
             })
             .unzip()
     };
-    let (sa, sav) = scales(M * ks, &mut rng);
-    let (sb, sbv) = scales(ks * N, &mut rng);
-    let c = (0..M * N).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
+    let (sa, sav) = scales(m * ks, &mut rng);
+    let (sb, sbv) = scales(ks * n, &mut rng);
+    let c = (0..m * n).map(|_| rng.gen_range(-4.0f32..4.0)).collect();
     Case {
         a,
         b,
@@ -141,23 +148,25 @@ fn case(format: &str, nvfp4: bool, seed: u64) -> Case {
         sav,
         sbv,
         c,
+        dims: (m, k, n),
     }
 }
 
 /// The op's definition, from the decoded values: each operand times its block's
 /// scale in f32, then the products added to `c` in order of increasing `k`.
 fn reference(x: &Case, v: usize) -> Vec<f32> {
-    let ks = K / v;
+    let (m, k, n) = x.dims;
+    let ks = k / v;
     let mut out = x.c.clone();
-    for i in 0..M {
-        for j in 0..N {
-            let mut s = out[i * N + j];
-            for k in 0..K {
-                let a = x.av[i * K + k] * x.sav[i * ks + k / v];
-                let b = x.bv[k * N + j] * x.sbv[(k / v) * N + j];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = out[i * n + j];
+            for p in 0..k {
+                let a = x.av[i * k + p] * x.sav[i * ks + p / v];
+                let b = x.bv[p * n + j] * x.sbv[(p / v) * n + j];
                 s += a * b;
             }
-            out[i * N + j] = s;
+            out[i * n + j] = s;
         }
     }
     out
@@ -166,7 +175,10 @@ fn reference(x: &Case, v: usize) -> Vec<f32> {
 /// Launches the case on `dev` with kernel `scaled::<$t, $s, $ka, $nb, $ks>`; the
 /// output (poisoned first: every element written).
 macro_rules! run {
-    ($dev:expr, $x:expr, $t:ty, $s:ty, $ka:expr, $nb:expr, $ks:expr) => {{
+    ($dev:expr, $x:expr, $t:ty, $s:ty, $ka:expr, $nb:expr, $ks:expr) => {
+        run!($dev, $x, $t, $s, M, K, N, $ka, $nb, $ks)
+    };
+    ($dev:expr, $x:expr, $t:ty, $s:ty, $m:expr, $k:expr, $n:expr, $ka:expr, $nb:expr, $ks:expr) => {{
         let (dev, x): (&Device, &Case) = ($dev, $x);
         let a: Vec<$t> = bytemuck::cast_slice(&x.a).to_vec();
         let b: Vec<$t> = bytemuck::cast_slice(&x.b).to_vec();
@@ -175,8 +187,8 @@ macro_rules! run {
         let (a, b) = (dev.upload(&a).unwrap(), dev.upload(&b).unwrap());
         let (sa, sb) = (dev.upload(&sa).unwrap(), dev.upload(&sb).unwrap());
         let c = dev.upload(&x.c).unwrap();
-        let mut out = dev.upload(&vec![f32::NAN; M * N]).unwrap();
-        scaled::<$t, $s, M, K, N, { $ka }, { $nb }, { $ks }>::launch(
+        let mut out = dev.upload(&vec![f32::NAN; $m * $n]).unwrap();
+        scaled::<$t, $s, { $m }, { $k }, { $n }, { $ka }, { $nb }, { $ks }>::launch(
             dev,
             1usize,
             (&a, &sa, &b, &sb, &c, &mut out),
@@ -298,4 +310,60 @@ fn dot_scaled_round_trips_through_the_ir_text() {
     assert!(text.contains("dot_scaled e2m1"), "{text}");
     let back = tessera::ir::parser::parse_function(&text).expect("parses");
     assert_eq!(tessera::ir::printer::print_function(&back), text);
+}
+
+/// gfx950 multiplies MXFP8 on its block-scaled MFMA (`v_mfma_scale_f32_16x16x128`
+/// and `32x32x64_f8f6f4`, each lane's E8M0 scale of A and B in a register) where
+/// they tile the product: the instructions are in its code, and emu-gfx950, which
+/// executes them from AMD's description (each block's dot product times its two
+/// scales), matches the op's definition on random elements and scales. MXFP4 (no
+/// native form here) takes the conversion there.
+#[test]
+fn gfx950_takes_its_block_scaled_mfma() {
+    use tessera::aot::{AmdArch, CompileOptions, Target, compile_ir};
+    use tessera::codegen::tools;
+    let dev = Device::emu(tessera::EmuKind::Gfx950).expect("the emulator is built in");
+    // (shape, the instruction: 16x16x128 when the 32x32 tiles are fewer than the
+    // waves, 32x32x64 when they are not, or when 128 does not divide K).
+    macro_rules! shape {
+        ($m:expr, $k:expr, $n:expr, $ins:expr) => {{
+            for (seed, fmt) in [(11, "e4m3"), (12, "e5m2")] {
+                let x = case_of(fmt, false, seed, ($m, $k, $n));
+                let want = reference(&x, 32);
+                let got = if fmt == "e4m3" {
+                    run!(&dev, &x, F8E4M3, E8M0, $m, $k, $n, $k, $n, { $k / 32 })
+                } else {
+                    run!(&dev, &x, F8E5M2, E8M0, $m, $k, $n, $k, $n, { $k / 32 })
+                };
+                let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    let label = concat!(stringify!($m), "x", stringify!($k), "x", stringify!($n));
+                    assert!((g - w).abs() <= scale * 1e-5, "{fmt} {label} [{i}]: {g} vs {w}");
+                }
+            }
+            let f = tessera::kernel_ir::<
+                scaled<F8E4M3, E8M0, { $m }, { $k }, { $n }, { $k }, { $n }, { $k / 32 }>,
+            >(&())
+            .expect("builds");
+            let art = compile_ir(&f, Target::Amdgpu(AmdArch::Gfx950), &CompileOptions::warps(4))
+                .expect("compiles");
+            let dis = tools::amdgpu_disasm(&art.binary, AmdArch::Gfx950).expect("llvm-objdump");
+            let count = |op: &str| dis.lines().filter(|l| l.trim_start().starts_with(op)).count();
+            let ins = format!("v_mfma_scale_f32_{}_f8f6f4", $ins);
+            assert!(count(&ins) > 0, "{}: no {ins}:\n{dis}", stringify!($m x $k x $n));
+            // No decoding into f32 and no f32 FMA loop.
+            assert_eq!(count("v_fma_f32") + count("v_fmac_f32"), 0, "{dis}");
+        }};
+    }
+    shape!(32, 64, 32, "32x32x64");
+    shape!(32, 256, 32, "16x16x128");
+    shape!(64, 128, 64, "32x32x64");
+    // MXFP4 by conversion on the same device.
+    let x = case("e2m1", false, 13);
+    let want = reference(&x, 32);
+    let got = run!(&dev, &x, E2M1x2, E8M0, K / 2, N / 2, K / 32);
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= scale * 1e-5, "mxfp4 [{i}]: {g} vs {w}");
+    }
 }

@@ -286,7 +286,7 @@ fn facts_let_blackwell_take_wide_copies() {
 #[test]
 fn every_example_kernel_compiles_for_blackwell() {
     let mut report = Vec::new();
-    for (name, _, _, _, ir) in aot_jobs::JOBS {
+    for (name, _, _, _, ir, _) in aot_jobs::JOBS {
         let f = ir().expect("builds");
         match tileir::compile(&f, "sm_100") {
             Ok(art) => assert!(art.cubin.starts_with(b"\x7fELF"), "{name}"),

@@ -119,6 +119,42 @@ fn product(a: &[f32], b: &[f32], c: &[f32], m: usize, n: usize, k: usize) -> Vec
     d
 }
 
+/// An E8M0 scale (byte 0 of `w`): `2^(e - 127)`, NaN for 255.
+fn e8m0(w: u32) -> f32 {
+    match w as u8 {
+        255 => f32::NAN,
+        // 2^-127: f32's subnormal with only bit 22 set.
+        0 => f32::from_bits(1 << 22),
+        e => f32::from_bits((e as u32) << 23),
+    }
+}
+
+/// [`amd_mma`]'s block-scaled product: `m x k` A, `k x n` B, C, and each lane's scale
+/// words of A and B.
+fn scaled_product(
+    a: &[f32],
+    b: &[f32],
+    c: &[f32],
+    (m, n, k): (usize, usize, usize),
+    sa: &[u32],
+    sb: &[u32],
+) -> Vec<f32> {
+    let mut d = c.to_vec();
+    for i in 0..m {
+        for j in 0..n {
+            for blk in 0..k / 32 {
+                let mut s = 0.0f32;
+                for p in 32 * blk..32 * (blk + 1) {
+                    s += a[i * k + p] * b[p * n + j];
+                }
+                let scale = e8m0(sa[i + m * blk]) * e8m0(sb[j + n * blk]);
+                d[i * n + j] += s * scale;
+            }
+        }
+    }
+    d
+}
+
 /// NVIDIA m16n8k16: given every lane's fragments (`a[lane]` four registers of two
 /// halves, `b[lane]` two registers, `c[lane]` four floats), the D fragments.
 pub fn nv_m16n8k16(ty: Half, a: &[[u32; 4]], b: &[[u32; 2]], c: &[[f32; 4]]) -> Vec<[f32; 4]> {
@@ -390,18 +426,35 @@ pub enum AmdMma {
     Mfma16x16x128,
     /// gfx950 `v_mfma_f32_32x32x64_f8f6f4` on E4M3 or E5M2 (wave 64).
     Mfma32x32x64,
+    /// gfx950 `v_mfma_scale_f32_16x16x128_f8f6f4` on E4M3 or E5M2, E8M0 scales over
+    /// blocks of 32 `k` (wave 64).
+    ScaledMfma16x16x128,
+    /// gfx950 `v_mfma_scale_f32_32x32x64_f8f6f4` on E4M3 or E5M2, E8M0 scales over
+    /// blocks of 32 `k` (wave 64).
+    ScaledMfma32x32x64,
 }
 
 impl AmdMma {
     /// Every instruction, in the order of their kinds ([`AmdMma::kind`]).
-    pub const ALL: [AmdMma; 6] = [
+    pub const ALL: [AmdMma; 8] = [
         AmdMma::Mfma16x16x32,
         AmdMma::Mfma32x32x16,
         AmdMma::Wmma11,
         AmdMma::Wmma12,
         AmdMma::Mfma16x16x128,
         AmdMma::Mfma32x32x64,
+        AmdMma::ScaledMfma16x16x128,
+        AmdMma::ScaledMfma32x32x64,
     ];
+
+    /// Whether the instruction takes a scale of A and of B in each lane (one `.b32`
+    /// register each after B's, the E8M0 scale in byte 0).
+    pub fn scaled(self) -> bool {
+        matches!(
+            self,
+            AmdMma::ScaledMfma16x16x128 | AmdMma::ScaledMfma32x32x64
+        )
+    }
 
     /// Lanes of the wave that executes it.
     pub fn lanes(self) -> usize {
@@ -417,8 +470,8 @@ impl AmdMma {
             AmdMma::Mfma16x16x32 => (16, 16, 32),
             AmdMma::Mfma32x32x16 => (32, 32, 16),
             AmdMma::Wmma11 | AmdMma::Wmma12 => (16, 16, 16),
-            AmdMma::Mfma16x16x128 => (16, 16, 128),
-            AmdMma::Mfma32x32x64 => (32, 32, 64),
+            AmdMma::Mfma16x16x128 | AmdMma::ScaledMfma16x16x128 => (16, 16, 128),
+            AmdMma::Mfma32x32x64 | AmdMma::ScaledMfma32x32x64 => (32, 32, 64),
         }
     }
 
@@ -426,7 +479,10 @@ impl AmdMma {
     pub fn per_lane(self) -> usize {
         match self {
             AmdMma::Wmma11 => 16,
-            AmdMma::Mfma16x16x128 | AmdMma::Mfma32x32x64 => 32,
+            AmdMma::Mfma16x16x128
+            | AmdMma::Mfma32x32x64
+            | AmdMma::ScaledMfma16x16x128
+            | AmdMma::ScaledMfma32x32x64 => 32,
             _ => 8,
         }
     }
@@ -447,7 +503,10 @@ impl AmdMma {
     pub fn takes(self, e: AmdElem) -> bool {
         match self {
             AmdMma::Wmma11 => e.bits() == 16,
-            AmdMma::Mfma16x16x128 | AmdMma::Mfma32x32x64 => e.bits() == 8,
+            AmdMma::Mfma16x16x128
+            | AmdMma::Mfma32x32x64
+            | AmdMma::ScaledMfma16x16x128
+            | AmdMma::ScaledMfma32x32x64 => e.bits() == 8,
             _ => true,
         }
     }
@@ -480,16 +539,22 @@ impl AmdMma {
             AmdMma::Wmma12 => (lane % 16, 8 * (lane / 16) + i),
             // 32 bytes a lane, two runs of 16 `k`: the lane group's own 16 in each
             // half of the `k` range.
-            AmdMma::Mfma16x16x128 => (lane % 16, 64 * (i / 16) + 16 * (lane / 16) + i % 16),
-            AmdMma::Mfma32x32x64 => (lane % 32, 32 * (i / 16) + 16 * (lane / 32) + i % 16),
+            AmdMma::Mfma16x16x128 | AmdMma::ScaledMfma16x16x128 => {
+                (lane % 16, 64 * (i / 16) + 16 * (lane / 16) + i % 16)
+            }
+            AmdMma::Mfma32x32x64 | AmdMma::ScaledMfma32x32x64 => {
+                (lane % 32, 32 * (i / 16) + 16 * (lane / 32) + i % 16)
+            }
         }
     }
 
     /// `(row, column)` of C's register `v` in `lane`.
     fn c_at(self, lane: usize, v: usize) -> (usize, usize) {
         match self {
-            AmdMma::Mfma16x16x32 | AmdMma::Mfma16x16x128 => (4 * (lane / 16) + v, lane % 16),
-            AmdMma::Mfma32x32x16 | AmdMma::Mfma32x32x64 => {
+            AmdMma::Mfma16x16x32 | AmdMma::Mfma16x16x128 | AmdMma::ScaledMfma16x16x128 => {
+                (4 * (lane / 16) + v, lane % 16)
+            }
+            AmdMma::Mfma32x32x16 | AmdMma::Mfma32x32x64 | AmdMma::ScaledMfma32x32x64 => {
                 (v % 4 + 4 * (lane / 32) + 8 * (v / 4), lane % 32)
             }
             AmdMma::Wmma11 => (2 * v + lane / 16, lane % 16),
@@ -504,12 +569,22 @@ impl AmdMma {
 /// with the wrong number of registers, or lanes that disagree, are an error.
 /// Products of these types are exact in f32; the sum is taken in increasing `k`,
 /// then C added.
+///
+/// A block-scaled instruction ([`AmdMma::scaled`]) takes every lane's scale of A and
+/// of B (`scales`, byte 0 an E8M0 exponent: `2^(e - 127)`, 255 NaN). CDNA4's
+/// (AMD's "Matrix Core Programming on CDNA3 and CDNA4", its figures 8 and 9): the
+/// scales are `m x k / 32` for A and `k / 32 x n` for B, lane `l` holding A's of row
+/// `l % m`, block `l / m` (and B's of column `l % n`, the same block); each
+/// block's dot product is multiplied by its two scales "after the normal dot
+/// product and prior to accumulation": `D = C + Σ_j sa sb Σ_{k in j} A B`, each
+/// block's sum in increasing `k`, the blocks in increasing `j`, in f32.
 pub fn amd_mma(
     ins: AmdMma,
     e: AmdElem,
     a: &[Vec<u32>],
     b: &[Vec<u32>],
     c: &[Vec<f32>],
+    scales: Option<(&[u32], &[u32])>,
 ) -> Result<Vec<Vec<f32>>, String> {
     let (m, n, k) = ins.shape();
     let (lanes, per, regs) = (ins.lanes(), ins.per_lane(), ins.c_regs());
@@ -571,7 +646,17 @@ pub fn amd_mma(
             cm[r * n + col] = *x;
         }
     }
-    let d = product(&af, &bf, &cm, m, n, k);
+    let d = match (ins.scaled(), scales) {
+        (false, None) => product(&af, &bf, &cm, m, n, k),
+        (true, Some((sa, sb))) if sa.len() == lanes && sb.len() == lanes => {
+            scaled_product(&af, &bf, &cm, (m, n, k), sa, sb)
+        }
+        _ => {
+            return Err(format!(
+                "{ins:?}: scales given to an instruction that takes none, or not one a lane"
+            ));
+        }
+    };
     Ok((0..lanes)
         .map(|lane| {
             (0..regs)
@@ -855,7 +940,7 @@ mod tests {
                 c[lane][v] = val(r, col, 3);
             }
         }
-        let d = amd_mma(ins, e, &a, &b, &c).expect("the instruction");
+        let d = amd_mma(ins, e, &a, &b, &c, None).expect("the instruction");
         for lane in 0..lanes {
             for v in 0..regs {
                 let (r, col) = c_at(lane, v);
@@ -867,7 +952,7 @@ mod tests {
         // Moving A's first element to the next place changes D.
         let mut a2 = a.clone();
         a2[0][0] = a[0][0].rotate_left(bits as u32);
-        let same = amd_mma(ins, e, &a2, &b, &c).map(|d2| d2 == d);
+        let same = amd_mma(ins, e, &a2, &b, &c, None).map(|d2| d2 == d);
         assert_ne!(
             same,
             Ok(true),
@@ -936,6 +1021,82 @@ mod tests {
         assert_eq!(AmdMma::from_kind(29), None);
     }
 
+    /// The block-scaled gfx950 instructions, scattered by the layouts of the module
+    /// docs: every lane's D against `C + Σ_k A sa B sb` (exact data: the order of the
+    /// sums does not matter), and a scale moved to the next lane changes D.
+    #[test]
+    fn gfx950_scaled_mfma_applies_each_block_s_scales() {
+        for (ins, e) in [
+            (AmdMma::ScaledMfma16x16x128, AmdElem::E4M3),
+            (AmdMma::ScaledMfma32x32x64, AmdElem::E5M2),
+        ] {
+            let (m, n, k) = ins.shape();
+            let (lanes, regs) = (ins.lanes(), ins.c_regs());
+            let a_at = |l: usize, i: usize| {
+                if m == 16 {
+                    (l % 16, 64 * (i / 16) + 16 * (l / 16) + i % 16)
+                } else {
+                    (l % 32, 32 * (i / 16) + 16 * (l / 32) + i % 16)
+                }
+            };
+            let c_at = |l: usize, v: usize| {
+                if m == 16 {
+                    (4 * (l / 16) + v, l % 16)
+                } else {
+                    (v % 4 + 4 * (l / 32) + 8 * (v / 4), l % 32)
+                }
+            };
+            // Exponents -3..=3 around 127, different for every row (column) and block.
+            let sa_exp = |r: usize, blk: usize| 124 + ((r * 3 + blk * 5) % 7) as u32;
+            let sb_exp = |col: usize, blk: usize| 124 + ((col * 2 + blk * 3 + 1) % 7) as u32;
+            let mut a = vec![vec![0u32; 8]; lanes];
+            let mut b = vec![vec![0u32; 8]; lanes];
+            let mut c = vec![vec![0f32; regs]; lanes];
+            let (mut sa, mut sb) = (vec![0u32; lanes], vec![0u32; lanes]);
+            for lane in 0..lanes {
+                for i in 0..32 {
+                    let (r, kk) = a_at(lane, i);
+                    a[lane][i / 4] |= amd_bits(e, val(r, kk, 1)) << (8 * (i % 4));
+                    b[lane][i / 4] |= amd_bits(e, val(kk, r, 2)) << (8 * (i % 4));
+                }
+                for v in 0..regs {
+                    let (r, col) = c_at(lane, v);
+                    c[lane][v] = val(r, col, 3);
+                }
+                sa[lane] = sa_exp(lane % m, lane / m);
+                sb[lane] = sb_exp(lane % n, lane / n);
+            }
+            let d = amd_mma(ins, e, &a, &b, &c, Some((&sa, &sb))).expect("the instruction");
+            let pow = |x: u32| 2f32.powi(x as i32 - 127);
+            for lane in 0..lanes {
+                for v in 0..regs {
+                    let (r, col) = c_at(lane, v);
+                    let want: f32 = (0..k)
+                        .map(|p| {
+                            val(r, p, 1)
+                                * pow(sa_exp(r, p / 32))
+                                * val(p, col, 2)
+                                * pow(sb_exp(col, p / 32))
+                        })
+                        .sum::<f32>()
+                        + val(r, col, 3);
+                    assert_eq!(d[lane][v], want, "{ins:?} lane {lane} item {v}");
+                }
+            }
+            let mut sa2 = sa.clone();
+            sa2.rotate_left(1);
+            let d2 = amd_mma(ins, e, &a, &b, &c, Some((&sa2, &sb))).expect("moved");
+            assert_ne!(d, d2, "{ins:?}: moved scales left D unchanged");
+            assert!(
+                amd_mma(ins, e, &a, &b, &c, None).is_err(),
+                "scales are needed"
+            );
+        }
+        assert!(e8m0(255).is_nan());
+        assert_eq!(e8m0(0), 2f32.powi(-127));
+        assert_eq!(e8m0(127), 1.0);
+    }
+
     #[test]
     fn fp8_formats_are_not_interchangeable() {
         // E4M3 bytes read as E5M2 give another product: a swapped format is caught.
@@ -943,11 +1104,11 @@ mod tests {
         let one = amd_bits(AmdElem::E4M3, 1.5);
         let a = vec![vec![one * 0x0101_0101; 2]; 64];
         let c = vec![vec![0f32; 4]; 64];
-        let d4 = amd_mma(ins, AmdElem::E4M3, &a, &a, &c).expect("e4m3");
-        let d5 = amd_mma(ins, AmdElem::E5M2, &a, &a, &c).expect("e5m2");
+        let d4 = amd_mma(ins, AmdElem::E4M3, &a, &a, &c, None).expect("e4m3");
+        let d5 = amd_mma(ins, AmdElem::E5M2, &a, &a, &c, None).expect("e5m2");
         assert_eq!(d4[0][0], 32.0 * 1.5 * 1.5);
         assert_ne!(d4, d5);
-        assert!(amd_mma(AmdMma::Wmma11, AmdElem::E4M3, &a, &a, &c).is_err());
+        assert!(amd_mma(AmdMma::Wmma11, AmdElem::E4M3, &a, &a, &c, None).is_err());
     }
 
     #[test]
@@ -957,8 +1118,8 @@ mod tests {
         let mut b = a.clone();
         b[17][3] = 0; // lane 17 no longer repeats lane 1's B
         let c = vec![vec![0f32; 8]; 32];
-        let e = amd_mma(AmdMma::Wmma11, AmdElem::F16, &a, &b, &c).expect_err("undefined");
+        let e = amd_mma(AmdMma::Wmma11, AmdElem::F16, &a, &b, &c, None).expect_err("undefined");
         assert!(e.contains("disagree on B"), "{e}");
-        assert!(amd_mma(AmdMma::Wmma11, AmdElem::F16, &a, &a, &c).is_ok());
+        assert!(amd_mma(AmdMma::Wmma11, AmdElem::F16, &a, &a, &c, None).is_ok());
     }
 }

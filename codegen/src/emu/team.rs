@@ -83,9 +83,10 @@ enum St {
 /// Named barrier ids (0 is the block barrier).
 pub const NAMED_BARRIERS: usize = 16;
 
-/// Words of exchange space per thread (gfx950's 8-bit `v_mfma_f32_32x32x64_f8f6f4`
-/// deposits 32: 8 registers of A, 8 of B and 16 of C).
-pub const SLOT_WORDS: usize = 32;
+/// Words of exchange space per thread (gfx950's block-scaled
+/// `v_mfma_scale_f32_32x32x64_f8f6f4` deposits 34: 8 registers of A, 8 of B, the two
+/// scales and 16 of C).
+pub const SLOT_WORDS: usize = 34;
 
 /// The state of one block's threads.
 pub struct Team {

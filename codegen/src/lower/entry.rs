@@ -109,8 +109,15 @@ pub(super) fn lower_impl<'ctx>(
     if func.uses_comm() {
         engine::check(arch.target(), opts.engine)?;
     }
-    // `dot_scaled`: no block-scaled instruction here; decoded and scaled to f32, then
-    // an f32 `dot` (its definition).
+    // `dot_scaled`: on the target's block-scaled instructions where it has them for
+    // the op's format and shape (gfx950's MXFP8); else decoded and scaled to f32,
+    // then an f32 `dot` (its definition).
+    if has_scaled_mma(arch)
+        && let Some(g) = super::dot::with_native_scales(func)
+        && let Ok(l) = lower_as_is(ctx, &g, arch, opts, with_layouts)
+    {
+        return Ok(l);
+    }
     let expanded = tessera_ir::passes::expand_dot_scaled(func).map_err(|message| {
         CodegenError::Unsupported {
             kernel: func.name.clone(),
@@ -137,6 +144,13 @@ pub(super) fn lower_impl<'ctx>(
         }
     }
     lower_as_is(ctx, func, arch, opts, with_layouts)
+}
+
+/// Whether `arch` has a block-scaled matrix instruction at all
+/// ([`Arch::scaled_mma_for`] on a tile every one of them fits).
+fn has_scaled_mma(arch: &dyn Arch) -> bool {
+    arch.scaled_mma_for(ScalarType::F8E4M3, 128, 128, 128, 4)
+        .is_some()
 }
 
 /// [`lower_impl`] with the `dot`s as they are.

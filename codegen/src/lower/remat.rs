@@ -125,6 +125,15 @@ impl<'ctx> Lowerer<'_, 'ctx> {
                 .find(|(o, t)| !t.uniform && t.layout.shape == *shape && !self.rematerializable(*o))
                 .map(|(_, t)| t.layout.clone());
         });
+        // The scales of a block-scaled `dot` (through loops): the layout its
+        // instructions take them in.
+        for u in self.flow_closure(v) {
+            visit_uses(&self.f.body, u, &mut |op, i| {
+                if want.is_none() && i >= 3 {
+                    want = super::dot::scale_layout(self, op, i);
+                }
+            });
+        }
         want
     }
 

@@ -524,7 +524,9 @@ pub(super) extern "C" fn tessera_emu_mma_words(
         });
         return;
     }
-    let nab = want.0 + want.1;
+    // A block-scaled instruction's slot holds the lane's scale of A and of B after B.
+    let scaled = amd.is_some_and(|(ins, _)| ins.scaled());
+    let nab = want.0 + want.1 + if scaled { 2 } else { 0 };
     with((), |c| {
         // An instruction given undefined input (the computing lane reports it).
         let mut failed: Option<String> = None;
@@ -559,11 +561,16 @@ pub(super) extern "C" fn tessera_emu_mma_words(
                                 .collect()
                         };
                         let (na, nc) = (want.0, want.2);
-                        let cs: Vec<Vec<f32>> = words(2 * na, nc)
+                        let cs: Vec<Vec<f32>> = words(nab, nc)
                             .into_iter()
                             .map(|v| v.into_iter().map(f32::from_bits).collect())
                             .collect();
-                        match mma::amd_mma(ins, e, &words(0, na), &words(na, na), &cs) {
+                        let lane_scales = |at: usize| -> Vec<u32> {
+                            (0..w.lanes()).map(|l| w.read(l, at) as u32).collect()
+                        };
+                        let (sa, sb) = (lane_scales(2 * na), lane_scales(2 * na + 1));
+                        let scales = scaled.then_some((&sa[..], &sb[..]));
+                        match mma::amd_mma(ins, e, &words(0, na), &words(na, na), &cs, scales) {
                             Ok(d) => d
                                 .iter()
                                 .map(|x| x.iter().map(|f| f.to_bits() as i32).collect())

@@ -1,5 +1,6 @@
 //! [`Amdgpu`], the AMD GCN/CDNA/RDNA implementation of [`Arch`], and the MFMA
-//! fragment layouts ([`amd_mfma_16`], [`amd_mfma_32`]).
+//! fragment layouts ([`amd_mfma_16`], [`amd_mfma_32`], and the block-scaled
+//! [`amd_mfma_scaled_16`], [`amd_mfma_scaled_32`]).
 
 use inkwell::AddressSpace;
 use inkwell::attributes::AttributeLoc;
@@ -8,7 +9,7 @@ use inkwell::values::{BasicValueEnum, FloatValue, FunctionValue, IntValue, Point
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
-use super::{Arch, FragInfo, Math, MmaInfo, axis_char};
+use super::{Arch, FragInfo, Math, MmaInfo, ScaledMma, axis_char};
 use crate::Target;
 use crate::lower::{Cx, LResult, LowerError};
 use crate::target::AmdArch;
@@ -279,7 +280,7 @@ impl Arch for Amdgpu {
         let wide = c.len() == 16;
         let per = a.len() as u32;
         if per == 32 {
-            return emit_f8f6f4(cx, input, wide, a, b, c);
+            return emit_f8f6f4(cx, input, wide, a, b, c, None);
         }
         // A and B: the lane's elements as one vector (`<4 x half>`, `<4 x i16>` for
         // bf16 (gfx950's 8-wide ones: `<8 x bfloat>`), or packed into `i32` (4 bytes)
@@ -321,6 +322,44 @@ impl Arch for Amdgpu {
         let z = cx.i32(0);
         let d = cx.call_intrinsic(name, &[], &[va, vb, vc, z.into(), z.into(), z.into()])?;
         elements(cx, d)
+    }
+
+    fn scaled_mma_for(
+        &self,
+        input: ScalarType,
+        m: u32,
+        n: u32,
+        k: u32,
+        num_warps: u32,
+    ) -> Option<ScaledMma> {
+        if self.arch != AmdArch::Gfx950 || !matches!(input, ScalarType::F8E4M3 | ScalarType::F8E5M2)
+        {
+            return None;
+        }
+        // As `mma_for`: 32x32 tiles when there is one for every wave, or when the
+        // 16x16 instruction's `k` (128) does not divide the tile's.
+        let wide = m.is_multiple_of(32) && n.is_multiple_of(32) && k.is_multiple_of(64);
+        let small = m.is_multiple_of(16) && n.is_multiple_of(16) && k.is_multiple_of(128);
+        if wide && ((m / 32) * (n / 32) >= num_warps || !small) {
+            Some(amd_mfma_scaled_32())
+        } else if small {
+            Some(amd_mfma_scaled_16())
+        } else {
+            None
+        }
+    }
+
+    fn emit_scaled_mma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        a: &[BasicValueEnum<'ctx>],
+        b: &[BasicValueEnum<'ctx>],
+        c: &[BasicValueEnum<'ctx>],
+        scales: [IntValue<'ctx>; 2],
+        _site: u32,
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+        emit_f8f6f4(cx, input, c.len() == 16, a, b, c, Some(scales))
     }
 }
 
@@ -453,9 +492,10 @@ fn lane_runs(p: u32) -> Vec<(u32, u32, u32)> {
 }
 
 /// One gfx950 `v_mfma_f32_{16x16x128,32x32x64}_f8f6f4` on OCP E4M3 or E5M2 (`cbsz`
-/// and `blgp` 0 or 1): the unscaled form, which LLVM selects for
-/// `llvm.amdgcn.mfma.scale.f32.*.f8f6f4` with zero scale operands. `a` and `b` are the
-/// lane's 32 bytes (`<8 x i32>`), `c` its accumulators.
+/// and `blgp` 0 or 1): with `scales` (the lane's E8M0 scale of A and of B, byte 0
+/// selected) the block-scaled `v_mfma_scale_f32_*`; without, the unscaled form, which
+/// LLVM selects for `llvm.amdgcn.mfma.scale.f32.*.f8f6f4` with zero scale operands.
+/// `a` and `b` are the lane's 32 bytes (`<8 x i32>`), `c` its accumulators.
 fn emit_f8f6f4<'ctx>(
     cx: &Cx<'ctx>,
     input: ScalarType,
@@ -463,6 +503,7 @@ fn emit_f8f6f4<'ctx>(
     a: &[BasicValueEnum<'ctx>],
     b: &[BasicValueEnum<'ctx>],
     c: &[BasicValueEnum<'ctx>],
+    scales: Option<[IntValue<'ctx>; 2]>,
 ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let format = match input {
         ScalarType::F8E4M3 => 0,
@@ -477,8 +518,10 @@ fn emit_f8f6f4<'ctx>(
     } else {
         "llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4"
     };
-    let (z, f) = (cx.i32(0).into(), cx.i32(format).into());
-    let d = cx.call_intrinsic(name, &[vt, vt], &[va, vb, vc, f, f, z, z, z, z])?;
+    let (z, f) = (cx.i32(0), cx.i32(format).into());
+    let [sa, sb] = scales.unwrap_or([z, z]);
+    let (z, sa, sb) = (z.into(), sa.into(), sb.into());
+    let d = cx.call_intrinsic(name, &[vt, vt], &[va, vb, vc, f, f, z, sa, z, sb])?;
     elements(cx, d)
 }
 
@@ -530,6 +573,47 @@ fn wmma(
 /// numbering would need the ISA's; none does.)
 pub fn rdna4_wmma() -> MmaInfo {
     wmma((0, 8), (1, 0), (8, 0), vec![(0, 0, 8)])
+}
+
+/// gfx950's `v_mfma_scale_f32_16x16x128_f8f6f4` on 8-bit floats in its own numbering
+/// of `k` (AMD's "Matrix Core Programming on CDNA3 and CDNA4", and the CDNA4 ISA):
+/// A's element `i` in `lane` is `A[lane % 16][64 (i / 16) + 16 (lane / 16) + i % 16]`
+/// (two runs of 16; B's the same with the row read as B's column), C/D as
+/// [`amd_mfma_16`]; the lane's scale is that of row (column) `lane % 16`, block
+/// `lane / 16` of the four blocks of 32 `k`, which the hardware applies to each
+/// block's sum.
+pub fn amd_mfma_scaled_16() -> ScaledMma {
+    let mut info = amd_mfma_16(32);
+    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (0, 16), (0, 32)];
+    let runs = vec![(0, 0, 16), (0, 64, 16)];
+    info.a = FragInfo {
+        lane: lane.clone(),
+        runs: runs.clone(),
+    };
+    info.b = FragInfo { lane, runs };
+    ScaledMma {
+        info,
+        scale_lane: vec![(1, 0), (2, 0), (4, 0), (8, 0), (0, 1), (0, 2)],
+    }
+}
+
+/// gfx950's `v_mfma_scale_f32_32x32x64_f8f6f4` on 8-bit floats (same sources): A's
+/// element `i` in `lane` is `A[lane % 32][32 (i / 16) + 16 (lane / 32) + i % 16]`, C/D
+/// as [`amd_mfma_32`]; the lane's scale is that of row (column) `lane % 32`, block
+/// `lane / 32` of the two blocks of 32 `k`.
+pub fn amd_mfma_scaled_32() -> ScaledMma {
+    let mut info = amd_mfma_32(32);
+    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (0, 16)];
+    let runs = vec![(0, 0, 16), (0, 32, 16)];
+    info.a = FragInfo {
+        lane: lane.clone(),
+        runs: runs.clone(),
+    };
+    info.b = FragInfo { lane, runs };
+    ScaledMma {
+        info,
+        scale_lane: vec![(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (0, 1)],
+    }
 }
 
 /// AMD 16x16 MFMA with `p` elements of A and B per lane (`v_mfma_f32_16x16x16f16`:

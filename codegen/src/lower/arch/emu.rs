@@ -45,6 +45,7 @@
 //! | MFMA 16x16x16 | `void tessera_emu_mma_amd_{f16,bf16}(i32 a0..a3, i32 b0..b3, float c0..c3, ptr d, i32 site)` (16-bit elements zero-extended) |
 //! | 8-bit matrix instructions (`mma.sync` m16n8k32 `.s8`, `.e4m3`, `.e5m2`, MFMA `i32_16x16x32_i8`, `i32_32x32x16_i8`) | `void tessera_emu_mma_words(i32 kind, ptr ab, i32 a_words, ptr cd, i32 c_regs, i32 site)` (kind: 0 `.s8`, 1 and 2 the MFMA, 3 `.e4m3`, 4 `.e5m2` (sm_89's; emu-nv converts 8-bit float fragments to f16 as sm_80 does, `arch::fp8_mma_as_f16`); `[n x i32]` A then B, packed `.b32` registers; `[c_regs x i32]` C in, D out, f32 by their bits) |
 //! | gfx950 MFMA `f32_16x16x32`, `f32_32x32x16`, RDNA3 and RDNA4 WMMA `f32_16x16x16` (f16, bf16, and E4M3/E5M2 on gfx950 and RDNA4; emu-gfx950, emu-gfx1100, emu-gfx1200) | `tessera_emu_mma_words` with kinds from 5 ([`crate::emu::mma::AmdMma::kind`]; gfx950's and RDNA4's OCP 8-bit float forms too): the elements packed into `.b32` registers, f32 accumulators by their bits |
+//! | gfx950's block-scaled `v_mfma_scale_f32_{16x16x128,32x32x64}_f8f6f4` (`dot_scaled` on MXFP8, emu-gfx950) | `tessera_emu_mma_words` with their kinds: A, B, then the lane's E8M0 scale of A and of B (`Arch::emit_scaled_mma`) |
 //!
 //! The fragment contents are exactly what the GPU lowering puts in the instruction's
 //! registers ([`Nvptx::mma`] / [`Amdgpu::mma`] layouts, `super::pack_words`
@@ -63,7 +64,7 @@ use inkwell::values::{
 use tessera_ir::ScalarType;
 use tessera_ir::ir::MemScope;
 
-use super::{Amdgpu, Arch, Math, MmaInfo, Nvptx, WgmmaA, pack_words};
+use super::{Amdgpu, Arch, Math, MmaInfo, Nvptx, ScaledMma, WgmmaA, pack_words};
 use crate::Target;
 use crate::emu::mma::{AmdElem, AmdMma};
 use crate::lower::{Cx, LResult, LowerError, entry_alloca};
@@ -772,6 +773,43 @@ impl Arch for Emu {
             .collect()
     }
 
+    fn scaled_mma_for(
+        &self,
+        input: ScalarType,
+        m: u32,
+        n: u32,
+        k: u32,
+        nw: u32,
+    ) -> Option<ScaledMma> {
+        self.amd()?.scaled_mma_for(input, m, n, k, nw)
+    }
+
+    fn emit_scaled_mma<'ctx>(
+        &self,
+        cx: &Cx<'ctx>,
+        input: ScalarType,
+        a: &[BasicValueEnum<'ctx>],
+        b: &[BasicValueEnum<'ctx>],
+        c: &[BasicValueEnum<'ctx>],
+        scales: [IntValue<'ctx>; 2],
+        site: u32,
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+        let ins = match c.len() {
+            4 => AmdMma::ScaledMfma16x16x128,
+            _ => AmdMma::ScaledMfma32x32x64,
+        };
+        emit_mma_words(
+            cx,
+            self.flavor,
+            input,
+            Some(ins),
+            [a, b],
+            c,
+            Some(scales),
+            site,
+        )
+    }
+
     fn emit_mma<'ctx>(
         &self,
         cx: &Cx<'ctx>,
@@ -790,10 +828,10 @@ impl Arch for Emu {
             return super::fp8_mma_as_f16(self, cx, a, b, c, site, &cvt);
         }
         if let Some(ins) = self.amd_mma(input, a.len(), c.len()) {
-            return emit_mma_words(cx, self.flavor, input, Some(ins), a, b, c, site);
+            return emit_mma_words(cx, self.flavor, input, Some(ins), [a, b], c, None, site);
         }
         if input == ScalarType::I8 || input.is_fp8() {
-            return emit_mma_words(cx, self.flavor, input, None, a, b, c, site);
+            return emit_mma_words(cx, self.flavor, input, None, [a, b], c, None, site);
         }
         let c: Vec<FloatValue<'ctx>> = c.iter().map(|v| v.into_float_value()).collect();
         let c = &c[..];
@@ -868,9 +906,9 @@ fn emit_mma_words<'ctx>(
     flavor: EmuFlavor,
     input: ScalarType,
     ins: Option<AmdMma>,
-    a: &[BasicValueEnum<'ctx>],
-    b: &[BasicValueEnum<'ctx>],
+    [a, b]: [&[BasicValueEnum<'ctx>]; 2],
     c: &[BasicValueEnum<'ctx>],
+    scales: Option<[IntValue<'ctx>; 2]>,
     site: u32,
 ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
     let i32t = cx.ctx.i32_type();
@@ -898,7 +936,9 @@ fn emit_mma_words<'ctx>(
         .collect::<LResult<_>>()?;
     let c = &c[..];
     let float_acc = kind >= 3;
-    let (pa, pb) = (pack_words(cx, a)?, pack_words(cx, b)?);
+    let (pa, mut pb) = (pack_words(cx, a)?, pack_words(cx, b)?);
+    // A block-scaled instruction's scales follow B's registers.
+    pb.extend(scales.into_iter().flatten());
     let abty = i32t.array_type((pa.len() + pb.len()) as u32);
     let cdty = i32t.array_type(c.len() as u32);
     let ab = entry_alloca(cx, abty.into(), "mma.ab")?;

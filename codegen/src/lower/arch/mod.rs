@@ -112,6 +112,18 @@ impl MmaInfo {
     }
 }
 
+/// A block-scaled matrix instruction ([`Arch::scaled_mma_for`]): `D = C + Σ_j
+/// sa_j sb_j Σ_{k in block j} A B` over blocks of 32 `k`.
+#[derive(Clone, Debug)]
+pub struct ScaledMma {
+    /// The instruction, its A and B fragments in its own numbering of `k` (which
+    /// the blocks of the scales follow: no renumbering as [`MmaInfo`]s may).
+    pub info: MmaInfo,
+    /// Which scale a lane holds: per lane bit, `(row, block)` of A's scales (of
+    /// the instruction's `m x k / 32`), and `(column, block)` of B's.
+    pub scale_lane: Vec<(u32, u32)>,
+}
+
 /// Where a [`Arch::wgmma`] reads its A operand.
 #[derive(Clone, Copy, Debug)]
 pub enum WgmmaA<'a, 'ctx> {
@@ -351,6 +363,39 @@ pub trait Arch: Math {
         _num_warps: u32,
     ) -> Option<MmaInfo> {
         self.mma(input)
+    }
+    /// The block-scaled matrix instruction for a `dot_scaled` on `input` elements
+    /// with E8M0 scales over blocks of 32 `k` (MXFP8), of an `m x k` by `k x n` tile
+    /// on `num_warps` warps, if the target has one that tiles it (gfx950's
+    /// `v_mfma_scale_f32_{16x16x128,32x32x64}_f8f6f4`). Default: none (the op is
+    /// expanded into decoding ops and an f32 `dot`).
+    fn scaled_mma_for(
+        &self,
+        _input: ScalarType,
+        _m: u32,
+        _n: u32,
+        _k: u32,
+        _num_warps: u32,
+    ) -> Option<ScaledMma> {
+        None
+    }
+    /// Emits one instruction of [`Arch::scaled_mma_for`]: [`Arch::emit_mma`]'s
+    /// operands, and the lane's E8M0 scale of A and of B (`i32`, the scale in the low
+    /// byte, [`ScaledMma::scale_lane`]).
+    #[allow(clippy::too_many_arguments)]
+    fn emit_scaled_mma<'ctx>(
+        &self,
+        _cx: &Cx<'ctx>,
+        _input: ScalarType,
+        _a: &[BasicValueEnum<'ctx>],
+        _b: &[BasicValueEnum<'ctx>],
+        _c: &[BasicValueEnum<'ctx>],
+        _scales: [IntValue<'ctx>; 2],
+        _site: u32,
+    ) -> LResult<Vec<BasicValueEnum<'ctx>>> {
+        Err(LowerError::Llvm(
+            "a block-scaled matrix instruction on a target without one".into(),
+        ))
     }
     /// Whether [`Arch::ldmatrix`] is available (NVIDIA sm_75+).
     fn has_ldmatrix(&self) -> bool {

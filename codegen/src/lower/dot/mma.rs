@@ -19,10 +19,10 @@ use tessera_ir::ir::Op;
 use tessera_ir::{Elem, ScalarType};
 
 use super::smem::{Arrays, Swizzle, arrays_base, pair_run, paired_reads, stage, stage_operands};
-use super::{Plan, c_layout};
+use super::{Plan, c_layout, scale_layout_of};
 use crate::layout::Layout;
 use crate::lower::arch::{FragInfo, MmaInfo};
-use crate::lower::{LResult, Lowerer, Tile};
+use crate::lower::{LResult, LowerError, Lowerer, Tile};
 
 /// The registers of the A tile `a` (layout `lay`) that are the A fragments of `p`'s
 /// instructions, `[m tile][k step][element]` in [`FragInfo::runs`] order, when `a`
@@ -315,6 +315,42 @@ pub(super) fn ldmatrix_b<'ctx>(
     regs.chunks(2).map(|r| unpack_words(l, ety, r)).collect()
 }
 
+/// A block-scaled `dot`'s scales as its instructions take them: A's (B's) for
+/// k-step `ks` and the warp's M (N) tile `r` at `ks + steps * r` (`steps` the
+/// k-steps), each the lane's E8M0 byte as an `i32`: the scale tiles converted to
+/// [`scale_layout_of`] (where their loads did not produce it already).
+fn scale_registers<'ctx>(
+    l: &mut Lowerer<'_, 'ctx>,
+    op: &Op,
+    p: &Plan,
+    lanes: &[(u32, u32)],
+    mnk: (u32, u32, u32),
+) -> LResult<(Vec<IntValue<'ctx>>, Vec<IntValue<'ctx>>)> {
+    let Some((sa, sb)) = super::scales(op) else {
+        return Err(LowerError::Llvm(
+            "a block-scaled plan for a dot without scales".into(),
+        ));
+    };
+    let mut out = Vec::new();
+    for (v, a) in [(sa, true), (sb, false)] {
+        let t = l.val(v)?;
+        let t = l.convert(&t, &scale_layout_of(p, lanes, a, mnk, l.nw), &op.span)?;
+        let regs = t
+            .regs
+            .iter()
+            .map(|r| {
+                Ok(l.cx
+                    .b
+                    .build_int_z_extend(r.into_int_value(), l.cx.ctx.i32_type(), "")?)
+            })
+            .collect::<LResult<Vec<_>>>()?;
+        out.push(regs);
+    }
+    let sb = out.pop().unwrap_or_default();
+    let sa = out.pop().unwrap_or_default();
+    Ok((sa, sb))
+}
+
 pub(super) fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
     let arr = Arrays::new(l, op, &p);
     let (m, n, k, ldm) = (arr.m, arr.n, arr.k, arr.ldm);
@@ -326,6 +362,10 @@ pub(super) fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LR
     let c = l.val(op.operands[2])?;
     let clay = c_layout(&p, m, n, l.nw);
     let c = l.convert(&c, &clay, &op.span)?;
+    let scale_regs = match &p.scale_lane {
+        Some(lanes) => Some(scale_registers(l, op, &p, lanes, (m, n, k))?),
+        None => None,
+    };
     let info = &p.info;
     // A loop-carried operand is already in this dot's own arrays (the loop staged it
     // and waited at a barrier, see `Lowerer::lower_for`); the rest is written here.
@@ -354,7 +394,10 @@ pub(super) fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LR
     let ety = l.ty(Elem::Scalar(s));
     // A chained dot's A (attention's P) may hold its fragments already: no staging.
     let paired = paired_reads(info, ldm, k, arr.elem_bytes);
-    let a_in_regs = a_from_registers(l, op, |lay| a_fragments_in_registers(&p, lay))?;
+    let a_in_regs = match p.scale_lane {
+        Some(_) => None,
+        None => a_from_registers(l, op, |lay| a_fragments_in_registers(&p, lay))?,
+    };
     stage_operands(l, op, a_in_regs.is_some(), |l, which, t| {
         stage(l, &arr, which, t, base)
     })?;
@@ -451,14 +494,23 @@ pub(super) fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LR
                 }
             }
         }
-        for (afs, bfs) in afr.iter().zip(&bfr) {
+        for (j, (afs, bfs)) in afr.iter().zip(&bfr).enumerate() {
+            let step = (ks as usize) + j;
             for (mr, af) in afs.iter().enumerate() {
                 for (nr, bf) in bfs.iter().enumerate() {
                     let at = (mr * p.reps_n as usize + nr) * fr;
                     let site = l.new_site("mma");
                     // Transposed: B's fragment in A's place and A's in B's (`Dᵀ = Bᵀ Aᵀ`).
                     let (x, y) = if p.transposed { (bf, af) } else { (af, bf) };
-                    let d = l.arch.emit_mma(&l.cx, s, x, y, &acc[at..at + fr], site)?;
+                    let c = &acc[at..at + fr];
+                    let d = match &scale_regs {
+                        Some((sa, sb)) => {
+                            let steps = (k / info.k) as usize;
+                            let sc = [sa[step + steps * mr], sb[step + steps * nr]];
+                            l.arch.emit_scaled_mma(&l.cx, s, x, y, c, sc, site)?
+                        }
+                        None => l.arch.emit_mma(&l.cx, s, x, y, c, site)?,
+                    };
                     acc[at..at + fr].copy_from_slice(&d);
                 }
             }

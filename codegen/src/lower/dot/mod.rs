@@ -26,8 +26,8 @@
 
 use inkwell::values::IntValue;
 
-use tessera_ir::ValueId;
-use tessera_ir::ir::{Op, OpKind};
+use tessera_ir::ir::{Function, Op, OpKind, Region, ScaledFormat};
+use tessera_ir::{ScalarType, ValueId};
 
 use crate::layout::Layout;
 use crate::lower::arch::MmaInfo;
@@ -57,6 +57,54 @@ struct Plan {
     /// lane's registers but for one lane step, and the C fragment of one dot is the A
     /// fragment of the next (see [`a_fragments_in_registers`]).
     transposed: bool,
+    /// A block-scaled `dot` ([`scales`]): which scale each lane holds
+    /// ([`ScaledMma::scale_lane`](crate::lower::arch::ScaledMma::scale_lane)).
+    scale_lane: Option<Vec<(u32, u32)>>,
+}
+
+/// The scales of a block-scaled `dot`: the lowering's own form of `dot_scaled` where
+/// the target multiplies it as it is ([`with_native_scales`]), a `dot` with the
+/// operands `a, b, acc, a_scale, b_scale`.
+pub(super) fn scales(op: &Op) -> Option<(ValueId, ValueId)> {
+    match op.operands[..] {
+        [_, _, _, sa, sb] if op.kind == OpKind::Dot => Some((sa, sb)),
+        _ => None,
+    }
+}
+
+/// `f` with each `dot_scaled` on MXFP8 (E4M3 or E5M2 elements, E8M0 scales over
+/// blocks of 32) as a block-scaled `dot` ([`scales`]), for a target with
+/// [`Arch::scaled_mma_for`](crate::lower::arch::Arch::scaled_mma_for); `None` when
+/// there is none. (The other formats, and a `dot` its instructions do not tile, are
+/// left to `tessera_ir::passes::expand_dot_scaled`: the caller lowers that form
+/// when this one fails.)
+pub(super) fn with_native_scales(f: &Function) -> Option<Function> {
+    fn region(f: &Function, r: &mut Region) -> bool {
+        let mut any = false;
+        for op in &mut r.ops {
+            for sub in &mut op.regions {
+                any |= region(f, sub);
+            }
+            let OpKind::DotScaled { format } = op.kind else {
+                continue;
+            };
+            let [a, sa, b, sb, acc] = op.operands[..] else {
+                continue;
+            };
+            let e8m0 = |v: ValueId| f.ty(v).scalar_type() == Some(ScalarType::U8);
+            if matches!(format, ScaledFormat::E4M3 | ScaledFormat::E5M2) && e8m0(sa) && e8m0(sb) {
+                op.kind = OpKind::Dot;
+                op.operands = vec![a, b, acc, sa, sb];
+                any = true;
+            }
+        }
+        any
+    }
+    let mut g = f.clone();
+    let mut body = std::mem::take(&mut g.body);
+    let any = region(&g, &mut body);
+    g.body = body;
+    any.then_some(g)
 }
 
 /// The `mma.sync`/MFMA plan of `op` (`None` on the FMA path, and for a `dot` that
@@ -69,7 +117,17 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     let b = l.f.ty(op.operands[1]);
     let s = a.scalar_type()?;
     let (m, k, n) = (a.shape[0], a.shape[1], b.shape[1]);
-    let info = l.arch.mma_for(s, m, n, k, l.nw)?;
+    let (info, scale_lane) = match scales(op) {
+        Some(_) => {
+            let sc = l.arch.scaled_mma_for(s, m, n, k, l.nw)?;
+            // The scales' layout repeats the instruction's over powers of two.
+            if !(k / sc.info.k).is_power_of_two() {
+                return None;
+            }
+            (sc.info, Some(sc.scale_lane))
+        }
+        None => (l.arch.mma_for(s, m, n, k, l.nw)?, None),
+    };
     if m % info.m != 0 || n % info.n != 0 || k % info.k != 0 {
         return None;
     }
@@ -77,7 +135,8 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
     // A chain of dots (one's result, elementwise, is the next one's A) puts every
     // warp along M, so the first's accumulators are the second's A fragments
     // ([`a_fragments_in_registers`]) and its row reductions stay inside warps.
-    let chain = tiles_m >= l.nw && in_chain(l, op);
+    // (Not a block-scaled one: its fragments are in the instruction's own `k`.)
+    let chain = scale_lane.is_none() && tiles_m >= l.nw && in_chain(l, op);
     let (warps_m, warps_n) = if chain {
         (l.nw, 1)
     } else {
@@ -90,6 +149,7 @@ fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<Plan> {
         info,
         warps_m,
         warps_n,
+        scale_lane,
     })
 }
 
@@ -290,6 +350,54 @@ fn c_layout(p: &Plan, m: u32, n: u32, nw: u32) -> Layout {
     Layout::from_coords(&[m, n], &reg, &lane, &warp)
 }
 
+/// The layout in which the block-scaled `dot` `op` takes its operand `which` (3:
+/// A's scales, 4: B's), if it is one on the matrix path ([`scale_layout_of`]): a
+/// load of the scales made in it needs no conversion.
+pub(super) fn scale_layout(l: &Lowerer<'_, '_>, op: &Op, which: usize) -> Option<Layout> {
+    scales(op)?;
+    let p = plan(l, op)?;
+    let lanes = p.scale_lane.as_ref()?;
+    let (a, b) = (l.f.ty(op.operands[0]), l.f.ty(op.operands[1]));
+    let mnk = (a.shape[0], b.shape[1], a.shape[1]);
+    Some(scale_layout_of(&p, lanes, which == 3, mnk, l.nw))
+}
+
+/// The layout that gives every lane of plan `p` exactly the scales its instructions
+/// take (A's `m x k/32` when `a`, else B's `k/32 x n`): within an instruction
+/// `lanes` ([`ScaledMma::scale_lane`](crate::lower::arch::ScaledMma::scale_lane)),
+/// then registers over the k-steps, then over the warp's tiles, the warps as the
+/// accumulator's (the other operand's warps replicate). Register `ks + steps * r`
+/// holds the scale of k-step `ks` of the warp's tile `r`.
+fn scale_layout_of(
+    p: &Plan,
+    lanes: &[(u32, u32)],
+    a: bool,
+    (m, n, k): (u32, u32, u32),
+    nw: u32,
+) -> Layout {
+    let i = &p.info;
+    let (steps, block) = (k / i.k, i.k / 32);
+    let bits = |x: u32| 0..x.trailing_zeros();
+    // (along M or N, along the blocks) as A's (row, block) or B's (block, column).
+    let at = |mn: u32, blk: u32| if a { vec![mn, blk] } else { vec![blk, mn] };
+    let (tile, warps, reps) = if a {
+        (i.m, p.warps_m, p.reps_m)
+    } else {
+        (i.n, p.warps_n, p.reps_n)
+    };
+    let mut reg: Vec<Vec<u32>> = bits(steps).map(|j| at(0, block << j)).collect();
+    reg.extend(bits(reps).map(|j| at((tile * warps) << j, 0)));
+    let lane: Vec<Vec<u32>> = lanes.iter().map(|&(mn, blk)| at(mn, blk)).collect();
+    // Warp bits: M's first, then N's, as `c_layout`'s.
+    let mine = |j: u32| at(tile << j, 0);
+    let mut warp: Vec<Vec<u32>> = Vec::new();
+    warp.extend(bits(p.warps_m).map(|j| if a { mine(j) } else { at(0, 0) }));
+    warp.extend(bits(p.warps_n).map(|j| if a { at(0, 0) } else { mine(j) }));
+    warp.resize((nw.trailing_zeros() as usize).max(warp.len()), at(0, 0));
+    let shape = if a { [m, k / 32] } else { [k / 32, n] };
+    Layout::from_coords(&shape, &reg, &lane, &warp)
+}
+
 pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'ctx>> {
     if let Some(p) = wgmma::plan(l, op) {
         return wgmma::lower(l, op, p);
@@ -311,6 +419,10 @@ pub(super) fn lower<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op) -> LResult<Tile<'c
     }
     match plan(l, op) {
         Some(p) => lower_mma(l, op, p),
+        None if scales(op).is_some() => Err(super::LowerError::Unsupported {
+            span: op.span.clone(),
+            message: "`dot_scaled`: no block-scaled instruction tiles this shape".into(),
+        }),
         None => lower_fma(l, op),
     }
 }

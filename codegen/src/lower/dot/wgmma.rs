@@ -111,7 +111,8 @@ pub(in crate::lower) fn dim0_contiguous(l: &Lowerer<'_, '_>, ld: &Op) -> bool {
 /// `M` a multiple of 64, `K` of the instruction's, every dimension a power of two,
 /// and a warpgroup's `N` between 16 and 256 and made of whole swizzle blocks.
 pub(in crate::lower) fn plan(l: &Lowerer<'_, '_>, op: &Op) -> Option<WgPlan> {
-    if !l.target().has_wgmma() {
+    // (A block-scaled `dot`, [`super::scales`], is gfx950's.)
+    if !l.target().has_wgmma() || super::scales(op).is_some() {
         return None;
     }
     let a = l.f.ty(op.operands[0]);
@@ -605,6 +606,7 @@ pub(in crate::lower) fn wgmma_a_fragments(p: &WgPlan, lay: &Layout) -> Option<AF
         reps_m: p.reps_m,
         reps_n: 1,
         transposed: false,
+        scale_lane: None,
     };
     // Rep `mr` starts at row `mr * warps_m * 16 = mr * 64 wg_m`, as the wgmma plan's;
     // the k steps are 16 wide, as wgmma's.
