@@ -133,7 +133,7 @@ macro_rules! job {
 
 /// The kernels of every example, as the examples (and `examples/gpu_check.rs`)
 /// instantiate them.
-pub const JOBS: [Job; 53] = [
+pub const JOBS: [Job; 54] = [
     job!("vector_add", vector_add::vector_add<1024>),
     job!("softmax_f32", softmax::softmax<f32, 4, 1024>),
     job!("softmax_f16", softmax::softmax<f16, 4, 1024>),
@@ -142,6 +142,17 @@ pub const JOBS: [Job; 53] = [
     // The tile sizes of the Triton comparison (benches/vs_triton).
     job!("matmul_f16_128x128x32", matmul::matmul<f16, 128, 128, 32>),
     job!("matmul_f16_128x128x64", warps = 8, matmul::matmul<f16, 128, 128, 64>),
+    // The largest tile of the AMD loop table, on CDNA3/CDNA4 (whose 64-lane waves
+    // hold its accumulator: 128 registers a lane on 8 warps).
+    job!(
+        "matmul_f16_256x256x64",
+        warps = 8,
+        only = |t| matches!(
+            t,
+            Target::Amdgpu(tessera::aot::AmdArch::Gfx942 | tessera::aot::AmdArch::Gfx950)
+        ),
+        matmul::matmul<f16, 256, 256, 64>
+    ),
     // ... and at the Triton baseline's own tile (scripts/gpu_bench.py: 128x256x64).
     job!("matmul_f16_128x256x64", warps = 8, matmul::matmul<f16, 128, 256, 64>),
     job!("layernorm", layernorm::layernorm<f32, 256>),

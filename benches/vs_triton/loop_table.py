@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The matmul main loop, Tessera against Triton, per unit of matrix work.
 
-For `matmul_f16_128x128x32` (4 warps) and `matmul_f16_128x128x64` (8 warps), on
+For `matmul_f16_128x128x32` (4 warps) and `matmul_f16_128x128x64` (8 warps; and
+`matmul_f16_256x256x64`, 8 warps, on gfx942 and gfx950), on
 `sm_80`, `sm_90a`, `gfx942`, `gfx950` and `gfx1200`: Triton 3.9 compiles `kernels.matmul` in this run with what its
 launcher specializes on (16-byte aligned pointers, i32 sizes divisible by 16, buffers
 under 2 GiB on hip) and its default num_stages; Tessera's aot example writes the
@@ -34,9 +35,12 @@ sys.path.insert(0, str(HERE))
 import loops  # noqa: E402
 
 CONFIGS = [
-    # name, BM, BN, BK, num_warps
+    # name, BM, BN, BK, num_warps[, the targets compared (default: all)]
     ("matmul_f16_128x128x32", 128, 128, 32, 4),
     ("matmul_f16_128x128x64", 128, 128, 64, 8),
+    # The AMD-generations issue's large tile, on CDNA3/CDNA4 only (the aot job's
+    # targets: a 64-lane wave holds its accumulator).
+    ("matmul_f16_256x256x64", 256, 256, 64, 8, ["gfx942", "gfx950"]),
 ]
 # FlashAttention-2 forward (`kernels.attention_fwd`, runtime/src/attention.rs): name,
 # BM, BN, head dim, num_warps.
@@ -95,8 +99,9 @@ def triton_side(work: Path) -> dict:
     jobs = []
     sig = {"a_ptr": "*fp16", "b_ptr": "*fp16", "c_ptr": "*fp16", "m": "i32", "n": "i32", "k": "i32",
            "BM": "constexpr", "BN": "constexpr", "BK": "constexpr"}
-    for name, bm, bn, bk, nw in CONFIGS:
-        jobs.append((name, kernels.matmul, sig, {"BM": bm, "BN": bn, "BK": bk}, nw, ()))
+    for name, bm, bn, bk, nw, *only in CONFIGS:
+        tg = only[0] if only else [t[0] for t in TARGETS]
+        jobs.append((name, kernels.matmul, sig, {"BM": bm, "BN": bn, "BK": bk}, nw, (), tg))
     att_sig = {"q_ptr": "*fp16", "k_ptr": "*fp16", "v_ptr": "*fp16", "o_ptr": "*fp16", "seq_q": "i32",
                "seq_k": "i32", "scale_log2": "fp32", "causal": "i32",
                "BM": "constexpr", "BN": "constexpr", "HD": "constexpr"}
@@ -154,7 +159,8 @@ def triton_side(work: Path) -> dict:
 
 def runs_on(tgt: str) -> list:
     """The kernels compared on `tgt`."""
-    return ([c[0] for c in CONFIGS + ATTENTION] + [e[0] for e in EIGHT_BIT if tgt in e[7]]
+    return ([c[0] for c in CONFIGS if len(c) < 6 or tgt in c[5]] + [a[0] for a in ATTENTION]
+            + [e[0] for e in EIGHT_BIT if tgt in e[7]]
             + [x[0] for x in MX if tgt in x[5]]
             + ([d[0] for d in DESC] if tgt == "sm_90a" else []))
 
