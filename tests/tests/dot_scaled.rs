@@ -367,3 +367,96 @@ fn gfx950_takes_its_block_scaled_mfma() {
         assert!((g - w).abs() <= scale * 1e-5, "mxfp4 [{i}]: {g} vs {w}");
     }
 }
+
+/// `out = a · b` (MXFP8 E4M3, f32 out) of `M x K` by `K x N`, `BK` of `k` a step
+/// (the scales `M x K/32` and `K/32 x N`, `KS = BK / 32` a step), accumulated in a
+/// loop: the loop-carried accumulator and each step's scales on gfx950's block-scaled
+/// MFMA.
+#[kernel]
+fn scaled_loop<const M: usize, const N: usize, const K: usize, const BK: usize, const KS: usize>(
+    a: &Global<F8E4M3>,
+    sa: &Global<E8M0>,
+    b: &Global<F8E4M3>,
+    sb: &Global<E8M0>,
+    out: &mut Global<f32>,
+) {
+    let rm = arange::<M>().expand_dims::<1>();
+    let cn = arange::<N>().expand_dims::<0>();
+    let mut acc = zeros::<f32, S2<M, N>>();
+    for k0 in (0..K as i32).step_by(BK) {
+        let ka = (k0 + arange::<BK>()).expand_dims::<0>();
+        let kr = (k0 + arange::<BK>()).expand_dims::<1>();
+        let ks = (k0 / 32 + arange::<KS>()).expand_dims::<0>();
+        let ksr = (k0 / 32 + arange::<KS>()).expand_dims::<1>();
+        let at = a.load_unmasked(rm * K as i32 + ka);
+        let bt = b.load_unmasked(kr * N as i32 + cn);
+        let sat = sa.load_unmasked(rm * (K / 32) as i32 + ks);
+        let sbt = sb.load_unmasked(ksr * N as i32 + cn);
+        acc = dot_scaled(at, sat, bt, sbt, acc);
+    }
+    out.store_unmasked(rm * N as i32 + cn, acc);
+}
+
+/// On emu-gfx950: a loop of block-scaled MFMA on 8 warps (the loop-carried
+/// accumulator, each step's scales loaded in the instructions' layout), and a shape
+/// no block-scaled instruction tiles (16 rows: the conversion), both against the
+/// op's definition, every element written.
+#[test]
+fn gfx950_block_scaled_loops_and_untiled_shapes() {
+    let dev = Device::emu(tessera::EmuKind::Gfx950).expect("the emulator is built in");
+    const LM: usize = 128;
+    const LN: usize = 64;
+    const LK: usize = 256;
+    let mut x = case_of("e4m3", false, 21, (LM, LK, LN));
+    x.c = vec![0.0; LM * LN];
+    let want = reference(&x, 32);
+    let a: Vec<F8E4M3> = bytemuck::cast_slice(&x.a).to_vec();
+    let b: Vec<F8E4M3> = bytemuck::cast_slice(&x.b).to_vec();
+    let sa: Vec<E8M0> = bytemuck::cast_slice(&x.sa).to_vec();
+    let sb: Vec<E8M0> = bytemuck::cast_slice(&x.sb).to_vec();
+    let (a, b) = (dev.upload(&a).unwrap(), dev.upload(&b).unwrap());
+    let (sa, sb) = (dev.upload(&sa).unwrap(), dev.upload(&sb).unwrap());
+    let mut out = dev.upload(&vec![f32::NAN; LM * LN]).unwrap();
+    scaled_loop::<LM, LN, LK, 128, 4>::launch_with(
+        &dev,
+        1usize,
+        &LaunchOptions::new().num_warps(8),
+        (&a, &sa, &b, &sb, &mut out),
+    )
+    .unwrap_or_else(|e| panic!("{dev}: {e}"));
+    let got = out.download().unwrap();
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= scale * 1e-5, "loop [{i}]: {g} vs {w}");
+    }
+    // The instructions each case takes (the conversion's has none).
+    let scaled_mfma = |f: std::sync::Arc<tessera::ir::Function>, warps: u32| {
+        use tessera::aot::{AmdArch, CompileOptions, Target, compile_ir};
+        let art = compile_ir(
+            &f,
+            Target::Amdgpu(AmdArch::Gfx950),
+            &CompileOptions::warps(warps),
+        )
+        .expect("compiles");
+        let dis = tessera::codegen::tools::amdgpu_disasm(&art.binary, AmdArch::Gfx950)
+            .expect("llvm-objdump");
+        dis.lines()
+            .filter(|l| l.trim_start().starts_with("v_mfma_scale_f32"))
+            .count()
+    };
+    let f = tessera::kernel_ir::<scaled_loop<LM, LN, LK, 128, 4>>(&()).expect("builds");
+    assert!(
+        scaled_mfma(f, 8) > 0,
+        "the loop takes the block-scaled MFMA"
+    );
+    // 16 x 64 x 16: neither 32x32x64 (16 rows) nor 16x16x128 (K = 64) tiles it.
+    let f = tessera::kernel_ir::<scaled<F8E5M2, E8M0, 16, 64, 16, 64, 16, 2>>(&()).expect("builds");
+    assert_eq!(scaled_mfma(f, 4), 0, "16x64x16 takes the conversion");
+    let x = case_of("e5m2", false, 22, (16, 64, 16));
+    let want = reference(&x, 32);
+    let got = run!(&dev, &x, F8E5M2, E8M0, 16, 64, 16, 64, 16, 2);
+    let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+        assert!((g - w).abs() <= scale * 1e-5, "16x64x16 [{i}]: {g} vs {w}");
+    }
+}
