@@ -331,24 +331,16 @@ fn scale_registers<'ctx>(
             "a block-scaled plan for a dot without scales".into(),
         ));
     };
-    let mut out = Vec::new();
-    for (v, a) in [(sa, true), (sb, false)] {
+    let mut regs = |v, a| -> LResult<Vec<IntValue<'ctx>>> {
         let t = l.val(v)?;
         let t = l.convert(&t, &scale_layout_of(p, lanes, a, mnk, l.nw), &op.span)?;
-        let regs = t
-            .regs
+        let i32t = l.cx.ctx.i32_type();
+        t.regs
             .iter()
-            .map(|r| {
-                Ok(l.cx
-                    .b
-                    .build_int_z_extend(r.into_int_value(), l.cx.ctx.i32_type(), "")?)
-            })
-            .collect::<LResult<Vec<_>>>()?;
-        out.push(regs);
-    }
-    let sb = out.pop().unwrap_or_default();
-    let sa = out.pop().unwrap_or_default();
-    Ok((sa, sb))
+            .map(|r| Ok(l.cx.b.build_int_z_extend(r.into_int_value(), i32t, "")?))
+            .collect()
+    };
+    Ok((regs(sa, true)?, regs(sb, false)?))
 }
 
 pub(super) fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LResult<Tile<'ctx>> {
