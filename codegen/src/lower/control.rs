@@ -8,8 +8,9 @@
 //! copies at its top and hold nothing for those operands in registers.
 
 use inkwell::values::{BasicValue, IntValue};
+use tessera_ir::Span;
 use tessera_ir::ValueId;
-use tessera_ir::ir::{Op, OpKind};
+use tessera_ir::ir::{Op, OpKind, Region};
 
 use super::{AsyncDot, LResult, LowerError, Lowerer, Tile, dot, unsupported};
 
@@ -66,7 +67,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                 continue;
             }
             if let Some(t) =
-                self.stage_carried(body.args.get(i + 1), &t, "the first iteration's")?
+                self.stage_carried(body.args.get(i + 1), &t, "the first iteration's", false)?
             {
                 staged_any = true;
                 inits.push(t);
@@ -99,6 +100,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
                     )
                 });
                 dot::stage_operand(self, d, which, &t, base)?;
+                // A double-buffered dot reads it from either copy (`Plan::double`).
+                if let Some(&second) = self.plan.double.get(&(d as *const Op)) {
+                    let base = self.smem_at(second);
+                    dot::stage_operand(self, d, which, &t, base)?;
+                }
                 staged_any = true;
             }
         }
@@ -177,6 +183,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.cx.b.position_at_end(header);
         let iv = self.cx.b.build_phi(lb.get_type(), "iv")?;
         iv.add_incoming(&[(&lb, pre)]);
+        // The double-buffered `dot`s of the body (`Plan::double`) and the distance
+        // to their second copy: the body is unrolled by two (`lower_unrolled`).
+        let dbuf: Vec<(*const Op, u32)> = body
+            .ops
+            .iter()
+            .filter_map(|d| {
+                let key = d as *const Op;
+                let second = *self.plan.double.get(&key)?;
+                Some((key, second.checked_sub(*self.plan.pipe_dots.get(&key)?)?))
+            })
+            .collect();
         let mut phis = Vec::new();
         for t in &inits {
             let ps = self.phis(t)?;
@@ -247,14 +264,25 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             ring_phis.push((rd, wr, ph, *r));
         }
         let ivv = iv.as_basic_value().into_int_value();
+        // Unrolled by two (`lower_unrolled`): a trip while two iterations remain,
+        // the last odd one after the loop (from `tail_check`).
+        let (iv_test, leave) = match dbuf.is_empty() {
+            true => (ivv, exit),
+            false => (
+                self.cx.b.build_int_add(ivv, step, "")?,
+                self.cx
+                    .ctx
+                    .append_basic_block(self.kernel, "for.tail_check"),
+            ),
+        };
         let c = self
             .cx
             .b
-            .build_int_compare(inkwell::IntPredicate::SLT, ivv, ub, "")?;
+            .build_int_compare(inkwell::IntPredicate::SLT, iv_test, ub, "")?;
         self.restore_op(op);
         let site = self.new_site("for");
         let c = self.arch.loop_continue(&self.cx, c, site)?;
-        self.cx.b.build_conditional_branch(c, bb_body, exit)?;
+        self.cx.b.build_conditional_branch(c, bb_body, leave)?;
         self.cx.b.position_at_end(bb_body);
         if let Some(ahead) = rings.iter().map(|(_, r)| r.ahead).min() {
             // This iteration's copies have landed (at most the `ahead - 1` newer groups
@@ -343,39 +371,34 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             }
             self.restore_op(op);
         }
-        let ys = self.lower_region(body)?;
-        self.restore_op(op);
-        if let Some((dot, r, empty)) = spec
-            && let Some((rd, ..)) = ring_phis
-                .iter()
-                .zip(&rings)
-                .find(|(_, (d, _))| std::ptr::eq(*d, dot))
-                .map(|(p, _)| p)
-        {
-            let rd = rd.as_basic_value().into_int_value();
-            self.release_slot(&r, empty, ivv, lb, rd)?;
-        }
-        let mut ys_conv = Vec::new();
-        for (j, (y, t)) in ys.iter().zip(&inits).enumerate() {
-            if body
-                .args
-                .get(j + 1)
-                .is_some_and(|a| self.plan.async_args.contains(a))
-            {
-                ys_conv.push(y.clone());
-                continue;
+        let mut iv_last = ivv;
+        let ys_conv = match dbuf.is_empty() {
+            false => {
+                let (ys, iv_odd) = self.lower_unrolled(op, &inits, &dbuf, (ivv, ive, step))?;
+                iv_last = iv_odd;
+                ys
             }
-            // The `dot` that read the staged tile ended at a barrier: overwrite it.
-            if let Some(s) = self.stage_carried(body.args.get(j + 1), y, "the next iteration's")? {
-                ys_conv.push(s);
-                continue;
+            true => {
+                let ys = self.lower_region(body)?;
+                self.restore_op(op);
+                if let Some((dot, r, empty)) = spec
+                    && let Some((rd, ..)) = ring_phis
+                        .iter()
+                        .zip(&rings)
+                        .find(|(_, (d, _))| std::ptr::eq(*d, dot))
+                        .map(|(p, _)| p)
+                {
+                    let rd = rd.as_basic_value().into_int_value();
+                    self.release_slot(&r, empty, ivv, lb, rd)?;
+                }
+                let ys_conv = self.carried_out(body, &ys, &inits, span)?;
+                if staged_any {
+                    self.barrier()?;
+                }
+                ys_conv
             }
-            ys_conv.push(self.convert(y, &t.layout, span)?);
-        }
-        if staged_any {
-            self.barrier()?;
-        }
-        let next = self.cx.b.build_int_add(ivv, step, "iv.next")?;
+        };
+        let next = self.cx.b.build_int_add(iv_last, step, "iv.next")?;
         let mut ring_next = Vec::new();
         for (rd, wr, ph, r) in &ring_phis {
             let size = self.cx.i32((r.slots * r.slot_bytes) as i64);
@@ -425,11 +448,17 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             ph.add_incoming(&[(&p, latch)]);
         }
         self.cx.b.build_unconditional_branch(header)?;
-        self.cx.b.position_at_end(exit);
+        let mut carried = carried;
+        if dbuf.is_empty() {
+            self.cx.b.position_at_end(exit);
+        } else {
+            // The unrolled loop's last odd-numbered iteration.
+            self.cx.b.position_at_end(leave);
+            carried = self.lower_tail(op, &inits, &dbuf, carried, (ivv, ive, ub), exit)?;
+        }
         if walk.is_some() {
             self.pingpong = None;
         }
-        let mut carried = carried;
         if !rings.is_empty() {
             // The copies for iterations past the end land before anything else (TMA
             // copies past the end are never issued).
@@ -489,17 +518,166 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// When region argument `arg` is staged (the plan's `staging.rs`), writes `t` into
     /// its `dot`'s shared array (the caller adds the barrier) and returns the
     /// register-less tile that stands for it.
+    /// The values `ys` that `for` body `body` yields, as the next iteration takes
+    /// them: in the layouts of `inits` (the loop's first), staged operands written
+    /// into their `dot`'s arrays (the copy the next iteration reads), a ring's as
+    /// they are.
+    fn carried_out(
+        &mut self,
+        body: &Region,
+        ys: &[Tile<'ctx>],
+        inits: &[Tile<'ctx>],
+        span: &Span,
+    ) -> LResult<Vec<Tile<'ctx>>> {
+        let mut out = Vec::new();
+        for (j, (y, t)) in ys.iter().zip(inits).enumerate() {
+            if body
+                .args
+                .get(j + 1)
+                .is_some_and(|a| self.plan.async_args.contains(a))
+            {
+                out.push(y.clone());
+                continue;
+            }
+            // The `dot` that read the staged tile ended at a barrier (or reads the
+            // other copy): overwrite it.
+            if let Some(s) =
+                self.stage_carried(body.args.get(j + 1), y, "the next iteration's", true)?
+            {
+                out.push(s);
+                continue;
+            }
+            out.push(self.convert(y, &t.layout, span)?);
+        }
+        Ok(out)
+    }
+
+    /// The body of `for` `op` whose `dot`s `dbuf` (and the distance to their
+    /// second copy) are double-buffered, unrolled by two: the loop runs while two
+    /// iterations remain, the even one reading the first copy and writing the next
+    /// iteration's tiles into the second, the odd one the other way round, each
+    /// ending at the barrier after its writes (a last odd-numbered iteration runs
+    /// after the loop, [`Self::lower_tail`]). Each copy's address is a constant in
+    /// its body, so the fragment reads and staging stores keep their immediate
+    /// offsets, and the loop has one exit. `iv` is the even iteration's induction
+    /// variable (`ive` its type). Returns the values carried to the next trip and
+    /// the odd iteration's induction variable.
+    fn lower_unrolled(
+        &mut self,
+        op: &Op,
+        inits: &[Tile<'ctx>],
+        dbuf: &[(*const Op, u32)],
+        (iv, ive, step): (IntValue<'ctx>, tessera_ir::Elem, IntValue<'ctx>),
+    ) -> LResult<(Vec<Tile<'ctx>>, IntValue<'ctx>)> {
+        let body = &op.regions[0];
+        self.note(|| {
+            "unrolled by two: the loop's dots read two copies of their arrays in turn, one barrier an iteration".to_string()
+        });
+        let ys = self.lower_copy(op, inits, dbuf, true, false)?;
+        let iv = self.cx.b.build_int_add(iv, step, "iv.odd")?;
+        if let Some(&a) = body.args.first() {
+            let t = self.scalar_tile(ive, iv.into());
+            self.set(a, t);
+        }
+        for (a, t) in body.args.iter().skip(1).zip(&ys) {
+            self.set(*a, t.clone());
+        }
+        let ys = self.lower_copy(op, inits, dbuf, false, true)?;
+        Ok((ys, iv))
+    }
+
+    /// The body of `for` `op` reading the first copy of its double-buffered
+    /// `dot`s' arrays (`first`) or the second, its values for the next iteration
+    /// written or converted ([`Self::carried_out`]), then a barrier; `again`: the
+    /// body lowered once already (no notes).
+    fn lower_copy(
+        &mut self,
+        op: &Op,
+        inits: &[Tile<'ctx>],
+        dbuf: &[(*const Op, u32)],
+        first: bool,
+        again: bool,
+    ) -> LResult<Vec<Tile<'ctx>>> {
+        for &(d, stride) in dbuf {
+            let at = if first { 0 } else { stride };
+            self.parity.insert(d, self.cx.i32(at as i64));
+        }
+        // The body's second and third copies are the same ops again: no notes.
+        let was = self
+            .copy_lowering
+            .replace(again || self.copy_lowering.get());
+        let ys = self.lower_region(&op.regions[0])?;
+        self.restore_op(op);
+        let ys = self.carried_out(&op.regions[0], &ys, inits, &op.span)?;
+        self.barrier()?;
+        self.copy_lowering.set(was);
+        for (d, _) in dbuf {
+            self.parity.remove(d);
+        }
+        Ok(ys)
+    }
+
+    /// After the loop of [`Self::lower_unrolled`] (positioned at `check`, where it
+    /// leaves with `carried` at induction variable `iv`): the last iteration when
+    /// their number is odd (it reads the first copy), then on to `exit`, where the
+    /// loop's results are either. Returns them.
+    #[allow(clippy::too_many_arguments)]
+    fn lower_tail(
+        &mut self,
+        op: &Op,
+        inits: &[Tile<'ctx>],
+        dbuf: &[(*const Op, u32)],
+        carried: Vec<Tile<'ctx>>,
+        (iv, ive, ub): (IntValue<'ctx>, tessera_ir::Elem, IntValue<'ctx>),
+        exit: inkwell::basic_block::BasicBlock<'ctx>,
+    ) -> LResult<Vec<Tile<'ctx>>> {
+        let body = &op.regions[0];
+        let tail = self.cx.ctx.append_basic_block(self.kernel, "for.tail");
+        let c = self
+            .cx
+            .b
+            .build_int_compare(inkwell::IntPredicate::SLT, iv, ub, "")?;
+        let check = self.cx.cur_block();
+        self.cx.b.build_conditional_branch(c, tail, exit)?;
+        self.cx.b.position_at_end(tail);
+        if let Some(&a) = body.args.first() {
+            let t = self.scalar_tile(ive, iv.into());
+            self.set(a, t);
+        }
+        for (a, t) in body.args.iter().skip(1).zip(&carried) {
+            self.set(*a, t.clone());
+        }
+        let ys = self.lower_copy(op, inits, dbuf, true, true)?;
+        let end = self.cx.cur_block();
+        self.cx.b.build_unconditional_branch(exit)?;
+        self.cx.b.position_at_end(exit);
+        carried
+            .iter()
+            .zip(&ys)
+            .map(|(c, y)| {
+                let ps = self.phis(c)?;
+                for ((p, x), e) in ps.iter().zip(&c.regs).zip(&y.regs) {
+                    p.add_incoming(&[(x as &dyn BasicValue, check), (e as &dyn BasicValue, end)]);
+                }
+                Ok(self.phi_tile(c, &ps))
+            })
+            .collect()
+    }
+
+    /// (`next`: the tile the next iteration reads, into the copy of a
+    /// double-buffered `dot`'s arrays that iteration reads, [`Self::pipe_copy`].)
     pub(super) fn stage_carried(
         &mut self,
         arg: Option<&ValueId>,
         t: &Tile<'ctx>,
         which_tile: &str,
+        next: bool,
     ) -> LResult<Option<Tile<'ctx>>> {
         let Some(&(d, which)) = arg.and_then(|a| self.plan.staged.get(a)) else {
             return Ok(None);
         };
         let base = self
-            .pipe_base(d)
+            .pipe_copy(d, next)
             .ok_or_else(|| LowerError::Llvm("a staged dot without arrays".into()))?;
         self.note(|| {
             format!(

@@ -220,7 +220,9 @@ fn lower_staged<'ctx>(
     }
 }
 
-/// [`lower_staged`] of a kernel whose descriptor accesses are expanded or TMA loads.
+/// [`lower_staged`] of a kernel whose descriptor accesses are expanded or TMA loads:
+/// with double-buffered loop `dot`s (`plan::Plan::double`), or, when that runs out
+/// of shared memory (or fails otherwise), without.
 fn lower_expanded<'ctx>(
     ctx: &'ctx Context,
     func: &Function,
@@ -228,6 +230,25 @@ fn lower_expanded<'ctx>(
     opts: &CompileOptions,
     with_layouts: bool,
     stages: u32,
+) -> Result<(Lowered<'ctx>, bool), CodegenError> {
+    match lower_buffered(ctx, func, arch, opts, with_layouts, stages, true) {
+        Ok(l) => Ok(l),
+        Err(CodegenError::Unsupported { .. }) | Err(CodegenError::Llvm { .. }) => {
+            lower_buffered(ctx, func, arch, opts, with_layouts, stages, false)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// [`lower_expanded`] with or without double-buffered loop `dot`s.
+fn lower_buffered<'ctx>(
+    ctx: &'ctx Context,
+    func: &Function,
+    arch: &dyn Arch,
+    opts: &CompileOptions,
+    with_layouts: bool,
+    stages: u32,
+    double_buffer: bool,
 ) -> Result<(Lowered<'ctx>, bool), CodegenError> {
     let target = arch.target();
     // Only loads feeding `dot`s on the matrix units: their loop keeps the tile in the
@@ -271,6 +292,7 @@ fn lower_expanded<'ctx>(
         host: matches!(target, crate::target::Target::Emu(_)),
     };
     let mut l = Lowerer::new(cx, arch, func, opts.num_warps).map_err(err)?;
+    l.double_buffer = double_buffer;
     l.engine = opts.engine;
     l.warp_specialize = opts.warp_specialize;
     l.consumer_groups = opts.consumer_groups;

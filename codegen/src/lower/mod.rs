@@ -366,6 +366,17 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     engine: crate::CommEngine,
     /// [`crate::CompileOptions::warp_specialize`].
     pub(crate) warp_specialize: Option<bool>,
+    /// Whether loop `dot`s may alternate between two copies of their staged arrays
+    /// ([`plan::Plan::double`]; the entry lowers a kernel again without when it runs
+    /// out of shared memory).
+    pub(crate) double_buffer: bool,
+    /// The copy of its arrays each double-buffered `dot` of the loops being lowered
+    /// reads in the body being lowered: its byte offset from the first copy (0 or
+    /// the distance to the second, `control::lower_alternating`).
+    parity: HashMap<*const Op, IntValue<'ctx>>,
+    /// Lowering a second copy of a loop body (`control::lower_unrolled`): its
+    /// notes are the first copy's, not recorded again.
+    copy_lowering: std::cell::Cell<bool>,
     /// [`crate::CompileOptions::consumer_groups`].
     pub(crate) consumer_groups: Option<u32>,
     /// [`crate::CompileOptions::cluster`] on targets with clusters, else `[1, 1, 1]`.
@@ -493,6 +504,9 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             comm_exit: None,
             engine: crate::CommEngine::Direct,
             warp_specialize: None,
+            double_buffer: true,
+            parity: HashMap::new(),
+            copy_lowering: std::cell::Cell::new(false),
             consumer_groups: None,
             cluster: [1, 1, 1],
             spec_role: SpecRole::All,
@@ -794,7 +808,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// Records a layout note for the op being lowered (with [`lower_with_layouts`]).
     pub fn note(&self, text: impl FnOnce() -> String) {
-        if let Some(n) = &self.notes {
+        if let Some(n) = self.notes.as_ref().filter(|_| !self.copy_lowering.get()) {
             n.borrow_mut()
                 .entry(self.cur_op_ptr.get())
                 .or_default()

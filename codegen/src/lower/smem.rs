@@ -135,8 +135,36 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
 
     /// The shared arrays of `dot` `op` when a loop stages an operand of it there.
     pub fn pipe_base(&self, op: &Op) -> Option<PointerValue<'ctx>> {
-        let off = *self.plan.pipe_dots.get(&(op as *const Op))?;
-        Some(self.smem_at(off))
+        self.pipe_copy(op, false)
+    }
+
+    /// [`Self::pipe_base`] of the copy a double-buffered `dot` reads this iteration
+    /// (`next`: the other one, which the next iteration reads); the first copy
+    /// before its loop and for any other `dot`.
+    pub fn pipe_copy(&self, op: &Op, next: bool) -> Option<PointerValue<'ctx>> {
+        let key = op as *const Op;
+        let off = *self.plan.pipe_dots.get(&key)?;
+        let first = self.smem_at(off);
+        let (Some(&second), Some(&at)) = (self.plan.double.get(&key), self.parity.get(&key)) else {
+            return Some(first);
+        };
+        // The copy read this iteration is `at` bytes past the first (0 or the
+        // stride): a loop-carried offset, so the reads' own offsets still fold into
+        // their instructions.
+        let at = if next {
+            let stride = self.cx.i32(second.checked_sub(off)? as i64);
+            self.cx.b.build_xor(at, stride, "dbuf.next").ok()?
+        } else {
+            at
+        };
+        // SAFETY: `at` is 0 or the second copy's distance from the first, both
+        // within the kernel's shared memory.
+        unsafe {
+            self.cx
+                .b
+                .build_in_bounds_gep(self.cx.ctx.i8_type(), first, &[at], "dbuf")
+                .ok()
+        }
     }
 
     /// Whether operand `which` of `dot` `op` is already in the `dot`'s shared arrays:

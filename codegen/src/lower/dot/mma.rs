@@ -508,7 +508,9 @@ pub(super) fn lower_mma<'ctx>(l: &mut Lowerer<'_, 'ctx>, op: &Op, p: Plan) -> LR
             }
         }
     }
-    if !ring {
+    // (A double-buffered `dot`'s next tiles go into its other copy: the loop's
+    // barrier after writing them is the one it needs, `Plan::double`.)
+    if !ring && !l.plan.double.contains_key(&(op as *const Op)) {
         l.barrier()?;
     }
     Ok(Tile {

@@ -442,6 +442,12 @@ fn b_staged_nk(l: &Lowerer<'_, '_>, op: &Op, p: &Plan) -> bool {
     b_transposed(l, p) || b_nk(l, op, p)
 }
 
+/// Whether `dot` `op` reads its operands as fragments (`mma.sync`, MFMA, WMMA), not
+/// by `wgmma` descriptors.
+pub(in crate::lower) fn on_fragments(l: &Lowerer<'_, '_>, op: &Op) -> bool {
+    wgmma::plan(l, op).is_none() && plan(l, op).is_some()
+}
+
 /// The bytes of shared memory in which `dot` stages its operands on the matrix path
 /// (`None`: the FMA path).
 pub(in crate::lower) fn matrix_staging_bytes(l: &Lowerer<'_, '_>, op: &Op) -> Option<u32> {

@@ -62,6 +62,11 @@ pub(crate) struct Plan<'a> {
     /// Where each of those `dot`s' arrays (or ring) start, past the start of shared
     /// memory.
     pub pipe_dots: HashMap<*const Op, u32>,
+    /// Loop `dot`s whose staged operands alternate between two copies of their
+    /// arrays (`staging.rs`): where the second copy starts. Iteration `i` reads copy
+    /// `i % 2` while the next iteration's tiles are written into the other, so the
+    /// iteration needs one barrier (after those writes) instead of two.
+    pub double: HashMap<*const Op, u32>,
     /// Shared memory the planned arrays take (scratch comes after).
     pub pipe_bytes: u32,
     /// The staging box of the TMA stores (`desc_store`) of a kernel that stores in a

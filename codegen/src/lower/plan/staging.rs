@@ -111,6 +111,63 @@ impl<'a> Planner<'_, 'a, '_> {
                     self.plan.pipe_bytes += bytes.next_multiple_of(self.l.smem_align());
                 }
             }
+            self.plan_double(body);
+        }
+    }
+
+    /// Gives the staged `dot`s of loop body `body` a second copy of their arrays
+    /// ([`Plan::double`](super::Plan::double)) where that is safe and pays: every
+    /// staged `dot` of the body (else its barriers stay) is in the body itself, on
+    /// fragments (`mma.sync`/MFMA/WMMA: `wgmma` and the rings have their own
+    /// protocols; an operand written once before the loop goes into both copies),
+    /// and the planned arrays stay within half the target's
+    /// shared memory (so two blocks still fit where one did); when the kernel then
+    /// runs out of shared memory it is lowered again without
+    /// ([`crate::lower::Lowerer::double_buffer`]). On AMD only: NVIDIA's loops
+    /// take `cp.async` rings where they can, and the register-staged rest (unaligned
+    /// operands) spilled when unrolled (sm_80's 128x128x32 filetest: 684 bytes of
+    /// spills instead of 64); and not on RDNA3, whose WMMA holds A and B twice
+    /// (a 64x64x64 f16 matmul spilled 4 registers).
+    fn plan_double(&mut self, body: &Region) {
+        // (A loop with a ring keeps one body: its slots have their own protocol.)
+        let ring = |o: &Op| self.plan.async_dots.contains_key(&(o as *const Op));
+        let t = match self.l.target() {
+            crate::Target::Emu(f) => f.imitates(),
+            t => t,
+        };
+        let amd = matches!(t, crate::Target::Amdgpu(a) if a != crate::AmdArch::Gfx1100);
+        if !self.l.double_buffer || !amd || body.ops.iter().any(ring) {
+            return;
+        }
+        // The dots this loop's own arguments are staged for.
+        let staged: Vec<&Op> = (body.args.iter())
+            .filter_map(|a| self.plan.staged.get(a).map(|(d, _)| *d))
+            .collect();
+        let mut want: Vec<(*const Op, u32)> = Vec::new();
+        for d in staged {
+            let key = d as *const Op;
+            if want.iter().any(|(k, _)| *k == key) {
+                continue;
+            }
+            if !body.ops.iter().any(|o| std::ptr::eq(o, d)) {
+                return;
+            }
+            let ok = dot::on_fragments(self.l, d);
+            let bytes = dot::matrix_staging_bytes(self.l, d);
+            match (ok, bytes) {
+                (true, Some(b)) => want.push((key, b.next_multiple_of(self.l.smem_align()))),
+                _ => return,
+            }
+        }
+        let extra: u32 = want.iter().map(|w| w.1).sum();
+        if want.is_empty()
+            || self.plan.pipe_bytes + extra > self.l.target().shared_memory_limit() / 2
+        {
+            return;
+        }
+        for (key, bytes) in want {
+            self.plan.double.insert(key, self.plan.pipe_bytes);
+            self.plan.pipe_bytes += bytes;
         }
     }
 }
