@@ -1,6 +1,6 @@
 //! [`Amdgpu`], the AMD GCN/CDNA/RDNA implementation of [`Arch`], and the MFMA
 //! fragment layouts ([`amd_mfma_16`], [`amd_mfma_32`], and the block-scaled
-//! [`amd_mfma_scaled_16`], [`amd_mfma_scaled_32`]).
+//! [`amd_mfma_scaled`]).
 
 use inkwell::AddressSpace;
 use inkwell::attributes::AttributeLoc;
@@ -341,9 +341,9 @@ impl Arch for Amdgpu {
         let wide = m.is_multiple_of(32) && n.is_multiple_of(32) && k.is_multiple_of(64);
         let small = m.is_multiple_of(16) && n.is_multiple_of(16) && k.is_multiple_of(128);
         if wide && ((m / 32) * (n / 32) >= num_warps || !small) {
-            Some(amd_mfma_scaled_32())
+            Some(amd_mfma_scaled(32))
         } else if small {
-            Some(amd_mfma_scaled_16())
+            Some(amd_mfma_scaled(16))
         } else {
             None
         }
@@ -575,17 +575,27 @@ pub fn rdna4_wmma() -> MmaInfo {
     wmma((0, 8), (1, 0), (8, 0), vec![(0, 0, 8)])
 }
 
-/// gfx950's `v_mfma_scale_f32_16x16x128_f8f6f4` on 8-bit floats in its own numbering
-/// of `k` (AMD's "Matrix Core Programming on CDNA3 and CDNA4", and the CDNA4 ISA):
-/// A's element `i` in `lane` is `A[lane % 16][64 (i / 16) + 16 (lane / 16) + i % 16]`
-/// (two runs of 16; B's the same with the row read as B's column), C/D as
-/// [`amd_mfma_16`]; the lane's scale is that of row (column) `lane % 16`, block
-/// `lane / 16` of the four blocks of 32 `k`, which the hardware applies to each
-/// block's sum.
-pub fn amd_mfma_scaled_16() -> ScaledMma {
-    let mut info = amd_mfma_16(32);
-    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (0, 16), (0, 32)];
-    let runs = vec![(0, 0, 16), (0, 64, 16)];
+/// gfx950's `v_mfma_scale_f32_16x16x128_f8f6f4` (`m` 16) or `..._32x32x64_f8f6f4` (`m`
+/// 32) on 8-bit floats, in the instruction's own numbering of `k` (AMD's "Matrix Core
+/// Programming on CDNA3 and CDNA4", and the CDNA4 ISA): A's element `i` in `lane` is
+/// `A[lane % m][K/2 (i / 16) + 16 (lane / m) + i % 16]` for the instruction's `K`
+/// (128, 64): two runs of 16 (B's the same with the row read as B's column); C/D as
+/// [`amd_mfma_16`] / [`amd_mfma_32`]. The lane's scale is that of row (column)
+/// `lane % m`, block `lane / m` of the blocks of 32 `k`, which the hardware applies
+/// to each block's sum.
+pub fn amd_mfma_scaled(m: u32) -> ScaledMma {
+    let mut info = if m == 16 {
+        amd_mfma_16(32)
+    } else {
+        amd_mfma_32(32)
+    };
+    let rows = (0..m.trailing_zeros()).map(|j| (1 << j, 0));
+    let groups = 0..(64 / m).trailing_zeros();
+    let lane: Vec<(u32, u32)> = rows
+        .clone()
+        .chain(groups.clone().map(|j| (0, 16 << j)))
+        .collect();
+    let runs = vec![(0, 0, 16), (0, info.k / 2, 16)];
     info.a = FragInfo {
         lane: lane.clone(),
         runs: runs.clone(),
@@ -593,26 +603,7 @@ pub fn amd_mfma_scaled_16() -> ScaledMma {
     info.b = FragInfo { lane, runs };
     ScaledMma {
         info,
-        scale_lane: vec![(1, 0), (2, 0), (4, 0), (8, 0), (0, 1), (0, 2)],
-    }
-}
-
-/// gfx950's `v_mfma_scale_f32_32x32x64_f8f6f4` on 8-bit floats (same sources): A's
-/// element `i` in `lane` is `A[lane % 32][32 (i / 16) + 16 (lane / 32) + i % 16]`, C/D
-/// as [`amd_mfma_32`]; the lane's scale is that of row (column) `lane % 32`, block
-/// `lane / 32` of the two blocks of 32 `k`.
-pub fn amd_mfma_scaled_32() -> ScaledMma {
-    let mut info = amd_mfma_32(32);
-    let lane = vec![(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (0, 16)];
-    let runs = vec![(0, 0, 16), (0, 32, 16)];
-    info.a = FragInfo {
-        lane: lane.clone(),
-        runs: runs.clone(),
-    };
-    info.b = FragInfo { lane, runs };
-    ScaledMma {
-        info,
-        scale_lane: vec![(1, 0), (2, 0), (4, 0), (8, 0), (16, 0), (0, 1)],
+        scale_lane: rows.chain(groups.map(|j| (0, 1 << j))).collect(),
     }
 }
 
