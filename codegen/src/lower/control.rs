@@ -515,9 +515,6 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(())
     }
 
-    /// When region argument `arg` is staged (the plan's `staging.rs`), writes `t` into
-    /// its `dot`'s shared array (the caller adds the barrier) and returns the
-    /// register-less tile that stands for it.
     /// The values `ys` that `for` body `body` yields, as the next iteration takes
     /// them: in the layouts of `inits` (the loop's first), staged operands written
     /// into their `dot`'s arrays (the copy the next iteration reads), a ring's as
@@ -664,8 +661,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             .collect()
     }
 
-    /// (`next`: the tile the next iteration reads, into the copy of a
-    /// double-buffered `dot`'s arrays that iteration reads, [`Self::pipe_copy`].)
+    /// When region argument `arg` is staged (the plan's `staging.rs`), writes `t` into
+    /// its `dot`'s shared array (the caller adds the barrier) and returns the
+    /// register-less tile that stands for it. `next`: `t` is the tile the next
+    /// iteration reads, written into the copy of a double-buffered `dot`'s arrays
+    /// that iteration reads ([`Self::pipe_copy`]).
     pub(super) fn stage_carried(
         &mut self,
         arg: Option<&ValueId>,
