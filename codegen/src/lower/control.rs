@@ -183,16 +183,11 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         self.cx.b.position_at_end(header);
         let iv = self.cx.b.build_phi(lb.get_type(), "iv")?;
         iv.add_incoming(&[(&lb, pre)]);
-        // The double-buffered `dot`s of the body (`Plan::double`) and the distance
-        // to their second copy: the body is unrolled by two (`lower_unrolled`).
-        let dbuf: Vec<(*const Op, u32)> = body
-            .ops
-            .iter()
-            .filter_map(|d| {
-                let key = d as *const Op;
-                let second = *self.plan.double.get(&key)?;
-                Some((key, second.checked_sub(*self.plan.pipe_dots.get(&key)?)?))
-            })
+        // The double-buffered `dot`s of the body (`Plan::double`): the body is
+        // unrolled by two (`lower_unrolled`).
+        let dbuf: Vec<*const Op> = (body.ops.iter())
+            .map(|d| d as *const Op)
+            .filter(|d| self.plan.double.contains_key(d))
             .collect();
         let mut phis = Vec::new();
         for t in &inits {
@@ -549,8 +544,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         Ok(out)
     }
 
-    /// The body of `for` `op` whose `dot`s `dbuf` (and the distance to their
-    /// second copy) are double-buffered, unrolled by two: the loop runs while two
+    /// The body of `for` `op` whose `dot`s `dbuf` are double-buffered, unrolled by
+    /// two: the loop runs while two
     /// iterations remain, the even one reading the first copy and writing the next
     /// iteration's tiles into the second, the odd one the other way round, each
     /// ending at the barrier after its writes (a last odd-numbered iteration runs
@@ -563,7 +558,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         op: &Op,
         inits: &[Tile<'ctx>],
-        dbuf: &[(*const Op, u32)],
+        dbuf: &[*const Op],
         (iv, ive, step): (IntValue<'ctx>, tessera_ir::Elem, IntValue<'ctx>),
     ) -> LResult<(Vec<Tile<'ctx>>, IntValue<'ctx>)> {
         let body = &op.regions[0];
@@ -591,13 +586,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         op: &Op,
         inits: &[Tile<'ctx>],
-        dbuf: &[(*const Op, u32)],
+        dbuf: &[*const Op],
         first: bool,
         again: bool,
     ) -> LResult<Vec<Tile<'ctx>>> {
-        for &(d, stride) in dbuf {
-            let at = if first { 0 } else { stride };
-            self.parity.insert(d, self.cx.i32(at as i64));
+        for &d in dbuf {
+            self.reads_second.insert(d, !first);
         }
         // The body's second and third copies are the same ops again: no notes.
         let was = self
@@ -608,8 +602,8 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         let ys = self.carried_out(&op.regions[0], &ys, inits, &op.span)?;
         self.barrier()?;
         self.copy_lowering.set(was);
-        for (d, _) in dbuf {
-            self.parity.remove(d);
+        for d in dbuf {
+            self.reads_second.remove(d);
         }
         Ok(ys)
     }
@@ -623,7 +617,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
         &mut self,
         op: &Op,
         inits: &[Tile<'ctx>],
-        dbuf: &[(*const Op, u32)],
+        dbuf: &[*const Op],
         carried: Vec<Tile<'ctx>>,
         (iv, ive, ub): (IntValue<'ctx>, tessera_ir::Elem, IntValue<'ctx>),
         exit: inkwell::basic_block::BasicBlock<'ctx>,

@@ -370,10 +370,9 @@ pub(crate) struct Lowerer<'a, 'ctx> {
     /// ([`plan::Plan::double`]; the entry lowers a kernel again without when it runs
     /// out of shared memory).
     pub(crate) double_buffer: bool,
-    /// The copy of its arrays each double-buffered `dot` of the loops being lowered
-    /// reads in the body being lowered: its byte offset from the first copy (0 or
-    /// the distance to the second, `control::lower_alternating`).
-    parity: HashMap<*const Op, IntValue<'ctx>>,
+    /// Whether each double-buffered `dot` of the loop bodies being lowered reads
+    /// the second copy of its arrays in this copy of the body (`control::lower_copy`).
+    reads_second: HashMap<*const Op, bool>,
     /// Lowering a second copy of a loop body (`control::lower_unrolled`): its
     /// notes are the first copy's, not recorded again.
     copy_lowering: std::cell::Cell<bool>,
@@ -505,7 +504,7 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
             engine: crate::CommEngine::Direct,
             warp_specialize: None,
             double_buffer: true,
-            parity: HashMap::new(),
+            reads_second: HashMap::new(),
             copy_lowering: std::cell::Cell::new(false),
             consumer_groups: None,
             cluster: [1, 1, 1],

@@ -125,6 +125,9 @@ impl<'ctx> Lowerer<'_, 'ctx> {
                 .find(|(o, t)| !t.uniform && t.layout.shape == *shape && !self.rematerializable(*o))
                 .map(|(_, t)| t.layout.clone());
         });
+        if want.is_some() {
+            return want;
+        }
         // The scales of a block-scaled `dot` (through loops): the layout its
         // instructions take them in.
         for u in self.flow_closure(v) {

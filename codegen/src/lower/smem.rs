@@ -143,28 +143,12 @@ impl<'a, 'ctx> Lowerer<'a, 'ctx> {
     /// before its loop and for any other `dot`.
     pub fn pipe_copy(&self, op: &Op, next: bool) -> Option<PointerValue<'ctx>> {
         let key = op as *const Op;
-        let off = *self.plan.pipe_dots.get(&key)?;
-        let first = self.smem_at(off);
-        let (Some(&second), Some(&at)) = (self.plan.double.get(&key), self.parity.get(&key)) else {
-            return Some(first);
+        let first = *self.plan.pipe_dots.get(&key)?;
+        let off = match (self.plan.double.get(&key), self.reads_second.get(&key)) {
+            (Some(&second), Some(&reads)) if reads != next => second,
+            _ => first,
         };
-        // The copy read this iteration is `at` bytes past the first (0 or the
-        // stride): a loop-carried offset, so the reads' own offsets still fold into
-        // their instructions.
-        let at = if next {
-            let stride = self.cx.i32(second.checked_sub(off)? as i64);
-            self.cx.b.build_xor(at, stride, "dbuf.next").ok()?
-        } else {
-            at
-        };
-        // SAFETY: `at` is 0 or the second copy's distance from the first, both
-        // within the kernel's shared memory.
-        unsafe {
-            self.cx
-                .b
-                .build_in_bounds_gep(self.cx.ctx.i8_type(), first, &[at], "dbuf")
-                .ok()
-        }
+        Some(self.smem_at(off))
     }
 
     /// Whether operand `which` of `dot` `op` is already in the `dot`'s shared arrays:
